@@ -1,0 +1,23 @@
+//! Reeve's shared crate: every piece of domain logic lives here, and each
+//! binary (`reeve`, the Lambda functions, the relay) is glue around it.
+//!
+//! Module map:
+//! - [`catalog`]: `reeve.toml`, parsed into typed structs and validated as a whole.
+//! - [`settings`]: secrets and endpoints from the environment.
+//! - [`auth`]: Space IDs, the HMAC index, Argon2id hashes and session tokens.
+//! - [`ids`]: ULIDs stored as 16 raw bytes, shown as 26-character strings.
+//! - [`db`]: the Postgres pool and the embedded migrations.
+//! - [`redis_client`]: the one shared Redis connection of a process.
+//! - [`error`]: the JSON error envelope every route answers with.
+//! - [`http`]: the axum routers that `reeve serve` and the Lambdas run.
+//! - [`telemetry`]: tracing set up in one place.
+
+pub mod auth;
+pub mod catalog;
+pub mod db;
+pub mod error;
+pub mod http;
+pub mod ids;
+pub mod redis_client;
+pub mod settings;
+pub mod telemetry;
