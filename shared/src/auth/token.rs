@@ -1,0 +1,298 @@
+//! Session tokens: `base64url_nopad(version ‖ idx ‖ expiry ‖ mac)`.
+//!
+//! | bytes  | field                                             |
+//! |--------|---------------------------------------------------|
+//! | 0      | version, `1`                                      |
+//! | 1..17  | space index                                       |
+//! | 17..25 | expiry, Unix seconds, big-endian `i64`            |
+//! | 25..57 | `HMAC-SHA256(token_key, bytes 0..25)`             |
+//!
+//! Stateless: any instance holding the token key can verify a token, and
+//! nothing is stored. The flip side is that a token cannot be revoked before
+//! it expires, which is why it lasts only [`SESSION_TTL`].
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use subtle::ConstantTimeEq;
+use time::{Duration, OffsetDateTime};
+
+use super::{Secret, SpaceIndex, hmac_sha256};
+
+/// How long a session token is valid after it is issued.
+pub const SESSION_TTL: Duration = Duration::minutes(15);
+
+const VERSION: u8 = 1;
+const SIGNED_LEN: usize = 1 + 16 + 8;
+const TOKEN_LEN: usize = SIGNED_LEN + 32;
+/// 57 bytes encode to exactly 76 base64 characters (no partial group).
+const ENCODED_LEN: usize = TOKEN_LEN / 3 * 4;
+
+/// Why a token was refused. The variants are distinct for logs; the HTTP
+/// layer answers all of them with the same `401 invalid_token`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("malformed session token")]
+    Malformed,
+    #[error("unknown session token version")]
+    UnknownVersion,
+    #[error("session token signature does not match")]
+    BadSignature,
+    #[error("session token has expired")]
+    Expired,
+}
+
+/// Issues a token for `idx`, valid until the returned instant (`now` plus
+/// [`SESSION_TTL`], truncated to whole seconds as it is encoded).
+pub fn issue_token(
+    key: &Secret,
+    idx: &SpaceIndex,
+    now: OffsetDateTime,
+) -> (String, OffsetDateTime) {
+    let expires_at = (now + SESSION_TTL)
+        .replace_nanosecond(0)
+        .expect("0 is a valid nanosecond");
+
+    let mut token = [0u8; TOKEN_LEN];
+    token[0] = VERSION;
+    token[1..17].copy_from_slice(idx.as_bytes());
+    token[17..SIGNED_LEN].copy_from_slice(&expires_at.unix_timestamp().to_be_bytes());
+    let mac = hmac_sha256(key.as_bytes(), &[&token[..SIGNED_LEN]]);
+    token[SIGNED_LEN..].copy_from_slice(&mac);
+
+    (URL_SAFE_NO_PAD.encode(token), expires_at)
+}
+
+/// Returns the space index a token was issued for, if it is well formed,
+/// signed with `key`, and not expired at `now`.
+pub fn verify_token(
+    key: &Secret,
+    token: &str,
+    now: OffsetDateTime,
+) -> Result<SpaceIndex, TokenError> {
+    // Checking the length first bounds the work done on attacker input.
+    if token.len() != ENCODED_LEN {
+        return Err(TokenError::Malformed);
+    }
+    let mut bytes = [0u8; TOKEN_LEN];
+    match URL_SAFE_NO_PAD.decode_slice(token, &mut bytes) {
+        Ok(TOKEN_LEN) => {}
+        _ => return Err(TokenError::Malformed),
+    }
+    let (signed, mac) = bytes.split_at(SIGNED_LEN);
+
+    // The version picks the format, so it is read before the MAC; it is the
+    // only field looked at before the MAC is checked.
+    if signed[0] != VERSION {
+        return Err(TokenError::UnknownVersion);
+    }
+    let expected = hmac_sha256(key.as_bytes(), &[signed]);
+    if !bool::from(expected.ct_eq(mac)) {
+        return Err(TokenError::BadSignature);
+    }
+
+    let mut idx = [0u8; 16];
+    idx.copy_from_slice(&signed[1..17]);
+    let mut expiry = [0u8; 8];
+    expiry.copy_from_slice(&signed[17..SIGNED_LEN]);
+    if now.unix_timestamp() >= i64::from_be_bytes(expiry) {
+        return Err(TokenError::Expired);
+    }
+    Ok(SpaceIndex::from_array(idx))
+}
+
+#[cfg(test)]
+mod tests {
+    use time::macros::datetime;
+
+    use super::*;
+
+    const NOW: OffsetDateTime = datetime!(2025-06-01 12:00:00.5 UTC);
+
+    fn key(byte: u8) -> Secret {
+        Secret::new("REEVE_TOKEN_KEY", vec![byte; 32]).unwrap()
+    }
+
+    fn decode(token: &str) -> Vec<u8> {
+        URL_SAFE_NO_PAD.decode(token).unwrap()
+    }
+
+    fn encode(bytes: &[u8]) -> String {
+        URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    const A: SpaceIndex = SpaceIndex::from_array([0xaa; 16]);
+    const B: SpaceIndex = SpaceIndex::from_array([0xbb; 16]);
+
+    #[test]
+    fn round_trip_returns_the_same_index() {
+        let (token, expires_at) = issue_token(&key(1), &A, NOW);
+        assert_eq!(token.len(), ENCODED_LEN);
+        assert_eq!(decode(&token).len(), 57);
+        assert_eq!(expires_at, datetime!(2025-06-01 12:15:00 UTC));
+        assert_eq!(verify_token(&key(1), &token, NOW), Ok(A));
+        assert_eq!(
+            verify_token(&key(1), &token, expires_at - Duration::nanoseconds(1)),
+            Ok(A)
+        );
+    }
+
+    #[test]
+    fn layout_matches_the_documented_format() {
+        let (token, expires_at) = issue_token(&key(1), &A, NOW);
+        let bytes = decode(&token);
+        assert_eq!(bytes[0], 1);
+        assert_eq!(&bytes[1..17], A.as_bytes());
+        assert_eq!(bytes[17..25], expires_at.unix_timestamp().to_be_bytes());
+        assert_eq!(bytes[25..], hmac_sha256(&[1; 32], &[&bytes[..25]]));
+    }
+
+    #[test]
+    fn expires_at_the_expiry_second() {
+        let (token, expires_at) = issue_token(&key(1), &A, NOW);
+        assert_eq!(
+            verify_token(&key(1), &token, expires_at),
+            Err(TokenError::Expired)
+        );
+        assert_eq!(
+            verify_token(&key(1), &token, expires_at + Duration::days(1)),
+            Err(TokenError::Expired)
+        );
+    }
+
+    #[test]
+    fn every_tampered_byte_is_rejected() {
+        let (token, _) = issue_token(&key(1), &A, NOW);
+        let bytes = decode(&token);
+        for i in 0..bytes.len() {
+            for flip in [0x01, 0x80, 0xff] {
+                let mut tampered = bytes.clone();
+                tampered[i] ^= flip;
+                let want = if i == 0 {
+                    TokenError::UnknownVersion
+                } else {
+                    TokenError::BadSignature
+                };
+                assert_eq!(
+                    verify_token(&key(1), &encode(&tampered), NOW),
+                    Err(want),
+                    "byte {i} ^ {flip:#x}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_mac_is_checked_before_the_expiry() {
+        // Forged to expire far in the future; the MAC must stop it, not the clock.
+        let (token, _) = issue_token(&key(1), &A, NOW);
+        let mut bytes = decode(&token);
+        bytes[17..25].copy_from_slice(&i64::MAX.to_be_bytes());
+        let later = NOW + Duration::days(365);
+        assert_eq!(
+            verify_token(&key(1), &encode(&bytes), later),
+            Err(TokenError::BadSignature)
+        );
+        // And an expired token with a broken MAC reports the MAC.
+        let mut bytes = decode(&token);
+        bytes[56] ^= 1;
+        assert_eq!(
+            verify_token(&key(1), &encode(&bytes), later),
+            Err(TokenError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn a_validly_signed_unknown_version_is_rejected() {
+        let (token, _) = issue_token(&key(1), &A, NOW);
+        let mut bytes = decode(&token);
+        bytes[0] = 2;
+        let mac = hmac_sha256(&[1; 32], &[&bytes[..25]]);
+        bytes[25..].copy_from_slice(&mac);
+        assert_eq!(
+            verify_token(&key(1), &encode(&bytes), NOW),
+            Err(TokenError::UnknownVersion)
+        );
+    }
+
+    #[test]
+    fn wrong_lengths_are_malformed() {
+        let (token, _) = issue_token(&key(1), &A, NOW);
+        let bytes = decode(&token);
+        let cases = [
+            String::new(),
+            token[..token.len() - 1].to_owned(),
+            format!("{token}A"),
+            encode(&bytes[..56]),
+            encode(&[&bytes[..], &[0]].concat()),
+            encode(&[&bytes[..], &bytes[..]].concat()),
+        ];
+        for bad in &cases {
+            assert_eq!(
+                verify_token(&key(1), bad, NOW),
+                Err(TokenError::Malformed),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn non_base64url_is_malformed() {
+        let (token, _) = issue_token(&key(1), &A, NOW);
+        // `+` and `/` are the standard alphabet, not the URL-safe one.
+        let mut cases: Vec<String> = ["!", "+", "/", "=", " ", "."]
+            .iter()
+            .map(|c| format!("{c}{}", &token[1..]))
+            .collect();
+        cases.push("A".repeat(ENCODED_LEN - 2) + "é"); // 76 bytes, not ASCII
+        cases.push(" ".repeat(ENCODED_LEN));
+        for bad in &cases {
+            assert_eq!(bad.len(), ENCODED_LEN);
+            assert_eq!(
+                verify_token(&key(1), bad, NOW),
+                Err(TokenError::Malformed),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_token_for_one_space_never_opens_another() {
+        let (token_a, _) = issue_token(&key(1), &A, NOW);
+        let (token_b, _) = issue_token(&key(1), &B, NOW);
+        assert_ne!(token_a, token_b);
+        assert_eq!(verify_token(&key(1), &token_a, NOW), Ok(A));
+        assert_eq!(verify_token(&key(1), &token_b, NOW), Ok(B));
+        assert_ne!(verify_token(&key(1), &token_a, NOW), Ok(B));
+
+        // Splicing B's index into A's token breaks the MAC.
+        let mut spliced = decode(&token_a);
+        spliced[1..17].copy_from_slice(B.as_bytes());
+        assert_eq!(
+            verify_token(&key(1), &encode(&spliced), NOW),
+            Err(TokenError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn a_token_from_another_key_is_rejected() {
+        let (token, _) = issue_token(&key(1), &A, NOW);
+        assert_eq!(
+            verify_token(&key(2), &token, NOW),
+            Err(TokenError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn tokens_are_url_safe() {
+        for i in 0..=255u8 {
+            let (token, _) = issue_token(&key(i), &SpaceIndex::from_array([i; 16]), NOW);
+            assert_eq!(token.len(), ENCODED_LEN);
+            assert!(
+                token
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "{token}"
+            );
+        }
+    }
+}
