@@ -1,0 +1,179 @@
+//! The catalog: what a deployment sells, read from `reeve.toml` (DESIGN §3).
+//!
+//! The file is parsed into a plain `toml::Table` first and then walked field by
+//! field, rather than deserialized with serde's derive: derive stops at the
+//! first bad value, and an operator fixing a config wants every mistake at
+//! once, each with its TOML path.
+//!
+//! Module map:
+//! - [`read`]: walking a TOML table with paths, types and unknown-key checks.
+//! - [`validate`]: the rules for each section, building a [`Catalog`].
+//! - [`formats`]: ids, CAIP-2 networks, EVM addresses, URLs, media types.
+//! - [`amount`]: atomic amounts and exact USD-to-atomic conversion.
+//! - [`schema`]: task input schemas, from TOML to a compiled JSON Schema.
+//! - [`view`]: the public JSON view and the operator's one-line summary.
+//! - [`error`]: [`CatalogError`] and [`Problem`].
+
+mod amount;
+mod error;
+mod formats;
+mod read;
+mod schema;
+mod validate;
+mod view;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use error::{CatalogError, Problem};
+
+/// The executors a task may name, in the order error messages list them.
+pub const EXECUTORS: &[&str] = &["digest", "fetch", "http"];
+
+/// The validated catalog. Every value in it has passed the checks in
+/// [`validate`], so callers can rely on it without re-checking.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    pub assets: BTreeMap<String, Asset>,
+    pub tasks: BTreeMap<String, TaskSpec>,
+    /// Present whenever any task is priced.
+    pub payments: Option<Payments>,
+    pub uploads: Uploads,
+}
+
+/// A token a task can be paid in (`[assets.<id>]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Asset {
+    /// CAIP-2, e.g. `eip155:8453`.
+    pub network: String,
+    /// The token contract; for `eip155` networks a `0x` address.
+    pub contract: String,
+    pub decimals: u8,
+    /// Worth one US dollar per whole token, so `amount_usd` may price in it.
+    pub usd_peg: bool,
+    /// The EIP-712 domain name x402 signs with, e.g. `USD Coin`.
+    pub name: String,
+    /// The EIP-712 domain version, e.g. `2`.
+    pub version: String,
+}
+
+/// A kind of task clients can create (`[tasks.<kind>]`).
+#[derive(Debug, Clone)]
+pub struct TaskSpec {
+    pub title: String,
+    pub description: String,
+    pub executor: Executor,
+    pub timeout_seconds: u32,
+    /// The schema as written, converted to JSON (what clients are shown).
+    pub input_schema: serde_json::Value,
+    /// The same schema, compiled once at load (with `format` checks on).
+    pub input_validator: Arc<jsonschema::Validator>,
+    /// Empty for a free task.
+    pub accepts: Vec<Price>,
+}
+
+impl TaskSpec {
+    pub fn is_free(&self) -> bool {
+        self.accepts.is_empty()
+    }
+}
+
+/// Which code runs a task. Only `http` carries configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Executor {
+    Digest,
+    Fetch,
+    /// POSTs the input to `endpoint` and returns its JSON.
+    Http {
+        endpoint: String,
+    },
+}
+
+impl Executor {
+    /// The name used for `executor` in `reeve.toml`; one of [`EXECUTORS`].
+    pub fn name(&self) -> &'static str {
+        match self {
+            Executor::Digest => "digest",
+            Executor::Fetch => "fetch",
+            Executor::Http { .. } => "http",
+        }
+    }
+}
+
+/// One way to pay for a task (`[[tasks.<kind>.accepts]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Price {
+    /// An id from [`Catalog::assets`].
+    pub asset: String,
+    /// In atomic units of the asset, already converted from `amount_usd`.
+    pub amount: u128,
+    /// The USD price as written, kept for display only.
+    pub amount_usd: Option<String>,
+}
+
+/// Where payments go (`[payments]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payments {
+    pub pay_to: String,
+    pub facilitator_url: String,
+    /// How long a signed payment stays valid (x402 `maxTimeoutSeconds`).
+    pub max_timeout_seconds: u32,
+}
+
+/// Limits for presigned uploads (`[uploads]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uploads {
+    pub max_bytes: u64,
+    pub content_types: Vec<String>,
+    pub url_expiry_seconds: u32,
+}
+
+impl Default for Uploads {
+    fn default() -> Self {
+        Uploads {
+            max_bytes: 100 * 1024 * 1024,
+            content_types: [
+                "application/octet-stream",
+                "text/plain",
+                "application/pdf",
+                "image/png",
+                "image/jpeg",
+                "application/json",
+            ]
+            .map(String::from)
+            .to_vec(),
+            url_expiry_seconds: 900,
+        }
+    }
+}
+
+impl Catalog {
+    /// Reads and validates the catalog at `path`. Errors name the file as given.
+    pub fn load(path: &Path) -> Result<Catalog, CatalogError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse_named(&text, &path.display().to_string())
+    }
+
+    /// Validates catalog text; errors name it `reeve.toml`.
+    pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
+        Self::parse_named(text, "reeve.toml")
+    }
+
+    fn parse_named(text: &str, name: &str) -> Result<Catalog, CatalogError> {
+        let table: toml::Table = text
+            .parse()
+            .map_err(|error| CatalogError::syntax(name, text, &error))?;
+        validate::catalog(&table).map_err(|problems| CatalogError::Invalid {
+            path: name.to_owned(),
+            problems,
+        })
+    }
+
+    pub fn task(&self, kind: &str) -> Option<&TaskSpec> {
+        self.tasks.get(kind)
+    }
+}

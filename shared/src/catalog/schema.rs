@@ -1,0 +1,55 @@
+//! Task input schemas: written in TOML, served and enforced as JSON Schema.
+
+use serde_json::{Map, Number, Value as Json};
+use toml::Value as Toml;
+
+/// Converts the schema to JSON and compiles it, which also checks it against
+/// its meta-schema. Format checks are switched on because draft 2020-12 treats
+/// `format` as a mere annotation, and an operator writing `format = "uri"`
+/// means it to be enforced; for the same reason an unknown format (say
+/// `"url"`) is an error rather than silently accepting anything.
+pub fn compile(schema: &toml::Table) -> Result<(Json, jsonschema::Validator), String> {
+    let json = Json::Object(table_to_json(schema)?);
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .should_ignore_unknown_formats(false)
+        .build(&json)
+        .map_err(|error| {
+            let at = error.instance_path().as_str();
+            let at = if at.is_empty() {
+                String::new()
+            } else {
+                format!(" at {at}")
+            };
+            format!("invalid JSON Schema{at}: {error}")
+        })?;
+    // Task create reads `upload_id`s and the executors read fields out of
+    // the input, so the input must be an object, not any JSON value.
+    if json.get("type") != Some(&Json::from("object")) {
+        return Err("the top level must have type = \"object\"".to_owned());
+    }
+    Ok((json, validator))
+}
+
+fn table_to_json(table: &toml::Table) -> Result<Map<String, Json>, String> {
+    table
+        .iter()
+        .map(|(key, value)| Ok((key.clone(), to_json(value)?)))
+        .collect()
+}
+
+fn to_json(value: &Toml) -> Result<Json, String> {
+    Ok(match value {
+        Toml::String(s) => Json::from(s.as_str()),
+        Toml::Integer(n) => Json::from(*n),
+        Toml::Float(x) => Number::from_f64(*x)
+            .map(Json::Number)
+            .ok_or_else(|| format!("{x} has no JSON equivalent"))?,
+        Toml::Boolean(b) => Json::from(*b),
+        // JSON has no datetime type; silently stringifying one would change
+        // what the operator wrote.
+        Toml::Datetime(d) => return Err(format!("datetime {d} has no JSON equivalent; quote it")),
+        Toml::Array(items) => Json::Array(items.iter().map(to_json).collect::<Result<_, _>>()?),
+        Toml::Table(table) => Json::Object(table_to_json(table)?),
+    })
+}

@@ -1,0 +1,401 @@
+//! The catalog's rules, section by section (DESIGN §3). Each reader records
+//! every problem it finds and returns what it could build; the [`Catalog`] is
+//! assembled only when there were no problems at all.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use toml::{Table, Value};
+
+use super::read::{Fields, KeyPath, Problems, bounded};
+use super::{Asset, Catalog, EXECUTORS, Executor, Payments, Price, Problem, TaskSpec, Uploads};
+use super::{amount, formats, schema};
+
+const ROOT_KEYS: &[&str] = &["payments", "uploads", "assets", "tasks"];
+const ASSET_KEYS: &[&str] = &[
+    "network", "contract", "decimals", "usd_peg", "name", "version",
+];
+const TASK_KEYS: &[&str] = &[
+    "title",
+    "description",
+    "executor",
+    "endpoint",
+    "timeout_seconds",
+    "input_schema",
+    "accepts",
+];
+const PRICE_KEYS: &[&str] = &["asset", "amount", "amount_usd"];
+const PAYMENTS_KEYS: &[&str] = &["pay_to", "facilitator_url", "max_timeout_seconds"];
+const UPLOADS_KEYS: &[&str] = &["max_bytes", "content_types", "url_expiry_seconds"];
+
+const DEFAULT_TASK_TIMEOUT_SECONDS: u32 = 60;
+/// Lambda's maximum run time; the worker runs tasks inside one invocation.
+const MAX_TASK_TIMEOUT_SECONDS: i64 = 900;
+const DEFAULT_PAYMENT_TIMEOUT_SECONDS: u32 = 300;
+const MAX_PAYMENT_TIMEOUT_SECONDS: i64 = 3600;
+/// An ERC-20 token with more decimals than this does not exist in practice,
+/// and 10^36 still leaves room in a `u128`.
+const MAX_DECIMALS: i64 = 36;
+/// The largest object S3 accepts in a single PUT, which is what presigning issues.
+const MAX_UPLOAD_BYTES: i64 = 5 * 1024 * 1024 * 1024;
+/// The longest a SigV4 presigned URL can live.
+const MAX_URL_EXPIRY_SECONDS: i64 = 604_800;
+
+pub fn catalog(table: &Table) -> Result<Catalog, Vec<Problem>> {
+    let mut problems = Problems::new();
+    let p = &mut problems;
+    let root = Fields::new(KeyPath::default(), table);
+    root.deny_unknown(ROOT_KEYS, p);
+
+    let assets = assets(&root, p);
+    let tasks = root
+        .entries("tasks", p)
+        .into_iter()
+        .filter_map(|(kind, fields)| Some((kind.to_owned(), task(kind, &fields, &assets, p)?)))
+        .collect();
+    let payments = payments(&root, &priced_tasks(table), p);
+    let uploads = uploads(&root, p);
+
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    Ok(Catalog {
+        assets: assets.valid,
+        tasks,
+        payments,
+        uploads,
+    })
+}
+
+/// The assets as prices need them: every declared id, so that a price naming
+/// a broken asset is not also told the asset is unknown, and the valid ones.
+struct Assets {
+    declared: BTreeSet<String>,
+    valid: BTreeMap<String, Asset>,
+}
+
+fn assets(root: &Fields, p: &mut Problems) -> Assets {
+    let mut assets = Assets {
+        declared: BTreeSet::new(),
+        valid: BTreeMap::new(),
+    };
+    for (id, fields) in root.entries("assets", p) {
+        assets.declared.insert(id.to_owned());
+        if let Some(asset) = asset(id, &fields, p) {
+            assets.valid.insert(id.to_owned(), asset);
+        }
+    }
+    assets
+}
+
+fn asset(id: &str, f: &Fields, p: &mut Problems) -> Option<Asset> {
+    f.deny_unknown(ASSET_KEYS, p);
+    let id = f.path.verify(formats::id("asset id", id), p);
+    let network = f.required::<&str>("network", p).and_then(|network| {
+        f.verify("network", formats::caip2(network), p)
+            .map(|()| network)
+    });
+    let contract = f.required::<&str>("contract", p).and_then(|contract| {
+        let checked = match network {
+            Some(network) if formats::is_evm(network) => formats::evm_address(contract),
+            _ => formats::non_blank(contract),
+        };
+        f.verify("contract", checked, p).map(|()| contract)
+    });
+    let decimals = f
+        .required("decimals", p)
+        .and_then(|n| f.verify("decimals", bounded(n, 0..=MAX_DECIMALS), p));
+    let usd_peg = f.optional("usd_peg", p).unwrap_or(false);
+    let name = required_text(f, "name", p);
+    let version = required_text(f, "version", p);
+
+    id?;
+    Some(Asset {
+        network: network?.to_owned(),
+        contract: contract?.to_owned(),
+        decimals: decimals?,
+        usd_peg,
+        name: name?,
+        version: version?,
+    })
+}
+
+fn task(kind: &str, f: &Fields, assets: &Assets, p: &mut Problems) -> Option<TaskSpec> {
+    f.deny_unknown(TASK_KEYS, p);
+    let kind = f.path.verify(formats::id("task kind", kind), p);
+    let title = required_text(f, "title", p);
+    let description = f.optional::<&str>("description", p).unwrap_or_default();
+    let executor = executor(f, p);
+    let timeout_seconds = f
+        .int_in("timeout_seconds", 1..=MAX_TASK_TIMEOUT_SECONDS, p)
+        .unwrap_or(DEFAULT_TASK_TIMEOUT_SECONDS);
+    let schema = f
+        .required("input_schema", p)
+        .and_then(|schema| f.verify("input_schema", schema::compile(schema), p));
+    let accepts = match f.optional::<&[Value]>("accepts", p) {
+        Some(items) => prices(&f.at("accepts"), items, assets, p),
+        None => Some(Vec::new()),
+    };
+
+    kind?;
+    let (input_schema, validator) = schema?;
+    Some(TaskSpec {
+        title: title?,
+        description: description.to_owned(),
+        executor: executor?,
+        timeout_seconds,
+        input_schema,
+        input_validator: Arc::new(validator),
+        accepts: accepts?,
+    })
+}
+
+fn executor(f: &Fields, p: &mut Problems) -> Option<Executor> {
+    let name = f.required::<&str>("executor", p)?;
+    let executor = match name {
+        "digest" => Executor::Digest,
+        "fetch" => Executor::Fetch,
+        "http" => return http_endpoint(f, p).map(|endpoint| Executor::Http { endpoint }),
+        unknown => {
+            let known = EXECUTORS.join(", ");
+            f.at("executor")
+                .report(p, format!("unknown executor {unknown:?} (known: {known})"));
+            return None;
+        }
+    };
+    if f.has("endpoint") {
+        f.at("endpoint").report(
+            p,
+            format!("only executor \"http\" takes an endpoint, not {name:?}"),
+        );
+    }
+    Some(executor)
+}
+
+fn http_endpoint(f: &Fields, p: &mut Problems) -> Option<String> {
+    if !f.has("endpoint") {
+        f.at("endpoint").report(
+            p,
+            "missing; executor \"http\" needs the URL to POST the input to",
+        );
+        return None;
+    }
+    let endpoint = f.optional::<&str>("endpoint", p)?;
+    f.verify("endpoint", formats::http_url(endpoint), p)?;
+    Some(endpoint.to_owned())
+}
+
+/// `None` if any entry is broken; each broken entry has been reported.
+fn prices(
+    path: &KeyPath,
+    items: &[Value],
+    assets: &Assets,
+    p: &mut Problems,
+) -> Option<Vec<Price>> {
+    let mut seen = BTreeSet::new();
+    let prices: Vec<Option<Price>> = items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            price(
+                &Fields::of(path.index(index), item, p)?,
+                assets,
+                &mut seen,
+                p,
+            )
+        })
+        .collect();
+    prices.into_iter().collect()
+}
+
+fn price<'a>(
+    f: &Fields<'a>,
+    assets: &Assets,
+    seen: &mut BTreeSet<&'a str>,
+    p: &mut Problems,
+) -> Option<Price> {
+    f.deny_unknown(PRICE_KEYS, p);
+    let id = f.required::<&str>("asset", p).and_then(|id| {
+        let checked = if !assets.declared.contains(id) {
+            Err(format!("unknown asset {id:?}"))
+        } else if !seen.insert(id) {
+            Err(format!(
+                "asset {id:?} is listed twice in this task's accepts"
+            ))
+        } else {
+            Ok(id)
+        };
+        f.verify("asset", checked, p)
+    });
+    // Present but broken assets were reported in [assets]; prices in them
+    // are still checked as far as possible without the asset.
+    let asset = id.and_then(|id| Some((id, assets.valid.get(id)?)));
+    let amount = match (f.has("amount"), f.has("amount_usd")) {
+        (true, true) => {
+            f.path
+                .report(p, "both amount and amount_usd are set; set exactly one");
+            None
+        }
+        (false, false) => {
+            f.path
+                .report(p, "neither amount nor amount_usd is set; set exactly one");
+            None
+        }
+        (true, false) => f
+            .optional::<&str>("amount", p)
+            .and_then(|amount| f.verify("amount", amount::atomic(amount), p))
+            .map(|atomic| (atomic, None)),
+        (false, true) => usd_price(f, asset, p),
+    };
+
+    let (amount, amount_usd) = amount?;
+    Some(Price {
+        asset: id?.to_owned(),
+        amount,
+        amount_usd,
+    })
+}
+
+/// Resolves `amount_usd` to atomic units, returning it with the text as written.
+fn usd_price(
+    f: &Fields,
+    asset: Option<(&str, &Asset)>,
+    p: &mut Problems,
+) -> Option<(u128, Option<String>)> {
+    let written = f.optional::<&str>("amount_usd", p)?;
+    let usd = f.verify("amount_usd", amount::usd(written), p)?;
+    let (id, asset) = asset?;
+    if !asset.usd_peg {
+        f.at("amount_usd").report(
+            p,
+            format!("asset {id:?} is not marked usd_peg = true, so it cannot be priced in USD; use amount (atomic units)"),
+        );
+        return None;
+    }
+    let atomic = f.verify("amount_usd", usd.to_atomic(asset.decimals), p)?;
+    if atomic == 0 {
+        let decimals = asset.decimals;
+        f.at("amount_usd").report(
+            p,
+            format!("amount_usd {written:?} is 0 atomic units of {id} ({decimals} decimals)"),
+        );
+        return None;
+    }
+    Some((atomic, Some(written.to_owned())))
+}
+
+/// Kinds with a non-empty `accepts`, read from the raw TOML so that a priced
+/// task with other mistakes still makes `[payments]` required.
+fn priced_tasks(root: &Table) -> Vec<&str> {
+    let Some(tasks) = root.get("tasks").and_then(Value::as_table) else {
+        return Vec::new();
+    };
+    tasks
+        .iter()
+        .filter(|(_, task)| {
+            task.get("accepts")
+                .and_then(Value::as_array)
+                .is_some_and(|accepts| !accepts.is_empty())
+        })
+        .map(|(kind, _)| kind.as_str())
+        .collect()
+}
+
+fn payments(root: &Fields, priced: &[&str], p: &mut Problems) -> Option<Payments> {
+    if !root.has("payments") {
+        if !priced.is_empty() {
+            let priced = priced.join(", ");
+            root.at("payments").report(
+                p,
+                format!("missing; priced tasks ({priced}) need [payments] with pay_to and facilitator_url"),
+            );
+        }
+        return None;
+    }
+    let f = root.table("payments", p)?;
+    f.deny_unknown(PAYMENTS_KEYS, p);
+    let pay_to = f.required::<&str>("pay_to", p).and_then(|address| {
+        f.verify("pay_to", formats::evm_address(address), p)
+            .map(|()| address)
+    });
+    let facilitator_url = f.required::<&str>("facilitator_url", p).and_then(|url| {
+        f.verify("facilitator_url", facilitator_url(url), p)
+            .map(|()| url)
+    });
+    let max_timeout_seconds = f
+        .int_in("max_timeout_seconds", 1..=MAX_PAYMENT_TIMEOUT_SECONDS, p)
+        .unwrap_or(DEFAULT_PAYMENT_TIMEOUT_SECONDS);
+
+    Some(Payments {
+        pay_to: pay_to?.to_owned(),
+        facilitator_url: facilitator_url?.to_owned(),
+        max_timeout_seconds,
+    })
+}
+
+/// Payment payloads travel to the facilitator, so they need TLS unless the
+/// facilitator is on this machine (as in tests).
+fn facilitator_url(url: &str) -> Result<(), String> {
+    let parsed = formats::http_url(url)?;
+    if parsed.https || formats::is_loopback(parsed.host) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{url:?} must use https (plain http only for 127.0.0.1, localhost or [::1])"
+        ))
+    }
+}
+
+fn uploads(root: &Fields, p: &mut Problems) -> Uploads {
+    let defaults = Uploads::default();
+    let Some(f) = root.table("uploads", p) else {
+        return defaults;
+    };
+    f.deny_unknown(UPLOADS_KEYS, p);
+    let max_bytes = f
+        .optional("max_bytes", p)
+        .and_then(|n| {
+            let checked = bounded(n, 1..=MAX_UPLOAD_BYTES)
+                .map_err(|message| format!("{message} (5 GiB is S3's limit for a single PUT)"));
+            f.verify("max_bytes", checked, p)
+        })
+        .unwrap_or(defaults.max_bytes);
+    let content_types = f
+        .optional::<&[Value]>("content_types", p)
+        .map(|items| content_types(&f.at("content_types"), items, p))
+        .unwrap_or(defaults.content_types);
+    let url_expiry_seconds = f
+        .int_in("url_expiry_seconds", 1..=MAX_URL_EXPIRY_SECONDS, p)
+        .unwrap_or(defaults.url_expiry_seconds);
+
+    Uploads {
+        max_bytes,
+        content_types,
+        url_expiry_seconds,
+    }
+}
+
+fn content_types(path: &KeyPath, items: &[Value], p: &mut Problems) -> Vec<String> {
+    if items.is_empty() {
+        path.report(
+            p,
+            "must list at least one content type; uploads would all be refused",
+        );
+    }
+    items
+        .iter()
+        .enumerate()
+        .filter_map(|(index, item)| {
+            let path = path.index(index);
+            let media_type: &str = path.read(item, p)?;
+            path.verify(formats::media_type(media_type), p)?;
+            Some(media_type.to_owned())
+        })
+        .collect()
+}
+
+fn required_text(f: &Fields, key: &str, p: &mut Problems) -> Option<String> {
+    let text = f.required::<&str>(key, p)?;
+    f.verify(key, formats::non_blank(text), p)?;
+    Some(text.to_owned())
+}

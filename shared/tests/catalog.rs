@@ -1,0 +1,937 @@
+//! The catalog as operators and clients see it: what loads, what is refused
+//! and with which path and message, and what `GET /v1/catalog` shows.
+
+use std::path::Path;
+
+use reeve_shared::catalog::{Catalog, CatalogError, EXECUTORS, Executor, Problem, Uploads};
+use serde_json::json;
+
+const SHIPPED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../reeve.toml");
+const THREE_MISTAKES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/catalog/three-mistakes.toml"
+);
+
+const PAYMENTS: &str = r#"
+[payments]
+pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
+facilitator_url = "https://x402.org/facilitator"
+"#;
+
+/// A valid catalog around one asset `coin` (6 decimals, pegged) and one task
+/// `t`, with `asset` and `task` spliced into their tables.
+fn catalog_with(asset: &str, task: &str) -> String {
+    format!(
+        r#"{PAYMENTS}
+[assets.coin]
+network = "eip155:8453"
+contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+decimals = 6
+usd_peg = true
+name = "USD Coin"
+version = "2"
+{asset}
+
+[tasks.t]
+title = "T"
+input_schema = {{ type = "object" }}
+{task}
+"#
+    )
+}
+
+fn problems(text: &str) -> Vec<Problem> {
+    match Catalog::parse(text) {
+        Err(CatalogError::Invalid { problems, .. }) => problems,
+        Ok(_) => panic!("expected problems, but the catalog is valid:\n{text}"),
+        Err(other) => panic!("expected problems, got {other}\n{text}"),
+    }
+}
+
+fn parse_ok(text: &str) -> Catalog {
+    Catalog::parse(text).unwrap_or_else(|error| panic!("{error}\n{text}"))
+}
+
+/// The atomic amount a one-price task `t` resolves to.
+fn price_of(catalog: &Catalog) -> u128 {
+    catalog.task("t").expect("task t").accepts[0].amount
+}
+
+#[test]
+fn shipped_catalog_loads_with_free_and_priced_tasks() {
+    let catalog = Catalog::load(Path::new(SHIPPED)).unwrap_or_else(|error| panic!("{error}"));
+
+    let digest = catalog.task("digest").expect("digest task");
+    assert!(digest.is_free());
+    assert_eq!(digest.executor, Executor::Digest);
+
+    let fetch = catalog.task("fetch").expect("fetch task");
+    assert_eq!(fetch.executor, Executor::Fetch);
+    let prices: Vec<(&str, u128, Option<&str>)> = fetch
+        .accepts
+        .iter()
+        .map(|price| {
+            (
+                price.asset.as_str(),
+                price.amount,
+                price.amount_usd.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        prices,
+        [
+            ("usdc-base", 10_000, Some("0.01")),
+            ("usdc-base-sepolia", 10_000, Some("0.01"))
+        ]
+    );
+
+    let http = catalog.task("http").expect("http task");
+    assert_eq!(
+        http.executor,
+        Executor::Http {
+            endpoint: "https://example.com/reeve/echo".into()
+        }
+    );
+    assert_eq!(http.accepts[0].asset, "usdc-base-sepolia");
+    assert_eq!(http.accepts[0].amount_usd, None);
+
+    let base = &catalog.assets["usdc-base"];
+    assert_eq!(
+        (
+            base.network.as_str(),
+            base.contract.as_str(),
+            base.decimals,
+            base.name.as_str(),
+            base.version.as_str()
+        ),
+        (
+            "eip155:8453",
+            "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+            6,
+            "USD Coin",
+            "2"
+        )
+    );
+    let sepolia = &catalog.assets["usdc-base-sepolia"];
+    assert_eq!(
+        (
+            sepolia.network.as_str(),
+            sepolia.contract.as_str(),
+            sepolia.name.as_str()
+        ),
+        (
+            "eip155:84532",
+            "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+            "USDC"
+        )
+    );
+
+    let payments = catalog.payments.as_ref().expect("payments");
+    assert_eq!(payments.facilitator_url, "https://x402.org/facilitator");
+    assert_eq!(
+        catalog.summary(),
+        "3 tasks (digest free, fetch 2 prices, http 1 price), 2 assets, uploads up to 100 MiB"
+    );
+}
+
+#[test]
+fn shipped_catalog_schemas_are_compiled_and_enforced() {
+    let catalog = Catalog::load(Path::new(SHIPPED)).unwrap();
+    let fetch = &catalog.task("fetch").unwrap().input_validator;
+    assert!(fetch.is_valid(&json!({"url": "https://example.com/a.pdf"})));
+    assert!(
+        !fetch.is_valid(&json!({"url": "http://example.com/"})),
+        "pattern ^https://"
+    );
+    assert!(
+        !fetch.is_valid(&json!({"url": "https://exa mple.com/"})),
+        "format uri is enforced"
+    );
+    assert!(!fetch.is_valid(&json!({"url": "https://example.com/", "extra": 1})));
+
+    let digest = &catalog.task("digest").unwrap().input_validator;
+    assert!(digest.is_valid(&json!({"upload_id": "01ARZ3NDEKTSV4RRFFQ69G5FAV"})));
+    assert!(!digest.is_valid(&json!({"upload_id": "not-a-ulid"})));
+    assert!(!digest.is_valid(&json!({})));
+}
+
+#[test]
+fn catalog_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync + Clone>() {}
+    assert_send_sync::<Catalog>();
+}
+
+#[test]
+fn usd_prices_convert_exactly_with_floor() {
+    let cases: &[(&str, u8, u128)] = &[
+        ("0.01", 6, 10_000),
+        ("1", 18, 1_000_000_000_000_000_000),
+        ("1.5", 0, 1),
+        ("0.0000019", 6, 1),
+        ("12.345678", 6, 12_345_678),
+        ("007.10", 2, 710),
+        ("0.000000000000000001", 18, 1),
+        ("1", 36, 10u128.pow(36)),
+    ];
+    for &(usd, decimals, expected) in cases {
+        let text = catalog_with(
+            &format!(
+                "[assets.coin-{decimals}]\nnetwork = \"eip155:1\"\ncontract = \"0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913\"\ndecimals = {decimals}\nusd_peg = true\nname = \"C\"\nversion = \"1\""
+            ),
+            &format!(
+                "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin-{decimals}\"\namount_usd = \"{usd}\""
+            ),
+        );
+        assert_eq!(
+            price_of(&parse_ok(&text)),
+            expected,
+            "{usd} with {decimals} decimals"
+        );
+    }
+}
+
+#[test]
+fn usd_prices_that_are_zero_or_malformed_are_refused() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "0.0000001",
+            r#"amount_usd "0.0000001" is 0 atomic units of coin (6 decimals)"#,
+        ),
+        (
+            "0",
+            r#"amount_usd "0" is 0 atomic units of coin (6 decimals)"#,
+        ),
+        ("1e3", r#""1e3" is not a decimal amount of US dollars"#),
+        ("-1", r#""-1" is not a decimal amount of US dollars"#),
+        ("", r#""" is not a decimal amount of US dollars"#),
+        ("1.2.3", r#""1.2.3" is not a decimal amount of US dollars"#),
+        (".5", r#"".5" is not a decimal amount of US dollars"#),
+        ("1.", r#""1." is not a decimal amount of US dollars"#),
+        ("1,000", r#""1,000" is not a decimal amount of US dollars"#),
+        (" 1", r#"" 1" is not a decimal amount of US dollars"#),
+        (
+            "0.0000000000000000001",
+            "has more than 18 fractional digits",
+        ),
+        (
+            "1000000000000000000000000000000000",
+            "is too large for an asset with 6 decimals",
+        ),
+    ];
+    for &(usd, message) in cases {
+        let text = catalog_with(
+            "",
+            &format!(
+                "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount_usd = \"{usd}\""
+            ),
+        );
+        let found = problems(&text);
+        assert_eq!(found.len(), 1, "{usd:?}: {found:?}");
+        assert_eq!(found[0].path, "tasks.t.accepts[0].amount_usd", "{usd:?}");
+        assert!(
+            found[0].message.contains(message),
+            "{usd:?}: {}",
+            found[0].message
+        );
+    }
+}
+
+#[test]
+fn atomic_amounts_are_positive_digit_strings() {
+    let ok = catalog_with(
+        "",
+        "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"123456789012345678901234567890\"",
+    );
+    assert_eq!(
+        price_of(&parse_ok(&ok)),
+        123_456_789_012_345_678_901_234_567_890
+    );
+
+    let cases: &[(&str, &str)] = &[
+        (r#""0""#, "must be greater than 0"),
+        (r#""-5""#, r#""-5" is not a whole number of atomic units"#),
+        (r#""1.5""#, r#""1.5" is not a whole number of atomic units"#),
+        (r#""""#, r#""" is not a whole number of atomic units"#),
+        (
+            r#""999999999999999999999999999999999999999999""#,
+            "is too large",
+        ),
+        ("10000", "expected a string, found integer 10000"),
+    ];
+    for &(amount, message) in cases {
+        let text = catalog_with(
+            "",
+            &format!(
+                "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = {amount}"
+            ),
+        );
+        let found = problems(&text);
+        assert_eq!(found.len(), 1, "{amount}: {found:?}");
+        assert_eq!(found[0].path, "tasks.t.accepts[0].amount");
+        assert!(
+            found[0].message.contains(message),
+            "{amount}: {}",
+            found[0].message
+        );
+    }
+}
+
+#[test]
+fn three_mistakes_are_all_reported_with_their_paths() {
+    let error = Catalog::load(Path::new(THREE_MISTAKES)).unwrap_err();
+    let CatalogError::Invalid { path, problems } = &error else {
+        panic!("expected Invalid, got {error}");
+    };
+    assert_eq!(path, THREE_MISTAKES);
+    let mut found: Vec<String> = problems.iter().map(Problem::to_string).collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            r#"tasks.convert.executor: unknown executor "pandoc" (known: digest, fetch, http)"#,
+            r#"tasks.fetch.accepts[0].asset: unknown asset "usdt""#,
+            "tasks.fetch.accepts[1]: both amount and amount_usd are set; set exactly one",
+        ]
+    );
+    let shown = error.to_string();
+    assert!(
+        shown.starts_with(&format!("{THREE_MISTAKES}: 3 problems:\n  ")),
+        "{shown}"
+    );
+    assert_eq!(shown.lines().count(), 4, "{shown}");
+}
+
+/// Each rule, broken on its own: exactly one problem, at this path, with a
+/// message containing this text.
+#[test]
+fn each_rule_reports_one_problem_at_its_path() {
+    const PRICED: &str =
+        "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\"";
+    // A valid free catalog with one edit.
+    let edit = |from: &str, to: &str| catalog_with("", "executor = \"fetch\"").replace(from, to);
+    // The task `t` with these lines added.
+    let task = |lines: &str| catalog_with("", lines);
+    let schema = |schema: &str| edit("{ type = \"object\" }", schema);
+    let priced = |from: &str, to: &str| catalog_with("", PRICED).replace(from, to);
+    let price = |lines: &str| {
+        task(&format!(
+            "executor = \"fetch\"\n[[tasks.t.accepts]]\n{lines}"
+        ))
+    };
+    let uploads = |lines: &str| format!("{}\n[uploads]\n{lines}", task("executor = \"fetch\""));
+    let address = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913";
+
+    let cases: Vec<(&str, String, &str, &str)> = vec![
+        // assets
+        (
+            "network not CAIP-2",
+            edit("eip155:8453", "base"),
+            "assets.coin.network",
+            r#""base" is not a CAIP-2 network id"#,
+        ),
+        (
+            "namespace upper case",
+            edit("eip155:8453", "EIP155:8453"),
+            "assets.coin.network",
+            "is not a CAIP-2 network id",
+        ),
+        (
+            "reference too long",
+            edit("eip155:8453", &format!("cosmos:{}", "a".repeat(33))),
+            "assets.coin.network",
+            "is not a CAIP-2 network id",
+        ),
+        (
+            "eip155 reference not a number",
+            edit("eip155:8453", "eip155:base"),
+            "assets.coin.network",
+            "an eip155 reference must be a decimal chain id",
+        ),
+        (
+            "contract too short",
+            edit(address, "0x8335"),
+            "assets.coin.contract",
+            r#""0x8335" is not an EVM address"#,
+        ),
+        (
+            "contract not hex",
+            edit(address, &address.replace('3', "g")),
+            "assets.coin.contract",
+            "is not an EVM address",
+        ),
+        (
+            "decimals wrong type",
+            edit("decimals = 6", "decimals = \"six\""),
+            "assets.coin.decimals",
+            r#"expected an integer, found string "six""#,
+        ),
+        (
+            "decimals too large",
+            edit("decimals = 6", "decimals = 37"),
+            "assets.coin.decimals",
+            "must be from 0 to 36, got 37",
+        ),
+        (
+            "usd_peg wrong type",
+            edit("usd_peg = true", "usd_peg = \"yes\""),
+            "assets.coin.usd_peg",
+            "expected a boolean",
+        ),
+        (
+            "name empty",
+            edit("name = \"USD Coin\"", "name = \" \""),
+            "assets.coin.name",
+            "must not be empty",
+        ),
+        (
+            "version missing",
+            edit("version = \"2\"", ""),
+            "assets.coin.version",
+            "missing required key",
+        ),
+        (
+            "asset id upper case",
+            edit("[assets.coin]", "[assets.Coin]"),
+            "assets.Coin",
+            r#"invalid asset id "Coin""#,
+        ),
+        (
+            "asset unknown key",
+            edit("version = \"2\"", "version = \"2\"\nsymbol = \"USDC\""),
+            "assets.coin.symbol",
+            "unknown key (expected one of: network, contract",
+        ),
+        // tasks
+        (
+            "task kind with a space",
+            edit("[tasks.t]", "[tasks.\"my task\"]"),
+            "tasks.\"my task\"",
+            r#"invalid task kind "my task""#,
+        ),
+        (
+            "title empty",
+            edit("title = \"T\"", "title = \"\""),
+            "tasks.t.title",
+            "must not be empty",
+        ),
+        (
+            "title missing",
+            edit("title = \"T\"", ""),
+            "tasks.t.title",
+            "missing required key",
+        ),
+        (
+            "typo in an optional key",
+            task("executor = \"fetch\"\ntimout_seconds = 30"),
+            "tasks.t.timout_seconds",
+            "unknown key (expected one of: title, description, executor, endpoint, timeout_seconds, input_schema, accepts)",
+        ),
+        (
+            "timeout zero",
+            task("executor = \"fetch\"\ntimeout_seconds = 0"),
+            "tasks.t.timeout_seconds",
+            "must be from 1 to 900, got 0",
+        ),
+        (
+            "timeout over Lambda's limit",
+            task("executor = \"fetch\"\ntimeout_seconds = 901"),
+            "tasks.t.timeout_seconds",
+            "must be from 1 to 900, got 901",
+        ),
+        (
+            "executor missing",
+            task(""),
+            "tasks.t.executor",
+            "missing required key",
+        ),
+        (
+            "executor unknown",
+            task("executor = \"shell\""),
+            "tasks.t.executor",
+            r#"unknown executor "shell" (known: digest, fetch, http)"#,
+        ),
+        (
+            "http without endpoint",
+            task("executor = \"http\""),
+            "tasks.t.endpoint",
+            "missing; executor \"http\" needs the URL",
+        ),
+        (
+            "endpoint not http",
+            task("executor = \"http\"\nendpoint = \"ftp://example.com/x\""),
+            "tasks.t.endpoint",
+            "is not an absolute http(s) URL",
+        ),
+        (
+            "endpoint without host",
+            task("executor = \"http\"\nendpoint = \"https:///x\""),
+            "tasks.t.endpoint",
+            "it has no valid host",
+        ),
+        (
+            "endpoint with credentials",
+            task("executor = \"http\"\nendpoint = \"https://u:p@example.com/\""),
+            "tasks.t.endpoint",
+            "credentials are not allowed",
+        ),
+        (
+            "endpoint with a bad port",
+            task("executor = \"http\"\nendpoint = \"https://example.com:99999/\""),
+            "tasks.t.endpoint",
+            "the port must be a number",
+        ),
+        (
+            "endpoint on another executor",
+            task("executor = \"digest\"\nendpoint = \"https://example.com/\""),
+            "tasks.t.endpoint",
+            r#"only executor "http" takes an endpoint, not "digest""#,
+        ),
+        (
+            "schema missing",
+            edit("input_schema = { type = \"object\" }", ""),
+            "tasks.t.input_schema",
+            "missing required key",
+        ),
+        (
+            "schema not a table",
+            schema("\"object\""),
+            "tasks.t.input_schema",
+            "expected a table, found string",
+        ),
+        (
+            "schema invalid",
+            schema("{ type = \"nope\" }"),
+            "tasks.t.input_schema",
+            "invalid JSON Schema at /type",
+        ),
+        (
+            "schema invalid deep down",
+            schema("{ type = \"object\", properties = { n = { minimum = \"ten\" } } }"),
+            "tasks.t.input_schema",
+            "invalid JSON Schema at /properties/n/minimum",
+        ),
+        (
+            "schema bad regex",
+            schema("{ type = \"object\", properties = { s = { pattern = \"([\" } } }"),
+            "tasks.t.input_schema",
+            "is not a \"regex\"",
+        ),
+        (
+            "schema with an unknown format",
+            schema("{ type = \"object\", properties = { u = { format = \"url\" } } }"),
+            "tasks.t.input_schema",
+            "invalid JSON Schema at /properties/u/format: Unknown format: 'url'",
+        ),
+        (
+            "schema not an object",
+            schema("{ type = \"string\" }"),
+            "tasks.t.input_schema",
+            "the top level must have type = \"object\"",
+        ),
+        (
+            "schema with a datetime",
+            schema("{ type = \"object\", default = 2024-01-01 }"),
+            "tasks.t.input_schema",
+            "datetime 2024-01-01 has no JSON equivalent",
+        ),
+        (
+            "schema with an external ref",
+            schema("{ type = \"object\", \"$ref\" = \"https://example.com/s.json\" }"),
+            "tasks.t.input_schema",
+            "invalid JSON Schema",
+        ),
+        // accepts
+        (
+            "accepts not an array",
+            task("executor = \"fetch\"\naccepts = \"coin\""),
+            "tasks.t.accepts",
+            "expected an array, found string",
+        ),
+        (
+            "accepts entry not a table",
+            task("executor = \"fetch\"\naccepts = [\"coin\"]"),
+            "tasks.t.accepts[0]",
+            "expected a table, found string",
+        ),
+        (
+            "unknown asset",
+            price("asset = \"usdt\"\namount = \"1\""),
+            "tasks.t.accepts[0].asset",
+            r#"unknown asset "usdt""#,
+        ),
+        (
+            "asset missing",
+            price("amount = \"1\""),
+            "tasks.t.accepts[0].asset",
+            "missing required key",
+        ),
+        (
+            "both amounts",
+            price("asset = \"coin\"\namount = \"1\"\namount_usd = \"1\""),
+            "tasks.t.accepts[0]",
+            "both amount and amount_usd are set; set exactly one",
+        ),
+        (
+            "neither amount",
+            price("asset = \"coin\""),
+            "tasks.t.accepts[0]",
+            "neither amount nor amount_usd is set; set exactly one",
+        ),
+        (
+            "amount_usd on an unpegged asset",
+            price("asset = \"coin\"\namount_usd = \"1\"")
+                .replace("usd_peg = true", "usd_peg = false"),
+            "tasks.t.accepts[0].amount_usd",
+            r#"asset "coin" is not marked usd_peg = true"#,
+        ),
+        (
+            "duplicate asset",
+            task(&format!(
+                "{PRICED}\n[[tasks.t.accepts]]\nasset = \"coin\"\namount_usd = \"1\""
+            )),
+            "tasks.t.accepts[1].asset",
+            r#"asset "coin" is listed twice"#,
+        ),
+        (
+            "price unknown key",
+            task(&format!("{PRICED}\nnetwork = \"eip155:1\"")),
+            "tasks.t.accepts[0].network",
+            "unknown key (expected one of: asset, amount, amount_usd)",
+        ),
+        // payments
+        (
+            "priced without payments",
+            priced(PAYMENTS, ""),
+            "payments",
+            "missing; priced tasks (t) need [payments]",
+        ),
+        (
+            "pay_to not an address",
+            priced("0x209693Bc6afc0C5328bA36FaF03C514EF312287C", "alice.eth"),
+            "payments.pay_to",
+            r#""alice.eth" is not an EVM address"#,
+        ),
+        (
+            "pay_to missing",
+            priced("pay_to", "#pay_to"),
+            "payments.pay_to",
+            "missing required key",
+        ),
+        (
+            "facilitator over plain http",
+            priced("https://x402.org", "http://x402.org"),
+            "payments.facilitator_url",
+            "must use https (plain http only for 127.0.0.1, localhost or [::1])",
+        ),
+        (
+            "facilitator not a URL",
+            priced("https://x402.org/facilitator", "x402.org"),
+            "payments.facilitator_url",
+            "is not an absolute http(s) URL",
+        ),
+        (
+            "payment timeout too long",
+            priced("[payments]", "[payments]\nmax_timeout_seconds = 3601"),
+            "payments.max_timeout_seconds",
+            "must be from 1 to 3600, got 3601",
+        ),
+        (
+            "payments typo",
+            priced("[payments]", "[payments]\nmax_timeout = 30"),
+            "payments.max_timeout",
+            "unknown key",
+        ),
+        // uploads
+        (
+            "uploads max_bytes zero",
+            uploads("max_bytes = 0"),
+            "uploads.max_bytes",
+            "must be from 1 to 5368709120, got 0",
+        ),
+        (
+            "uploads over the single PUT limit",
+            uploads("max_bytes = 5368709121"),
+            "uploads.max_bytes",
+            "5 GiB is S3's limit for a single PUT",
+        ),
+        (
+            "uploads no content types",
+            uploads("content_types = []"),
+            "uploads.content_types",
+            "must list at least one content type",
+        ),
+        (
+            "content type with parameters",
+            uploads("content_types = [\"image/png\", \"text/plain; charset=utf-8\"]"),
+            "uploads.content_types[1]",
+            "is not a media type of the form type/subtype",
+        ),
+        (
+            "content type not a string",
+            uploads("content_types = [3]"),
+            "uploads.content_types[0]",
+            "expected a string, found integer 3",
+        ),
+        (
+            "expiry over SigV4's limit",
+            uploads("url_expiry_seconds = 604801"),
+            "uploads.url_expiry_seconds",
+            "must be from 1 to 604800, got 604801",
+        ),
+        (
+            "uploads not a table",
+            format!("uploads = 5\n{}", task("executor = \"fetch\"")),
+            "uploads",
+            "expected a table, found integer 5",
+        ),
+        // the file as a whole
+        (
+            "top-level typo",
+            edit("[payments]", "[payment]"),
+            "payment",
+            "unknown key (expected one of: payments, uploads, assets, tasks)",
+        ),
+        (
+            "tasks not a table",
+            format!("tasks = [1]\n{PAYMENTS}"),
+            "tasks",
+            "expected a table, found an array",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, text, path, message) in &cases {
+        match Catalog::parse(text) {
+            Err(CatalogError::Invalid { problems, .. })
+                if problems.len() == 1
+                    && problems[0].path == *path
+                    && problems[0].message.contains(message) => {}
+            other => failures.push(format!(
+                "{name}: expected `{path}: …{message}…`, got {other:?}"
+            )),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn mistakes_in_one_table_are_all_reported() {
+    let text = catalog_with(
+        "",
+        "executor = \"shell\"\ntimeout_seconds = 0\ncolour = \"blue\"\n[[tasks.t.accepts]]\nasset = \"nope\"",
+    )
+    .replace("network = \"eip155:8453\"", "network = \"base\"")
+    .replace("decimals = 6", "decimals = 37");
+    let mut found: Vec<String> = problems(&text)
+        .iter()
+        .map(|problem| problem.path.clone())
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "assets.coin.decimals",
+            "assets.coin.network",
+            "tasks.t.accepts[0]",
+            "tasks.t.accepts[0].asset",
+            "tasks.t.colour",
+            "tasks.t.executor",
+            "tasks.t.timeout_seconds",
+        ]
+    );
+}
+
+#[test]
+fn a_broken_asset_is_not_also_reported_as_unknown() {
+    let text = catalog_with(
+        "",
+        "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount_usd = \"0.01\"",
+    )
+    .replace("decimals = 6", "decimals = -1");
+    let found = problems(&text);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].path, "assets.coin.decimals");
+}
+
+#[test]
+fn defaults_apply_when_optional_parts_are_absent() {
+    let free_only = r#"
+[tasks.t]
+title = "T"
+executor = "digest"
+input_schema = { type = "object" }
+"#;
+    let catalog = parse_ok(free_only);
+    assert_eq!(
+        catalog.payments, None,
+        "a free-only catalog needs no [payments]"
+    );
+    assert_eq!(catalog.uploads, Uploads::default());
+    assert_eq!(catalog.uploads.max_bytes, 100 * 1024 * 1024);
+    assert_eq!(catalog.uploads.url_expiry_seconds, 900);
+    let task = catalog.task("t").unwrap();
+    assert_eq!(task.timeout_seconds, 60);
+    assert_eq!(task.description, "");
+    assert!(catalog.assets.is_empty());
+
+    let priced = parse_ok(&catalog_with(
+        "",
+        "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\"",
+    ));
+    assert_eq!(priced.payments.unwrap().max_timeout_seconds, 300);
+}
+
+#[test]
+fn every_listed_executor_is_accepted() {
+    for &name in EXECUTORS {
+        let endpoint = if name == "http" {
+            "\nendpoint = \"https://example.com/run\""
+        } else {
+            ""
+        };
+        let catalog = parse_ok(&catalog_with(
+            "",
+            &format!("executor = \"{name}\"{endpoint}"),
+        ));
+        assert_eq!(catalog.task("t").unwrap().executor.name(), name);
+    }
+}
+
+#[test]
+fn local_facilitators_may_use_plain_http() {
+    for url in [
+        "http://127.0.0.1:4021/facilitator",
+        "http://localhost:4021",
+        "http://[::1]:8080/x",
+    ] {
+        let text = catalog_with(
+            "",
+            "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\"",
+        )
+        .replace("https://x402.org/facilitator", url);
+        assert_eq!(parse_ok(&text).payments.unwrap().facilitator_url, url);
+    }
+}
+
+#[test]
+fn syntax_errors_give_line_and_column_on_one_line() {
+    let text = "[payments]\npay_to = \"0xabc\"\nmax_timeout_seconds = = 5\n";
+    let error = Catalog::parse(text).unwrap_err();
+    let CatalogError::Syntax {
+        path,
+        line,
+        column,
+        message,
+    } = &error
+    else {
+        panic!("expected Syntax, got {error}");
+    };
+    assert_eq!((path.as_str(), *line, *column), ("reeve.toml", 3, 23));
+    assert!(!message.is_empty());
+    let shown = error.to_string();
+    assert!(
+        shown.starts_with("reeve.toml:3:23: invalid TOML: "),
+        "{shown}"
+    );
+    assert!(!shown.contains('\n'), "{shown}");
+}
+
+#[test]
+fn syntax_error_columns_count_characters_not_bytes() {
+    let text = "[tasks.t]\ntitle = \"Über\" x\n";
+    let CatalogError::Syntax { line, column, .. } = Catalog::parse(text).unwrap_err() else {
+        panic!("expected Syntax");
+    };
+    assert_eq!((line, column), (2, 16));
+}
+
+#[test]
+fn a_missing_file_is_a_read_error() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/catalog/does-not-exist.toml");
+    let error = Catalog::load(&path).unwrap_err();
+    assert!(
+        matches!(&error, CatalogError::Read { path: p, .. } if p == &path),
+        "{error:?}"
+    );
+    let shown = error.to_string();
+    assert!(
+        shown.starts_with(&format!("cannot read {}: ", path.display())),
+        "{shown}"
+    );
+    assert!(!shown.contains('\n'));
+}
+
+#[test]
+fn public_view_shows_prices_as_strings_and_hides_endpoints() {
+    let catalog = Catalog::load(Path::new(SHIPPED)).unwrap();
+    let view = catalog.public_view();
+
+    let fetch = view["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["kind"] == "fetch")
+        .unwrap();
+    assert_eq!(fetch["free"], false);
+    assert_eq!(
+        fetch["prices"],
+        json!([
+            {"asset": "usdc-base", "network": "eip155:8453", "amount": "10000", "amount_usd": "0.01"},
+            {"asset": "usdc-base-sepolia", "network": "eip155:84532", "amount": "10000", "amount_usd": "0.01"},
+        ])
+    );
+    assert_eq!(fetch["input_schema"]["properties"]["url"]["format"], "uri");
+    assert_eq!(fetch["timeout_seconds"], 120);
+
+    let http = view["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["kind"] == "http")
+        .unwrap();
+    assert_eq!(
+        http["prices"],
+        json!([{"asset": "usdc-base-sepolia", "network": "eip155:84532", "amount": "5000"}])
+    );
+    let digest = view["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|task| task["kind"] == "digest")
+        .unwrap();
+    assert_eq!(
+        (digest["free"].clone(), digest["prices"].clone()),
+        (json!(true), json!([]))
+    );
+
+    assert_eq!(
+        view["assets"][0],
+        json!({"id": "usdc-base", "network": "eip155:8453", "contract": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+               "decimals": 6, "usd_peg": true, "name": "USD Coin", "version": "2"})
+    );
+    assert_eq!(view["uploads"]["max_bytes"], 104_857_600);
+    assert_eq!(view["uploads"]["url_expiry_seconds"], 900);
+
+    let serialized = view.to_string();
+    assert!(!serialized.contains("endpoint"), "{serialized}");
+    assert!(!serialized.contains("example.com/reeve"), "{serialized}");
+}
+
+#[test]
+fn public_view_keeps_amounts_beyond_json_number_precision() {
+    let catalog = parse_ok(&catalog_with(
+        "",
+        "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"9007199254740993\"",
+    ));
+    assert_eq!(
+        catalog.public_view()["tasks"][0]["prices"][0]["amount"],
+        "9007199254740993"
+    );
+}
