@@ -5,6 +5,8 @@
 //! - [`catalog`]: `reeve.toml`, parsed into typed structs and validated as a whole.
 //! - [`settings`]: secrets and endpoints from the environment.
 //! - [`auth`]: Space IDs, the HMAC index, Argon2id hashes and session tokens.
+//! - [`aws`]: S3 and SQS clients from the standard AWS environment.
+//! - [`spaces`]: creating a Space and opening a session on it.
 //! - [`ids`]: ULIDs stored as 16 raw bytes, shown as 26-character strings.
 //! - [`db`]: the Postgres pool and the embedded migrations.
 //! - [`redis_client`]: the one shared Redis connection of a process.
@@ -13,6 +15,7 @@
 //! - [`telemetry`]: tracing set up in one place.
 
 pub mod auth;
+pub mod aws;
 pub mod catalog;
 pub mod db;
 pub mod error;
@@ -20,4 +23,5 @@ pub mod http;
 pub mod ids;
 pub mod redis_client;
 pub mod settings;
+pub mod spaces;
 pub mod telemetry;

@@ -1,0 +1,152 @@
+//! The `reeve` binary as an operator meets it: exit codes and messages.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn reeve(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));
+    // Run where no `.env` can be picked up, so each test controls the
+    // environment it starts with.
+    cmd.current_dir(std::env::temp_dir()).args(args).env_remove("RUST_BACKTRACE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("reeve runs")
+}
+
+fn repo(path: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path).to_string_lossy().into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn config_check_accepts_the_shipped_catalog() {
+    let out = reeve(&["config", "check", "--file", &repo("reeve.toml")], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ok"), "{stdout}");
+    assert!(stdout.contains("tasks"), "a summary is printed: {stdout}");
+}
+
+#[test]
+fn config_check_lists_every_mistake_with_its_path_and_exits_1() {
+    let out = reeve(&["config", "check", "--file", &repo("shared/tests/fixtures/catalog/three-mistakes.toml")], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("3 problems"), "{err}");
+    for path in ["tasks.fetch.accepts[0].asset", "tasks.fetch.accepts[1]", "tasks.convert.executor"] {
+        assert!(err.contains(path), "missing {path} in:\n{err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn config_check_reports_a_missing_file_in_one_line() {
+    let out = reeve(&["config", "check", "--file", "/nonexistent/reeve.toml"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("/nonexistent/reeve.toml"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn config_check_reports_a_syntax_error_with_line_and_column() {
+    let dir = std::env::temp_dir().join(format!("reeve-cli-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("reeve.toml");
+    std::fs::write(&file, "[uploads]\nmax_bytes = 10\n\n[tasks.digest\ntitle = \"x\"\n").unwrap();
+    let out = reeve(&["config", "check", "--file", file.to_str().unwrap()], &[]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains(":4:"), "line 4 is named: {err}");
+}
+
+const LONG: &str = "0123456789abcdef0123456789abcdef";
+
+#[test]
+fn serve_refuses_to_start_with_a_short_secret_and_names_it() {
+    let out = reeve(
+        &["serve", "--catalog", &repo("reeve.toml"), "--bind", "127.0.0.1:0"],
+        &[
+            ("REEVE_PEPPER", "too-short"),
+            ("REEVE_TOKEN_KEY", LONG),
+            ("DATABASE_URL", "postgres://reeve:x@127.0.0.1:1/reeve"),
+            ("REDIS_URL", "redis://127.0.0.1:1"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("REEVE_PEPPER must be at least 32 bytes"), "{err}");
+    assert!(!err.contains("too-short"), "the secret must not be echoed: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn serve_lists_every_missing_variable_and_a_broken_catalog_together() {
+    let out = reeve(
+        &["serve", "--catalog", &repo("shared/tests/fixtures/catalog/three-mistakes.toml")],
+        &[("REEVE_PEPPER", ""), ("REEVE_TOKEN_KEY", ""), ("DATABASE_URL", ""), ("REDIS_URL", "")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    for needle in ["REEVE_PEPPER is not set", "REEVE_TOKEN_KEY is not set", "DATABASE_URL is not set", "REDIS_URL is not set", "tasks.convert.executor"] {
+        assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
+    }
+}
+
+#[test]
+fn serve_names_an_unreachable_postgres_without_its_password() {
+    let out = reeve(
+        &["serve", "--catalog", &repo("reeve.toml"), "--bind", "127.0.0.1:0"],
+        &[
+            ("REEVE_PEPPER", LONG),
+            ("REEVE_TOKEN_KEY", LONG),
+            ("DATABASE_URL", "postgres://reeve:hunter2@127.0.0.1:1/reeve"),
+            ("REDIS_URL", "redis://127.0.0.1:1"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("cannot connect to Postgres at 127.0.0.1:1/reeve"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+/// `DATABASE_URL` with its database name swapped: the test's own database.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let base = &base[..base.rfind('/').expect("a database in DATABASE_URL")];
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+#[tokio::test]
+async fn migrate_creates_the_schema_and_is_safe_to_run_twice() {
+    use sqlx::Connection;
+    let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL: run the tests with scripts/test.sh");
+    let name = format!("reeve_cli_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
+    let url = with_database(&admin_url, &name);
+
+    for run in 1..=2 {
+        let out = reeve(&["migrate"], &[("DATABASE_URL", &url)]);
+        assert!(out.status.success(), "run {run}: {}", stderr(&out));
+    }
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(applied, reeve_migration_count());
+    conn.close().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}"))).execute(&mut admin).await.unwrap();
+}
+
+fn reeve_migration_count() -> i64 {
+    std::fs::read_dir(repo("migrations")).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "sql")).count() as i64
+}

@@ -1,0 +1,157 @@
+//! The one error shape every route answers with (DESIGN §11):
+//! `{"error":{"code","message","request_id"}}` plus an `x-request-id` header.
+//!
+//! Handlers return [`ApiError`]; it renders without a request id, because a
+//! handler doesn't know it. [`envelope`] is the middleware that fills the id
+//! in, and that also wraps the plain-text errors axum produces by itself
+//! (405, body-limit 413, ...), so no response escapes the envelope.
+
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tracing::Instrument;
+
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// A client-facing error. `code` is stable and documented; `message` is for
+/// people. Neither ever carries an internal cause: those are logged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into() }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+    }
+
+    pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
+    }
+
+    /// Logs the cause and answers a bare 500: the cause may name hosts,
+    /// queries or secrets, none of which a client should see.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %cause, "internal error");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+    }
+}
+
+/// A response extension saying "this error response is already in its final
+/// form": the x402 `402`, whose body is the payment challenge, not an envelope.
+#[derive(Debug, Clone, Copy)]
+pub struct Rendered;
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    error: Body_<'a>,
+}
+
+#[derive(Serialize)]
+struct Body_<'a> {
+    code: &'a str,
+    message: &'a str,
+    request_id: &'a str,
+}
+
+fn render(status: StatusCode, code: &str, message: &str, request_id: &str) -> Response {
+    let body = serde_json::to_vec(&Envelope { error: Body_ { code, message, request_id } })
+        .expect("the envelope is plain strings");
+    let mut response = (status, body).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = render(self.status, self.code, &self.message, "");
+        response.extensions_mut().insert(self);
+        response
+    }
+}
+
+/// A request id we trust: our own ULID unless the caller sent a short,
+/// printable one (an API gateway's id, say), which we keep for correlation.
+fn request_id_of(request: &Request) -> String {
+    request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_owned)
+        .unwrap_or_else(|| ulid::Ulid::new().to_string())
+}
+
+/// Middleware: gives every request an id, echoes it in `x-request-id`, and
+/// makes every error response the JSON envelope carrying that id.
+pub async fn envelope(mut request: Request, next: Next) -> Response {
+    let request_id = request_id_of(&request);
+    let header_value = HeaderValue::from_str(&request_id).expect("checked printable ASCII");
+    request.headers_mut().insert(REQUEST_ID_HEADER, header_value.clone());
+
+    let span = tracing::info_span!("request", request_id = %request_id, method = %request.method(), path = %request.uri().path());
+    let mut response = next.run(request).instrument(span.clone()).await;
+
+    let status = response.status();
+    if let Some(error) = response.extensions_mut().remove::<ApiError>() {
+        response = render(error.status, error.code, &error.message, &request_id);
+        span.in_scope(|| tracing::info!(status = status.as_u16(), code = error.code, "request failed"));
+    } else if (status.is_client_error() || status.is_server_error()) && response.extensions().get::<Rendered>().is_none() {
+        // A response axum or a layer made on its own (405, 413 from the body
+        // limit, ...): keep the status, give it the envelope.
+        let (code, message) = fallback_code(status);
+        let headers = std::mem::take(response.headers_mut());
+        response = render(status, code, message, &request_id);
+        if let Some(allow) = headers.get(header::ALLOW) {
+            response.headers_mut().insert(header::ALLOW, allow.clone());
+        }
+    }
+    response.headers_mut().insert(REQUEST_ID_HEADER, header_value);
+    response
+}
+
+fn fallback_code(status: StatusCode) -> (&'static str, &'static str) {
+    match status {
+        StatusCode::NOT_FOUND => ("not_found", "no such route"),
+        StatusCode::METHOD_NOT_ALLOWED => ("method_not_allowed", "method not allowed on this route"),
+        StatusCode::PAYLOAD_TOO_LARGE => ("body_too_large", "request body too large"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("unsupported_media_type", "expected Content-Type: application/json"),
+        StatusCode::REQUEST_TIMEOUT => ("timeout", "request timed out"),
+        s if s.is_server_error() => ("internal", "internal error"),
+        _ => ("bad_request", "bad request"),
+    }
+}
+
+/// Fallback for unrouted paths, so a 404 also carries the envelope.
+pub async fn no_route() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+/// A database failure: `503` when Postgres is out of reach (retrying may
+/// work), `500` for anything else. The cause is logged, never returned.
+pub fn db_error(e: sqlx::Error) -> ApiError {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
+            tracing::error!(error = %e, "postgres unavailable");
+            ApiError::unavailable("database_unavailable", "the database is unavailable; try again")
+        }
+        other => ApiError::internal(other),
+    }
+}

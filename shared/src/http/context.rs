@@ -1,0 +1,91 @@
+//! [`ApiContext`]: what every handler may need, built once per process —
+//! by `reeve serve`, by each Lambda's `main`, and by the tests.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use sqlx::PgPool;
+use tokio::sync::Semaphore;
+
+use crate::aws::AwsClients;
+use crate::catalog::Catalog;
+use crate::db::{self, DbError};
+use crate::redis_client::{BadRedisUrl, RedisClient};
+use crate::settings::ApiSettings;
+
+pub struct ApiContext {
+    pub catalog: Arc<Catalog>,
+    /// The catalog's public JSON, rendered once: it cannot change at run time.
+    pub catalog_json: Bytes,
+    pub db: PgPool,
+    pub redis: RedisClient,
+    pub aws: AwsClients,
+    pub settings: ApiSettings,
+    /// Each Argon2id run takes 19 MiB and tens of milliseconds of one core;
+    /// a burst of sessions must queue here rather than exhaust the process.
+    pub argon2: Semaphore,
+}
+
+pub type Ctx = Arc<ApiContext>;
+
+/// How to reach Postgres at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connect {
+    /// Connect now and fail at once: the long-lived server.
+    Now,
+    /// Connect on first use: Lambdas, whose cold start must stay cheap.
+    Lazily,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The catalog and the environment, every problem of both.
+    #[error("{}", .0.join("\n"))]
+    Config(Vec<String>),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Redis(#[from] BadRedisUrl),
+}
+
+impl ApiContext {
+    pub fn new(catalog: Catalog, db: PgPool, redis: RedisClient, aws: AwsClients, settings: ApiSettings) -> Ctx {
+        let catalog_json = serde_json::to_vec(&catalog.public_view()).expect("JSON values serialise").into();
+        let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Arc::new(ApiContext {
+            catalog: Arc::new(catalog),
+            catalog_json,
+            db,
+            redis,
+            aws,
+            settings,
+            argon2: Semaphore::new(permits),
+        })
+    }
+
+    /// Reads the catalog and the environment, reporting the problems of both
+    /// together, then opens the stores.
+    pub async fn from_env(catalog: &Path, connect: Connect) -> Result<Ctx, StartupError> {
+        let (catalog, settings) = match (Catalog::load(catalog), ApiSettings::from_env()) {
+            (Ok(c), Ok(s)) => (c, s),
+            (c, s) => {
+                let mut problems = Vec::new();
+                if let Err(e) = c {
+                    problems.push(e.to_string());
+                }
+                if let Err(e) = s {
+                    problems.extend(e.problems);
+                }
+                return Err(StartupError::Config(problems));
+            }
+        };
+        let db = match connect {
+            Connect::Now => db::connect(&settings.database_url).await?,
+            Connect::Lazily => db::connect_lazy(&settings.database_url)?,
+        };
+        let redis = RedisClient::new(&settings.redis_url)?;
+        let aws = AwsClients::from_env().await;
+        Ok(ApiContext::new(catalog, db, redis, aws, settings))
+    }
+}

@@ -1,0 +1,94 @@
+//! Request extractors whose rejections are [`ApiError`]s, so a bad body or a
+//! bad token gets the same envelope and stable code as any other error.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use time::OffsetDateTime;
+
+use super::Ctx;
+use crate::auth::{self, SpaceIndex};
+use crate::error::ApiError;
+
+/// A JSON body: `415 unsupported_media_type` unless the request says JSON,
+/// `413 body_too_large` past the body limit, `400 invalid_json` with serde's
+/// line and column for broken JSON, `400 invalid_request` for the wrong shape.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
+        if !is_json {
+            return Err(ApiError::new(
+                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "expected Content-Type: application/json",
+            ));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(rejection.status(), "body_too_large", "request body too large")
+            } else {
+                ApiError::bad_request("invalid_body", "could not read the request body")
+            }
+        })?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => {
+                ApiError::bad_request("invalid_json", format!("malformed JSON: {e}"))
+            }
+            Category::Data => ApiError::bad_request("invalid_request", e.to_string()),
+        }
+    })
+}
+
+/// The space a bearer token was issued for. Every missing, malformed,
+/// tampered or expired token is the same `401`, so a caller learns nothing
+/// about which check failed.
+#[derive(Debug, Clone, Copy)]
+pub struct Session(pub SpaceIndex);
+
+impl FromRequestParts<Ctx> for Session {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, ctx: &Ctx) -> Result<Self, ApiError> {
+        let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
+            return Err(unauthorized("missing_token", "send Authorization: Bearer <token> from POST /v1/sessions"));
+        };
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .ok_or_else(invalid_token)?;
+        auth::verify_token(&ctx.settings.token_key, token, OffsetDateTime::now_utc())
+            .map(Session)
+            .map_err(|e| {
+                tracing::debug!(reason = ?e, "token refused");
+                invalid_token()
+            })
+    }
+}
+
+fn unauthorized(code: &'static str, message: &str) -> ApiError {
+    ApiError::new(axum::http::StatusCode::UNAUTHORIZED, code, message)
+}
+
+pub fn invalid_token() -> ApiError {
+    unauthorized("invalid_token", "the token is invalid or expired; open a new session")
+}

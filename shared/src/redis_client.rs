@@ -1,0 +1,41 @@
+//! One shared, self-reconnecting Redis connection per process, opened on first
+//! use: a process must start (and report itself unhealthy) while Redis is down.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
+
+pub struct RedisClient {
+    client: redis::Client,
+    manager: OnceCell<ConnectionManager>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("REDIS_URL is not a valid Redis URL")]
+pub struct BadRedisUrl;
+
+impl RedisClient {
+    pub fn new(url: &str) -> Result<Self, BadRedisUrl> {
+        let client = redis::Client::open(url).map_err(|_| BadRedisUrl)?;
+        Ok(RedisClient { client, manager: OnceCell::new() })
+    }
+
+    pub async fn connection(&self) -> redis::RedisResult<ConnectionManager> {
+        self.manager
+            .get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(2)))
+                    .set_response_timeout(Some(Duration::from_secs(2)))
+                    .set_number_of_retries(2);
+                self.client.get_connection_manager_with_config(config).await
+            })
+            .await
+            .cloned()
+    }
+
+    pub async fn ping(&self) -> redis::RedisResult<()> {
+        let mut conn = self.connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await.map(|_| ())
+    }
+}

@@ -1,0 +1,19 @@
+//! Tracing is set up here and nowhere else. Logs are JSON in Lambda and on
+//! Fargate (DESIGN §11), where CloudWatch indexes the fields; a terminal gets
+//! the readable format unless `REEVE_LOG_FORMAT=json`.
+
+use tracing_subscriber::EnvFilter;
+
+pub fn init() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("REEVE_LOG_FORMAT").map(|v| v == "json").unwrap_or(false)
+        || std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some()
+        || std::env::var_os("ECS_CONTAINER_METADATA_URI_V4").is_some();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // A second init (tests, or a binary that calls it twice) is harmless.
+    let _ = if json {
+        builder.json().with_current_span(true).try_init()
+    } else {
+        builder.try_init()
+    };
+}

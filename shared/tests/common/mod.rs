@@ -1,0 +1,105 @@
+//! Test harness shared by the integration tests: a context on a fresh
+//! database (sqlx::test makes one per test) and the stack's real Redis, and a
+//! way to send a request through a router in-process.
+#![allow(dead_code)] // each test binary uses its own part of the harness
+
+use std::path::Path;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use reeve_shared::auth::Secret;
+use reeve_shared::aws::AwsClients;
+use reeve_shared::catalog::Catalog;
+use reeve_shared::http::{ApiContext, Ctx};
+use reeve_shared::redis_client::RedisClient;
+use reeve_shared::settings::ApiSettings;
+use serde_json::Value;
+use sqlx::PgPool;
+use tower::ServiceExt;
+
+pub fn shipped_catalog() -> Catalog {
+    Catalog::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).expect("reeve.toml is valid")
+}
+
+pub fn redis_url() -> String {
+    env("REDIS_URL")
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the tests with scripts/test.sh"))
+}
+
+/// The stack's bucket and queue; secrets of the tests' own.
+pub fn test_settings(redis_url: &str) -> ApiSettings {
+    ApiSettings {
+        pepper: Secret::new("REEVE_PEPPER", b"test-pepper-test-pepper-test-pepper!".to_vec()).unwrap(),
+        token_key: Secret::new("REEVE_TOKEN_KEY", b"test-token-key-test-token-key-test!!".to_vec()).unwrap(),
+        database_url: String::new(),
+        redis_url: redis_url.to_owned(),
+        bucket: env("REEVE_BUCKET"),
+        queue_url: env("REEVE_QUEUE_URL"),
+    }
+}
+
+/// A context on the given database and the stack's Redis, S3 and SQS.
+pub async fn ctx(pool: PgPool) -> Ctx {
+    ctx_with_redis(pool, &redis_url()).await
+}
+
+pub async fn ctx_with_redis(pool: PgPool, redis_url: &str) -> Ctx {
+    let aws = AwsClients::from_env().await;
+    ApiContext::new(shipped_catalog(), pool, RedisClient::new(redis_url).unwrap(), aws, test_settings(redis_url))
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl Reply {
+    /// The stable error code of an error envelope.
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or_else(|| panic!("not an error envelope: {}", self.body))
+    }
+}
+
+pub async fn send(app: &Router, request: Request<Body>) -> Reply {
+    let response = app.clone().oneshot(request).await.expect("routers are infallible");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("body is not JSON: {:?}", String::from_utf8_lossy(&bytes)))
+    };
+    Reply { status, headers, body }
+}
+
+pub fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+pub fn post_json(uri: &str, token: Option<&str>, body: &Value) -> Request<Body> {
+    let mut builder = Request::post(uri).header("content-type", "application/json");
+    if let Some(token) = token {
+        builder = builder.header("authorization", format!("Bearer {token}"));
+    }
+    builder.body(Body::from(body.to_string())).unwrap()
+}
+
+pub fn get_authed(uri: &str, token: &str) -> Request<Body> {
+    Request::get(uri).header("authorization", format!("Bearer {token}")).body(Body::empty()).unwrap()
+}
+
+/// Creates a space and opens a session on it: `(space_id, token)`.
+pub async fn new_session(app: &Router) -> (String, String) {
+    let created = send(app, Request::post("/v1/spaces").body(Body::empty()).unwrap()).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let space_id = created.body["space_id"].as_str().unwrap().to_owned();
+    let session = send(app, post_json("/v1/sessions", None, &serde_json::json!({ "space_id": space_id }))).await;
+    assert_eq!(session.status, StatusCode::OK, "{}", session.body);
+    (space_id, session.body["token"].as_str().unwrap().to_owned())
+}

@@ -1,0 +1,137 @@
+//! The foundation against the real stack: ids through Postgres, migrations,
+//! `/healthz` naming what is down, `/v1/catalog`, and the error envelope.
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use common::{ctx, ctx_with_redis, get, send};
+use reeve_shared::db;
+use reeve_shared::http::app;
+use reeve_shared::ids::Id;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn ids_round_trip_through_postgres_as_16_bytes(pool: PgPool) {
+    let space = [7u8; 16];
+    sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')").bind(space).execute(&pool).await.unwrap();
+    let id = Id::new();
+    sqlx::query("INSERT INTO tasks (id, space_idx, kind, input) VALUES ($1, $2, 'digest', '{}')")
+        .bind(id)
+        .bind(space)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let (back, len): (Id, i32) = sqlx::query_as("SELECT id, octet_length(id) FROM tasks").fetch_one(&pool).await.unwrap();
+    assert_eq!(back, id);
+    assert_eq!(len, 16);
+    let found: Option<Id> =
+        sqlx::query_scalar("SELECT id FROM tasks WHERE id = $1").bind(id).fetch_optional(&pool).await.unwrap();
+    assert_eq!(found, Some(id), "lookup by id must use the same 16 bytes");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn ids_of_any_other_length_are_refused_by_the_schema(pool: PgPool) {
+    let err = sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')")
+        .bind(vec![1u8; 15])
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("check constraint"), "{err}");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn migrating_again_is_a_no_op(pool: PgPool) {
+    db::migrate(&pool).await.expect("second run");
+    db::migrate(&pool).await.expect("third run");
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, ["_sqlx_migrations", "payments", "spaces", "task_events", "tasks", "uploads"]);
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn healthz_is_ok_when_both_stores_answer(pool: PgPool) {
+    let reply = send(&app(ctx(pool).await), get("/healthz")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body["postgres"], "ok");
+    assert_eq!(reply.body["redis"], "ok");
+}
+
+// Port 1 on loopback: nothing listens there, so connecting fails at once.
+const DEAD_REDIS: &str = "redis://127.0.0.1:1";
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn healthz_names_redis_when_redis_is_down(pool: PgPool) {
+    let reply = send(&app(ctx_with_redis(pool, DEAD_REDIS).await), get("/healthz")).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.code(), "dependency_unavailable");
+    assert_eq!(reply.body["error"]["message"], "redis is unavailable");
+}
+
+#[tokio::test]
+async fn healthz_names_postgres_when_postgres_is_down() {
+    let dead = PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(1))
+        .connect_lazy("postgres://reeve:x@127.0.0.1:1/reeve")
+        .unwrap();
+    let reply = send(&app(ctx(dead).await), get("/healthz")).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.body["error"]["message"], "postgres is unavailable");
+}
+
+#[tokio::test]
+async fn healthz_names_both_when_both_are_down() {
+    let dead = PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(1))
+        .connect_lazy("postgres://reeve:x@127.0.0.1:1/reeve")
+        .unwrap();
+    let reply = send(&app(ctx_with_redis(dead, DEAD_REDIS).await), get("/healthz")).await;
+    assert_eq!(reply.body["error"]["message"], "postgres and redis are unavailable");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn catalog_lists_tasks_with_atomic_string_prices(pool: PgPool) {
+    let reply = send(&app(ctx(pool).await), get("/v1/catalog")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.headers["content-type"], "application/json");
+    let text = reply.body.to_string();
+    assert!(text.contains("\"digest\""), "{text}");
+    assert!(text.contains("\"10000\""), "fetch costs 0.01 USDC = 10000 atomic units: {text}");
+    assert!(!text.contains("endpoint"), "operator details must not leak: {text}");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn unknown_routes_and_methods_get_the_envelope_with_a_request_id(pool: PgPool) {
+    let app = app(ctx(pool).await);
+
+    let reply = send(&app, get("/v1/nope")).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(reply.code(), "not_found");
+    let id = reply.headers["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(reply.body["error"]["request_id"], id.as_str());
+    assert_eq!(id.len(), 26, "our own request ids are ULIDs");
+
+    let reply = send(&app, Request::builder().method(Method::DELETE).uri("/v1/catalog").body(Body::empty()).unwrap()).await;
+    assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(reply.code(), "method_not_allowed");
+    assert_eq!(reply.headers["allow"], "GET,HEAD");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_callers_request_id_is_kept_and_a_hostile_one_replaced(pool: PgPool) {
+    let app = app(ctx(pool).await);
+    let with = |id: &str| Request::get("/v1/nope").header("x-request-id", id).body(Body::empty()).unwrap();
+
+    let reply = send(&app, with("gw-1234")).await;
+    assert_eq!(reply.headers["x-request-id"], "gw-1234");
+    assert_eq!(reply.body["error"]["request_id"], "gw-1234");
+
+    let reply = send(&app, with(&"x".repeat(500))).await;
+    assert_eq!(reply.headers["x-request-id"].len(), 26);
+}
