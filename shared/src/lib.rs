@@ -7,6 +7,9 @@
 //! - [`auth`]: Space IDs, the HMAC index, Argon2id hashes and session tokens.
 //! - [`aws`]: S3 and SQS clients from the standard AWS environment.
 //! - [`spaces`]: creating a Space and opening a session on it.
+//! - [`uploads`]: presigned uploads and the checks on what arrived.
+//! - [`tasks`]: creating tasks, idempotency, the queue, snapshots.
+//! - [`x402`]: payment requirements for priced tasks.
 //! - [`ids`]: ULIDs stored as 16 raw bytes, shown as 26-character strings.
 //! - [`db`]: the Postgres pool and the embedded migrations.
 //! - [`redis_client`]: the one shared Redis connection of a process.
@@ -24,4 +27,7 @@ pub mod ids;
 pub mod redis_client;
 pub mod settings;
 pub mod spaces;
+pub mod tasks;
 pub mod telemetry;
+pub mod uploads;
+pub mod x402;

@@ -7,6 +7,8 @@ mod context;
 pub mod extract;
 pub mod health;
 pub mod spaces;
+pub mod tasks;
+pub mod uploads;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -30,6 +32,9 @@ pub fn finish(router: Router<Ctx>, ctx: Ctx) -> Router {
 
 /// Every route on one router: what `reeve serve` listens with.
 pub fn app(ctx: Ctx) -> Router {
-    let routes = Router::new().merge(health::router()).merge(catalog::router()).merge(spaces::router());
+    let routes = Router::new().merge(health::router()).merge(catalog::router()).merge(spaces::router())
+        .merge(uploads::router())
+        .merge(tasks::create_router())
+        .merge(tasks::status_router());
     finish(routes, ctx)
 }

@@ -1,0 +1,437 @@
+//! Uploads (DESIGN §6): presigned PUTs of a declared size and type, and the
+//! checks that an object really is what was declared.
+//!
+//! S3 cannot limit a PUT's size by policy, so the limit holds in layers:
+//! [`create`] refuses a declared size over the catalog's `max_bytes` and signs
+//! the PUT with that exact `Content-Length` and `Content-Type` (a body of any
+//! other length, or another type, fails with `403 SignatureDoesNotMatch`);
+//! [`ensure_uploaded`] and [`check_object`] HEAD the object before anything
+//! trusts it, so correctness never depends on the upload guard having run.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
+use aws_sdk_s3::operation::head_object::HeadObjectError;
+use aws_sdk_s3::presigning::PresigningConfig;
+use sqlx::{PgExecutor, PgPool};
+use time::OffsetDateTime;
+
+use crate::auth::SpaceIndex;
+use crate::catalog;
+use crate::ids::Id;
+
+/// Every object key of an upload starts with this (the guard's trigger prefix).
+pub const KEY_PREFIX: &str = "incoming/tasks/";
+/// Longest original file name accepted, in bytes (a common file-system limit).
+pub const MAX_FILENAME_BYTES: usize = 255;
+/// Longest sanitised name used in an object key, in characters (all ASCII).
+pub const MAX_KEY_NAME_CHARS: usize = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    /// Unknown, or another space's: the same answer, so ids can't be probed.
+    #[error("upload {0} not found")]
+    NotFound(Id),
+    /// Declared but not (yet, or not correctly) uploaded.
+    #[error("upload {0} has not been uploaded")]
+    NotUploaded(Id),
+    #[error("upload {0} was rejected")]
+    Rejected(Id),
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// Why [`create`] refused to presign. Kept apart from [`UploadError`]: these
+/// are answers to a bad declaration, which no later check can produce.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// Missing, empty, too long, or carrying control characters.
+    #[error("invalid filename: {0}")]
+    InvalidFilename(&'static str),
+    /// Zero (JSON that is not a non-negative integer never gets this far).
+    #[error("size must be a positive integer")]
+    InvalidSize,
+    #[error("size {size} exceeds the limit of {max_bytes} bytes")]
+    TooLarge { size: u64, max_bytes: u64 },
+    #[error("content type not allowed")]
+    UnsupportedContentType { allowed: Vec<String> },
+    /// Presigning failed (no credentials, say). Nothing was stored.
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadStatus {
+    /// Presigned; nothing checked yet.
+    Pending,
+    /// The object was seen with the declared size and type.
+    Uploaded,
+    /// The object was not what was declared; it has been deleted.
+    Rejected,
+    /// Used by a task.
+    Consumed,
+}
+
+impl UploadStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UploadStatus::Pending => "pending",
+            UploadStatus::Uploaded => "uploaded",
+            UploadStatus::Rejected => "rejected",
+            UploadStatus::Consumed => "consumed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => UploadStatus::Pending,
+            "uploaded" => UploadStatus::Uploaded,
+            "rejected" => UploadStatus::Rejected,
+            "consumed" => UploadStatus::Consumed,
+            _ => return None,
+        })
+    }
+}
+
+/// One row of `uploads`.
+#[derive(Debug, Clone)]
+pub struct UploadRow {
+    pub id: Id,
+    pub space: SpaceIndex,
+    /// The object key in the bucket.
+    pub key: String,
+    /// The name the client declared, as given.
+    pub filename: String,
+    pub content_type: String,
+    pub size: u64,
+    pub status: UploadStatus,
+    pub created_at: OffsetDateTime,
+}
+
+type RawRow = (Id, Vec<u8>, String, String, String, i64, String, OffsetDateTime);
+
+impl TryFrom<RawRow> for UploadRow {
+    type Error = sqlx::Error;
+
+    fn try_from(
+        (id, space, key, filename, content_type, size, status, created_at): RawRow,
+    ) -> Result<Self, sqlx::Error> {
+        let decode = |what: &str| sqlx::Error::Decode(format!("uploads row {id}: bad {what}").into());
+        Ok(UploadRow {
+            id,
+            space: SpaceIndex::from_slice(&space).ok_or_else(|| decode("space_idx"))?,
+            key,
+            filename,
+            content_type,
+            size: u64::try_from(size).map_err(|_| decode("size"))?,
+            status: UploadStatus::parse(&status).ok_or_else(|| decode("status"))?,
+            created_at,
+        })
+    }
+}
+
+/// The upload `id` of `space`; `None` for an unknown id and for another
+/// space's upload alike.
+pub async fn find(db: impl PgExecutor<'_>, space: &SpaceIndex, id: Id) -> Result<Option<UploadRow>, sqlx::Error> {
+    let row: Option<RawRow> = sqlx::query_as(
+        "SELECT id, space_idx, key, filename, content_type, size, status, created_at
+           FROM uploads WHERE id = $1 AND space_idx = $2",
+    )
+    .bind(id)
+    .bind(space.as_bytes())
+    .fetch_optional(db)
+    .await?;
+    row.map(UploadRow::try_from).transpose()
+}
+
+/// What a client declares before uploading.
+#[derive(Debug, Clone)]
+pub struct UploadRequest {
+    /// `None` when the client sent none: refused like an empty one.
+    pub filename: Option<String>,
+    pub content_type: String,
+    pub size: u64,
+}
+
+/// A presigned PUT: the client sends exactly `method`, `url` and `headers`.
+#[derive(Debug, Clone)]
+pub struct PresignedUpload {
+    pub id: Id,
+    pub key: String,
+    pub url: String,
+    pub method: String,
+    /// The headers the signature covers, names in lower case; the client must
+    /// send them with exactly these values.
+    pub headers: BTreeMap<String, String>,
+    pub expires_at: OffsetDateTime,
+}
+
+/// Turns any client-supplied name into a safe last component of an object
+/// key: only `[A-Za-z0-9._-]`, no path separators, no `..`, no leading dot,
+/// at most [`MAX_KEY_NAME_CHARS`] characters (keeping a short extension), and
+/// `file` when nothing is left.
+pub fn sanitise_filename(name: &str) -> String {
+    // A client may send a path; only its last component names the file.
+    let base = name.rsplit(['/', '\\']).find(|part| !part.is_empty()).unwrap_or("");
+    let mut out = String::with_capacity(base.len().min(MAX_KEY_NAME_CHARS * 2));
+    for c in base.chars() {
+        let c = if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' };
+        // Runs of dots become one dot, so `..` can never appear.
+        if c == '.' && out.ends_with('.') {
+            continue;
+        }
+        out.push(c);
+    }
+    let out = out.trim_start_matches('.');
+    let out = truncate_keeping_extension(out, MAX_KEY_NAME_CHARS);
+    if out.is_empty() || out == "." { "file".to_owned() } else { out }
+}
+
+fn truncate_keeping_extension(name: &str, max: usize) -> String {
+    // Everything here is ASCII, so bytes are characters.
+    if name.len() <= max {
+        return name.to_owned();
+    }
+    match name.rfind('.') {
+        Some(dot) if dot > 0 && name.len() - dot <= 16 => {
+            let ext = &name[dot..];
+            format!("{}{ext}", &name[..max - ext.len()])
+        }
+        _ => name[..max].to_owned(),
+    }
+}
+
+/// `incoming/tasks/<space-hex>/<upload-ulid>/<sanitised-name>`.
+pub fn object_key(space: &SpaceIndex, id: Id, filename: &str) -> String {
+    format!("{KEY_PREFIX}{}/{id}/{}", space.to_hex(), sanitise_filename(filename))
+}
+
+/// A declaration that passed every check: the original name and the
+/// canonical (lower-case) content type.
+struct Declared {
+    filename: String,
+    content_type: String,
+    size: u64,
+}
+
+fn validate(policy: &catalog::Uploads, request: UploadRequest) -> Result<Declared, CreateError> {
+    let filename = request.filename.ok_or(CreateError::InvalidFilename("filename is required"))?;
+    if filename.trim().is_empty() {
+        return Err(CreateError::InvalidFilename("filename must not be empty"));
+    }
+    if filename.len() > MAX_FILENAME_BYTES {
+        return Err(CreateError::InvalidFilename("filename is longer than 255 bytes"));
+    }
+    // Postgres cannot store NUL, and no real file name carries control characters.
+    if filename.chars().any(char::is_control) {
+        return Err(CreateError::InvalidFilename("filename must not contain control characters"));
+    }
+    if request.size == 0 {
+        return Err(CreateError::InvalidSize);
+    }
+    if request.size > policy.max_bytes {
+        return Err(CreateError::TooLarge { size: request.size, max_bytes: policy.max_bytes });
+    }
+    let content_type = request.content_type.trim().to_ascii_lowercase();
+    if !policy.content_types.iter().any(|allowed| allowed.eq_ignore_ascii_case(&content_type)) {
+        return Err(CreateError::UnsupportedContentType { allowed: policy.content_types.clone() });
+    }
+    Ok(Declared { filename, content_type, size: request.size })
+}
+
+/// Checks a declaration against the catalog's `[uploads]` policy, presigns a
+/// PUT bound to its exact size and type, and records the `pending` upload.
+/// `expires_in` is normally `url_expiry_seconds`; tests pass a short one.
+pub async fn create(
+    db: &PgPool,
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    policy: &catalog::Uploads,
+    space: &SpaceIndex,
+    request: UploadRequest,
+    expires_in: Duration,
+) -> Result<PresignedUpload, CreateError> {
+    let declared = validate(policy, request)?;
+    let id = Id::new();
+    let key = object_key(space, id, &declared.filename);
+    let size = i64::try_from(declared.size).map_err(|_| CreateError::InvalidSize)?;
+
+    // SigV4 dates are whole seconds: start on one, so `expires_at` is exact.
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(now.as_secs());
+    let config = PresigningConfig::builder()
+        .start_time(start)
+        .expires_in(expires_in)
+        .build()
+        .map_err(|e| CreateError::Storage(format!("presigning config: {e}")))?;
+    let presigned = s3
+        .put_object()
+        .bucket(bucket)
+        .key(&key)
+        .content_length(size)
+        .content_type(&declared.content_type)
+        .presigned(config)
+        .await
+        .map_err(|e| CreateError::Storage(format!("presigning PUT {key}: {}", DisplayErrorContext(&e))))?;
+
+    // The size policy rests on these two headers being signed. Should an SDK
+    // update ever stop signing one, refuse rather than hand out a URL that
+    // accepts any body.
+    let signed = signed_headers(presigned.uri());
+    for needed in ["content-length", "content-type"] {
+        if !signed.iter().any(|h| h == needed) {
+            return Err(CreateError::Storage(format!("presigned PUT does not sign {needed}; signed: {signed:?}")));
+        }
+    }
+    let headers: BTreeMap<String, String> =
+        presigned.headers().map(|(name, value)| (name.to_ascii_lowercase(), value.to_owned())).collect();
+
+    sqlx::query(
+        "INSERT INTO uploads (id, space_idx, key, filename, content_type, size) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id)
+    .bind(space.as_bytes())
+    .bind(&key)
+    .bind(&declared.filename)
+    .bind(&declared.content_type)
+    .bind(size)
+    .execute(db)
+    .await?;
+
+    Ok(PresignedUpload {
+        id,
+        key,
+        url: presigned.uri().to_owned(),
+        method: presigned.method().to_owned(),
+        headers,
+        expires_at: OffsetDateTime::from(start + expires_in),
+    })
+}
+
+/// The `X-Amz-SignedHeaders` of a presigned URL, in lower case.
+pub fn signed_headers(url: &str) -> Vec<String> {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(name, _)| name.eq_ignore_ascii_case("X-Amz-SignedHeaders"))
+        .map(|(_, value)| {
+            value.replace("%3B", ";").replace("%3b", ";").split(';').map(str::to_ascii_lowercase).collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What a HEAD of an upload's object shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectState {
+    /// No object under the key.
+    Missing,
+    /// The declared size and content type.
+    Matches,
+    /// Something else: what the object really has.
+    Differs { size: Option<i64>, content_type: Option<String> },
+}
+
+/// HEADs the upload's object and compares it with the declaration. S3 errors
+/// other than a 404 are [`UploadError::Storage`].
+pub async fn check_object(s3: &aws_sdk_s3::Client, bucket: &str, row: &UploadRow) -> Result<ObjectState, UploadError> {
+    let head = match s3.head_object().bucket(bucket).key(&row.key).send().await {
+        Ok(head) => head,
+        Err(e) if is_not_found(&e) => return Ok(ObjectState::Missing),
+        Err(e) => return Err(UploadError::Storage(format!("HEAD {}: {}", row.key, DisplayErrorContext(&e)))),
+    };
+    let size = head.content_length();
+    let content_type = head.content_type().map(str::to_owned);
+    let size_ok = size.and_then(|s| u64::try_from(s).ok()) == Some(row.size);
+    let type_ok = content_type.as_deref().is_some_and(|t| t.trim().eq_ignore_ascii_case(&row.content_type));
+    Ok(if size_ok && type_ok { ObjectState::Matches } else { ObjectState::Differs { size, content_type } })
+}
+
+/// `true` when the object exists with the declared size and type: the
+/// worker's re-check before it reads an upload.
+pub async fn head_matches(s3: &aws_sdk_s3::Client, bucket: &str, row: &UploadRow) -> Result<bool, UploadError> {
+    Ok(check_object(s3, bucket, row).await? == ObjectState::Matches)
+}
+
+fn is_not_found(e: &SdkError<HeadObjectError, HttpResponse>) -> bool {
+    // A HEAD response has no body, so the status is what tells.
+    e.as_service_error().is_some_and(HeadObjectError::is_not_found)
+        || e.raw_response().is_some_and(|r| r.status().as_u16() == 404)
+}
+
+/// Task create calls this for every upload id a task's input names: the
+/// upload must belong to `space` and be uploaded. A `pending` upload is
+/// accepted only after a HEAD of its object shows the declared size and
+/// type; it is then marked `uploaded`. An object that differs is deleted and
+/// its upload marked `rejected`. A `consumed` upload is [`UploadError::NotUploaded`]:
+/// only an `uploaded` one may be used.
+pub async fn ensure_uploaded(
+    db: &PgPool,
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    space: &SpaceIndex,
+    id: Id,
+) -> Result<(), UploadError> {
+    let row = find(db, space, id).await?.ok_or(UploadError::NotFound(id))?;
+    if row.status != UploadStatus::Pending {
+        return verdict(id, row.status);
+    }
+    match check_object(s3, bucket, &row).await? {
+        ObjectState::Missing => Err(UploadError::NotUploaded(id)),
+        ObjectState::Differs { size, content_type } => {
+            tracing::warn!(
+                upload_id = %id, declared_size = row.size, declared_type = %row.content_type,
+                ?size, ?content_type, "upload differs from its declaration; rejecting it"
+            );
+            reject(db, s3, bucket, &row).await
+        }
+        ObjectState::Matches => {
+            let updated = sqlx::query(
+                "UPDATE uploads SET status = 'uploaded', updated_at = now() WHERE id = $1 AND status = 'pending'",
+            )
+            .bind(id)
+            .execute(db)
+            .await?;
+            if updated.rows_affected() == 1 {
+                return Ok(());
+            }
+            // Someone else moved it on meanwhile (the guard, or a concurrent create).
+            let row = find(db, space, id).await?.ok_or(UploadError::NotFound(id))?;
+            verdict(id, row.status)
+        }
+    }
+}
+
+fn verdict(id: Id, status: UploadStatus) -> Result<(), UploadError> {
+    match status {
+        UploadStatus::Uploaded => Ok(()),
+        UploadStatus::Rejected => Err(UploadError::Rejected(id)),
+        UploadStatus::Pending | UploadStatus::Consumed => Err(UploadError::NotUploaded(id)),
+    }
+}
+
+/// Marks the upload `rejected` first, so it can never be accepted, then
+/// deletes its object. A failed delete is logged, not returned: the upload
+/// stays rejected, and the lifecycle rule expires `incoming/` anyway.
+async fn reject(db: &PgPool, s3: &aws_sdk_s3::Client, bucket: &str, row: &UploadRow) -> Result<(), UploadError> {
+    let updated =
+        sqlx::query("UPDATE uploads SET status = 'rejected', updated_at = now() WHERE id = $1 AND status = 'pending'")
+            .bind(row.id)
+            .execute(db)
+            .await?;
+    if updated.rows_affected() == 0 {
+        // Someone else decided first; their decision stands.
+        let now = find(db, &row.space, row.id).await?.ok_or(UploadError::NotFound(row.id))?;
+        return verdict(row.id, now.status);
+    }
+    if let Err(e) = s3.delete_object().bucket(bucket).key(&row.key).send().await {
+        tracing::error!(upload_id = %row.id, key = %row.key, error = %DisplayErrorContext(&e), "could not delete a rejected upload");
+    }
+    Err(UploadError::Rejected(row.id))
+}
