@@ -1,0 +1,374 @@
+//! `POST /v1/tasks/{kind}` (the task-create function) and `GET /v1/tasks/{id}`
+//! (the task-status function). The domain logic is in [`crate::tasks`].
+//!
+//! Create checks, in order, and answers with the first failure:
+//! 1. the token: `401 missing_token` / `401 invalid_token`;
+//! 2. the body is `{"input": {…}}` and nothing else: `415`, `413`,
+//!    `400 invalid_json`, `400 invalid_request`;
+//! 3. the kind is in the catalog: `404 unknown_task`;
+//! 4. the `Idempotency-Key` header, if any, is 1..=255 printable ASCII:
+//!    `400 invalid_idempotency_key`;
+//! 5. the input matches the task's schema: `422 invalid_input`, listing each
+//!    violation (up to 10) with its JSON pointer;
+//! 6. a key used before: the same request answers its task again (`202`,
+//!    with `Idempotent-Replayed: true`, nothing re-queued), another request
+//!    is `409 idempotency_conflict`;
+//! 7. every upload named in `upload_id` / `upload_ids` fields belongs to the
+//!    space and has arrived: `422 unknown_upload` (unknown, someone else's,
+//!    or not an id at all), `422 upload_not_ready`, `422 upload_rejected`,
+//!    `503 storage_unavailable`;
+//! 8. a priced task needs payment: `402` with the x402 challenge (its body
+//!    is the challenge, not an error envelope). Verifying a
+//!    `PAYMENT-SIGNATURE` is not built yet: a request carrying one gets the
+//!    same `402` with `error: "payment verification is not available yet"`;
+//! 9. store and queue: `202` with `Location`, or `503 queue_unavailable` when
+//!    SQS refuses the message (the task is then `failed`, never stuck
+//!    `queued`).
+
+use std::collections::HashSet;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use super::Ctx;
+use super::extract::{JsonBody, Session};
+use crate::auth::SpaceIndex;
+use crate::catalog::TaskSpec;
+use crate::error::{ApiError, ApiResult, Rendered, db_error};
+use crate::ids::Id;
+use crate::tasks::input::{self, MAX_UPLOADS};
+use crate::tasks::{self, CreateError, Created, NewTask, Task, TaskStatus};
+use crate::uploads::{self, UploadError};
+use crate::x402::{self, PaymentRequired};
+
+/// One path for both routers: axum merges their methods only when the path
+/// strings are identical, so the segment has one neutral name — a kind for
+/// `POST`, an id for `GET`.
+const TASK_PATH: &str = "/v1/tasks/{task}";
+
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+pub const IDEMPOTENT_REPLAYED_HEADER: &str = "idempotent-replayed";
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+/// `POST /v1/tasks/{kind}`: the task-create function's route.
+pub fn create_router() -> Router<Ctx> {
+    Router::new().route(TASK_PATH, post(create_task))
+}
+
+/// `GET /v1/tasks/{id}`: the task-status function's route.
+pub fn status_router() -> Router<Ctx> {
+    Router::new().route(TASK_PATH, get(task_status))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateRequest {
+    input: Value,
+}
+
+/// The `202` of a created (or replayed) task.
+#[derive(Serialize)]
+struct Accepted<'a> {
+    id: Id,
+    kind: &'a str,
+    status: TaskStatus,
+    events_url: String,
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
+}
+
+/// `GET /v1/tasks/{id}`.
+#[derive(Serialize)]
+struct Snapshot {
+    id: Id,
+    kind: String,
+    status: TaskStatus,
+    progress: f32,
+    result: Option<Value>,
+    error: Option<Value>,
+    attempts: i32,
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    updated_at: OffsetDateTime,
+}
+
+impl From<Task> for Snapshot {
+    fn from(t: Task) -> Self {
+        Snapshot {
+            id: t.id,
+            kind: t.kind,
+            status: t.status,
+            progress: t.progress,
+            result: t.result,
+            error: t.error,
+            attempts: t.attempts,
+            created_at: t.created_at,
+            updated_at: t.updated_at,
+        }
+    }
+}
+
+async fn create_task(
+    State(ctx): State<Ctx>,
+    Session(space): Session,
+    kind: Result<Path<String>, PathRejection>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+    JsonBody(request): JsonBody<CreateRequest>,
+) -> ApiResult<Response> {
+    let kind = kind.map(|Path(k)| k).unwrap_or_default();
+    let Some(spec) = ctx.catalog.task(&kind) else {
+        return Err(unknown_task(&kind));
+    };
+    let key = idempotency_key(&headers)?;
+    let input = request.input;
+    if !input.is_object() {
+        return Err(ApiError::bad_request("invalid_request", "`input` must be a JSON object"));
+    }
+    let (violations, total) = input::violations(spec, &input);
+    if total > 0 {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            input::describe_violations(&violations, total),
+        ));
+    }
+
+    if let Some(key) = key {
+        match tasks::find_by_idempotency_key(&ctx.db, &space, key, &kind, &input).await {
+            Ok(Some(task)) => return Ok(accepted(&task, true)),
+            Ok(None) => {}
+            Err(e) => return Err(create_error(e)),
+        }
+    }
+
+    check_uploads(&ctx, &space, &input).await?;
+
+    if !spec.is_free() {
+        return payment_required(&ctx, spec, &uri, &headers);
+    }
+
+    let new = NewTask { space: &space, kind: &kind, input: &input, idempotency_key: key };
+    let task = match tasks::create(&ctx.db, new).await.map_err(create_error)? {
+        Created::Replayed(task) => return Ok(accepted(&task, true)),
+        Created::New(task) => task,
+    };
+    tracing::info!(task_id = %task.id, kind = %task.kind, "task stored");
+
+    if let Err(e) = tasks::enqueue(&ctx.aws.sqs, &ctx.settings.queue_url, task.id, &task.kind).await {
+        tracing::error!(task_id = %task.id, error = %e, "queue unavailable; failing the task");
+        let error = tasks::task_error("queue_unavailable", "the task could not be queued");
+        if let Err(db) = tasks::mark_failed(&ctx.db, task.id, &[TaskStatus::Queued], &error).await {
+            // The task stays `queued` with no message: nothing will run it.
+            tracing::error!(task_id = %task.id, error = %db, "could not mark the unqueued task failed");
+        }
+        return Err(ApiError::unavailable(
+            "queue_unavailable",
+            "the task could not be queued and was marked failed; try again with a new Idempotency-Key",
+        ));
+    }
+    Ok(accepted(&task, false))
+}
+
+async fn task_status(
+    State(ctx): State<Ctx>,
+    Session(space): Session,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<Json<Snapshot>> {
+    // A malformed id cannot name a task: the same 404 as a missing one.
+    let Some(id) = id.ok().and_then(|Path(id)| id.parse::<Id>().ok()) else {
+        return Err(task_not_found());
+    };
+    match tasks::find_for_space(&ctx.db, &space, id).await.map_err(db_error)? {
+        Some(task) => Ok(Json(task.into())),
+        None => Err(task_not_found()),
+    }
+}
+
+fn task_not_found() -> ApiError {
+    ApiError::not_found("task")
+}
+
+fn unknown_task(kind: &str) -> ApiError {
+    let shown: String = kind.chars().take(64).collect();
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_task",
+        format!("no task kind {shown:?}; GET /v1/catalog lists the kinds on offer"),
+    )
+}
+
+fn create_error(e: CreateError) -> ApiError {
+    match e {
+        CreateError::IdempotencyConflict => ApiError::new(
+            StatusCode::CONFLICT,
+            "idempotency_conflict",
+            "this Idempotency-Key was already used with a different kind or input",
+        ),
+        CreateError::Db(db) => db_error(db),
+    }
+}
+
+/// The `Idempotency-Key` header: absent, or exactly one value of 1..=255
+/// printable ASCII characters (space through `~`).
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<&str>> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let bytes = value.as_bytes();
+    let valid = values.next().is_none()
+        && (1..=MAX_IDEMPOTENCY_KEY_LEN).contains(&bytes.len())
+        && bytes.iter().all(|b| (0x20..=0x7e).contains(b));
+    if !valid {
+        return Err(ApiError::bad_request(
+            "invalid_idempotency_key",
+            "Idempotency-Key must be one header of 1 to 255 printable ASCII characters",
+        ));
+    }
+    Ok(Some(value.to_str().expect("checked printable ASCII")))
+}
+
+/// Every upload the input names must be this space's and have arrived.
+async fn check_uploads(ctx: &Ctx, space: &SpaceIndex, input: &Value) -> ApiResult<()> {
+    let refs = input::upload_refs(input);
+    let mut seen = HashSet::new();
+    let mut ids = Vec::new();
+    for r in &refs {
+        let Some(id) = r.id else {
+            return Err(upload_error(
+                "unknown_upload",
+                format!("{} is not an upload id (expected the 26-character id from POST /v1/uploads)", r.pointer),
+            ));
+        };
+        if seen.insert(id) {
+            ids.push((id, r.pointer.as_str()));
+        }
+    }
+    if ids.len() > MAX_UPLOADS {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            format!("a task may use at most {MAX_UPLOADS} uploads; this input names {}", ids.len()),
+        ));
+    }
+    for (id, pointer) in ids {
+        match uploads::ensure_uploaded(&ctx.db, &ctx.aws.s3, &ctx.settings.bucket, space, id).await {
+            Ok(()) => {}
+            Err(UploadError::NotFound(_)) => {
+                return Err(upload_error(
+                    "unknown_upload",
+                    format!("upload {id} (at {pointer}) not found in this space"),
+                ));
+            }
+            Err(UploadError::NotUploaded(_)) => {
+                return Err(upload_error(
+                    "upload_not_ready",
+                    format!("upload {id} (at {pointer}) has not arrived yet; PUT the file to its upload URL first"),
+                ));
+            }
+            Err(UploadError::Rejected(_)) => {
+                return Err(upload_error(
+                    "upload_rejected",
+                    format!("upload {id} (at {pointer}) was rejected: it did not match its declared size or type"),
+                ));
+            }
+            Err(UploadError::Storage(cause)) => {
+                tracing::error!(upload_id = %id, error = %cause, "storage unavailable checking an upload");
+                return Err(ApiError::unavailable("storage_unavailable", "object storage is unavailable; try again"));
+            }
+            Err(UploadError::Db(e)) => return Err(db_error(e)),
+        }
+    }
+    Ok(())
+}
+
+fn upload_error(code: &'static str, message: String) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)
+}
+
+/// The `402` of a priced task: the x402 challenge as the body and, base64,
+/// in `PAYMENT-REQUIRED`. It is not an error envelope, so it is marked
+/// [`Rendered`] for the envelope middleware to pass through untouched.
+fn payment_required(ctx: &Ctx, spec: &TaskSpec, uri: &Uri, headers: &HeaderMap) -> ApiResult<Response> {
+    let why = if headers.contains_key(x402::PAYMENT_SIGNATURE_HEADER) {
+        x402::VERIFICATION_UNAVAILABLE
+    } else {
+        x402::SIGNATURE_REQUIRED
+    };
+    let url = resource_url(uri, headers);
+    // A validated catalog always has what a challenge needs.
+    let challenge = x402::payment_required(&ctx.catalog, spec, &url, why)
+        .ok_or_else(|| ApiError::internal("a priced task without a payable challenge"))?;
+    Ok(challenge_response(&challenge))
+}
+
+fn challenge_response(challenge: &PaymentRequired) -> Response {
+    let header_value = HeaderValue::from_str(&challenge.header_value()).expect("base64 is a valid header value");
+    let mut response = (
+        StatusCode::PAYMENT_REQUIRED,
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        challenge.to_json(),
+    )
+        .into_response();
+    response.headers_mut().insert(x402::PAYMENT_REQUIRED_HEADER, header_value);
+    response.extensions_mut().insert(Rendered);
+    response
+}
+
+/// The URL a client paid for: absolute when the request says which host it
+/// reached (the `Host` header or an absolute URI), else just the path.
+fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
+    let path = uri.path();
+    let authority = uri.authority().map(|a| a.as_str().to_owned()).or_else(|| {
+        headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
+            .filter(|a| !a.as_str().contains('@'))
+            .map(|a| a.as_str().to_owned())
+    });
+    let Some(authority) = authority else {
+        return path.to_owned();
+    };
+    let forwarded = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .filter(|v| v == "http" || v == "https");
+    let host = authority.rsplit_once(':').map_or(authority.as_str(), |(h, _)| h);
+    let local = matches!(host, "localhost" | "127.0.0.1" | "[::1]");
+    let scheme = uri
+        .scheme_str()
+        .map(str::to_owned)
+        .or(forwarded)
+        .unwrap_or_else(|| if local { "http".into() } else { "https".into() });
+    format!("{scheme}://{authority}{path}")
+}
+
+fn accepted(task: &Task, replayed: bool) -> Response {
+    let body = Accepted {
+        id: task.id,
+        kind: &task.kind,
+        status: task.status,
+        events_url: format!("/v1/tasks/{}/events", task.id),
+        created_at: task.created_at,
+    };
+    let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();
+    let location = HeaderValue::from_str(&format!("/v1/tasks/{}", task.id)).expect("ids are ASCII");
+    response.headers_mut().insert(header::LOCATION, location);
+    if replayed {
+        response.headers_mut().insert(IDEMPOTENT_REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+    response
+}

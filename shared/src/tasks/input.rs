@@ -1,0 +1,244 @@
+//! What is checked on a task's input before it is stored: its schema, the
+//! uploads it names, and the hash that makes idempotent retries comparable.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::catalog::TaskSpec;
+use crate::ids::Id;
+
+/// At most this many schema violations are listed in one answer.
+pub const MAX_VIOLATIONS: usize = 10;
+
+/// At most this many distinct uploads per task: each is a database look-up
+/// (and maybe an S3 HEAD) on the request path.
+pub const MAX_UPLOADS: usize = 100;
+
+/// One way an input fails its task's schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// JSON pointer into the input; `""` is the input itself.
+    pub pointer: String,
+    pub message: String,
+}
+
+/// Every violation (the first [`MAX_VIOLATIONS`]) and how many there were.
+/// Messages mask the offending values: the client knows what it sent, and
+/// echoing a 60 KiB string back helps nobody.
+pub fn violations(spec: &TaskSpec, input: &Value) -> (Vec<Violation>, usize) {
+    let mut listed = Vec::new();
+    let mut total = 0;
+    for error in spec.input_validator.iter_errors(input) {
+        total += 1;
+        if listed.len() < MAX_VIOLATIONS {
+            listed.push(Violation {
+                pointer: error.instance_path().as_str().to_owned(),
+                message: error.masked().to_string(),
+            });
+        }
+    }
+    (listed, total)
+}
+
+/// The message of a `422 invalid_input`: each violation with its pointer.
+pub fn describe_violations(listed: &[Violation], total: usize) -> String {
+    let mut parts: Vec<String> = listed
+        .iter()
+        .map(|v| {
+            let at = if v.pointer.is_empty() { "(root)" } else { v.pointer.as_str() };
+            format!("{at}: {}", v.message)
+        })
+        .collect();
+    if total > listed.len() {
+        parts.push(format!("and {} more", total - listed.len()));
+    }
+    format!("input does not match the task's input_schema (see GET /v1/catalog): {}", parts.join("; "))
+}
+
+/// An upload an input refers to, with where it was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadRef {
+    /// JSON pointer of the string, e.g. `/files/0/upload_ids/2`.
+    pub pointer: String,
+    /// `None` when the value there is not a well-formed id: such an upload
+    /// cannot exist, so it is reported like an unknown one.
+    pub id: Option<Id>,
+}
+
+/// Every value in fields named `upload_id` (a string) or `upload_ids` (an
+/// array of strings), at any depth, in document order. A value of another
+/// shape in such a field is returned with `id: None`.
+pub fn upload_refs(input: &Value) -> Vec<UploadRef> {
+    let mut refs = Vec::new();
+    walk(input, &mut String::new(), &mut refs);
+    refs
+}
+
+fn walk(value: &Value, pointer: &mut String, refs: &mut Vec<UploadRef>) {
+    let len = pointer.len();
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                push_segment(pointer, key);
+                match (key.as_str(), child) {
+                    ("upload_id", _) => refs.push(one_ref(pointer, child)),
+                    ("upload_ids", Value::Array(items)) => {
+                        for (i, item) in items.iter().enumerate() {
+                            let at = pointer.len();
+                            pointer.push('/');
+                            pointer.push_str(&i.to_string());
+                            refs.push(one_ref(pointer, item));
+                            pointer.truncate(at);
+                        }
+                    }
+                    // Not an array: malformed, and not searched further.
+                    ("upload_ids", _) => refs.push(UploadRef { pointer: pointer.clone(), id: None }),
+                    _ => walk(child, pointer, refs),
+                }
+                pointer.truncate(len);
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                pointer.push('/');
+                pointer.push_str(&i.to_string());
+                walk(item, pointer, refs);
+                pointer.truncate(len);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn one_ref(pointer: &str, value: &Value) -> UploadRef {
+    UploadRef { pointer: pointer.to_owned(), id: value.as_str().and_then(|s| s.parse().ok()) }
+}
+
+/// Appends `/key` with JSON pointer escaping (`~` → `~0`, `/` → `~1`).
+fn push_segment(pointer: &mut String, key: &str) {
+    pointer.push('/');
+    for c in key.chars() {
+        match c {
+            '~' => pointer.push_str("~0"),
+            '/' => pointer.push_str("~1"),
+            c => pointer.push(c),
+        }
+    }
+}
+
+/// A canonical serialisation: object keys sorted (by their UTF-8 bytes), no
+/// insignificant whitespace, strings and numbers as serde_json writes them.
+/// It does not depend on serde_json's `preserve_order` feature, which any
+/// crate in the build could switch on.
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push('{');
+            for (i, (key, child)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(child, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// SHA-256 of the canonical form of `(kind, input)`: what an idempotency key
+/// is bound to, so the same key with another request is a conflict.
+pub fn request_hash(kind: &str, input: &Value) -> [u8; 32] {
+    let canonical = canonical_json(&serde_json::json!({ "kind": kind, "input": input }));
+    Sha256::digest(canonical.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_depth() {
+        let a: Value = serde_json::from_str(r#"{"b":1,"a":{"y":[{"d":1,"c":2}],"x":"s"}}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{ "a": {"x": "s", "y": [{"c": 2, "d": 1}]}, "b": 1 }"#).unwrap();
+        assert_eq!(canonical_json(&a), r#"{"a":{"x":"s","y":[{"c":2,"d":1}]},"b":1}"#);
+        assert_eq!(canonical_json(&a), canonical_json(&b));
+        assert_eq!(request_hash("k", &a), request_hash("k", &b));
+    }
+
+    #[test]
+    fn the_hash_covers_kind_and_input() {
+        let input = json!({"a": 1});
+        assert_ne!(request_hash("k", &input), request_hash("j", &input));
+        assert_ne!(request_hash("k", &input), request_hash("k", &json!({"a": 2})));
+        assert_ne!(request_hash("k", &json!({"a": "1"})), request_hash("k", &json!({"a": 1})));
+        // Array order is significant.
+        assert_ne!(request_hash("k", &json!([1, 2])), request_hash("k", &json!([2, 1])));
+    }
+
+    #[test]
+    fn canonical_json_escapes_strings_and_keys() {
+        let v = json!({"q\"uote": "line\nbreak", "é": "\u{1}"});
+        let text = canonical_json(&v);
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), v);
+    }
+
+    #[test]
+    fn upload_refs_are_found_at_any_depth_with_their_pointers() {
+        let a = Id::new();
+        let b = Id::new();
+        let c = Id::new();
+        let input = json!({
+            "upload_id": a.to_string(),
+            "nested": {"list": [{"upload_ids": [b.to_string(), "nope", 7]}]},
+            "x/y": {"upload_id": c.to_string()},
+            "other": "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+        });
+        let refs = upload_refs(&input);
+        let got: Vec<(&str, Option<Id>)> = refs.iter().map(|r| (r.pointer.as_str(), r.id)).collect();
+        // serde_json's map iterates in key order.
+        assert_eq!(
+            got,
+            [
+                ("/nested/list/0/upload_ids/0", Some(b)),
+                ("/nested/list/0/upload_ids/1", None),
+                ("/nested/list/0/upload_ids/2", None),
+                ("/upload_id", Some(a)),
+                ("/x~1y/upload_id", Some(c)),
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_upload_fields_are_refs_without_an_id() {
+        let refs = upload_refs(&json!({"upload_id": 5, "upload_ids": "01ARZ3NDEKTSV4RRFFQ69G5FAV"}));
+        assert_eq!(refs.len(), 2);
+        assert!(refs.iter().all(|r| r.id.is_none()));
+        assert!(upload_refs(&json!({"file": "x"})).is_empty());
+        // Lower case is not one of our ids.
+        let lower = Id::new().to_string().to_lowercase();
+        assert_eq!(upload_refs(&json!({"upload_id": lower}))[0].id, None);
+    }
+}

@@ -1,0 +1,252 @@
+//! Tasks (DESIGN §5, §7): creating them with idempotency, queueing them,
+//! failing them, and reading them back for their space.
+//!
+//! Module map:
+//! - [`input`]: schema violations, the uploads an input names, the request hash.
+//! - [`events`]: the durable event log and [`append_event`].
+//! - [`queue`]: the SQS message that hands a task to the worker.
+//!
+//! Status moves `queued → running → completed | failed | canceled`, and every
+//! transition is a conditional `UPDATE … WHERE status = …`.
+
+pub mod events;
+pub mod input;
+pub mod queue;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+use time::OffsetDateTime;
+
+pub use events::{Event, EventType, append_event, events_after};
+pub use queue::{QueueError, QueueMessage, enqueue};
+
+use crate::auth::SpaceIndex;
+use crate::ids::Id;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskStatus {
+    Queued,
+    Running,
+    Completed,
+    Failed,
+    Canceled,
+}
+
+impl TaskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Queued => "queued",
+            TaskStatus::Running => "running",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Canceled => "canceled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => TaskStatus::Queued,
+            "running" => TaskStatus::Running,
+            "completed" => TaskStatus::Completed,
+            "failed" => TaskStatus::Failed,
+            "canceled" => TaskStatus::Canceled,
+            _ => return None,
+        })
+    }
+
+    /// No transition leaves a terminal status.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Canceled)
+    }
+}
+
+/// A task as its owner may see it (its input is not repeated).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    pub id: Id,
+    pub kind: String,
+    pub status: TaskStatus,
+    /// 0.0 ..= 1.0
+    pub progress: f32,
+    pub result: Option<Value>,
+    /// `{"code","message"}` once failed.
+    pub error: Option<Value>,
+    pub attempts: i32,
+    pub created_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
+}
+
+/// The columns [`Task::from_row`] reads, as a literal for `concat!`: sqlx
+/// takes only `'static` SQL, never a string built at run time.
+macro_rules! task_columns {
+    () => {
+        "id, kind, status, progress, result, error, attempts, created_at, updated_at"
+    };
+}
+
+impl Task {
+    fn from_row(row: &PgRow) -> Result<Task, sqlx::Error> {
+        let status: String = row.try_get("status")?;
+        let status = TaskStatus::parse(&status)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown task status {status:?}").into()))?;
+        let json = |name: &str| -> Result<Option<Value>, sqlx::Error> {
+            Ok(row.try_get::<Option<sqlx::types::Json<Value>>, _>(name)?.map(|j| j.0))
+        };
+        Ok(Task {
+            id: row.try_get("id")?,
+            kind: row.try_get("kind")?,
+            status,
+            progress: row.try_get("progress")?,
+            result: json("result")?,
+            error: json("error")?,
+            attempts: row.try_get("attempts")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+        })
+    }
+}
+
+/// What [`create`] is asked to store. The input has already passed the
+/// task's schema and its uploads have been checked.
+#[derive(Debug, Clone, Copy)]
+pub struct NewTask<'a> {
+    pub space: &'a SpaceIndex,
+    pub kind: &'a str,
+    pub input: &'a Value,
+    pub idempotency_key: Option<&'a str>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    /// Stored now, `queued` with its first event: the caller must enqueue it.
+    New(Task),
+    /// The idempotency key was used before for this very request: the task
+    /// made then, as it is now. It must not be enqueued again.
+    Replayed(Task),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The idempotency key was used before with another kind or input.
+    #[error("idempotency key already used for a different request")]
+    IdempotencyConflict,
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// The task an idempotency key was first used for in this space: `Ok(None)`
+/// if never, `Ok(Some)` if for this same `(kind, input)`, and
+/// `IdempotencyConflict` if for another request.
+pub async fn find_by_idempotency_key(
+    db: &PgPool,
+    space: &SpaceIndex,
+    key: &str,
+    kind: &str,
+    input: &Value,
+) -> Result<Option<Task>, CreateError> {
+    let sql =
+        concat!("SELECT ", task_columns!(), ", request_hash FROM tasks WHERE space_idx = $1 AND idempotency_key = $2");
+    let Some(row) = sqlx::query(sql).bind(space.as_bytes()).bind(key).fetch_optional(db).await? else {
+        return Ok(None);
+    };
+    let stored: Option<Vec<u8>> = row.try_get("request_hash")?;
+    let hash = input::request_hash(kind, input);
+    // Not secret material: the hash of the caller's own request.
+    if stored.as_deref() != Some(hash.as_slice()) {
+        return Err(CreateError::IdempotencyConflict);
+    }
+    Ok(Some(Task::from_row(&row)?))
+}
+
+/// Stores a task as `queued` with its first event (`seq` 1,
+/// `{"status":"queued"}`), in one transaction.
+///
+/// With an idempotency key, a second request with the same key answers the
+/// first one's task ([`Created::Replayed`]) or a conflict. Two concurrent
+/// requests with one key are settled by the `UNIQUE (space_idx,
+/// idempotency_key)` constraint: the loser's insert does nothing, and it
+/// reads the winner's task once that has committed.
+pub async fn create(db: &PgPool, new: NewTask<'_>) -> Result<Created, CreateError> {
+    let hash = input::request_hash(new.kind, new.input);
+    // A key whose task vanished between our insert and re-read (its space was
+    // deleted) is simply free again: try once more.
+    for _ in 0..3 {
+        let mut tx = db.begin().await?;
+        let sql = concat!(
+            "INSERT INTO tasks (id, space_idx, kind, input, idempotency_key, request_hash)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (space_idx, idempotency_key) DO NOTHING
+             RETURNING ",
+            task_columns!()
+        );
+        let inserted = sqlx::query(sql)
+            .bind(Id::new())
+            .bind(new.space.as_bytes())
+            .bind(new.kind)
+            .bind(sqlx::types::Json(new.input))
+            .bind(new.idempotency_key)
+            .bind(hash.as_slice())
+            .fetch_optional(&mut *tx)
+            .await?;
+        if let Some(row) = inserted {
+            let task = Task::from_row(&row)?;
+            append_event(&mut tx, task.id, EventType::Status, &json!({ "status": "queued" })).await?;
+            tx.commit().await?;
+            return Ok(Created::New(task));
+        }
+        tx.rollback().await?;
+        let key = new.idempotency_key.expect("only a key can conflict");
+        if let Some(task) = find_by_idempotency_key(db, new.space, key, new.kind, new.input).await? {
+            return Ok(Created::Replayed(task));
+        }
+    }
+    Err(CreateError::Db(sqlx::Error::RowNotFound))
+}
+
+/// The task `id` if it belongs to `space`. Someone else's task is `None`,
+/// exactly like a missing one, so ids cannot be probed.
+pub async fn find_for_space(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<Task>, sqlx::Error> {
+    let sql = concat!("SELECT ", task_columns!(), " FROM tasks WHERE id = $1 AND space_idx = $2");
+    let row = sqlx::query(sql).bind(id).bind(space.as_bytes()).fetch_optional(db).await?;
+    row.as_ref().map(Task::from_row).transpose()
+}
+
+/// The `error` of a failed task.
+pub fn task_error(code: &str, message: &str) -> Value {
+    json!({ "code": code, "message": message })
+}
+
+/// Moves a task to `failed` with `error` (see [`task_error`]) if its status
+/// is one of `from`, appending the status event
+/// `{"status":"failed","error":…}` in the same transaction. Returns that
+/// event, or `None` when the task was not in one of `from` (someone else
+/// moved it first) or does not exist.
+pub async fn mark_failed(
+    db: &PgPool,
+    id: Id,
+    from: &[TaskStatus],
+    error: &Value,
+) -> Result<Option<Event>, sqlx::Error> {
+    let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+    let mut tx = db.begin().await?;
+    let moved = sqlx::query(
+        "UPDATE tasks SET status = 'failed', error = $2, lease_until = NULL, updated_at = now()
+         WHERE id = $1 AND status = ANY($3)",
+    )
+    .bind(id)
+    .bind(sqlx::types::Json(error))
+    .bind(&from)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if moved == 0 {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let event = append_event(&mut tx, id, EventType::Status, &json!({ "status": "failed", "error": error })).await?;
+    tx.commit().await?;
+    Ok(Some(event))
+}

@@ -1,0 +1,264 @@
+//! x402 v2 payment requirements (DESIGN §10): what a client must pay for a
+//! priced task, built purely from the catalog.
+//!
+//! A priced task created without a `PAYMENT-SIGNATURE` header answers `402`
+//! with this document twice: as the JSON body, and base64 (standard
+//! alphabet) in the `PAYMENT-REQUIRED` header. There is one `accepts` entry
+//! per `[[tasks.<kind>.accepts]]` of the catalog, in catalog order.
+//!
+//! Verifying and settling a payment (the facilitator's `/verify` and
+//! `/settle`) is not built yet: a request that carries a signature gets the
+//! same challenge with [`VERIFICATION_UNAVAILABLE`] as its `error`.
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{Catalog, TaskSpec};
+
+pub const X402_VERSION: u32 = 2;
+
+/// Response header carrying the base64 challenge.
+pub const PAYMENT_REQUIRED_HEADER: &str = "payment-required";
+/// Request header carrying the client's signed payment.
+pub const PAYMENT_SIGNATURE_HEADER: &str = "payment-signature";
+
+/// The `error` of a challenge sent to a request without a payment.
+pub const SIGNATURE_REQUIRED: &str = "PAYMENT-SIGNATURE header is required";
+/// The `error` of a challenge sent to a request that carried a payment:
+/// verification is a known gap for now, so the payment is not taken.
+pub const VERIFICATION_UNAVAILABLE: &str = "payment verification is not available yet";
+
+/// The only scheme Reeve offers: a fixed amount, paid with an EIP-3009
+/// authorisation.
+pub const SCHEME_EXACT: &str = "exact";
+
+/// The body of a `402` and, base64-encoded, its `PAYMENT-REQUIRED` header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentRequired {
+    pub x402_version: u32,
+    pub error: String,
+    pub resource: Resource,
+    pub accepts: Vec<PaymentRequirements>,
+}
+
+/// What is being paid for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resource {
+    pub url: String,
+    pub description: String,
+    pub mime_type: String,
+}
+
+/// One way to pay.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentRequirements {
+    pub scheme: String,
+    /// CAIP-2, e.g. `eip155:8453`.
+    pub network: String,
+    /// Atomic units, as a decimal string (it may not fit a JSON number).
+    pub amount: String,
+    /// The token contract.
+    pub asset: String,
+    pub pay_to: String,
+    pub max_timeout_seconds: u32,
+    /// The token's EIP-712 domain, which the client signs with.
+    pub extra: Extra,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extra {
+    pub name: String,
+    pub version: String,
+}
+
+/// The challenge for `task`, or `None` when it is free. `resource_url` is the
+/// URL the client posted to; `error` says why payment is asked for (one of
+/// [`SIGNATURE_REQUIRED`], [`VERIFICATION_UNAVAILABLE`]).
+///
+/// The catalog was validated at load: a priced task implies `[payments]`
+/// and every price names a known asset. Should either ever be missing, the
+/// task is treated as not payable (`None`) and the problem logged, rather
+/// than offering a challenge nobody could pay.
+pub fn payment_required(
+    catalog: &Catalog,
+    task: &TaskSpec,
+    resource_url: &str,
+    error: &str,
+) -> Option<PaymentRequired> {
+    if task.is_free() {
+        return None;
+    }
+    let Some(payments) = &catalog.payments else {
+        tracing::error!("a priced task but no [payments] in the catalog");
+        return None;
+    };
+    let mut accepts = Vec::with_capacity(task.accepts.len());
+    for price in &task.accepts {
+        let Some(asset) = catalog.assets.get(&price.asset) else {
+            tracing::error!(asset = %price.asset, "a price names an unknown asset");
+            return None;
+        };
+        accepts.push(PaymentRequirements {
+            scheme: SCHEME_EXACT.to_owned(),
+            network: asset.network.clone(),
+            amount: price.amount.to_string(),
+            asset: asset.contract.clone(),
+            pay_to: payments.pay_to.clone(),
+            max_timeout_seconds: payments.max_timeout_seconds,
+            extra: Extra { name: asset.name.clone(), version: asset.version.clone() },
+        });
+    }
+    Some(PaymentRequired {
+        x402_version: X402_VERSION,
+        error: error.to_owned(),
+        resource: Resource {
+            url: resource_url.to_owned(),
+            description: task.title.clone(),
+            mime_type: "application/json".to_owned(),
+        },
+        accepts,
+    })
+}
+
+impl PaymentRequired {
+    /// The JSON document, as sent in the body.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain strings and numbers serialise")
+    }
+
+    /// The `PAYMENT-REQUIRED` header value: the same JSON, base64 with the
+    /// standard alphabet and padding (always a valid header value).
+    pub fn header_value(&self) -> String {
+        base64::engine::general_purpose::STANDARD.encode(self.to_json())
+    }
+
+    /// Reads a `PAYMENT-REQUIRED` header back (clients and tests).
+    pub fn from_header_value(value: &str) -> Option<PaymentRequired> {
+        let bytes = base64::engine::general_purpose::STANDARD.decode(value.trim()).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const CATALOG: &str = r#"
+        [payments]
+        pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
+        facilitator_url = "https://x402.org/facilitator"
+        max_timeout_seconds = 120
+
+        [assets.usdc-base]
+        network = "eip155:8453"
+        contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+        decimals = 6
+        usd_peg = true
+        name = "USD Coin"
+        version = "2"
+
+        [assets.big]
+        network = "eip155:84532"
+        contract = "0x036CbD53842c5426634e7929541eC2318f3dCF7e"
+        decimals = 18
+        name = "Big"
+        version = "1"
+
+        [tasks.priced]
+        title = "A priced task"
+        description = "d"
+        executor = "fetch"
+        input_schema = { type = "object" }
+
+        [[tasks.priced.accepts]]
+        asset = "usdc-base"
+        amount_usd = "0.25"
+
+        [[tasks.priced.accepts]]
+        asset = "big"
+        amount = "123456789012345678901234567890"
+
+        [tasks.free]
+        title = "Free"
+        description = "d"
+        executor = "digest"
+        input_schema = { type = "object" }
+    "#;
+
+    fn catalog() -> Catalog {
+        Catalog::parse(CATALOG).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_free_task_needs_no_payment() {
+        let c = catalog();
+        assert_eq!(payment_required(&c, c.task("free").unwrap(), "/v1/tasks/free", SIGNATURE_REQUIRED), None);
+    }
+
+    #[test]
+    fn the_challenge_has_one_entry_per_price_in_catalog_order() {
+        let c = catalog();
+        let challenge =
+            payment_required(&c, c.task("priced").unwrap(), "https://api.example/v1/tasks/priced", SIGNATURE_REQUIRED)
+                .unwrap();
+        let expected = json!({
+            "x402Version": 2,
+            "error": "PAYMENT-SIGNATURE header is required",
+            "resource": {
+                "url": "https://api.example/v1/tasks/priced",
+                "description": "A priced task",
+                "mimeType": "application/json"
+            },
+            "accepts": [
+                {
+                    "scheme": "exact",
+                    "network": "eip155:8453",
+                    "amount": "250000",
+                    "asset": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+                    "payTo": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
+                    "maxTimeoutSeconds": 120,
+                    "extra": {"name": "USD Coin", "version": "2"}
+                },
+                {
+                    "scheme": "exact",
+                    "network": "eip155:84532",
+                    "amount": "123456789012345678901234567890",
+                    "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+                    "payTo": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
+                    "maxTimeoutSeconds": 120,
+                    "extra": {"name": "Big", "version": "1"}
+                }
+            ]
+        });
+        let body: serde_json::Value = serde_json::from_slice(&challenge.to_json()).unwrap();
+        assert_eq!(body, expected);
+    }
+
+    #[test]
+    fn the_header_is_standard_base64_of_the_body() {
+        let c = catalog();
+        let challenge =
+            payment_required(&c, c.task("priced").unwrap(), "/v1/tasks/priced", VERIFICATION_UNAVAILABLE).unwrap();
+        let header = challenge.header_value();
+        assert!(axum::http::HeaderValue::from_str(&header).is_ok());
+        let decoded = base64::engine::general_purpose::STANDARD.decode(&header).unwrap();
+        assert_eq!(decoded, challenge.to_json());
+        assert_eq!(PaymentRequired::from_header_value(&header), Some(challenge.clone()));
+        assert_eq!(challenge.error, VERIFICATION_UNAVAILABLE);
+    }
+
+    #[test]
+    fn the_shipped_catalog_prices_fetch_at_a_cent_in_both_assets() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml");
+        let c = Catalog::load(&path).unwrap();
+        let challenge = payment_required(&c, c.task("fetch").unwrap(), "/v1/tasks/fetch", SIGNATURE_REQUIRED).unwrap();
+        let amounts: Vec<&str> = challenge.accepts.iter().map(|a| a.amount.as_str()).collect();
+        assert_eq!(amounts, ["10000", "10000"]);
+        assert!(challenge.accepts.iter().all(|a| a.scheme == "exact" && a.max_timeout_seconds == 300));
+    }
+}

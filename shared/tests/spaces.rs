@@ -1,0 +1,91 @@
+//! Spaces and sessions through the router, against real Postgres.
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::{ctx, new_session, post_json, send};
+use reeve_shared::auth;
+use reeve_shared::http::app;
+use serde_json::json;
+use sqlx::PgPool;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_space_is_created_with_a_fresh_20_digit_id_that_is_not_stored(pool: PgPool) {
+    let ctx = ctx(pool.clone()).await;
+    let app = app(ctx.clone());
+    let a = send(&app, Request::post("/v1/spaces").body(Body::empty()).unwrap()).await;
+    let b = send(&app, Request::post("/v1/spaces").body(Body::empty()).unwrap()).await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    let id = a.body["space_id"].as_str().unwrap();
+    assert_eq!(id.len(), 20);
+    assert!(id.bytes().all(|c| c.is_ascii_digit()), "{id}");
+    assert_ne!(a.body["space_id"], b.body["space_id"]);
+    OffsetDateTime::parse(a.body["created_at"].as_str().unwrap(), &Rfc3339).expect("RFC 3339");
+
+    let rows: Vec<(Vec<u8>, String)> = sqlx::query_as("SELECT idx, hash FROM spaces").fetch_all(&pool).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    let space_id = auth::SpaceId::parse(id).unwrap();
+    let idx = auth::space_index(&ctx.settings.pepper, &space_id);
+    let (stored_idx, hash) = rows.iter().find(|(i, _)| i.as_slice() == idx.as_bytes()).expect("row keyed by the HMAC index");
+    assert_eq!(stored_idx.len(), 16);
+    assert!(hash.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{hash}");
+    assert!(!hash.contains(id), "no plaintext copy of the id");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_session_token_is_issued_for_the_right_id_and_lasts_15_minutes(pool: PgPool) {
+    let ctx = ctx(pool).await;
+    let app = app(ctx.clone());
+    let (space_id, token) = new_session(&app).await;
+    let idx = auth::verify_token(&ctx.settings.token_key, &token, OffsetDateTime::now_utc()).expect("a valid token");
+    assert_eq!(idx, auth::space_index(&ctx.settings.pepper, &auth::SpaceId::parse(&space_id).unwrap()));
+
+    let again = send(&app, post_json("/v1/sessions", None, &json!({ "space_id": space_id }))).await;
+    let expires = OffsetDateTime::parse(again.body["expires_at"].as_str().unwrap(), &Rfc3339).unwrap();
+    let ttl = expires - OffsetDateTime::now_utc();
+    assert!(ttl > time::Duration::minutes(14) && ttl <= time::Duration::minutes(15), "{ttl}");
+    assert_eq!(again.body["token_type"], "Bearer");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn wrong_unknown_and_malformed_ids_get_the_same_401(pool: PgPool) {
+    let app = app(ctx(pool).await);
+    let (space_id, _) = new_session(&app).await;
+    // Change one digit: a well-formed id that exists nowhere.
+    let last = space_id.as_bytes()[19];
+    let wrong = format!("{}{}", &space_id[..19], if last == b'9' { '0' } else { (last + 1) as char });
+
+    let mut bodies = Vec::new();
+    for candidate in [wrong.as_str(), "00000000000000000000", "1234", "abcdefghijabcdefghij", &format!(" {space_id}")] {
+        let reply = send(&app, post_json("/v1/sessions", None, &json!({ "space_id": candidate }))).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{candidate:?}");
+        assert_eq!(reply.code(), "invalid_space", "{candidate:?}");
+        bodies.push(reply.body["error"]["message"].clone());
+    }
+    assert!(bodies.windows(2).all(|w| w[0] == w[1]), "one message for every failure: {bodies:?}");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn session_requests_with_bad_bodies_get_clear_codes(pool: PgPool) {
+    let app = app(ctx(pool).await);
+    let raw = |content_type: &str, body: &str| {
+        Request::post("/v1/sessions").header("content-type", content_type).body(Body::from(body.to_owned())).unwrap()
+    };
+    for (request, status, code) in [
+        (raw("application/json", "{\"space_id\": "), StatusCode::BAD_REQUEST, "invalid_json"),
+        (raw("application/json", "{\"space_id\": 12345678901234567890}"), StatusCode::BAD_REQUEST, "invalid_request"),
+        (raw("application/json", "{}"), StatusCode::BAD_REQUEST, "invalid_request"),
+        (raw("application/json", "{\"space_id\": \"1\", \"extra\": 1}"), StatusCode::BAD_REQUEST, "invalid_request"),
+        (raw("text/plain", "{\"space_id\": \"1\"}"), StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+        (raw("application/json", &format!("{{\"space_id\": \"{}\"}}", "1".repeat(100_000))), StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+    ] {
+        let reply = send(&app, request).await;
+        assert_eq!((reply.status, reply.code()), (status, code), "{}", reply.body);
+    }
+    let reply = send(&app, raw("application/json", "{\"space_id\": ")).await;
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("line 1 column"), "the serde position is given: {message}");
+}
