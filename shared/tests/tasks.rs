@@ -9,7 +9,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
 use base64::Engine;
-use common::{Reply, get_authed, new_session, post_json, send};
+use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::http::{ApiContext, Ctx, app};
@@ -55,50 +55,6 @@ const TEST_CATALOG: &str = r#"
 
 fn test_catalog() -> Catalog {
     Catalog::parse(TEST_CATALOG).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A queue of this test's own, deleted by [`TestQueue::delete`].
-struct TestQueue {
-    sqs: aws_sdk_sqs::Client,
-    url: String,
-}
-
-impl TestQueue {
-    async fn new() -> TestQueue {
-        let sqs = AwsClients::from_env().await.sqs;
-        let name = format!("reeve-test-{}", Id::new().to_string().to_lowercase());
-        let created = sqs.create_queue().queue_name(name).send().await.expect("moto SQS is up");
-        TestQueue { url: created.queue_url().expect("a queue url").to_owned(), sqs }
-    }
-
-    /// Every message now in the queue (received, then deleted).
-    async fn drain(&self) -> Vec<Value> {
-        let mut bodies = Vec::new();
-        loop {
-            let got = self
-                .sqs
-                .receive_message()
-                .queue_url(&self.url)
-                .max_number_of_messages(10)
-                .wait_time_seconds(1)
-                .send()
-                .await
-                .unwrap();
-            let messages = got.messages();
-            if messages.is_empty() {
-                return bodies;
-            }
-            for m in messages {
-                bodies.push(serde_json::from_str(m.body().unwrap()).unwrap());
-                let handle = m.receipt_handle().unwrap();
-                self.sqs.delete_message().queue_url(&self.url).receipt_handle(handle).send().await.unwrap();
-            }
-        }
-    }
-
-    async fn delete(self) {
-        self.sqs.delete_queue().queue_url(&self.url).send().await.unwrap();
-    }
 }
 
 async fn ctx_with(catalog: Catalog, pool: PgPool, queue_url: &str) -> Ctx {

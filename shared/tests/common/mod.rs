@@ -103,3 +103,47 @@ pub async fn new_session(app: &Router) -> (String, String) {
     assert_eq!(session.status, StatusCode::OK, "{}", session.body);
     (space_id, session.body["token"].as_str().unwrap().to_owned())
 }
+
+/// A queue of this test's own, deleted by [`TestQueue::delete`].
+pub struct TestQueue {
+    sqs: aws_sdk_sqs::Client,
+    pub url: String,
+}
+
+impl TestQueue {
+    pub async fn new() -> TestQueue {
+        let sqs = AwsClients::from_env().await.sqs;
+        let name = format!("reeve-test-{}", ulid::Ulid::new().to_string().to_lowercase());
+        let created = sqs.create_queue().queue_name(name).send().await.expect("moto SQS is up");
+        TestQueue { url: created.queue_url().expect("a queue url").to_owned(), sqs }
+    }
+
+    /// Every message now in the queue (received, then deleted).
+    pub async fn drain(&self) -> Vec<Value> {
+        let mut bodies = Vec::new();
+        loop {
+            let got = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send()
+                .await
+                .unwrap();
+            let messages = got.messages();
+            if messages.is_empty() {
+                return bodies;
+            }
+            for m in messages {
+                bodies.push(serde_json::from_str(m.body().unwrap()).unwrap());
+                let handle = m.receipt_handle().unwrap();
+                self.sqs.delete_message().queue_url(&self.url).receipt_handle(handle).send().await.unwrap();
+            }
+        }
+    }
+
+    pub async fn delete(self) {
+        self.sqs.delete_queue().queue_url(&self.url).send().await.unwrap();
+    }
+}
