@@ -10,8 +10,9 @@ use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracing::Instrument;
+use utoipa::ToSchema;
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -57,21 +58,38 @@ impl ApiError {
 #[derive(Debug, Clone, Copy)]
 pub struct Rendered;
 
-#[derive(Serialize)]
-struct Envelope<'a> {
-    error: Body_<'a>,
+// The OpenAPI document describes every error with this one schema and
+// `render` builds every error body from it, so the two cannot drift. Doc
+// comments here are the schema's descriptions: they are written for clients.
+
+/// The body of every error response. It is sent with an `x-request-id`
+/// header carrying `error.request_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"error": {
+    "code": "invalid_token",
+    "message": "the token is invalid or expired; open a new session",
+    "request_id": "01HZX3Y4P5Q6R7S8T9V0W1X2Y3"
+}}))]
+pub struct ErrorEnvelope {
+    pub error: ErrorBody,
 }
 
-#[derive(Serialize)]
-struct Body_<'a> {
-    code: &'a str,
-    message: &'a str,
-    request_id: &'a str,
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// Stable and `snake_case`: what a program should branch on. Each
+    /// operation's responses list the codes it can answer with.
+    pub code: String,
+    /// For people; it may change between releases.
+    pub message: String,
+    /// The same value as the `x-request-id` response header.
+    pub request_id: String,
 }
 
 fn render(status: StatusCode, code: &str, message: &str, request_id: &str) -> Response {
-    let body = serde_json::to_vec(&Envelope { error: Body_ { code, message, request_id } })
-        .expect("the envelope is plain strings");
+    let envelope = ErrorEnvelope {
+        error: ErrorBody { code: code.to_owned(), message: message.to_owned(), request_id: request_id.to_owned() },
+    };
+    let body = serde_json::to_vec(&envelope).expect("the envelope is plain strings");
     let mut response = (status, body).into_response();
     response
         .headers_mut()

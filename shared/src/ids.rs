@@ -85,6 +85,23 @@ impl<'de> Deserialize<'de> for Id {
     }
 }
 
+/// Documented as its JSON form: the canonical upper-case ULID string.
+impl utoipa::PartialSchema for Id {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some("A ULID: 26 characters of upper-case Crockford base32, sortable by creation time."))
+            .min_length(Some(26))
+            .max_length(Some(26))
+            .pattern(Some("^[0-7][0-9A-HJKMNP-TV-Z]{25}$"))
+            .examples(["01HZX3Y4P5Q6R7S8T9V0W1X2Y3"])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Id {}
+
 impl Type<Postgres> for Id {
     fn type_info() -> PgTypeInfo {
         <[u8; 16] as Type<Postgres>>::type_info()

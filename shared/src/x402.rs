@@ -12,6 +12,7 @@
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::catalog::{Catalog, TaskSpec};
 
@@ -33,18 +34,21 @@ pub const VERIFICATION_UNAVAILABLE: &str = "payment verification is not availabl
 pub const SCHEME_EXACT: &str = "exact";
 
 /// The body of a `402` and, base64-encoded, its `PAYMENT-REQUIRED` header.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PaymentRequired {
+    /// Always `2`.
     pub x402_version: u32,
+    /// Why payment is asked for.
     pub error: String,
     pub resource: Resource,
     pub accepts: Vec<PaymentRequirements>,
 }
 
 /// What is being paid for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = PaymentResource)]
 pub struct Resource {
     pub url: String,
     pub description: String,
@@ -52,9 +56,10 @@ pub struct Resource {
 }
 
 /// One way to pay.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PaymentRequirements {
+    /// Always `exact`: a fixed amount, paid with an EIP-3009 authorisation.
     pub scheme: String,
     /// CAIP-2, e.g. `eip155:8453`.
     pub network: String,
@@ -68,7 +73,9 @@ pub struct PaymentRequirements {
     pub extra: Extra,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The token's EIP-712 domain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(as = PaymentExtra)]
 pub struct Extra {
     pub name: String,
     pub version: String,

@@ -1,66 +1,144 @@
 //! How a catalog is shown: to clients as JSON (`GET /v1/catalog`) and to
 //! operators as one line at start-up.
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use super::{Catalog, Price};
+
+// Doc comments on these types are their OpenAPI schema descriptions
+// (`GET /v1/openapi.json`): they are written for clients.
+
+/// What Reeve sells: tasks with their input schemas and prices, the assets
+/// prices are paid in, and the upload policy.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = Catalog)]
+pub struct PublicCatalog {
+    pub assets: Vec<PublicAsset>,
+    pub tasks: Vec<PublicTask>,
+    pub uploads: PublicUploads,
+}
+
+/// A token prices are paid in.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = Asset)]
+pub struct PublicAsset {
+    /// The name prices refer to it by.
+    pub id: String,
+    /// CAIP-2, e.g. `eip155:8453`.
+    pub network: String,
+    /// The token contract.
+    pub contract: String,
+    /// Atomic units per whole token, as a power of ten.
+    pub decimals: u8,
+    /// Whether one token is worth one US dollar.
+    pub usd_peg: bool,
+    /// The token's EIP-712 domain name.
+    pub name: String,
+    /// The token's EIP-712 domain version.
+    pub version: String,
+}
+
+/// A kind of task on offer: `POST /v1/tasks/{kind}`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = CatalogTask)]
+pub struct PublicTask {
+    pub kind: String,
+    pub title: String,
+    pub description: String,
+    /// The JSON Schema the task's `input` must match.
+    #[schema(value_type = Object)]
+    pub input_schema: Value,
+    pub timeout_seconds: u32,
+    /// True when the task has no price: it is created without payment.
+    pub free: bool,
+    /// One entry per way to pay; empty when free.
+    pub prices: Vec<PublicPrice>,
+}
+
+/// One way to pay for a task.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = Price)]
+pub struct PublicPrice {
+    /// The `id` of an asset in `assets`.
+    pub asset: String,
+    /// The asset's CAIP-2 network.
+    pub network: Option<String>,
+    /// Atomic units, as a decimal string: they may not fit a JSON number.
+    pub amount: String,
+    /// The price in US dollars as the operator wrote it, for a USD-pegged
+    /// asset priced that way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amount_usd: Option<String>,
+}
+
+/// What `POST /v1/uploads` accepts.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = UploadPolicy)]
+pub struct PublicUploads {
+    /// The largest file, in bytes.
+    pub max_bytes: u64,
+    /// The allowed `content_type` values.
+    pub content_types: Vec<String>,
+    /// How long an upload URL stays valid.
+    pub url_expiry_seconds: u32,
+}
 
 impl Catalog {
     /// What `GET /v1/catalog` returns. Amounts are strings because atomic
     /// units overflow a JSON number's safe integer range. Http endpoints are
     /// left out: where a task runs is the operator's business.
-    pub fn public_view(&self) -> Value {
-        let assets: Vec<Value> = self
+    pub fn public(&self) -> PublicCatalog {
+        let assets = self
             .assets
             .iter()
-            .map(|(id, asset)| {
-                json!({
-                    "id": id,
-                    "network": asset.network,
-                    "contract": asset.contract,
-                    "decimals": asset.decimals,
-                    "usd_peg": asset.usd_peg,
-                    "name": asset.name,
-                    "version": asset.version,
-                })
+            .map(|(id, asset)| PublicAsset {
+                id: id.clone(),
+                network: asset.network.clone(),
+                contract: asset.contract.clone(),
+                decimals: asset.decimals,
+                usd_peg: asset.usd_peg,
+                name: asset.name.clone(),
+                version: asset.version.clone(),
             })
             .collect();
-        let tasks: Vec<Value> = self
+        let tasks = self
             .tasks
             .iter()
-            .map(|(kind, task)| {
-                json!({
-                    "kind": kind,
-                    "title": task.title,
-                    "description": task.description,
-                    "input_schema": task.input_schema,
-                    "timeout_seconds": task.timeout_seconds,
-                    "free": task.is_free(),
-                    "prices": task.accepts.iter().map(|price| self.price_view(price)).collect::<Vec<_>>(),
-                })
+            .map(|(kind, task)| PublicTask {
+                kind: kind.clone(),
+                title: task.title.clone(),
+                description: task.description.clone(),
+                input_schema: task.input_schema.clone(),
+                timeout_seconds: task.timeout_seconds,
+                free: task.is_free(),
+                prices: task.accepts.iter().map(|price| self.price_view(price)).collect(),
             })
             .collect();
-        json!({
-            "assets": assets,
-            "tasks": tasks,
-            "uploads": {
-                "max_bytes": self.uploads.max_bytes,
-                "content_types": self.uploads.content_types,
-                "url_expiry_seconds": self.uploads.url_expiry_seconds,
+        PublicCatalog {
+            assets,
+            tasks,
+            uploads: PublicUploads {
+                max_bytes: self.uploads.max_bytes,
+                content_types: self.uploads.content_types.clone(),
+                url_expiry_seconds: self.uploads.url_expiry_seconds,
             },
-        })
+        }
     }
 
-    fn price_view(&self, price: &Price) -> Value {
-        let mut view = json!({
-            "asset": price.asset,
-            "network": self.assets.get(&price.asset).map(|asset| &asset.network),
-            "amount": price.amount.to_string(),
-        });
-        if let Some(usd) = &price.amount_usd {
-            view["amount_usd"] = json!(usd);
+    /// [`Catalog::public`] as a JSON value.
+    pub fn public_view(&self) -> Value {
+        serde_json::to_value(self.public()).expect("strings, numbers and JSON values serialise")
+    }
+
+    fn price_view(&self, price: &Price) -> PublicPrice {
+        PublicPrice {
+            asset: price.asset.clone(),
+            network: self.assets.get(&price.asset).map(|asset| asset.network.clone()),
+            amount: price.amount.to_string(),
+            amount_usd: price.amount_usd.clone(),
         }
-        view
     }
 
     /// One line for logs and `reeve config check`, e.g.

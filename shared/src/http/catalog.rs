@@ -1,18 +1,45 @@
-//! `GET /v1/catalog`: the validated catalog with prices in atomic units. It
-//! needs no auth: prices are public, like a shop window.
+//! The catalog function's routes, both public like a shop window:
+//! `GET /v1/catalog`, the validated catalog with prices in atomic units, and
+//! `GET /v1/openapi.json`, the OpenAPI document of the whole API.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::Ctx;
+use crate::catalog::PublicCatalog;
 
-pub fn router() -> Router<Ctx> {
-    Router::new().route("/v1/catalog", get(catalog))
+pub fn router() -> OpenApiRouter<Ctx> {
+    OpenApiRouter::default().routes(routes!(catalog)).routes(routes!(openapi_json))
 }
 
+/// What Reeve sells
+///
+/// Every task kind with its input schema and prices (amounts in atomic
+/// units, as strings), the assets prices are paid in, and the upload policy.
+/// Needs no token.
+#[utoipa::path(
+    get,
+    path = "/v1/catalog",
+    tag = "catalog",
+    responses((status = 200, description = "The catalog.", body = PublicCatalog)),
+)]
 async fn catalog(State(ctx): State<Ctx>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], ctx.catalog_json.clone())
+}
+
+/// This document
+///
+/// The OpenAPI 3.1 description of every route. Needs no token.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "catalog",
+    responses((status = 200, description = "An OpenAPI 3.1 document.", content_type = "application/json",
+        body = Object)),
+)]
+async fn openapi_json() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], super::openapi::json())
 }

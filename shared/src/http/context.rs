@@ -64,6 +64,20 @@ impl ApiContext {
         })
     }
 
+    /// For a Lambda's `main`: the context from `REEVE_CATALOG` and the
+    /// environment, connecting lazily. lambda_runtime reports nothing for an
+    /// error before `run`, and an `Err` from `main` prints its Debug form, so
+    /// every problem is logged readably (JSON in Lambda) and the init fails.
+    pub async fn for_lambda() -> Ctx {
+        match Self::from_env(&crate::settings::catalog_path(), Connect::Lazily).await {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                tracing::error!("cannot start: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+
     /// Reads the catalog and the environment, reporting the problems of both
     /// together, then opens the stores.
     pub async fn from_env(catalog: &Path, connect: Connect) -> Result<Ctx, StartupError> {

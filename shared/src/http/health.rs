@@ -3,21 +3,47 @@
 
 use std::time::Duration;
 
+use axum::Json;
 use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
-use serde_json::{Value, json};
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::Ctx;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorEnvelope};
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
-pub fn router() -> Router<Ctx> {
-    Router::new().route("/healthz", get(healthz))
+pub fn router() -> OpenApiRouter<Ctx> {
+    OpenApiRouter::default().routes(routes!(healthz))
 }
 
-async fn healthz(State(ctx): State<Ctx>) -> ApiResult<Json<Value>> {
+/// Both stores answered.
+#[derive(Serialize, ToSchema)]
+struct Healthy {
+    /// Always `ok`.
+    status: &'static str,
+    /// Always `ok`.
+    postgres: &'static str,
+    /// Always `ok`.
+    redis: &'static str,
+}
+
+/// Is this process able to serve?
+///
+/// Checks Postgres and Redis, each with a 3-second timeout.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    responses(
+        (status = 200, description = "Both stores answered.", body = Healthy),
+        (status = 503, body = ErrorEnvelope,
+            description = "`dependency_unavailable`: the message names what is down, e.g. `redis is unavailable`."),
+    ),
+)]
+async fn healthz(State(ctx): State<Ctx>) -> ApiResult<Json<Healthy>> {
     let postgres = async {
         sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&ctx.db).await.map(|_| ())
     };
@@ -35,7 +61,7 @@ async fn healthz(State(ctx): State<Ctx>) -> ApiResult<Json<Value>> {
         down.push("redis");
     }
     if down.is_empty() {
-        Ok(Json(json!({"status": "ok", "postgres": "ok", "redis": "ok"})))
+        Ok(Json(Healthy { status: "ok", postgres: "ok", redis: "ok" }))
     } else {
         let verb = if down.len() == 1 { "is" } else { "are" };
         Err(ApiError::unavailable("dependency_unavailable", format!("{} {verb} unavailable", down.join(" and "))))

@@ -1,19 +1,63 @@
 //! The HTTP API as axum routers. Each concept has its own `router()`; the
 //! Lambda functions run one each, `reeve serve` merges them all with [`app`],
 //! and tests drive the same routers in-process with `oneshot`.
+//!
+//! A module router is a utoipa-axum [`OpenApiRouter`]: every route is added
+//! with `routes!(handler)`, whose `#[utoipa::path]` documents it, so
+//! [`openapi`] (`GET /v1/openapi.json`) lists exactly what is routed.
+
+// Error descriptions several operations share, as macros so that an
+// operation can `concat!` its own codes to them. Defined before the modules
+// that use them.
+macro_rules! doc_400_json {
+    () => {
+        "`invalid_json`: the body is not JSON (the message names the line and column); \
+         `invalid_request`: JSON of the wrong shape (a missing, unknown or mistyped field); \
+         `invalid_body`: the body could not be read."
+    };
+}
+macro_rules! doc_401_token {
+    () => {
+        "`missing_token`: no `Authorization: Bearer` header; `invalid_token`: the token is \
+         malformed, tampered with or expired (open a new session with `POST /v1/sessions`)."
+    };
+}
+macro_rules! doc_413 {
+    () => {
+        "`body_too_large`: the body is over 64 KiB."
+    };
+}
+macro_rules! doc_415 {
+    () => {
+        "`unsupported_media_type`: the request did not send `Content-Type: application/json`."
+    };
+}
+macro_rules! doc_500 {
+    () => {
+        "`internal`: an unexpected failure, logged under the request id."
+    };
+}
+macro_rules! doc_503_db {
+    () => {
+        "`database_unavailable`: the database is out of reach; try again."
+    };
+}
 
 pub mod catalog;
 mod context;
 pub mod extract;
 pub mod health;
+mod openapi;
 pub mod spaces;
 pub mod tasks;
 pub mod uploads;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use utoipa_axum::router::OpenApiRouter;
 
 pub use context::{ApiContext, Connect, Ctx, StartupError};
+pub use openapi::{BEARER, openapi};
 
 use crate::error;
 
@@ -21,8 +65,11 @@ use crate::error;
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// Wraps a router with what every route shares: the error envelope with a
-/// request id, the body limit and the JSON 404 for unknown paths.
-pub fn finish(router: Router<Ctx>, ctx: Ctx) -> Router {
+/// request id, the body limit and the JSON 404 for unknown paths. The
+/// router's part of the OpenAPI document is dropped: [`openapi`] is the
+/// whole API's.
+pub fn finish(router: OpenApiRouter<Ctx>, ctx: Ctx) -> Router {
+    let (router, _doc) = router.split_for_parts();
     router
         .fallback(error::no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -30,11 +77,18 @@ pub fn finish(router: Router<Ctx>, ctx: Ctx) -> Router {
         .with_state(ctx)
 }
 
-/// Every route on one router: what `reeve serve` listens with.
-pub fn app(ctx: Ctx) -> Router {
-    let routes = Router::new().merge(health::router()).merge(catalog::router()).merge(spaces::router())
+/// Every module's router, merged: routes and document alike.
+fn routes() -> OpenApiRouter<Ctx> {
+    OpenApiRouter::default()
+        .merge(health::router())
+        .merge(catalog::router())
+        .merge(spaces::router())
         .merge(uploads::router())
         .merge(tasks::create_router())
-        .merge(tasks::status_router());
-    finish(routes, ctx)
+        .merge(tasks::status_router())
+}
+
+/// Every route on one router: what `reeve serve` listens with.
+pub fn app(ctx: Ctx) -> Router {
+    finish(routes(), ctx)
 }

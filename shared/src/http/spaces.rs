@@ -1,28 +1,47 @@
 //! `POST /v1/spaces` and `POST /v1/sessions`: the auth function's routes.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::post;
-use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::Ctx;
 use super::extract::JsonBody;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorEnvelope};
 use crate::spaces::{self, SpaceError};
 
-pub fn router() -> Router<Ctx> {
-    Router::new().route("/v1/spaces", post(create_space)).route("/v1/sessions", post(open_session))
+pub fn router() -> OpenApiRouter<Ctx> {
+    OpenApiRouter::default().routes(routes!(create_space)).routes(routes!(open_session))
 }
 
-#[derive(Serialize)]
+/// A new Space.
+#[derive(Serialize, ToSchema)]
 struct SpaceCreated {
-    /// Shown once: the server keeps no plaintext copy.
+    /// 20 digits, shown once: the server keeps no plaintext copy. It is the
+    /// only way back into the Space.
+    #[schema(pattern = "^[0-9]{20}$", example = "12345678901234567890")]
     space_id: String,
     #[serde(with = "time::serde::rfc3339")]
     created_at: OffsetDateTime,
 }
+
+/// Create a Space
+///
+/// Answers a fresh Space ID, once. Needs no token and no body.
+#[utoipa::path(
+    post,
+    path = "/v1/spaces",
+    tag = "spaces",
+    responses(
+        (status = 201, description = "The Space is created.", body = SpaceCreated),
+        (status = 500, description = doc_500!(), body = ErrorEnvelope),
+        (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
+    ),
+)]
 
 async fn create_space(State(ctx): State<Ctx>) -> ApiResult<(StatusCode, Json<SpaceCreated>)> {
     let space = spaces::create(&ctx.db, &ctx.settings.pepper, &ctx.argon2).await.map_err(internal)?;
@@ -32,19 +51,44 @@ async fn create_space(State(ctx): State<Ctx>) -> ApiResult<(StatusCode, Json<Spa
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SessionRequest {
+    /// The Space ID from `POST /v1/spaces`.
+    #[schema(example = "12345678901234567890")]
     space_id: String,
 }
 
-#[derive(Serialize)]
+/// A session on a Space.
+#[derive(Serialize, ToSchema)]
 struct SessionCreated {
+    /// Send it as `Authorization: Bearer <token>`.
     token: String,
+    /// Always `Bearer`.
     token_type: &'static str,
     #[serde(with = "time::serde::rfc3339")]
     expires_at: OffsetDateTime,
 }
+
+/// Open a session
+///
+/// Trades a Space ID for a short-lived bearer token, so the slow hash of
+/// the Space ID runs once per session, not once per request.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    tag = "spaces",
+    request_body = SessionRequest,
+    responses(
+        (status = 200, description = "The session is open.", body = SessionCreated),
+        (status = 400, description = doc_400_json!(), body = ErrorEnvelope),
+        (status = 401, description = "`invalid_space`: no Space has this ID.", body = ErrorEnvelope),
+        (status = 413, description = doc_413!(), body = ErrorEnvelope),
+        (status = 415, description = doc_415!(), body = ErrorEnvelope),
+        (status = 500, description = doc_500!(), body = ErrorEnvelope),
+        (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
+    ),
+)]
 
 async fn open_session(
     State(ctx): State<Ctx>,

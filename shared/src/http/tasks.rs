@@ -28,21 +28,22 @@
 use std::collections::HashSet;
 
 use axum::Json;
-use axum::Router;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{OriginalUri, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::Ctx;
 use super::extract::{JsonBody, Session};
 use crate::auth::SpaceIndex;
 use crate::catalog::TaskSpec;
-use crate::error::{ApiError, ApiResult, Rendered, db_error};
+use crate::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use crate::ids::Id;
 use crate::tasks::input::{self, MAX_UPLOADS};
 use crate::tasks::{self, CreateError, Created, NewTask, Task, TaskStatus};
@@ -59,41 +60,54 @@ pub const IDEMPOTENT_REPLAYED_HEADER: &str = "idempotent-replayed";
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
 /// `POST /v1/tasks/{kind}`: the task-create function's route.
-pub fn create_router() -> Router<Ctx> {
-    Router::new().route(TASK_PATH, post(create_task))
+pub fn create_router() -> OpenApiRouter<Ctx> {
+    OpenApiRouter::default().routes(routes!(create_task))
 }
 
 /// `GET /v1/tasks/{id}`: the task-status function's route.
-pub fn status_router() -> Router<Ctx> {
-    Router::new().route(TASK_PATH, get(task_status))
+pub fn status_router() -> OpenApiRouter<Ctx> {
+    OpenApiRouter::default().routes(routes!(task_status))
 }
 
-#[derive(Deserialize)]
+/// A task's input.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateRequest {
+    /// A JSON object matching the kind's `input_schema` in `GET /v1/catalog`.
+    /// Files are named by upload id in `upload_id` / `upload_ids` fields.
+    #[schema(value_type = Object, example = json!({"url": "https://example.com/"}))]
     input: Value,
 }
 
-/// The `202` of a created (or replayed) task.
-#[derive(Serialize)]
-struct Accepted<'a> {
+/// A created (or replayed) task.
+#[derive(Serialize, ToSchema)]
+#[schema(as = TaskAccepted)]
+struct Accepted {
     id: Id,
-    kind: &'a str,
+    kind: String,
     status: TaskStatus,
+    /// The relay's SSE stream of the task's events.
+    #[schema(example = "/v1/tasks/01HZX3Y4P5Q6R7S8T9V0W1X2Y3/events")]
     events_url: String,
     #[serde(with = "time::serde::rfc3339")]
     created_at: OffsetDateTime,
 }
 
-/// `GET /v1/tasks/{id}`.
-#[derive(Serialize)]
+/// A task as it is now.
+#[derive(Serialize, ToSchema)]
+#[schema(as = Task)]
 struct Snapshot {
     id: Id,
     kind: String,
     status: TaskStatus,
+    /// From 0 to 1.
+    #[schema(minimum = 0, maximum = 1)]
     progress: f32,
+    /// The executor's output, once `completed`.
     result: Option<Value>,
+    /// What went wrong, once `failed`: `{"code", "message"}`.
     error: Option<Value>,
+    /// How many times a worker has started the task.
     attempts: i32,
     #[serde(with = "time::serde::rfc3339")]
     created_at: OffsetDateTime,
@@ -117,6 +131,68 @@ impl From<Task> for Snapshot {
     }
 }
 
+/// Create a task
+///
+/// Checks, in order, and answers with the first failure: the token; the
+/// body; the kind; the `Idempotency-Key`; the input against the kind's
+/// schema; a reused key; the uploads the input names; payment. A priced task
+/// answers `402` with x402 v2 payment requirements, both as the body and,
+/// base64, in the `PAYMENT-REQUIRED` header; its body is not an error
+/// envelope. Verifying a `PAYMENT-SIGNATURE` is not available yet: a request
+/// carrying one gets the same `402`. A free task is stored and queued.
+#[utoipa::path(
+    post,
+    path = TASK_PATH,
+    tag = "tasks",
+    security(("bearer" = [])),
+    params(
+        ("task" = String, Path, description = "The task kind, from `GET /v1/catalog`.", example = "digest"),
+        ("Idempotency-Key" = Option<String>, Header, nullable = false, min_length = 1, max_length = 255,
+            description = "1 to 255 printable ASCII characters. The same key with the same request answers \
+                the same task again (`Idempotent-Replayed: true`, nothing re-queued)."),
+        ("PAYMENT-SIGNATURE" = Option<String>, Header, nullable = false,
+            description = "An x402 v2 payment for a priced task. Not verified yet: it gets the `402` again."),
+    ),
+    request_body = CreateRequest,
+    responses(
+        (status = 202, description = "The task is queued (or was, for a replayed `Idempotency-Key`).",
+            body = Accepted,
+            headers(
+                ("Location" = String, description = "The task's URL: `/v1/tasks/{id}`."),
+                ("Idempotent-Replayed" = String,
+                    description = "`true` when an earlier request's task is answered again."),
+            )),
+        (status = 400, body = ErrorEnvelope, description = concat!(
+            doc_400_json!(),
+            " An `input` that is not an object is `invalid_request` too. ",
+            "`invalid_idempotency_key`: not one header of 1 to 255 printable ASCII characters.")),
+        (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
+        (status = 402, body = PaymentRequired,
+            description = "A priced task: x402 v2 payment requirements, one `accepts` entry per price. \
+                This body is not an error envelope.",
+            headers(
+                ("PAYMENT-REQUIRED" = String,
+                    description = "The same JSON as the body, base64 (standard alphabet, padded)."),
+            )),
+        (status = 404, description = "`unknown_task`: no such kind in the catalog.", body = ErrorEnvelope),
+        (status = 409, body = ErrorEnvelope,
+            description = "`idempotency_conflict`: the `Idempotency-Key` was used with a different kind or input."),
+        (status = 413, description = doc_413!(), body = ErrorEnvelope),
+        (status = 415, description = doc_415!(), body = ErrorEnvelope),
+        (status = 422, body = ErrorEnvelope, description = concat!(
+            "`invalid_input`: the input does not match the kind's schema (the message lists up to 10 violations ",
+            "with their JSON pointers) or names too many uploads; ",
+            "`unknown_upload`: an upload id that is unknown, another Space's, or not an id; ",
+            "`upload_not_ready`: the file has not been `PUT` yet; ",
+            "`upload_rejected`: the file did not match its declared size or type.")),
+        (status = 500, description = doc_500!(), body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope, description = concat!(
+            "`queue_unavailable`: the task could not be queued and is marked failed; ",
+            "retry with a new `Idempotency-Key`; ",
+            "`storage_unavailable`: uploads could not be checked; ",
+            doc_503_db!())),
+    ),
+)]
 async fn create_task(
     State(ctx): State<Ctx>,
     Session(space): Session,
@@ -179,6 +255,27 @@ async fn create_task(
     Ok(accepted(&task, false))
 }
 
+/// Read a task
+///
+/// A snapshot of one of the Space's tasks. The relay's
+/// `GET /v1/tasks/{id}/events` streams its events instead.
+#[utoipa::path(
+    get,
+    path = TASK_PATH,
+    tag = "tasks",
+    security(("bearer" = [])),
+    params(
+        ("task" = Id, Path, description = "The task id, from `POST /v1/tasks/{kind}`."),
+    ),
+    responses(
+        (status = 200, description = "The task.", body = Snapshot),
+        (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope,
+            description = "`not_found`: no such task in this Space (or not a task id at all)."),
+        (status = 500, description = doc_500!(), body = ErrorEnvelope),
+        (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
+    ),
+)]
 async fn task_status(
     State(ctx): State<Ctx>,
     Session(space): Session,
@@ -359,7 +456,7 @@ fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
 fn accepted(task: &Task, replayed: bool) -> Response {
     let body = Accepted {
         id: task.id,
-        kind: &task.kind,
+        kind: task.kind.clone(),
         status: task.status,
         events_url: format!("/v1/tasks/{}/events", task.id),
         created_at: task.created_at,

@@ -15,43 +15,88 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::post;
-use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::Ctx;
 use super::extract::{JsonBody, Session};
-use crate::error::{self, ApiError, ApiResult};
+use crate::error::{self, ApiError, ApiResult, ErrorEnvelope};
 use crate::ids::Id;
 use crate::uploads::{self, CreateError, UploadRequest};
 
-pub fn router() -> Router<Ctx> {
-    Router::new().route("/v1/uploads", post(create_upload))
+pub fn router() -> OpenApiRouter<Ctx> {
+    OpenApiRouter::default().routes(routes!(create_upload))
 }
 
-#[derive(Deserialize)]
+/// One file to upload.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateUpload {
-    /// Optional here so that a missing name gets `invalid_filename`, not a
-    /// generic shape error.
+    // Optional in serde so that a missing name gets `invalid_filename`, not
+    // a generic shape error; required as far as clients are concerned.
+    /// The file's name: 1 to 255 bytes, no control characters.
     #[serde(default)]
+    #[schema(value_type = String, required = true, example = "photo.png")]
     filename: Option<String>,
+    /// One of the catalog's `uploads.content_types`.
+    #[schema(example = "image/png")]
     content_type: String,
+    /// The exact size in bytes, at most the catalog's `uploads.max_bytes`.
+    #[schema(minimum = 1, example = 48213)]
     size: u64,
 }
 
-#[derive(Serialize)]
+/// Where and how to upload the file.
+#[derive(Serialize, ToSchema)]
 struct UploadCreated {
+    /// Refer to the file by this id in a task's input (`upload_id` or
+    /// `upload_ids` fields).
     upload_id: Id,
+    /// The presigned URL to send the bytes to.
     url: String,
+    /// Always `PUT`.
     method: String,
+    /// Send exactly these headers with the `PUT`.
     headers: BTreeMap<String, String>,
+    /// When `url` stops working.
     #[serde(with = "time::serde::rfc3339")]
     expires_at: OffsetDateTime,
 }
+
+/// Upload an input file
+///
+/// Answers a presigned URL: the client `PUT`s the bytes to it, straight to
+/// object storage, sending exactly the `headers` given. A task can use the
+/// file once it has arrived.
+#[utoipa::path(
+    post,
+    path = "/v1/uploads",
+    tag = "uploads",
+    security(("bearer" = [])),
+    request_body = CreateUpload,
+    responses(
+        (status = 201, description = "The upload URL.", body = UploadCreated),
+        (status = 400, body = ErrorEnvelope, description = concat!(
+            "`invalid_filename`: missing, empty, over 255 bytes or with control characters; ",
+            "`invalid_request`: `size` is not a positive integer, or another shape error; ",
+            "`upload_too_large`: over the limit, which the message names; ",
+            "`unsupported_content_type`: the message lists the allowed types; ",
+            doc_400_json!())),
+        (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
+        (status = 413, description = doc_413!(), body = ErrorEnvelope),
+        (status = 415, description = doc_415!(), body = ErrorEnvelope),
+        (status = 500, description = doc_500!(), body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope, description = concat!(
+            "`storage_unavailable`: the URL could not be presigned; try again; ",
+            doc_503_db!())),
+    ),
+)]
 
 async fn create_upload(
     State(ctx): State<Ctx>,

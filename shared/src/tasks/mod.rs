@@ -25,7 +25,8 @@ pub use queue::{QueueError, QueueMessage, enqueue};
 use crate::auth::SpaceIndex;
 use crate::ids::Id;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Where a task is: `queued → running → completed | failed | canceled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskStatus {
     Queued,

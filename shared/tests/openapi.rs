@@ -1,0 +1,548 @@
+//! `GET /v1/openapi.json`: the OpenAPI 3.1 document lists exactly the routes
+//! the routers serve, each with its security and error responses, and the
+//! answers of the real routes conform to it.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use common::{Reply, TestQueue, get, get_authed, new_session, post_json, send};
+use reeve_shared::aws::AwsClients;
+use reeve_shared::http::{self, ApiContext, BEARER, Ctx, app, finish, openapi};
+use reeve_shared::ids::Id;
+use reeve_shared::redis_client::RedisClient;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use utoipa_axum::router::OpenApiRouter;
+
+/// Every route of the API. Adding one means adding it here too.
+const ROUTES: [(&str, &str); 8] = [
+    ("GET", "/healthz"),
+    ("GET", "/v1/catalog"),
+    ("GET", "/v1/openapi.json"),
+    ("POST", "/v1/spaces"),
+    ("POST", "/v1/sessions"),
+    ("POST", "/v1/uploads"),
+    ("POST", "/v1/tasks/{task}"),
+    ("GET", "/v1/tasks/{task}"),
+];
+
+/// The routes whose handlers take the `Session` extractor.
+const BEARER_ROUTES: [(&str, &str); 3] =
+    [("POST", "/v1/uploads"), ("POST", "/v1/tasks/{task}"), ("GET", "/v1/tasks/{task}")];
+
+/// The operation keys of an OpenAPI 3.1 (and 3.2) path item.
+const OPERATION_KEYS: [&str; 9] = ["get", "put", "post", "delete", "options", "head", "patch", "trace", "query"];
+
+/// Methods the probes try on every documented path (HEAD follows GET in axum,
+/// OPTIONS is nobody's).
+const PROBED: [Method; 5] = [Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE];
+
+const DUMMY_ID: &str = "01HZX3Y4P5Q6R7S8T9V0W1X2Y3";
+
+type Route = (String, String);
+
+fn doc() -> Value {
+    serde_json::to_value(openapi()).expect("the document serialises")
+}
+
+fn routes_of(doc: &Value) -> BTreeSet<Route> {
+    operations(doc).into_keys().collect()
+}
+
+fn expected(list: &[(&str, &str)]) -> BTreeSet<Route> {
+    list.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect()
+}
+
+/// `(METHOD, path)` → operation object.
+fn operations(doc: &Value) -> BTreeMap<Route, Value> {
+    let mut ops = BTreeMap::new();
+    for (path, item) in doc["paths"].as_object().expect("paths is an object") {
+        for key in OPERATION_KEYS {
+            if let Some(op) = item.get(key) {
+                ops.insert((key.to_uppercase(), path.clone()), op.clone());
+            }
+        }
+    }
+    ops
+}
+
+/// A concrete URI for a path template: every `{param}` becomes a ULID, which
+/// is also a well-formed (if unknown) task kind.
+fn concrete(template: &str) -> String {
+    template
+        .split('/')
+        .map(|segment| if segment.starts_with('{') && segment.ends_with('}') { DUMMY_ID } else { segment })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// A request with no token: POSTs carry an empty JSON object.
+fn probe(method: &Method, template: &str) -> Request<Body> {
+    let builder = Request::builder().method(method.clone()).uri(concrete(template));
+    if *method == Method::POST {
+        builder.header("content-type", "application/json").body(Body::from("{}")).unwrap()
+    } else {
+        builder.body(Body::empty()).unwrap()
+    }
+}
+
+/// Not answered by the fallback nor refused by the method router.
+fn is_routed(reply: &Reply) -> bool {
+    let fallback = reply.status == StatusCode::NOT_FOUND && reply.body["error"]["message"] == "no such route";
+    !fallback && reply.status != StatusCode::METHOD_NOT_ALLOWED
+}
+
+/// Follows a local `$ref` (`#/components/...`).
+fn resolve<'a>(doc: &'a Value, reference: &str) -> Option<&'a Value> {
+    doc.pointer(reference.strip_prefix('#')?)
+}
+
+/// A validator for `schema`, with the document's components beside it so its
+/// `$ref`s resolve the way they do in the document.
+fn validator(doc: &Value, schema: &Value) -> jsonschema::Validator {
+    let wrapped = json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "components": doc["components"],
+        "allOf": [schema],
+    });
+    jsonschema::validator_for(&wrapped).unwrap_or_else(|e| panic!("not a valid schema: {e}: {schema}"))
+}
+
+fn assert_valid(doc: &Value, schema: &Value, instance: &Value, what: &str) {
+    let errors: Vec<String> =
+        validator(doc, schema).iter_errors(instance).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+    assert!(errors.is_empty(), "{what} does not match its schema {schema}: {errors:?}\n{instance}");
+}
+
+/// The answer of `method template` is one the document lists for that
+/// operation: a documented status, a body matching that response's schema
+/// and, for an error envelope, a `code` the response's description names.
+fn assert_conforms(doc: &Value, method: &str, template: &str, reply: &Reply) {
+    let op = &operations(doc)[&(method.to_owned(), template.to_owned())];
+    let status = reply.status.as_u16().to_string();
+    let Some(response) = op["responses"].get(&status) else {
+        panic!("{method} {template} answered {status}, which it does not document: {}", reply.body);
+    };
+    let what = format!("the {status} of {method} {template}");
+    if let Some(schema) = response.pointer("/content/application~1json/schema") {
+        assert_eq!(reply.headers["content-type"], "application/json", "{what}");
+        assert_valid(doc, schema, &reply.body, &what);
+        if schema["$ref"] == "#/components/schemas/ErrorEnvelope" {
+            let code = reply.body["error"]["code"].as_str().unwrap();
+            let description = response["description"].as_str().unwrap();
+            assert!(description.contains(&format!("`{code}`")), "{what} is `{code}`, undocumented: {description}");
+            assert_eq!(reply.body["error"]["request_id"], reply.headers["x-request-id"].to_str().unwrap());
+        }
+    }
+    for (name, _) in response["headers"].as_object().into_iter().flatten() {
+        // Idempotent-Replayed is only sent on a replay.
+        if !name.eq_ignore_ascii_case("idempotent-replayed") {
+            assert!(reply.headers.contains_key(name.to_lowercase().as_str()), "{what} lacks its header {name}");
+        }
+    }
+}
+
+/// Each Lambda's router and the routes it serves.
+fn function_routers() -> Vec<(&'static str, OpenApiRouter<Ctx>, BTreeSet<Route>)> {
+    vec![
+        ("auth", http::spaces::router(), expected(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions")])),
+        ("catalog", http::catalog::router(), expected(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")])),
+        ("presign", http::uploads::router(), expected(&[("POST", "/v1/uploads")])),
+        ("task-create", http::tasks::create_router(), expected(&[("POST", "/v1/tasks/{task}")])),
+        ("task-status", http::tasks::status_router(), expected(&[("GET", "/v1/tasks/{task}")])),
+    ]
+}
+
+/// A context whose Postgres is never reached: for routes that don't use it.
+async fn ctx_without_db() -> Ctx {
+    let dead = PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(1))
+        .connect_lazy("postgres://reeve:x@127.0.0.1:1/reeve")
+        .unwrap();
+    common::ctx(dead).await
+}
+
+#[test]
+fn the_document_is_openapi_3_1_and_lists_exactly_the_routes() {
+    let doc = doc();
+    let version = doc["openapi"].as_str().unwrap();
+    assert!(version.starts_with("3.1."), "openapi: {version}");
+    assert_eq!(doc["info"]["title"], "Reeve");
+    assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"));
+    assert!(doc["info"]["description"].as_str().is_some_and(|d| !d.is_empty()));
+    assert_eq!(routes_of(&doc), expected(&ROUTES));
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn every_documented_route_is_routed_and_no_other_method_is(pool: PgPool) {
+    let doc = doc();
+    let app = app(common::ctx(pool).await);
+    let documented = routes_of(&doc);
+    // What the document says, not what this file says: a route that takes a
+    // token but doesn't declare it (or the reverse) fails here.
+    let bearer: BTreeSet<Route> =
+        operations(&doc).into_iter().filter(|(_, op)| op.get("security").is_some()).map(|(r, _)| r).collect();
+    let paths: BTreeSet<&String> = documented.iter().map(|(_, p)| p).collect();
+    for path in paths {
+        for method in &PROBED {
+            let route = (method.to_string(), path.clone());
+            let reply = send(&app, probe(method, path)).await;
+            if documented.contains(&route) {
+                assert!(
+                    is_routed(&reply),
+                    "{method} {path} is documented but not routed: {} {}",
+                    reply.status,
+                    reply.body
+                );
+                assert_conforms(&doc, method.as_str(), path, &reply);
+                let refused_for_no_token = reply.status == StatusCode::UNAUTHORIZED && reply.code() == "missing_token";
+                assert_eq!(
+                    refused_for_no_token,
+                    bearer.contains(&route),
+                    "{method} {path} without a token: {} {}",
+                    reply.status,
+                    reply.body
+                );
+            } else {
+                assert_eq!(
+                    reply.status,
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path} is routed but not documented"
+                );
+                assert_eq!(reply.code(), "method_not_allowed");
+            }
+        }
+    }
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn each_function_router_serves_and_documents_its_own_routes(pool: PgPool) {
+    let doc = doc();
+    let global = operations(&doc);
+    let ctx = common::ctx(pool).await;
+    let mut union = expected(&[("GET", "/healthz")]);
+    for (function, router, routes) in function_routers() {
+        let own = serde_json::to_value(router.get_openapi()).unwrap();
+        assert_eq!(routes_of(&own), routes, "the {function} router documents other routes");
+        for (route, op) in operations(&own) {
+            assert_eq!(global.get(&route), Some(&op), "{route:?} of {function} is not in the document as such");
+        }
+        let served = finish(router, ctx.clone());
+        for (method, path) in &routes {
+            let reply = send(&served, probe(&method.parse().unwrap(), path)).await;
+            assert!(is_routed(&reply), "the {function} function does not route {method} {path}: {}", reply.body);
+        }
+        // A function serves its own routes and nothing else.
+        for (method, path) in ROUTES.iter().filter(|r| !routes.contains(&(r.0.to_owned(), r.1.to_owned()))) {
+            let reply = send(&served, probe(&method.parse().unwrap(), path)).await;
+            assert!(!is_routed(&reply), "the {function} function also routes {method} {path}");
+        }
+        union.extend(routes);
+    }
+    assert_eq!(union, routes_of(&doc), "every documented route belongs to a function or is /healthz");
+}
+
+#[tokio::test]
+async fn the_document_is_served_at_v1_openapi_json_by_app_and_the_catalog_function() {
+    let ctx = ctx_without_db().await;
+    let expected = doc();
+    for (who, router) in [("app", app(ctx.clone())), ("catalog", finish(http::catalog::router(), ctx.clone()))] {
+        let reply = send(&router, get("/v1/openapi.json")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{who}: {}", reply.body);
+        assert_eq!(reply.headers["content-type"], "application/json", "{who}");
+        assert_eq!(reply.body, expected, "{who} serves another document than openapi()");
+    }
+    // Public: a bad token changes nothing.
+    let reply = send(&app(ctx), get_authed("/v1/openapi.json", "nonsense")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+}
+
+#[test]
+fn bearer_routes_declare_the_security_requirement_and_public_ones_none() {
+    let doc = doc();
+    assert_eq!(BEARER, "bearer");
+    let scheme = &doc["components"]["securitySchemes"][BEARER];
+    assert_eq!(scheme["type"], "http", "{scheme}");
+    assert_eq!(scheme["scheme"], "bearer", "{scheme}");
+    assert!(doc.get("security").is_none(), "no document-wide requirement: public routes stay public");
+
+    let bearer = expected(&BEARER_ROUTES);
+    for (route, op) in operations(&doc) {
+        let declared = op.get("security").cloned().unwrap_or(Value::Null);
+        if bearer.contains(&route) {
+            assert_eq!(declared, json!([{ BEARER: [] }]), "{route:?}");
+            let unauthorized = op["responses"]["401"]["description"].as_str().unwrap_or_default();
+            assert!(unauthorized.contains("`missing_token`") && unauthorized.contains("`invalid_token`"), "{route:?}");
+        } else {
+            assert_eq!(declared, Value::Null, "{route:?} is public");
+        }
+    }
+}
+
+#[test]
+fn error_responses_reference_the_envelope_and_name_their_codes() {
+    let doc = doc();
+    let envelope = resolve(&doc, "#/components/schemas/ErrorEnvelope").expect("ErrorEnvelope is a component");
+    assert_eq!(envelope["required"], json!(["error"]));
+    let body = resolve(&doc, envelope["properties"]["error"]["$ref"].as_str().unwrap()).unwrap();
+    assert_eq!(body["required"], json!(["code", "message", "request_id"]));
+
+    let mut errors = 0;
+    for ((method, path), op) in operations(&doc) {
+        for (status, response) in op["responses"].as_object().unwrap() {
+            let code: u16 = status.parse().unwrap_or_else(|_| panic!("{method} {path}: status {status} is not a code"));
+            if code < 400 {
+                continue;
+            }
+            errors += 1;
+            let schema = &response["content"]["application/json"]["schema"];
+            let description = response["description"].as_str().unwrap();
+            if code == 402 {
+                assert_eq!(schema["$ref"], "#/components/schemas/PaymentRequired", "{method} {path}");
+                assert!(response["headers"].get("PAYMENT-REQUIRED").is_some(), "{method} {path}: the 402 header");
+            } else {
+                assert_eq!(schema["$ref"], "#/components/schemas/ErrorEnvelope", "{method} {path} {status}");
+                assert!(
+                    description
+                        .split('`')
+                        .skip(1)
+                        .step_by(2)
+                        .any(|c| c.chars().all(|ch| ch.is_ascii_lowercase() || ch == '_')),
+                    "{method} {path} {status} names no code: {description}"
+                );
+            }
+        }
+    }
+    assert!(errors >= 20, "only {errors} error responses documented");
+}
+
+#[test]
+fn the_document_is_structurally_sound() {
+    let doc = doc();
+
+    // Every `$ref` points at something in the document.
+    fn refs<'a>(node: &'a Value, out: &mut Vec<&'a str>) {
+        match node {
+            Value::Object(map) => {
+                if let Some(Value::String(r)) = map.get("$ref") {
+                    out.push(r);
+                }
+                map.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    refs(&doc, &mut all);
+    assert!(all.len() > 20, "{all:?}");
+    for r in &all {
+        assert!(r.starts_with("#/components/"), "{r}");
+        assert!(resolve(&doc, r).is_some(), "dangling $ref {r}");
+    }
+    // The validators below do follow them.
+    let envelope = validator(&doc, &json!({"$ref": "#/components/schemas/ErrorEnvelope"}));
+    assert!(envelope.is_valid(&json!({"error": {"code": "c", "message": "m", "request_id": "r"}})));
+    assert!(!envelope.is_valid(&json!({"error": {"code": "c", "message": "m"}})));
+
+    // Every component schema is a valid JSON Schema, and every example in
+    // one matches the schema it illustrates.
+    fn examples<'a>(node: &'a Value, out: &mut Vec<(&'a Value, Vec<&'a Value>)>) {
+        if let Value::Object(map) = node {
+            let mut found: Vec<&Value> = map.get("example").into_iter().collect();
+            found.extend(map.get("examples").and_then(Value::as_array).into_iter().flatten());
+            if !found.is_empty() {
+                out.push((node, found));
+            }
+            for (key, value) in map {
+                if key != "example" && key != "examples" {
+                    match value {
+                        Value::Object(children) if key == "properties" => {
+                            children.values().for_each(|v| examples(v, out))
+                        }
+                        Value::Array(items) => items.iter().for_each(|v| examples(v, out)),
+                        other => examples(other, out),
+                    }
+                }
+            }
+        }
+    }
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    let ops = operations(&doc);
+    let mut illustrated = Vec::new();
+    for schema in schemas.values() {
+        validator(&doc, schema);
+        examples(schema, &mut illustrated);
+    }
+    for op in ops.values() {
+        for param in op["parameters"].as_array().into_iter().flatten() {
+            if let Some(example) = param.get("example") {
+                illustrated.push((&param["schema"], vec![example]));
+            }
+        }
+    }
+    assert!(illustrated.len() >= 5, "{}", illustrated.len());
+    for (schema, found) in illustrated {
+        for example in found {
+            assert_valid(&doc, schema, example, "an example");
+        }
+    }
+
+    // Operations: unique ids, a summary, declared tags, a success answer and
+    // exactly the path's parameters.
+    let tags: BTreeSet<&str> = doc["tags"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    let mut ids = BTreeSet::new();
+    for ((method, path), op) in &ops {
+        let id = op["operationId"].as_str().unwrap().to_owned();
+        assert!(ids.insert(id.clone()), "operationId {id} twice");
+        assert!(op["summary"].as_str().is_some_and(|s| !s.is_empty()), "{method} {path}: no summary");
+        let op_tags = op["tags"].as_array().unwrap();
+        assert!(!op_tags.is_empty() && op_tags.iter().all(|t| tags.contains(t.as_str().unwrap())), "{method} {path}");
+        assert!(op["responses"].as_object().unwrap().keys().any(|s| s.starts_with('2')), "{method} {path}: no 2xx");
+
+        let in_template: BTreeSet<&str> =
+            path.split('/').filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}'))).collect();
+        let params = op["parameters"].as_array().cloned().unwrap_or_default();
+        let in_path: BTreeSet<&str> =
+            params.iter().filter(|p| p["in"] == "path").map(|p| p["name"].as_str().unwrap()).collect();
+        assert_eq!(in_template, in_path, "{method} {path}: path parameters");
+        assert!(params.iter().filter(|p| p["in"] == "path").all(|p| p["required"] == true), "{method} {path}");
+    }
+}
+
+/// The journey of `tests/flow.rs` and its errors, every answer checked
+/// against the document: statuses, bodies, codes and headers.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_real_answers_conform_to_the_document(pool: PgPool) {
+    let doc = doc();
+    let queue = TestQueue::new().await;
+    let mut settings = common::test_settings(&common::redis_url());
+    settings.queue_url = queue.url.clone();
+    let redis = RedisClient::new(&common::redis_url()).unwrap();
+    let app = app(ApiContext::new(common::shipped_catalog(), pool, redis, AwsClients::from_env().await, settings));
+    let check = |method: &str, template: &str, reply: Reply| {
+        assert_conforms(&doc, method, template, &reply);
+        reply
+    };
+    let raw_post = |uri: &str, token: &str, content_type: &str, body: Vec<u8>| {
+        Request::post(uri)
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap()
+    };
+
+    check("GET", "/healthz", send(&app, get("/healthz")).await);
+    check("GET", "/v1/catalog", send(&app, get("/v1/catalog")).await);
+    check("GET", "/v1/openapi.json", send(&app, get("/v1/openapi.json")).await);
+
+    let space = check("POST", "/v1/spaces", send(&app, Request::post("/v1/spaces").body(Body::empty()).unwrap()).await);
+    assert_eq!(space.status, StatusCode::CREATED);
+    let session = check(
+        "POST",
+        "/v1/sessions",
+        send(&app, post_json("/v1/sessions", None, &json!({"space_id": space.body["space_id"]}))).await,
+    );
+    assert_eq!(session.status, StatusCode::OK);
+    let wrong = send(&app, post_json("/v1/sessions", None, &json!({"space_id": "00000000000000000000"}))).await;
+    assert_eq!(check("POST", "/v1/sessions", wrong).code(), "invalid_space");
+    let (_, token) = new_session(&app).await;
+
+    // Uploads: one accepted and PUT to S3, then the documented refusals.
+    let bytes = b"hello, openapi\n".repeat(100);
+    let upload_body = json!({"filename": "a.txt", "content_type": "text/plain", "size": bytes.len()});
+    let upload = check("POST", "/v1/uploads", send(&app, post_json("/v1/uploads", Some(&token), &upload_body)).await);
+    assert_eq!(upload.status, StatusCode::CREATED, "{}", upload.body);
+    let mut put = reqwest::Client::new().put(upload.body["url"].as_str().unwrap()).body(bytes);
+    for (name, value) in upload.body["headers"].as_object().unwrap() {
+        if name != "content-length" {
+            put = put.header(name, value.as_str().unwrap());
+        }
+    }
+    assert_eq!(put.send().await.unwrap().status(), reqwest::StatusCode::OK);
+    let refusals = [
+        (
+            post_json("/v1/uploads", Some(&token), &json!({"filename": "a", "content_type": "text/x-nope", "size": 1})),
+            "unsupported_content_type",
+        ),
+        (post_json("/v1/uploads", Some(&token), &json!({"content_type": "text/plain", "size": 1})), "invalid_filename"),
+        (
+            post_json(
+                "/v1/uploads",
+                Some(&token),
+                &json!({"filename": "a", "content_type": "text/plain", "size": 1u64 << 40}),
+            ),
+            "upload_too_large",
+        ),
+        (raw_post("/v1/uploads", &token, "application/json", b"{".to_vec()), "invalid_json"),
+        (raw_post("/v1/uploads", &token, "text/plain", b"{}".to_vec()), "unsupported_media_type"),
+        (raw_post("/v1/uploads", &token, "application/json", vec![b' '; http::MAX_BODY_BYTES + 1]), "body_too_large"),
+        (post_json("/v1/uploads", Some("not-a-token"), &upload_body), "invalid_token"),
+    ];
+    for (request, code) in refusals {
+        assert_eq!(check("POST", "/v1/uploads", send(&app, request).await).code(), code);
+    }
+
+    // Tasks: a free one queued and read back, a priced one's 402, refusals.
+    let task = "/v1/tasks/{task}";
+    let input = json!({"input": {"upload_id": upload.body["upload_id"]}});
+    let created = check("POST", task, send(&app, post_json("/v1/tasks/digest", Some(&token), &input)).await);
+    assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
+    let id = created.body["id"].as_str().unwrap();
+    let snapshot = check("GET", task, send(&app, get_authed(&format!("/v1/tasks/{id}"), &token)).await);
+    assert_eq!(snapshot.status, StatusCode::OK);
+    let unknown = check("GET", task, send(&app, get_authed(&format!("/v1/tasks/{}", Id::new()), &token)).await);
+    assert_eq!(unknown.code(), "not_found");
+
+    let paid = json!({"input": {"url": "https://example.com/a.txt"}});
+    let challenge = check("POST", task, send(&app, post_json("/v1/tasks/fetch", Some(&token), &paid)).await);
+    assert_eq!(challenge.status, StatusCode::PAYMENT_REQUIRED);
+
+    let mut bad_key = post_json("/v1/tasks/digest", Some(&token), &input);
+    bad_key.headers_mut().insert("idempotency-key", "".parse().unwrap());
+    let reused = |body: &Value| {
+        let mut r = post_json("/v1/tasks/digest", Some(&token), body);
+        r.headers_mut().insert("idempotency-key", "openapi-1".parse().unwrap());
+        r
+    };
+    let first = reused(&input);
+    let conflicting = reused(&json!({"input": {"upload_id": Id::new().to_string()}}));
+    let refusals = [
+        (post_json("/v1/tasks/nope", Some(&token), &input), "unknown_task"),
+        (bad_key, "invalid_idempotency_key"),
+        (post_json("/v1/tasks/digest", Some(&token), &json!({"input": {}})), "invalid_input"),
+        (
+            post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": Id::new().to_string()}})),
+            "unknown_upload",
+        ),
+        (post_json("/v1/tasks/digest", Some(&token), &json!({"input": [1]})), "invalid_request"),
+        (first, ""),
+        (conflicting, "idempotency_conflict"),
+    ];
+    for (request, code) in refusals {
+        let reply = check("POST", task, send(&app, request).await);
+        if code.is_empty() {
+            assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+        } else {
+            assert_eq!(reply.code(), code);
+        }
+    }
+    assert_eq!(queue.drain().await.len(), 2, "the digest and the keyed one");
+    queue.delete().await;
+}
+
+/// What the routers would serve without the document: nothing is routed
+/// outside `routes!`, so an undocumented path is the fallback everywhere.
+#[tokio::test]
+async fn an_undocumented_path_is_the_fallback() {
+    let app: Router = app(ctx_without_db().await);
+    for uri in ["/v1/openapi", "/v1/tasks", "/v1/tasks/x/y", "/openapi.json"] {
+        let reply = send(&app, get(uri)).await;
+        assert!(!is_routed(&reply), "{uri}: {}", reply.body);
+    }
+}
