@@ -1,0 +1,13 @@
+//! The `auth` Lambda: `POST /v1/spaces` and `POST /v1/sessions` behind API Gateway (HTTP API).
+//! Glue only: the routes are `reeve_shared::http`'s, the same ones `reeve serve` runs.
+
+use lambda_http::Error;
+use reeve_shared::http::{self, ApiContext};
+use reeve_shared::telemetry;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    telemetry::init();
+    let ctx = ApiContext::for_lambda().await;
+    lambda_http::run(http::finish(http::spaces::router(), ctx)).await
+}
