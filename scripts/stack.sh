@@ -127,6 +127,8 @@ ensure_packages() {
   pg_bindir >/dev/null || need+=(postgresql)
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null || need+=(redis-server)
   command -v curl >/dev/null || need+=(curl)
+  # The relay's watch page is tested in a real headless browser.
+  command -v chromium >/dev/null || need+=(chromium)
   command -v python3 >/dev/null || need+=(python3)
   if [[ ! -x $VENV_DIR/bin/python ]] && command -v python3 >/dev/null &&
      ! python3 -c 'import ensurepip, venv' 2>/dev/null; then

@@ -150,3 +150,95 @@ async fn migrate_creates_the_schema_and_is_safe_to_run_twice() {
 fn reeve_migration_count() -> i64 {
     std::fs::read_dir(repo("migrations")).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "sql")).count() as i64
 }
+
+/// A fresh, migrated database of this test's own: `(admin connection, url, name)`.
+async fn fresh_database() -> (sqlx::PgConnection, String, String) {
+    use sqlx::Connection;
+    let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL: run the tests with scripts/test.sh");
+    let name = format!("reeve_cli_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
+    let url = with_database(&admin_url, &name);
+    let out = reeve(&["migrate"], &[("DATABASE_URL", &url)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    (admin, url, name)
+}
+
+/// A `reeve relay` process, killed on drop.
+struct RelayProcess(std::process::Child, String);
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_relay(database_url: &str) -> RelayProcess {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(env!("CARGO_BIN_EXE_reeve"))
+        .current_dir(std::env::temp_dir())
+        .args(["relay", "--bind", &format!("127.0.0.1:{port}")])
+        .env("DATABASE_URL", database_url)
+        .env("REEVE_TOKEN_KEY", LONG)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return RelayProcess(child, format!("http://127.0.0.1:{port}"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("reeve relay did not start");
+}
+
+#[tokio::test]
+async fn task_watch_follows_a_task_to_its_end_and_exits_with_its_outcome() {
+    use reeve_shared::auth::{Secret, SpaceIndex, issue_token};
+    use reeve_shared::ids::Id;
+    use reeve_shared::tasks::{EventType, append_event};
+    use sqlx::Connection;
+
+    let (mut admin, url, name) = fresh_database().await;
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let space = [3u8; 16];
+    sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')").bind(space).execute(&mut conn).await.unwrap();
+    let mut tasks = Vec::new();
+    for outcome in ["completed", "failed", "canceled"] {
+        let id = Id::new();
+        sqlx::query("INSERT INTO tasks (id, space_idx, kind, input, status) VALUES ($1, $2, 'digest', '{}', $3)")
+            .bind(id)
+            .bind(space)
+            .bind(outcome)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        append_event(&mut conn, id, EventType::Status, &serde_json::json!({"status": "running"})).await.unwrap();
+        append_event(&mut conn, id, EventType::Progress, &serde_json::json!({"fraction": 0.5})).await.unwrap();
+        append_event(&mut conn, id, EventType::Log, &serde_json::json!({"line": "half way"})).await.unwrap();
+        append_event(&mut conn, id, EventType::Status, &serde_json::json!({"status": outcome})).await.unwrap();
+        tasks.push((id, outcome));
+    }
+    let relay = start_relay(&url);
+    let key = Secret::new("REEVE_TOKEN_KEY", LONG.as_bytes().to_vec()).unwrap();
+    let (token, _) = issue_token(&key, &SpaceIndex::from_array(space), time::OffsetDateTime::now_utc());
+
+    for (id, outcome) in tasks {
+        let out = reeve(&["task", "watch", &id.to_string(), "--endpoint", &relay.1], &[("REEVE_TOKEN", &token)]);
+        let expected = match outcome { "completed" => 0, "failed" => 1, _ => 2 };
+        assert_eq!(out.status.code(), Some(expected), "{outcome}: {}", stderr(&out));
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+        assert!(all.contains("half way"), "log lines are printed: {all}");
+        assert!(all.contains(outcome), "{all}");
+    }
+
+    let out = reeve(&["task", "watch", &Id::new().to_string(), "--endpoint", &relay.1], &[("REEVE_TOKEN", &token)]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stderr(&out).contains("404"), "{}", stderr(&out));
+
+    drop(relay);
+    conn.close().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&mut admin).await.unwrap();
+}

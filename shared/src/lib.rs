@@ -10,6 +10,10 @@
 //! - [`uploads`]: presigned uploads and the checks on what arrived.
 //! - [`tasks`]: creating tasks, idempotency, the queue, snapshots.
 //! - [`x402`]: payment requirements for priced tasks.
+//! - [`worker`]: claiming queued tasks, running them, recording the outcome.
+//! - [`executors`]: the work behind each task kind (digest, fetch, http).
+//! - [`outbound`]: the SSRF-guarded HTTP client for hosts Reeve does not own.
+//! - [`relay`]: the SSE relay: one Pub/Sub connection, replay from Postgres.
 //! - [`ids`]: ULIDs stored as 16 raw bytes, shown as 26-character strings.
 //! - [`db`]: the Postgres pool and the embedded migrations.
 //! - [`redis_client`]: the one shared Redis connection of a process.
@@ -22,12 +26,16 @@ pub mod aws;
 pub mod catalog;
 pub mod db;
 pub mod error;
+pub mod executors;
 pub mod http;
 pub mod ids;
+pub mod outbound;
 pub mod redis_client;
+pub mod relay;
 pub mod settings;
 pub mod spaces;
 pub mod tasks;
 pub mod telemetry;
 pub mod uploads;
+pub mod worker;
 pub mod x402;

@@ -14,6 +14,11 @@ pub const REDIS_URL: &str = "REDIS_URL";
 pub const BUCKET: &str = "REEVE_BUCKET";
 pub const QUEUE_URL: &str = "REEVE_QUEUE_URL";
 pub const CATALOG: &str = "REEVE_CATALOG";
+/// The relay's SSE keep-alive interval in seconds (default 15).
+pub const KEEPALIVE: &str = "REEVE_KEEPALIVE_SECONDS";
+pub const WORKER_CONCURRENCY: &str = "REEVE_WORKER_CONCURRENCY";
+pub const MAX_RECEIVES: &str = "REEVE_MAX_RECEIVES";
+pub const FETCH_MAX_BYTES: &str = "REEVE_FETCH_MAX_BYTES";
 
 /// Where `reeve.toml` is read from when `REEVE_CATALOG` is not set.
 pub const DEFAULT_CATALOG: &str = "reeve.toml";
@@ -73,6 +78,20 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         }
     }
 
+    /// A positive integer in `min..=max`, or `default` when unset.
+    pub fn number(&mut self, name: &str, default: u64, min: u64, max: u64) -> u64 {
+        let Some(value) = self.optional(name) else {
+            return default;
+        };
+        match value.trim().parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => n,
+            _ => {
+                self.problems.push(format!("{name} must be an integer from {min} to {max}"));
+                default
+            }
+        }
+    }
+
     pub fn finish(self) -> Result<(), SettingsError> {
         if self.problems.is_empty() { Ok(()) } else { Err(SettingsError { problems: self.problems }) }
     }
@@ -113,6 +132,52 @@ impl ApiSettings {
             }
             _ => Err(SettingsError { problems }),
         }
+    }
+}
+
+/// What the worker (the `worker` Lambda and `reeve work`) needs: the stores,
+/// the bucket, and how hard to work.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    pub database_url: String,
+    pub redis_url: String,
+    pub bucket: String,
+    /// `REEVE_QUEUE_URL`: only `reeve work` polls it; the Lambda is handed
+    /// its batches.
+    pub queue_url: Option<String>,
+    /// `REEVE_WORKER_CONCURRENCY` (default 4): records run at once.
+    pub concurrency: usize,
+    /// `REEVE_MAX_RECEIVES` (default 5): the queue's `maxReceiveCount`. On
+    /// that delivery a retryable failure fails the task for good
+    /// (`retries_exhausted`), since SQS will not deliver it again.
+    pub max_receives: u32,
+    /// `REEVE_FETCH_MAX_BYTES` (default 100 MiB): the `fetch` executor's cap.
+    pub fetch_max_bytes: u64,
+}
+
+impl WorkerSettings {
+    pub const DEFAULT_CONCURRENCY: usize = 4;
+    pub const DEFAULT_MAX_RECEIVES: u32 = 5;
+    pub const DEFAULT_FETCH_MAX_BYTES: u64 = 100 * 1024 * 1024;
+
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::read(&mut Env::process())
+    }
+
+    pub fn read<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Result<Self, SettingsError> {
+        let database_url = env.required(DATABASE_URL);
+        let redis_url = env.required(REDIS_URL);
+        let bucket = env.required(BUCKET);
+        let queue_url = env.optional(QUEUE_URL);
+        let concurrency = env.number(WORKER_CONCURRENCY, Self::DEFAULT_CONCURRENCY as u64, 1, 256) as usize;
+        let max_receives = env.number(MAX_RECEIVES, Self::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32;
+        let fetch_max_bytes =
+            env.number(FETCH_MAX_BYTES, Self::DEFAULT_FETCH_MAX_BYTES, 1, 5 * 1024 * 1024 * 1024);
+        let problems = std::mem::take(&mut env.problems);
+        if !problems.is_empty() {
+            return Err(SettingsError { problems });
+        }
+        Ok(WorkerSettings { database_url, redis_url, bucket, queue_url, concurrency, max_receives, fetch_max_bytes })
     }
 }
 
@@ -158,6 +223,35 @@ mod tests {
         assert!(text.contains("REEVE_TOKEN_KEY is not set"), "{text}");
         assert!(text.contains("DATABASE_URL is not set"), "{text}");
         assert!(!text.contains("short-pepper"), "the secret leaked: {text}");
+    }
+
+    #[test]
+    fn worker_settings_have_defaults_and_check_numbers() {
+        let s = WorkerSettings::read(&mut env(&[
+            (DATABASE_URL, "postgres://localhost/reeve"),
+            (REDIS_URL, "redis://localhost"),
+            (BUCKET, "reeve"),
+        ]))
+        .unwrap();
+        assert_eq!(s.concurrency, WorkerSettings::DEFAULT_CONCURRENCY);
+        assert_eq!(s.max_receives, 5);
+        assert_eq!(s.queue_url, None);
+
+        let err = WorkerSettings::read(&mut env(&[
+            (REDIS_URL, "redis://localhost"),
+            (BUCKET, "reeve"),
+            (WORKER_CONCURRENCY, "0"),
+            (MAX_RECEIVES, "five"),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            err.problems,
+            vec![
+                "DATABASE_URL is not set".to_string(),
+                "REEVE_WORKER_CONCURRENCY must be an integer from 1 to 256".to_string(),
+                "REEVE_MAX_RECEIVES must be an integer from 1 to 1000".to_string(),
+            ]
+        );
     }
 
     #[test]

@@ -45,6 +45,7 @@ macro_rules! doc_503_db {
 
 pub mod catalog;
 mod context;
+pub mod events;
 pub mod extract;
 pub mod health;
 mod openapi;

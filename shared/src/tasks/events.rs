@@ -1,12 +1,22 @@
 //! The durable event log of a task (DESIGN §8): `task_events`, with `seq`
-//! allocated from the task row's counter so it starts at 1 and has no gaps.
+//! allocated from the task row's counter so it starts at 1 and has no gaps,
+//! and the Redis doorbell that tells watchers a new event is there.
+//!
+//! An event is first **appended** (committed to Postgres), then **published**
+//! to `task:<ulid>:events` as its JSON. Pub/Sub keeps nothing, so the table
+//! is the truth: a publish that fails is logged and the event stays, to be
+//! replayed by the relay from Postgres.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 
 use crate::ids::Id;
+use crate::redis_client::RedisClient;
 
 /// What an event says; stored as its lower-case name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,4 +110,103 @@ pub async fn events_after(conn: &mut PgConnection, task_id: Id, after_seq: i64) 
             Ok(Event { seq, kind, data: data.0, at })
         })
         .collect()
+}
+
+/// The Redis channel a task's events are published on: `task:<ulid>:events`.
+pub fn channel(task_id: Id) -> String {
+    format!("task:{task_id}:events")
+}
+
+/// How long one PUBLISH may take before it counts as failed.
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(1);
+/// After a failed PUBLISH, further ones are skipped for this long: a worker
+/// with Redis down must not spend seconds per progress event on a doorbell
+/// nobody can hear. The events are in Postgres all the same.
+pub const PUBLISH_PAUSE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("PUBLISH timed out after {}ms", PUBLISH_TIMEOUT.as_millis())]
+    Timeout,
+    /// A recent PUBLISH failed; this one was not tried.
+    #[error("publishing paused after a recent failure")]
+    Paused,
+}
+
+/// Publishes committed events to Redis, with a short timeout and a pause
+/// after a failure (see [`PUBLISH_PAUSE`]). One per process, shared.
+pub struct Publisher {
+    redis: RedisClient,
+    paused_until: Mutex<Option<Instant>>,
+}
+
+impl Publisher {
+    pub fn new(redis: RedisClient) -> Self {
+        Publisher { redis, paused_until: Mutex::new(None) }
+    }
+
+    pub fn redis(&self) -> &RedisClient {
+        &self.redis
+    }
+
+    /// PUBLISHes `event` on the task's [`channel`]; `Ok(n)` is the number of
+    /// subscribers that got it. Call it only after the event's transaction
+    /// has committed, so a watcher that hears the bell finds it in Postgres.
+    pub async fn publish(&self, task_id: Id, event: &Event) -> Result<usize, PublishError> {
+        if self.paused_until.lock().expect("not poisoned").is_some_and(|until| Instant::now() < until) {
+            return Err(PublishError::Paused);
+        }
+        let payload = serde_json::to_string(event).expect("events serialise");
+        let attempt = async {
+            let mut conn = self.redis.connection().await?;
+            redis::cmd("PUBLISH").arg(channel(task_id)).arg(payload).query_async::<usize>(&mut conn).await
+        };
+        let result = match tokio::time::timeout(PUBLISH_TIMEOUT, attempt).await {
+            Ok(Ok(receivers)) => Ok(receivers),
+            Ok(Err(e)) => Err(PublishError::Redis(e)),
+            Err(_) => Err(PublishError::Timeout),
+        };
+        *self.paused_until.lock().expect("not poisoned") =
+            if result.is_err() { Some(Instant::now() + PUBLISH_PAUSE) } else { None };
+        result
+    }
+
+    /// [`publish`](Self::publish), logging a failure instead of returning it:
+    /// the event is already durable, so there is nothing for a caller to do.
+    pub async fn publish_logged(&self, task_id: Id, event: &Event) {
+        match self.publish(task_id, event).await {
+            Ok(_) => {}
+            Err(PublishError::Paused) => {
+                tracing::debug!(%task_id, seq = event.seq, "event not published: Redis paused after a failure");
+            }
+            Err(e) => {
+                tracing::warn!(%task_id, seq = event.seq, error = %e, "event not published; it is stored and will be replayed");
+            }
+        }
+    }
+
+    /// Publishes events committed together, in order.
+    pub async fn publish_all(&self, task_id: Id, events: &[Event]) {
+        for event in events {
+            self.publish_logged(task_id, event).await;
+        }
+    }
+}
+
+/// Appends an event on its own (one atomic statement) and then publishes it.
+/// Only the append can fail: a publish failure is logged, never returned.
+pub async fn record(
+    db: &PgPool,
+    publisher: &Publisher,
+    task_id: Id,
+    kind: EventType,
+    data: &Value,
+) -> Result<Event, sqlx::Error> {
+    let mut conn = db.acquire().await?;
+    let event = append_event(&mut conn, task_id, kind, data).await?;
+    drop(conn);
+    publisher.publish_logged(task_id, &event).await;
+    Ok(event)
 }

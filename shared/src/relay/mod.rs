@@ -1,0 +1,32 @@
+//! The SSE relay (DESIGN §8): one Redis Pub/Sub connection per process
+//! ([`hub`]), fanned out in-process to every client, each of which gets a
+//! gap-free, duplicate-free stream replayed from Postgres ([`stream`]).
+//! Postgres is the truth; Redis is only the doorbell.
+
+pub mod follow;
+pub mod hub;
+pub mod stream;
+
+pub use hub::{Hub, Signal, Subscription};
+
+pub use crate::tasks::events::channel;
+use crate::ids::Id;
+
+/// The task a channel name belongs to, if it is one of ours.
+pub fn task_of_channel(channel: &str) -> Option<Id> {
+    channel.strip_prefix("task:")?.strip_suffix(":events")?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_names_round_trip() {
+        let id = Id::new();
+        assert_eq!(channel(id), format!("task:{id}:events"));
+        assert_eq!(task_of_channel(&channel(id)), Some(id));
+        assert_eq!(task_of_channel("task:nope:events"), None);
+        assert_eq!(task_of_channel(&format!("other:{id}:events")), None);
+    }
+}

@@ -1,0 +1,474 @@
+//! The worker (DESIGN §7): takes `{task_id, kind}` messages from SQS, claims
+//! the task, runs its executor and records the outcome as durable events.
+//!
+//! Module map:
+//! - [`store`]: the fenced, conditional writes to `tasks` and their events.
+//! - [`batch`]: the Lambda's side: an `SqsEvent` in, an `SqsBatchResponse` out.
+//! - [`poller`]: `reeve work`'s side: long-polls the queue itself.
+//!
+//! Both sides call [`process`] for each message and act on its [`Outcome`]:
+//!
+//! | outcome | Lambda | `reeve work` |
+//! |---|---|---|
+//! | `Done` | not a batch item failure (deleted) | deleted |
+//! | `Failed(code)` | not a batch item failure (deleted) | deleted |
+//! | `Retry(reason)` | batch item failure (redelivered) | left to reappear |
+//!
+//! A run of a task goes: load (missing or terminal → `Done`) → claim, which
+//! takes a lease and bumps `attempts`, the run's fencing token (held by a
+//! live lease elsewhere → `Retry`) → the executor, bounded by the task's
+//! `timeout_seconds`, while its reports become `progress`/`log` events and
+//! the lease is extended → the outcome:
+//! - a result → `completed` (`result`, `status` events) → `Done`;
+//! - a permanent error → `failed` with its code (`error`, `status`) → `Failed`;
+//! - a retryable error or a timeout → back to `queued` (`log`, `status`) →
+//!   `Retry`; on the queue's last delivery (`REEVE_MAX_RECEIVES`) → `failed`
+//!   with `retries_exhausted` instead, so nothing stays queued once SQS gives
+//!   up.
+//!
+//! Trouble with Postgres at any step is `Retry`, never a failed task; Redis
+//! trouble only costs the live doorbell (the events are in Postgres).
+
+pub mod batch;
+pub mod poller;
+pub mod store;
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+pub use batch::handle_batch;
+pub use poller::Poller;
+
+use crate::aws::AwsClients;
+use crate::catalog::{Catalog, TaskSpec};
+use crate::db::{self, DbError};
+use crate::executors::{self, ExecDeps, ExecError, Job, Report};
+use crate::http::Connect;
+use crate::ids::Id;
+use crate::outbound::{Outbound, OutboundPolicy};
+use crate::redis_client::{BadRedisUrl, RedisClient};
+use crate::settings::{self, WorkerSettings};
+use crate::tasks::QueueMessage;
+use crate::tasks::events::{EventType, Publisher};
+
+/// Stable codes the worker itself fails a task or a message with.
+pub mod codes {
+    /// The message body is not `{"task_id","kind"}` JSON: no task to fail.
+    pub const MALFORMED_MESSAGE: &str = "malformed_message";
+    /// The task's kind is no longer in the catalog.
+    pub const UNKNOWN_KIND: &str = "unknown_kind";
+    /// Every delivery the queue allows ended in a retryable failure.
+    pub const RETRIES_EXHAUSTED: &str = "retries_exhausted";
+}
+
+/// What became of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing more to do: the task completed now, was already terminal, is
+    /// gone, or was taken over by another run. Delete the message.
+    Done,
+    /// Try this message again later (SQS redelivers it).
+    Retry(String),
+    /// Failed for good with this code: the task is `failed`, or the message
+    /// was unreadable. Delete the message.
+    Failed(&'static str),
+}
+
+impl Outcome {
+    pub fn is_retry(&self) -> bool {
+        matches!(self, Outcome::Retry(_))
+    }
+}
+
+/// The executor's future, boxed so that [`Runner`] is object-safe.
+pub type RunFuture<'a> = Pin<Box<dyn Future<Output = Result<Value, ExecError>> + Send + 'a>>;
+
+/// What runs a job. In production [`Executors`], the catalog's executors;
+/// tests substitute their own to drive timeouts and reports.
+pub trait Runner: Send + Sync {
+    fn run<'a>(&'a self, deps: &'a ExecDeps, job: Job<'a>) -> RunFuture<'a>;
+}
+
+/// [`executors::run`]: the executor the task's catalog entry names.
+pub struct Executors;
+
+impl Runner for Executors {
+    fn run<'a>(&'a self, deps: &'a ExecDeps, job: Job<'a>) -> RunFuture<'a> {
+        Box::pin(executors::run(deps, job))
+    }
+}
+
+/// How long a claim's lease outlasts the task's timeout: time to record the
+/// outcome after the executor stops.
+pub const LEASE_GRACE: Duration = Duration::from_secs(30);
+/// Reports an executor may have in flight before it waits for the worker.
+pub const REPORT_BUFFER: usize = 64;
+
+/// Everything the worker needs, built once per process.
+pub struct WorkerContext {
+    pub db: PgPool,
+    pub events: Publisher,
+    pub catalog: Arc<Catalog>,
+    pub exec: ExecDeps,
+    pub runner: Arc<dyn Runner>,
+    pub settings: WorkerSettings,
+    pub lease_grace: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The catalog and the environment, every problem of both.
+    #[error("{}", .0.join("\n"))]
+    Config(Vec<String>),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Redis(#[from] BadRedisUrl),
+}
+
+impl WorkerContext {
+    /// A context running the catalog's executors.
+    pub fn new(catalog: Catalog, db: PgPool, redis: RedisClient, exec: ExecDeps, settings: WorkerSettings) -> Self {
+        WorkerContext {
+            db,
+            events: Publisher::new(redis),
+            catalog: Arc::new(catalog),
+            exec,
+            runner: Arc::new(Executors),
+            settings,
+            lease_grace: LEASE_GRACE,
+        }
+    }
+
+    /// For the worker Lambda's `main`: the context from `REEVE_CATALOG` and
+    /// the environment, connecting lazily. Every problem is logged and the
+    /// init fails (see `ApiContext::for_lambda`).
+    pub async fn for_lambda() -> WorkerContext {
+        match Self::from_env(&settings::catalog_path(), Connect::Lazily).await {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                tracing::error!("cannot start: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+
+    /// Reads the catalog and the environment, reporting the problems of both
+    /// together, then opens the stores.
+    pub async fn from_env(catalog: &Path, connect: Connect) -> Result<WorkerContext, StartupError> {
+        let mut problems = Vec::new();
+        let catalog = Catalog::load(catalog).map_err(|e| problems.push(e.to_string())).ok();
+        let settings = WorkerSettings::from_env().map_err(|e| problems.extend(e.problems)).ok();
+        let outbound = Outbound::new(OutboundPolicy::from_env())
+            .map_err(|e| problems.push(format!("REEVE_OUTBOUND_ALLOW: {e}")))
+            .ok();
+        let (Some(catalog), Some(settings), Some(outbound)) = (catalog, settings, outbound) else {
+            return Err(StartupError::Config(problems));
+        };
+        let db = match connect {
+            Connect::Now => db::connect(&settings.database_url).await?,
+            Connect::Lazily => db::connect_lazy(&settings.database_url)?,
+        };
+        let redis = RedisClient::new(&settings.redis_url)?;
+        let aws = AwsClients::from_env().await;
+        let exec = ExecDeps {
+            db: db.clone(),
+            s3: aws.s3,
+            bucket: settings.bucket.clone(),
+            outbound,
+            fetch_max_bytes: settings.fetch_max_bytes,
+        };
+        Ok(WorkerContext::new(catalog, db, redis, exec, settings))
+    }
+
+    /// The lease a claim takes for a task with this timeout.
+    fn lease(&self, timeout: Duration) -> Duration {
+        timeout + self.lease_grace
+    }
+}
+
+/// Handles one message body, delivered for the `receive_count`-th time.
+/// Never panics on input and never fails a task for infrastructure trouble.
+pub async fn process(ctx: &WorkerContext, body: &str, receive_count: u32) -> Outcome {
+    let message: QueueMessage = match serde_json::from_str(body) {
+        Ok(message) => message,
+        Err(e) => {
+            let shown: String = body.chars().take(200).collect();
+            tracing::error!(error = %e, body = %shown, "malformed message: not {{task_id, kind}}; dropping it");
+            return Outcome::Failed(codes::MALFORMED_MESSAGE);
+        }
+    };
+    let span = tracing::info_span!("task", task_id = %message.task_id, kind = %message.kind, receive_count);
+    let outcome = run_task(ctx, &message, receive_count).instrument(span.clone()).await;
+    span.in_scope(|| match &outcome {
+        Outcome::Done => tracing::info!("message done"),
+        Outcome::Failed(code) => tracing::warn!(code, "task failed"),
+        Outcome::Retry(reason) => tracing::warn!(%reason, "message will be retried"),
+    });
+    outcome
+}
+
+fn retry(what: &str, e: impl std::fmt::Display) -> Outcome {
+    tracing::warn!(error = %e, "{what} failed");
+    Outcome::Retry(format!("{what}: {e}"))
+}
+
+/// Why a run should be tried again.
+enum Retryable {
+    Timeout(u32),
+    Exec(String),
+}
+
+async fn run_task(ctx: &WorkerContext, message: &QueueMessage, receive_count: u32) -> Outcome {
+    let id = message.task_id;
+    let task = match store::load(&ctx.db, id).await {
+        Ok(Some(task)) => task,
+        Ok(None) => {
+            tracing::warn!("no such task; dropping the message");
+            return Outcome::Done;
+        }
+        Err(e) => return retry("loading the task", e),
+    };
+    if task.status.is_terminal() {
+        tracing::info!(status = task.status.as_str(), "task already finished; skipping");
+        return Outcome::Done;
+    }
+    if task.kind != message.kind {
+        tracing::warn!(task_kind = %task.kind, "the message names another kind than the task; using the task's");
+    }
+    let spec = ctx.catalog.task(&task.kind);
+    // A kind dropped from the catalog still gets a lease, so that the claim
+    // (and with it the failure) is fenced like every other run.
+    let timeout = Duration::from_secs(spec.map_or(60, |s| s.timeout_seconds).into());
+    let lease = ctx.lease(timeout);
+
+    let claim = match store::claim(&ctx.db, id, lease).await {
+        Ok(Some(claim)) => claim,
+        Ok(None) => {
+            return match store::status(&ctx.db, id).await {
+                Ok(None) => Outcome::Done,
+                Ok(Some(status)) if status.is_terminal() => {
+                    tracing::info!(status = status.as_str(), "finished meanwhile; skipping");
+                    Outcome::Done
+                }
+                Ok(Some(status)) => {
+                    tracing::info!(status = status.as_str(), "another worker holds a live lease");
+                    Outcome::Retry("held by another worker's live lease".into())
+                }
+                Err(e) => retry("reading the task's status", e),
+            };
+        }
+        Err(e) => return retry("claiming the task", e),
+    };
+    let attempt = claim.attempt;
+    tracing::info!(attempt, "claimed");
+    ctx.events.publish_logged(id, &claim.event).await;
+
+    let Some(spec) = spec else {
+        tracing::error!("the task's kind is not in the catalog");
+        let message = format!("task kind {:?} is no longer offered", task.kind);
+        return fail(ctx, id, attempt, codes::UNKNOWN_KIND, &message).await;
+    };
+
+    let result = match execute(ctx, &task, spec, attempt, lease).await {
+        Some(result) => result,
+        None => {
+            tracing::warn!(attempt, "lost the task to another run while executing; stopping");
+            return Outcome::Done;
+        }
+    };
+    match result {
+        Ok(value) => match store::complete(&ctx.db, id, attempt, &value).await {
+            Ok(Some(events)) => {
+                ctx.events.publish_all(id, &events).await;
+                tracing::info!(attempt, "completed");
+                Outcome::Done
+            }
+            Ok(None) => lost(attempt),
+            Err(e) => retry("recording the result", e),
+        },
+        Err(Ok(ExecError::Permanent { code, message })) => fail(ctx, id, attempt, code, &message).await,
+        Err(Ok(ExecError::Retryable(reason))) => {
+            retry_later(ctx, id, attempt, receive_count, Retryable::Exec(reason)).await
+        }
+        Err(Err(secs)) => retry_later(ctx, id, attempt, receive_count, Retryable::Timeout(secs)).await,
+    }
+}
+
+fn lost(attempt: i32) -> Outcome {
+    tracing::warn!(attempt, "the task moved on without this run; its outcome is dropped");
+    Outcome::Done
+}
+
+async fn fail(ctx: &WorkerContext, id: Id, attempt: i32, code: &'static str, message: &str) -> Outcome {
+    match store::fail(&ctx.db, id, attempt, code, message).await {
+        Ok(Some(events)) => {
+            ctx.events.publish_all(id, &events).await;
+            Outcome::Failed(code)
+        }
+        Ok(None) => lost(attempt),
+        Err(e) => retry("recording the failure", e),
+    }
+}
+
+/// A retryable end of a run: back to `queued` for the next delivery, or,
+/// on the queue's last delivery, `failed` with `retries_exhausted`.
+async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u32, why: Retryable) -> Outcome {
+    // The owner sees the events: a timeout is theirs to know, the internal
+    // cause of anything else goes to the logs only.
+    let (reason, shown) = match why {
+        Retryable::Timeout(secs) => (format!("timed out after {secs}s"), format!("timed out after {secs}s")),
+        Retryable::Exec(reason) => (reason, "a temporary problem".to_owned()),
+    };
+    tracing::warn!(attempt, %reason, "attempt failed with a retryable error");
+    if receive_count >= ctx.settings.max_receives {
+        let message = format!("gave up after {receive_count} deliveries; the last attempt failed: {shown}");
+        return fail(ctx, id, attempt, codes::RETRIES_EXHAUSTED, &message).await;
+    }
+    let line = format!("attempt {attempt} did not finish ({shown}); it will be retried");
+    match store::requeue(&ctx.db, id, attempt, &line).await {
+        Ok(Some(events)) => {
+            ctx.events.publish_all(id, &events).await;
+            Outcome::Retry(reason)
+        }
+        Ok(None) => lost(attempt),
+        // Still `running` under this run's lease: once that expires, the
+        // next delivery claims it again.
+        Err(e) => retry("putting the task back in the queue", e),
+    }
+}
+
+/// Runs the job with its reports recorded and its lease kept alive, bounded
+/// by the task's timeout. `None`: the run lost the task meanwhile (its lease
+/// was taken over, or the task moved on), and the executor was stopped.
+/// `Some(Err(Err(secs)))`: timed out.
+async fn execute(
+    ctx: &WorkerContext,
+    task: &store::TaskRow,
+    spec: &TaskSpec,
+    attempt: i32,
+    lease: Duration,
+) -> Option<Result<Value, Result<ExecError, u32>>> {
+    let id = task.id;
+    let (reports, receiver) = mpsc::channel(REPORT_BUFFER);
+    let job = Job { task_id: id, space: task.space, input: &task.input, spec, reports };
+    let timeout = Duration::from_secs(spec.timeout_seconds.into());
+    let run = async {
+        match tokio::time::timeout(timeout, ctx.runner.run(&ctx.exec, job)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(Ok(e)),
+            Err(_) => Err(Err(spec.timeout_seconds)),
+        }
+    };
+    // The executor owns the only sender: once it returns (or is dropped on
+    // timeout) the reporter drains what is left and ends.
+    let work = async {
+        let (result, ()) = tokio::join!(run, record_reports(ctx, id, attempt, receiver));
+        result
+    };
+    tokio::select! {
+        result = work => Some(result),
+        () = keep_lease(ctx, id, attempt, lease, timeout) => None,
+    }
+}
+
+/// Extends the lease every third of the task's timeout; returns only when
+/// the run has lost the task. A failed extension is logged and tried again
+/// at the next tick: the lease still has its grace.
+async fn keep_lease(ctx: &WorkerContext, id: Id, attempt: i32, lease: Duration, timeout: Duration) {
+    let every = (timeout / 3).max(Duration::from_secs(1));
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match store::extend_lease(&ctx.db, id, attempt, lease).await {
+            Ok(true) => tracing::debug!(attempt, "lease extended"),
+            Ok(false) => return,
+            Err(e) => tracing::warn!(error = %e, "could not extend the lease"),
+        }
+    }
+}
+
+/// Turns reports into events until the executor drops its sender. Progress
+/// reports that pile up are coalesced (only the latest of a run of them is
+/// kept); log lines are all kept, in order. A report that cannot be
+/// recorded is logged and dropped: it is not worth failing the task over.
+async fn record_reports(ctx: &WorkerContext, id: Id, attempt: i32, mut receiver: mpsc::Receiver<Report>) {
+    let mut pending = Vec::with_capacity(REPORT_BUFFER);
+    while receiver.recv_many(&mut pending, REPORT_BUFFER).await > 0 {
+        let batch = std::mem::take(&mut pending);
+        let last = batch.len() - 1;
+        for (i, report) in batch.iter().enumerate() {
+            let superseded = matches!(report, Report::Progress { .. })
+                && i < last
+                && matches!(batch[i + 1], Report::Progress { .. });
+            if superseded {
+                continue;
+            }
+            let Some((progress, kind, data)) = report_event(report) else {
+                tracing::warn!(?report, "ignoring a malformed report");
+                continue;
+            };
+            match store::running_event(&ctx.db, id, attempt, progress, kind, &data).await {
+                Ok(Some(event)) => ctx.events.publish_logged(id, &event).await,
+                Ok(None) => tracing::debug!("report after the run lost the task; dropped"),
+                Err(e) => tracing::warn!(error = %e, "could not record a report; dropped"),
+            }
+        }
+    }
+}
+
+/// The event a report becomes: `(tasks.progress, type, data)`.
+fn report_event(report: &Report) -> Option<(Option<f32>, EventType, Value)> {
+    match report {
+        Report::Progress { fraction, detail } => {
+            if !fraction.is_finite() {
+                return None;
+            }
+            let fraction = fraction.clamp(0.0, 1.0);
+            // f32 → JSON shows 0.3 as 0.30000001192092896: round for people.
+            let shown = (f64::from(fraction) * 10_000.0).round() / 10_000.0;
+            let mut data = Map::new();
+            match detail {
+                Value::Object(fields) => data.extend(fields.iter().map(|(k, v)| (k.clone(), v.clone()))),
+                Value::Null => {}
+                other => {
+                    data.insert("detail".into(), other.clone());
+                }
+            }
+            data.insert("fraction".into(), json!(shown));
+            Some((Some(fraction), EventType::Progress, Value::Object(data)))
+        }
+        Report::Log { line } => Some((None, EventType::Log, json!({ "line": line }))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_reports_carry_their_detail_and_a_rounded_fraction() {
+        let (progress, kind, data) =
+            report_event(&Report::Progress { fraction: 0.3, detail: json!({"bytes": 3, "total": 10}) }).unwrap();
+        assert_eq!(progress, Some(0.3));
+        assert_eq!(kind, EventType::Progress);
+        assert_eq!(data, json!({"fraction": 0.3, "bytes": 3, "total": 10}));
+
+        let (progress, _, data) = report_event(&Report::Progress { fraction: 7.0, detail: json!("x") }).unwrap();
+        assert_eq!(progress, Some(1.0));
+        assert_eq!(data, json!({"fraction": 1.0, "detail": "x"}));
+        assert!(report_event(&Report::Progress { fraction: f32::NAN, detail: Value::Null }).is_none());
+
+        let (progress, kind, data) = report_event(&Report::Log { line: "hi".into() }).unwrap();
+        assert_eq!((progress, kind, data), (None, EventType::Log, json!({"line": "hi"})));
+    }
+}

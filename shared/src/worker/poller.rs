@@ -1,0 +1,259 @@
+//! `reeve work`: the worker outside Lambda. Long-polls the queue, runs each
+//! message through [`process`], deletes it only once it is `Done` or
+//! `Failed`, and leaves a `Retry` to reappear when its visibility timeout
+//! runs out (which is also how SQS counts it towards the dead-letter queue).
+//! While a message runs, its visibility is extended, so a long task is not
+//! handed to a second worker.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
+use futures_util::StreamExt;
+use futures_util::stream;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use super::{Outcome, WorkerContext, process};
+
+/// SQS's limit on one receive.
+pub const MAX_BATCH: usize = 10;
+/// The longest long-poll SQS allows.
+pub const WAIT_TIME_SECONDS: i32 = 20;
+/// What a queue without the attribute (or a test) is taken to have.
+pub const DEFAULT_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum PollError {
+    #[error("cannot read the queue's attributes: {0}")]
+    Queue(String),
+    #[error("receiving from SQS failed: {0}")]
+    Receive(String),
+}
+
+/// What one [`Poller::poll_once`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PollReport {
+    pub received: usize,
+    /// `Done`: deleted.
+    pub done: usize,
+    /// `Failed`: deleted.
+    pub failed: usize,
+    /// `Retry`: left in the queue.
+    pub retried: usize,
+}
+
+#[derive(Clone)]
+pub struct Poller {
+    ctx: Arc<WorkerContext>,
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+    /// How long a receive waits for a message (20 s, SQS's maximum).
+    pub wait_time_seconds: i32,
+    /// The queue's visibility timeout: a message being worked on is made
+    /// invisible for this long again every third of it.
+    pub visibility_timeout: Duration,
+}
+
+impl Poller {
+    /// A poller on `queue_url`. Reads the queue's visibility timeout, which
+    /// also checks at start-up that the queue is there.
+    pub async fn connect(
+        ctx: Arc<WorkerContext>,
+        sqs: aws_sdk_sqs::Client,
+        queue_url: impl Into<String>,
+    ) -> Result<Poller, PollError> {
+        let queue_url = queue_url.into();
+        let attributes = sqs
+            .get_queue_attributes()
+            .queue_url(&queue_url)
+            .attribute_names(QueueAttributeName::VisibilityTimeout)
+            .send()
+            .await
+            .map_err(|e| PollError::Queue(sqs_error(&e)))?;
+        let visibility_timeout = attributes
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::VisibilityTimeout))
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&secs| secs > 0)
+            .map_or(DEFAULT_VISIBILITY_TIMEOUT, Duration::from_secs);
+        Ok(Poller { ctx, sqs, queue_url, wait_time_seconds: WAIT_TIME_SECONDS, visibility_timeout })
+    }
+
+    pub fn queue_url(&self) -> &str {
+        &self.queue_url
+    }
+
+    /// Receives one batch (waiting up to `wait_time_seconds`), runs its
+    /// messages to the end, at most `settings.concurrency` at once, and
+    /// returns what became of them.
+    pub async fn poll_once(&self) -> Result<PollReport, PollError> {
+        let messages = self.receive(MAX_BATCH).await?;
+        let mut report = PollReport { received: messages.len(), ..PollReport::default() };
+        let outcomes: Vec<Outcome> = stream::iter(messages)
+            .map(|message| self.handle(message))
+            .buffer_unordered(self.ctx.settings.concurrency.max(1))
+            .collect()
+            .await;
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Done => report.done += 1,
+                Outcome::Failed(_) => report.failed += 1,
+                Outcome::Retry(_) => report.retried += 1,
+            }
+        }
+        Ok(report)
+    }
+
+    /// Polls until `shutdown` resolves, then stops receiving and lets the
+    /// messages in flight finish. Up to `settings.concurrency` messages run
+    /// at once; a new receive asks only for as many as there are free slots.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) {
+        let slots = Arc::new(Semaphore::new(self.ctx.settings.concurrency.max(1)));
+        let mut running = JoinSet::new();
+        let mut backoff = Duration::from_secs(1);
+        tokio::pin!(shutdown);
+        tracing::info!(queue_url = %self.queue_url, "polling");
+        loop {
+            while let Some(joined) = running.try_join_next() {
+                log_join(joined);
+            }
+            let free = slots.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    Some(joined) = running.join_next() => log_join(joined),
+                }
+                continue;
+            }
+            let received = tokio::select! {
+                () = &mut shutdown => break,
+                received = self.receive(free.min(MAX_BATCH)) => received,
+            };
+            match received {
+                Ok(messages) => {
+                    backoff = Duration::from_secs(1);
+                    for message in messages {
+                        let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+                        let poller = self.clone();
+                        running.spawn(async move {
+                            poller.handle(message).await;
+                            drop(slot);
+                        });
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, backoff_secs = backoff.as_secs(), "receive failed; backing off");
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+        while let Some(joined) = running.try_join_next() {
+            log_join(joined);
+        }
+        tracing::info!(in_flight = running.len(), "shutting down: finishing the messages in flight");
+        while let Some(joined) = running.join_next().await {
+            log_join(joined);
+        }
+        tracing::info!("stopped");
+    }
+
+    async fn receive(&self, max: usize) -> Result<Vec<Message>, PollError> {
+        let received = self
+            .sqs
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
+            .wait_time_seconds(self.wait_time_seconds)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .send()
+            .await
+            .map_err(|e| PollError::Receive(sqs_error(&e)))?;
+        Ok(received.messages.unwrap_or_default())
+    }
+
+    /// Runs one message, keeping it invisible while it runs; deletes it
+    /// unless it is to be retried.
+    async fn handle(&self, message: Message) -> Outcome {
+        let message_id = message.message_id().unwrap_or_default().to_owned();
+        let receive_count = message
+            .attributes()
+            .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1);
+        let span = tracing::info_span!("sqs_message", message_id = %message_id, receive_count);
+        async {
+            let Some(receipt) = message.receipt_handle() else {
+                tracing::error!("a message without a receipt handle; leaving it");
+                return Outcome::Retry("no receipt handle".into());
+            };
+            let body = message.body().unwrap_or("");
+            let work = process(&self.ctx, body, receive_count);
+            tokio::pin!(work);
+            let every = (self.visibility_timeout / 3).max(Duration::from_secs(1));
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let outcome = loop {
+                tokio::select! {
+                    outcome = &mut work => break outcome,
+                    _ = ticks.tick() => self.extend_visibility(receipt).await,
+                }
+            };
+            match &outcome {
+                Outcome::Done | Outcome::Failed(_) => self.delete(receipt).await,
+                Outcome::Retry(_) => {}
+            }
+            outcome
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn extend_visibility(&self, receipt: &str) {
+        let secs = i32::try_from(self.visibility_timeout.as_secs()).unwrap_or(i32::MAX);
+        let changed = self
+            .sqs
+            .change_message_visibility()
+            .queue_url(&self.queue_url)
+            .receipt_handle(receipt)
+            .visibility_timeout(secs)
+            .send()
+            .await;
+        match changed {
+            Ok(_) => tracing::debug!(secs, "visibility extended"),
+            Err(e) => tracing::warn!(error = %sqs_error(&e), "could not extend the message's visibility"),
+        }
+    }
+
+    /// A message that cannot be deleted comes back later and finds its task
+    /// finished: harmless, so it is only logged.
+    async fn delete(&self, receipt: &str) {
+        let deleted = self.sqs.delete_message().queue_url(&self.queue_url).receipt_handle(receipt).send().await;
+        if let Err(e) = deleted {
+            tracing::warn!(error = %sqs_error(&e), "could not delete the message; it will come back and be skipped");
+        }
+    }
+}
+
+/// SQS's own code and message when it answered, else the whole chain (a
+/// connection failure, a timeout).
+fn sqs_error<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(e: &SdkError<E, R>) -> String {
+    match (e.code(), e.message()) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code.to_owned(),
+        _ => DisplayErrorContext(e).to_string(),
+    }
+}
+
+fn log_join(joined: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = joined {
+        tracing::error!(error = %e, "a message's task panicked");
+    }
+}

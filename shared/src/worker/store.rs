@@ -1,0 +1,235 @@
+//! The worker's writes to `tasks`, each a conditional `UPDATE` (DESIGN §5).
+//!
+//! A claim bumps `attempts` and hands the new value back: it is the fencing
+//! token of that run. Every later write of the run says `… AND status =
+//! 'running' AND attempts = $n`, so a worker whose lease expired and was
+//! taken over can no longer touch the task: its writes match no row, and it
+//! learns it has lost the task. Each transition and the events it causes
+//! are one transaction; the events are published after commit.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sqlx::{PgPool, Postgres, Transaction};
+
+use crate::auth::SpaceIndex;
+use crate::ids::Id;
+use crate::tasks::events::{Event, EventType, append_event};
+use crate::tasks::{TaskStatus, task_error};
+
+/// What the worker needs of a task row.
+#[derive(Debug, Clone)]
+pub struct TaskRow {
+    pub id: Id,
+    pub space: SpaceIndex,
+    pub kind: String,
+    pub input: Value,
+    pub status: TaskStatus,
+}
+
+pub async fn load(db: &PgPool, id: Id) -> Result<Option<TaskRow>, sqlx::Error> {
+    let row: Option<(Vec<u8>, String, sqlx::types::Json<Value>, String)> =
+        sqlx::query_as("SELECT space_idx, kind, input, status FROM tasks WHERE id = $1")
+            .bind(id)
+            .fetch_optional(db)
+            .await?;
+    let Some((space, kind, input, status)) = row else {
+        return Ok(None);
+    };
+    let decode = |what: &str| sqlx::Error::Decode(format!("tasks row {id}: bad {what}").into());
+    Ok(Some(TaskRow {
+        id,
+        space: SpaceIndex::from_slice(&space).ok_or_else(|| decode("space_idx"))?,
+        kind,
+        input: input.0,
+        status: TaskStatus::parse(&status).ok_or_else(|| decode("status"))?,
+    }))
+}
+
+/// The task's status now; `None` if it is gone.
+pub async fn status(db: &PgPool, id: Id) -> Result<Option<TaskStatus>, sqlx::Error> {
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1").bind(id).fetch_optional(db).await?;
+    Ok(status.and_then(|s| TaskStatus::parse(&s)))
+}
+
+/// A successful claim: the run's fencing token and its `status: running` event.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub attempt: i32,
+    pub event: Event,
+}
+
+fn secs(lease: Duration) -> f64 {
+    lease.as_secs_f64()
+}
+
+/// `queued`, or `running` with an expired (or missing) lease, becomes
+/// `running` with a lease of `lease` from now. `None` when the task is in
+/// neither state: terminal, gone, or held by a live lease.
+pub async fn claim(db: &PgPool, id: Id, lease: Duration) -> Result<Option<Claim>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let attempt: Option<i32> = sqlx::query_scalar(
+        "UPDATE tasks
+            SET status = 'running', attempts = attempts + 1,
+                lease_until = now() + make_interval(secs => $2), updated_at = now()
+          WHERE id = $1
+            AND (status = 'queued'
+                 OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
+         RETURNING attempts",
+    )
+    .bind(id)
+    .bind(secs(lease))
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(attempt) = attempt else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    let event =
+        append_event(&mut tx, id, EventType::Status, &json!({ "status": "running", "attempt": attempt })).await?;
+    tx.commit().await?;
+    Ok(Some(Claim { attempt, event }))
+}
+
+/// Pushes the run's lease to `lease` from now. `false`: the run no longer
+/// holds the task (taken over, or moved on by someone else).
+pub async fn extend_lease(db: &PgPool, id: Id, attempt: i32, lease: Duration) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE tasks SET lease_until = now() + make_interval(secs => $3)
+          WHERE id = $1 AND status = 'running' AND attempts = $2",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(secs(lease))
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(moved == 1)
+}
+
+/// Starts a fenced transaction: `Some` if the run still holds the task, with
+/// `progress` set when given. The row stays locked until the transaction ends.
+async fn fenced(
+    db: &PgPool,
+    id: Id,
+    attempt: i32,
+    progress: Option<f32>,
+) -> Result<Option<Transaction<'static, Postgres>>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let held = sqlx::query(
+        "UPDATE tasks SET progress = COALESCE($3, progress), updated_at = now()
+          WHERE id = $1 AND status = 'running' AND attempts = $2",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(progress)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if held == 1 {
+        Ok(Some(tx))
+    } else {
+        tx.rollback().await?;
+        Ok(None)
+    }
+}
+
+/// Appends one event of a running task (progress or log), setting
+/// `tasks.progress` to `progress` when given. `None`: the run lost the task,
+/// and nothing was written.
+pub async fn running_event(
+    db: &PgPool,
+    id: Id,
+    attempt: i32,
+    progress: Option<f32>,
+    kind: EventType,
+    data: &Value,
+) -> Result<Option<Event>, sqlx::Error> {
+    let Some(mut tx) = fenced(db, id, attempt, progress).await? else {
+        return Ok(None);
+    };
+    let event = append_event(&mut tx, id, kind, data).await?;
+    tx.commit().await?;
+    Ok(Some(event))
+}
+
+/// `running → completed` with `result`: events `result`, then
+/// `status: completed`. `None`: the run lost the task; nothing was written.
+pub async fn complete(db: &PgPool, id: Id, attempt: i32, result: &Value) -> Result<Option<Vec<Event>>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let moved = sqlx::query(
+        "UPDATE tasks SET status = 'completed', result = $3, progress = 1, lease_until = NULL, updated_at = now()
+          WHERE id = $1 AND status = 'running' AND attempts = $2",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(sqlx::types::Json(result))
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if moved == 0 {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let result_event = append_event(&mut tx, id, EventType::Result, result).await?;
+    let status = append_event(&mut tx, id, EventType::Status, &json!({ "status": "completed" })).await?;
+    tx.commit().await?;
+    Ok(Some(vec![result_event, status]))
+}
+
+/// `running → failed` with `{"code","message"}`: events `error`, then
+/// `status: failed` (with the error, as `tasks::mark_failed` writes it).
+/// `None`: the run lost the task; nothing was written.
+pub async fn fail(
+    db: &PgPool,
+    id: Id,
+    attempt: i32,
+    code: &str,
+    message: &str,
+) -> Result<Option<Vec<Event>>, sqlx::Error> {
+    let error = task_error(code, message);
+    let mut tx = db.begin().await?;
+    let moved = sqlx::query(
+        "UPDATE tasks SET status = 'failed', error = $3, lease_until = NULL, updated_at = now()
+          WHERE id = $1 AND status = 'running' AND attempts = $2",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(sqlx::types::Json(&error))
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if moved == 0 {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let error_event = append_event(&mut tx, id, EventType::Error, &error).await?;
+    let status = append_event(&mut tx, id, EventType::Status, &json!({ "status": "failed", "error": error })).await?;
+    tx.commit().await?;
+    Ok(Some(vec![error_event, status]))
+}
+
+/// `running → queued` for another attempt, with the lease cleared and the
+/// progress reset: events `log` (`line`), then `status: queued`. `None`: the
+/// run lost the task; nothing was written.
+pub async fn requeue(db: &PgPool, id: Id, attempt: i32, line: &str) -> Result<Option<Vec<Event>>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let moved = sqlx::query(
+        "UPDATE tasks SET status = 'queued', lease_until = NULL, progress = 0, updated_at = now()
+          WHERE id = $1 AND status = 'running' AND attempts = $2",
+    )
+    .bind(id)
+    .bind(attempt)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if moved == 0 {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let log = append_event(&mut tx, id, EventType::Log, &json!({ "line": line })).await?;
+    let status = append_event(&mut tx, id, EventType::Status, &json!({ "status": "queued" })).await?;
+    tx.commit().await?;
+    Ok(Some(vec![log, status]))
+}

@@ -1,0 +1,586 @@
+//! Executors against the real stack (Postgres, SeaweedFS) and local axum
+//! servers: `digest` streams an upload and checks it against its declaration
+//! first; `fetch` stores a download under `outputs/` with a working presigned
+//! GET; `http` returns an endpoint's JSON. Every failure has its stable code,
+//! or is retryable when trying again could help.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Response, StatusCode};
+use axum::routing::{any, get, post};
+use common::{ctx, new_session, post_json, send, shipped_catalog};
+use reeve_shared::auth::{self, SpaceIndex};
+use reeve_shared::aws::AwsClients;
+use reeve_shared::catalog::{Executor, TaskSpec};
+use reeve_shared::executors::{self, ExecDeps, ExecError, Job, Report, codes, output_key};
+use reeve_shared::http::app;
+use reeve_shared::ids::Id;
+use reeve_shared::outbound::{Outbound, OutboundPolicy};
+use reeve_shared::uploads::{self, PresignedUpload, UploadRequest};
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+use sqlx::PgPool;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use tokio::sync::mpsc;
+
+const MIB: usize = 1024 * 1024;
+/// What `fetch` may download in these tests.
+const FETCH_MAX: u64 = MIB as u64;
+
+fn bucket() -> String {
+    std::env::var("REEVE_BUCKET").expect("REEVE_BUCKET is set: run with the stack's .env")
+}
+
+fn policy() -> OutboundPolicy {
+    OutboundPolicy {
+        allow_http: true,
+        allow: vec!["127.0.0.1".into()],
+        max_redirects: 3,
+        connect_timeout: Duration::from_secs(5),
+        timeout: Duration::from_secs(10),
+    }
+}
+
+async fn deps(pool: PgPool) -> ExecDeps {
+    ExecDeps {
+        db: pool,
+        s3: AwsClients::from_env().await.s3,
+        bucket: bucket(),
+        outbound: Outbound::new(policy()).expect("the test policy is valid"),
+        fetch_max_bytes: FETCH_MAX,
+    }
+}
+
+fn spec(kind: &str) -> TaskSpec {
+    shipped_catalog().tasks.get(kind).unwrap_or_else(|| panic!("reeve.toml has [tasks.{kind}]")).clone()
+}
+
+fn http_spec(endpoint: &str, timeout_seconds: u32) -> TaskSpec {
+    let mut spec = spec("http");
+    spec.executor = Executor::Http { endpoint: endpoint.to_owned() };
+    spec.timeout_seconds = timeout_seconds;
+    spec
+}
+
+/// Runs one job through `executors::run`, collecting its reports as they
+/// come (through a small channel, so back-pressure is exercised too).
+async fn exec(
+    deps: &ExecDeps,
+    space: SpaceIndex,
+    task_id: Id,
+    spec: &TaskSpec,
+    input: Value,
+) -> (Result<Value, ExecError>, Vec<Report>) {
+    let (tx, mut rx) = mpsc::channel(2);
+    let job = Job { task_id, space, input: &input, spec, reports: tx };
+    let collect = async move {
+        let mut reports = Vec::new();
+        while let Some(report) = rx.recv().await {
+            reports.push(report);
+        }
+        reports
+    };
+    // The job owns the only sender: once it is done, the collector ends.
+    tokio::join!(executors::run(deps, job), collect)
+}
+
+/// `(fraction, detail)` of each progress report, in order.
+fn progress(reports: &[Report]) -> Vec<(f32, Value)> {
+    reports
+        .iter()
+        .filter_map(|r| match r {
+            Report::Progress { fraction, detail } => Some((*fraction, detail.clone())),
+            Report::Log { .. } => None,
+        })
+        .collect()
+}
+
+fn logs(reports: &[Report]) -> Vec<String> {
+    reports
+        .iter()
+        .filter_map(|r| match r {
+            Report::Log { line } => Some(line.clone()),
+            Report::Progress { .. } => None,
+        })
+        .collect()
+}
+
+#[track_caller]
+fn assert_progress_runs_0_to_1(reports: &[Report]) {
+    let fractions: Vec<f32> = progress(reports).into_iter().map(|(f, _)| f).collect();
+    assert_eq!(fractions.first(), Some(&0.0), "starts at 0.0: {fractions:?}");
+    assert_eq!(fractions.last(), Some(&1.0), "ends at 1.0: {fractions:?}");
+    assert!(fractions.windows(2).all(|w| w[0] < w[1]), "strictly increasing: {fractions:?}");
+}
+
+#[track_caller]
+fn assert_permanent(result: &Result<Value, ExecError>, code: &str) -> String {
+    match result {
+        Err(ExecError::Permanent { code: got, message }) => {
+            assert_eq!(*got, code, "message: {message}");
+            message.clone()
+        }
+        other => panic!("expected Permanent {code}, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn assert_retryable(result: &Result<Value, ExecError>) {
+    assert!(matches!(result, Err(ExecError::Retryable(_))), "expected Retryable, got {result:?}");
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let digest: [u8; 32] = Sha256::digest(bytes).into();
+    hex::encode(digest)
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 13) as u8).collect()
+}
+
+// ---------------------------------------------------------------- digest
+
+/// A space row of our own, for calling the domain functions directly.
+async fn space(pool: &PgPool) -> SpaceIndex {
+    let bytes: [u8; 16] = Id::new().to_bytes();
+    sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')").bind(bytes).execute(pool).await.unwrap();
+    SpaceIndex::from_array(bytes)
+}
+
+async fn presign(deps: &ExecDeps, space: &SpaceIndex, content_type: &str, size: u64) -> PresignedUpload {
+    let request = UploadRequest { filename: Some("data.bin".into()), content_type: content_type.into(), size };
+    let catalog = shipped_catalog();
+    uploads::create(&deps.db, &deps.s3, &deps.bucket, &catalog.uploads, space, request, Duration::from_secs(900))
+        .await
+        .expect("presign")
+}
+
+/// A raw PUT to a presigned URL, as a client without any AWS SDK sends it.
+async fn put(url: &str, headers: &BTreeMap<String, String>, body: Vec<u8>) {
+    let mut request = reqwest::Client::new().put(url).body(body);
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    let response = request.send().await.expect("S3 answers");
+    let status = response.status();
+    assert!(status.is_success(), "PUT: {status} {}", response.text().await.unwrap_or_default());
+}
+
+async fn upload(deps: &ExecDeps, space: &SpaceIndex, content_type: &str, bytes: &[u8]) -> PresignedUpload {
+    let up = presign(deps, space, content_type, bytes.len() as u64).await;
+    put(&up.url, &up.headers, bytes.to_vec()).await;
+    up
+}
+
+async fn status_of(pool: &PgPool, id: Id) -> String {
+    sqlx::query_scalar("SELECT status FROM uploads WHERE id = $1").bind(id).fetch_one(pool).await.unwrap()
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn digest_streams_an_upload_made_through_the_api(pool: PgPool) {
+    let ctx = ctx(pool.clone()).await;
+    let app = app(ctx.clone());
+    let (_, token) = new_session(&app).await;
+    let space = auth::verify_token(&ctx.settings.token_key, &token, OffsetDateTime::now_utc()).unwrap();
+    let bytes = pattern(3 * MIB + MIB / 2, 7);
+
+    let body = json!({ "filename": "big.bin", "content_type": "application/octet-stream", "size": bytes.len() });
+    let reply = send(&app, post_json("/v1/uploads", Some(&token), &body)).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    let headers: BTreeMap<String, String> = serde_json::from_value(reply.body["headers"].clone()).unwrap();
+    put(reply.body["url"].as_str().unwrap(), &headers, bytes.clone()).await;
+    let upload_id: Id = reply.body["upload_id"].as_str().unwrap().parse().unwrap();
+
+    let deps = deps(pool.clone()).await;
+    let (result, reports) =
+        exec(&deps, space, Id::new(), &spec("digest"), json!({ "upload_id": upload_id.to_string() })).await;
+    let result = result.expect("digest succeeds");
+    assert_eq!(
+        result,
+        json!({ "sha256": sha256_hex(&bytes), "size": bytes.len(), "upload_id": upload_id.to_string() })
+    );
+
+    // 0.0, after 1, 2 and 3 MiB, then 1.0.
+    assert_progress_runs_0_to_1(&reports);
+    let progress = progress(&reports);
+    assert_eq!(progress.len(), 5, "{progress:?}");
+    for (fraction, detail) in &progress {
+        assert_eq!(detail["total"], json!(bytes.len()), "{detail}");
+        let done = detail["bytes"].as_u64().unwrap();
+        assert!((fraction - done as f32 / bytes.len() as f32).abs() < 1e-6, "{fraction} vs {detail}");
+    }
+    let marks: Vec<u64> = progress[1..4].iter().map(|(_, d)| d["bytes"].as_u64().unwrap()).collect();
+    for (i, bytes) in marks.iter().enumerate() {
+        let mib = (i + 1) as u64 * MIB as u64;
+        assert!((mib..mib + MIB as u64).contains(bytes), "a report per MiB: {marks:?}");
+    }
+    assert!(logs(&reports).iter().any(|l| l.contains(&sha256_hex(&bytes))), "{:?}", logs(&reports));
+
+    // The upload is still pending (no guard ran here): digest leaves statuses alone.
+    assert_eq!(status_of(&pool, upload_id).await, "pending");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn digest_leaves_an_uploaded_upload_uploaded(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let bytes = pattern(1000, 1);
+    let up = upload(&deps, &space, "text/plain", &bytes).await;
+    uploads::ensure_uploaded(&pool, &deps.s3, &deps.bucket, &space, up.id).await.unwrap();
+
+    let (result, reports) = exec(&deps, space, Id::new(), &spec("digest"), json!({ "upload_id": up.id })).await;
+    assert_eq!(result.unwrap()["sha256"], json!(sha256_hex(&bytes)));
+    // Small files: just the start and the end.
+    assert_eq!(progress(&reports).iter().map(|(f, _)| *f).collect::<Vec<_>>(), [0.0, 1.0]);
+    assert_eq!(status_of(&pool, up.id).await, "uploaded");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn digest_refuses_an_object_that_differs_from_its_declaration(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let spec = spec("digest");
+
+    // Replaced by a shorter object of the same type.
+    let up = upload(&deps, &space, "application/octet-stream", &pattern(1000, 2)).await;
+    let (before, _) = exec(&deps, space, Id::new(), &spec, json!({ "upload_id": up.id })).await;
+    before.expect("as uploaded, it digests");
+    deps.s3
+        .put_object()
+        .bucket(&deps.bucket)
+        .key(&up.key)
+        .content_type("application/octet-stream")
+        .body(pattern(999, 3).into())
+        .send()
+        .await
+        .unwrap();
+    let (result, reports) = exec(&deps, space, Id::new(), &spec, json!({ "upload_id": up.id })).await;
+    let message = assert_permanent(&result, codes::UPLOAD_MISMATCH);
+    assert!(message.contains("declared 1000 bytes") && message.contains("found 999 bytes"), "{message}");
+    assert!(!message.contains(&up.key), "no object keys in owner-facing messages: {message}");
+    assert!(!progress(&reports).iter().any(|(f, _)| *f == 1.0), "never reported done: {reports:?}");
+
+    // Same size, another type.
+    let up = upload(&deps, &space, "application/pdf", &pattern(500, 4)).await;
+    deps.s3
+        .put_object()
+        .bucket(&deps.bucket)
+        .key(&up.key)
+        .content_type("image/png")
+        .body(pattern(500, 5).into())
+        .send()
+        .await
+        .unwrap();
+    let (result, _) = exec(&deps, space, Id::new(), &spec, json!({ "upload_id": up.id })).await;
+    let message = assert_permanent(&result, codes::UPLOAD_MISMATCH);
+    assert!(message.contains("application/pdf") && message.contains("image/png"), "{message}");
+    // Statuses belong to the create path.
+    assert_eq!(status_of(&pool, up.id).await, "pending");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn digest_of_a_never_uploaded_or_rejected_upload_fails(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let spec = spec("digest");
+
+    let never = presign(&deps, &space, "text/plain", 10).await;
+    let (result, _) = exec(&deps, space, Id::new(), &spec, json!({ "upload_id": never.id })).await;
+    let message = assert_permanent(&result, codes::UPLOAD_MISSING);
+    assert!(message.contains(&never.id.to_string()), "{message}");
+
+    let rejected = upload(&deps, &space, "text/plain", b"0123456789").await;
+    sqlx::query("UPDATE uploads SET status = 'rejected' WHERE id = $1").bind(rejected.id).execute(&pool).await.unwrap();
+    let (result, reports) = exec(&deps, space, Id::new(), &spec, json!({ "upload_id": rejected.id })).await;
+    assert_permanent(&result, codes::UPLOAD_REJECTED);
+    assert!(reports.is_empty(), "refused before any work: {reports:?}");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn digest_cannot_see_unknown_or_other_spaces_uploads(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let mine = space(&pool).await;
+    let theirs = space(&pool).await;
+    let spec = spec("digest");
+    let their_upload = upload(&deps, &theirs, "text/plain", b"theirs").await;
+
+    let (result, _) = exec(&deps, mine, Id::new(), &spec, json!({ "upload_id": their_upload.id })).await;
+    let other_space = assert_permanent(&result, codes::UNKNOWN_UPLOAD);
+    let unknown = Id::new();
+    let (result, _) = exec(&deps, mine, Id::new(), &spec, json!({ "upload_id": unknown })).await;
+    let never_existed = assert_permanent(&result, codes::UNKNOWN_UPLOAD);
+    // The same words either way, so ids cannot be probed.
+    assert_eq!(
+        other_space.replace(&their_upload.id.to_string(), "ID"),
+        never_existed.replace(&unknown.to_string(), "ID")
+    );
+
+    // The owner can.
+    let (result, _) = exec(&deps, theirs, Id::new(), &spec, json!({ "upload_id": their_upload.id })).await;
+    assert_eq!(result.unwrap()["sha256"], json!(sha256_hex(b"theirs")));
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn digest_refuses_malformed_input(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let lower = Id::new().to_string().to_lowercase();
+    for input in [
+        json!({}),
+        json!({ "upload_id": 42 }),
+        json!({ "upload_id": "nope" }),
+        json!({ "upload_id": lower }),
+        json!("x"),
+    ] {
+        let (result, reports) = exec(&deps, space, Id::new(), &spec("digest"), input.clone()).await;
+        assert_permanent(&result, codes::INVALID_INPUT);
+        assert!(reports.is_empty(), "{input}: {reports:?}");
+    }
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn digest_with_storage_or_database_down_is_retryable(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let up = upload(&deps, &space, "text/plain", b"hello").await;
+
+    // S3 unreachable: nothing listens on port 1.
+    let config = aws_config::load_from_env().await;
+    let dead_s3 =
+        aws_sdk_s3::config::Builder::from(&config).endpoint_url("http://127.0.0.1:1").force_path_style(true).build();
+    let no_s3 = ExecDeps { s3: aws_sdk_s3::Client::from_conf(dead_s3), ..deps.clone() };
+    let (result, _) = exec(&no_s3, space, Id::new(), &spec("digest"), json!({ "upload_id": up.id })).await;
+    assert_retryable(&result);
+
+    // Postgres unreachable.
+    let dead_db = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy("postgres://nobody@127.0.0.1:1/nothing")
+        .unwrap();
+    let no_db = ExecDeps { db: dead_db, ..deps.clone() };
+    let (result, _) = exec(&no_db, space, Id::new(), &spec("digest"), json!({ "upload_id": up.id })).await;
+    assert_retryable(&result);
+
+    // And with both back, it works.
+    let (result, _) = exec(&deps, space, Id::new(), &spec("digest"), json!({ "upload_id": up.id })).await;
+    assert_eq!(result.unwrap()["size"], 5);
+}
+
+// ------------------------------------------------------- fetch and http
+
+#[derive(Clone, Default)]
+struct Seen {
+    /// Requests to `/count`: must stay 0 for blocked URLs.
+    hits: Arc<AtomicUsize>,
+    /// Bodies POSTed to `/echo`.
+    posted: Arc<Mutex<Vec<Value>>>,
+}
+
+fn file_bytes() -> Vec<u8> {
+    pattern(200_000, 9)
+}
+
+/// A server on 127.0.0.1 (the one allow-listed address), answering what
+/// each test needs: `(base URL, what it saw)`.
+async fn server() -> (String, Seen) {
+    let seen = Seen::default();
+    let router = Router::new()
+        .route("/file", get(|| async { ([("content-type", "image/png")], file_bytes()) }))
+        .route("/untyped", get(|| async { Response::builder().body(Body::from(&b"no type"[..])).unwrap() }))
+        .route("/missing", get(|| async { (StatusCode::NOT_FOUND, "nothing here") }))
+        .route("/boom", get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "boom") }))
+        .route("/busy", get(|| async { (StatusCode::TOO_MANY_REQUESTS, "slow down") }))
+        .route("/big", get(|| async { vec![b'x'; FETCH_MAX as usize + 1] }))
+        .route(
+            "/count",
+            any(|State(seen): State<Seen>| async move {
+                seen.hits.fetch_add(1, Ordering::SeqCst);
+                "counted"
+            }),
+        )
+        .route(
+            "/echo",
+            post(|State(seen): State<Seen>, body: axum::body::Bytes| async move {
+                let input: Value = serde_json::from_slice(&body).expect("the executor POSTs JSON");
+                seen.posted.lock().unwrap().push(input.clone());
+                axum::Json(json!({ "echo": input, "ok": true }))
+            }),
+        )
+        .route("/fail", post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "internal-db-7.corp is down") }))
+        .route("/reject", post(|| async { (StatusCode::BAD_REQUEST, "secret-upstream-detail") }))
+        .route("/text", post(|| async { "not json at all" }))
+        .route(
+            "/slow",
+            post(|| async {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                axum::Json(json!({ "late": true }))
+            }),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    (format!("http://127.0.0.1:{port}"), seen)
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn fetch_stores_the_body_with_a_working_download_link(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let (base, _) = server().await;
+    let task_id = Id::new();
+    let bytes = file_bytes();
+
+    let before = OffsetDateTime::now_utc();
+    let (result, reports) = exec(&deps, space, task_id, &spec("fetch"), json!({ "url": format!("{base}/file") })).await;
+    let result = result.expect("fetch succeeds");
+    let key = format!("outputs/{}/{task_id}/body", space.to_hex());
+    assert_eq!(key, output_key(&space, task_id));
+    assert_eq!(result["key"], json!(key));
+    assert_eq!(result["size"], json!(bytes.len()));
+    assert_eq!(result["sha256"], json!(sha256_hex(&bytes)));
+    assert_eq!(result["content_type"], "image/png");
+    let fields: Vec<&str> = result.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(fields, ["content_type", "key", "sha256", "size", "url", "url_expires_at"]);
+    assert_progress_runs_0_to_1(&reports);
+    assert!(progress(&reports).len() >= 3, "start, downloaded, stored: {reports:?}");
+    assert!(!logs(&reports).is_empty());
+
+    // What the bucket holds.
+    let stored = deps.s3.get_object().bucket(&deps.bucket).key(&key).send().await.expect("stored");
+    assert_eq!(stored.content_type(), Some("image/png"));
+    let stored = stored.body.collect().await.unwrap().into_bytes();
+    assert_eq!(stored.as_ref(), bytes.as_slice());
+
+    // The presigned GET downloads the same bytes, for 15 minutes.
+    let expires_at = OffsetDateTime::parse(result["url_expires_at"].as_str().unwrap(), &Rfc3339).unwrap();
+    let lifetime = (expires_at - before).whole_seconds();
+    assert!((898..=901).contains(&lifetime), "expires in 900 s, got {lifetime}");
+    let url = result["url"].as_str().unwrap();
+    assert!(url.contains("X-Amz-Expires=900"), "{url}");
+    let download = reqwest::get(url).await.unwrap();
+    assert_eq!(download.status(), 200);
+    let disposition = download.headers().get("content-disposition").map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(disposition.as_deref(), Some("attachment"), "saved, never rendered");
+    let downloaded = download.bytes().await.unwrap();
+    assert_eq!(sha256_hex(&downloaded), sha256_hex(&bytes));
+    assert_eq!(downloaded.as_ref(), bytes.as_slice());
+
+    // A rerun (a redelivered message) overwrites the same key.
+    let (again, _) = exec(&deps, space, task_id, &spec("fetch"), json!({ "url": format!("{base}/file") })).await;
+    assert_eq!(again.unwrap()["key"], json!(key));
+
+    // Without a content type from the remote, the default.
+    let (result, _) = exec(&deps, space, Id::new(), &spec("fetch"), json!({ "url": format!("{base}/untyped") })).await;
+    assert_eq!(result.unwrap()["content_type"], "application/octet-stream");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn fetch_failures_have_stable_codes(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let (base, _) = server().await;
+    let fetch = |input: Value| {
+        let deps = deps.clone();
+        async move { exec(&deps, space, Id::new(), &spec("fetch"), input).await.0 }
+    };
+
+    let message = assert_permanent(&fetch(json!({ "url": format!("{base}/missing") })).await, codes::FETCH_FAILED);
+    assert!(message.contains("404"), "{message}");
+    assert!(!message.contains("nothing here"), "the remote's body is not repeated: {message}");
+    assert_retryable(&fetch(json!({ "url": format!("{base}/boom") })).await);
+    assert_retryable(&fetch(json!({ "url": format!("{base}/busy") })).await);
+    assert_permanent(&fetch(json!({ "url": format!("{base}/big") })).await, codes::TOO_LARGE);
+    assert_permanent(&fetch(json!({ "url": "not a url" })).await, codes::INVALID_URL);
+    assert_permanent(&fetch(json!({})).await, codes::INVALID_INPUT);
+    assert_permanent(&fetch(json!({ "url": 7 })).await, codes::INVALID_INPUT);
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn blocked_urls_fail_before_any_connection(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let (base, seen) = server().await;
+    let port = base.rsplit(':').next().unwrap();
+
+    for url in [
+        "http://10.0.0.1/".to_owned(),
+        "http://169.254.169.254/latest/meta-data/".to_owned(),
+        // These two reach the test server if anything connects.
+        format!("http://0.0.0.0:{port}/count"),
+        format!("http://[::ffff:127.0.0.1]:{port}/count"),
+    ] {
+        let started = Instant::now();
+        let (result, _) = exec(&deps, space, Id::new(), &spec("fetch"), json!({ "url": url })).await;
+        let message = assert_permanent(&result, codes::URL_BLOCKED);
+        // A connection to 10.0.0.1 would hang until the 5 s connect timeout.
+        assert!(started.elapsed() < Duration::from_secs(2), "{url} took {:?}", started.elapsed());
+        assert!(!message.is_empty());
+
+        // The same for an http executor whose endpoint is blocked, and its
+        // message does not name the operator's endpoint.
+        let (result, _) = exec(&deps, space, Id::new(), &http_spec(&url, 5), json!({ "text": "hi" })).await;
+        let message = assert_permanent(&result, codes::URL_BLOCKED);
+        for internal in ["10.0.0.1", "169.254", "0.0.0.0", "ffff", port] {
+            assert!(!message.contains(internal), "{message} names {internal}");
+        }
+    }
+    assert_eq!(seen.hits.load(Ordering::SeqCst), 0, "no blocked URL reached the server");
+
+    // The allow-listed address does get through.
+    let (result, _) = exec(&deps, space, Id::new(), &spec("fetch"), json!({ "url": format!("{base}/count") })).await;
+    assert_eq!(result.unwrap()["size"], 7);
+    assert_eq!(seen.hits.load(Ordering::SeqCst), 1);
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn http_returns_the_endpoints_json(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let (base, seen) = server().await;
+    let input = json!({ "text": "hello", "nested": { "n": [1, 2, 3] } });
+
+    let (result, reports) = exec(&deps, space, Id::new(), &http_spec(&format!("{base}/echo"), 5), input.clone()).await;
+    assert_eq!(result.expect("http succeeds"), json!({ "echo": input, "ok": true }));
+    assert_eq!(*seen.posted.lock().unwrap(), vec![input.clone()], "the endpoint saw the input once");
+    assert_progress_runs_0_to_1(&reports);
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn http_failures_have_stable_codes(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let (base, _) = server().await;
+    let call = |path: &str, timeout_seconds: u32| {
+        let deps = deps.clone();
+        let spec = http_spec(&format!("{base}{path}"), timeout_seconds);
+        async move { exec(&deps, space, Id::new(), &spec, json!({ "text": "hi" })).await.0 }
+    };
+    let port = base.rsplit(':').next().unwrap().to_owned();
+
+    let failed = call("/fail", 5).await;
+    assert_retryable(&failed);
+
+    let message = assert_permanent(&call("/reject", 5).await, codes::EXECUTOR_REJECTED);
+    assert!(message.contains("400"), "{message}");
+    for hidden in ["secret-upstream-detail", "127.0.0.1", &port] {
+        assert!(!message.contains(hidden), "{message} shows {hidden}");
+    }
+
+    let message = assert_permanent(&call("/text", 5).await, codes::BAD_EXECUTOR_RESPONSE);
+    assert!(!message.contains("not json at all"), "{message}");
+
+    // The task's timeout_seconds bounds the call.
+    let started = Instant::now();
+    assert_retryable(&call("/slow", 1).await);
+    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+}

@@ -1,0 +1,81 @@
+//! The relay's watch page in a real browser: headless Chromium loads it with
+//! a task and a token, follows the stream through EventSource, and the page
+//! ends showing `completed` with a full progress bar and the event log.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reeve_shared::auth::{self, SpaceIndex};
+use reeve_shared::http::events::{RelayContext, routes};
+use reeve_shared::ids::Id;
+use reeve_shared::relay::Hub;
+use reeve_shared::tasks::{EventType, append_event};
+use serde_json::json;
+use sqlx::PgPool;
+use time::OffsetDateTime;
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_page_shows_a_task_reach_completed_with_a_full_bar(pool: PgPool) {
+    let space = [5u8; 16];
+    sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')").bind(space).execute(&pool).await.unwrap();
+    let task = Id::new();
+    sqlx::query("INSERT INTO tasks (id, space_idx, kind, input, status) VALUES ($1, $2, 'digest', '{}', 'completed')")
+        .bind(task)
+        .bind(space)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    append_event(&mut conn, task, EventType::Status, &json!({"status": "running"})).await.unwrap();
+    for fraction in [0.25, 0.5, 0.75] {
+        append_event(&mut conn, task, EventType::Progress, &json!({"fraction": fraction})).await.unwrap();
+    }
+    append_event(&mut conn, task, EventType::Log, &json!({"line": "hashing done"})).await.unwrap();
+    append_event(&mut conn, task, EventType::Status, &json!({"status": "completed"})).await.unwrap();
+    drop(conn);
+
+    let key = auth::Secret::new("REEVE_TOKEN_KEY", b"page-test-token-key-page-test-token-key".to_vec()).unwrap();
+    let (token, _) = auth::issue_token(&key, &SpaceIndex::from_array(space), OffsetDateTime::now_utc());
+    let ctx = Arc::new(RelayContext {
+        db: pool,
+        token_key: key,
+        hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
+        keepalive: Duration::from_secs(15),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/#task={task}&token={token}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, routes(ctx)).await.unwrap() });
+
+    let profile = std::env::temp_dir().join(format!("reeve-chromium-{}", Id::new()));
+    let dom = tokio::task::spawn_blocking(move || {
+        let out = Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                &format!("--user-data-dir={}", profile.display()),
+                "--virtual-time-budget=10000",
+                "--dump-dom",
+                &url,
+            ])
+            .output()
+            .expect("chromium is installed by scripts/stack.sh");
+        let _ = std::fs::remove_dir_all(&profile);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+    .await
+    .unwrap();
+
+    assert!(dom.contains(r#"<div id="status">completed</div>"#), "{dom}");
+    assert!(dom.contains(r#"value="1""#), "the bar is full: {dom}");
+    assert!(dom.contains("hashing done"), "the log shows the events: {dom}");
+    assert!(dom.contains("#6 status"), "every event is listed: {dom}");
+}
