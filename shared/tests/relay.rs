@@ -337,3 +337,30 @@ async fn the_cli_follower_ends_with_the_terminal_status_and_every_event_once(poo
     let refused = follow(&http, &relay.base, "forged", task, |_| {}).await;
     assert!(matches!(refused, Err(FollowError::Refused { status: 401, .. })), "{refused:?}");
 }
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_client_that_falls_behind_is_resynchronised_from_postgres(pool: PgPool) {
+    use reeve_shared::relay::stream;
+    let redis_url = common::redis_url();
+    let hub = Hub::start(redis::Client::open(redis_url.as_str()).unwrap());
+    let task = new_task(&pool).await;
+
+    // A client that reads nothing while far more events arrive than the
+    // per-client and per-task buffers hold (64 + 256).
+    let frames = stream::events(pool.clone(), hub.clone(), task, 0).await;
+    let mut frames = Box::pin(frames);
+    progress(&pool, &redis_url, task, 600).await;
+    let n = finish(&pool, &redis_url, task).await;
+
+    let mut ids = Vec::new();
+    let read = async {
+        while let Some(Ok(frame)) = frames.next().await {
+            // axum's SSE event renders as text; its id line is what a client keys on.
+            let text = format!("{frame:?}");
+            let id = text.split("id: ").nth(1).and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()).map(|d| d.parse::<i64>().unwrap());
+            ids.extend(id);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read).await.expect("the stream ends");
+    assert_eq!(ids, (1..=n).collect::<Vec<_>>(), "every event once, in order, despite the lag");
+}
