@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The test command: start the local stack, load .env, run the workspace tests.
+# The test command: start the local stack, load .env, run the workspace tests,
+# then the SAM checks (scripts/sam-check.sh: validate, build, local invoke).
 #   scripts/test.sh [extra cargo test args...]
+# With extra arguments (a filtered run), or REEVE_SKIP_SAM_CHECK=1, the SAM
+# checks are skipped; CI runs it without arguments.
 set -euo pipefail
 LOG_TAG="test"
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh
@@ -11,4 +14,9 @@ timed stack bash scripts/stack.sh up
 load_dev_env
 rc=0
 timed cargo-test cargo test --workspace --locked "$@" || rc=$?
+if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then
+  timed sam-check bash scripts/sam-check.sh || { r=$?; ((rc)) || rc=$r; }
+else
+  log "skipping scripts/sam-check.sh (filtered run or REEVE_SKIP_SAM_CHECK=1)"
+fi
 exit "$rc"

@@ -17,6 +17,7 @@ use reeve_shared::settings::{DATABASE_URL, DEFAULT_CATALOG, Env, QUEUE_URL};
 use reeve_shared::worker::{Poller, WorkerContext};
 use reeve_shared::{db, telemetry};
 
+mod storage;
 mod watch;
 
 #[derive(Parser)]
@@ -60,6 +61,11 @@ enum Command {
         /// The catalog file.
         #[arg(long, env = "REEVE_CATALOG", default_value = DEFAULT_CATALOG)]
         catalog: PathBuf,
+    },
+    /// The S3 bucket: its policy (`reeve storage policy [--apply]`).
+    Storage {
+        #[command(subcommand)]
+        command: storage::StorageCommand,
     },
 }
 
@@ -108,6 +114,7 @@ fn main() -> ExitCode {
         }
         Command::Relay { bind } => runtime().block_on(relay(bind)),
         Command::Work { catalog } => runtime().block_on(work(&catalog)),
+        Command::Storage { command } => runtime().block_on(storage::run(command)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

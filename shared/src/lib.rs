@@ -8,6 +8,8 @@
 //! - [`aws`]: S3 and SQS clients from the standard AWS environment.
 //! - [`spaces`]: creating a Space and opening a session on it.
 //! - [`uploads`]: presigned uploads and the checks on what arrived.
+//! - [`upload_guard`]: settles an upload when S3 reports its object.
+//! - [`storage_policy`]: the bucket policy, generated from the template's parameters.
 //! - [`tasks`]: creating tasks, idempotency, the queue, snapshots.
 //! - [`x402`]: payment requirements for priced tasks.
 //! - [`worker`]: claiming queued tasks, running them, recording the outcome.
@@ -34,8 +36,10 @@ pub mod redis_client;
 pub mod relay;
 pub mod settings;
 pub mod spaces;
+pub mod storage_policy;
 pub mod tasks;
 pub mod telemetry;
+pub mod upload_guard;
 pub mod uploads;
 pub mod worker;
 pub mod x402;

@@ -81,9 +81,12 @@ impl ApiContext {
     /// Reads the catalog and the environment, reporting the problems of both
     /// together, then opens the stores.
     pub async fn from_env(catalog: &Path, connect: Connect) -> Result<Ctx, StartupError> {
-        let (catalog, settings) = match (Catalog::load(catalog), ApiSettings::from_env()) {
-            (Ok(c), Ok(s)) => (c, s),
-            (c, s) => {
+        // The deployment may lower the catalog's upload limit (the template's
+        // `UploadMaxBytes`), for presign and the upload guard alike.
+        let cap = crate::upload_guard::upload_limit_from(&crate::settings::Env::process());
+        let (mut catalog, settings, cap) = match (Catalog::load(catalog), ApiSettings::from_env(), cap) {
+            (Ok(c), Ok(s), Ok(cap)) => (c, s, cap),
+            (c, s, cap) => {
                 let mut problems = Vec::new();
                 if let Err(e) = c {
                     problems.push(e.to_string());
@@ -91,9 +94,13 @@ impl ApiContext {
                 if let Err(e) = s {
                     problems.extend(e.problems);
                 }
+                if let Err(e) = cap {
+                    problems.push(e);
+                }
                 return Err(StartupError::Config(problems));
             }
         };
+        catalog.uploads.max_bytes = crate::upload_guard::effective_max_bytes(&catalog.uploads, cap);
         let db = match connect {
             Connect::Now => db::connect(&settings.database_url).await?,
             Connect::Lazily => db::connect_lazy(&settings.database_url)?,

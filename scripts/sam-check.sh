@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# The SAM checks (issue 6, DESIGN §13-14), run by scripts/test.sh after the
+# cargo tests:
+#
+#   validate  sam validate --lint (offline: cfn-lint and the SAM translator)
+#   build     sam build: every function with cargo lambda + zig, release;
+#             prints the size of every bootstrap
+#   invoke    sam local invoke of every function with its events/ file
+#             against the local stack, checking each answer (INVOKES below)
+#
+#   scripts/sam-check.sh [validate|build|invoke ...]    (default: all three)
+#
+# `invoke` needs Docker: Debian's docker.io and a dockerd started here
+# (scripts/lib/docker.sh), and the stand-in base image
+# reeve/lambda-base:local (scripts/lambda-base-image.sh), since no image can
+# be pulled. The functions reach Postgres, Redis, S3 and SQS on 127.0.0.1
+# through host networking (scripts/lib/sam_host_network.py) with the values
+# of .env, passed as an --env-vars file written at run time under .stack/.
+set -euo pipefail
+LOG_TAG="sam-check"
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+# shellcheck source-path=SCRIPTDIR source=lib/docker.sh
+. "$ROOT/scripts/lib/docker.sh"
+cd "$ROOT"
+
+BUILD_DIR="$ROOT/.aws-sam/build"
+WORK_DIR="$STACK_DIR/sam"
+BASE_IMAGE="reeve/lambda-base:local"
+
+# Every function of template.yaml, its event file (events/<name>.json) and
+# what it must answer: an HTTP status code, or `ok` for an event function
+# that must finish without an error. shared/tests/template.rs checks that
+# this table covers every function and every event file.
+INVOKES=(
+  "AuthFunction        auth-create-space  201"
+  "AuthFunction        auth-open-session  401"
+  "CatalogFunction     catalog            200"
+  "PresignFunction     presign            401"
+  "TaskCreateFunction  task-create        401"
+  "TaskStatusFunction  task-status        401"
+  "WorkerFunction      sqs-digest         ok"
+  "WorkerFunction      sqs-malformed      ok"
+  "UploadGuardFunction s3-upload-guard    ok"
+)
+
+sam_cli() { SAM_CLI_TELEMETRY=0 sam "$@"; }
+
+phase_validate() {
+  sam_cli validate --lint
+}
+
+phase_build() {
+  # Heavy (a release build of the workspace): keep it from starving the rest.
+  nice -n 19 env SAM_CLI_TELEMETRY=0 sam build
+  log "built bootstraps:"
+  local f n total=0
+  for f in "$BUILD_DIR"/*/bootstrap; do
+    n=$(stat -c %s "$f")
+    total=$((total + n))
+    printf '  %-22s %10s bytes  %6s\n' "$(basename "$(dirname "$f")")" "$n" "$(numfmt --to=iec "$n")" >&2
+  done
+  printf '  %-22s %10s bytes  %6s\n' total "$total" "$(numfmt --to=iec "$total")" >&2
+}
+
+# The built template, plus the SDK's endpoint variables: `sam local` passes a
+# function only the variables its template declares (and AWS_* credentials),
+# and the deployed template has no business naming local endpoints.
+write_local_template() {
+  "$VENV_DIR/bin/python" - "$BUILD_DIR/template.yaml" "$BUILD_DIR/template.local.yaml" <<'PY'
+import sys
+from samcli.yamlhelper import yaml_dump, yaml_parse
+src, dst = sys.argv[1], sys.argv[2]
+with open(src) as f:
+    template = yaml_parse(f.read())
+for resource in template["Resources"].values():
+    if resource.get("Type") != "AWS::Serverless::Function":
+        continue
+    props = resource.setdefault("Properties", {})
+    variables = props.setdefault("Environment", {}).setdefault("Variables", {})
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SQS"):
+        variables.setdefault(name, "")
+with open(dst, "w") as f:
+    f.write(yaml_dump(template))
+PY
+}
+
+# .env as a sam --env-vars file (for every function). REEVE_CATALOG is the
+# template's /opt/reeve.toml, the catalog layer: it must also win over the
+# shell's (relative) value, which sam would pass on otherwise.
+write_env_vars() {
+  (umask 077 && "$VENV_DIR/bin/python" - "$ENV_FILE" "$WORK_DIR/env.json" <<'PY'
+import json, sys
+values = {}
+with open(sys.argv[1]) as f:
+    for line in f:
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        name, value = line.split("=", 1)
+        values[name] = value
+values["REEVE_CATALOG"] = "/opt/reeve.toml"
+with open(sys.argv[2], "w") as f:
+    json.dump({"Parameters": values}, f)
+PY
+  )
+}
+
+# Checks one invoke's output: the last JSON line on stdout.
+check_answer() {
+  "$VENV_DIR/bin/python" - "$1" "$2" <<'PY'
+import json, sys
+out, expect = sys.argv[1], sys.argv[2]
+lines = [l for l in open(out).read().splitlines() if l.strip()]
+try:
+    answer = json.loads(lines[-1])
+except (IndexError, ValueError):
+    print("no JSON answer on stdout")
+    sys.exit(1)
+if isinstance(answer, dict) and ("errorType" in answer or "errorMessage" in answer):
+    print(f"the function failed: {answer}")
+    sys.exit(1)
+if expect == "ok":
+    print("ok: " + json.dumps(answer)[:160])
+    sys.exit(0)
+status = answer.get("statusCode") if isinstance(answer, dict) else None
+if status != int(expect):
+    print(f"expected statusCode {expect}, got {status}: {json.dumps(answer)[:300]}")
+    sys.exit(1)
+body = (answer.get("body") or "")[:120]
+print(f"{status} {body}")
+PY
+}
+
+phase_invoke() {
+  [[ -f $BUILD_DIR/template.yaml ]] || die "no $BUILD_DIR/template.yaml: run the build phase first"
+  mkdir -p "$WORK_DIR"
+  timed docker ensure_docker
+  timed base-image bash "$ROOT/scripts/lambda-base-image.sh" "$BASE_IMAGE"
+  # The functions use the stack's database: it needs the schema.
+  timed migrate cargo run -q --locked -p reeve-cli --bin reeve -- migrate >&2
+  write_local_template
+  write_env_vars
+  local failed=0 line fn event expect out err verdict t0
+  for line in "${INVOKES[@]}"; do
+    read -r fn event expect <<<"$line"
+    out="$WORK_DIR/$event.out" err="$WORK_DIR/$event.log"
+    t0=$SECONDS
+    if ! "$VENV_DIR/bin/python" "$ROOT/scripts/lib/sam_host_network.py" local invoke "$fn" \
+          --template "$BUILD_DIR/template.local.yaml" \
+          --event "events/$event.json" \
+          --env-vars "$WORK_DIR/env.json" \
+          --docker-network host \
+          --invoke-image "$BASE_IMAGE" --skip-pull-image \
+          --region "${AWS_REGION:-us-east-1}" \
+          </dev/null >"$out" 2>"$err"; then
+      log "FAIL $fn $event: sam local invoke exited non-zero; last lines of $err:"
+      tail -n 20 "$err" >&2
+      failed=1
+      continue
+    fi
+    if verdict=$(check_answer "$out" "$expect"); then
+      log "ok   $fn $event ($((SECONDS - t0))s): $verdict"
+    else
+      log "FAIL $fn $event: $verdict; last lines of $err:"
+      tail -n 20 "$err" >&2
+      failed=1
+    fi
+  done
+  ((failed == 0)) || die "some sam local invokes failed (logs in $WORK_DIR)"
+}
+
+main() {
+  load_dev_env
+  local phases=("$@")
+  ((${#phases[@]})) || phases=(validate build invoke)
+  local p
+  for p in "${phases[@]}"; do
+    case $p in
+      validate | build | invoke) timed "sam-$p" "phase_$p" ;;
+      *) die "unknown phase $p (validate, build, invoke)" ;;
+    esac
+  done
+}
+
+main "$@"

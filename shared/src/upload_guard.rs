@@ -1,0 +1,351 @@
+//! The upload guard (DESIGN §6.2): S3 reports every object created under the
+//! upload prefix, and the guard settles the upload it belongs to.
+//!
+//! - No upload has that key: the object is deleted (nobody was promised it).
+//! - The upload is `pending`: a HEAD of the object decides. The declared size
+//!   and type, within the upload limit, mark it `uploaded`; anything else
+//!   deletes the object and marks it `rejected`. Both updates are conditional
+//!   on `status = 'pending'`, so a concurrent task create's decision stands.
+//! - The upload is `rejected`: the object is deleted again (a replayed PUT).
+//! - The upload is `uploaded` or `consumed`: task create's own HEAD (or an
+//!   earlier delivery of this event) got there first. The object is left
+//!   alone when it still matches its declaration, since a task may be reading
+//!   it, and deleted when it does not; the row is not changed either way
+//!   (the worker HEADs it again before use).
+//!
+//! Correctness never depends on the guard having run: it only cleans up
+//! early. Errors reaching S3 or Postgres are returned, so Lambda retries the
+//! whole event; every step is idempotent.
+
+use aws_lambda_events::event::s3::{S3Event, S3EventRecord};
+use aws_sdk_s3::error::DisplayErrorContext;
+use sqlx::PgPool;
+use time::OffsetDateTime;
+
+use crate::catalog::{self, Catalog};
+use crate::ids::Id;
+use crate::settings::{self, Env};
+use crate::uploads::{self, ObjectState, UploadError, UploadRow, UploadStatus};
+
+/// The template's `UploadMaxBytes`: an upper bound on the catalog's
+/// `uploads.max_bytes`, for presign and the guard alike. Optional.
+pub const UPLOAD_MAX_BYTES: &str = "REEVE_UPLOAD_MAX_BYTES";
+
+/// What the guard did with one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The object matches a pending upload, which is now `uploaded`.
+    Accepted,
+    /// The object did not match its pending upload: deleted, upload `rejected`.
+    Rejected { size: Option<i64>, content_type: Option<String> },
+    /// No upload has this key: the object was deleted.
+    DeletedUnknown,
+    /// The upload was already `rejected`: the object was deleted again.
+    DeletedRejected,
+    /// The upload was already decided (`uploaded`/`consumed`) and the object
+    /// still matches it: left alone.
+    AlreadySettled(UploadStatus),
+    /// The upload was already decided, but this object no longer matches:
+    /// deleted, the row left as it was.
+    DeletedMismatch(UploadStatus),
+    /// The object is gone already (deleted or expired before we looked).
+    Missing,
+    /// Not an object-created event, or another bucket's: nothing done.
+    Ignored(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+impl From<UploadError> for GuardError {
+    fn from(e: UploadError) -> Self {
+        match e {
+            UploadError::Db(e) => GuardError::Db(e),
+            other => GuardError::Storage(other.to_string()),
+        }
+    }
+}
+
+/// What the guard needs: Postgres, S3, the bucket it watches and the limit.
+#[derive(Clone, Debug)]
+pub struct Guard {
+    pub db: PgPool,
+    pub s3: aws_sdk_s3::Client,
+    pub bucket: String,
+    /// The largest object any upload may have (the catalog's `max_bytes`,
+    /// capped by [`UPLOAD_MAX_BYTES`]).
+    pub max_bytes: u64,
+}
+
+/// The guard's configuration from the environment and the catalog, with
+/// every problem of both reported together.
+#[derive(Debug, Clone)]
+pub struct GuardSettings {
+    pub database_url: String,
+    pub bucket: String,
+    pub max_bytes: u64,
+}
+
+impl GuardSettings {
+    pub fn from_env() -> Result<Self, Vec<String>> {
+        let catalog = Catalog::load(&settings::catalog_path());
+        let mut env = Env::process();
+        let database_url = env.required(settings::DATABASE_URL);
+        let bucket = env.required(settings::BUCKET);
+        let cap = upload_limit_from(&env);
+        let mut problems = match env.finish() {
+            Ok(()) => Vec::new(),
+            Err(e) => e.problems,
+        };
+        let cap = cap.unwrap_or_else(|e| {
+            problems.push(e);
+            None
+        });
+        let catalog = catalog.map_err(|e| problems.push(e.to_string())).ok();
+        match catalog {
+            Some(catalog) if problems.is_empty() => {
+                Ok(GuardSettings { database_url, bucket, max_bytes: effective_max_bytes(&catalog.uploads, cap) })
+            }
+            _ => Err(problems),
+        }
+    }
+}
+
+/// [`UPLOAD_MAX_BYTES`] from `env`: `None` when unset, an error naming the
+/// variable when it is not a positive integer.
+pub fn upload_limit_from<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Option<u64>, String> {
+    let Some(raw) = env.optional(UPLOAD_MAX_BYTES) else { return Ok(None) };
+    match raw.trim().parse::<u64>() {
+        Ok(n) if n > 0 => Ok(Some(n)),
+        _ => Err(format!("{UPLOAD_MAX_BYTES} must be a positive integer (bytes), got {raw:?}")),
+    }
+}
+
+/// The catalog's `max_bytes`, lowered to the deployment's cap if it has one.
+pub fn effective_max_bytes(uploads: &catalog::Uploads, cap: Option<u64>) -> u64 {
+    cap.map_or(uploads.max_bytes, |cap| cap.min(uploads.max_bytes))
+}
+
+/// Decodes an S3 event key: S3 sends it URL-encoded, with `+` for a space.
+/// Invalid escapes are kept as they are.
+pub fn decode_key(raw: &str) -> String {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => match (hex_val(bytes.get(i + 1)), hex_val(bytes.get(i + 2))) {
+                (Some(high), Some(low)) => {
+                    out.push(high << 4 | low);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex_val(b: Option<&u8>) -> Option<u8> {
+    match *b? {
+        c @ b'0'..=b'9' => Some(c - b'0'),
+        c @ b'a'..=b'f' => Some(c - b'a' + 10),
+        c @ b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+type RawRow = (Id, Vec<u8>, String, String, String, i64, String, OffsetDateTime);
+
+/// The upload whose object has `key`, of any space.
+pub async fn find_by_key(db: &PgPool, key: &str) -> Result<Option<UploadRow>, sqlx::Error> {
+    let row: Option<RawRow> = sqlx::query_as(
+        "SELECT id, space_idx, key, filename, content_type, size, status, created_at
+           FROM uploads WHERE key = $1",
+    )
+    .bind(key)
+    .fetch_optional(db)
+    .await?;
+    row.map(UploadRow::try_from).transpose()
+}
+
+impl Guard {
+    /// For the Lambda's `main`: the guard from `REEVE_CATALOG` and the
+    /// environment, connecting to Postgres on first use. Every problem is
+    /// logged at once and the init fails (as [`crate::http::ApiContext::for_lambda`]).
+    pub async fn for_lambda() -> Guard {
+        let settings = match GuardSettings::from_env() {
+            Ok(settings) => settings,
+            Err(problems) => {
+                tracing::error!("cannot start: {}", problems.join("; "));
+                std::process::exit(1);
+            }
+        };
+        let db = match crate::db::connect_lazy(&settings.database_url) {
+            Ok(db) => db,
+            Err(e) => {
+                tracing::error!("cannot start: {e}");
+                std::process::exit(1);
+            }
+        };
+        let s3 = crate::aws::AwsClients::from_env().await.s3;
+        Guard { db, s3, bucket: settings.bucket, max_bytes: settings.max_bytes }
+    }
+
+    /// Settles every record of `event`. All records are tried; if any failed,
+    /// the first error is returned (after logging each) so Lambda retries the
+    /// event, and the records already settled settle the same way again.
+    pub async fn handle(&self, event: &S3Event) -> Result<Vec<(String, Outcome)>, GuardError> {
+        let mut outcomes = Vec::with_capacity(event.records.len());
+        let mut first_error = None;
+        for record in &event.records {
+            let key = record.s3.object.key.as_deref().map(decode_key).unwrap_or_default();
+            match self.handle_record(record).await {
+                Ok(outcome) => {
+                    tracing::info!(key = %key, outcome = ?outcome, "upload guard");
+                    outcomes.push((key, outcome));
+                }
+                Err(e) => {
+                    tracing::error!(key = %key, error = %e, "upload guard failed; the event will be retried");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(outcomes),
+        }
+    }
+
+    pub async fn handle_record(&self, record: &S3EventRecord) -> Result<Outcome, GuardError> {
+        let name = record.event_name.as_deref().unwrap_or_default();
+        if !name.starts_with("ObjectCreated:") && !name.starts_with("s3:ObjectCreated:") {
+            return Ok(Outcome::Ignored(format!("event {name:?}")));
+        }
+        let bucket = record.s3.bucket.name.as_deref().unwrap_or_default();
+        if bucket != self.bucket {
+            return Ok(Outcome::Ignored(format!("bucket {bucket:?} is not {:?}", self.bucket)));
+        }
+        let Some(raw) = record.s3.object.key.as_deref().filter(|k| !k.is_empty()) else {
+            return Ok(Outcome::Ignored("no object key".to_owned()));
+        };
+        self.settle(&decode_key(raw)).await
+    }
+
+    /// Settles the object under `key` (already decoded).
+    pub async fn settle(&self, key: &str) -> Result<Outcome, GuardError> {
+        let Some(row) = find_by_key(&self.db, key).await? else {
+            self.delete(key).await?;
+            return Ok(Outcome::DeletedUnknown);
+        };
+        let state = uploads::check_object(&self.s3, &self.bucket, &row).await?;
+        let over_limit = row.size > self.max_bytes;
+        match (row.status, state) {
+            (_, ObjectState::Missing) => Ok(Outcome::Missing),
+            (UploadStatus::Rejected, _) => {
+                self.delete(key).await?;
+                Ok(Outcome::DeletedRejected)
+            }
+            (status @ (UploadStatus::Uploaded | UploadStatus::Consumed), ObjectState::Matches) => {
+                Ok(Outcome::AlreadySettled(status))
+            }
+            (status @ (UploadStatus::Uploaded | UploadStatus::Consumed), ObjectState::Differs { .. }) => {
+                self.delete(key).await?;
+                Ok(Outcome::DeletedMismatch(status))
+            }
+            (UploadStatus::Pending, ObjectState::Matches) if !over_limit => {
+                let updated = sqlx::query(
+                    "UPDATE uploads SET status = 'uploaded', updated_at = now() WHERE id = $1 AND status = 'pending'",
+                )
+                .bind(row.id)
+                .execute(&self.db)
+                .await?;
+                if updated.rows_affected() == 1 {
+                    Ok(Outcome::Accepted)
+                } else {
+                    // Decided meanwhile (task create's HEAD): settle against that.
+                    Box::pin(self.settle(key)).await
+                }
+            }
+            (UploadStatus::Pending, state) => {
+                let (size, content_type) = match state {
+                    ObjectState::Differs { size, content_type } => (size, content_type),
+                    // Matches its declaration, but the declaration is over
+                    // the limit (the limit was lowered after presigning).
+                    _ => (i64::try_from(row.size).ok(), Some(row.content_type.clone())),
+                };
+                tracing::warn!(
+                    upload_id = %row.id, declared_size = row.size, declared_type = %row.content_type,
+                    max_bytes = self.max_bytes, ?size, ?content_type, "upload differs from its declaration; rejecting it"
+                );
+                // Mark first, so the upload can never be accepted, then delete.
+                sqlx::query(
+                    "UPDATE uploads SET status = 'rejected', updated_at = now() WHERE id = $1 AND status = 'pending'",
+                )
+                .bind(row.id)
+                .execute(&self.db)
+                .await?;
+                self.delete(key).await?;
+                Ok(Outcome::Rejected { size, content_type })
+            }
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), GuardError> {
+        self.s3
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| GuardError::Storage(format!("DELETE {key}: {}", DisplayErrorContext(&e))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_url_decoded() {
+        assert_eq!(decode_key("incoming/tasks/ab/01J/my+file%281%29.txt"), "incoming/tasks/ab/01J/my file(1).txt");
+        assert_eq!(decode_key("a%2Fb%3Dc"), "a/b=c");
+        assert_eq!(decode_key("caf%C3%A9"), "café");
+        // Broken escapes are kept, not dropped.
+        assert_eq!(decode_key("50%"), "50%");
+        assert_eq!(decode_key("50%zz"), "50%zz");
+        assert_eq!(decode_key("x%4"), "x%4");
+        assert_eq!(decode_key("plain-name_1.bin"), "plain-name_1.bin");
+    }
+
+    #[test]
+    fn the_deployment_cap_only_lowers_the_limit() {
+        let uploads = catalog::Uploads { max_bytes: 1000, ..Default::default() };
+        assert_eq!(effective_max_bytes(&uploads, None), 1000);
+        assert_eq!(effective_max_bytes(&uploads, Some(10)), 10);
+        assert_eq!(effective_max_bytes(&uploads, Some(5000)), 1000);
+    }
+
+    #[test]
+    fn a_bad_cap_is_reported_by_name() {
+        let env = Env::new(|name| (name == UPLOAD_MAX_BYTES).then(|| "lots".to_owned()));
+        let err = upload_limit_from(&env).unwrap_err();
+        assert!(err.contains(UPLOAD_MAX_BYTES), "{err}");
+        let env = Env::new(|name| (name == UPLOAD_MAX_BYTES).then(|| "0".to_owned()));
+        assert!(upload_limit_from(&env).is_err());
+        let env = Env::new(|name| (name == UPLOAD_MAX_BYTES).then(|| " 2048 ".to_owned()));
+        assert_eq!(upload_limit_from(&env), Ok(Some(2048)));
+        let env = Env::new(|_| None);
+        assert_eq!(upload_limit_from(&env), Ok(None));
+    }
+}

@@ -1,0 +1,406 @@
+//! `template.yaml` against the code it deploys, without a YAML parser: the
+//! template is read as text, by its (consistent, two-space) indentation.
+//!
+//! - every function in the template has a crate under `functions/` and an
+//!   event under `events/`, and vice versa, and `scripts/sam-check.sh`
+//!   invokes each function with each of its events;
+//! - the environment variable names the template sets are exactly the names
+//!   the code reads;
+//! - the bucket policy is exactly `storage_policy`'s statements;
+//! - the queue, worker, API and relay settings the design depends on.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use reeve_shared::storage_policy::{self, PolicyParams, Rule};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn read(path: &str) -> String {
+    fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn template() -> String {
+    read("template.yaml")
+}
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// The lines of the top-level section `name:` (e.g. `Resources`).
+fn section<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    let header = format!("{name}:");
+    text.lines()
+        .skip_while(|l| l.trim_end() != header)
+        .skip(1)
+        .take_while(|l| l.trim().is_empty() || l.starts_with(' ') || l.starts_with('#'))
+        .collect()
+}
+
+/// The entries of a section, split at two-space indentation: name → body.
+fn entries(lines: &[&str]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<(String, String)> = None;
+    for line in lines {
+        if indent(line) == 2 && line.trim_end().ends_with(':') && !line.trim_start().starts_with('#') {
+            if let Some((name, body)) = current.take() {
+                out.insert(name, body);
+            }
+            current = Some((line.trim().trim_end_matches(':').to_owned(), String::new()));
+        } else if let Some((_, body)) = current.as_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    if let Some((name, body)) = current {
+        out.insert(name, body);
+    }
+    out
+}
+
+fn resources() -> BTreeMap<String, String> {
+    entries(&section(&template(), "Resources"))
+}
+
+/// The value of the first `key: value` line (any indentation) in `body`.
+fn value_of<'a>(body: &'a str, key: &str) -> Option<&'a str> {
+    let prefix = format!("{key}:");
+    body.lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().trim_matches('"'))
+}
+
+/// Template functions: logical id → binary.
+fn template_functions() -> BTreeMap<String, String> {
+    resources()
+        .into_iter()
+        .filter(|(_, body)| value_of(body, "Type") == Some("AWS::Serverless::Function"))
+        .map(|(name, body)| {
+            assert_eq!(value_of(&body, "BuildMethod"), Some("rust-cargolambda"), "{name}: BuildMethod");
+            let binary = value_of(&body, "Binary").unwrap_or_else(|| panic!("{name} has no Binary")).to_owned();
+            (name, binary)
+        })
+        .collect()
+}
+
+/// Crates under `functions/` that run as Lambdas: binary name → crate dir.
+/// (`functions/relay` is the Fargate relay, not a Lambda.)
+fn lambda_crates() -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for entry in fs::read_dir(root().join("functions")).unwrap() {
+        let dir = entry.unwrap().path();
+        let Ok(main) = fs::read_to_string(dir.join("src/main.rs")) else { continue };
+        if !main.contains("lambda_http::run") && !main.contains("lambda_runtime::run") {
+            continue;
+        }
+        let manifest = fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        let bin = manifest
+            .split("[[bin]]")
+            .nth(1)
+            .and_then(|s| {
+                s.lines().find_map(|l| l.trim().strip_prefix("name").and_then(|v| v.trim().strip_prefix('=')))
+            })
+            .map(|v| v.trim().trim_matches('"').to_owned())
+            .unwrap_or_else(|| panic!("{} has no [[bin]] name", dir.display()));
+        out.insert(bin, dir.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    out
+}
+
+/// Event files by the source they imitate, for the functions no route names.
+const EVENT_SOURCES: &[(&str, &str)] = &[("sqs-", "worker"), ("s3-", "upload-guard")];
+
+fn event_stems() -> BTreeSet<String> {
+    fs::read_dir(root().join("events"))
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().unwrap().strip_suffix(".json").map(str::to_owned))
+        .collect()
+}
+
+/// The binary an event file belongs to: `auth-open-session` → `auth`,
+/// `task-create` → `task-create`, `sqs-digest` → `worker`.
+fn function_of_event(stem: &str, binaries: &BTreeSet<String>) -> Option<String> {
+    if let Some((_, f)) = EVENT_SOURCES.iter().find(|(prefix, _)| stem.starts_with(prefix)) {
+        return Some((*f).to_owned());
+    }
+    binaries.iter().filter(|b| stem == b.as_str() || stem.starts_with(&format!("{b}-"))).max_by_key(|b| b.len()).cloned()
+}
+
+#[test]
+fn every_function_has_a_crate_and_an_event_and_back() {
+    let functions = template_functions();
+    let binaries: BTreeSet<String> = functions.values().cloned().collect();
+    assert_eq!(functions.len(), binaries.len(), "two template functions build the same binary: {functions:?}");
+    let crates = lambda_crates();
+    let crate_bins: BTreeSet<String> = crates.keys().cloned().collect();
+    assert_eq!(binaries, crate_bins, "template functions (left) and Lambda crates under functions/ (right) differ");
+    for (bin, dir) in &crates {
+        assert_eq!(bin, dir, "functions/{dir} builds `{bin}`: name the crate directory after its binary");
+    }
+    let events = event_stems();
+    for bin in &binaries {
+        assert!(
+            events.iter().any(|e| function_of_event(e, &binaries).as_deref() == Some(bin)),
+            "{bin} has no event in events/"
+        );
+    }
+    for event in &events {
+        assert!(function_of_event(event, &binaries).is_some(), "events/{event}.json belongs to no template function");
+    }
+}
+
+#[test]
+fn sam_check_invokes_every_function_with_every_event() {
+    let script = read("scripts/sam-check.sh");
+    let functions = template_functions();
+    let binaries: BTreeSet<String> = functions.values().cloned().collect();
+    let table: Vec<(String, String, String)> = script
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with('"') && l.contains("Function"))
+        .map(|l| {
+            let fields: Vec<&str> = l.trim_matches('"').split_whitespace().collect();
+            assert_eq!(fields.len(), 3, "bad INVOKES line {l}");
+            (fields[0].to_owned(), fields[1].to_owned(), fields[2].to_owned())
+        })
+        .collect();
+    let invoked: BTreeSet<&String> = table.iter().map(|(f, ..)| f).collect();
+    let declared: BTreeSet<&String> = functions.keys().collect();
+    assert_eq!(invoked, declared, "sam-check.sh INVOKES (left) and the template's functions (right) differ");
+    let invoked_events: BTreeSet<String> = table.iter().map(|(_, e, _)| e.clone()).collect();
+    assert_eq!(invoked_events, event_stems(), "sam-check.sh INVOKES (left) and events/ (right) differ");
+    for (function, event, expect) in &table {
+        let bin = &functions[function];
+        assert_eq!(function_of_event(event, &binaries).as_ref(), Some(bin), "{event} is not {function}'s event");
+        assert!(expect == "ok" || expect.parse::<u16>().is_ok(), "{function} {event}: expectation {expect}");
+    }
+}
+
+/// Names the code reads that the template leaves alone, and why.
+const NOT_SET_BY_THE_TEMPLATE: &[(&str, &str)] = &[
+    ("REEVE_LOG_FORMAT", "Lambda and Fargate always log JSON"),
+    ("REEVE_OUTBOUND_ALLOW_HTTP", "a development setting: production is HTTPS-only"),
+];
+
+/// Environment variable names the code reads: every string literal that is
+/// such a name, outside tests, in `shared/src` and the function crates.
+fn names_read_by_the_code() -> BTreeSet<String> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root().join("shared/src")];
+    for entry in fs::read_dir(root().join("functions")).unwrap() {
+        dirs.push(entry.unwrap().path().join("src"));
+    }
+    while let Some(dir) = dirs.pop() {
+        let Ok(listing) = fs::read_dir(&dir) else { continue };
+        for entry in listing {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let mut names = BTreeSet::new();
+    for file in files {
+        let text = fs::read_to_string(&file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for literal in code.split('"').skip(1).step_by(2) {
+            let is_name = literal.starts_with("REEVE_") || literal == "DATABASE_URL" || literal == "REDIS_URL";
+            if is_name && literal.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') {
+                names.insert(literal.to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// Names the template sets: Lambda `Variables:` keys and ECS `- Name:`s.
+fn names_set_by_the_template() -> BTreeSet<String> {
+    let text = template();
+    let mut names = BTreeSet::new();
+    let mut in_variables: Option<usize> = None;
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if let Some(depth) = in_variables {
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                continue;
+            }
+            if indent(line) > depth {
+                if let Some((key, _)) = trimmed.split_once(':') {
+                    names.insert(key.trim().to_owned());
+                }
+                continue;
+            }
+            in_variables = None;
+        }
+        if trimmed == "Variables:" {
+            in_variables = Some(indent(line));
+        } else if let Some(name) = trimmed.strip_prefix("- Name:") {
+            let name = name.trim();
+            if name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn the_template_sets_exactly_the_variables_the_code_reads() {
+    let read_by_code = names_read_by_the_code();
+    for required in ["REEVE_PEPPER", "REEVE_TOKEN_KEY", "DATABASE_URL", "REDIS_URL", "REEVE_BUCKET", "REEVE_QUEUE_URL"] {
+        assert!(read_by_code.contains(required), "the scan missed {required}: {read_by_code:?}");
+    }
+    let exempt: BTreeSet<String> = NOT_SET_BY_THE_TEMPLATE.iter().map(|(n, _)| n.to_string()).collect();
+    for name in &exempt {
+        assert!(read_by_code.contains(name), "{name} is exempt but no code reads it any more");
+    }
+    let expected: BTreeSet<String> = read_by_code.difference(&exempt).cloned().collect();
+    let set = names_set_by_the_template();
+    let missing: Vec<&String> = expected.difference(&set).collect();
+    let unknown: Vec<&String> = set.difference(&expected).collect();
+    assert!(missing.is_empty(), "read by the code but never set by template.yaml: {missing:?}");
+    assert!(unknown.is_empty(), "set by template.yaml but read by no code (typo?): {unknown:?}");
+}
+
+#[test]
+fn the_settings_constants_are_all_set() {
+    // settings.rs is the config loader: each of its names must be in the template.
+    let settings = read("shared/src/settings.rs");
+    let set = names_set_by_the_template();
+    for line in settings.lines().filter(|l| l.starts_with("pub const") && l.contains("&str")) {
+        let name = line.split('"').nth(1).unwrap();
+        if name.ends_with(".toml") {
+            continue; // DEFAULT_CATALOG, a file name
+        }
+        assert!(set.contains(name), "settings.rs reads {name}; template.yaml never sets it");
+    }
+}
+
+/// `{"Fn::Sub": "…"}` with the template's values substituted.
+fn substitute(value: &mut Value, vars: &BTreeMap<&str, &str>) {
+    match value {
+        Value::Object(map) if map.len() == 1 && map.contains_key("Fn::Sub") => {
+            let mut text = map["Fn::Sub"].as_str().expect("Fn::Sub of a string").to_owned();
+            for (name, v) in vars {
+                text = text.replace(&format!("${{{name}}}"), v);
+            }
+            assert!(!text.contains("${"), "unsubstituted variable in {text}");
+            *value = Value::String(text);
+        }
+        Value::Object(map) => map.values_mut().for_each(|v| substitute(v, vars)),
+        Value::Array(items) => items.iter_mut().for_each(|v| substitute(v, vars)),
+        _ => {}
+    }
+}
+
+/// The JSON object after `key:` in `body` (matching braces).
+fn json_after(body: &str, key: &str) -> Value {
+    let start = body.find(&format!("{key}:")).unwrap_or_else(|| panic!("no {key}"));
+    let open = start + body[start..].find('{').unwrap();
+    let mut depth = 0;
+    let mut in_string = false;
+    for (i, c) in body[open..].char_indices() {
+        match c {
+            '"' => in_string = !in_string,
+            '{' if !in_string => depth += 1,
+            '}' if !in_string => {
+                depth -= 1;
+                if depth == 0 {
+                    let json = &body[open..=open + i];
+                    return serde_json::from_str(json).unwrap_or_else(|e| panic!("{key} is not strict JSON: {e}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    panic!("{key}: unbalanced braces")
+}
+
+#[test]
+fn the_bucket_policy_is_storage_policy_s() {
+    let resources = resources();
+    let body = &resources["UploadBucketPolicy"];
+    let mut policy = json_after(body, "PolicyDocument");
+    let parameters = entries(&section(&template(), "Parameters"));
+    let upload_prefix = value_of(&parameters["UploadPrefix"], "Default").unwrap().to_owned();
+    let vars = BTreeMap::from([
+        ("AWS::Partition", "aws"),
+        ("UploadBucket", "reeve-test-bucket"),
+        ("UploadPrefix", upload_prefix.as_str()),
+    ]);
+    substitute(&mut policy, &vars);
+    let params = PolicyParams { upload_prefix: upload_prefix.clone(), ..PolicyParams::new("reeve-test-bucket") };
+    let generated = storage_policy::document(&params, &Rule::ALL).unwrap();
+    assert_eq!(policy, generated, "template.yaml's bucket policy and storage_policy::document differ");
+    let uses_size_key = template()
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .any(|l| l.to_ascii_lowercase().contains("s3:content-length"));
+    assert!(!uses_size_key, "S3 has no s3:content-length condition key");
+}
+
+#[test]
+fn queue_worker_api_and_relay_settings() {
+    let resources = resources();
+    let worker = &resources["WorkerFunction"];
+    let queue = &resources["TaskQueue"];
+    let timeout: u64 = value_of(worker, "Timeout").unwrap().parse().unwrap();
+    let visibility: u64 = value_of(queue, "VisibilityTimeout").unwrap().parse().unwrap();
+    assert!(visibility >= 6 * timeout, "VisibilityTimeout {visibility} < 6 x worker Timeout {timeout}");
+    assert!(worker.contains("FunctionResponseTypes: [ReportBatchItemFailures]"));
+    let max_receives = value_of(queue, "maxReceiveCount").unwrap();
+    assert_eq!(value_of(worker, "REEVE_MAX_RECEIVES"), Some(max_receives), "the worker must know maxReceiveCount");
+    assert!(queue.contains("deadLetterTargetArn: !GetAtt TaskDeadLetterQueue.Arn"));
+
+    // The `$default` stage: a named one breaks every route (docs/local-lambda.md).
+    assert!(value_of(&resources["HttpApi"], "StageName").is_none(), "keep the HTTP API on $default");
+    for route in ["POST /v1/spaces", "POST /v1/sessions"] {
+        assert!(resources["HttpApi"].contains(&format!("\"{route}\":")), "no throttling for {route}");
+    }
+
+    let guard = &resources["UploadGuardFunction"];
+    assert!(guard.contains("Events: s3:ObjectCreated:*") && guard.contains("Value: !Ref UploadPrefix"));
+    let bucket = &resources["UploadBucket"];
+    assert_eq!(value_of(bucket, "ExpirationInDays"), Some("1"));
+    assert_eq!(value_of(bucket, "Prefix"), Some("!Ref UploadPrefix"));
+
+    let lb = &resources["RelayLoadBalancer"];
+    let idle: u64 = lb
+        .lines()
+        .skip_while(|l| !l.contains("idle_timeout.timeout_seconds"))
+        .find_map(|l| value_of(l, "Value"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let keepalive: u64 = template()
+        .lines()
+        .skip_while(|l| !l.contains("REEVE_KEEPALIVE_SECONDS"))
+        .find_map(|l| value_of(l, "Value"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(idle > keepalive, "ALB idle timeout {idle}s must exceed the SSE keep-alive {keepalive}s");
+    assert_eq!(value_of(&resources["RelayTargetGroup"], "HealthCheckPath"), Some("/healthz"));
+}
+
+#[test]
+fn the_catalog_layer_ships_reeve_toml() {
+    let resources = resources();
+    let layer = &resources["CatalogLayer"];
+    let dir = value_of(layer, "ContentUri").unwrap();
+    let shipped = fs::read_to_string(root().join(dir).join("reeve.toml")).expect("the layer holds reeve.toml");
+    assert_eq!(shipped, read("reeve.toml"), "{dir}reeve.toml must be the repository's reeve.toml");
+    let globals = section(&template(), "Globals").join("\n");
+    assert_eq!(value_of(&globals, "REEVE_CATALOG"), Some("/opt/reeve.toml"), "a layer is unpacked under /opt");
+    assert!(globals.contains("Layers: [!Ref CatalogLayer]"));
+    assert_eq!(value_of(&globals, "Runtime"), Some("provided.al2023"));
+    assert_eq!(value_of(&globals, "CodeUri"), Some("."), "one workspace, one target directory (DESIGN §14)");
+}
