@@ -52,7 +52,8 @@ phase_validate() {
 
 phase_build() {
   # Heavy (a release build of the workspace): keep it from starving the rest.
-  nice -n 19 env SAM_CLI_TELEMETRY=0 sam build
+  # `timed` runs phases where `set -e` does not apply: fail explicitly.
+  nice -n 19 env SAM_CLI_TELEMETRY=0 sam build || return
   log "built bootstraps:"
   local f n total=0
   for f in "$BUILD_DIR"/*/bootstrap; do
@@ -135,12 +136,12 @@ PY
 phase_invoke() {
   [[ -f $BUILD_DIR/template.yaml ]] || die "no $BUILD_DIR/template.yaml: run the build phase first"
   mkdir -p "$WORK_DIR"
-  timed docker ensure_docker
-  timed base-image bash "$ROOT/scripts/lambda-base-image.sh" "$BASE_IMAGE"
+  timed docker ensure_docker || return
+  timed base-image bash "$ROOT/scripts/lambda-base-image.sh" "$BASE_IMAGE" || return
   # The functions use the stack's database: it needs the schema.
-  timed migrate cargo run -q --locked -p reeve-cli --bin reeve -- migrate >&2
-  write_local_template
-  write_env_vars
+  timed migrate cargo run -q --locked -p reeve-cli --bin reeve -- migrate >&2 || return
+  write_local_template || return
+  write_env_vars || return
   local failed=0 line fn event expect out err verdict t0
   for line in "${INVOKES[@]}"; do
     read -r fn event expect <<<"$line"

@@ -127,8 +127,11 @@ ensure_packages() {
   pg_bindir >/dev/null || need+=(postgresql)
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null || need+=(redis-server)
   command -v curl >/dev/null || need+=(curl)
-  # The relay's watch page is tested in a real headless browser.
-  command -v chromium >/dev/null || need+=(chromium)
+  # The relay's watch page is tested in a real headless browser; only the
+  # test command asks for it (scripts/test.sh sets REEVE_STACK_BROWSER=1).
+  if [[ ${REEVE_STACK_BROWSER:-0} == 1 ]] && ! command -v chromium >/dev/null; then
+    need+=(chromium)
+  fi
   command -v python3 >/dev/null || need+=(python3)
   if [[ ! -x $VENV_DIR/bin/python ]] && command -v python3 >/dev/null &&
      ! python3 -c 'import ensurepip, venv' 2>/dev/null; then

@@ -10,7 +10,7 @@ LOG_TAG="test"
 . "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 cd "$ROOT"
 
-timed stack bash scripts/stack.sh up
+REEVE_STACK_BROWSER=1 timed stack bash scripts/stack.sh up
 load_dev_env
 rc=0
 timed cargo-test cargo test --workspace --locked "$@" || rc=$?

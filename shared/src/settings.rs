@@ -6,6 +6,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::auth::Secret;
+use crate::db::DbError;
+use crate::redis_client::BadRedisUrl;
 
 pub const PEPPER: &str = "REEVE_PEPPER";
 pub const TOKEN_KEY: &str = "REEVE_TOKEN_KEY";
@@ -32,6 +34,18 @@ impl fmt::Display for SettingsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "bad environment: {}", self.problems.join("; "))
     }
+}
+
+/// Why a process could not start: what every binary's `main` reports.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The catalog and the environment, every problem of both.
+    #[error("{}", .0.join("\n"))]
+    Config(Vec<String>),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Redis(#[from] BadRedisUrl),
 }
 
 /// Reads variables one by one and remembers every problem, so the caller can

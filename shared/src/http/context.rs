@@ -10,9 +10,9 @@ use tokio::sync::Semaphore;
 
 use crate::aws::AwsClients;
 use crate::catalog::Catalog;
-use crate::db::{self, DbError};
-use crate::redis_client::{BadRedisUrl, RedisClient};
-use crate::settings::ApiSettings;
+use crate::db;
+use crate::redis_client::RedisClient;
+use crate::settings::{ApiSettings, StartupError};
 
 pub struct ApiContext {
     pub catalog: Arc<Catalog>,
@@ -36,17 +36,6 @@ pub enum Connect {
     Now,
     /// Connect on first use: Lambdas, whose cold start must stay cheap.
     Lazily,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StartupError {
-    /// The catalog and the environment, every problem of both.
-    #[error("{}", .0.join("\n"))]
-    Config(Vec<String>),
-    #[error(transparent)]
-    Db(#[from] DbError),
-    #[error(transparent)]
-    Redis(#[from] BadRedisUrl),
 }
 
 impl ApiContext {

@@ -57,7 +57,8 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use context::{ApiContext, Connect, Ctx, StartupError};
+pub use context::{ApiContext, Connect, Ctx};
+pub use crate::settings::StartupError;
 pub use openapi::{BEARER, openapi};
 
 use crate::error;

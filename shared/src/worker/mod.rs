@@ -49,13 +49,13 @@ pub use poller::Poller;
 
 use crate::aws::AwsClients;
 use crate::catalog::{Catalog, TaskSpec};
-use crate::db::{self, DbError};
+use crate::db;
 use crate::executors::{self, ExecDeps, ExecError, Job, Report};
 use crate::http::Connect;
 use crate::ids::Id;
 use crate::outbound::{Outbound, OutboundPolicy};
-use crate::redis_client::{BadRedisUrl, RedisClient};
-use crate::settings::{self, WorkerSettings};
+use crate::redis_client::RedisClient;
+use crate::settings::{self, StartupError, WorkerSettings};
 use crate::tasks::QueueMessage;
 use crate::tasks::events::{EventType, Publisher};
 
@@ -121,17 +121,6 @@ pub struct WorkerContext {
     pub runner: Arc<dyn Runner>,
     pub settings: WorkerSettings,
     pub lease_grace: Duration,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StartupError {
-    /// The catalog and the environment, every problem of both.
-    #[error("{}", .0.join("\n"))]
-    Config(Vec<String>),
-    #[error(transparent)]
-    Db(#[from] DbError),
-    #[error(transparent)]
-    Redis(#[from] BadRedisUrl),
 }
 
 impl WorkerContext {
