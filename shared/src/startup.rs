@@ -362,10 +362,8 @@ fn check_urls<F: Fn(&str) -> Option<String>>(problems: &mut Vec<String>, env: &E
     if let Some(url) = env.optional(settings::DATABASE_URL).filter(|_| database) {
         check_database_url(problems, &url);
     }
-    if let Some(url) = env.optional(settings::REDIS_URL) {
-        if let Err(e) = redis_client::open(&url) {
-            problems.push(e.to_string());
-        }
+    if let Some(Err(e)) = env.optional(settings::REDIS_URL).map(|url| redis_client::open(&url)) {
+        problems.push(e.to_string());
     }
 }
 
