@@ -66,7 +66,8 @@ phase_build() {
 
 # The built template, plus the SDK's endpoint variables: `sam local` passes a
 # function only the variables its template declares (and AWS_* credentials),
-# and the deployed template has no business naming local endpoints.
+# and the deployed template has no business naming local endpoints. Secrets
+# named by ARN become their plain variables, filled from .env.
 write_local_template() {
   "$VENV_DIR/bin/python" - "$BUILD_DIR/template.yaml" "$BUILD_DIR/template.local.yaml" <<'PY'
 import sys
@@ -81,6 +82,13 @@ for resource in template["Resources"].values():
     variables = props.setdefault("Environment", {}).setdefault("Variables", {})
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SQS"):
         variables.setdefault(name, "")
+    # Locally a secret is the plain .env value, not a Secrets Manager ARN:
+    # each function declares the plain name of exactly the secrets it reads.
+    for arn, plain in (("REEVE_PEPPER_SECRET_ARN", "REEVE_PEPPER"),
+                       ("REEVE_TOKEN_KEY_SECRET_ARN", "REEVE_TOKEN_KEY"),
+                       ("REEVE_DATABASE_URL_SECRET_ARN", "DATABASE_URL")):
+        if variables.pop(arn, None) is not None:
+            variables[plain] = ""
 with open(dst, "w") as f:
     f.write(yaml_dump(template))
 PY

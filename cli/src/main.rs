@@ -11,11 +11,13 @@ use clap::{Parser, Subcommand};
 use reeve_shared::catalog::Catalog;
 use reeve_shared::ids::Id;
 use reeve_shared::http::events::{self, RelayContext};
-use reeve_shared::http::{ApiContext, Connect, app};
+use reeve_shared::http::app;
+use reeve_shared::http::limit::{self, LoginLimits};
 use reeve_shared::aws::AwsClients;
-use reeve_shared::settings::{DATABASE_URL, DEFAULT_CATALOG, Env, QUEUE_URL};
-use reeve_shared::worker::{Poller, WorkerContext};
-use reeve_shared::{db, telemetry};
+use reeve_shared::db::Connect;
+use reeve_shared::settings::{DEFAULT_CATALOG, Needs, QUEUE_URL};
+use reeve_shared::worker::Poller;
+use reeve_shared::{db, startup, telemetry};
 
 mod storage;
 mod watch;
@@ -144,10 +146,8 @@ fn config_check(file: &Path) -> ExitCode {
 
 async fn migrate() -> anyhow::Result<()> {
     telemetry::init();
-    let mut env = Env::process();
-    let url = env.required(DATABASE_URL);
-    env.finish()?;
-    let pool = db::connect(&url).await?;
+    let url = startup::database_url().await?;
+    let pool = db::connect(url.expose_str()).await?;
     db::migrate(&pool).await?;
     println!("migrations applied: {}", db::MIGRATOR.iter().count());
     Ok(())
@@ -155,15 +155,21 @@ async fn migrate() -> anyhow::Result<()> {
 
 async fn serve(bind: SocketAddr, catalog: &Path) -> anyhow::Result<()> {
     telemetry::init();
-    let ctx = ApiContext::from_env(catalog, Connect::Now).await?;
-    let relay = RelayContext::from_env()?;
+    // Both contexts' problems at once.
+    let (ctx, relay) = startup::both(startup::api(Needs::ALL, catalog, Connect::Now).await, RelayContext::from_env())?;
     // The relay's routes have no fallback of their own, so they merge into
     // the API's: one listener for everything, as a local stand-in for the
     // API Gateway plus the Fargate service.
     let routes = events::routes(relay).merge(app(ctx));
+    // Per-client login limits (the envelope outside gives a 429 its request id).
+    let routes = routes
+        .layer(axum::middleware::from_fn_with_state(Arc::new(LoginLimits::default()), limit::limit))
+        .layer(axum::middleware::from_fn(reeve_shared::error::envelope));
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, "reeve serving");
-    axum::serve(listener, routes).with_graceful_shutdown(shutdown_signal()).await?;
+    // The peer address is what the login limits count by.
+    let service = routes.into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, service).with_graceful_shutdown(shutdown_signal()).await?;
     Ok(())
 }
 
@@ -179,7 +185,7 @@ async fn relay(bind: SocketAddr) -> anyhow::Result<()> {
 /// Polls until Ctrl-C or SIGTERM, then finishes the messages in flight.
 async fn work(catalog: &Path) -> anyhow::Result<()> {
     telemetry::init();
-    let ctx = WorkerContext::from_env(catalog, Connect::Now).await?;
+    let ctx = startup::worker(catalog, Connect::Now).await?;
     let Some(queue_url) = ctx.settings.queue_url.clone() else {
         anyhow::bail!("bad environment: {QUEUE_URL} is not set");
     };

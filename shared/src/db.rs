@@ -9,6 +9,15 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 
+/// How to reach Postgres at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connect {
+    /// Connect now and fail at once: the long-lived server.
+    Now,
+    /// Connect on first use: Lambdas, whose cold start must stay cheap.
+    Lazily,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     #[error("DATABASE_URL is not a valid Postgres URL")]
@@ -30,6 +39,12 @@ fn describe(options: &PgConnectOptions) -> String {
 }
 
 fn options(url: &str) -> Result<PgConnectOptions, DbError> {
+    // sqlx takes any scheme; a `mysql://` URL is a mistake to report now,
+    // not a connection error later.
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
+    if !matches!(scheme.as_deref(), Some("postgres" | "postgresql")) {
+        return Err(DbError::BadUrl);
+    }
     PgConnectOptions::from_str(url).map_err(|_| DbError::BadUrl)
 }
 
@@ -54,6 +69,26 @@ pub async fn connect(url: &str) -> Result<PgPool, DbError> {
 /// route may not touch the database at all.
 pub fn connect_lazy(url: &str) -> Result<PgPool, DbError> {
     Ok(pool_options().connect_lazy_with(options(url)?))
+}
+
+/// Connects as `connect` says.
+pub async fn open(url: &str, connect: Connect) -> Result<PgPool, DbError> {
+    match connect {
+        Connect::Now => self::connect(url).await,
+        Connect::Lazily => connect_lazy(url),
+    }
+}
+
+/// Whether `url` is a Postgres URL, without connecting.
+pub fn check_url(url: &str) -> Result<(), DbError> {
+    options(url).map(|_| ())
+}
+
+/// A pool for a process that was given no database (the `catalog`
+/// function): it never connects, and a query on it fails as Postgres being
+/// out of reach would (`.invalid` never resolves).
+pub fn unconfigured() -> PgPool {
+    pool_options().connect_lazy_with(PgConnectOptions::new_without_pgpass().host("no-database-configured.invalid"))
 }
 
 /// Applies pending migrations; already-applied ones are skipped, so running

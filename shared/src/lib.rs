@@ -3,7 +3,8 @@
 //!
 //! Module map:
 //! - [`catalog`]: `reeve.toml`, parsed into typed structs and validated as a whole.
-//! - [`settings`]: secrets and endpoints from the environment.
+//! - [`startup`]: the one start-up path: every binary's context, every problem at once.
+//! - [`settings`]: secrets and endpoints, parsed from the environment.
 //! - [`auth`]: Space IDs, the HMAC index, Argon2id hashes and session tokens.
 //! - [`aws`]: S3 and SQS clients from the standard AWS environment.
 //! - [`spaces`]: creating a Space and opening a session on it.
@@ -36,6 +37,7 @@ pub mod redis_client;
 pub mod relay;
 pub mod settings;
 pub mod spaces;
+pub mod startup;
 pub mod storage_policy;
 pub mod tasks;
 pub mod telemetry;

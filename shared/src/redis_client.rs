@@ -15,10 +15,31 @@ pub struct RedisClient {
 #[error("REDIS_URL is not a valid Redis URL")]
 pub struct BadRedisUrl;
 
+/// The redis crate's rustls builds its TLS configuration with the process's
+/// default crypto provider, and two are compiled in (reqwest's aws-lc-rs,
+/// sqlx's ring), so none is the default until one is installed: without
+/// this, the first `rediss://` connection fails. Idempotent.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
+/// A client for `url` (`redis://` or `rediss://`), not yet connected.
+pub fn open(url: &str) -> Result<redis::Client, BadRedisUrl> {
+    install_crypto_provider();
+    redis::Client::open(url).map_err(|_| BadRedisUrl)
+}
+
 impl RedisClient {
     pub fn new(url: &str) -> Result<Self, BadRedisUrl> {
-        let client = redis::Client::open(url).map_err(|_| BadRedisUrl)?;
+        let client = open(url)?;
         Ok(RedisClient { client, manager: OnceCell::new() })
+    }
+
+    /// A client built by the caller: e.g. `redis::Client::build_with_tls`
+    /// for a server whose certificate a private CA signed.
+    pub fn from_client(client: redis::Client) -> Self {
+        install_crypto_provider();
+        RedisClient { client, manager: OnceCell::new() }
     }
 
     pub async fn connection(&self) -> redis::RedisResult<ConnectionManager> {

@@ -1,13 +1,18 @@
-//! Secrets and endpoints come from the environment, never from the catalog
-//! (DESIGN §3). Every missing or bad variable is reported at once, so an
-//! operator fixes the deployment in one round, not one variable at a time.
+//! Secrets and endpoints come from the environment, never from the catalog.
+//! Every missing or bad variable is reported at once, so an operator fixes
+//! the deployment in one round, not one variable at a time.
+//!
+//! This module only parses: the variables themselves are read by
+//! [`crate::startup`], which also fetches the secrets a deployment names by
+//! ARN (`REEVE_PEPPER_SECRET_ARN`, …) from Secrets Manager and hands their
+//! values in under the plain names.
 
 use std::fmt;
 use std::path::PathBuf;
 
 use crate::auth::Secret;
-use crate::db::DbError;
-use crate::redis_client::BadRedisUrl;
+
+pub use crate::startup::StartupError;
 
 pub const PEPPER: &str = "REEVE_PEPPER";
 pub const TOKEN_KEY: &str = "REEVE_TOKEN_KEY";
@@ -21,6 +26,46 @@ pub const KEEPALIVE: &str = "REEVE_KEEPALIVE_SECONDS";
 pub const WORKER_CONCURRENCY: &str = "REEVE_WORKER_CONCURRENCY";
 pub const MAX_RECEIVES: &str = "REEVE_MAX_RECEIVES";
 pub const FETCH_MAX_BYTES: &str = "REEVE_FETCH_MAX_BYTES";
+/// Where the relay listens (default `0.0.0.0:8080`).
+pub const RELAY_BIND: &str = "REEVE_RELAY_BIND";
+
+/// Deployments name each secret by the ARN of a Secrets Manager secret; the
+/// value is read at start-up, so a function's configuration never holds it.
+pub const PEPPER_SECRET_ARN: &str = "REEVE_PEPPER_SECRET_ARN";
+pub const TOKEN_KEY_SECRET_ARN: &str = "REEVE_TOKEN_KEY_SECRET_ARN";
+pub const DATABASE_URL_SECRET_ARN: &str = "REEVE_DATABASE_URL_SECRET_ARN";
+
+/// The secrets, each with the variable that names its ARN.
+pub const SECRETS: [(&str, &str); 3] =
+    [(PEPPER, PEPPER_SECRET_ARN), (TOKEN_KEY, TOKEN_KEY_SECRET_ARN), (DATABASE_URL, DATABASE_URL_SECRET_ARN)];
+
+/// The variable naming `secret`'s ARN (`REEVE_PEPPER` → `REEVE_PEPPER_SECRET_ARN`).
+pub fn arn_variable(secret: &str) -> Option<&'static str> {
+    SECRETS.iter().find(|(name, _)| *name == secret).map(|(_, arn)| *arn)
+}
+
+/// Which secrets a process is given: each function gets only those its
+/// routes use, so a function that is compromised or misconfigured exposes
+/// nothing else. A secret not needed is never read; in its place the
+/// process holds a random key of its own ([`Secret::withheld`]), so any use
+/// fails closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    pub pepper: bool,
+    pub token_key: bool,
+    pub database: bool,
+}
+
+impl Needs {
+    /// `auth`: creating spaces and opening sessions.
+    pub const AUTH: Needs = Needs { pepper: true, token_key: true, database: true };
+    /// Routes behind a bearer token (uploads, tasks): the token key and Postgres.
+    pub const SESSION: Needs = Needs { pepper: false, token_key: true, database: true };
+    /// `catalog`: the catalog and the OpenAPI document, no secret at all.
+    pub const NONE: Needs = Needs { pepper: false, token_key: false, database: false };
+    /// `reeve serve`: every route in one process.
+    pub const ALL: Needs = Needs::AUTH;
+}
 
 /// Where `reeve.toml` is read from when `REEVE_CATALOG` is not set.
 pub const DEFAULT_CATALOG: &str = "reeve.toml";
@@ -36,29 +81,11 @@ impl fmt::Display for SettingsError {
     }
 }
 
-/// Why a process could not start: what every binary's `main` reports.
-#[derive(Debug, thiserror::Error)]
-pub enum StartupError {
-    /// The catalog and the environment, every problem of both.
-    #[error("{}", .0.join("\n"))]
-    Config(Vec<String>),
-    #[error(transparent)]
-    Db(#[from] DbError),
-    #[error(transparent)]
-    Redis(#[from] BadRedisUrl),
-}
-
 /// Reads variables one by one and remembers every problem, so the caller can
 /// ask for all it needs and then fail once with the full list.
 pub struct Env<F> {
     lookup: F,
     problems: Vec<String>,
-}
-
-impl Env<fn(&str) -> Option<String>> {
-    pub fn process() -> Self {
-        Env::new(|name| std::env::var(name).ok())
-    }
 }
 
 impl<F: Fn(&str) -> Option<String>> Env<F> {
@@ -77,12 +104,14 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         })
     }
 
-    /// A secret must be long enough to resist guessing: at least 32 bytes.
+    /// Records a problem found elsewhere (a URL that does not parse, …).
+    pub fn problem(&mut self, problem: impl Into<String>) {
+        self.problems.push(problem.into());
+    }
+
+    /// A key must be long enough to resist guessing: at least 32 bytes.
     pub fn secret(&mut self, name: &'static str) -> Option<Secret> {
-        let value = self.required(name);
-        if value.is_empty() {
-            return None;
-        }
+        let value = self.required_secret(name)?;
         match Secret::new(name, value.into_bytes()) {
             Ok(secret) => Some(secret),
             Err(e) => {
@@ -90,6 +119,31 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 None
             }
         }
+    }
+
+    /// A secret that is not a key (the database URL): any non-empty value.
+    pub fn secret_text(&mut self, name: &'static str) -> Option<Secret> {
+        self.required_secret(name).map(|value| Secret::text(name, value))
+    }
+
+    fn required_secret(&mut self, name: &'static str) -> Option<String> {
+        let value = self.optional(name);
+        if value.is_none() {
+            self.problems.push(match arn_variable(name) {
+                Some(arn) => format!("{name} is not set (nor {arn}, the ARN of a secret holding it)"),
+                None => format!("{name} is not set"),
+            });
+        }
+        value
+    }
+
+    /// A socket address such as `0.0.0.0:8080`, or `default` when unset.
+    pub fn socket_addr(&mut self, name: &str, default: std::net::SocketAddr) -> std::net::SocketAddr {
+        let Some(value) = self.optional(name) else { return default };
+        value.trim().parse().unwrap_or_else(|_| {
+            self.problems.push(format!("{name} must be an address such as 0.0.0.0:8080, got {value:?}"));
+            default
+        })
     }
 
     /// A positive integer in `min..=max`, or `default` when unset.
@@ -109,10 +163,21 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
     pub fn finish(self) -> Result<(), SettingsError> {
         if self.problems.is_empty() { Ok(()) } else { Err(SettingsError { problems: self.problems }) }
     }
+
+    /// Every problem so far, leaving none behind.
+    pub fn take_problems(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.problems)
+    }
+
+    /// `REEVE_CATALOG`, or `reeve.toml`.
+    pub fn catalog_path(&self) -> PathBuf {
+        self.optional(CATALOG).unwrap_or_else(|| DEFAULT_CATALOG.to_owned()).into()
+    }
 }
 
+/// `REEVE_CATALOG`, or `reeve.toml`, from the process environment.
 pub fn catalog_path() -> PathBuf {
-    Env::process().optional(CATALOG).unwrap_or_else(|| DEFAULT_CATALOG.to_owned()).into()
+    Env::process().catalog_path()
 }
 
 /// What the HTTP API needs to run: the auth secrets, the stores, the bucket
@@ -121,27 +186,26 @@ pub fn catalog_path() -> PathBuf {
 pub struct ApiSettings {
     pub pepper: Secret,
     pub token_key: Secret,
-    pub database_url: String,
+    /// Empty when the process was not given the database ([`Needs::database`]).
+    pub database_url: Secret,
     pub redis_url: String,
     pub bucket: String,
     pub queue_url: String,
 }
 
 impl ApiSettings {
-    pub fn from_env() -> Result<Self, SettingsError> {
-        Self::read(&mut Env::process())
-    }
-
-    pub fn read<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Result<Self, SettingsError> {
-        let pepper = env.secret(PEPPER);
-        let token_key = env.secret(TOKEN_KEY);
-        let database_url = env.required(DATABASE_URL);
+    /// Every setting `needs` asks for; the secrets it does not are withheld.
+    pub fn read<F: Fn(&str) -> Option<String>>(env: &mut Env<F>, needs: Needs) -> Result<Self, SettingsError> {
+        let pepper = if needs.pepper { env.secret(PEPPER) } else { Some(Secret::withheld(PEPPER)) };
+        let token_key = if needs.token_key { env.secret(TOKEN_KEY) } else { Some(Secret::withheld(TOKEN_KEY)) };
+        let database_url =
+            if needs.database { env.secret_text(DATABASE_URL) } else { Some(Secret::text(DATABASE_URL, String::new())) };
         let redis_url = env.required(REDIS_URL);
         let bucket = env.required(BUCKET);
         let queue_url = env.required(QUEUE_URL);
         let problems = std::mem::take(&mut env.problems);
-        match (pepper, token_key) {
-            (Some(pepper), Some(token_key)) if problems.is_empty() => {
+        match (pepper, token_key, database_url) {
+            (Some(pepper), Some(token_key), Some(database_url)) if problems.is_empty() => {
                 Ok(ApiSettings { pepper, token_key, database_url, redis_url, bucket, queue_url })
             }
             _ => Err(SettingsError { problems }),
@@ -153,7 +217,7 @@ impl ApiSettings {
 /// the bucket, and how hard to work.
 #[derive(Debug, Clone)]
 pub struct WorkerSettings {
-    pub database_url: String,
+    pub database_url: Secret,
     pub redis_url: String,
     pub bucket: String,
     /// `REEVE_QUEUE_URL`: only `reeve work` polls it; the Lambda is handed
@@ -174,12 +238,8 @@ impl WorkerSettings {
     pub const DEFAULT_MAX_RECEIVES: u32 = 5;
     pub const DEFAULT_FETCH_MAX_BYTES: u64 = 100 * 1024 * 1024;
 
-    pub fn from_env() -> Result<Self, SettingsError> {
-        Self::read(&mut Env::process())
-    }
-
     pub fn read<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Result<Self, SettingsError> {
-        let database_url = env.required(DATABASE_URL);
+        let database_url = env.secret_text(DATABASE_URL);
         let redis_url = env.required(REDIS_URL);
         let bucket = env.required(BUCKET);
         let queue_url = env.optional(QUEUE_URL);
@@ -188,9 +248,9 @@ impl WorkerSettings {
         let fetch_max_bytes =
             env.number(FETCH_MAX_BYTES, Self::DEFAULT_FETCH_MAX_BYTES, 1, 5 * 1024 * 1024 * 1024);
         let problems = std::mem::take(&mut env.problems);
-        if !problems.is_empty() {
+        let Some(database_url) = database_url.filter(|_| problems.is_empty()) else {
             return Err(SettingsError { problems });
-        }
+        };
         Ok(WorkerSettings { database_url, redis_url, bucket, queue_url, concurrency, max_receives, fetch_max_bytes })
     }
 }
@@ -217,9 +277,10 @@ mod tests {
             (REDIS_URL, "redis://localhost"),
             (BUCKET, "reeve"),
             (QUEUE_URL, "http://localhost/q"),
-        ]))
+        ]), Needs::ALL)
         .unwrap();
-        assert_eq!(s.database_url, "postgres://localhost/reeve");
+        assert_eq!(s.database_url.expose_str(), "postgres://localhost/reeve");
+        assert!(!format!("{s:?}").contains("postgres://"), "{s:?}");
     }
 
     #[test]
@@ -229,7 +290,7 @@ mod tests {
             (REDIS_URL, "redis://x"),
             (BUCKET, "b"),
             (QUEUE_URL, "q"),
-        ]))
+        ]), Needs::ALL)
         .unwrap_err();
         let text = err.to_string();
         assert_eq!(err.problems.len(), 3, "{text}");
@@ -261,7 +322,7 @@ mod tests {
         assert_eq!(
             err.problems,
             vec![
-                "DATABASE_URL is not set".to_string(),
+                "DATABASE_URL is not set (nor REEVE_DATABASE_URL_SECRET_ARN, the ARN of a secret holding it)".to_string(),
                 "REEVE_WORKER_CONCURRENCY must be an integer from 1 to 256".to_string(),
                 "REEVE_MAX_RECEIVES must be an integer from 1 to 1000".to_string(),
             ]
@@ -277,8 +338,42 @@ mod tests {
             (REDIS_URL, "redis://x"),
             (BUCKET, "b"),
             (QUEUE_URL, "q"),
-        ]))
+        ]), Needs::ALL)
         .unwrap_err();
-        assert_eq!(err.problems, vec!["DATABASE_URL is not set".to_string()]);
+        assert_eq!(
+            err.problems,
+            vec!["DATABASE_URL is not set (nor REEVE_DATABASE_URL_SECRET_ARN, the ARN of a secret holding it)".to_string()]
+        );
+    }
+
+    #[test]
+    fn a_function_reads_only_the_secrets_it_needs() {
+        // The catalog function is given no secret at all, and starts.
+        let s = ApiSettings::read(
+            &mut env(&[(REDIS_URL, "redis://x"), (BUCKET, "b"), (QUEUE_URL, "q")]),
+            Needs::NONE,
+        )
+        .unwrap();
+        assert_eq!(s.database_url.expose_str(), "");
+        // A session route needs the token key and the database, not the pepper.
+        let err = ApiSettings::read(
+            &mut env(&[(PEPPER, LONG), (REDIS_URL, "redis://x"), (BUCKET, "b"), (QUEUE_URL, "q")]),
+            Needs::SESSION,
+        )
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 2, "{err}");
+        assert!(err.problems[0].starts_with("REEVE_TOKEN_KEY is not set (nor REEVE_TOKEN_KEY_SECRET_ARN"));
+        assert!(err.problems[1].starts_with("DATABASE_URL is not set"));
+    }
+
+    #[test]
+    fn a_bad_socket_address_is_a_problem() {
+        let default = std::net::SocketAddr::from(([0, 0, 0, 0], 8080));
+        let mut e = env(&[(RELAY_BIND, "localhost:eighty")]);
+        assert_eq!(e.socket_addr(RELAY_BIND, default), default);
+        assert_eq!(e.take_problems(), vec![r#"REEVE_RELAY_BIND must be an address such as 0.0.0.0:8080, got "localhost:eighty""#]);
+        let mut e = env(&[(RELAY_BIND, "127.0.0.1:9000")]);
+        assert_eq!(e.socket_addr(RELAY_BIND, default).port(), 9000);
+        assert!(e.finish().is_ok());
     }
 }

@@ -24,7 +24,8 @@ use time::OffsetDateTime;
 
 use crate::catalog::{self, Catalog};
 use crate::ids::Id;
-use crate::settings::{self, Env};
+use crate::auth::Secret;
+use crate::settings::{self, Env, SettingsError};
 use crate::uploads::{self, ObjectState, UploadError, UploadRow, UploadStatus};
 
 /// The template's `UploadMaxBytes`: an upper bound on the catalog's
@@ -86,32 +87,29 @@ pub struct Guard {
 /// every problem of both reported together.
 #[derive(Debug, Clone)]
 pub struct GuardSettings {
-    pub database_url: String,
+    pub database_url: Secret,
     pub bucket: String,
     pub max_bytes: u64,
 }
 
 impl GuardSettings {
-    pub fn from_env() -> Result<Self, Vec<String>> {
-        let catalog = Catalog::load(&settings::catalog_path());
-        let mut env = Env::process();
-        let database_url = env.required(settings::DATABASE_URL);
+    pub fn read<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Result<Self, SettingsError> {
+        let catalog = Catalog::load(&env.catalog_path());
+        let database_url = env.secret_text(settings::DATABASE_URL);
         let bucket = env.required(settings::BUCKET);
-        let cap = upload_limit_from(&env);
-        let mut problems = match env.finish() {
-            Ok(()) => Vec::new(),
-            Err(e) => e.problems,
-        };
-        let cap = cap.unwrap_or_else(|e| {
-            problems.push(e);
+        let cap = upload_limit_from(env).unwrap_or_else(|e| {
+            env.problem(e);
             None
         });
-        let catalog = catalog.map_err(|e| problems.push(e.to_string())).ok();
-        match catalog {
-            Some(catalog) if problems.is_empty() => {
+        if let Err(e) = &catalog {
+            env.problem(e.to_string());
+        }
+        let problems = env.take_problems();
+        match (catalog, database_url) {
+            (Ok(catalog), Some(database_url)) if problems.is_empty() => {
                 Ok(GuardSettings { database_url, bucket, max_bytes: effective_max_bytes(&catalog.uploads, cap) })
             }
-            _ => Err(problems),
+            _ => Err(SettingsError { problems }),
         }
     }
 }
@@ -179,28 +177,6 @@ pub async fn find_by_key(db: &PgPool, key: &str) -> Result<Option<UploadRow>, sq
 }
 
 impl Guard {
-    /// For the Lambda's `main`: the guard from `REEVE_CATALOG` and the
-    /// environment, connecting to Postgres on first use. Every problem is
-    /// logged at once and the init fails (as [`crate::http::ApiContext::for_lambda`]).
-    pub async fn for_lambda() -> Guard {
-        let settings = match GuardSettings::from_env() {
-            Ok(settings) => settings,
-            Err(problems) => {
-                tracing::error!("cannot start: {}", problems.join("; "));
-                std::process::exit(1);
-            }
-        };
-        let db = match crate::db::connect_lazy(&settings.database_url) {
-            Ok(db) => db,
-            Err(e) => {
-                tracing::error!("cannot start: {e}");
-                std::process::exit(1);
-            }
-        };
-        let s3 = crate::aws::AwsClients::from_env().await.s3;
-        Guard { db, s3, bucket: settings.bucket, max_bytes: settings.max_bytes }
-    }
-
     /// Settles every record of `event`. All records are tried; if any failed,
     /// the first error is returned (after logging each) so Lambda retries the
     /// event, and the records already settled settle the same way again.

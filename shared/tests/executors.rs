@@ -56,6 +56,7 @@ async fn deps(pool: PgPool) -> ExecDeps {
         s3: AwsClients::from_env().await.s3,
         bucket: bucket(),
         outbound: Outbound::new(policy()).expect("the test policy is valid"),
+        operators: Outbound::new(policy()).expect("the test policy is valid"),
         fetch_max_bytes: FETCH_MAX,
     }
 }

@@ -186,6 +186,8 @@ fn sam_check_invokes_every_function_with_every_event() {
 const NOT_SET_BY_THE_TEMPLATE: &[(&str, &str)] = &[
     ("REEVE_LOG_FORMAT", "Lambda and Fargate always log JSON"),
     ("REEVE_OUTBOUND_ALLOW_HTTP", "a development setting: production is HTTPS-only"),
+    ("REEVE_FETCH_ALLOW", "the users' allow-list: empty in production"),
+    ("REEVE_PEPPER", "a development value: auth is given REEVE_PEPPER_SECRET_ARN"),
 ];
 
 /// Environment variable names the code reads: every string literal that is
@@ -276,9 +278,12 @@ fn the_settings_constants_are_all_set() {
     let settings = read("shared/src/settings.rs");
     let set = names_set_by_the_template();
     for line in settings.lines().filter(|l| l.starts_with("pub const") && l.contains("&str")) {
-        let name = line.split('"').nth(1).unwrap();
+        let Some(name) = line.split('"').nth(1) else { continue }; // a table of names, not a name
         if name.ends_with(".toml") {
             continue; // DEFAULT_CATALOG, a file name
+        }
+        if NOT_SET_BY_THE_TEMPLATE.iter().any(|(exempt, _)| *exempt == name) {
+            continue;
         }
         assert!(set.contains(name), "settings.rs reads {name}; template.yaml never sets it");
     }
@@ -403,4 +408,187 @@ fn the_catalog_layer_ships_reeve_toml() {
     assert!(globals.contains("Layers: [!Ref CatalogLayer]"));
     assert_eq!(value_of(&globals, "Runtime"), Some("provided.al2023"));
     assert_eq!(value_of(&globals, "CodeUri"), Some("."), "one workspace, one target directory (DESIGN §14)");
+}
+
+/// The template parameters that name secrets.
+const SECRET_PARAMETERS: [&str; 3] = ["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"];
+
+/// Which resource may read which secret. Only `auth` reads the pepper;
+/// `auth`, the routes behind a session (uploads, tasks) and the relay read
+/// the token key; the catalog reads nothing. A new function must be added
+/// here, with the secrets it needs and no others.
+const SECRET_READERS: &[(&str, &[&str])] = &[
+    ("AuthFunction", &["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"]),
+    ("CatalogFunction", &[]),
+    ("PresignFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
+    ("TaskCreateFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
+    ("TaskStatusFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
+    ("WorkerFunction", &["DatabaseUrlSecretArn"]),
+    ("UploadGuardFunction", &["DatabaseUrlSecretArn"]),
+    // The relay's secrets are injected by ECS with its execution role.
+    ("RelayExecutionRole", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
+    ("RelayTaskDefinition", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
+];
+
+/// The variable each secret's ARN is handed in (settings.rs).
+fn arn_variable(parameter: &str) -> &'static str {
+    match parameter {
+        "DatabaseUrlSecretArn" => "REEVE_DATABASE_URL_SECRET_ARN",
+        "PepperSecretArn" => "REEVE_PEPPER_SECRET_ARN",
+        "TokenKeySecretArn" => "REEVE_TOKEN_KEY_SECRET_ARN",
+        other => panic!("{other} is not a secret parameter"),
+    }
+}
+
+/// The secret parameters a resource's body mentions.
+fn secrets_in(body: &str) -> BTreeSet<&'static str> {
+    let code: String = body.lines().filter(|l| !l.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n");
+    SECRET_PARAMETERS
+        .into_iter()
+        .filter(|p| code.contains(&format!("!Ref {p}")) || code.contains(&format!("${{{p}}}")))
+        .collect()
+}
+
+fn expected_readers() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
+    SECRET_READERS.iter().map(|(name, secrets)| (*name, secrets.iter().copied().collect())).collect()
+}
+
+#[test]
+fn each_function_reads_only_its_own_secrets_by_arn() {
+    let text = template();
+    let code: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+    assert!(
+        !code.iter().any(|l| l.contains("{{resolve:")),
+        "a dynamic reference writes the secret's value into the function's configuration"
+    );
+    let globals = section(&text, "Globals").join("\n");
+    assert!(secrets_in(&globals).is_empty(), "Globals gives every function a secret: {:?}", secrets_in(&globals));
+
+    let expected = expected_readers();
+    let functions = template_functions();
+    for (name, body) in resources() {
+        let found = secrets_in(&body);
+        let is_function = functions.contains_key(&name);
+        let Some(want) = expected.get(name.as_str()) else {
+            assert!(!is_function, "{name} is a new function: add it to SECRET_READERS with the secrets it needs");
+            assert!(found.is_empty(), "{name} names secrets {found:?} but is not in SECRET_READERS");
+            continue;
+        };
+        assert_eq!(&found, want, "{name} names the wrong secrets");
+        if is_function {
+            // The ARN (never the value) in the configuration, and a grant for
+            // exactly these secrets.
+            for parameter in want {
+                let line = format!("{}: !Ref {parameter}", arn_variable(parameter));
+                assert!(body.contains(&line), "{name} lacks `{line}`");
+            }
+            let grants = body.contains("Action: secretsmanager:GetSecretValue");
+            assert_eq!(grants, !want.is_empty(), "{name}: secretsmanager:GetSecretValue iff it has secrets");
+        }
+    }
+    let pepper_readers: Vec<&str> =
+        expected.iter().filter(|(_, s)| s.contains("PepperSecretArn")).map(|(n, _)| *n).collect();
+    assert_eq!(pepper_readers, ["AuthFunction"], "only auth reads the pepper");
+
+    // The relay's container gets the token key and the database URL, by ARN.
+    let task = &resources()["RelayTaskDefinition"];
+    let injected: Vec<&str> = task
+        .lines()
+        .skip_while(|l| l.trim() != "Secrets:")
+        .skip(1)
+        .take_while(|l| l.trim_start().starts_with("- Name:") || l.trim_start().starts_with("ValueFrom:"))
+        .filter_map(|l| l.trim().strip_prefix("- Name:").map(str::trim))
+        .collect();
+    assert_eq!(injected, ["REEVE_TOKEN_KEY", "DATABASE_URL"]);
+}
+
+#[test]
+fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
+    let expected = expected_readers();
+    let crates = lambda_crates();
+    for (function, binary) in template_functions() {
+        let main = read(&format!("functions/{}/src/main.rs", crates[&binary]));
+        let asks: BTreeSet<&str> = if main.contains("startup::lambda_api(Needs::AUTH)") {
+            ["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"].into()
+        } else if main.contains("startup::lambda_api(Needs::SESSION)") {
+            ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()
+        } else if main.contains("startup::lambda_api(Needs::NONE)") {
+            BTreeSet::new()
+        } else if main.contains("startup::lambda_worker()") || main.contains("startup::lambda_guard()") {
+            ["DatabaseUrlSecretArn"].into()
+        } else {
+            panic!("{binary}'s main does not start through reeve_shared::startup");
+        };
+        assert_eq!(&asks, &expected[function.as_str()], "{function}: the code and the template disagree");
+    }
+}
+
+#[test]
+fn list_bucket_is_scoped_to_prefixes() {
+    let mut seen = 0;
+    for (name, body) in resources() {
+        let lines: Vec<&str> = body.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.trim() != "Action: s3:ListBucket" {
+                continue;
+            }
+            seen += 1;
+            let statement: Vec<&str> =
+                lines[i + 1..].iter().take_while(|l| !l.trim_start().starts_with("- Effect:")).copied().collect();
+            let statement = statement.join("\n");
+            assert!(statement.contains("StringLike:") && statement.contains("s3:prefix:"), "{name}: unscoped s3:ListBucket");
+            assert!(!statement.contains("s3:prefix: \"*\""), "{name}: s3:prefix * lists everything");
+        }
+    }
+    assert!(seen >= 3, "the worker, the guard and task-create need ListBucket for a HEAD's 404");
+}
+
+#[test]
+fn the_relay_is_https_unless_a_test_stack_says_otherwise() {
+    let text = template();
+    let parameters = entries(&section(&text, "Parameters"));
+    assert_eq!(value_of(&parameters["AllowInsecureRelay"], "Default"), Some("false"));
+    let rules = entries(&section(&text, "Rules"));
+    let rule = &rules["RelayNeedsCertificate"];
+    assert!(rule.contains("RuleCondition: !Equals [!Ref AllowInsecureRelay, \"false\"]"), "{rule}");
+    assert!(rule.contains("Assert: !Not [!Equals [!Ref RelayCertificateArn, \"\"]]"), "{rule}");
+
+    let resources = resources();
+    let listener = &resources["RelayListener"];
+    assert!(listener.contains("Protocol: !If [RelayHasCertificate, HTTPS, HTTP]"));
+    assert!(listener.contains("Port: !If [RelayHasCertificate, 443, 80]"));
+    let redirect = &resources["RelayRedirectListener"];
+    assert_eq!(value_of(redirect, "Condition"), Some("RelayHasCertificate"));
+    assert_eq!(value_of(redirect, "Port"), Some("80"));
+    assert_eq!(value_of(redirect, "Type"), Some("AWS::ElasticLoadBalancingV2::Listener"));
+    assert!(redirect.contains("- Type: redirect") && redirect.contains("Protocol: HTTPS"));
+    assert_eq!(value_of(redirect, "StatusCode"), Some("HTTP_301"));
+}
+
+#[test]
+fn the_optional_waf_limits_login_per_ip() {
+    let text = template();
+    let parameters = entries(&section(&text, "Parameters"));
+    assert_eq!(value_of(&parameters["ApiLoginRateLimitPerIp"], "Default"), Some("0"), "off unless asked for");
+    let conditions = section(&text, "Conditions").join("\n");
+    assert!(conditions.contains("ApiHasWaf: !Not [!Equals [!Ref ApiLoginRateLimitPerIp, 0]]"));
+    let rules = entries(&section(&text, "Rules"));
+    assert!(rules["ApiWafNeedsUsEast1"].contains("Assert: !Equals [!Ref AWS::Region, us-east-1]"));
+
+    let resources = resources();
+    let acl = &resources["ApiWebAcl"];
+    assert_eq!(value_of(acl, "Condition"), Some("ApiHasWaf"));
+    assert_eq!(value_of(acl, "Scope"), Some("CLOUDFRONT"), "HTTP APIs take no web ACL: CloudFront carries it");
+    assert_eq!(value_of(acl, "Limit"), Some("!Ref ApiLoginRateLimitPerIp"));
+    assert_eq!(value_of(acl, "AggregateKeyType"), Some("IP"), "per client, not global");
+    assert_eq!(value_of(acl, "ResponseCode"), Some("429"));
+    for path in ["/v1/spaces", "/v1/sessions"] {
+        assert!(acl.contains(&format!("SearchString: {path}")), "{path} is not limited");
+    }
+    let distribution = &resources["ApiDistribution"];
+    assert_eq!(value_of(distribution, "Condition"), Some("ApiHasWaf"));
+    assert_eq!(value_of(distribution, "WebACLId"), Some("!GetAtt ApiWebAcl.Arn"));
+    assert_eq!(value_of(distribution, "OriginProtocolPolicy"), Some("https-only"));
+    let outputs = entries(&section(&text, "Outputs"));
+    assert!(outputs["ApiUrl"].contains("${ApiDistribution.DomainName}"), "clients are pointed at the WAF'd URL");
 }

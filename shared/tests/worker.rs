@@ -51,7 +51,7 @@ fn test_catalog() -> Catalog {
 
 fn worker_settings() -> WorkerSettings {
     WorkerSettings {
-        database_url: String::new(),
+        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", String::new()),
         redis_url: common::redis_url(),
         bucket: std::env::var("REEVE_BUCKET").unwrap(),
         queue_url: None,
@@ -73,6 +73,7 @@ fn worker_with(pool: &PgPool, s3: aws_sdk_s3::Client, redis_url: &str) -> Worker
         s3,
         bucket: settings.bucket.clone(),
         outbound: outbound(),
+        operators: outbound(),
         fetch_max_bytes: settings.fetch_max_bytes,
     };
     WorkerContext::new(test_catalog(), pool.clone(), RedisClient::new(redis_url).unwrap(), exec, settings)

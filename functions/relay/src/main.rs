@@ -1,28 +1,16 @@
 //! The relay service (DESIGN §8): one long-lived process per Fargate task,
 //! one Redis Pub/Sub connection shared by all its SSE clients.
-//! Glue only: the routes are `reeve_shared::http::events`'s.
-
-use std::net::SocketAddr;
+//! Glue only: the routes are `reeve_shared::http::events`'s; the context and
+//! the bind address come from the one start-up path, which reports every
+//! problem of both at once and exits 1.
 
 use reeve_shared::http::events::{RelayContext, router};
-use reeve_shared::telemetry;
+use reeve_shared::{startup, telemetry};
 
 #[tokio::main]
 async fn main() {
     telemetry::init();
-    let ctx = match RelayContext::from_env() {
-        Ok(ctx) => ctx,
-        Err(e) => {
-            tracing::error!("cannot start: {e}");
-            std::process::exit(1);
-        }
-    };
-    // In a container the relay must listen beyond loopback; REEVE_RELAY_BIND
-    // narrows it elsewhere.
-    let bind: SocketAddr = std::env::var("REEVE_RELAY_BIND")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8080)));
+    let (ctx, bind) = startup::or_exit(startup::both(RelayContext::from_env(), startup::relay_bind()));
     let listener = match tokio::net::TcpListener::bind(bind).await {
         Ok(listener) => listener,
         Err(e) => {

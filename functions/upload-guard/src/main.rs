@@ -4,13 +4,12 @@
 
 use aws_lambda_events::event::s3::S3Event;
 use lambda_runtime::{Error, LambdaEvent, service_fn};
-use reeve_shared::telemetry;
-use reeve_shared::upload_guard::Guard;
+use reeve_shared::{startup, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let guard = Guard::for_lambda().await;
+    let guard = startup::lambda_guard().await;
     lambda_runtime::run(service_fn(|event: LambdaEvent<S3Event>| {
         let guard = guard.clone();
         async move {

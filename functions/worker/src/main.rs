@@ -4,13 +4,13 @@
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, service_fn};
-use reeve_shared::telemetry;
-use reeve_shared::worker::{WorkerContext, handle_batch};
+use reeve_shared::worker::handle_batch;
+use reeve_shared::{startup, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let ctx = WorkerContext::for_lambda().await;
+    let ctx = startup::lambda_worker().await;
     let ctx = &ctx;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
         Ok::<_, Error>(handle_batch(ctx, event.payload).await)

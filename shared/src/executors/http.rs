@@ -1,5 +1,5 @@
 //! `http`: an external executor. POSTs the task's input to the endpoint the
-//! catalog configures, through the SSRF-guarded client (DESIGN §9), within
+//! catalog configures, through the operators' SSRF-guarded client, within
 //! the task's `timeout_seconds`, and returns the JSON it answers.
 //!
 //! The endpoint is the operator's, not the task owner's: no error shown to
@@ -26,7 +26,7 @@ impl TaskExecutor for Http {
         job.progress(0.0, json!({ "stage": "calling" })).await;
         let timeout = Duration::from_secs(u64::from(job.spec.timeout_seconds));
         let response = deps
-            .outbound
+            .operators
             .post_json(&self.endpoint, job.input, timeout, MAX_RESPONSE_BYTES)
             .await
             .map_err(|e| outbound_error("the executor endpoint", e))?;

@@ -55,7 +55,13 @@ pub struct ExecDeps {
     pub db: PgPool,
     pub s3: aws_sdk_s3::Client,
     pub bucket: String,
+    /// The users' client, for URLs a task's owner chose (`fetch`): public
+    /// addresses only, plus `REEVE_FETCH_ALLOW` (empty in production).
     pub outbound: Outbound,
+    /// The operators' client, for the endpoints the operator configured
+    /// (`http`): `REEVE_OPERATOR_ALLOW` may let private hosts through here,
+    /// never through [`outbound`](Self::outbound).
+    pub operators: Outbound,
     /// Cap on what `fetch` downloads.
     pub fetch_max_bytes: u64,
 }

@@ -22,7 +22,6 @@ use crate::error::{self, ApiError, ApiResult, db_error};
 use super::StartupError;
 use crate::db;
 use crate::ids::Id;
-use crate::redis_client::BadRedisUrl;
 use crate::relay::{Hub, stream};
 use crate::settings::{DATABASE_URL, Env, KEEPALIVE, REDIS_URL, TOKEN_KEY};
 
@@ -53,7 +52,7 @@ impl RelayContext {
             return Err(StartupError::Config(finished.err().map(|e| e.problems).unwrap_or_default()));
         };
         let db = db::connect_lazy(&database_url)?;
-        let client = redis::Client::open(redis_url.as_str()).map_err(|_| BadRedisUrl)?;
+        let client = crate::redis_client::open(&redis_url)?;
         Ok(std::sync::Arc::new(RelayContext { db, token_key, hub: Hub::start(client), keepalive }))
     }
 }

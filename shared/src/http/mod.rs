@@ -48,6 +48,7 @@ mod context;
 pub mod events;
 pub mod extract;
 pub mod health;
+pub mod limit;
 mod openapi;
 pub mod spaces;
 pub mod tasks;
@@ -57,8 +58,10 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use context::{ApiContext, Connect, Ctx};
-pub use crate::settings::StartupError;
+pub use context::{ApiContext, Ctx};
+// Where they used to live; they belong to `db` and `startup` now.
+pub use crate::db::Connect;
+pub use crate::startup::StartupError;
 pub use openapi::{BEARER, openapi};
 
 use crate::error;

@@ -1,4 +1,17 @@
-//! The one client for hosts Reeve does not own (DESIGN §9): SSRF-guarded.
+//! The clients for hosts Reeve does not own: SSRF-guarded.
+//!
+//! There are two, with two allow-lists, because their URLs come from two
+//! different people:
+//! - the users' client ([`OutboundPolicy::users`], `REEVE_FETCH_ALLOW`)
+//!   fetches URLs a task's owner chose (`fetch`). Its allow-list is empty in
+//!   production: a user may reach public addresses only.
+//! - the operators' client ([`OutboundPolicy::operators`],
+//!   `REEVE_OPERATOR_ALLOW`) calls the endpoints the operator configured:
+//!   the `http` executor endpoints and the payment facilitator, which may
+//!   well be private hosts.
+//!
+//! Allow-listing a private executor host for the operators' client
+//! therefore never lets a user `fetch` it, directly or through a redirect.
 //!
 //! - Every resolved address goes through [`is_blocked`] (a custom reqwest
 //!   `dns_resolver`), on every resolution, so DNS rebinding fails.
@@ -53,16 +66,37 @@ impl Default for OutboundPolicy {
     }
 }
 
+/// The users' allow-list (`fetch`): empty in production.
+pub const FETCH_ALLOW: &str = "REEVE_FETCH_ALLOW";
+/// The operators' allow-list: `http` executor endpoints, the facilitator.
+pub const OPERATOR_ALLOW: &str = "REEVE_OPERATOR_ALLOW";
+/// Plain `http://` for both clients: development only.
+pub const ALLOW_HTTP: &str = "REEVE_OUTBOUND_ALLOW_HTTP";
+
 impl OutboundPolicy {
-    /// The defaults, with `REEVE_OUTBOUND_ALLOW` (comma-separated exact
-    /// entries) and `REEVE_OUTBOUND_ALLOW_HTTP` (`1`/`true`) applied.
-    pub fn from_env() -> Self {
-        Self::from_vars(|k| std::env::var(k).ok())
+    /// The users' client: the defaults, with `REEVE_FETCH_ALLOW`
+    /// (comma-separated exact entries) and `REEVE_OUTBOUND_ALLOW_HTTP`
+    /// (`1`/`true`) applied.
+    pub fn users(var: impl Fn(&str) -> Option<String>) -> Self {
+        Self::from_vars(FETCH_ALLOW, var)
     }
 
-    /// [`from_env`](Self::from_env) over any variable lookup.
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
-        let allow = var("REEVE_OUTBOUND_ALLOW")
+    /// The operators' client: the defaults, with `REEVE_OPERATOR_ALLOW` and
+    /// `REEVE_OUTBOUND_ALLOW_HTTP` applied.
+    pub fn operators(var: impl Fn(&str) -> Option<String>) -> Self {
+        Self::from_vars(OPERATOR_ALLOW, var)
+    }
+
+    /// The operators' policy from the process environment. Code that runs
+    /// inside a context should use the context's client instead
+    /// (`ApiContext::operators`, `ExecDeps::operators`).
+    pub fn operators_from_env() -> Self {
+        let env = crate::settings::Env::process();
+        Self::operators(|k| env.optional(k))
+    }
+
+    fn from_vars(allow_variable: &str, var: impl Fn(&str) -> Option<String>) -> Self {
+        let allow = var(allow_variable)
             .map(|v| {
                 v.split(',')
                     .map(str::trim)
@@ -71,7 +105,7 @@ impl OutboundPolicy {
                     .collect()
             })
             .unwrap_or_default();
-        let allow_http = var("REEVE_OUTBOUND_ALLOW_HTTP")
+        let allow_http = var(ALLOW_HTTP)
             .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
             .unwrap_or(false);
         OutboundPolicy {
@@ -345,22 +379,26 @@ mod tests {
 
     #[test]
     fn policy_from_vars() {
-        let p = OutboundPolicy::from_vars(|_| None);
+        let p = OutboundPolicy::users(|_| None);
         assert!(!p.allow_http && p.allow.is_empty());
         assert_eq!(
             (p.max_redirects, p.connect_timeout, p.timeout),
             (3, Duration::from_secs(5), Duration::from_secs(30))
         );
-        let p = OutboundPolicy::from_vars(|k| match k {
-            "REEVE_OUTBOUND_ALLOW" => Some(" 127.0.0.1, facilitator.internal:8443,,::1 ".into()),
+        let vars = |k: &str| match k {
+            "REEVE_OPERATOR_ALLOW" => Some(" 127.0.0.1, facilitator.internal:8443,,::1 ".into()),
             "REEVE_OUTBOUND_ALLOW_HTTP" => Some("TRUE".into()),
             _ => None,
-        });
+        };
+        let p = OutboundPolicy::operators(vars);
         assert_eq!(
             p.allow,
             vec!["127.0.0.1", "facilitator.internal:8443", "::1"]
         );
         assert!(p.allow_http);
+        // The operators' entries are not the users'.
+        let users = OutboundPolicy::users(vars);
+        assert!(users.allow.is_empty() && users.allow_http);
         for (v, want) in [
             ("1", true),
             ("true", true),
@@ -368,7 +406,7 @@ mod tests {
             ("yes", false),
             ("", false),
         ] {
-            let p = OutboundPolicy::from_vars(|k| {
+            let p = OutboundPolicy::users(|k| {
                 (k == "REEVE_OUTBOUND_ALLOW_HTTP").then(|| v.to_string())
             });
             assert_eq!(p.allow_http, want, "{v:?}");

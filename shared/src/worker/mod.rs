@@ -47,15 +47,13 @@ use tracing::Instrument;
 pub use batch::handle_batch;
 pub use poller::Poller;
 
-use crate::aws::AwsClients;
 use crate::catalog::{Catalog, TaskSpec};
-use crate::db;
+use crate::db::Connect;
 use crate::executors::{self, ExecDeps, ExecError, Job, Report};
-use crate::http::Connect;
 use crate::ids::Id;
-use crate::outbound::{Outbound, OutboundPolicy};
 use crate::redis_client::RedisClient;
-use crate::settings::{self, StartupError, WorkerSettings};
+use crate::settings::WorkerSettings;
+use crate::startup::{self, StartupError};
 use crate::tasks::QueueMessage;
 use crate::tasks::events::{EventType, Publisher};
 
@@ -137,45 +135,9 @@ impl WorkerContext {
         }
     }
 
-    /// For the worker Lambda's `main`: the context from `REEVE_CATALOG` and
-    /// the environment, connecting lazily. Every problem is logged and the
-    /// init fails (see `ApiContext::for_lambda`).
-    pub async fn for_lambda() -> WorkerContext {
-        match Self::from_env(&settings::catalog_path(), Connect::Lazily).await {
-            Ok(ctx) => ctx,
-            Err(e) => {
-                tracing::error!("cannot start: {e}");
-                std::process::exit(1);
-            }
-        }
-    }
-
-    /// Reads the catalog and the environment, reporting the problems of both
-    /// together, then opens the stores.
+    /// The context from the environment and `catalog` ([`startup::worker`]).
     pub async fn from_env(catalog: &Path, connect: Connect) -> Result<WorkerContext, StartupError> {
-        let mut problems = Vec::new();
-        let catalog = Catalog::load(catalog).map_err(|e| problems.push(e.to_string())).ok();
-        let settings = WorkerSettings::from_env().map_err(|e| problems.extend(e.problems)).ok();
-        let outbound = Outbound::new(OutboundPolicy::from_env())
-            .map_err(|e| problems.push(format!("REEVE_OUTBOUND_ALLOW: {e}")))
-            .ok();
-        let (Some(catalog), Some(settings), Some(outbound)) = (catalog, settings, outbound) else {
-            return Err(StartupError::Config(problems));
-        };
-        let db = match connect {
-            Connect::Now => db::connect(&settings.database_url).await?,
-            Connect::Lazily => db::connect_lazy(&settings.database_url)?,
-        };
-        let redis = RedisClient::new(&settings.redis_url)?;
-        let aws = AwsClients::from_env().await;
-        let exec = ExecDeps {
-            db: db.clone(),
-            s3: aws.s3,
-            bucket: settings.bucket.clone(),
-            outbound,
-            fetch_max_bytes: settings.fetch_max_bytes,
-        };
-        Ok(WorkerContext::new(catalog, db, redis, exec, settings))
+        startup::worker(catalog, connect).await
     }
 
     /// The lease a claim takes for a task with this timeout.

@@ -35,7 +35,7 @@ pub fn test_settings(redis_url: &str) -> ApiSettings {
     ApiSettings {
         pepper: Secret::new("REEVE_PEPPER", b"test-pepper-test-pepper-test-pepper!".to_vec()).unwrap(),
         token_key: Secret::new("REEVE_TOKEN_KEY", b"test-token-key-test-token-key-test!!".to_vec()).unwrap(),
-        database_url: String::new(),
+        database_url: Secret::text("DATABASE_URL", String::new()),
         redis_url: redis_url.to_owned(),
         bucket: env("REEVE_BUCKET"),
         queue_url: env("REEVE_QUEUE_URL"),

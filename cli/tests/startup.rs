@@ -1,0 +1,49 @@
+//! `reeve serve` and `reeve work` through the one start-up path: every
+//! problem of the catalog and the environment at once, exit code 1.
+
+use std::process::Command;
+
+fn reeve(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));
+    // Where no `.env` is, with nothing inherited but PATH.
+    cmd.current_dir(std::env::temp_dir()).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+    cmd.args(args).envs(env.iter().copied());
+    let out = cmd.output().expect("reeve runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn serve_reports_every_problem_once_and_exits_1() {
+    let (code, err) = reeve(
+        &["serve", "--catalog", "no-such-reeve.toml"],
+        &[("DATABASE_URL", "mysql:/not-postgres"), ("REDIS_URL", "http://not-redis"), ("REEVE_TOKEN_KEY", "short")],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    for expected in [
+        "no-such-reeve.toml",
+        "REEVE_PEPPER is not set (nor REEVE_PEPPER_SECRET_ARN",
+        "REEVE_TOKEN_KEY must be at least 32 bytes",
+        "REEVE_BUCKET is not set",
+        "REEVE_QUEUE_URL is not set",
+        "DATABASE_URL is not a valid Postgres URL",
+        "REDIS_URL is not a valid Redis URL",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+    // The API's and the relay's builders both find the token key too short:
+    // it is reported once.
+    assert_eq!(err.matches("REEVE_TOKEN_KEY must be at least 32 bytes").count(), 1, "{err}");
+    assert!(!err.contains("short\""), "{err}");
+}
+
+#[test]
+fn work_reports_every_problem_and_exits_1() {
+    let (code, err) = reeve(
+        &["work", "--catalog", "no-such-reeve.toml"],
+        &[("REDIS_URL", "redis://127.0.0.1:1"), ("REEVE_OPERATOR_ALLOW", "*.example.com")],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    for expected in ["no-such-reeve.toml", "DATABASE_URL is not set", "REEVE_BUCKET is not set", "REEVE_OPERATOR_ALLOW:"] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+}

@@ -1,0 +1,137 @@
+//! Per-client limits on the login routes of `reeve serve`.
+//!
+//! `POST /v1/spaces` and `POST /v1/sessions` run Argon2id, so they are
+//! throttled. A throttle shared by every caller lets one client lock everyone
+//! out, so each client gets its own budget here (a GCRA limiter per key,
+//! the `governor` crate), and a client over it gets `429 rate_limited` with
+//! `Retry-After`, while other clients are unaffected.
+//!
+//! A client is its IP address, as the TCP peer: `reeve serve` is meant to
+//! be reached directly. The limits of that choice:
+//! - every IPv6 address in one /64 is one client, since a single host is
+//!   commonly handed a whole /64 and could otherwise rotate addresses freely;
+//!   so neighbours sharing a /64 share a budget;
+//! - clients behind one NAT (an office, a carrier-grade NAT) share one IPv4
+//!   address, hence one budget;
+//! - behind a reverse proxy every request comes from the proxy: put the
+//!   limit in the proxy instead (on AWS, the template's optional WAF rules
+//!   do this for the API).
+//!
+//! The state lives in this process only; several `reeve serve` processes
+//! each count on their own.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+use crate::error::ApiError;
+
+/// Per client: a burst of 5 new spaces, then one a second.
+pub const SPACES_PER_SECOND: u32 = 1;
+pub const SPACES_BURST: u32 = 5;
+/// Per client: a burst of 10 sessions, then two a second.
+pub const SESSIONS_PER_SECOND: u32 = 2;
+pub const SESSIONS_BURST: u32 = 10;
+
+/// Keys remembered before idle ones are dropped.
+const MAX_TRACKED: usize = 100_000;
+
+/// The limiters of the login routes.
+pub struct LoginLimits {
+    spaces: DefaultKeyedRateLimiter<IpAddr>,
+    sessions: DefaultKeyedRateLimiter<IpAddr>,
+}
+
+impl Default for LoginLimits {
+    fn default() -> Self {
+        Self::new((SPACES_PER_SECOND, SPACES_BURST), (SESSIONS_PER_SECOND, SESSIONS_BURST))
+    }
+}
+
+impl LoginLimits {
+    /// `(per second, burst)` for each route.
+    pub fn new(spaces: (u32, u32), sessions: (u32, u32)) -> Self {
+        let quota = |(rate, burst): (u32, u32)| {
+            Quota::per_second(NonZeroU32::new(rate).expect("rate > 0"))
+                .allow_burst(NonZeroU32::new(burst).expect("burst > 0"))
+        };
+        LoginLimits { spaces: RateLimiter::keyed(quota(spaces)), sessions: RateLimiter::keyed(quota(sessions)) }
+    }
+
+    fn for_request(&self, method: &Method, path: &str) -> Option<&DefaultKeyedRateLimiter<IpAddr>> {
+        if method != Method::POST {
+            return None;
+        }
+        match path {
+            "/v1/spaces" => Some(&self.spaces),
+            "/v1/sessions" => Some(&self.sessions),
+            _ => None,
+        }
+    }
+}
+
+/// The client an address belongs to: an IPv4 address (an IPv4-mapped IPv6
+/// address counts as its IPv4 address), or an IPv6 /64.
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(Ipv6Addr::from(prefix))
+            }
+        },
+    }
+}
+
+/// The layer: `router.layer(axum::middleware::from_fn_with_state(limits, limit))`,
+/// served with `into_make_service_with_connect_info::<SocketAddr>()` so the
+/// peer address is known. Without it (a test's `oneshot`), nothing is limited.
+pub async fn limit(State(limits): State<Arc<LoginLimits>>, request: Request, next: Next) -> Response {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    if let (Some(limiter), Some(peer)) = (limits.for_request(request.method(), request.uri().path()), peer) {
+        if limiter.len() > MAX_TRACKED {
+            limiter.retain_recent();
+        }
+        if let Err(not_until) = limiter.check_key(&client_key(peer)) {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            let mut response = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!("too many requests from your address; try again in {seconds} s"),
+            )
+            .into_response();
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+            return response;
+        }
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_slash_64_is_one_client() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff:1:2:3".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(client_key(a), client_key(b));
+        assert_ne!(client_key(a), client_key(c));
+        assert_eq!(client_key(a), "2001:db8:1:2::".parse::<IpAddr>().unwrap());
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert_eq!(client_key(mapped), "192.0.2.7".parse::<IpAddr>().unwrap());
+        let v4: IpAddr = "192.0.2.8".parse().unwrap();
+        assert_eq!(client_key(v4), v4);
+    }
+}

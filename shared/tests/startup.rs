@@ -1,0 +1,175 @@
+//! The one start-up path against real parts: secrets named by ARN are read
+//! from Secrets Manager (the stack's moto, which serves every AWS service on
+//! one port), a function is given only the secrets it asks for, and every
+//! problem of a deployment is reported at once.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use reeve_shared::auth::{self, Secret, SpaceId};
+use reeve_shared::db::Connect;
+use reeve_shared::settings::Needs;
+use reeve_shared::startup::{self, StartupError};
+
+const PEPPER: &str = "pepper-from-secrets-manager-0123456789abcdef";
+const TOKEN_KEY: &str = "token-key-from-secrets-manager-0123456789ab";
+
+fn catalog() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")
+}
+
+/// The stack's moto: `AWS_ENDPOINT_URL_SQS` is its address.
+fn moto() -> SdkConfig {
+    let endpoint = std::env::var("AWS_ENDPOINT_URL_SQS").expect("the stack's .env is loaded");
+    SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(aws_sdk_secretsmanager::config::SharedCredentialsProvider::new(
+            aws_sdk_secretsmanager::config::Credentials::new("test", "test", None, None, "test"),
+        ))
+        .build()
+}
+
+/// Creates a secret of this test's own and answers its ARN.
+async fn create_secret(sdk: &SdkConfig, value: &str) -> String {
+    let client = aws_sdk_secretsmanager::Client::new(sdk);
+    let name = format!("reeve-test/{}", ulid::Ulid::new());
+    let created = client.create_secret().name(name).secret_string(value).send().await.expect("moto serves Secrets Manager");
+    created.arn().expect("an ARN").to_owned()
+}
+
+fn lookup(vars: &[(&str, String)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    move |name| map.get(name).cloned()
+}
+
+/// What every API function has besides its secrets.
+fn plain(redis: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("REDIS_URL", redis.to_owned()),
+        ("REEVE_BUCKET", "reeve-test".to_owned()),
+        ("REEVE_QUEUE_URL", "http://127.0.0.1:5000/000000000000/q".to_owned()),
+    ]
+}
+
+#[tokio::test]
+async fn secrets_named_by_arn_are_read_from_secrets_manager() {
+    let sdk = moto();
+    let database_url = std::env::var("DATABASE_URL").unwrap();
+    let mut vars = plain(&common::redis_url());
+    vars.push(("REEVE_PEPPER_SECRET_ARN", create_secret(&sdk, PEPPER).await));
+    vars.push(("REEVE_TOKEN_KEY_SECRET_ARN", create_secret(&sdk, TOKEN_KEY).await));
+    vars.push(("REEVE_DATABASE_URL_SECRET_ARN", create_secret(&sdk, &database_url).await));
+
+    let ctx = startup::api_with(lookup(&vars), &sdk, Needs::AUTH, &catalog(), Connect::Now)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The values are Secrets Manager's: the same keys derive the same index.
+    let id = SpaceId::parse("12345678901234567890").unwrap();
+    let pepper = Secret::new("REEVE_PEPPER", PEPPER.as_bytes().to_vec()).unwrap();
+    assert_eq!(auth::space_index(&ctx.settings.pepper, &id), auth::space_index(&pepper, &id));
+    let token_key = Secret::new("REEVE_TOKEN_KEY", TOKEN_KEY.as_bytes().to_vec()).unwrap();
+    let (token, _) = auth::issue_token(&token_key, &auth::space_index(&pepper, &id), time::OffsetDateTime::now_utc());
+    assert!(auth::verify_token(&ctx.settings.token_key, &token, time::OffsetDateTime::now_utc()).is_ok());
+    // Connect::Now connected with the URL read from Secrets Manager.
+    sqlx::query("SELECT 1").execute(&ctx.db).await.expect("connected");
+    // Nothing of them is printed.
+    let shown = format!("{:?}", ctx.settings);
+    for value in [PEPPER, TOKEN_KEY, database_url.as_str()] {
+        assert!(!shown.contains(value), "{shown}");
+    }
+}
+
+#[tokio::test]
+async fn a_function_without_a_secret_cannot_use_it() {
+    let sdk = moto();
+    // The catalog function: no secret at all, and it starts.
+    let ctx = startup::api_with(lookup(&plain(&common::redis_url())), &sdk, Needs::NONE, &catalog(), Connect::Lazily)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Its token key is random: a token made with the real key is refused.
+    let real = Secret::new("REEVE_TOKEN_KEY", TOKEN_KEY.as_bytes().to_vec()).unwrap();
+    let index = auth::space_index(&real, &SpaceId::parse("12345678901234567890").unwrap());
+    let (token, _) = auth::issue_token(&real, &index, time::OffsetDateTime::now_utc());
+    assert!(auth::verify_token(&ctx.settings.token_key, &token, time::OffsetDateTime::now_utc()).is_err());
+    // And it has no database to reach.
+    assert!(sqlx::query("SELECT 1").execute(&ctx.db).await.is_err());
+}
+
+#[tokio::test]
+async fn every_problem_is_reported_at_once() {
+    let sdk = moto();
+    let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:reeve-test/missing-AbCdEf";
+    let vars = vec![
+        // The pepper is not given at all; the token key names a secret that
+        // does not exist; the database URL is not a URL.
+        ("REEVE_TOKEN_KEY_SECRET_ARN", missing.to_owned()),
+        ("DATABASE_URL", "mysql:/nowhere".to_owned()),
+        ("REDIS_URL", "http://not-redis".to_owned()),
+        ("REEVE_QUEUE_URL", "q".to_owned()),
+        ("REEVE_UPLOAD_MAX_BYTES", "lots".to_owned()),
+        ("REEVE_OPERATOR_ALLOW", "*.example.com".to_owned()),
+    ];
+    let err = startup::api_with(lookup(&vars), &sdk, Needs::AUTH, Path::new("no-such-catalog.toml"), Connect::Lazily)
+        .await
+        .err()
+        .expect("start-up fails");
+    assert!(matches!(err, StartupError::Config(_)));
+    let problems = err.problems();
+    let text = problems.join("\n");
+    for expected in [
+        "no-such-catalog.toml",
+        "REEVE_UPLOAD_MAX_BYTES must be a positive integer",
+        "REEVE_OPERATOR_ALLOW:",
+        "REEVE_TOKEN_KEY_SECRET_ARN: cannot read arn:aws:secretsmanager:us-east-1:123456789012:secret:reeve-test/missing-AbCdEf from Secrets Manager: ResourceNotFoundException: ",
+        "REEVE_PEPPER is not set (nor REEVE_PEPPER_SECRET_ARN",
+        "REEVE_BUCKET is not set",
+        "DATABASE_URL is not a valid Postgres URL",
+        "REDIS_URL is not a valid Redis URL",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    assert_eq!(problems.len(), 8, "{text}");
+    assert!(problems.iter().all(|p| p.len() < 300), "each problem is one readable line:\n{text}");
+    assert!(!text.contains("REEVE_TOKEN_KEY is not set"), "a secret that failed to load is reported once:\n{text}");
+}
+
+#[tokio::test]
+async fn a_secret_given_both_ways_is_refused() {
+    let sdk = moto();
+    let mut vars = plain(&common::redis_url());
+    vars.push(("DATABASE_URL", std::env::var("DATABASE_URL").unwrap()));
+    vars.push(("REEVE_DATABASE_URL_SECRET_ARN", "arn:aws:secretsmanager:us-east-1:1:secret:x".to_owned()));
+    vars.push(("REEVE_TOKEN_KEY", TOKEN_KEY.to_owned()));
+    let err = startup::api_with(lookup(&vars), &sdk, Needs::SESSION, &catalog(), Connect::Lazily).await.err().unwrap();
+    assert_eq!(err.problems(), ["set DATABASE_URL or REEVE_DATABASE_URL_SECRET_ARN, not both"]);
+}
+
+#[tokio::test]
+async fn the_worker_and_the_guard_read_the_database_url_by_arn() {
+    let sdk = moto();
+    let database_url = std::env::var("DATABASE_URL").unwrap();
+    let arn = create_secret(&sdk, &database_url).await;
+    let vars = vec![
+        ("REEVE_DATABASE_URL_SECRET_ARN", arn),
+        ("REDIS_URL", common::redis_url()),
+        ("REEVE_BUCKET", "reeve-test".to_owned()),
+        ("REEVE_CATALOG", catalog().display().to_string()),
+    ];
+    let worker = startup::worker_with(lookup(&vars), &sdk, &catalog(), Connect::Now).await.unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("SELECT 1").execute(&worker.db).await.expect("connected");
+    let guard = startup::guard_with(lookup(&vars), &sdk).await.unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("SELECT 1").execute(&guard.db).await.expect("connected");
+
+    // The worker without its secret, with a bad fetch allow-list: both reported.
+    let vars = vec![("REDIS_URL", common::redis_url()), ("REEVE_BUCKET", "b".to_owned()), ("REEVE_FETCH_ALLOW", "*.example.com".to_owned())];
+    let err = startup::worker_with(lookup(&vars), &sdk, &catalog(), Connect::Lazily).await.err().unwrap();
+    let problems = err.problems();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].starts_with("DATABASE_URL is not set"), "{problems:?}");
+    assert!(problems[1].starts_with("REEVE_FETCH_ALLOW:"), "{problems:?}");
+}
