@@ -13,10 +13,11 @@ use reeve_shared::ids::Id;
 use reeve_shared::http::events::{self, RelayContext};
 use reeve_shared::http::{ApiContext, Connect, app};
 use reeve_shared::aws::AwsClients;
-use reeve_shared::settings::{DATABASE_URL, DEFAULT_CATALOG, Env, QUEUE_URL};
+use reeve_shared::settings::{DEFAULT_CATALOG, QUEUE_URL};
 use reeve_shared::worker::{Poller, WorkerContext};
-use reeve_shared::{db, telemetry};
+use reeve_shared::telemetry;
 
+mod migrate;
 mod storage;
 mod watch;
 
@@ -34,8 +35,9 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
-    /// Apply the database migrations (safe to run again).
-    Migrate,
+    /// Apply the database migrations (safe to run again); `--dry-run` lists
+    /// them, `status` compares the database with this binary.
+    Migrate(migrate::MigrateArgs),
     /// Serve every route in one process.
     Serve {
         /// Address to listen on.
@@ -101,7 +103,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Config { command: ConfigCommand::Check { file } } => return config_check(&file),
-        Command::Migrate => runtime().block_on(migrate()),
+        Command::Migrate(args) => return migrate::run(args),
         Command::Serve { bind, catalog } => runtime().block_on(serve(bind, &catalog)),
         Command::Task { command: TaskCommand::Watch { id, endpoint, token } } => {
             return match runtime().block_on(watch::watch(&endpoint, &token, id)) {
@@ -140,17 +142,6 @@ fn config_check(file: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-async fn migrate() -> anyhow::Result<()> {
-    telemetry::init();
-    let mut env = Env::process();
-    let url = env.required(DATABASE_URL);
-    env.finish()?;
-    let pool = db::connect(&url).await?;
-    db::migrate(&pool).await?;
-    println!("migrations applied: {}", db::MIGRATOR.iter().count());
-    Ok(())
 }
 
 async fn serve(bind: SocketAddr, catalog: &Path) -> anyhow::Result<()> {
