@@ -46,6 +46,9 @@ enum Command {
         /// The catalog file.
         #[arg(long, env = "REEVE_CATALOG", default_value = DEFAULT_CATALOG)]
         catalog: PathBuf,
+        /// Serve Prometheus `/metrics` here instead of on `--bind`.
+        #[arg(long)]
+        metrics_bind: Option<SocketAddr>,
     },
     /// Tasks, as a client: follow one to its end.
     Task {
@@ -57,12 +60,18 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8081")]
         bind: SocketAddr,
+        /// Serve Prometheus `/metrics` here instead of on `--bind`.
+        #[arg(long)]
+        metrics_bind: Option<SocketAddr>,
     },
     /// Run the worker: long-poll the SQS queue and run its tasks.
     Work {
         /// The catalog file.
         #[arg(long, env = "REEVE_CATALOG", default_value = DEFAULT_CATALOG)]
         catalog: PathBuf,
+        /// Serve Prometheus `/metrics` on this address (none by default).
+        #[arg(long)]
+        metrics_bind: Option<SocketAddr>,
     },
     /// The S3 bucket: its policy (`reeve storage policy [--apply]`).
     Storage {
@@ -104,7 +113,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Config { command: ConfigCommand::Check { file } } => return config_check(&file),
         Command::Migrate(args) => return migrate::run(args),
-        Command::Serve { bind, catalog } => runtime().block_on(serve(bind, &catalog)),
+        Command::Serve { bind, catalog, metrics_bind } => runtime().block_on(serve(bind, &catalog, metrics_bind)),
         Command::Task { command: TaskCommand::Watch { id, endpoint, token } } => {
             return match runtime().block_on(watch::watch(&endpoint, &token, id)) {
                 Ok(code) => code,
@@ -114,8 +123,8 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Relay { bind } => runtime().block_on(relay(bind)),
-        Command::Work { catalog } => runtime().block_on(work(&catalog)),
+        Command::Relay { bind, metrics_bind } => runtime().block_on(relay(bind, metrics_bind)),
+        Command::Work { catalog, metrics_bind } => runtime().block_on(work(&catalog, metrics_bind)),
         Command::Storage { command } => runtime().block_on(storage::run(command)),
     };
     match result {
@@ -144,7 +153,7 @@ fn config_check(file: &Path) -> ExitCode {
     }
 }
 
-async fn serve(bind: SocketAddr, catalog: &Path) -> anyhow::Result<()> {
+async fn serve(bind: SocketAddr, catalog: &Path, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
     telemetry::init();
     let ctx = ApiContext::from_env(catalog, Connect::Now).await?;
     let relay = RelayContext::from_env()?;
@@ -152,24 +161,29 @@ async fn serve(bind: SocketAddr, catalog: &Path) -> anyhow::Result<()> {
     // the API's: one listener for everything, as a local stand-in for the
     // API Gateway plus the Fargate service.
     let routes = events::routes(relay).merge(app(ctx));
+    let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, "reeve serving");
     axum::serve(listener, routes).with_graceful_shutdown(shutdown_signal()).await?;
     Ok(())
 }
 
-async fn relay(bind: SocketAddr) -> anyhow::Result<()> {
+async fn relay(bind: SocketAddr, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
     telemetry::init();
     let ctx = RelayContext::from_env()?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, "relay serving");
-    axum::serve(listener, events::router(ctx)).with_graceful_shutdown(shutdown_signal()).await?;
+    let routes = reeve_shared::metrics::mount(events::router(ctx), metrics_bind).await?;
+    axum::serve(listener, routes).with_graceful_shutdown(shutdown_signal()).await?;
     Ok(())
 }
 
 /// Polls until Ctrl-C or SIGTERM, then finishes the messages in flight.
-async fn work(catalog: &Path) -> anyhow::Result<()> {
+async fn work(catalog: &Path, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
     telemetry::init();
+    if let Some(bind) = metrics_bind {
+        reeve_shared::metrics::serve(bind, reeve_shared::metrics::install_prometheus()?).await?;
+    }
     let ctx = WorkerContext::from_env(catalog, Connect::Now).await?;
     let Some(queue_url) = ctx.settings.queue_url.clone() else {
         anyhow::bail!("bad environment: {QUEUE_URL} is not set");
