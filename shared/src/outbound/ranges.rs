@@ -41,24 +41,24 @@ const BLOCKED: &[(&str, &str)] = &[
     ("240.0.0.0/4", "reserved (240.0.0.0/4)"), // RFC 1112
     // IPv6
     ("::/128", "unspecified (::)"), // RFC 4291
-    ("::1/128", "loopback (::1)"), // RFC 4291
+    ("::1/128", "loopback (::1)"),  // RFC 4291
     // Whatever IPv4 address it embeds, public or not: a mapped address is a
     // way to reach IPv4 through an IPv6 socket and has no business here.
     ("::ffff:0:0/96", "IPv4-mapped (::ffff:0:0/96)"), // RFC 4291
     ("::ffff:0:0:0/96", "IPv4-translated (::ffff:0:0:0/96)"), // RFC 2765
-    ("::/96", "IPv4-compatible (::/96)"), // RFC 4291, deprecated
-    ("64:ff9b::/96", "NAT64 (64:ff9b::/96)"), // RFC 6052
+    ("::/96", "IPv4-compatible (::/96)"),             // RFC 4291, deprecated
+    ("64:ff9b::/96", "NAT64 (64:ff9b::/96)"),         // RFC 6052
     ("64:ff9b:1::/48", "local NAT64 (64:ff9b:1::/48)"), // RFC 8215
-    ("100::/64", "discard-only (100::/64)"), // RFC 6666
+    ("100::/64", "discard-only (100::/64)"),          // RFC 6666
     ("2001:db8::/32", "documentation (2001:db8::/32)"), // RFC 3849
-    ("2001::/32", "Teredo (2001::/32)"), // RFC 4380
+    ("2001::/32", "Teredo (2001::/32)"),              // RFC 4380
     ("2001::/23", "IETF protocol assignments (2001::/23)"), // RFC 2928
-    ("2002::/16", "6to4 (2002::/16)"), // RFC 3056
-    ("3fff::/20", "documentation (3fff::/20)"), // RFC 9637
-    ("fc00::/7", "unique local (fc00::/7)"), // RFC 4193
-    ("fe80::/10", "link-local (fe80::/10)"), // RFC 4291
-    ("fec0::/10", "site-local (fec0::/10)"), // RFC 3879, deprecated
-    ("ff00::/8", "multicast (ff00::/8)"), // RFC 4291
+    ("2002::/16", "6to4 (2002::/16)"),                // RFC 3056
+    ("3fff::/20", "documentation (3fff::/20)"),       // RFC 9637
+    ("fc00::/7", "unique local (fc00::/7)"),          // RFC 4193
+    ("fe80::/10", "link-local (fe80::/10)"),          // RFC 4291
+    ("fec0::/10", "site-local (fec0::/10)"),          // RFC 3879, deprecated
+    ("ff00::/8", "multicast (ff00::/8)"),             // RFC 4291
 ];
 
 /// The table parsed once. A typo in a CIDR is a programming error that every
