@@ -110,7 +110,7 @@ fn the_dashboard_is_json_and_reads_only_metrics_the_code_records() {
     while let Some(i) = rest.find("${") {
         body.push_str(&rest[..i]);
         let close = rest[i..].find('}').unwrap();
-        body.push_str("x");
+        body.push('x');
         rest = &rest[i + close + 1..];
     }
     body.push_str(rest);
