@@ -17,8 +17,9 @@ use reeve_shared::aws::AwsClients;
 use reeve_shared::db::Connect;
 use reeve_shared::settings::{DEFAULT_CATALOG, Needs, QUEUE_URL};
 use reeve_shared::worker::Poller;
-use reeve_shared::{db, startup, telemetry};
+use reeve_shared::{startup, telemetry};
 
+mod migrate;
 mod storage;
 mod watch;
 
@@ -36,8 +37,9 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
-    /// Apply the database migrations (safe to run again).
-    Migrate,
+    /// Apply the database migrations (safe to run again); `--dry-run` lists
+    /// them, `status` compares the database with this binary.
+    Migrate(migrate::MigrateArgs),
     /// Serve every route in one process.
     Serve {
         /// Address to listen on.
@@ -46,6 +48,9 @@ enum Command {
         /// The catalog file.
         #[arg(long, env = "REEVE_CATALOG", default_value = DEFAULT_CATALOG)]
         catalog: PathBuf,
+        /// Serve Prometheus `/metrics` here instead of on `--bind`.
+        #[arg(long)]
+        metrics_bind: Option<SocketAddr>,
     },
     /// Tasks, as a client: follow one to its end.
     Task {
@@ -57,12 +62,18 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8081")]
         bind: SocketAddr,
+        /// Serve Prometheus `/metrics` here instead of on `--bind`.
+        #[arg(long)]
+        metrics_bind: Option<SocketAddr>,
     },
     /// Run the worker: long-poll the SQS queue and run its tasks.
     Work {
         /// The catalog file.
         #[arg(long, env = "REEVE_CATALOG", default_value = DEFAULT_CATALOG)]
         catalog: PathBuf,
+        /// Serve Prometheus `/metrics` on this address (none by default).
+        #[arg(long)]
+        metrics_bind: Option<SocketAddr>,
     },
     /// The S3 bucket: its policy (`reeve storage policy [--apply]`).
     Storage {
@@ -103,8 +114,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Config { command: ConfigCommand::Check { file } } => return config_check(&file),
-        Command::Migrate => runtime().block_on(migrate()),
-        Command::Serve { bind, catalog } => runtime().block_on(serve(bind, &catalog)),
+        Command::Migrate(args) => return migrate::run(args),
+        Command::Serve { bind, catalog, metrics_bind } => runtime().block_on(serve(bind, &catalog, metrics_bind)),
         Command::Task { command: TaskCommand::Watch { id, endpoint, token } } => {
             return match runtime().block_on(watch::watch(&endpoint, &token, id)) {
                 Ok(code) => code,
@@ -114,8 +125,8 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Relay { bind } => runtime().block_on(relay(bind)),
-        Command::Work { catalog } => runtime().block_on(work(&catalog)),
+        Command::Relay { bind, metrics_bind } => runtime().block_on(relay(bind, metrics_bind)),
+        Command::Work { catalog, metrics_bind } => runtime().block_on(work(&catalog, metrics_bind)),
         Command::Storage { command } => runtime().block_on(storage::run(command)),
     };
     match result {
@@ -144,16 +155,7 @@ fn config_check(file: &Path) -> ExitCode {
     }
 }
 
-async fn migrate() -> anyhow::Result<()> {
-    telemetry::init();
-    let url = startup::database_url().await?;
-    let pool = db::connect(url.expose_str()).await?;
-    db::migrate(&pool).await?;
-    println!("migrations applied: {}", db::MIGRATOR.iter().count());
-    Ok(())
-}
-
-async fn serve(bind: SocketAddr, catalog: &Path) -> anyhow::Result<()> {
+async fn serve(bind: SocketAddr, catalog: &Path, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
     telemetry::init();
     // Both contexts' problems at once.
     let (ctx, relay) = startup::both(startup::api(Needs::ALL, catalog, Connect::Now).await, RelayContext::from_env())?;
@@ -165,6 +167,7 @@ async fn serve(bind: SocketAddr, catalog: &Path) -> anyhow::Result<()> {
     let routes = routes
         .layer(axum::middleware::from_fn_with_state(Arc::new(LoginLimits::default()), limit::limit))
         .layer(axum::middleware::from_fn(reeve_shared::error::envelope));
+    let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, "reeve serving");
     // The peer address is what the login limits count by.
@@ -173,18 +176,22 @@ async fn serve(bind: SocketAddr, catalog: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn relay(bind: SocketAddr) -> anyhow::Result<()> {
+async fn relay(bind: SocketAddr, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
     telemetry::init();
     let ctx = RelayContext::from_env()?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, "relay serving");
-    axum::serve(listener, events::router(ctx)).with_graceful_shutdown(shutdown_signal()).await?;
+    let routes = reeve_shared::metrics::mount(events::router(ctx), metrics_bind).await?;
+    axum::serve(listener, routes).with_graceful_shutdown(shutdown_signal()).await?;
     Ok(())
 }
 
 /// Polls until Ctrl-C or SIGTERM, then finishes the messages in flight.
-async fn work(catalog: &Path) -> anyhow::Result<()> {
+async fn work(catalog: &Path, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
     telemetry::init();
+    if let Some(bind) = metrics_bind {
+        reeve_shared::metrics::serve(bind, reeve_shared::metrics::install_prometheus()?).await?;
+    }
     let ctx = startup::worker(catalog, Connect::Now).await?;
     let Some(queue_url) = ctx.settings.queue_url.clone() else {
         anyhow::bail!("bad environment: {QUEUE_URL} is not set");

@@ -26,6 +26,8 @@ pub enum DbError {
     Unreachable { target: String, cause: String },
     #[error("migrating the database failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("reading the applied migrations failed: {}", short_cause(.0))]
+    Query(#[from] sqlx::Error),
 }
 
 /// `host:port/database`, never the password: this ends up in logs.
@@ -96,6 +98,104 @@ pub fn unconfigured() -> PgPool {
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
     MIGRATOR.run(pool).await?;
     Ok(())
+}
+
+/// Where one migration stands, comparing the database with this binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MigrationState {
+    /// Applied, with the checksum this binary has.
+    Applied,
+    /// In this binary, not yet in the database: `reeve migrate` applies it.
+    Pending,
+    /// Applied from different SQL than this binary carries: someone edited
+    /// a migration after it ran, or the binary is from another branch.
+    ChecksumMismatch { applied: String },
+    /// Recorded as started but not successful; the schema may be half-changed.
+    Failed,
+    /// In the database but unknown to this binary: the database is ahead,
+    /// so this binary is older than the schema it would run against.
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+pub struct MigrationEntry {
+    pub version: i64,
+    pub description: String,
+    /// SHA-384 of the SQL as hex: this binary's, or the database's for an
+    /// `Unknown` entry.
+    pub checksum: String,
+    pub state: MigrationState,
+}
+
+/// Every migration either side knows, in version order.
+#[derive(Debug, Clone)]
+pub struct MigrationReport {
+    pub entries: Vec<MigrationEntry>,
+}
+
+impl MigrationReport {
+    pub fn pending(&self) -> impl Iterator<Item = &MigrationEntry> {
+        self.entries.iter().filter(|e| e.state == MigrationState::Pending)
+    }
+
+    /// Entries that make `reeve migrate` refuse to run and that an operator
+    /// must resolve by hand (see docs/operations.md).
+    pub fn problems(&self) -> impl Iterator<Item = &MigrationEntry> {
+        self.entries
+            .iter()
+            .filter(|e| !matches!(e.state, MigrationState::Applied | MigrationState::Pending))
+    }
+
+    pub fn is_consistent(&self) -> bool {
+        self.problems().next().is_none()
+    }
+}
+
+/// Compares the migrations in `migrator` with those recorded in the
+/// database. Read-only: unlike `Migrator::run` it never creates the
+/// bookkeeping table, so it is safe against a database nobody migrated yet.
+pub async fn migration_status(pool: &PgPool, migrator: &Migrator) -> Result<MigrationReport, DbError> {
+    let table = migrator.table_name.as_ref();
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL").bind(table).fetch_one(pool).await?;
+    let applied: Vec<(i64, String, Vec<u8>, bool)> = if exists {
+        // The table name is sqlx's own constant, not input.
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT version, description, checksum, success FROM {table} ORDER BY version"
+        )))
+        .fetch_all(pool)
+        .await?
+    } else {
+        Vec::new()
+    };
+
+    let mut entries: Vec<MigrationEntry> = migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .map(|m| {
+            let checksum = hex::encode(&m.checksum);
+            let state = match applied.iter().find(|(v, ..)| *v == m.version) {
+                None => MigrationState::Pending,
+                Some((.., false)) => MigrationState::Failed,
+                Some((_, _, sum, true)) if sum.as_slice() != m.checksum.as_ref() => {
+                    MigrationState::ChecksumMismatch { applied: hex::encode(sum) }
+                }
+                Some(_) => MigrationState::Applied,
+            };
+            MigrationEntry { version: m.version, description: m.description.to_string(), checksum, state }
+        })
+        .collect();
+    for (version, description, sum, _) in &applied {
+        if !migrator.version_exists(*version) {
+            entries.push(MigrationEntry {
+                version: *version,
+                description: description.clone(),
+                checksum: hex::encode(sum),
+                state: MigrationState::Unknown,
+            });
+        }
+    }
+    entries.sort_by_key(|e| e.version);
+    Ok(MigrationReport { entries })
 }
 
 fn short_cause(e: &sqlx::Error) -> String {

@@ -121,6 +121,8 @@ fn request_id_of(request: &Request) -> String {
 /// makes every error response the JSON envelope carrying that id.
 pub async fn envelope(mut request: Request, next: Next) -> Response {
     let request_id = request_id_of(&request);
+    let route = request.extensions().get::<axum::extract::MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
+    let (method, started) = (request.method().clone(), std::time::Instant::now());
     let header_value = HeaderValue::from_str(&request_id).expect("checked printable ASCII");
     request.headers_mut().insert(REQUEST_ID_HEADER, header_value.clone());
 
@@ -147,6 +149,8 @@ pub async fn envelope(mut request: Request, next: Next) -> Response {
         }
     }
     response.headers_mut().insert(REQUEST_ID_HEADER, header_value);
+    crate::metrics::http_request(method.as_str(), &route, response.status().as_u16(), started.elapsed());
+    crate::metrics::flush();
     response
 }
 

@@ -23,6 +23,7 @@
 //! - [`error`]: the JSON error envelope every route answers with.
 //! - [`http`]: the axum routers that `reeve serve` and the Lambdas run.
 //! - [`telemetry`]: tracing set up in one place.
+//! - [`metrics`]: every metric's name and the one-line functions that record it.
 
 pub mod auth;
 pub mod aws;
@@ -32,6 +33,7 @@ pub mod error;
 pub mod executors;
 pub mod http;
 pub mod ids;
+pub mod metrics;
 pub mod outbound;
 pub mod redis_client;
 pub mod relay;

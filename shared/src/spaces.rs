@@ -33,7 +33,10 @@ pub struct NewSession {
 /// as the semaphore allows.
 async fn argon2<T: Send + 'static>(limit: &Semaphore, work: impl FnOnce() -> T + Send + 'static) -> T {
     let _permit = limit.acquire().await.expect("the semaphore is never closed");
-    tokio::task::spawn_blocking(work).await.expect("argon2 work does not panic")
+    crate::metrics::argon2_in_flight(1.0);
+    let out = tokio::task::spawn_blocking(work).await;
+    crate::metrics::argon2_in_flight(-1.0);
+    out.expect("argon2 work does not panic")
 }
 
 pub async fn create(db: &PgPool, pepper: &Secret, limit: &Semaphore) -> Result<NewSpace, SpaceError> {

@@ -1,10 +1,19 @@
-//! Tracing is set up here and nowhere else. Logs are JSON in Lambda and on
-//! Fargate (DESIGN §11), where CloudWatch indexes the fields; a terminal gets
-//! the readable format unless `REEVE_LOG_FORMAT=json`.
+//! Tracing and, in Lambda, metrics are set up here and nowhere else. Logs are
+//! JSON in Lambda and on Fargate, where CloudWatch indexes the fields (the
+//! request id and task id are span fields); a terminal gets the readable
+//! format unless `REEVE_LOG_FORMAT=json`. Logs go to stderr, so stdout in
+//! Lambda carries only the EMF metric lines (`crate::metrics`).
 
 use tracing_subscriber::EnvFilter;
 
 pub fn init() {
+    if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() {
+        // Long-lived processes install Prometheus themselves, because they
+        // also serve `/metrics`; a Lambda has nowhere to serve it from.
+        if let Err(e) = crate::metrics::install_emf() {
+            eprintln!("{e}");
+        }
+    }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("REEVE_LOG_FORMAT").map(|v| v == "json").unwrap_or(false)
         || std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some()

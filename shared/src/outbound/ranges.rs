@@ -1,131 +1,84 @@
-//! The blocked address ranges (DESIGN §9): one pure function, no I/O.
+//! The address ranges the outbound client never contacts: loopback, private,
+//! link-local, carrier-grade NAT, unspecified, documentation, multicast,
+//! IPv4-mapped and NAT64 IPv6, unique-local, and the other special-purpose
+//! blocks. One pure function, no I/O; the allow-list is applied by the caller.
+//!
+//! The table is CIDR text so it can be read line by line against the IANA
+//! IPv4 and IPv6 Special-Purpose Address Registries
+//! (<https://www.iana.org/assignments/iana-ipv4-special-registry>,
+//! <https://www.iana.org/assignments/iana-ipv6-special-registry>) and the
+//! multicast registries. Every block there whose "Globally Reachable" column
+//! is not plainly "True" is listed, plus multicast, broadcast and the
+//! reserved 240.0.0.0/4. Blocks IANA marks globally reachable (for example
+//! 192.31.196.0/24 AS112 or 2001:4:112::/48) are not blocked on purpose.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
+use std::sync::LazyLock;
 
-/// IPv4 ranges never reachable from Reeve unless an address is allow-listed.
-/// More specific entries come first so the reason is the most precise one.
-const V4: &[(u32, u8, &str)] = &[
-    (0xFFFF_FFFF, 32, "broadcast"),
-    (0x0000_0000, 8, "\"this network\" (0.0.0.0/8)"),
-    (0x0A00_0000, 8, "private (10.0.0.0/8)"),
-    (0x6440_0000, 10, "carrier-grade NAT (100.64.0.0/10)"),
-    (0x7F00_0000, 8, "loopback (127.0.0.0/8)"),
-    (0xA9FE_0000, 16, "link-local (169.254.0.0/16)"),
-    (0xAC10_0000, 12, "private (172.16.0.0/12)"),
-    (0xC000_0000, 24, "IETF protocol assignments (192.0.0.0/24)"),
-    (0xC000_0200, 24, "documentation (192.0.2.0/24)"),
-    (0xC058_6300, 24, "6to4 relay anycast (192.88.99.0/24)"),
-    (0xC0A8_0000, 16, "private (192.168.0.0/16)"),
-    (0xC612_0000, 15, "benchmarking (198.18.0.0/15)"),
-    (0xC633_6400, 24, "documentation (198.51.100.0/24)"),
-    (0xCB00_7100, 24, "documentation (203.0.113.0/24)"),
-    (0xE000_0000, 4, "multicast (224.0.0.0/4)"),
-    (0xF000_0000, 4, "reserved (240.0.0.0/4)"),
+use ipnet::IpNet;
+
+/// `(CIDR, reason)`, each with its RFC alongside. Lookup takes the first match, so a more specific
+/// block comes before the block that contains it; its reason is then the
+/// precise one (Teredo before the IETF 2001::/23 assignment, IPv4-mapped
+/// before IPv4-compatible ::/96).
+const BLOCKED: &[(&str, &str)] = &[
+    // IPv4
+    ("255.255.255.255/32", "broadcast"), // RFC 919 limited broadcast
+    ("0.0.0.0/8", "\"this network\" (0.0.0.0/8)"), // RFC 791
+    ("10.0.0.0/8", "private (10.0.0.0/8)"), // RFC 1918
+    ("100.64.0.0/10", "carrier-grade NAT (100.64.0.0/10)"), // RFC 6598
+    ("127.0.0.0/8", "loopback (127.0.0.0/8)"), // RFC 1122
+    ("169.254.0.0/16", "link-local (169.254.0.0/16)"), // RFC 3927; cloud metadata
+    ("172.16.0.0/12", "private (172.16.0.0/12)"), // RFC 1918
+    ("192.0.0.0/24", "IETF protocol assignments (192.0.0.0/24)"), // RFC 6890
+    ("192.0.2.0/24", "documentation (192.0.2.0/24)"), // RFC 5737 TEST-NET-1
+    ("192.88.99.0/24", "6to4 relay anycast (192.88.99.0/24)"), // RFC 7526, deprecated
+    ("192.168.0.0/16", "private (192.168.0.0/16)"), // RFC 1918
+    ("198.18.0.0/15", "benchmarking (198.18.0.0/15)"), // RFC 2544
+    ("198.51.100.0/24", "documentation (198.51.100.0/24)"), // RFC 5737 TEST-NET-2
+    ("203.0.113.0/24", "documentation (203.0.113.0/24)"), // RFC 5737 TEST-NET-3
+    ("224.0.0.0/4", "multicast (224.0.0.0/4)"), // RFC 5771
+    ("240.0.0.0/4", "reserved (240.0.0.0/4)"), // RFC 1112
+    // IPv6
+    ("::/128", "unspecified (::)"), // RFC 4291
+    ("::1/128", "loopback (::1)"),  // RFC 4291
+    // Whatever IPv4 address it embeds, public or not: a mapped address is a
+    // way to reach IPv4 through an IPv6 socket and has no business here.
+    ("::ffff:0:0/96", "IPv4-mapped (::ffff:0:0/96)"), // RFC 4291
+    ("::ffff:0:0:0/96", "IPv4-translated (::ffff:0:0:0/96)"), // RFC 2765
+    ("::/96", "IPv4-compatible (::/96)"),             // RFC 4291, deprecated
+    ("64:ff9b::/96", "NAT64 (64:ff9b::/96)"),         // RFC 6052
+    ("64:ff9b:1::/48", "local NAT64 (64:ff9b:1::/48)"), // RFC 8215
+    ("100::/64", "discard-only (100::/64)"),          // RFC 6666
+    ("2001:db8::/32", "documentation (2001:db8::/32)"), // RFC 3849
+    ("2001::/32", "Teredo (2001::/32)"),              // RFC 4380
+    ("2001::/23", "IETF protocol assignments (2001::/23)"), // RFC 2928
+    ("2002::/16", "6to4 (2002::/16)"),                // RFC 3056
+    ("3fff::/20", "documentation (3fff::/20)"),       // RFC 9637
+    ("fc00::/7", "unique local (fc00::/7)"),          // RFC 4193
+    ("fe80::/10", "link-local (fe80::/10)"),          // RFC 4291
+    ("fec0::/10", "site-local (fec0::/10)"),          // RFC 3879, deprecated
+    ("ff00::/8", "multicast (ff00::/8)"),             // RFC 4291
 ];
 
-/// IPv6 ranges, same rule. IPv4-mapped (`::ffff:0:0/96`) is blocked as a
-/// whole, whatever IPv4 address it embeds.
-const V6: &[(u128, u8, &str)] = &[
-    (0, 128, "unspecified (::)"),
-    (1, 128, "loopback (::1)"),
-    (0xFFFF_0000_0000, 96, "IPv4-mapped (::ffff:0:0/96)"),
-    (
-        0xFFFF_0000_0000_0000,
-        96,
-        "IPv4-translated (::ffff:0:0:0/96)",
-    ),
-    (0, 96, "IPv4-compatible (::/96)"),
-    (
-        0x0064_FF9B_0000_0000_0000_0000_0000_0000,
-        96,
-        "NAT64 (64:ff9b::/96)",
-    ),
-    (
-        0x0064_FF9B_0001_0000_0000_0000_0000_0000,
-        48,
-        "local NAT64 (64:ff9b:1::/48)",
-    ),
-    (
-        0x0100_0000_0000_0000_0000_0000_0000_0000,
-        64,
-        "discard-only (100::/64)",
-    ),
-    (
-        0x2001_0DB8_0000_0000_0000_0000_0000_0000,
-        32,
-        "documentation (2001:db8::/32)",
-    ),
-    (
-        0x2001_0000_0000_0000_0000_0000_0000_0000,
-        32,
-        "Teredo (2001::/32)",
-    ),
-    (
-        0x2001_0000_0000_0000_0000_0000_0000_0000,
-        23,
-        "IETF protocol assignments (2001::/23)",
-    ),
-    (
-        0x2002_0000_0000_0000_0000_0000_0000_0000,
-        16,
-        "6to4 (2002::/16)",
-    ),
-    (
-        0x3FFF_0000_0000_0000_0000_0000_0000_0000,
-        20,
-        "documentation (3fff::/20)",
-    ),
-    (
-        0xFC00_0000_0000_0000_0000_0000_0000_0000,
-        7,
-        "unique local (fc00::/7)",
-    ),
-    (
-        0xFE80_0000_0000_0000_0000_0000_0000_0000,
-        10,
-        "link-local (fe80::/10)",
-    ),
-    (
-        0xFEC0_0000_0000_0000_0000_0000_0000_0000,
-        10,
-        "site-local (fec0::/10)",
-    ),
-    (
-        0xFF00_0000_0000_0000_0000_0000_0000_0000,
-        8,
-        "multicast (ff00::/8)",
-    ),
-];
+/// The table parsed once. A typo in a CIDR is a programming error that every
+/// test run hits at the first lookup, so `expect` is the right failure.
+static NETS: LazyLock<Vec<(IpNet, &'static str)>> = LazyLock::new(|| {
+    BLOCKED
+        .iter()
+        .map(|(cidr, why)| {
+            let net: IpNet = cidr.parse().expect("a valid CIDR in the blocked table");
+            (net, *why)
+        })
+        .collect()
+});
 
 /// Why `ip` must not be contacted, or `None` if it is an ordinary public
 /// address. Pure: the allow-list is applied by the caller.
 pub fn is_blocked(ip: IpAddr) -> Option<&'static str> {
-    match ip {
-        IpAddr::V4(v4) => blocked_v4(v4),
-        IpAddr::V6(v6) => blocked_v6(v6),
-    }
-}
-
-fn blocked_v4(ip: Ipv4Addr) -> Option<&'static str> {
-    let bits = u32::from(ip);
-    V4.iter()
-        .find(|(net, len, _)| prefix_match(u128::from(bits), u128::from(*net), *len, 32))
-        .map(|(_, _, why)| *why)
-}
-
-fn blocked_v6(ip: Ipv6Addr) -> Option<&'static str> {
-    let bits = u128::from(ip);
-    V6.iter()
-        .find(|(net, len, _)| prefix_match(bits, *net, *len, 128))
-        .map(|(_, _, why)| *why)
-}
-
-fn prefix_match(addr: u128, net: u128, len: u8, width: u32) -> bool {
-    let host_bits = width - u32::from(len);
-    if host_bits >= width {
-        return true; // a /0
-    }
-    (addr >> host_bits) == (net >> host_bits)
+    NETS.iter()
+        .find(|(net, _)| net.contains(&ip))
+        .map(|(_, why)| *why)
 }
 
 #[cfg(test)]
@@ -134,6 +87,16 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn every_cidr_parses_and_is_its_network_address() {
+        // `10.0.0.1/8` would parse but means something else than it says.
+        for (cidr, _) in BLOCKED {
+            let net: IpNet = cidr.parse().unwrap_or_else(|e| panic!("{cidr}: {e}"));
+            assert_eq!(net, net.trunc(), "{cidr} has host bits set");
+        }
+        assert_eq!(NETS.len(), BLOCKED.len());
     }
 
     #[test]

@@ -71,6 +71,8 @@ impl Drop for Subscription {
                 let _ = self.shared.commands.send(Command::Unsubscribe(channel(self.task)));
             }
         }
+        crate::metrics::relay_watchers(-1.0);
+        crate::metrics::relay_subscribed_tasks(tasks.len());
     }
 }
 
@@ -93,7 +95,10 @@ impl Hub {
                 clients: 0,
             });
             entry.clients += 1;
-            entry.sender.subscribe()
+            let receiver = entry.sender.subscribe();
+            crate::metrics::relay_watchers(1.0);
+            crate::metrics::relay_subscribed_tasks(tasks.len());
+            receiver
         };
         let (ack, acked) = oneshot::channel();
         if self.shared.commands.send(Command::Subscribe(channel(task), ack)).is_ok() {
@@ -172,6 +177,7 @@ async fn run(client: redis::Client, shared: std::sync::Weak<Shared>, mut command
                 }
             }
             tracing::warn!("relay lost its redis connection; reconnecting");
+            crate::metrics::relay_redis_reconnect();
         }
         // While disconnected, subscribers are answered at once: the resync
         // after reconnecting covers whatever they miss until then.

@@ -84,6 +84,7 @@ impl Pump {
                 // A gap (a message lost in Redis), a reconnect, or this
                 // client fell behind the broadcast buffer: Postgres has it all.
                 Ok(Signal::Event(_)) | Ok(Signal::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    crate::metrics::relay_resync();
                     self.replay().await?
                 }
                 Err(broadcast::error::RecvError::Closed) => Flow::Done,

@@ -78,20 +78,23 @@ pub async fn append_event(
     kind: EventType,
     data: &Value,
 ) -> Result<Event, sqlx::Error> {
-    let row: Option<(i64, OffsetDateTime)> = sqlx::query_as(
+    let row: Option<(i64, OffsetDateTime, String)> = sqlx::query_as(
         "WITH bumped AS (
-             UPDATE tasks SET last_seq = last_seq + 1 WHERE id = $1 RETURNING id, last_seq
+             UPDATE tasks SET last_seq = last_seq + 1 WHERE id = $1 RETURNING id, last_seq, kind
+         ), inserted AS (
+             INSERT INTO task_events (task_id, seq, type, data)
+             SELECT id, last_seq, $2, $3 FROM bumped
+             RETURNING seq, at
          )
-         INSERT INTO task_events (task_id, seq, type, data)
-         SELECT id, last_seq, $2, $3 FROM bumped
-         RETURNING seq, at",
+         SELECT inserted.seq, inserted.at, bumped.kind FROM inserted, bumped",
     )
     .bind(task_id)
     .bind(kind.as_str())
     .bind(sqlx::types::Json(data))
     .fetch_optional(conn)
     .await?;
-    let (seq, at) = row.ok_or(sqlx::Error::RowNotFound)?;
+    let (seq, at, task_kind) = row.ok_or(sqlx::Error::RowNotFound)?;
+    crate::metrics::task_event(&task_kind, kind, seq, data);
     Ok(Event { seq, kind, data: data.clone(), at })
 }
 

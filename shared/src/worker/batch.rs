@@ -61,6 +61,7 @@ pub async fn handle_batch(ctx: &WorkerContext, event: SqsEvent) -> SqsBatchRespo
         .collect()
         .await;
 
+    crate::metrics::flush();
     let mut response = SqsBatchResponse::default();
     for (message_id, outcome) in outcomes {
         if outcome.is_retry() {

@@ -221,6 +221,9 @@ async fn run_task(ctx: &WorkerContext, message: &QueueMessage, receive_count: u3
     };
     let attempt = claim.attempt;
     tracing::info!(attempt, "claimed");
+    if attempt == 1 {
+        crate::metrics::queue_wait(&task.kind, id);
+    }
     ctx.events.publish_logged(id, &claim.event).await;
 
     let Some(spec) = spec else {
@@ -229,7 +232,10 @@ async fn run_task(ctx: &WorkerContext, message: &QueueMessage, receive_count: u3
         return fail(ctx, id, attempt, codes::UNKNOWN_KIND, &message).await;
     };
 
-    let result = match execute(ctx, &task, spec, attempt, lease).await {
+    let started = std::time::Instant::now();
+    let executed = execute(ctx, &task, spec, attempt, lease).await;
+    crate::metrics::task_run(&task.kind, started.elapsed());
+    let result = match executed {
         Some(result) => result,
         None => {
             tracing::warn!(attempt, "lost the task to another run while executing; stopping");

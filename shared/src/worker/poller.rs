@@ -176,7 +176,9 @@ impl Poller {
             .send()
             .await
             .map_err(|e| PollError::Receive(sqs_error(&e)))?;
-        Ok(received.messages.unwrap_or_default())
+        let messages = received.messages.unwrap_or_default();
+        crate::metrics::sqs_received(messages.len());
+        Ok(messages)
     }
 
     /// Runs one message, keeping it invisible while it runs; deletes it
@@ -236,8 +238,9 @@ impl Poller {
     /// finished: harmless, so it is only logged.
     async fn delete(&self, receipt: &str) {
         let deleted = self.sqs.delete_message().queue_url(&self.queue_url).receipt_handle(receipt).send().await;
-        if let Err(e) = deleted {
-            tracing::warn!(error = %sqs_error(&e), "could not delete the message; it will come back and be skipped");
+        match deleted {
+            Ok(_) => crate::metrics::sqs_deleted(1),
+            Err(e) => tracing::warn!(error = %sqs_error(&e), "could not delete the message; it will come back and be skipped"),
         }
     }
 }

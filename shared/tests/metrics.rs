@@ -1,0 +1,325 @@
+//! Metrics as an operator reads them, after a real task ran on the real
+//! stack (Postgres, Redis, SeaweedFS S3, moto SQS):
+//! - Prometheus: `GET /metrics` on the same router `reeve serve` runs shows
+//!   the request, task, queue, SQS and relay metrics;
+//! - Lambda: the EMF lines a request and a worker batch write to stdout.
+//!
+//! The recorder is global to a process, so the EMF case runs in a child
+//! process of this test binary, as a Lambda would (`AWS_LAMBDA_FUNCTION_NAME`
+//! set), and the parent reads the child's stdout.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::{TestQueue, new_session, post_json, send};
+use reeve_shared::aws::AwsClients;
+use reeve_shared::catalog::Catalog;
+use reeve_shared::executors::ExecDeps;
+use reeve_shared::http::events::{self, RelayContext};
+use reeve_shared::http::{ApiContext, app};
+use reeve_shared::outbound::{Outbound, OutboundPolicy};
+use reeve_shared::redis_client::RedisClient;
+use reeve_shared::relay::hub::Hub;
+use reeve_shared::settings::WorkerSettings;
+use reeve_shared::worker::{Poller, WorkerContext, handle_batch};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tower::ServiceExt;
+
+fn catalog() -> Catalog {
+    Catalog::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap()
+}
+
+fn worker(pool: &PgPool, s3: aws_sdk_s3::Client) -> WorkerContext {
+    let settings = WorkerSettings {
+        database_url: String::new(),
+        redis_url: common::redis_url(),
+        bucket: std::env::var("REEVE_BUCKET").unwrap(),
+        queue_url: None,
+        concurrency: 2,
+        max_receives: 5,
+        fetch_max_bytes: 1024 * 1024,
+    };
+    let exec = ExecDeps {
+        db: pool.clone(),
+        s3,
+        bucket: settings.bucket.clone(),
+        outbound: Outbound::new(OutboundPolicy::default()).unwrap(),
+        fetch_max_bytes: settings.fetch_max_bytes,
+    };
+    WorkerContext::new(
+        catalog(),
+        pool.clone(),
+        RedisClient::new(&common::redis_url()).unwrap(),
+        exec,
+        settings,
+    )
+}
+
+/// The API (with the relay's routes, as `reeve serve` merges them) on a
+/// queue of the test's own, and a session on a fresh space.
+async fn api(pool: &PgPool) -> (Router, String, TestQueue) {
+    let queue = TestQueue::new().await;
+    let mut settings = common::test_settings(&common::redis_url());
+    settings.queue_url = queue.url.clone();
+    let token_key = settings.token_key.clone();
+    let ctx = ApiContext::new(
+        catalog(),
+        pool.clone(),
+        RedisClient::new(&common::redis_url()).unwrap(),
+        AwsClients::from_env().await,
+        settings,
+    );
+    let relay = Arc::new(RelayContext {
+        db: pool.clone(),
+        token_key,
+        hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
+        keepalive: Duration::from_secs(15),
+    });
+    let app = events::routes(relay).merge(app(ctx));
+    let (_, token) = new_session(&app).await;
+    (app, token, queue)
+}
+
+/// Uploads some bytes and queues a digest of them: the task id.
+async fn queue_digest(app: &Router, token: &str) -> String {
+    let bytes = b"metrics, please\n".repeat(100);
+    let upload = send(
+        app,
+        post_json(
+            "/v1/uploads",
+            Some(token),
+            &json!({"filename": "m.txt", "content_type": "text/plain", "size": bytes.len()}),
+        ),
+    )
+    .await;
+    assert_eq!(upload.status, StatusCode::CREATED, "{}", upload.body);
+    let mut put = reqwest::Client::new()
+        .put(upload.body["url"].as_str().unwrap())
+        .body(bytes);
+    for (name, value) in upload.body["headers"].as_object().unwrap() {
+        if name != "content-length" {
+            put = put.header(name, value.as_str().unwrap());
+        }
+    }
+    assert_eq!(put.send().await.unwrap().status(), reqwest::StatusCode::OK);
+    let created = send(
+        app,
+        post_json(
+            "/v1/tasks/digest",
+            Some(token),
+            &json!({"input": {"upload_id": upload.body["upload_id"]}}),
+        ),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
+    created.body["id"].as_str().unwrap().to_owned()
+}
+
+async fn status_of(pool: &PgPool, id: &str) -> String {
+    let id: reeve_shared::ids::Id = id.parse().unwrap();
+    sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Reads a whole response body as text.
+async fn text(app: &Router, request: Request<Body>) -> (StatusCode, String) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// The value of the sample whose line starts with `series` (name and labels
+/// exactly as rendered), if any.
+fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.trim().parse().ok())
+    })
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn prometheus_shows_the_request_task_queue_and_relay_metrics_after_a_task_runs(pool: PgPool) {
+    let handle = reeve_shared::metrics::install_prometheus().unwrap();
+    let (app, token, queue) = api(&pool).await;
+    let app = reeve_shared::metrics::mount(app, None).await.unwrap();
+
+    let id = queue_digest(&app, &token).await;
+    let sqs = AwsClients::from_env().await.sqs;
+    let mut poller = Poller::connect(
+        Arc::new(worker(&pool, AwsClients::from_env().await.s3)),
+        sqs,
+        &queue.url,
+    )
+    .await
+    .unwrap();
+    poller.wait_time_seconds = 1;
+    assert_eq!(poller.poll_once().await.unwrap().done, 1);
+    assert_eq!(status_of(&pool, &id).await, "completed");
+
+    // A watcher replays the finished task and leaves.
+    let (status, stream) = text(
+        &app,
+        Request::get(format!("/v1/tasks/{id}/events?access_token={token}"))
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(stream.contains("\"completed\""), "{stream}");
+
+    let (status, page) = text(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    drop(handle);
+    for (series, at_least) in [
+        (
+            r#"reeve_http_requests_total{method="POST",route="/v1/spaces",status="201"}"#,
+            1.0,
+        ),
+        (
+            r#"reeve_http_requests_total{method="POST",route="/v1/tasks/{task}",status="202"}"#,
+            1.0,
+        ),
+        (
+            r#"reeve_http_requests_total{method="GET",route="/v1/tasks/{task}/events",status="200"}"#,
+            1.0,
+        ),
+        (r#"reeve_tasks_created_total{kind="digest"}"#, 1.0),
+        (r#"reeve_tasks_completed_total{kind="digest"}"#, 1.0),
+        (r#"reeve_tasks_finished_total{status="completed"}"#, 1.0),
+        (r#"reeve_task_run_seconds_count{kind="digest"}"#, 1.0),
+        (r#"reeve_task_queue_wait_seconds_count{kind="digest"}"#, 1.0),
+        ("reeve_sqs_messages_received_total", 1.0),
+        ("reeve_sqs_messages_deleted_total", 1.0),
+        ("reeve_argon2_verifies_in_flight", 0.0),
+        ("reeve_relay_subscribed_tasks", 0.0),
+        ("reeve_relay_watchers", 0.0),
+    ] {
+        let value = sample(&page, series).unwrap_or_else(|| panic!("no {series} in:\n{page}"));
+        assert!(value >= at_least, "{series} = {value}");
+    }
+    // Gauges are back to rest once the watcher left and the verifies ended.
+    assert_eq!(sample(&page, "reeve_relay_watchers"), Some(0.0));
+    assert_eq!(sample(&page, "reeve_argon2_verifies_in_flight"), Some(0.0));
+    // Route templates, never raw paths: a task id is not a series.
+    assert!(!page.contains(&id), "{page}");
+    queue.delete().await;
+}
+
+const CHILD: &str = "REEVE_METRICS_EMF_CHILD";
+
+/// The Lambda half, run only as a child of the test below.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+#[ignore = "run by emf_lines_reach_stdout_for_a_request_and_for_a_worker_batch"]
+async fn emf_child(pool: PgPool) {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    reeve_shared::telemetry::init();
+    let (app, token, queue) = api(&pool).await;
+    let id = queue_digest(&app, &token).await;
+    println!("--- batch ---");
+    let body = json!({"task_id": id, "kind": "digest"}).to_string();
+    let event: SqsEvent = serde_json::from_value(json!({"Records": [{
+        "messageId": "m-1", "body": body, "attributes": {"ApproximateReceiveCount": "1"}, "eventSource": "aws:sqs"
+    }]}))
+    .unwrap();
+    let response = handle_batch(&worker(&pool, AwsClients::from_env().await.s3), event).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(status_of(&pool, &id).await, "completed");
+    queue.delete().await;
+}
+
+#[test]
+fn emf_lines_reach_stdout_for_a_request_and_for_a_worker_batch() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "emf_child",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .env("AWS_LAMBDA_FUNCTION_NAME", "reeve-test")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (requests, batch) = stdout
+        .split_once("--- batch ---")
+        .expect("the child reached the batch");
+    let emf = |part: &str| -> Vec<Value> {
+        part.lines()
+            .filter(|l| l.starts_with("{\"_aws\""))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let (requests, batch) = (emf(requests), emf(batch));
+
+    // One document per request and label set, in the Reeve namespace, with
+    // the route template and status as dimensions.
+    let created = requests
+        .iter()
+        .find(|d| d["route"] == "/v1/tasks/{task}" && d["method"] == "POST" && d["status"] == "202")
+        .unwrap_or_else(|| panic!("no EMF line for the create request in {requests:#?}"));
+    assert_eq!(created["reeve_http_requests_total"], 1, "{created}");
+    let directive = &created["_aws"]["CloudWatchMetrics"][0];
+    assert_eq!(directive["Namespace"], "Reeve");
+    let dims: Vec<&str> = directive["Dimensions"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert_eq!(dims, ["method", "route", "status"]);
+    assert!(
+        requests
+            .iter()
+            .any(|d| d["reeve_tasks_created_total"] == 1 && d["kind"] == "digest"),
+        "{requests:#?}"
+    );
+
+    // The batch flushed what the worker recorded, once, at its end.
+    assert!(
+        batch
+            .iter()
+            .any(|d| d["reeve_tasks_completed_total"] == 1 && d["kind"] == "digest"),
+        "{batch:#?}"
+    );
+    assert!(
+        batch
+            .iter()
+            .any(|d| d["reeve_tasks_finished_total"] == 1 && d["status"] == "completed"),
+        "{batch:#?}"
+    );
+    assert!(
+        batch
+            .iter()
+            .any(|d| d.get("reeve_task_run_seconds").is_some()),
+        "{batch:#?}"
+    );
+    assert!(
+        batch
+            .iter()
+            .any(|d| d.get("reeve_task_queue_wait_seconds").is_some()),
+        "{batch:#?}"
+    );
+}

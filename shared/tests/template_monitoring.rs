@@ -1,0 +1,148 @@
+//! The template's monitoring block: every alarm an operator is promised
+//! exists and notifies the SNS topic parameter, the dashboard body is valid
+//! JSON, and every metric of Reeve's that they read is one the code records
+//! (a renamed metric would otherwise leave an alarm silently without data).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use reeve_shared::metrics;
+use serde_json::Value;
+
+fn template() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml")).unwrap()
+}
+
+/// The body of the top-level resource `name`: its indented lines.
+fn resource(text: &str, name: &str) -> String {
+    let start = text
+        .find(&format!("\n  {name}:\n"))
+        .unwrap_or_else(|| panic!("no resource {name}"));
+    let body = &text[start + name.len() + 5..];
+    body.lines()
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+const ALARMS: &[(&str, &str)] = &[
+    ("DeadLetterQueueAlarm", "ApproximateNumberOfMessagesVisible"),
+    ("QueueAgeAlarm", "ApproximateAgeOfOldestMessage"),
+    ("WorkerErrorsAlarm", "Errors"),
+    ("FunctionErrorsAlarm", "Errors"),
+    ("RelayUnhealthyHostsAlarm", "UnHealthyHostCount"),
+    ("Relay5xxAlarm", "HTTPCode_Target_5XX_Count"),
+    ("FailedTaskRateAlarm", metrics::TASKS_FINISHED),
+];
+
+#[test]
+fn every_alarm_exists_and_notifies_the_topic_parameter() {
+    let text = template();
+    assert!(
+        text.contains("\n  AlarmTopicArn:\n    Type: String"),
+        "the SNS topic is a parameter"
+    );
+    for (name, metric) in ALARMS {
+        let body = resource(&text, name);
+        assert!(
+            body.contains("Type: AWS::CloudWatch::Alarm"),
+            "{name}:\n{body}"
+        );
+        assert!(body.contains(metric), "{name} reads {metric}:\n{body}");
+        for key in ["AlarmActions", "OKActions"] {
+            assert!(
+                body.contains(&format!(
+                    "{key}: !If [HasAlarmTopic, [!Ref AlarmTopicArn], !Ref AWS::NoValue]"
+                )),
+                "{name} {key}"
+            );
+        }
+    }
+    // The DLQ alarm fires on the first dead letter.
+    let dlq = resource(&text, "DeadLetterQueueAlarm");
+    assert!(dlq.contains("Value: !GetAtt TaskDeadLetterQueue.QueueName"));
+    assert!(
+        dlq.contains("Threshold: 0\n") && dlq.contains("ComparisonOperator: GreaterThanThreshold")
+    );
+    // Every function but the worker is in the function-errors sum.
+    let functions = resource(&text, "FunctionErrorsAlarm");
+    for f in [
+        "AuthFunction",
+        "CatalogFunction",
+        "PresignFunction",
+        "TaskCreateFunction",
+        "TaskStatusFunction",
+        "UploadGuardFunction",
+    ] {
+        assert!(functions.contains(&format!("Value: !Ref {f}")), "{f}");
+    }
+}
+
+/// Every `reeve_*` name in `text`.
+fn reeve_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("reeve_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[test]
+fn the_dashboard_is_json_and_reads_only_metrics_the_code_records() {
+    let text = template();
+    let dashboard = resource(&text, "Dashboard");
+    let start = dashboard
+        .find("- |\n")
+        .expect("the body is a literal block")
+        + 4;
+    let end = dashboard
+        .find("\n        - Queue:")
+        .expect("the Sub variables follow");
+    // What CloudFormation's !Sub would do, with stand-in values.
+    let mut body = String::new();
+    let mut rest = &dashboard[start..end];
+    while let Some(i) = rest.find("${") {
+        body.push_str(&rest[..i]);
+        let close = rest[i..].find('}').unwrap();
+        body.push('x');
+        rest = &rest[i + close + 1..];
+    }
+    body.push_str(rest);
+    let json: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}:\n{body}"));
+    assert!(json["widgets"].as_array().unwrap().len() >= 6);
+
+    let known: BTreeSet<String> = [
+        metrics::HTTP_REQUESTS,
+        metrics::TASKS_FINISHED,
+        metrics::TASKS_FAILED,
+        metrics::TASK_RUN,
+        metrics::QUEUE_WAIT,
+        metrics::PAYMENTS_SETTLED,
+        metrics::PAYMENTS_FAILED,
+        metrics::CREDITS_ISSUED,
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    let used = reeve_names(&format!(
+        "{body}\n{}",
+        resource(&text, "FailedTaskRateAlarm")
+    ));
+    assert!(!used.is_empty());
+    for name in &used {
+        assert!(
+            known.contains(name),
+            "{name} is read by the template but is not a metric the code records"
+        );
+    }
+    assert!(
+        body.contains(&format!("\"{}\"", metrics::NAMESPACE)),
+        "the dashboard reads the EMF namespace"
+    );
+}
