@@ -39,7 +39,7 @@ fn catalog() -> Catalog {
 
 fn worker(pool: &PgPool, s3: aws_sdk_s3::Client) -> WorkerContext {
     let settings = WorkerSettings {
-        database_url: String::new(),
+        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", String::new()),
         redis_url: common::redis_url(),
         bucket: std::env::var("REEVE_BUCKET").unwrap(),
         queue_url: None,
@@ -52,6 +52,7 @@ fn worker(pool: &PgPool, s3: aws_sdk_s3::Client) -> WorkerContext {
         s3,
         bucket: settings.bucket.clone(),
         outbound: Outbound::new(OutboundPolicy::default()).unwrap(),
+        operators: Outbound::new(OutboundPolicy::default()).unwrap(),
         fetch_max_bytes: settings.fetch_max_bytes,
     };
     WorkerContext::new(
