@@ -14,7 +14,7 @@ use axum::http::{Request, StatusCode};
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
-use reeve_shared::executors::{ExecDeps, Job};
+use reeve_shared::executors::{ExecDeps, ExecError, Job};
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::ids::Id;
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
@@ -368,5 +368,54 @@ async fn a_task_that_could_not_be_queued_shows_why_in_its_events(pool: PgPool) {
     assert_eq!((events[1].kind, &events[1].data), (EventType::Error, &error), "the reason is an error event");
     assert_eq!(status, events[2]);
     assert_eq!(status.data, json!({"status": "failed", "error": error}));
+    api.queue.delete().await;
+}
+
+/// Fails with a retryable error after `after`.
+struct Flaky {
+    runs: AtomicUsize,
+    after: Duration,
+}
+
+impl Runner for Flaky {
+    fn run<'a>(&'a self, _deps: &'a ExecDeps, _job: Job<'a>) -> RunFuture<'a> {
+        Box::pin(async move {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.after).await;
+            Err(ExecError::Retryable("the network hiccuped".into()))
+        })
+    }
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_canceled_run_that_fails_retryably_is_not_retried(pool: PgPool) {
+    let api = Api::new(&pool).await;
+    let space = space_of(&pool, api.create("steps").await).await;
+    let id = api.create("steps").await;
+    let (mut ctx, _) = worker(&pool, AwsClients::from_env().await.s3, 1);
+    let flaky = Arc::new(Flaky { runs: AtomicUsize::new(0), after: Duration::from_millis(300) });
+    ctx.runner = flaky.clone();
+    let ctx = Arc::new(ctx);
+    let worker = ctx.clone();
+    let run = tokio::spawn(async move { process(&worker, &body_of(id), 1).await });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_of(&pool, id).await != "running" {
+        assert!(Instant::now() < deadline, "never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tasks::cancel(&pool, &space, id).await.unwrap().unwrap();
+
+    // Whether the worker notices the request first or the failure comes
+    // first, the task ends canceled and is not handed back for a retry.
+    assert_eq!(run.await.unwrap(), Outcome::Done);
+    assert_eq!(status_of(&pool, id).await, "canceled");
+    assert_eq!(assert_one_ending(&events_of(&pool, id).await), "canceled");
+
+    // At most the one run (the request may even beat the executor's
+    // start), and a later delivery of its message runs nothing.
+    let runs = flaky.runs.load(Ordering::SeqCst);
+    assert!(runs <= 1, "{runs} runs");
+    assert_eq!(process(&ctx, &body_of(id), 2).await, Outcome::Done);
+    assert_eq!(flaky.runs.load(Ordering::SeqCst), runs);
     api.queue.delete().await;
 }

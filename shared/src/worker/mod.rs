@@ -270,6 +270,10 @@ async fn run_task(ctx: &WorkerContext, message: &QueueMessage, receive_count: u3
         return fail(ctx, id, attempt, codes::UNKNOWN_KIND, &message).await;
     };
 
+    // Asked to cancel during an earlier attempt, which was handed back.
+    if matches!(crate::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
+        return cancel(ctx, id, attempt).await;
+    }
     // Dropping the run stops the executor: a cancel asked for meanwhile
     // wins over whatever it was doing.
     let run = tokio::select! {
@@ -360,6 +364,10 @@ async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u
         Retryable::Exec(reason) => (reason, "a temporary problem".to_owned()),
     };
     tracing::warn!(attempt, %reason, "attempt failed with a retryable error");
+    // Its owner asked it to stop: no other attempt.
+    if matches!(crate::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
+        return cancel(ctx, id, attempt).await;
+    }
     if receive_count >= ctx.settings.max_receives {
         let message = format!("gave up after {receive_count} deliveries; the last attempt failed: {shown}");
         return fail(ctx, id, attempt, codes::RETRIES_EXHAUSTED, &message).await;
