@@ -185,6 +185,8 @@ async fn migrate() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long open event streams may go on once the worker has stopped.
+const STREAM_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 /// How long `reeve serve`'s worker long-polls the queue for.
 const SERVE_POLL_SECONDS: i32 = 5;
 
@@ -217,22 +219,38 @@ async fn serve(bind: SocketAddr, catalog: &Path, worker: bool) -> anyhow::Result
 
     // One signal, seen by both halves.
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let when_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
+    let when = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|set| *set).await;
     };
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutting down");
         let _ = stop.send(true);
     });
-    let server = axum::serve(listener, routes).with_graceful_shutdown(when_stopped(stopped.clone()));
-    let work = async {
-        if let Some(poller) = &poller {
-            poller.run(when_stopped(stopped.clone())).await;
+    let (done, worker_done) = tokio::sync::watch::channel(poller.is_none());
+    let work = tokio::spawn({
+        let stopped = stopped.clone();
+        async move {
+            if let Some(poller) = poller {
+                poller.run(when(stopped)).await;
+            }
+            let _ = done.send(true);
         }
+    });
+    let server = axum::serve(listener, routes).with_graceful_shutdown(when(stopped.clone())).into_future();
+    // An event stream stays open until its task ends, and a queued task's
+    // never does once the worker has stopped: after the worker's last
+    // events have had time to reach their watchers, stop waiting.
+    let streams_closed = async {
+        when(stopped).await;
+        when(worker_done).await;
+        tokio::time::sleep(STREAM_GRACE).await;
     };
-    let (served, ()) = tokio::join!(server, work);
-    served?;
+    tokio::select! {
+        served = server => served?,
+        () = streams_closed => tracing::info!("closing the event streams still open"),
+    }
+    work.await?;
     Ok(())
 }
 

@@ -384,3 +384,32 @@ async fn serve_stops_on_sigterm_after_finishing_what_it_is_doing() {
     assert!(started.elapsed() < Duration::from_secs(12), "stopped in {:?}", started.elapsed());
     serve.cleanup().await;
 }
+
+#[tokio::test]
+async fn serve_stops_on_sigterm_even_while_someone_watches_a_queued_task() {
+    // No worker: the task stays queued, so its event stream never ends.
+    let mut serve = Serve::start(&["--no-worker"]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let (file, _) = write_file(&serve.home, "data.bin", 1024);
+    let created = serve.reeve(&["task", "create", "digest", "--file", &format!("upload_id={}", file.display())]);
+    let id = created.expect(0).stdout().trim().to_owned();
+    let mut watcher = Command::new(env!("CARGO_BIN_EXE_reeve"))
+        .current_dir(&serve.home)
+        .args(["task", "watch", &id])
+        .env("REEVE_ENDPOINT", &serve.endpoint)
+        .env("XDG_CONFIG_HOME", serve.home.join("config"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(watcher.try_wait().unwrap().is_none(), "the watcher is following the task");
+
+    let started = Instant::now();
+    let status = serve.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}: {}", serve.log());
+    assert!(started.elapsed() < Duration::from_secs(8), "stopped in {:?}", started.elapsed());
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    serve.cleanup().await;
+}
