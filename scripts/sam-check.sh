@@ -39,6 +39,8 @@ INVOKES=(
   "PresignFunction     presign            401"
   "TaskCreateFunction  task-create        401"
   "TaskStatusFunction  task-status        401"
+  "TaskStatusFunction  task-status-list   401"
+  "TaskStatusFunction  task-status-cancel 401"
   "WorkerFunction      sqs-digest         ok"
   "WorkerFunction      sqs-malformed      ok"
   "UploadGuardFunction s3-upload-guard    ok"

@@ -1,5 +1,6 @@
-//! `reeve`: operations (config check, migrate, serve, work) and, later, a client.
-//! Glue only: every command is a few calls into `reeve_shared`.
+//! `reeve`: operations (config check, migrate, serve, work) and a client of
+//! any deployment (space, login, catalog, upload, task). Glue only: the
+//! operations are calls into `reeve_shared`, the client lives in [`client`].
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use reeve_shared::catalog::Catalog;
-use reeve_shared::ids::Id;
 use reeve_shared::http::events::{self, RelayContext};
 use reeve_shared::http::app;
 use reeve_shared::http::limit::{self, LoginLimits};
@@ -19,15 +19,22 @@ use reeve_shared::settings::{DEFAULT_CATALOG, Needs, QUEUE_URL};
 use reeve_shared::worker::Poller;
 use reeve_shared::{startup, telemetry};
 
+mod client;
+mod follow;
 mod migrate;
+mod payment_required;
 mod storage;
 mod watch;
+
+use client::commands::{self, ClientOpts, LoginArgs, SpaceCommand, TaskCommand, UploadArgs};
 
 #[derive(Parser)]
 #[command(name = "reeve", version, about = "Reeve: zero-account, pay-per-task jobs")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    client: ClientOpts,
 }
 
 #[derive(Subcommand)]
@@ -40,7 +47,7 @@ enum Command {
     /// Apply the database migrations (safe to run again); `--dry-run` lists
     /// them, `status` compares the database with this binary.
     Migrate(migrate::MigrateArgs),
-    /// Serve every route in one process.
+    /// Serve every route, the relay and a worker in one process.
     Serve {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -48,11 +55,25 @@ enum Command {
         /// The catalog file.
         #[arg(long, env = "REEVE_CATALOG", default_value = DEFAULT_CATALOG)]
         catalog: PathBuf,
+        /// Serve the routes only; run no worker in this process.
+        #[arg(long)]
+        no_worker: bool,
         /// Serve Prometheus `/metrics` here instead of on `--bind`.
         #[arg(long)]
         metrics_bind: Option<SocketAddr>,
     },
-    /// Tasks, as a client: follow one to its end.
+    /// Create a Space (client).
+    Space {
+        #[command(subcommand)]
+        command: SpaceCommand,
+    },
+    /// Open a session on the profile's Space and cache its token (client).
+    Login(LoginArgs),
+    /// The task kinds on offer and their prices (client).
+    Catalog,
+    /// Upload a file for a task's input; prints its upload id (client).
+    Upload(UploadArgs),
+    /// Create, list, read, cancel and follow tasks (client).
     Task {
         #[command(subcommand)]
         command: TaskCommand,
@@ -83,22 +104,6 @@ enum Command {
 }
 
 #[derive(Subcommand)]
-enum TaskCommand {
-    /// Follow a task's events with a progress bar; exits 0 when it completes,
-    /// 1 when it fails, 2 when it is canceled.
-    Watch {
-        /// The task id (26-character ULID).
-        id: Id,
-        /// The deployment (its relay, or `reeve serve`).
-        #[arg(long, env = "REEVE_ENDPOINT", default_value = "http://127.0.0.1:8080")]
-        endpoint: String,
-        /// A session token from `POST /v1/sessions`.
-        #[arg(long, env = "REEVE_TOKEN", hide_env_values = true)]
-        token: String,
-    },
-}
-
-#[derive(Subcommand)]
 enum ConfigCommand {
     /// Validate the catalog; prints every problem with its TOML path.
     Check {
@@ -111,20 +116,26 @@ fn main() -> ExitCode {
     // A development `.env` (scripts/stack.sh writes one) fills in what the
     // environment lacks; real deployments set variables and have no file.
     let _ = dotenvy::dotenv();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // Help and version are answers, not mistakes.
+            return if e.use_stderr() { ExitCode::from(client::EXIT_USAGE) } else { ExitCode::SUCCESS };
+        }
+    };
+    let opts = cli.client;
     let result = match cli.command {
         Command::Config { command: ConfigCommand::Check { file } } => return config_check(&file),
         Command::Migrate(args) => return migrate::run(args),
-        Command::Serve { bind, catalog, metrics_bind } => runtime().block_on(serve(bind, &catalog, metrics_bind)),
-        Command::Task { command: TaskCommand::Watch { id, endpoint, token } } => {
-            return match runtime().block_on(watch::watch(&endpoint, &token, id)) {
-                Ok(code) => code,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ExitCode::from(3)
-                }
-            };
+        Command::Serve { bind, catalog, no_worker, metrics_bind } => {
+            runtime().block_on(serve(bind, &catalog, !no_worker, metrics_bind))
         }
+        Command::Space { command } => return run_client(opts, |c, o| Box::pin(commands::space(c, o, command))),
+        Command::Login(args) => return run_client(opts, |c, o| Box::pin(commands::login(c, o, args))),
+        Command::Catalog => return run_client(opts, |c, o| Box::pin(commands::catalog(c, o))),
+        Command::Upload(args) => return run_client(opts, |c, o| Box::pin(commands::upload(c, o, args))),
+        Command::Task { command } => return run_client(opts, |c, o| Box::pin(commands::task(c, o, command))),
         Command::Relay { bind, metrics_bind } => runtime().block_on(relay(bind, metrics_bind)),
         Command::Work { catalog, metrics_bind } => runtime().block_on(work(&catalog, metrics_bind)),
         Command::Storage { command } => runtime().block_on(storage::run(command)),
@@ -136,6 +147,29 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+type ClientFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<ExitCode, client::ClientError>> + 'a>>;
+
+/// Runs a client command and turns its error into the documented exit code,
+/// printing the server's code and message (or JSON with `--json`).
+fn run_client(opts: ClientOpts, command: impl for<'a> FnOnce(&'a mut client::Client, &'a ClientOpts) -> ClientFuture<'a>) -> ExitCode {
+    runtime().block_on(async {
+        let mut client = match client::Client::open(opts.endpoint.clone(), opts.profile.clone()) {
+            Ok(client) => client,
+            Err(e) => {
+                commands::report(None, &opts, &e).await;
+                return e.exit_code();
+            }
+        };
+        match command(&mut client, &opts).await {
+            Ok(code) => code,
+            Err(e) => {
+                commands::report(Some(&client), &opts, &e).await;
+                e.exit_code()
+            }
+        }
+    })
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -155,10 +189,31 @@ fn config_check(file: &Path) -> ExitCode {
     }
 }
 
-async fn serve(bind: SocketAddr, catalog: &Path, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
+/// How long open event streams may go on once the worker has stopped.
+const STREAM_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long `reeve serve`'s worker long-polls the queue for.
+const SERVE_POLL_SECONDS: i32 = 5;
+
+/// Every route, the relay and (unless `worker` is false) a worker polling the
+/// queue, in one process. On Ctrl-C or SIGTERM the listener stops taking
+/// connections, open requests and the messages in flight finish, and a
+/// receive in flight gives its messages back; then the process exits.
+async fn serve(bind: SocketAddr, catalog: &Path, worker: bool, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
     telemetry::init();
     // Both contexts' problems at once.
     let (ctx, relay) = startup::both(startup::api(Needs::ALL, catalog, Connect::Now).await, RelayContext::from_env())?;
+    let poller = if worker {
+        let worker = startup::worker(catalog, Connect::Now).await?;
+        let queue_url = ctx.settings.queue_url.clone();
+        let sqs = ctx.aws.sqs.clone();
+        let mut poller = Poller::connect(Arc::new(worker), sqs, queue_url).await?;
+        // Shutdown waits for a long poll in flight, so a local server polls
+        // in short rounds to stop quickly on Ctrl-C.
+        poller.wait_time_seconds = SERVE_POLL_SECONDS;
+        Some(poller)
+    } else {
+        None
+    };
     // The relay's routes have no fallback of their own, so they merge into
     // the API's: one listener for everything, as a local stand-in for the
     // API Gateway plus the Fargate service.
@@ -169,10 +224,44 @@ async fn serve(bind: SocketAddr, catalog: &Path, metrics_bind: Option<SocketAddr
         .layer(axum::middleware::from_fn(reeve_shared::error::envelope));
     let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
-    tracing::info!(%bind, "reeve serving");
+    tracing::info!(%bind, worker = poller.is_some(), "reeve serving");
+
+    // One signal, seen by both halves.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let when = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|set| *set).await;
+    };
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop.send(true);
+    });
+    let (done, worker_done) = tokio::sync::watch::channel(poller.is_none());
+    let work = tokio::spawn({
+        let stopped = stopped.clone();
+        async move {
+            if let Some(poller) = poller {
+                poller.run(when(stopped)).await;
+            }
+            let _ = done.send(true);
+        }
+    });
     // The peer address is what the login limits count by.
     let service = routes.into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, service).with_graceful_shutdown(shutdown_signal()).await?;
+    let server = axum::serve(listener, service).with_graceful_shutdown(when(stopped.clone())).into_future();
+    // An event stream stays open until its task ends, and a queued task's
+    // never does once the worker has stopped: after the worker's last
+    // events have had time to reach their watchers, stop waiting.
+    let streams_closed = async {
+        when(stopped).await;
+        when(worker_done).await;
+        tokio::time::sleep(STREAM_GRACE).await;
+    };
+    tokio::select! {
+        served = server => served?,
+        () = streams_closed => tracing::info!("closing the event streams still open"),
+    }
+    work.await?;
     Ok(())
 }
 

@@ -1,14 +1,16 @@
-//! `reeve task watch ID`: follows a task's event stream with a progress bar,
-//! prints its log lines, and exits with the task's outcome — 0 for
-//! `completed`, 1 for `failed`, 2 for `canceled` — so scripts can chain on it.
+//! `reeve task watch ID` (and `task create --watch`): follows a task's event
+//! stream with a progress bar, prints its log lines and result, and returns
+//! its terminal status, which the caller turns into the exit code: 0 for
+//! `completed`, 1 for `failed`, 2 for `canceled`, so scripts can chain on it.
 
-use std::process::ExitCode;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use reeve_shared::ids::Id;
-use reeve_shared::relay::follow::follow;
 use reeve_shared::tasks::{EventType, TaskStatus};
+
+use crate::client::ClientError;
+use crate::follow::{FollowError, follow};
 
 /// Above the bar on a terminal; a plain line when piped (the bar is hidden
 /// then, and indicatif would swallow its printouts).
@@ -16,51 +18,68 @@ fn say(bar: &ProgressBar, line: String) {
     if bar.is_hidden() { println!("{line}") } else { bar.println(line) }
 }
 
-pub async fn watch(endpoint: &str, token: &str, task: Id) -> anyhow::Result<ExitCode> {
-    let bar = ProgressBar::new(1000);
+/// `quiet`: print nothing (for `--json`, whose caller prints the task).
+pub async fn watch(
+    http: &reqwest::Client,
+    endpoint: &str,
+    token: &str,
+    task: Id,
+    quiet: bool,
+) -> Result<TaskStatus, ClientError> {
+    let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(1000) };
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{bar:40}] {percent:>3}% {msg}")
             .expect("a valid template")
             .progress_chars("=> "),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
-    let http = reqwest::Client::new();
-    let status = follow(&http, endpoint, token, task, |event| match event.kind {
-        EventType::Progress => {
-            if let Some(fraction) = event.data["fraction"].as_f64() {
-                bar.set_position((fraction.clamp(0.0, 1.0) * 1000.0) as u64);
-            }
+    let status = follow(http, endpoint, token, task, |event| {
+        if quiet {
+            return;
         }
-        EventType::Log => say(&bar, format!("log: {}", event.data["line"].as_str().unwrap_or_default())),
-        EventType::Status => {
-            let status = event.data["status"].as_str().unwrap_or_default();
-            bar.set_message(status.to_owned());
-            if bar.is_hidden() {
-                println!("status: {status}");
+        match event.kind {
+            EventType::Progress => {
+                if let Some(fraction) = event.data["fraction"].as_f64() {
+                    bar.set_position((fraction.clamp(0.0, 1.0) * 1000.0) as u64);
+                }
             }
+            EventType::Log => say(&bar, format!("log: {}", event.data["line"].as_str().unwrap_or_default())),
+            EventType::Status => {
+                let status = event.data["status"].as_str().unwrap_or_default();
+                let shown = if event.data["cancel_requested"] == true { "cancel requested" } else { status };
+                bar.set_message(shown.to_owned());
+                if bar.is_hidden() {
+                    println!("status: {shown}");
+                }
+            }
+            EventType::Result => say(&bar, format!("result: {}", event.data)),
+            EventType::Error => say(
+                &bar,
+                format!(
+                    "error: {} ({})",
+                    event.data["message"].as_str().unwrap_or_default(),
+                    event.data["code"].as_str().unwrap_or_default()
+                ),
+            ),
         }
-        EventType::Result => say(&bar, format!("result: {}", event.data)),
-        EventType::Error => say(&bar, format!(
-            "error: {} ({})",
-            event.data["message"].as_str().unwrap_or_default(),
-            event.data["code"].as_str().unwrap_or_default()
-        )),
     })
     .await;
     let status = match status {
         Ok(status) => status,
         Err(e) => {
             bar.abandon();
-            return Err(e.into());
+            return Err(match e {
+                FollowError::Refused { status, code, message } => ClientError::Refused { status, code, message },
+                FollowError::GaveUp(n) => ClientError::Unreachable {
+                    endpoint: endpoint.to_owned(),
+                    cause: format!("lost the event stream {n} times in a row"),
+                },
+            });
         }
     };
     if status == TaskStatus::Completed {
         bar.set_position(1000);
     }
     bar.finish_with_message(status.as_str());
-    Ok(match status {
-        TaskStatus::Completed => ExitCode::SUCCESS,
-        TaskStatus::Canceled => ExitCode::from(2),
-        _ => ExitCode::FAILURE,
-    })
+    Ok(status)
 }

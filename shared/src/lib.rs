@@ -11,7 +11,8 @@
 //! - [`uploads`]: presigned uploads and the checks on what arrived.
 //! - [`upload_guard`]: settles an upload when S3 reports its object.
 //! - [`storage_policy`]: the bucket policy, generated from the template's parameters.
-//! - [`tasks`]: creating tasks, idempotency, the queue, snapshots.
+//! - [`tasks`]: creating tasks, idempotency, the queue, snapshots, the list,
+//!   cancel, and the one fenced transition every later status change uses.
 //! - [`x402`]: payment requirements for priced tasks.
 //! - [`worker`]: claiming queued tasks, running them, recording the outcome.
 //! - [`executors`]: the work behind each task kind (digest, fetch, http).

@@ -52,6 +52,8 @@ const EXPECTED: &[(&str, u16, Option<&str>)] = &[
     ("presign", 401, Some("invalid_token")),
     ("task-create", 401, Some("invalid_token")),
     ("task-status", 401, Some("invalid_token")),
+    ("task-status-list", 401, Some("invalid_token")),
+    ("task-status-cancel", 401, Some("invalid_token")),
 ];
 
 fn root() -> PathBuf {

@@ -20,7 +20,7 @@ use sqlx::postgres::PgPoolOptions;
 use utoipa_axum::router::OpenApiRouter;
 
 /// Every route of the API. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 8] = [
+const ROUTES: [(&str, &str); 10] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -29,11 +29,18 @@ const ROUTES: [(&str, &str); 8] = [
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks/{task}"),
+    ("GET", "/v1/tasks"),
+    ("POST", "/v1/tasks/{task}/cancel"),
 ];
 
 /// The routes whose handlers take the `Session` extractor.
-const BEARER_ROUTES: [(&str, &str); 3] =
-    [("POST", "/v1/uploads"), ("POST", "/v1/tasks/{task}"), ("GET", "/v1/tasks/{task}")];
+const BEARER_ROUTES: [(&str, &str); 5] = [
+    ("POST", "/v1/uploads"),
+    ("POST", "/v1/tasks/{task}"),
+    ("GET", "/v1/tasks/{task}"),
+    ("GET", "/v1/tasks"),
+    ("POST", "/v1/tasks/{task}/cancel"),
+];
 
 /// The operation keys of an OpenAPI 3.1 (and 3.2) path item.
 const OPERATION_KEYS: [&str; 9] = ["get", "put", "post", "delete", "options", "head", "patch", "trace", "query"];
@@ -154,7 +161,11 @@ fn function_routers() -> Vec<(&'static str, OpenApiRouter<Ctx>, BTreeSet<Route>)
         ("catalog", http::catalog::router(), expected(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")])),
         ("presign", http::uploads::router(), expected(&[("POST", "/v1/uploads")])),
         ("task-create", http::tasks::create_router(), expected(&[("POST", "/v1/tasks/{task}")])),
-        ("task-status", http::tasks::status_router(), expected(&[("GET", "/v1/tasks/{task}")])),
+        (
+            "task-status",
+            http::tasks::status_router(),
+            expected(&[("GET", "/v1/tasks/{task}"), ("GET", "/v1/tasks"), ("POST", "/v1/tasks/{task}/cancel")]),
+        ),
     ]
 }
 
@@ -541,7 +552,7 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
 #[tokio::test]
 async fn an_undocumented_path_is_the_fallback() {
     let app: Router = app(ctx_without_db().await);
-    for uri in ["/v1/openapi", "/v1/tasks", "/v1/tasks/x/y", "/openapi.json"] {
+    for uri in ["/v1/openapi", "/v1/task", "/v1/tasks/x/y", "/openapi.json"] {
         let reply = send(&app, get(uri)).await;
         assert!(!is_routed(&reply), "{uri}: {}", reply.body);
     }

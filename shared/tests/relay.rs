@@ -314,31 +314,6 @@ async fn refusals_come_before_the_stream_as_error_envelopes(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn the_cli_follower_ends_with_the_terminal_status_and_every_event_once(pool: PgPool) {
-    use reeve_shared::relay::follow::{FollowError, follow};
-    use reeve_shared::tasks::TaskStatus;
-    let redis_url = common::redis_url();
-    let relay = start_relay(pool.clone(), &redis_url).await;
-    let task = new_task(&pool).await;
-    progress(&pool, &redis_url, task, 2).await;
-
-    let http = reqwest::Client::new();
-    let writer = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        progress(&pool, &redis_url, task, 3).await;
-        sqlx::query("UPDATE tasks SET status = 'failed' WHERE id = $1").bind(task).execute(&pool).await.unwrap();
-        emit(&pool, &redis_url, task, EventType::Status, json!({"status": "failed"})).await
-    };
-    let mut seen = Vec::new();
-    let (status, n) = tokio::join!(follow(&http, &relay.base, &relay.token, task, |e| seen.push(e.seq)), writer);
-    assert_eq!(status.unwrap(), TaskStatus::Failed);
-    assert_eq!(seen, (1..=n).collect::<Vec<_>>());
-
-    let refused = follow(&http, &relay.base, "forged", task, |_| {}).await;
-    assert!(matches!(refused, Err(FollowError::Refused { status: 401, .. })), "{refused:?}");
-}
-
-#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_client_that_falls_behind_is_resynchronised_from_postgres(pool: PgPool) {
     use reeve_shared::relay::stream;
     let redis_url = common::redis_url();

@@ -154,9 +154,13 @@ async fn when_sqs_refuses_the_task_is_failed_and_the_answer_is_503(pool: PgPool)
     let mut conn = pool.acquire().await.unwrap();
     let events = tasks::events_after(&mut conn, id, 0).await.unwrap();
     let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
-    assert_eq!(seqs, [1, 2]);
-    assert_eq!(events[1].data["status"], "failed");
-    assert_eq!(events[1].data["error"]["code"], "queue_unavailable");
+    // The reason is an `error` event, as for a worker's failure, so
+    // `reeve task watch` shows why; then the `status`.
+    assert_eq!(seqs, [1, 2, 3]);
+    assert_eq!(events[1].kind, tasks::EventType::Error);
+    assert_eq!(events[1].data["code"], "queue_unavailable");
+    assert_eq!(events[2].data["status"], "failed");
+    assert_eq!(events[2].data["error"]["code"], "queue_unavailable");
 
     let snapshot = send(&app, get_authed(&format!("/v1/tasks/{id}"), &token)).await;
     assert_eq!(snapshot.status, StatusCode::OK);
@@ -704,6 +708,7 @@ async fn append_event_numbers_events_without_gaps_under_concurrency(pool: PgPool
     let error = tasks::task_error("boom", "it broke");
     assert!(tasks::mark_failed(&pool, id, &[tasks::TaskStatus::Running], &error).await.unwrap().is_none());
     let event = tasks::mark_failed(&pool, id, &[tasks::TaskStatus::Queued], &error).await.unwrap().unwrap();
-    assert_eq!(event.seq, 21);
+    // The error event (21) comes first, then the status (22).
+    assert_eq!(event.seq, 22);
     assert!(tasks::mark_failed(&pool, id, &[tasks::TaskStatus::Queued], &error).await.unwrap().is_none());
 }

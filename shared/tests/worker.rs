@@ -835,3 +835,32 @@ async fn the_poller_run_loop_stops_on_shutdown_after_finishing_in_flight_work(po
     assert_eq!(queue_counts(&sqs, &api.queue.url).await, (0, 0));
     api.done().await;
 }
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_message_that_arrives_during_the_shutdown_long_poll_is_given_back_at_once(pool: PgPool) {
+    let api = Api::new(&pool).await;
+    let sqs = AwsClients::from_env().await.sqs;
+    let mut poller = Poller::connect(Arc::new(worker(&pool).await), sqs.clone(), &api.queue.url).await.unwrap();
+    // The queue hides a received message for 30 s; a long poll of 3 s.
+    poller.wait_time_seconds = 3;
+
+    // Shut down while the (empty) queue is being long-polled, then send a
+    // message: the receive already at SQS picks it up.
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let body = body_of(Id::new(), "digest");
+    let stop = async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        tx.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqs.send_message().queue_url(&api.queue.url).message_body(&body).send().await.unwrap();
+    };
+    let run = tokio::time::timeout(Duration::from_secs(15), poller.run(async { rx.await.unwrap() }));
+    let (stopped, ()) = tokio::join!(run, stop);
+    stopped.expect("the loop ends after shutdown");
+
+    // Right after shutdown, the message is there for the next worker.
+    let got = sqs.receive_message().queue_url(&api.queue.url).wait_time_seconds(1).send().await.unwrap();
+    let bodies: Vec<_> = got.messages().iter().map(|m| m.body().unwrap().to_owned()).collect();
+    assert_eq!(bodies, vec![body], "the message is receivable at once, not hidden for the visibility timeout");
+    api.done().await;
+}

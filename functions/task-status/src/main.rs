@@ -1,4 +1,5 @@
-//! The `task-status` Lambda: `GET /v1/tasks/{id}` behind API Gateway (HTTP API).
+//! The `task-status` Lambda: `GET /v1/tasks/{id}`, `GET /v1/tasks` and
+//! `POST /v1/tasks/{id}/cancel` behind API Gateway (HTTP API).
 //! Glue only: the routes are `reeve_shared::http`'s, the same ones `reeve serve` runs.
 
 use lambda_http::Error;

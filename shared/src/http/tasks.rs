@@ -1,5 +1,6 @@
-//! `POST /v1/tasks/{kind}` (the task-create function) and `GET /v1/tasks/{id}`
-//! (the task-status function). The domain logic is in [`crate::tasks`].
+//! `POST /v1/tasks/{kind}` (the task-create function), and `GET
+//! /v1/tasks/{id}`, `GET /v1/tasks` and `POST /v1/tasks/{id}/cancel` (the
+//! task-status function). The domain logic is in [`crate::tasks`].
 //!
 //! Create checks, in order, and answers with the first failure:
 //! 1. the token: `401 missing_token` / `401 invalid_token`;
@@ -28,8 +29,8 @@
 use std::collections::HashSet;
 
 use axum::Json;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{OriginalUri, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -46,7 +47,8 @@ use crate::catalog::TaskSpec;
 use crate::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use crate::ids::Id;
 use crate::tasks::input::{self, MAX_UPLOADS};
-use crate::tasks::{self, CreateError, Created, NewTask, Task, TaskStatus};
+use crate::tasks::events::publish_all_once;
+use crate::tasks::{self, CancelOutcome, CreateError, Created, ListQuery, NewTask, Task, TaskStatus};
 use crate::uploads::{self, UploadError};
 use crate::x402::{self, PaymentRequired};
 
@@ -64,9 +66,12 @@ pub fn create_router() -> OpenApiRouter<Ctx> {
     OpenApiRouter::default().routes(routes!(create_task))
 }
 
-/// `GET /v1/tasks/{id}`: the task-status function's route.
+/// `GET /v1/tasks/{id}`, `GET /v1/tasks` and `POST /v1/tasks/{id}/cancel`:
+/// the task-status function's routes. They share it because each needs only
+/// Postgres and the Redis doorbell, no S3 or SQS: the owner reading and
+/// stopping their own tasks.
 pub fn status_router() -> OpenApiRouter<Ctx> {
-    OpenApiRouter::default().routes(routes!(task_status))
+    OpenApiRouter::default().routes(routes!(task_status)).routes(routes!(list_tasks)).routes(routes!(cancel_task))
 }
 
 /// A task's input.
@@ -288,6 +293,123 @@ async fn task_status(
     match tasks::find_for_space(&ctx.db, &space, id).await.map_err(db_error)? {
         Some(task) => Ok(Json(task.into())),
         None => Err(task_not_found()),
+    }
+}
+
+/// The query of `GET /v1/tasks`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct ListParams {
+    /// Only tasks in this status.
+    status: Option<TaskStatus>,
+    /// Only tasks of this kind.
+    kind: Option<String>,
+    /// How many tasks per page (default 20).
+    #[param(minimum = 1, maximum = 100)]
+    limit: Option<u32>,
+    /// The `next` of the previous page: only tasks older than this one.
+    after: Option<Id>,
+}
+
+/// A page of tasks.
+#[derive(Serialize, ToSchema)]
+#[schema(as = TaskPage)]
+struct TaskPage {
+    /// Newest first.
+    tasks: Vec<Snapshot>,
+    /// Pass as `after` for the next page; `null` on the last one.
+    next: Option<Id>,
+}
+
+/// List tasks
+///
+/// The Space's tasks, newest first, a page at a time: pass the answer's
+/// `next` as `after` for the following page.
+#[utoipa::path(
+    get,
+    path = "/v1/tasks",
+    tag = "tasks",
+    security(("bearer" = [])),
+    params(ListParams),
+    responses(
+        (status = 200, description = "A page of tasks.", body = TaskPage),
+        (status = 400, body = ErrorEnvelope, description =
+            "`invalid_query`: an unknown `status`, a `limit` outside 1 to 100, or an `after` that is not a task id."),
+        (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
+        (status = 500, description = doc_500!(), body = ErrorEnvelope),
+        (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
+    ),
+)]
+async fn list_tasks(
+    State(ctx): State<Ctx>,
+    Session(space): Session,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> ApiResult<Json<TaskPage>> {
+    let Query(params) = params.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let limit = params.limit.unwrap_or(tasks::list::DEFAULT_LIMIT);
+    if !(1..=tasks::list::MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("limit must be between 1 and {}", tasks::list::MAX_LIMIT),
+        ));
+    }
+    let query = ListQuery { status: params.status, kind: params.kind.as_deref(), after: params.after, limit };
+    let page = tasks::list(&ctx.db, &space, query).await.map_err(db_error)?;
+    Ok(Json(TaskPage { tasks: page.tasks.into_iter().map(Snapshot::from).collect(), next: page.next }))
+}
+
+/// Cancel a task
+///
+/// A `queued` task is canceled at once (`200`). A `running` one is asked to
+/// stop (`202`): its worker notices within a second, stops the executor and
+/// ends it `canceled`; follow its events to see that. Each change is a
+/// `status` event on the task's stream.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/{task}/cancel",
+    tag = "tasks",
+    security(("bearer" = [])),
+    params(
+        ("task" = Id, Path, description = "The task id, from `POST /v1/tasks/{kind}`."),
+    ),
+    responses(
+        (status = 200, description = "The task was queued and is `canceled` now.", body = Snapshot),
+        (status = 202, description = "The task is `running`; its worker has been asked to stop it.", body = Snapshot),
+        (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
+        (status = 404, body = ErrorEnvelope,
+            description = "`task_not_found`: no such task in this Space (or not a task id at all)."),
+        (status = 409, description = "`task_finished`: the task has already ended.", body = ErrorEnvelope),
+        (status = 500, description = doc_500!(), body = ErrorEnvelope),
+        (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
+    ),
+)]
+async fn cancel_task(
+    State(ctx): State<Ctx>,
+    Session(space): Session,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let not_found =
+        || ApiError::new(StatusCode::NOT_FOUND, "task_not_found", "no such task in this Space");
+    let Some(id) = id.ok().and_then(|Path(id)| id.parse::<Id>().ok()) else {
+        return Err(not_found());
+    };
+    let outcome = tasks::cancel(&ctx.db, &space, id).await.map_err(db_error)?.ok_or_else(not_found)?;
+    match outcome {
+        CancelOutcome::Canceled { task, events } => {
+            publish_all_once(&ctx.redis, id, &events).await;
+            tracing::info!(task_id = %id, "task canceled");
+            Ok((StatusCode::OK, Json(Snapshot::from(task))).into_response())
+        }
+        CancelOutcome::Requested { task, event } => {
+            publish_all_once(&ctx.redis, id, event.as_slice()).await;
+            tracing::info!(task_id = %id, "cancel requested of a running task");
+            Ok((StatusCode::ACCEPTED, Json(Snapshot::from(task))).into_response())
+        }
+        CancelOutcome::Finished(task) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "task_finished",
+            format!("the task has already ended: it is {}", task.status.as_str()),
+        )),
     }
 }
 

@@ -3,7 +3,6 @@
 //! gap-free, duplicate-free stream replayed from Postgres ([`stream`]).
 //! Postgres is the truth; Redis is only the doorbell.
 
-pub mod follow;
 pub mod hub;
 pub mod stream;
 

@@ -161,16 +161,7 @@ impl Publisher {
         if self.paused_until.lock().expect("not poisoned").is_some_and(|until| Instant::now() < until) {
             return Err(PublishError::Paused);
         }
-        let payload = serde_json::to_string(event).expect("events serialise");
-        let attempt = async {
-            let mut conn = self.redis.connection().await?;
-            redis::cmd("PUBLISH").arg(channel(task_id)).arg(payload).query_async::<usize>(&mut conn).await
-        };
-        let result = match tokio::time::timeout(PUBLISH_TIMEOUT, attempt).await {
-            Ok(Ok(receivers)) => Ok(receivers),
-            Ok(Err(e)) => Err(PublishError::Redis(e)),
-            Err(_) => Err(PublishError::Timeout),
-        };
+        let result = publish_once(&self.redis, task_id, event).await;
         *self.paused_until.lock().expect("not poisoned") =
             if result.is_err() { Some(Instant::now() + PUBLISH_PAUSE) } else { None };
         result
@@ -194,6 +185,34 @@ impl Publisher {
     pub async fn publish_all(&self, task_id: Id, events: &[Event]) {
         for event in events {
             self.publish_logged(task_id, event).await;
+        }
+    }
+}
+
+/// One PUBLISH of a committed event on the task's [`channel`], bounded by
+/// [`PUBLISH_TIMEOUT`]; `Ok(n)` is the number of subscribers that got it.
+/// For a process that publishes now and then (the API's cancel); a worker
+/// publishing a stream of events uses a [`Publisher`].
+pub async fn publish_once(redis: &RedisClient, task_id: Id, event: &Event) -> Result<usize, PublishError> {
+    let payload = serde_json::to_string(event).expect("events serialise");
+    let attempt = async {
+        let mut conn = redis.connection().await?;
+        redis::cmd("PUBLISH").arg(channel(task_id)).arg(payload).query_async::<usize>(&mut conn).await
+    };
+    match tokio::time::timeout(PUBLISH_TIMEOUT, attempt).await {
+        Ok(Ok(receivers)) => Ok(receivers),
+        Ok(Err(e)) => Err(PublishError::Redis(e)),
+        Err(_) => Err(PublishError::Timeout),
+    }
+}
+
+/// [`publish_once`] for each event in order, logging a failure: the events
+/// are in Postgres already, and the relay replays them from there.
+pub async fn publish_all_once(redis: &RedisClient, task_id: Id, events: &[Event]) {
+    for event in events {
+        if let Err(e) = publish_once(redis, task_id, event).await {
+            tracing::warn!(%task_id, seq = event.seq, error = %e, "event not published; it is stored and will be replayed");
+            return;
         }
     }
 }

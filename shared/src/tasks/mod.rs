@@ -5,6 +5,10 @@
 //! - [`input`]: schema violations, the uploads an input names, the request hash.
 //! - [`events`]: the durable event log and [`append_event`].
 //! - [`queue`]: the SQS message that hands a task to the worker.
+//! - [`transition`]: the one fenced status change (conditional `UPDATE` plus
+//!   its events, in one transaction) that every writer after create uses.
+//! - [`cancel`]: cancel now (`queued`) or ask the worker (`running`).
+//! - [`list`]: a space's tasks, newest first, with a cursor.
 //!
 //! Status moves `queued → running → completed | failed | canceled`, and every
 //! transition is a conditional `UPDATE … WHERE status = …`.
@@ -87,6 +91,15 @@ macro_rules! task_columns {
         "id, kind, status, progress, result, error, attempts, created_at, updated_at"
     };
 }
+
+// After `task_columns!`, which they use.
+pub mod cancel;
+pub mod list;
+pub mod transition;
+
+pub use cancel::{CancelOutcome, cancel, cancel_requested};
+pub use list::{ListQuery, Page, list};
+pub use transition::{Change, Fence, transition};
 
 impl Task {
     fn from_row(row: &PgRow) -> Result<Task, sqlx::Error> {
@@ -221,33 +234,16 @@ pub fn task_error(code: &str, message: &str) -> Value {
 }
 
 /// Moves a task to `failed` with `error` (see [`task_error`]) if its status
-/// is one of `from`, appending the status event
-/// `{"status":"failed","error":…}` in the same transaction. Returns that
-/// event, or `None` when the task was not in one of `from` (someone else
-/// moved it first) or does not exist.
+/// is one of `from`, through [`transition`]: events `error`, then
+/// `{"status":"failed","error":…}`, in one transaction. Returns the status
+/// event (the error event is the one before it), or `None` when the task
+/// was not in one of `from` (someone else moved it first) or does not exist.
 pub async fn mark_failed(
     db: &PgPool,
     id: Id,
     from: &[TaskStatus],
     error: &Value,
 ) -> Result<Option<Event>, sqlx::Error> {
-    let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
-    let mut tx = db.begin().await?;
-    let moved = sqlx::query(
-        "UPDATE tasks SET status = 'failed', error = $2, lease_until = NULL, updated_at = now()
-         WHERE id = $1 AND status = ANY($3)",
-    )
-    .bind(id)
-    .bind(sqlx::types::Json(error))
-    .bind(&from)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if moved == 0 {
-        tx.rollback().await?;
-        return Ok(None);
-    }
-    let event = append_event(&mut tx, id, EventType::Status, &json!({ "status": "failed", "error": error })).await?;
-    tx.commit().await?;
-    Ok(Some(event))
+    let events = transition(db, id, Fence::From(from), Change::Fail { error }).await?;
+    Ok(events.and_then(|mut events| events.pop()))
 }

@@ -2,7 +2,8 @@
 //! the task, runs its executor and records the outcome as durable events.
 //!
 //! Module map:
-//! - [`store`]: the fenced, conditional writes to `tasks` and their events.
+//! - [`store`]: claiming a task and keeping its lease; every other status
+//!   change goes through [`crate::tasks::transition`].
 //! - [`batch`]: the Lambda's side: an `SqsEvent` in, an `SqsBatchResponse` out.
 //! - [`poller`]: `reeve work`'s side: long-polls the queue itself.
 //!
@@ -21,6 +22,8 @@
 //! the lease is extended → the outcome:
 //! - a result → `completed` (`result`, `status` events) → `Done`;
 //! - a permanent error → `failed` with its code (`error`, `status`) → `Failed`;
+//! - a cancel asked for by the owner (checked every [`CANCEL_POLL`]) → the
+//!   executor is stopped → `canceled` (`status`) → `Done`;
 //! - a retryable error or a timeout → back to `queued` (`log`, `status`) →
 //!   `Retry`; on the queue's last delivery (`REEVE_MAX_RECEIVES`) → `failed`
 //!   with `retries_exhausted` instead, so nothing stays queued once SQS gives
@@ -54,7 +57,7 @@ use crate::ids::Id;
 use crate::redis_client::RedisClient;
 use crate::settings::WorkerSettings;
 use crate::startup::{self, StartupError};
-use crate::tasks::QueueMessage;
+use crate::tasks::{Change, Fence, QueueMessage, task_error, transition};
 use crate::tasks::events::{EventType, Publisher};
 
 /// Stable codes the worker itself fails a task or a message with.
@@ -232,10 +235,19 @@ async fn run_task(ctx: &WorkerContext, message: &QueueMessage, receive_count: u3
         return fail(ctx, id, attempt, codes::UNKNOWN_KIND, &message).await;
     };
 
+    // Asked to cancel during an earlier attempt, which was handed back.
+    if matches!(crate::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
+        return cancel(ctx, id, attempt).await;
+    }
+    // Dropping the run stops the executor: a cancel asked for meanwhile
+    // wins over whatever it was doing.
     let started = std::time::Instant::now();
-    let executed = execute(ctx, &task, spec, attempt, lease).await;
+    let run = tokio::select! {
+        run = execute(ctx, &task, spec, attempt, lease) => run,
+        () = cancel_asked(ctx, id, attempt) => return cancel(ctx, id, attempt).await,
+    };
     crate::metrics::task_run(&task.kind, started.elapsed());
-    let result = match executed {
+    let result = match run {
         Some(result) => result,
         None => {
             tracing::warn!(attempt, "lost the task to another run while executing; stopping");
@@ -243,7 +255,7 @@ async fn run_task(ctx: &WorkerContext, message: &QueueMessage, receive_count: u3
         }
     };
     match result {
-        Ok(value) => match store::complete(&ctx.db, id, attempt, &value).await {
+        Ok(value) => match transition(&ctx.db, id, Fence::Run(attempt), Change::Complete { result: &value }).await {
             Ok(Some(events)) => {
                 ctx.events.publish_all(id, &events).await;
                 tracing::info!(attempt, "completed");
@@ -266,13 +278,46 @@ fn lost(attempt: i32) -> Outcome {
 }
 
 async fn fail(ctx: &WorkerContext, id: Id, attempt: i32, code: &'static str, message: &str) -> Outcome {
-    match store::fail(&ctx.db, id, attempt, code, message).await {
+    let error = task_error(code, message);
+    match transition(&ctx.db, id, Fence::Run(attempt), Change::Fail { error: &error }).await {
         Ok(Some(events)) => {
             ctx.events.publish_all(id, &events).await;
             Outcome::Failed(code)
         }
         Ok(None) => lost(attempt),
         Err(e) => retry("recording the failure", e),
+    }
+}
+
+/// How often a running task is checked for a cancel request.
+pub const CANCEL_POLL: Duration = Duration::from_millis(400);
+
+/// Returns once the owner has asked to cancel this run's task; never while
+/// the run holds it and nobody asked. A failed check is logged and tried
+/// again at the next tick.
+async fn cancel_asked(ctx: &WorkerContext, id: Id, attempt: i32) {
+    let mut ticks = tokio::time::interval(CANCEL_POLL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match crate::tasks::cancel_requested(&ctx.db, id, attempt).await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "could not check for a cancel request"),
+        }
+    }
+}
+
+/// Ends a run its owner canceled: `running → canceled`, fenced on the run.
+async fn cancel(ctx: &WorkerContext, id: Id, attempt: i32) -> Outcome {
+    match transition(&ctx.db, id, Fence::Run(attempt), Change::Cancel).await {
+        Ok(Some(events)) => {
+            ctx.events.publish_all(id, &events).await;
+            tracing::info!(attempt, "canceled by its owner");
+            Outcome::Done
+        }
+        Ok(None) => lost(attempt),
+        Err(e) => retry("recording the cancel", e),
     }
 }
 
@@ -286,12 +331,16 @@ async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u
         Retryable::Exec(reason) => (reason, "a temporary problem".to_owned()),
     };
     tracing::warn!(attempt, %reason, "attempt failed with a retryable error");
+    // Its owner asked it to stop: no other attempt.
+    if matches!(crate::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
+        return cancel(ctx, id, attempt).await;
+    }
     if receive_count >= ctx.settings.max_receives {
         let message = format!("gave up after {receive_count} deliveries; the last attempt failed: {shown}");
         return fail(ctx, id, attempt, codes::RETRIES_EXHAUSTED, &message).await;
     }
     let line = format!("attempt {attempt} did not finish ({shown}); it will be retried");
-    match store::requeue(&ctx.db, id, attempt, &line).await {
+    match transition(&ctx.db, id, Fence::Run(attempt), Change::Requeue { line: &line }).await {
         Ok(Some(events)) => {
             ctx.events.publish_all(id, &events).await;
             Outcome::Retry(reason)

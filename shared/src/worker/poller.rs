@@ -3,14 +3,18 @@
 //! `Failed`, and leaves a `Retry` to reappear when its visibility timeout
 //! runs out (which is also how SQS counts it towards the dead-letter queue).
 //! While a message runs, its visibility is extended, so a long task is not
-//! handed to a second worker.
+//! handed to a second worker. On shutdown, the messages in flight are run
+//! to the end, and a receive already sent is awaited and whatever it brings
+//! is given back with visibility 0, never left hidden.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
+};
 use futures_util::StreamExt;
 use futures_util::stream;
 use tokio::sync::Semaphore;
@@ -23,6 +27,9 @@ use super::{Outcome, WorkerContext, process};
 pub const MAX_BATCH: usize = 10;
 /// The longest long-poll SQS allows.
 pub const WAIT_TIME_SECONDS: i32 = 20;
+/// How much longer than its long poll a receive interrupted by shutdown is
+/// awaited before its messages are left to time out.
+pub const RECEIVE_MARGIN: Duration = Duration::from_secs(5);
 /// What a queue without the attribute (or a test) is taken to have.
 pub const DEFAULT_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -129,9 +136,19 @@ impl Poller {
                 }
                 continue;
             }
+            let receive = self.receive(free.min(MAX_BATCH));
+            tokio::pin!(receive);
             let received = tokio::select! {
-                () = &mut shutdown => break,
-                received = self.receive(free.min(MAX_BATCH)) => received,
+                () = &mut shutdown => {
+                    // The request may already be at SQS, which hides what it
+                    // hands back whether or not anyone reads the answer.
+                    // Dropping it would leave those messages invisible for
+                    // the whole visibility timeout; wait for it and give
+                    // them back instead.
+                    self.finish_receive(receive).await;
+                    break;
+                }
+                received = &mut receive => received,
             };
             match received {
                 Ok(messages) => {
@@ -163,6 +180,51 @@ impl Poller {
             log_join(joined);
         }
         tracing::info!("stopped");
+    }
+
+    /// Awaits a receive interrupted by shutdown (at most its long poll plus
+    /// a margin) and makes every message it got visible again at once.
+    async fn finish_receive(&self, receive: impl Future<Output = Result<Vec<Message>, PollError>>) {
+        let limit = Duration::from_secs(u64::try_from(self.wait_time_seconds.max(0)).unwrap_or(0)) + RECEIVE_MARGIN;
+        tracing::info!(wait_secs = limit.as_secs(), "shutting down: waiting for the receive in flight");
+        match tokio::time::timeout(limit, receive).await {
+            Ok(Ok(messages)) => self.release(&messages).await,
+            Ok(Err(e)) => tracing::debug!(error = %e, "the receive in flight failed; nothing to give back"),
+            Err(_) => tracing::warn!("the receive in flight did not answer; what it took reappears after the visibility timeout"),
+        }
+    }
+
+    /// Gives messages back to the queue unworked: visibility 0, so another
+    /// worker (or the next start) can take them right away.
+    pub async fn release(&self, messages: &[Message]) {
+        let entries: Vec<_> = messages
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(m.receipt_handle()?)
+                    .visibility_timeout(0)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        if entries.is_empty() {
+            return;
+        }
+        let count = entries.len();
+        let changed = self
+            .sqs
+            .change_message_visibility_batch()
+            .queue_url(&self.queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await;
+        match changed {
+            Ok(answer) if answer.failed().is_empty() => tracing::info!(count, "gave the received messages back"),
+            Ok(answer) => tracing::warn!(failed = answer.failed().len(), "some messages could not be given back"),
+            Err(e) => tracing::warn!(error = %sqs_error(&e), "could not give the received messages back"),
+        }
     }
 
     async fn receive(&self, max: usize) -> Result<Vec<Message>, PollError> {

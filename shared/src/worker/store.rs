@@ -1,4 +1,6 @@
-//! The worker's writes to `tasks`, each a conditional `UPDATE` (DESIGN §5).
+//! The worker's own writes to `tasks`: the claim, its lease and the events
+//! of a running task, each a conditional `UPDATE`. The status changes that
+//! end or hand back a run are [`crate::tasks::transition`]s.
 //!
 //! A claim bumps `attempts` and hands the new value back: it is the fencing
 //! token of that run. Every later write of the run says `… AND status =
@@ -15,7 +17,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use crate::auth::SpaceIndex;
 use crate::ids::Id;
 use crate::tasks::events::{Event, EventType, append_event};
-use crate::tasks::{TaskStatus, task_error};
+use crate::tasks::TaskStatus;
 
 /// What the worker needs of a task row.
 #[derive(Debug, Clone)]
@@ -152,84 +154,4 @@ pub async fn running_event(
     let event = append_event(&mut tx, id, kind, data).await?;
     tx.commit().await?;
     Ok(Some(event))
-}
-
-/// `running → completed` with `result`: events `result`, then
-/// `status: completed`. `None`: the run lost the task; nothing was written.
-pub async fn complete(db: &PgPool, id: Id, attempt: i32, result: &Value) -> Result<Option<Vec<Event>>, sqlx::Error> {
-    let mut tx = db.begin().await?;
-    let moved = sqlx::query(
-        "UPDATE tasks SET status = 'completed', result = $3, progress = 1, lease_until = NULL, updated_at = now()
-          WHERE id = $1 AND status = 'running' AND attempts = $2",
-    )
-    .bind(id)
-    .bind(attempt)
-    .bind(sqlx::types::Json(result))
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if moved == 0 {
-        tx.rollback().await?;
-        return Ok(None);
-    }
-    let result_event = append_event(&mut tx, id, EventType::Result, result).await?;
-    let status = append_event(&mut tx, id, EventType::Status, &json!({ "status": "completed" })).await?;
-    tx.commit().await?;
-    Ok(Some(vec![result_event, status]))
-}
-
-/// `running → failed` with `{"code","message"}`: events `error`, then
-/// `status: failed` (with the error, as `tasks::mark_failed` writes it).
-/// `None`: the run lost the task; nothing was written.
-pub async fn fail(
-    db: &PgPool,
-    id: Id,
-    attempt: i32,
-    code: &str,
-    message: &str,
-) -> Result<Option<Vec<Event>>, sqlx::Error> {
-    let error = task_error(code, message);
-    let mut tx = db.begin().await?;
-    let moved = sqlx::query(
-        "UPDATE tasks SET status = 'failed', error = $3, lease_until = NULL, updated_at = now()
-          WHERE id = $1 AND status = 'running' AND attempts = $2",
-    )
-    .bind(id)
-    .bind(attempt)
-    .bind(sqlx::types::Json(&error))
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if moved == 0 {
-        tx.rollback().await?;
-        return Ok(None);
-    }
-    let error_event = append_event(&mut tx, id, EventType::Error, &error).await?;
-    let status = append_event(&mut tx, id, EventType::Status, &json!({ "status": "failed", "error": error })).await?;
-    tx.commit().await?;
-    Ok(Some(vec![error_event, status]))
-}
-
-/// `running → queued` for another attempt, with the lease cleared and the
-/// progress reset: events `log` (`line`), then `status: queued`. `None`: the
-/// run lost the task; nothing was written.
-pub async fn requeue(db: &PgPool, id: Id, attempt: i32, line: &str) -> Result<Option<Vec<Event>>, sqlx::Error> {
-    let mut tx = db.begin().await?;
-    let moved = sqlx::query(
-        "UPDATE tasks SET status = 'queued', lease_until = NULL, progress = 0, updated_at = now()
-          WHERE id = $1 AND status = 'running' AND attempts = $2",
-    )
-    .bind(id)
-    .bind(attempt)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if moved == 0 {
-        tx.rollback().await?;
-        return Ok(None);
-    }
-    let log = append_event(&mut tx, id, EventType::Log, &json!({ "line": line })).await?;
-    let status = append_event(&mut tx, id, EventType::Status, &json!({ "status": "queued" })).await?;
-    tx.commit().await?;
-    Ok(Some(vec![log, status]))
 }

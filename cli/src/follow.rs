@@ -1,4 +1,5 @@
-//! The client side of the event stream, for `reeve task watch`: follows a
+//! The client side of the event stream, for `reeve task watch` and
+//! `reeve task create --watch`: follows a
 //! task's SSE stream to its end, resuming with the last seen id whenever the
 //! connection drops, so a flaky network costs no event and no duplicate.
 
@@ -6,17 +7,17 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use super::stream::is_terminal;
-use crate::ids::Id;
-use crate::tasks::{Event, TaskStatus};
+use reeve_shared::ids::Id;
+use reeve_shared::relay::stream::is_terminal;
+use reeve_shared::tasks::{Event, TaskStatus};
 
 const MAX_RECONNECTS: u32 = 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FollowError {
     /// The relay refused (bad token, unknown task): retrying cannot help.
-    #[error("the relay answered {status}: {message}")]
-    Refused { status: u16, message: String },
+    #[error("the relay answered {status}: {message} ({code})")]
+    Refused { status: u16, code: String, message: String },
     #[error("lost the stream {0} times in a row; giving up")]
     GaveUp(u32),
 }
@@ -39,11 +40,12 @@ pub async fn follow(
             Ok(response) if response.status().is_client_error() => {
                 let status = response.status().as_u16();
                 let body = response.bytes().await.unwrap_or_default();
-                let message = serde_json::from_slice::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-                    .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
-                return Err(FollowError::Refused { status, message });
+                let envelope = serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default();
+                let code = envelope["error"]["code"].as_str().map_or_else(|| format!("http_{status}"), str::to_owned);
+                let message = envelope["error"]["message"]
+                    .as_str()
+                    .map_or_else(|| String::from_utf8_lossy(&body).into_owned(), str::to_owned);
+                return Err(FollowError::Refused { status, code, message });
             }
             Ok(response) if response.status().is_success() => {
                 let mut body = response.bytes_stream();

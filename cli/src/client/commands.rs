@@ -1,0 +1,616 @@
+//! The client commands: each turns its arguments into requests through
+//! [`Client`] and prints the answer, as JSON with `--json`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use reeve_shared::ids::Id;
+use reeve_shared::tasks::TaskStatus;
+use reqwest::Method;
+use serde_json::{Map, Value, json};
+
+use super::output::{self, table};
+use super::{Client, ClientError, EXIT_TASK_CANCELED, EXIT_TASK_FAILED};
+use crate::payment_required;
+
+/// What every client command takes.
+#[derive(Args, Debug, Clone)]
+pub struct ClientOpts {
+    /// The deployment's API (`reeve serve` locally).
+    #[arg(long, env = "REEVE_ENDPOINT", global = true)]
+    pub endpoint: Option<String>,
+    /// Where task events stream from, if not the API's host (the relay's URL).
+    #[arg(long, env = "REEVE_RELAY", global = true)]
+    pub relay: Option<String>,
+    /// The credentials profile (default: one per endpoint, named after it).
+    #[arg(long, env = "REEVE_PROFILE", global = true)]
+    pub profile: Option<String>,
+    /// Machine output: one JSON document on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SpaceCommand {
+    /// Create a Space; prints its ID once and keeps it in the credentials file.
+    Create,
+}
+
+#[derive(Args, Debug)]
+pub struct LoginArgs {
+    /// Log in to this Space (kept for next time); default: the profile's.
+    #[arg(long, env = "REEVE_SPACE_ID", hide_env_values = true)]
+    pub space_id: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct UploadArgs {
+    /// The file to upload.
+    pub file: PathBuf,
+    /// Its content type (default: guessed from the extension).
+    #[arg(long)]
+    pub content_type: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TaskCommand {
+    /// Create a task: `reeve task create digest --file upload_id=report.pdf --watch`.
+    Create(CreateArgs),
+    /// The Space's tasks, newest first.
+    List {
+        /// queued, running, completed, failed or canceled.
+        #[arg(long, value_parser = parse_status)]
+        status: Option<TaskStatus>,
+        #[arg(long)]
+        kind: Option<String>,
+        /// 1 to 100.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+        limit: Option<u32>,
+        /// The `next` of the previous page.
+        #[arg(long)]
+        after: Option<Id>,
+    },
+    /// One task as it is now.
+    Get { id: Id },
+    /// Cancel a task: at once if queued; a running one stops within a second.
+    Cancel { id: Id },
+    /// A finished task's result; saves its file where the result links one.
+    Result {
+        id: Id,
+        /// Where to save a downloadable result (default: its name, here).
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// Follow a task's events with a progress bar; exits 0 when it
+    /// completes, 1 when it fails, 2 when it is canceled.
+    Watch {
+        id: Id,
+        /// A session token to use instead of the profile's.
+        #[arg(long, env = "REEVE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// The task kind, from `reeve catalog`.
+    pub kind: String,
+    /// An input field: `key=text`, or `key:=JSON` for numbers, booleans,
+    /// arrays and objects. Repeatable.
+    #[arg(long = "input", value_name = "KEY=VALUE")]
+    pub inputs: Vec<String>,
+    /// The input as a JSON object, or `@FILE` to read it from a file;
+    /// `--input` and `--file` fields are added to it.
+    #[arg(long, value_name = "JSON|@FILE")]
+    pub input_json: Option<String>,
+    /// Upload a file and put its upload id in FIELD (a field named `…_ids`
+    /// collects a list). Repeatable.
+    #[arg(long = "file", value_name = "FIELD=PATH")]
+    pub files: Vec<String>,
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Follow the task to its end, like `reeve task watch`.
+    #[arg(long)]
+    pub watch: bool,
+}
+
+/// Runs a client command; `Err` is printed by [`report`].
+pub async fn space(client: &mut Client, opts: &ClientOpts, command: SpaceCommand) -> Result<ExitCode, ClientError> {
+    match command {
+        SpaceCommand::Create => {
+            let answer = client.public(Method::POST, "/v1/spaces", None).await?;
+            let space_id = answer.body["space_id"].as_str().unwrap_or_default().to_owned();
+            // A new Space: the old one's session no longer applies.
+            client.update_profile(|p| {
+                p.space_id = Some(space_id.clone());
+                p.token = None;
+                p.token_expires_at = None;
+            })?;
+            if opts.json {
+                output::json(&json!({
+                    "space_id": space_id,
+                    "created_at": answer.body["created_at"],
+                    "profile": client.profile_name,
+                    "credentials": client.credentials_path(),
+                }));
+            } else {
+                println!("{space_id}");
+                eprintln!(
+                    "Space created. Its ID is shown only this once; it is saved in {} (profile {:?}).\n\
+                     Next: reeve login",
+                    client.credentials_path().display(),
+                    client.profile_name
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+pub async fn login(client: &mut Client, opts: &ClientOpts, args: LoginArgs) -> Result<ExitCode, ClientError> {
+    if let Some(space_id) = args.space_id {
+        client.update_profile(|p| {
+            if p.space_id.as_deref() != Some(space_id.as_str()) {
+                p.token = None;
+                p.token_expires_at = None;
+            }
+            p.space_id = Some(space_id);
+        })?;
+    }
+    let answer = client.login().await?;
+    if opts.json {
+        output::json(&json!({
+            "token": answer.body["token"],
+            "expires_at": answer.body["expires_at"],
+            "profile": client.profile_name,
+        }));
+    } else {
+        eprintln!(
+            "Logged in to {}; the session lasts until {} and renews by itself.",
+            client.endpoint,
+            answer.body["expires_at"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn catalog(client: &mut Client, opts: &ClientOpts) -> Result<ExitCode, ClientError> {
+    let answer = client.public(Method::GET, "/v1/catalog", None).await?;
+    if opts.json {
+        output::json(&answer.body);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let assets = answer.body["assets"].as_array().cloned().unwrap_or_default();
+    let mut rows = Vec::new();
+    for task in answer.body["tasks"].as_array().cloned().unwrap_or_default() {
+        let kind = task["kind"].as_str().unwrap_or_default().to_owned();
+        let title = task["title"].as_str().unwrap_or_default().to_owned();
+        let prices = task["prices"].as_array().cloned().unwrap_or_default();
+        if prices.is_empty() {
+            rows.push(vec![kind, title, "free".into(), "-".into(), "-".into(), "free".into()]);
+            continue;
+        }
+        for price in prices {
+            let asset_id = price["asset"].as_str().unwrap_or_default();
+            let decimals = assets
+                .iter()
+                .find(|a| a["id"].as_str() == Some(asset_id))
+                .and_then(|a| a["decimals"].as_u64())
+                .unwrap_or(0) as u32;
+            let atomic = price["amount"].as_str().unwrap_or_default();
+            rows.push(vec![
+                kind.clone(),
+                title.clone(),
+                output::human_amount(atomic, decimals),
+                atomic.to_owned(),
+                asset_id.to_owned(),
+                "priced".into(),
+            ]);
+        }
+    }
+    println!("{}", table(&["KIND", "TITLE", "PRICE", "ATOMIC", "ASSET", "FREE/PRICED"], &rows));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The content type a file is uploaded as, from its extension.
+fn guess_content_type(path: &Path) -> &'static str {
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("txt" | "md" | "csv" | "log") => "text/plain",
+        Some("json") => "application/json",
+        Some("pdf") => "application/pdf",
+        Some("png") => "image/png",
+        Some("jpg" | "jpeg") => "image/jpeg",
+        _ => "application/octet-stream",
+    }
+}
+
+fn bar(len: u64, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// Presigns, PUTs the file with a progress bar, and answers its upload id.
+async fn upload_file(
+    client: &mut Client,
+    path: &Path,
+    content_type: Option<&str>,
+    quiet: bool,
+) -> Result<Value, ClientError> {
+    let local = |e: std::io::Error| ClientError::Usage(format!("cannot read {}: {e}", path.display()));
+    let meta = std::fs::metadata(path).map_err(local)?;
+    if !meta.is_file() {
+        return Err(ClientError::Usage(format!("{} is not a file", path.display())));
+    }
+    let size = meta.len();
+    let filename = path.file_name().and_then(|n| n.to_str()).unwrap_or("upload").to_owned();
+    let content_type = content_type.unwrap_or_else(|| guess_content_type(path)).to_owned();
+    let body = json!({ "filename": filename, "content_type": content_type, "size": size });
+    let presigned = client.authed(Method::POST, "/v1/uploads", Some(&body), &[]).await?.body;
+    let url = presigned["url"].as_str().unwrap_or_default().to_owned();
+
+    let file = std::fs::File::open(path).map_err(local)?;
+    let progress = bar(size, quiet);
+    progress.set_message(filename.clone());
+    let chunks = futures_util::stream::unfold((file, progress.clone()), |(mut file, progress)| async move {
+        use std::io::Read;
+        let mut buf = vec![0u8; 256 * 1024];
+        match file.read(&mut buf) {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                progress.inc(n as u64);
+                Some((Ok::<_, std::io::Error>(buf), (file, progress)))
+            }
+            Err(e) => Some((Err(e), (file, progress))),
+        }
+    });
+    // The URL is signed for these exact headers, the length included.
+    let mut put = client.http.put(&url).header("content-length", size).body(reqwest::Body::wrap_stream(chunks));
+    for (name, value) in presigned["headers"].as_object().cloned().unwrap_or_default() {
+        if !name.eq_ignore_ascii_case("content-length") {
+            put = put.header(name, value.as_str().unwrap_or_default());
+        }
+    }
+    let response = put.send().await.map_err(|e| ClientError::Unreachable {
+        endpoint: url.split('?').next().unwrap_or_default().to_owned(),
+        cause: e.to_string(),
+    })?;
+    if !response.status().is_success() {
+        progress.abandon();
+        let status = response.status().as_u16();
+        let text: String = response.text().await.unwrap_or_default().chars().take(300).collect();
+        return Err(ClientError::Refused { status, code: "upload_failed".into(), message: text });
+    }
+    progress.finish_and_clear();
+    Ok(json!({
+        "upload_id": presigned["upload_id"],
+        "filename": filename,
+        "content_type": content_type,
+        "size": size,
+    }))
+}
+
+pub async fn upload(client: &mut Client, opts: &ClientOpts, args: UploadArgs) -> Result<ExitCode, ClientError> {
+    let uploaded = upload_file(client, &args.file, args.content_type.as_deref(), opts.json).await?;
+    if opts.json {
+        output::json(&uploaded);
+    } else {
+        println!("{}", uploaded["upload_id"].as_str().unwrap_or_default());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `key=text` or `key:=JSON`.
+fn parse_field(arg: &str) -> Result<(String, Value), ClientError> {
+    let bad = || ClientError::Usage(format!("--input {arg:?}: expected KEY=VALUE or KEY:=JSON"));
+    let (key, value) = arg.split_once('=').ok_or_else(bad)?;
+    if let Some(key) = key.strip_suffix(':') {
+        let value = serde_json::from_str(value)
+            .map_err(|e| ClientError::Usage(format!("--input {arg:?}: the value is not JSON: {e}")))?;
+        return (!key.is_empty()).then(|| (key.to_owned(), value)).ok_or_else(bad);
+    }
+    (!key.is_empty()).then(|| (key.to_owned(), Value::String(value.to_owned()))).ok_or_else(bad)
+}
+
+fn base_input(input_json: Option<&str>) -> Result<Map<String, Value>, ClientError> {
+    let Some(text) = input_json else {
+        return Ok(Map::new());
+    };
+    let text = match text.strip_prefix('@') {
+        Some(file) => std::fs::read_to_string(file)
+            .map_err(|e| ClientError::Usage(format!("--input-json @{file}: cannot read it: {e}")))?,
+        None => text.to_owned(),
+    };
+    match serde_json::from_str(&text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ClientError::Usage("--input-json must be a JSON object".into())),
+        Err(e) => Err(ClientError::Usage(format!("--input-json is not JSON: {e}"))),
+    }
+}
+
+pub async fn task(client: &mut Client, opts: &ClientOpts, command: TaskCommand) -> Result<ExitCode, ClientError> {
+    match command {
+        TaskCommand::Create(args) => create(client, opts, args).await,
+        TaskCommand::List { status, kind, limit, after } => {
+            let mut query = Vec::new();
+            if let Some(status) = status {
+                query.push(format!("status={}", status.as_str()));
+            }
+            if let Some(kind) = kind {
+                query.push(format!("kind={}", urlencode(&kind)));
+            }
+            if let Some(limit) = limit {
+                query.push(format!("limit={limit}"));
+            }
+            if let Some(after) = after {
+                query.push(format!("after={after}"));
+            }
+            let path = if query.is_empty() { "/v1/tasks".to_owned() } else { format!("/v1/tasks?{}", query.join("&")) };
+            let page = client.authed(Method::GET, &path, None, &[]).await?.body;
+            if opts.json {
+                output::json(&page);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rows: Vec<Vec<String>> = page["tasks"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|t| {
+                    vec![
+                        t["id"].as_str().unwrap_or_default().to_owned(),
+                        t["kind"].as_str().unwrap_or_default().to_owned(),
+                        t["status"].as_str().unwrap_or_default().to_owned(),
+                        format!("{:.0}%", t["progress"].as_f64().unwrap_or(0.0) * 100.0),
+                        t["created_at"].as_str().unwrap_or_default().to_owned(),
+                    ]
+                })
+                .collect();
+            println!("{}", table(&["ID", "KIND", "STATUS", "PROGRESS", "CREATED"], &rows));
+            if let Some(next) = page["next"].as_str() {
+                eprintln!("more: reeve task list --after {next}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TaskCommand::Get { id } => {
+            let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
+            if opts.json {
+                output::json(&task);
+            } else {
+                print_task(&task);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TaskCommand::Cancel { id } => {
+            let answer = client.authed(Method::POST, &format!("/v1/tasks/{id}/cancel"), None, &[]).await?;
+            if opts.json {
+                output::json(&answer.body);
+            } else if answer.status == reqwest::StatusCode::ACCEPTED {
+                eprintln!("task {id} is running: asked it to stop; it ends canceled within a second");
+            } else {
+                eprintln!("task {id} canceled");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TaskCommand::Result { id, output: path } => result(client, opts, id, path).await,
+        TaskCommand::Watch { id, token } => {
+            let token = match token {
+                Some(token) => token,
+                None => client.token().await?,
+            };
+            watch_to_end(client, opts, id, &token).await
+        }
+    }
+}
+
+fn parse_status(s: &str) -> Result<TaskStatus, String> {
+    TaskStatus::parse(s).ok_or_else(|| "expected queued, running, completed, failed or canceled".to_owned())
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn print_task(task: &Value) {
+    for key in ["id", "kind", "status"] {
+        println!("{key:<9} {}", task[key].as_str().unwrap_or_default());
+    }
+    println!("{:<9} {:.0}%", "progress", task["progress"].as_f64().unwrap_or(0.0) * 100.0);
+    println!("{:<9} {}", "attempts", task["attempts"]);
+    println!("{:<9} {}", "created", task["created_at"].as_str().unwrap_or_default());
+    println!("{:<9} {}", "updated", task["updated_at"].as_str().unwrap_or_default());
+    if !task["result"].is_null() {
+        println!("{:<9} {}", "result", task["result"]);
+    }
+    if !task["error"].is_null() {
+        println!("{:<9} {} ({})", "error", task["error"]["message"].as_str().unwrap_or_default(), task["error"]["code"].as_str().unwrap_or_default());
+    }
+}
+
+async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Result<ExitCode, ClientError> {
+    let mut input = base_input(args.input_json.as_deref())?;
+    for arg in &args.inputs {
+        let (key, value) = parse_field(arg)?;
+        input.insert(key, value);
+    }
+    let mut files = Vec::new();
+    for arg in &args.files {
+        let Some((field, path)) = arg.split_once('=').filter(|(f, p)| !f.is_empty() && !p.is_empty()) else {
+            return Err(ClientError::Usage(format!("--file {arg:?}: expected FIELD=PATH")));
+        };
+        files.push((field.to_owned(), PathBuf::from(path)));
+    }
+    // Every argument is checked before the first byte is uploaded.
+    for (_, path) in &files {
+        if !path.is_file() {
+            return Err(ClientError::Usage(format!("--file: {} is not a readable file", path.display())));
+        }
+    }
+    for (field, path) in files {
+        let uploaded = upload_file(client, &path, None, opts.json).await?;
+        let id = uploaded["upload_id"].clone();
+        if field.ends_with("_ids") {
+            match input.entry(field).or_insert_with(|| Value::Array(Vec::new())) {
+                Value::Array(ids) => ids.push(id),
+                other => *other = Value::Array(vec![id]),
+            }
+        } else {
+            input.insert(field, id);
+        }
+    }
+    let headers: Vec<(&str, String)> =
+        args.idempotency_key.iter().map(|k| ("idempotency-key", k.clone())).collect();
+    let body = json!({ "input": Value::Object(input) });
+    let path = format!("/v1/tasks/{}", urlencode(&args.kind));
+    let accepted = client.authed(Method::POST, &path, Some(&body), &headers).await?.body;
+    let id: Id = accepted["id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| ClientError::Usage("the server's answer carried no task id".into()))?;
+    if !args.watch {
+        if opts.json {
+            output::json(&accepted);
+        } else {
+            println!("{id}");
+            eprintln!("task {id} queued; follow it with: reeve task watch {id}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !opts.json {
+        eprintln!("task {id} queued");
+    }
+    let token = client.token().await?;
+    watch_to_end(client, opts, id, &token).await
+}
+
+/// Follows the task to its end. With `--json`, prints the final task; the
+/// exit code is its outcome either way.
+async fn watch_to_end(client: &mut Client, opts: &ClientOpts, id: Id, token: &str) -> Result<ExitCode, ClientError> {
+    let relay = opts.relay.clone().unwrap_or_else(|| client.endpoint.clone());
+    let status = crate::watch::watch(&client.http, &relay, token, id, opts.json).await?;
+    if opts.json {
+        let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
+        output::json(&task);
+    }
+    Ok(outcome_code(status))
+}
+
+pub fn outcome_code(status: TaskStatus) -> ExitCode {
+    match status {
+        TaskStatus::Completed => ExitCode::SUCCESS,
+        TaskStatus::Canceled => ExitCode::from(EXIT_TASK_CANCELED),
+        _ => ExitCode::from(EXIT_TASK_FAILED),
+    }
+}
+
+async fn result(client: &mut Client, opts: &ClientOpts, id: Id, path: Option<PathBuf>) -> Result<ExitCode, ClientError> {
+    let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
+    let status = task["status"].as_str().and_then(TaskStatus::parse);
+    match status {
+        Some(TaskStatus::Completed) => {}
+        Some(status @ (TaskStatus::Failed | TaskStatus::Canceled)) => {
+            if opts.json {
+                output::json(&task);
+            } else {
+                let error = &task["error"];
+                match error["code"].as_str() {
+                    Some(code) => eprintln!("task {id} {}: {} ({code})", status.as_str(), error["message"].as_str().unwrap_or_default()),
+                    None => eprintln!("task {id} {}: it has no result", status.as_str()),
+                }
+            }
+            return Ok(outcome_code(status));
+        }
+        _ => {
+            return Err(ClientError::Refused {
+                status: 409,
+                code: "task_not_finished".into(),
+                message: format!(
+                    "task {id} is {}: it has no result yet; `reeve task watch {id}` follows it",
+                    task["status"].as_str().unwrap_or("unknown")
+                ),
+            });
+        }
+    }
+    let result = task["result"].clone();
+    let mut saved = None;
+    if let Some(url) = result["url"].as_str() {
+        let default = result["key"].as_str().and_then(|k| k.rsplit('/').next()).filter(|n| !n.is_empty()).map_or_else(|| format!("{id}.out"), str::to_owned);
+        let target = path.unwrap_or_else(|| PathBuf::from(default));
+        download(client, url, &target, opts.json).await?;
+        saved = Some(target);
+    }
+    if opts.json {
+        output::json(&json!({ "id": id, "result": result, "saved_to": saved }));
+    } else {
+        println!("{}", serde_json::to_string_pretty(&result).expect("JSON values serialise"));
+        if let Some(saved) = saved {
+            eprintln!("saved to {}", saved.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn download(client: &Client, url: &str, target: &Path, quiet: bool) -> Result<(), ClientError> {
+    use futures_util::StreamExt;
+    use std::io::Write;
+    let host = url.split('?').next().unwrap_or_default().to_owned();
+    let unreachable = |e: reqwest::Error| ClientError::Unreachable { endpoint: host.clone(), cause: e.to_string() };
+    let response = client.http.get(url).timeout(Duration::from_secs(3600)).send().await.map_err(unreachable)?;
+    if !response.status().is_success() {
+        return Err(ClientError::Refused {
+            status: response.status().as_u16(),
+            code: "download_failed".into(),
+            message: "the result's download link did not answer the file (it may have expired)".into(),
+        });
+    }
+    let progress = bar(response.content_length().unwrap_or(0), quiet);
+    progress.set_message(target.display().to_string());
+    let local = |e: std::io::Error| ClientError::Usage(format!("cannot write {}: {e}", target.display()));
+    let mut file = std::fs::File::create(target).map_err(local)?;
+    let mut body = response.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(unreachable)?;
+        file.write_all(&chunk).map_err(local)?;
+        progress.inc(chunk.len() as u64);
+    }
+    progress.finish_and_clear();
+    Ok(())
+}
+
+/// Prints a failed command's error: the server's code and message, the
+/// payment requirements for a `402`, or the local problem. With `--json`,
+/// the same as one JSON document on stdout.
+pub async fn report(client: Option<&Client>, opts: &ClientOpts, error: &ClientError) {
+    if opts.json {
+        output::json(&error.to_json());
+        return;
+    }
+    match error {
+        ClientError::PaymentRequired(challenge) => {
+            let catalog = match client {
+                Some(client) => client.public(Method::GET, "/v1/catalog", None).await.map(|a| a.body).unwrap_or(Value::Null),
+                None => Value::Null,
+            };
+            eprintln!("{}", payment_required::describe(challenge, &catalog));
+        }
+        ClientError::Refused { code, message, .. } => eprintln!("error: {message} ({code})"),
+        other => eprintln!("error: {other}"),
+    }
+}

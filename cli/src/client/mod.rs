@@ -1,0 +1,234 @@
+//! `reeve` as a client of any deployment (`--endpoint` / `REEVE_ENDPOINT`).
+//!
+//! [`Client`] holds the endpoint and its profile from the credentials file,
+//! and sends every request: it opens a session when the cached token is
+//! missing or expired (and once more when the server refuses one), and turns
+//! every answer that is not a success into a [`ClientError`], whose
+//! [`exit code`](ClientError::exit_code) scripts can rely on.
+
+pub mod commands;
+pub mod credentials;
+pub mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+
+use credentials::{CredentialsFile, Profile};
+
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:8080";
+
+/// Why a client command did not succeed. Each maps to a stable exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error envelope (or something else that
+    /// is not a success): exit 3.
+    #[error("{message} ({code}, HTTP {status})")]
+    Refused { status: u16, code: String, message: String },
+    /// `402`: the task is priced and no payment was sent. The body is the
+    /// x402 challenge, shown by [`crate::payment_required`]: exit 3.
+    #[error("payment required")]
+    PaymentRequired(Value),
+    /// No answer at all: exit 5.
+    #[error("cannot reach {endpoint}: {cause}")]
+    Unreachable { endpoint: String, cause: String },
+    /// Bad arguments or local trouble (a missing file, no Space ID yet): exit 4.
+    #[error("{0}")]
+    Usage(String),
+}
+
+pub const EXIT_TASK_FAILED: u8 = 1;
+pub const EXIT_TASK_CANCELED: u8 = 2;
+pub const EXIT_REFUSED: u8 = 3;
+pub const EXIT_USAGE: u8 = 4;
+pub const EXIT_UNREACHABLE: u8 = 5;
+
+impl ClientError {
+    pub fn exit_code(&self) -> ExitCode {
+        ExitCode::from(match self {
+            ClientError::Refused { .. } | ClientError::PaymentRequired(_) => EXIT_REFUSED,
+            ClientError::Usage(_) => EXIT_USAGE,
+            ClientError::Unreachable { .. } => EXIT_UNREACHABLE,
+        })
+    }
+
+    /// The stable code: the server's own, or the client's for local trouble.
+    pub fn code(&self) -> &str {
+        match self {
+            ClientError::Refused { code, .. } => code,
+            ClientError::PaymentRequired(_) => "payment_required",
+            ClientError::Unreachable { .. } => "unreachable",
+            ClientError::Usage(_) => "usage",
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        let mut error = json!({ "code": self.code(), "message": self.to_string() });
+        match self {
+            ClientError::Refused { status, message, .. } => {
+                error["status"] = json!(status);
+                error["message"] = json!(message);
+            }
+            ClientError::PaymentRequired(challenge) => error["payment_required"] = challenge.clone(),
+            _ => {}
+        }
+        json!({ "error": error })
+    }
+}
+
+/// An answer that was a success.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+pub struct Client {
+    pub http: reqwest::Client,
+    pub endpoint: String,
+    pub profile_name: String,
+    path: PathBuf,
+    file: CredentialsFile,
+}
+
+impl Client {
+    /// The endpoint is `--endpoint`/`REEVE_ENDPOINT`, else the named
+    /// profile's, else the local default. The profile is `--profile`, else
+    /// the one named after the endpoint.
+    pub fn open(endpoint: Option<String>, profile: Option<String>) -> Result<Client, ClientError> {
+        let path = credentials::path()?;
+        let file = CredentialsFile::load(&path)?;
+        let named = profile.as_ref().and_then(|name| file.profiles.get(name)).and_then(|p| p.endpoint.clone());
+        let endpoint = endpoint.or(named).unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned());
+        let endpoint = endpoint.trim_end_matches('/').to_owned();
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(ClientError::Usage(format!("the endpoint must be an http:// or https:// URL, not {endpoint:?}")));
+        }
+        let profile_name = profile.unwrap_or_else(|| endpoint.clone());
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("reeve-cli/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .build()
+            .map_err(|e| ClientError::Usage(format!("cannot build an HTTP client: {e}")))?;
+        Ok(Client { http, endpoint, profile_name, path, file })
+    }
+
+    pub fn credentials_path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    pub fn profile(&self) -> Profile {
+        self.file.profiles.get(&self.profile_name).cloned().unwrap_or_default()
+    }
+
+    /// Changes the profile and writes the file at once.
+    pub fn update_profile(&mut self, change: impl FnOnce(&mut Profile)) -> Result<(), ClientError> {
+        let profile = self.file.profiles.entry(self.profile_name.clone()).or_default();
+        profile.endpoint = Some(self.endpoint.clone());
+        change(profile);
+        self.file.save(&self.path)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.endpoint)
+    }
+
+    fn unreachable(&self, e: &reqwest::Error) -> ClientError {
+        let mut cause = e.to_string();
+        let mut source = std::error::Error::source(e);
+        while let Some(inner) = source {
+            cause = format!("{cause}: {inner}");
+            source = inner.source();
+        }
+        ClientError::Unreachable { endpoint: self.endpoint.clone(), cause }
+    }
+
+    /// Sends a request; a transport failure is `Unreachable`, any status but
+    /// a success is the server's refusal.
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> Result<Answer, ClientError> {
+        let response = request.send().await.map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| self.unreachable(&e))?;
+        let body: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
+        if status.is_success() {
+            return Ok(Answer { status, body });
+        }
+        if status == StatusCode::PAYMENT_REQUIRED && body.get("accepts").is_some() {
+            return Err(ClientError::PaymentRequired(body));
+        }
+        let code = body["error"]["code"].as_str().map_or_else(|| format!("http_{}", status.as_u16()), str::to_owned);
+        let message = body["error"]["message"]
+            .as_str()
+            .map_or_else(|| String::from_utf8_lossy(&bytes).chars().take(200).collect(), str::to_owned);
+        Err(ClientError::Refused { status: status.as_u16(), code, message })
+    }
+
+    /// A request without a token.
+    pub async fn public(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Answer, ClientError> {
+        let mut request = self.http.request(method, self.url(path));
+        if let Some(body) = body {
+            request = request.header("content-type", "application/json").body(body.to_string());
+        }
+        self.send(request).await
+    }
+
+    /// Opens a session on the profile's Space and caches its token.
+    pub async fn login(&mut self) -> Result<Answer, ClientError> {
+        let Some(space_id) = self.profile().space_id else {
+            return Err(ClientError::Usage(format!(
+                "no Space ID for {}: run `reeve space create`, or `reeve login --space-id ID`",
+                self.endpoint
+            )));
+        };
+        let answer = self.public(Method::POST, "/v1/sessions", Some(&json!({ "space_id": space_id }))).await?;
+        let token = answer.body["token"].as_str().map(str::to_owned);
+        let expires = answer.body["expires_at"]
+            .as_str()
+            .and_then(|s| OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok());
+        self.update_profile(|p| {
+            p.token = token;
+            p.token_expires_at = expires;
+        })?;
+        Ok(answer)
+    }
+
+    /// The cached token, renewed first if it has expired.
+    pub async fn token(&mut self) -> Result<String, ClientError> {
+        if let Some(token) = self.profile().live_token(OffsetDateTime::now_utc()) {
+            return Ok(token.to_owned());
+        }
+        self.login().await?;
+        self.profile().token.ok_or_else(|| ClientError::Usage("the session answer carried no token".into()))
+    }
+
+    /// A request with the session token. A `401` (a token revoked by a key
+    /// rotation, a clock skew) renews the session once and tries again.
+    pub async fn authed(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, String)],
+    ) -> Result<Answer, ClientError> {
+        for attempt in 0..2 {
+            let token = self.token().await?;
+            let mut request = self.http.request(method.clone(), self.url(path)).bearer_auth(&token);
+            for (name, value) in headers {
+                request = request.header(*name, value);
+            }
+            if let Some(body) = body {
+                request = request.header("content-type", "application/json").body(body.to_string());
+            }
+            match self.send(request).await {
+                Err(ClientError::Refused { status: 401, .. }) if attempt == 0 => {
+                    self.update_profile(|p| p.token_expires_at = None)?;
+                }
+                other => return other,
+            }
+        }
+        unreachable!("the second attempt returns")
+    }
+}

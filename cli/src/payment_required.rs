@@ -1,0 +1,67 @@
+//! A `402` from task create: the task is priced and no payment was sent.
+//! This is the one place the client handles it. Today it shows the x402
+//! requirements (one row per way to pay) and the command exits 3; paying
+//! (`--pay`, in `pay.rs`) will start from the same challenge.
+
+use serde_json::Value;
+
+use crate::client::output;
+
+/// One way to pay, from the challenge's `accepts`, with the asset's decimals
+/// looked up in the catalog (the challenge carries only its contract).
+pub struct Requirement {
+    pub network: String,
+    pub asset: String,
+    pub amount_atomic: String,
+    pub amount_human: String,
+    pub pay_to: String,
+}
+
+/// The requirements of `challenge`; `catalog` is `GET /v1/catalog`'s answer,
+/// for the asset names and decimals (`Value::Null` if it could not be read).
+pub fn requirements(challenge: &Value, catalog: &Value) -> Vec<Requirement> {
+    let assets = catalog["assets"].as_array().cloned().unwrap_or_default();
+    challenge["accepts"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|accept| {
+            let network = accept["network"].as_str().unwrap_or_default().to_owned();
+            let contract = accept["asset"].as_str().unwrap_or_default().to_owned();
+            let amount_atomic = accept["amount"].as_str().unwrap_or_default().to_owned();
+            let known = assets.iter().find(|a| {
+                a["network"].as_str() == Some(network.as_str())
+                    && a["contract"].as_str().is_some_and(|c| c.eq_ignore_ascii_case(&contract))
+            });
+            let (asset, amount_human) = match known {
+                Some(a) => {
+                    let decimals = a["decimals"].as_u64().unwrap_or(0) as u32;
+                    let name = a["id"].as_str().unwrap_or(&contract).to_owned();
+                    (name, output::human_amount(&amount_atomic, decimals))
+                }
+                None => (contract.clone(), "?".to_owned()),
+            };
+            Requirement {
+                network,
+                asset,
+                amount_atomic,
+                amount_human,
+                pay_to: accept["payTo"].as_str().unwrap_or_default().to_owned(),
+            }
+        })
+        .collect()
+}
+
+/// What a person sees: why, then the table.
+pub fn describe(challenge: &Value, catalog: &Value) -> String {
+    let rows: Vec<Vec<String>> = requirements(challenge, catalog)
+        .into_iter()
+        .map(|r| vec![r.network, r.asset, r.amount_human, r.amount_atomic, r.pay_to])
+        .collect();
+    let why = challenge["error"].as_str().unwrap_or("payment required");
+    format!(
+        "error: this task is priced: {why} (payment_required); pay with one of:\n{}",
+        output::table(&["NETWORK", "ASSET", "AMOUNT", "ATOMIC", "PAY TO"], &rows)
+    )
+}

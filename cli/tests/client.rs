@@ -1,0 +1,415 @@
+//! `reeve` as a client, against a real `reeve serve` process (every route,
+//! the relay and a worker) on a database and a queue of the test's own:
+//! each command, its `--json` output and its exit code, and the journey a
+//! new user takes from a Space to a finished digest.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::Digest as _;
+
+fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the tests with the stack's .env loaded"))
+}
+
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let base = &base[..base.rfind('/').expect("a database in DATABASE_URL")];
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+/// A `reeve serve` of the test's own, with its database, queue and
+/// credentials directory; killed and cleaned up on drop.
+struct Serve {
+    child: Option<Child>,
+    endpoint: String,
+    home: PathBuf,
+    database: String,
+    queue_url: String,
+}
+
+impl Serve {
+    async fn start(args: &[&str]) -> Serve {
+        use sqlx::Connection;
+        let name = format!("reeve_client_{}", ulid::Ulid::new().to_string().to_lowercase());
+        let mut admin = sqlx::PgConnection::connect(&env("DATABASE_URL")).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
+        let database_url = with_database(&env("DATABASE_URL"), &name);
+        let sqs = sqs().await;
+        let queue = sqs.create_queue().queue_name(format!("reeve-cli-{}", name.replace('_', "-"))).send().await.unwrap();
+        let queue_url = queue.queue_url().unwrap().to_owned();
+        let home = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(&home).unwrap();
+
+        let migrate = Command::new(env!("CARGO_BIN_EXE_reeve"))
+            .current_dir(&home)
+            .arg("migrate")
+            .env("DATABASE_URL", &database_url)
+            .output()
+            .unwrap();
+        assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = std::fs::File::create(home.join("serve.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_reeve"))
+            .current_dir(&home)
+            .args(["serve", "--bind", &format!("127.0.0.1:{port}"), "--catalog"])
+            .arg(repo("reeve.toml"))
+            .args(args)
+            .env("DATABASE_URL", &database_url)
+            .env("REEVE_QUEUE_URL", &queue_url)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let serve = Serve { child: Some(child), endpoint: format!("http://127.0.0.1:{port}"), home, database: name, queue_url };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "reeve serve did not start: {}", serve.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        serve
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.home.join("serve.log")).unwrap_or_default()
+    }
+
+    /// Runs `reeve ARGS` as a client of this server, with its own
+    /// credentials directory.
+    fn reeve(&self, args: &[&str]) -> Run {
+        let output = Command::new(env!("CARGO_BIN_EXE_reeve"))
+            .current_dir(&self.home)
+            .args(args)
+            .env("REEVE_ENDPOINT", &self.endpoint)
+            .env("XDG_CONFIG_HOME", self.home.join("config"))
+            .env_remove("REEVE_TOKEN")
+            .env_remove("REEVE_PROFILE")
+            .output()
+            .unwrap();
+        Run(output)
+    }
+
+    fn credentials(&self) -> PathBuf {
+        self.home.join("config/reeve/credentials.toml")
+    }
+
+    /// SIGTERM, then the exit status (within `limit`).
+    fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        let sent = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        assert!(sent.success());
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("reeve serve did not stop within {limit:?}: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    async fn cleanup(mut self) {
+        use sqlx::Connection;
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        sqs().await.delete_queue().queue_url(&self.queue_url).send().await.unwrap();
+        let mut admin = sqlx::PgConnection::connect(&env("DATABASE_URL")).await.unwrap();
+        let drop = format!("DROP DATABASE {} WITH (FORCE)", self.database);
+        sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&mut admin).await.unwrap();
+        let _ = std::fs::remove_dir_all(&self.home);
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+async fn sqs() -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::new(&aws_config::load_from_env().await)
+}
+
+struct Run(Output);
+
+impl Run {
+    fn code(&self) -> i32 {
+        self.0.status.code().expect("exited, not killed")
+    }
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.0.stdout).into_owned()
+    }
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.0.stderr).into_owned()
+    }
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.0.stdout).unwrap_or_else(|e| panic!("not one JSON document ({e}): {}", self.stdout()))
+    }
+    #[track_caller]
+    fn expect(&self, code: i32) -> &Self {
+        assert_eq!(self.code(), code, "stdout:\n{}\nstderr:\n{}", self.stdout(), self.stderr());
+        self
+    }
+}
+
+fn write_file(dir: &Path, name: &str, len: usize) -> (PathBuf, String) {
+    let bytes: Vec<u8> = (0..len).map(|i| (i as u32).wrapping_mul(2654435761).to_be_bytes()[0]).collect();
+    let path = dir.join(name);
+    std::fs::write(&path, &bytes).unwrap();
+    (path, hex::encode(sha2::Sha256::digest(&bytes)))
+}
+
+#[tokio::test]
+async fn the_first_task_journey_from_a_new_space_to_a_digest() {
+    let serve = Serve::start(&[]).await;
+
+    // reeve space create && reeve login && reeve task create digest --file upload_id=FILE --watch
+    let created = serve.reeve(&["space", "create"]);
+    created.expect(0);
+    let space_id = created.stdout().trim().to_owned();
+    assert!(space_id.len() == 20 && space_id.bytes().all(|b| b.is_ascii_digit()), "{space_id}");
+    let credentials = std::fs::read_to_string(serve.credentials()).unwrap();
+    assert!(credentials.contains(&space_id), "the Space ID is kept: {credentials}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(serve.credentials()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the credentials file is the owner's alone");
+
+    serve.reeve(&["login"]).expect(0);
+    assert!(std::fs::read_to_string(serve.credentials()).unwrap().contains("token = "));
+
+    let (file, sha256) = write_file(&serve.home, "report.bin", 3 * 1024 * 1024 + 17);
+    let run = serve.reeve(&["task", "create", "digest", "--file", &format!("upload_id={}", file.display()), "--watch"]);
+    run.expect(0);
+    assert!(run.stdout().contains(&sha256), "the SHA-256 is printed: {}", run.stdout());
+
+    // task list --json lists it, completed.
+    let list = serve.reeve(&["task", "list", "--json"]);
+    list.expect(0);
+    let page = list.json();
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 1, "{page}");
+    let task = &page["tasks"][0];
+    assert_eq!((task["kind"].as_str(), task["status"].as_str()), (Some("digest"), Some("completed")));
+    assert_eq!(task["result"]["sha256"], sha256.as_str());
+    let id = task["id"].as_str().unwrap().to_owned();
+
+    // Canceling a finished task is refused with the server's code: exit 3.
+    let cancel = serve.reeve(&["task", "cancel", &id]);
+    cancel.expect(3);
+    assert!(cancel.stderr().contains("task_finished"), "{}", cancel.stderr());
+    let cancel = serve.reeve(&["task", "cancel", &id, "--json"]);
+    cancel.expect(3);
+    assert_eq!(cancel.json()["error"]["code"], "task_finished");
+
+    // get, result and watch of the finished task.
+    let get = serve.reeve(&["task", "get", &id, "--json"]);
+    get.expect(0);
+    assert_eq!(get.json()["status"], "completed");
+    assert!(serve.reeve(&["task", "get", &id]).expect(0).stdout().contains("completed"));
+    let result = serve.reeve(&["task", "result", &id]);
+    result.expect(0);
+    assert!(result.stdout().contains(&sha256), "{}", result.stdout());
+    assert_eq!(serve.reeve(&["task", "result", &id, "--json"]).expect(0).json()["result"]["sha256"], sha256.as_str());
+    serve.reeve(&["task", "watch", &id]).expect(0);
+
+    // The human list is a table with the task in it.
+    let table = serve.reeve(&["task", "list", "--status", "completed", "--kind", "digest"]);
+    table.expect(0);
+    assert!(table.stdout().starts_with("ID") && table.stdout().contains(&id), "{}", table.stdout());
+    serve.cleanup().await;
+}
+
+#[tokio::test]
+async fn each_client_command_answers_in_json_and_with_its_exit_code() {
+    // No worker: tasks stay queued until canceled.
+    let serve = Serve::start(&["--no-worker"]).await;
+    serve.reeve(&["space", "create", "--json"]).expect(0);
+    let login = serve.reeve(&["login", "--json"]);
+    login.expect(0);
+    assert!(login.json()["expires_at"].is_string());
+
+    // catalog: a table with free and priced kinds, and the JSON catalog.
+    let catalog = serve.reeve(&["catalog"]);
+    catalog.expect(0);
+    let text = catalog.stdout();
+    assert!(text.starts_with("KIND") && text.contains("digest") && text.contains("free"), "{text}");
+    assert!(text.contains("0.01") && text.contains("10000") && text.contains("priced"), "human and atomic prices: {text}");
+    assert!(serve.reeve(&["catalog", "--json"]).expect(0).json()["tasks"].is_array());
+
+    // upload: the upload id, or JSON.
+    let (file, _) = write_file(&serve.home, "notes.txt", 1000);
+    let upload = serve.reeve(&["upload", file.to_str().unwrap()]);
+    upload.expect(0);
+    assert_eq!(upload.stdout().trim().len(), 26, "{}", upload.stdout());
+    let upload = serve.reeve(&["upload", file.to_str().unwrap(), "--json"]);
+    let upload_id = upload.expect(0).json()["upload_id"].as_str().unwrap().to_owned();
+    assert_eq!(upload.json()["content_type"], "text/plain");
+
+    // task create with --input-json and an idempotency key; a replay is the same task.
+    let input = format!("{{\"upload_id\":\"{upload_id}\"}}");
+    let create = serve.reeve(&["task", "create", "digest", "--input-json", &input, "--idempotency-key", "k1", "--json"]);
+    let id = create.expect(0).json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(create.json()["status"], "queued");
+    let again = serve.reeve(&["task", "create", "digest", "--input", &format!("upload_id={upload_id}"), "--idempotency-key", "k1", "--json"]);
+    assert_eq!(again.expect(0).json()["id"], id.as_str(), "the same key and input answer the same task");
+
+    // A queued task cancels at once; watching it then ends with exit 2.
+    let cancel = serve.reeve(&["task", "cancel", &id, "--json"]);
+    assert_eq!(cancel.expect(0).json()["status"], "canceled");
+    serve.reeve(&["task", "watch", &id]).expect(2);
+    serve.reeve(&["task", "result", &id]).expect(2);
+    assert_eq!(serve.reeve(&["task", "get", &id, "--json"]).expect(0).json()["status"], "canceled");
+
+    // A queued task has no result yet: refused, exit 3.
+    let queued = serve.reeve(&["task", "create", "digest", "--input", &format!("upload_id={upload_id}")]);
+    let queued_id = queued.expect(0).stdout().trim().to_owned();
+    assert!(serve.reeve(&["task", "result", &queued_id]).expect(3).stderr().contains("task_not_finished"));
+
+    // list: pages and filters.
+    let page = serve.reeve(&["task", "list", "--limit", "1", "--json"]).expect(0).json();
+    assert_eq!(page["tasks"][0]["id"], queued_id.as_str(), "newest first");
+    let next = page["next"].as_str().unwrap().to_owned();
+    let rest = serve.reeve(&["task", "list", "--after", &next, "--json"]).expect(0).json();
+    assert_eq!(rest["tasks"][0]["id"], id.as_str());
+    assert_eq!(rest["next"], Value::Null);
+    let canceled = serve.reeve(&["task", "list", "--status", "canceled", "--json"]).expect(0).json();
+    assert_eq!(canceled["tasks"].as_array().unwrap().len(), 1);
+
+    // Refusals by the server: exit 3 with its code.
+    let unknown = serve.reeve(&["task", "create", "nope"]);
+    assert!(unknown.expect(3).stderr().contains("unknown_task"), "{}", unknown.stderr());
+    let invalid = serve.reeve(&["task", "create", "digest", "--input", "upload_id:=5", "--json"]);
+    assert_eq!(invalid.expect(3).json()["error"]["code"], "invalid_input");
+    let missing = serve.reeve(&["task", "get", "01JNVX5C7D9F1H3K5M7P9R1T3V"]);
+    assert!(missing.expect(3).stderr().contains("not_found"));
+
+    // A priced task without payment: its requirements as a table, exit 3.
+    let priced = serve.reeve(&["task", "create", "fetch", "--input", "url=https://example.com/"]);
+    let err = priced.expect(3).stderr();
+    for needle in ["NETWORK", "eip155:8453", "eip155:84532", "usdc-base", "0.01", "10000", "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"] {
+        assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
+    }
+    let priced = serve.reeve(&["task", "create", "fetch", "--input", "url=https://example.com/", "--json"]);
+    let body = priced.expect(3).json();
+    assert_eq!(body["error"]["code"], "payment_required");
+    assert_eq!(body["error"]["payment_required"]["accepts"].as_array().unwrap().len(), 2);
+
+    // Usage errors: exit 4, before anything is sent.
+    serve.reeve(&["task", "create", "digest", "--input", "no-equals-sign"]).expect(4);
+    serve.reeve(&["task", "create", "digest", "--file", "upload_id=/nonexistent/file"]).expect(4);
+    serve.reeve(&["task", "create", "digest", "--input-json", "[1]"]).expect(4);
+    serve.reeve(&["task", "get", "not-an-id"]).expect(4);
+    serve.reeve(&["task", "list", "--limit", "500"]).expect(4);
+    serve.reeve(&["task", "list", "--status", "paused"]).expect(4);
+    serve.reeve(&["frobnicate"]).expect(4);
+    serve.reeve(&["--help"]).expect(0);
+
+    // An expired cached token is renewed by itself.
+    let credentials = std::fs::read_to_string(serve.credentials()).unwrap();
+    let old_token = credentials.lines().find(|l| l.starts_with("token = ")).unwrap().to_owned();
+    let expired = credentials
+        .lines()
+        .map(|l| if l.starts_with("token_expires_at") { "token_expires_at = \"2020-01-01T00:00:00Z\"".to_owned() } else { l.to_owned() })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(serve.credentials(), expired).unwrap();
+    serve.reeve(&["task", "list"]).expect(0);
+    let renewed = std::fs::read_to_string(serve.credentials()).unwrap();
+    assert!(!renewed.contains(&old_token) && renewed.contains("token = "), "a new token is cached");
+    // A token the server refuses is renewed too.
+    let forged = renewed
+        .lines()
+        .map(|l| if l.starts_with("token = ") { "token = \"forged\"".to_owned() } else { l.to_owned() })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(serve.credentials(), forged).unwrap();
+    serve.reeve(&["task", "list"]).expect(0);
+
+    // A second profile on the same endpoint keeps its own Space.
+    serve.reeve(&["space", "create", "--profile", "other"]).expect(0);
+    let others = serve.reeve(&["task", "list", "--profile", "other", "--json"]).expect(0).json();
+    assert_eq!(others["tasks"].as_array().unwrap().len(), 0);
+    serve.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_endpoint_exits_5_and_no_space_exits_4() {
+    let home = std::env::temp_dir().join(format!("reeve-client-{}", ulid::Ulid::new()));
+    let run = |args: &[&str]| {
+        Run(Command::new(env!("CARGO_BIN_EXE_reeve"))
+            .current_dir(std::env::temp_dir())
+            .args(args)
+            .env("XDG_CONFIG_HOME", &home)
+            .env_remove("REEVE_ENDPOINT")
+            .output()
+            .unwrap())
+    };
+    let down = run(&["catalog", "--endpoint", "http://127.0.0.1:1"]);
+    assert!(down.expect(5).stderr().contains("cannot reach http://127.0.0.1:1"), "{}", down.stderr());
+    assert_eq!(run(&["space", "create", "--endpoint", "http://127.0.0.1:1", "--json"]).expect(5).json()["error"]["code"], "unreachable");
+    let no_space = run(&["login", "--endpoint", "http://127.0.0.1:1"]);
+    assert!(no_space.expect(4).stderr().contains("reeve space create"), "{}", no_space.stderr());
+    run(&["catalog", "--endpoint", "ftp://example.com"]).expect(4);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+#[tokio::test]
+async fn serve_stops_on_sigterm_after_finishing_what_it_is_doing() {
+    let mut serve = Serve::start(&[]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let (file, sha256) = write_file(&serve.home, "data.bin", 1024);
+    let run = serve.reeve(&["task", "create", "digest", "--file", &format!("upload_id={}", file.display()), "--watch"]);
+    assert!(run.expect(0).stdout().contains(&sha256));
+    // The worker is in its long poll now; stopping waits for it, no longer.
+    let started = Instant::now();
+    let status = serve.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}: {}", serve.log());
+    assert!(started.elapsed() < Duration::from_secs(12), "stopped in {:?}", started.elapsed());
+    serve.cleanup().await;
+}
+
+#[tokio::test]
+async fn serve_stops_on_sigterm_even_while_someone_watches_a_queued_task() {
+    // No worker: the task stays queued, so its event stream never ends.
+    let mut serve = Serve::start(&["--no-worker"]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let (file, _) = write_file(&serve.home, "data.bin", 1024);
+    let created = serve.reeve(&["task", "create", "digest", "--file", &format!("upload_id={}", file.display())]);
+    let id = created.expect(0).stdout().trim().to_owned();
+    let mut watcher = Command::new(env!("CARGO_BIN_EXE_reeve"))
+        .current_dir(&serve.home)
+        .args(["task", "watch", &id])
+        .env("REEVE_ENDPOINT", &serve.endpoint)
+        .env("XDG_CONFIG_HOME", serve.home.join("config"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(watcher.try_wait().unwrap().is_none(), "the watcher is following the task");
+
+    let started = Instant::now();
+    let status = serve.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}: {}", serve.log());
+    assert!(started.elapsed() < Duration::from_secs(8), "stopped in {:?}", started.elapsed());
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    serve.cleanup().await;
+}
