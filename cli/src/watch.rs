@@ -45,6 +45,10 @@ pub async fn watch(endpoint: &str, token: &str, task: Id) -> anyhow::Result<Exit
             event.data["message"].as_str().unwrap_or_default(),
             event.data["code"].as_str().unwrap_or_default()
         )),
+        EventType::CreditUsed => say(&bar, format!(
+            "paid with a credit: {} atomic units",
+            event.data["amount"].as_str().unwrap_or_default()
+        )),
     })
     .await;
     let status = match status {

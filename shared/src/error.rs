@@ -129,7 +129,12 @@ pub async fn envelope(mut request: Request, next: Next) -> Response {
 
     let status = response.status();
     if let Some(error) = response.extensions_mut().remove::<ApiError>() {
+        // A refused payment repeats the x402 challenge in a header of its own.
+        let challenge = response.headers_mut().remove("payment-required");
         response = render(error.status, error.code, &error.message, &request_id);
+        if let Some(challenge) = challenge {
+            response.headers_mut().insert("payment-required", challenge);
+        }
         span.in_scope(|| tracing::info!(status = status.as_u16(), code = error.code, "request failed"));
     } else if (status.is_client_error() || status.is_server_error()) && response.extensions().get::<Rendered>().is_none() {
         // A response axum or a layer made on its own (405, 413 from the body

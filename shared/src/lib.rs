@@ -11,7 +11,7 @@
 //! - [`upload_guard`]: settles an upload when S3 reports its object.
 //! - [`storage_policy`]: the bucket policy, generated from the template's parameters.
 //! - [`tasks`]: creating tasks, idempotency, the queue, snapshots.
-//! - [`x402`]: payment requirements for priced tasks.
+//! - [`payments`]: x402 challenges, the facilitator, payments and credits.
 //! - [`worker`]: claiming queued tasks, running them, recording the outcome.
 //! - [`executors`]: the work behind each task kind (digest, fetch, http).
 //! - [`outbound`]: the SSRF-guarded HTTP client for hosts Reeve does not own.
@@ -32,6 +32,7 @@ pub mod executors;
 pub mod http;
 pub mod ids;
 pub mod outbound;
+pub mod payments;
 pub mod redis_client;
 pub mod relay;
 pub mod settings;
@@ -42,4 +43,3 @@ pub mod telemetry;
 pub mod upload_guard;
 pub mod uploads;
 pub mod worker;
-pub mod x402;

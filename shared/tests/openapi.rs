@@ -20,7 +20,7 @@ use sqlx::postgres::PgPoolOptions;
 use utoipa_axum::router::OpenApiRouter;
 
 /// Every route of the API. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 8] = [
+const ROUTES: [(&str, &str); 9] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -29,11 +29,12 @@ const ROUTES: [(&str, &str); 8] = [
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks/{task}"),
+    ("GET", "/v1/space"),
 ];
 
 /// The routes whose handlers take the `Session` extractor.
-const BEARER_ROUTES: [(&str, &str); 3] =
-    [("POST", "/v1/uploads"), ("POST", "/v1/tasks/{task}"), ("GET", "/v1/tasks/{task}")];
+const BEARER_ROUTES: [(&str, &str); 4] =
+    [("POST", "/v1/uploads"), ("POST", "/v1/tasks/{task}"), ("GET", "/v1/tasks/{task}"), ("GET", "/v1/space")];
 
 /// The operation keys of an OpenAPI 3.1 (and 3.2) path item.
 const OPERATION_KEYS: [&str; 9] = ["get", "put", "post", "delete", "options", "head", "patch", "trace", "query"];
@@ -154,7 +155,7 @@ fn function_routers() -> Vec<(&'static str, OpenApiRouter<Ctx>, BTreeSet<Route>)
         ("catalog", http::catalog::router(), expected(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")])),
         ("presign", http::uploads::router(), expected(&[("POST", "/v1/uploads")])),
         ("task-create", http::tasks::create_router(), expected(&[("POST", "/v1/tasks/{task}")])),
-        ("task-status", http::tasks::status_router(), expected(&[("GET", "/v1/tasks/{task}")])),
+        ("task-status", http::tasks::status_router(), expected(&[("GET", "/v1/tasks/{task}"), ("GET", "/v1/space")])),
     ]
 }
 

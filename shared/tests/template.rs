@@ -186,6 +186,7 @@ fn sam_check_invokes_every_function_with_every_event() {
 const NOT_SET_BY_THE_TEMPLATE: &[(&str, &str)] = &[
     ("REEVE_LOG_FORMAT", "Lambda and Fargate always log JSON"),
     ("REEVE_OUTBOUND_ALLOW_HTTP", "a development setting: production is HTTPS-only"),
+    ("REEVE_FACILITATOR_URL", "the local stack's override: production uses the catalog's facilitator_url"),
 ];
 
 /// Environment variable names the code reads: every string literal that is

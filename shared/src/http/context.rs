@@ -22,6 +22,10 @@ pub struct ApiContext {
     pub redis: RedisClient,
     pub aws: AwsClients,
     pub settings: ApiSettings,
+    /// The x402 facilitator client, when the catalog sells anything. `None`
+    /// also when it could not be built (logged): payments then answer
+    /// `503 facilitator_unavailable`.
+    pub facilitator: Option<crate::payments::Facilitator>,
     /// Each Argon2id run takes 19 MiB and tens of milliseconds of one core;
     /// a burst of sessions must queue here rather than exhaust the process.
     pub argon2: Semaphore,
@@ -42,6 +46,11 @@ impl ApiContext {
     pub fn new(catalog: Catalog, db: PgPool, redis: RedisClient, aws: AwsClients, settings: ApiSettings) -> Ctx {
         let catalog_json = serde_json::to_vec(&catalog.public_view()).expect("JSON values serialise").into();
         let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let facilitator = catalog.payments.as_ref().and_then(|p| {
+            crate::payments::Facilitator::new(&p.facilitator_url)
+                .inspect_err(|e| tracing::error!(error = %e, "no facilitator client"))
+                .ok()
+        });
         Arc::new(ApiContext {
             catalog: Arc::new(catalog),
             catalog_json,
@@ -49,6 +58,7 @@ impl ApiContext {
             redis,
             aws,
             settings,
+            facilitator,
             argon2: Semaphore::new(permits),
         })
     }
@@ -73,12 +83,20 @@ impl ApiContext {
         // The deployment may lower the catalog's upload limit (the template's
         // `UploadMaxBytes`), for presign and the upload guard alike.
         let cap = crate::upload_guard::upload_limit_from(&crate::settings::Env::process());
-        let (mut catalog, settings, cap) = match (Catalog::load(catalog), ApiSettings::from_env(), cap) {
+        // The local stack points payments at its own facilitator.
+        let catalog = Catalog::load(catalog).map_err(|e| e.to_string()).and_then(|mut c| {
+            if let Some(p) = c.payments.as_mut() {
+                p.facilitator_url =
+                    crate::payments::facilitator::effective_url(&p.facilitator_url, |k| std::env::var(k).ok())?;
+            }
+            Ok(c)
+        });
+        let (mut catalog, settings, cap) = match (catalog, ApiSettings::from_env(), cap) {
             (Ok(c), Ok(s), Ok(cap)) => (c, s, cap),
             (c, s, cap) => {
                 let mut problems = Vec::new();
                 if let Err(e) = c {
-                    problems.push(e.to_string());
+                    problems.push(e);
                 }
                 if let Err(e) = s {
                     problems.extend(e.problems);

@@ -49,6 +49,7 @@ pub mod events;
 pub mod extract;
 pub mod health;
 mod openapi;
+pub mod space;
 pub mod spaces;
 pub mod tasks;
 pub mod uploads;

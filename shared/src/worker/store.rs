@@ -206,6 +206,8 @@ pub async fn fail(
     }
     let error_event = append_event(&mut tx, id, EventType::Error, &error).await?;
     let status = append_event(&mut tx, id, EventType::Status, &json!({ "status": "failed", "error": error })).await?;
+    // A paid task that did not do its work leaves a credit on its space.
+    crate::payments::credit_if_owed(&mut tx, id, code).await?;
     tx.commit().await?;
     Ok(Some(vec![error_event, status]))
 }
