@@ -29,6 +29,15 @@ const signer = toFacilitatorEvmSigner({ ...client, address: account.address });
 const facilitator = new x402Facilitator();
 registerExactEvmScheme(facilitator, { signer, networks: NETWORK });
 
+// Settlements go out one at a time: they all spend account 0's nonces, and
+// two built concurrently would pick the same one.
+let settling = Promise.resolve();
+const serially = (work) => {
+  const run = settling.then(work, work);
+  settling = run.catch(() => {});
+  return run;
+};
+
 const json = (res, status, body) => {
   const text = JSON.stringify(body, (_, v) => (typeof v === "bigint" ? v.toString() : v));
   res.writeHead(status, { "content-type": "application/json" });
@@ -62,7 +71,7 @@ createServer(async (req, res) => {
       }
       const result = req.url === "/verify"
         ? await facilitator.verify(paymentPayload, paymentRequirements)
-        : await facilitator.settle(paymentPayload, paymentRequirements);
+        : await serially(() => facilitator.settle(paymentPayload, paymentRequirements));
       console.log(`${req.url} ${JSON.stringify({ ok: result.isValid ?? result.success, reason: result.invalidReason ?? result.errorReason, tx: result.transaction })}`);
       return json(res, 200, result);
     }
