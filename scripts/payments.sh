@@ -10,6 +10,8 @@
 #   chain        127.0.0.1:8545  anvil 1.7.1 (@foundry-rs/anvil-linux-amd64), chain id
 #                                84532, so reeve.toml's `eip155:84532` asset is this one.
 #                                In memory: every `up` after a `down` starts a fresh chain.
+#                                A block a second, as on Base: an idle chain's clock would
+#                                stand still, and clients sign validAfter = now - 600.
 #   token        the catalog's usdc-base-sepolia contract address: scripts/payments/Token.sol
 #                (OpenZeppelin 5.7, compiled offline by solc-js 0.8.37), EIP-712 domain
 #                "USDC"/"2", 6 decimals. Accounts 1-9 of anvil's development mnemonic
@@ -110,7 +112,7 @@ chain_start() {
   port_open "$CHAIN_PORT" && die "$HOST:$CHAIN_PORT is in use by another process; stop it or set REEVE_STACK_CHAIN_PORT"
   log "starting anvil (chain id $CHAIN_ID) on $HOST:$CHAIN_PORT"
   start_bg "$DIR/anvil.pid" "$DIR/anvil.log" \
-    "$ANVIL" --host "$HOST" --port "$CHAIN_PORT" --chain-id "$CHAIN_ID" --silent
+    "$ANVIL" --host "$HOST" --port "$CHAIN_PORT" --chain-id "$CHAIN_ID" --block-time 1 --silent
   wait_for anvil 30 "$DIR/anvil.log" chain_ready
 }
 

@@ -17,6 +17,11 @@ use reeve_shared::settings::{DATABASE_URL, DEFAULT_CATALOG, Env, QUEUE_URL};
 use reeve_shared::worker::{Poller, WorkerContext};
 use reeve_shared::{db, telemetry};
 
+// Payments: wired into `task create --pay` and `reeve space` by their owner.
+#[allow(dead_code)]
+mod pay;
+#[allow(dead_code)]
+mod space_view;
 mod storage;
 mod watch;
 

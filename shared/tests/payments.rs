@@ -88,8 +88,16 @@ async fn balance(address: &str) -> u128 {
 async fn mint(address: &str, amount: u128) {
     let data = format!("0x40c10f19{}{:064x}", word(address), amount);
     let hash = rpc("eth_sendTransaction", json!([{"from": MINTER, "to": TOKEN, "data": data}])).await;
-    let receipt = rpc("eth_getTransactionReceipt", json!([hash])).await;
-    assert_eq!(receipt["status"], "0x1", "mint failed: {receipt}");
+    // The chain mines a block a second.
+    for _ in 0..100 {
+        let receipt = rpc("eth_getTransactionReceipt", json!([hash])).await;
+        if !receipt.is_null() {
+            assert_eq!(receipt["status"], "0x1", "mint failed: {receipt}");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("mint {hash} was not mined in 10 s");
 }
 
 /// A fresh address that nobody else pays into.
