@@ -18,6 +18,8 @@
 #                             master/volume/filer/admin ports are loopback too.
 #   sqs       127.0.0.1:5000  moto_server from PyPI `moto[server]` (in-memory: the
 #                             queues are re-created on every `up`).
+#   payments  127.0.0.1:8545 (anvil) and :4021 (x402 facilitator): scripts/payments.sh,
+#                             which `up`/`down`/`status` here call last.
 #
 # Ports can be moved with REEVE_STACK_{PG,REDIS,S3,SQS}_PORT before the first `up`
 # (they are written into .env then). Runs as root on Debian/Ubuntu (apt-get);
@@ -127,6 +129,8 @@ ensure_packages() {
   pg_bindir >/dev/null || need+=(postgresql)
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null || need+=(redis-server)
   command -v curl >/dev/null || need+=(curl)
+  # The payment stack (scripts/payments.sh) is npm packages.
+  command -v node >/dev/null && command -v npm >/dev/null || need+=(nodejs npm)
   # The relay's watch page is tested in a real headless browser; only the
   # test command asks for it (scripts/test.sh sets REEVE_STACK_BROWSER=1).
   if [[ ${REEVE_STACK_BROWSER:-0} == 1 ]] && ! command -v chromium >/dev/null; then
@@ -532,11 +536,13 @@ cmd_up() {
   envq=$(env_get REEVE_QUEUE_URL)
   [[ $envq == "$queue_url" ]] || log "warning: .env has REEVE_QUEUE_URL=$envq but moto returned $queue_url"
   status_table || die "some services are down"
+  "$ROOT/scripts/payments.sh" up
   log "ready in $((SECONDS - t0))s (env: $ENV_FILE)"
 }
 
 cmd_down() {
   take_lock
+  "$ROOT/scripts/payments.sh" down
   moto_stop
   weed_stop
   redis_stop
@@ -547,6 +553,6 @@ cmd_down() {
 case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
-  status) status_table ;;
+  status) rc=0; status_table || rc=1; "$ROOT/scripts/payments.sh" status || rc=1; exit "$rc" ;;
   *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac

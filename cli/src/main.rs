@@ -23,6 +23,11 @@ mod client;
 mod follow;
 mod migrate;
 mod payment_required;
+// Payments: wired into `task create --pay` and `reeve space` by their owner.
+#[allow(dead_code)]
+mod pay;
+#[allow(dead_code)]
+mod space_view;
 mod storage;
 mod watch;
 

@@ -61,6 +61,10 @@ pub async fn watch(
                     event.data["code"].as_str().unwrap_or_default()
                 ),
             ),
+            EventType::CreditUsed => say(
+                &bar,
+                format!("paid with a credit: {} atomic units", event.data["amount"].as_str().unwrap_or_default()),
+            ),
         }
     })
     .await;

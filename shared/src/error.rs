@@ -131,11 +131,16 @@ pub async fn envelope(mut request: Request, next: Next) -> Response {
 
     let status = response.status();
     if let Some(error) = response.extensions_mut().remove::<ApiError>() {
-        // `Retry-After` (a 429's) survives the re-rendering.
+        // `Retry-After` (a 429's) survives the re-rendering, and a refused
+        // payment repeats the x402 challenge in a header of its own.
         let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
+        let challenge = response.headers_mut().remove("payment-required");
         response = render(error.status, error.code, &error.message, &request_id);
         if let Some(retry_after) = retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, retry_after);
+        }
+        if let Some(challenge) = challenge {
+            response.headers_mut().insert("payment-required", challenge);
         }
         span.in_scope(|| tracing::info!(status = status.as_u16(), code = error.code, "request failed"));
     } else if (status.is_client_error() || status.is_server_error()) && response.extensions().get::<Rendered>().is_none() {

@@ -13,7 +13,7 @@
 //! - [`storage_policy`]: the bucket policy, generated from the template's parameters.
 //! - [`tasks`]: creating tasks, idempotency, the queue, snapshots, the list,
 //!   cancel, and the one fenced transition every later status change uses.
-//! - [`x402`]: payment requirements for priced tasks.
+//! - [`payments`]: x402 challenges, the facilitator, payments and credits.
 //! - [`worker`]: claiming queued tasks, running them, recording the outcome.
 //! - [`executors`]: the work behind each task kind (digest, fetch, http).
 //! - [`outbound`]: the SSRF-guarded HTTP client for hosts Reeve does not own.
@@ -36,6 +36,7 @@ pub mod http;
 pub mod ids;
 pub mod metrics;
 pub mod outbound;
+pub mod payments;
 pub mod redis_client;
 pub mod relay;
 pub mod settings;
@@ -47,4 +48,3 @@ pub mod telemetry;
 pub mod upload_guard;
 pub mod uploads;
 pub mod worker;
-pub mod x402;

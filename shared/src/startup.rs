@@ -25,6 +25,7 @@ use std::path::Path;
 use aws_config::SdkConfig;
 use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata};
 
+use crate::payments::facilitator;
 use crate::auth::Secret;
 use crate::aws::{AwsClients, S3_ENDPOINT_VARIABLES};
 use crate::catalog::Catalog;
@@ -175,9 +176,14 @@ pub async fn api_with<F: Fn(&str) -> Option<String>>(
         let custom_s3 = custom_s3_endpoint(&env);
         check_urls(&mut problems, &env, needs.database);
         let settings = ApiSettings::read(&mut env, needs).map_err(|e| problems.extend(e.problems)).ok();
-        let catalog = catalog.map(|mut catalog| {
+        let catalog = catalog.and_then(|mut catalog| {
             catalog.uploads.max_bytes = upload_guard::effective_max_bytes(&catalog.uploads, cap);
-            catalog
+            // The local stack points payments at its own facilitator.
+            if let Some(payments) = catalog.payments.as_mut() {
+                let url = facilitator::effective_url(&payments.facilitator_url, |k| env.optional(k));
+                payments.facilitator_url = url.map_err(|e| problems.push(e)).ok()?;
+            }
+            Some(catalog)
         });
         (catalog, settings, operators, custom_s3)
     };

@@ -52,7 +52,10 @@ async fn migrating_again_is_a_no_op(pool: PgPool) {
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(tables, ["_sqlx_migrations", "payments", "spaces", "task_events", "tasks", "uploads"]);
+    assert_eq!(
+        tables,
+        ["_sqlx_migrations", "credits", "payment_attempts", "payments", "spaces", "task_events", "tasks", "uploads"]
+    );
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]

@@ -20,7 +20,7 @@ use sqlx::postgres::PgPoolOptions;
 use utoipa_axum::router::OpenApiRouter;
 
 /// Every route of the API. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 10] = [
+const ROUTES: [(&str, &str); 11] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -31,15 +31,17 @@ const ROUTES: [(&str, &str); 10] = [
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
+    ("GET", "/v1/space"),
 ];
 
 /// The routes whose handlers take the `Session` extractor.
-const BEARER_ROUTES: [(&str, &str); 5] = [
+const BEARER_ROUTES: [(&str, &str); 6] = [
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
+    ("GET", "/v1/space"),
 ];
 
 /// The operation keys of an OpenAPI 3.1 (and 3.2) path item.
@@ -164,7 +166,12 @@ fn function_routers() -> Vec<(&'static str, OpenApiRouter<Ctx>, BTreeSet<Route>)
         (
             "task-status",
             http::tasks::status_router(),
-            expected(&[("GET", "/v1/tasks/{task}"), ("GET", "/v1/tasks"), ("POST", "/v1/tasks/{task}/cancel")]),
+            expected(&[
+                ("GET", "/v1/tasks/{task}"),
+                ("GET", "/v1/tasks"),
+                ("POST", "/v1/tasks/{task}/cancel"),
+                ("GET", "/v1/space"),
+            ]),
         ),
     ]
 }

@@ -188,6 +188,7 @@ const NOT_SET_BY_THE_TEMPLATE: &[(&str, &str)] = &[
     ("REEVE_OUTBOUND_ALLOW_HTTP", "a development setting: production is HTTPS-only"),
     ("REEVE_FETCH_ALLOW", "the users' allow-list: empty in production"),
     ("REEVE_PEPPER", "a development value: auth is given REEVE_PEPPER_SECRET_ARN"),
+    ("REEVE_FACILITATOR_URL", "the local stack's override: production uses the catalog's facilitator_url"),
 ];
 
 /// Environment variable names the code reads: every string literal that is

@@ -335,7 +335,7 @@ fn payments(root: &Fields, priced: &[&str], p: &mut Problems) -> Option<Payments
 
 /// Payment payloads travel to the facilitator, so they need TLS unless the
 /// facilitator is on this machine (as in tests).
-fn facilitator_url(url: &str) -> Result<(), String> {
+pub(crate) fn facilitator_url(url: &str) -> Result<(), String> {
     let parsed = formats::http_url(url)?;
     if parsed.https || formats::is_loopback(parsed.host) {
         Ok(())

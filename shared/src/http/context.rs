@@ -25,6 +25,10 @@ pub struct ApiContext {
     pub redis: RedisClient,
     pub aws: AwsClients,
     pub settings: ApiSettings,
+    /// The x402 facilitator client, when the catalog sells anything. `None`
+    /// also when it could not be built (logged): payments then answer
+    /// `503 facilitator_unavailable`.
+    pub facilitator: Option<crate::payments::Facilitator>,
     /// Each Argon2id run takes 19 MiB and tens of milliseconds of one core;
     /// a burst of sessions must queue here rather than exhaust the process.
     pub argon2: Semaphore,
@@ -54,6 +58,11 @@ impl ApiContext {
     ) -> Ctx {
         let catalog_json = serde_json::to_vec(&catalog.public_view()).expect("JSON values serialise").into();
         let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let facilitator = catalog.payments.as_ref().and_then(|p| {
+            crate::payments::Facilitator::new(&p.facilitator_url)
+                .inspect_err(|e| tracing::error!(error = %e, "no facilitator client"))
+                .ok()
+        });
         Arc::new(ApiContext {
             catalog: Arc::new(catalog),
             catalog_json,
@@ -61,6 +70,7 @@ impl ApiContext {
             redis,
             aws,
             settings,
+            facilitator,
             argon2: Semaphore::new(permits),
             operators,
         })

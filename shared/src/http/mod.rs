@@ -50,6 +50,7 @@ pub mod extract;
 pub mod health;
 pub mod limit;
 mod openapi;
+pub mod space;
 pub mod spaces;
 pub mod tasks;
 pub mod uploads;

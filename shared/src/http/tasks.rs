@@ -2,31 +2,27 @@
 //! /v1/tasks/{id}`, `GET /v1/tasks` and `POST /v1/tasks/{id}/cancel` (the
 //! task-status function). The domain logic is in [`crate::tasks`].
 //!
-//! Create checks, in order, and answers with the first failure:
+//! Create is one call to [`tasks::submit`]; this file only turns HTTP into
+//! its arguments and its result into a response. Its answers, in order:
 //! 1. the token: `401 missing_token` / `401 invalid_token`;
 //! 2. the body is `{"input": {…}}` and nothing else: `415`, `413`,
 //!    `400 invalid_json`, `400 invalid_request`;
 //! 3. the kind is in the catalog: `404 unknown_task`;
 //! 4. the `Idempotency-Key` header, if any, is 1..=255 printable ASCII:
 //!    `400 invalid_idempotency_key`;
-//! 5. the input matches the task's schema: `422 invalid_input`, listing each
-//!    violation (up to 10) with its JSON pointer;
+//! 5. the input matches the task's schema: `422 invalid_input`;
 //! 6. a key used before: the same request answers its task again (`202`,
-//!    with `Idempotent-Replayed: true`, nothing re-queued), another request
-//!    is `409 idempotency_conflict`;
-//! 7. every upload named in `upload_id` / `upload_ids` fields belongs to the
-//!    space and has arrived: `422 unknown_upload` (unknown, someone else's,
-//!    or not an id at all), `422 upload_not_ready`, `422 upload_rejected`,
-//!    `503 storage_unavailable`;
-//! 8. a priced task needs payment: `402` with the x402 challenge (its body
-//!    is the challenge, not an error envelope). Verifying a
-//!    `PAYMENT-SIGNATURE` is not built yet: a request carrying one gets the
-//!    same `402` with `error: "payment verification is not available yet"`;
-//! 9. store and queue: `202` with `Location`, or `503 queue_unavailable` when
-//!    SQS refuses the message (the task is then `failed`, never stuck
-//!    `queued`).
-
-use std::collections::HashSet;
+//!    `Idempotent-Replayed: true`), another is `409 idempotency_conflict`;
+//! 7. the uploads the input names: `422 unknown_upload`,
+//!    `422 upload_not_ready`, `422 upload_rejected`, `503 storage_unavailable`;
+//! 8. a priced task: no `PAYMENT-SIGNATURE` and no credit → `402` whose body
+//!    is the x402 challenge; a payment → `400 invalid_payment`,
+//!    `402 payment_mismatch`, `402 payment_replayed`, `402 payment_invalid`,
+//!    `402 payment_failed` (those carry the challenge in `PAYMENT-REQUIRED`),
+//!    `409 payment_in_progress`, `409 payment_identifier_conflict`,
+//!    `503 facilitator_unavailable`;
+//! 9. store and queue: `202` with `Location` (and `PAYMENT-RESPONSE` when
+//!    paid now), or `503 queue_unavailable`.
 
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -42,15 +38,11 @@ use utoipa_axum::routes;
 
 use super::Ctx;
 use super::extract::{JsonBody, Session};
-use crate::auth::SpaceIndex;
-use crate::catalog::TaskSpec;
 use crate::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use crate::ids::Id;
-use crate::tasks::input::{self, MAX_UPLOADS};
+use crate::payments::{self, PaymentRequired};
 use crate::tasks::events::publish_all_once;
-use crate::tasks::{self, CancelOutcome, CreateError, Created, ListQuery, NewTask, Task, TaskStatus};
-use crate::uploads::{self, UploadError};
-use crate::x402::{self, PaymentRequired};
+use crate::tasks::{self, CancelOutcome, ListQuery, Paid, SubmitContext, SubmitError, Submission, Submitted, Task, TaskStatus};
 
 /// One path for both routers: axum merges their methods only when the path
 /// strings are identical, so the segment has one neutral name — a kind for
@@ -66,12 +58,16 @@ pub fn create_router() -> OpenApiRouter<Ctx> {
     OpenApiRouter::default().routes(routes!(create_task))
 }
 
-/// `GET /v1/tasks/{id}`, `GET /v1/tasks` and `POST /v1/tasks/{id}/cancel`:
-/// the task-status function's routes. They share it because each needs only
-/// Postgres and the Redis doorbell, no S3 or SQS: the owner reading and
-/// stopping their own tasks.
+/// `GET /v1/tasks/{id}`, `GET /v1/tasks`, `POST /v1/tasks/{id}/cancel` and
+/// `GET /v1/space`: the task-status function's routes. They share it because
+/// each needs only Postgres and the Redis doorbell, no S3 or SQS: the owner
+/// reading and stopping what their Space owns.
 pub fn status_router() -> OpenApiRouter<Ctx> {
-    OpenApiRouter::default().routes(routes!(task_status)).routes(routes!(list_tasks)).routes(routes!(cancel_task))
+    OpenApiRouter::default()
+        .routes(routes!(task_status))
+        .routes(routes!(list_tasks))
+        .routes(routes!(cancel_task))
+        .merge(super::space::router())
 }
 
 /// A task's input.
@@ -141,10 +137,12 @@ impl From<Task> for Snapshot {
 /// Checks, in order, and answers with the first failure: the token; the
 /// body; the kind; the `Idempotency-Key`; the input against the kind's
 /// schema; a reused key; the uploads the input names; payment. A priced task
-/// answers `402` with x402 v2 payment requirements, both as the body and,
-/// base64, in the `PAYMENT-REQUIRED` header; its body is not an error
-/// envelope. Verifying a `PAYMENT-SIGNATURE` is not available yet: a request
-/// carrying one gets the same `402`. A free task is stored and queued.
+/// without a `PAYMENT-SIGNATURE` is paid with a credit the Space holds for
+/// the same price if it has one (the task gets a `credit_used` event);
+/// otherwise it answers `402` with x402 v2 payment requirements, both as the
+/// body and, base64, in the `PAYMENT-REQUIRED` header. With a signature the
+/// payment is verified and settled by the facilitator before the task is
+/// queued, and the `202` carries `PAYMENT-RESPONSE`.
 #[utoipa::path(
     post,
     path = TASK_PATH,
@@ -156,11 +154,15 @@ impl From<Task> for Snapshot {
             description = "1 to 255 printable ASCII characters. The same key with the same request answers \
                 the same task again (`Idempotent-Replayed: true`, nothing re-queued)."),
         ("PAYMENT-SIGNATURE" = Option<String>, Header, nullable = false,
-            description = "An x402 v2 payment for a priced task. Not verified yet: it gets the `402` again."),
+            description = "An x402 v2 payment for a priced task: base64 JSON whose `accepted` is one of the \
+                challenge's `accepts`. Each payment pays for one task; the `payment-identifier` extension's id \
+                makes a retry of the same request answer the same task."),
     ),
     request_body = CreateRequest,
     responses(
-        (status = 202, description = "The task is queued (or was, for a replayed `Idempotency-Key`).",
+        (status = 202, description = "The task is queued (or was, for a replayed `Idempotency-Key`). When a \
+            payment was settled by this request, a `PAYMENT-RESPONSE` header carries base64 JSON \
+            `{success, transaction, network, payer}`; a task paid with a credit has none.",
             body = Accepted,
             headers(
                 ("Location" = String, description = "The task's URL: `/v1/tasks/{id}`."),
@@ -170,18 +172,26 @@ impl From<Task> for Snapshot {
         (status = 400, body = ErrorEnvelope, description = concat!(
             doc_400_json!(),
             " An `input` that is not an object is `invalid_request` too. ",
-            "`invalid_idempotency_key`: not one header of 1 to 255 printable ASCII characters.")),
+            "`invalid_idempotency_key`: not one header of 1 to 255 printable ASCII characters; ",
+            "`invalid_payment`: a `PAYMENT-SIGNATURE` that is not base64 JSON of an x402 v2 `exact` payment.")),
         (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
         (status = 402, body = PaymentRequired,
-            description = "A priced task: x402 v2 payment requirements, one `accepts` entry per price. \
-                This body is not an error envelope.",
+            description = "A priced task: x402 v2 payment requirements, one `accepts` entry per price, with the \
+                `payment-identifier` and `bazaar` extensions. Without a payment this body is the challenge, not an \
+                error envelope. A refused payment answers an error envelope instead, with the challenge in \
+                `PAYMENT-REQUIRED`: `payment_mismatch` (`accepted` is not one of this kind's requirements), \
+                `payment_replayed` (the payment already paid for a task, of any kind or Space), \
+                `payment_invalid` (the facilitator's verification refused it), `payment_failed` (settling it \
+                failed). None of them charges anything or creates a task.",
             headers(
                 ("PAYMENT-REQUIRED" = String,
                     description = "The same JSON as the body, base64 (standard alphabet, padded)."),
             )),
         (status = 404, description = "`unknown_task`: no such kind in the catalog.", body = ErrorEnvelope),
         (status = 409, body = ErrorEnvelope,
-            description = "`idempotency_conflict`: the `Idempotency-Key` was used with a different kind or input."),
+            description = "`idempotency_conflict`: the `Idempotency-Key` was used with a different kind or input; \
+                `payment_identifier_conflict`: the payment-identifier id was used with another payment or request; \
+                `payment_in_progress`: another request is settling this payment; retry shortly."),
         (status = 413, description = doc_413!(), body = ErrorEnvelope),
         (status = 415, description = doc_415!(), body = ErrorEnvelope),
         (status = 422, body = ErrorEnvelope, description = concat!(
@@ -195,6 +205,9 @@ impl From<Task> for Snapshot {
             "`queue_unavailable`: the task could not be queued and is marked failed; ",
             "retry with a new `Idempotency-Key`; ",
             "`storage_unavailable`: uploads could not be checked; ",
+            "`facilitator_unavailable`: the payment facilitator is unreachable or failing; nothing was charged, ",
+            "or, if its settlement's outcome is unknown, the same request with the same `PAYMENT-SIGNATURE` ",
+            "resolves it to exactly one task or a refusal; ",
             doc_503_db!())),
     ),
 )]
@@ -205,59 +218,156 @@ async fn create_task(
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
     JsonBody(request): JsonBody<CreateRequest>,
-) -> ApiResult<Response> {
+) -> Result<Response, SubmitFailure> {
     let kind = kind.map(|Path(k)| k).unwrap_or_default();
-    let Some(spec) = ctx.catalog.task(&kind) else {
-        return Err(unknown_task(&kind));
-    };
+    if ctx.catalog.task(&kind).is_none() {
+        return Err(SubmitError::UnknownTask(kind).into());
+    }
     let key = idempotency_key(&headers)?;
-    let input = request.input;
-    if !input.is_object() {
-        return Err(ApiError::bad_request("invalid_request", "`input` must be a JSON object"));
-    }
-    let (violations, total) = input::violations(spec, &input);
-    if total > 0 {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_input",
-            input::describe_violations(&violations, total),
-        ));
-    }
-
-    if let Some(key) = key {
-        match tasks::find_by_idempotency_key(&ctx.db, &space, key, &kind, &input).await {
-            Ok(Some(task)) => return Ok(accepted(&task, true)),
-            Ok(None) => {}
-            Err(e) => return Err(create_error(e)),
-        }
-    }
-
-    check_uploads(&ctx, &space, &input).await?;
-
-    if !spec.is_free() {
-        return payment_required(&ctx, spec, &uri, &headers);
-    }
-
-    let new = NewTask { space: &space, kind: &kind, input: &input, idempotency_key: key };
-    let task = match tasks::create(&ctx.db, new).await.map_err(create_error)? {
-        Created::Replayed(task) => return Ok(accepted(&task, true)),
-        Created::New(task) => task,
+    let payment = header_text(&headers, payments::PAYMENT_SIGNATURE_HEADER)?;
+    let url = resource_url(&uri, &headers);
+    let cx = SubmitContext {
+        catalog: &ctx.catalog,
+        db: &ctx.db,
+        s3: &ctx.aws.s3,
+        bucket: &ctx.settings.bucket,
+        sqs: &ctx.aws.sqs,
+        queue_url: &ctx.settings.queue_url,
+        facilitator: ctx.facilitator.as_ref(),
     };
-    tracing::info!(task_id = %task.id, kind = %task.kind, "task stored");
-
-    if let Err(e) = tasks::enqueue(&ctx.aws.sqs, &ctx.settings.queue_url, task.id, &task.kind).await {
-        tracing::error!(task_id = %task.id, error = %e, "queue unavailable; failing the task");
-        let error = tasks::task_error("queue_unavailable", "the task could not be queued");
-        if let Err(db) = tasks::mark_failed(&ctx.db, task.id, &[TaskStatus::Queued], &error).await {
-            // The task stays `queued` with no message: nothing will run it.
-            tracing::error!(task_id = %task.id, error = %db, "could not mark the unqueued task failed");
-        }
-        return Err(ApiError::unavailable(
-            "queue_unavailable",
-            "the task could not be queued and was marked failed; try again with a new Idempotency-Key",
-        ));
+    let submission = Submission {
+        space: &space,
+        kind: &kind,
+        input: &request.input,
+        idempotency_key: key,
+        payment,
+        resource_url: &url,
+    };
+    match tasks::submit(&cx, submission).await {
+        Ok(submitted) => Ok(accepted(submitted)),
+        Err(SubmitError::PaymentRequired(challenge)) => Ok(challenge_response(&challenge)),
+        Err(e) => Err(e.into()),
     }
-    Ok(accepted(&task, false))
+}
+
+/// A header that must be visible ASCII if present (`400 invalid_payment`
+/// for a payment that is not).
+fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, SubmitFailure> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(SubmitError::InvalidPayment(format!("send one {name} header")).into());
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| SubmitError::InvalidPayment(format!("{name} must be base64 text")).into())
+}
+
+/// A create that ended without a task: the envelope, and for a refused
+/// payment the challenge again in `PAYMENT-REQUIRED`, so an x402 client can
+/// pay afresh.
+pub struct SubmitFailure {
+    error: ApiError,
+    challenge: Option<PaymentRequired>,
+}
+
+impl From<SubmitError> for SubmitFailure {
+    fn from(e: SubmitError) -> Self {
+        let challenge = match &e {
+            SubmitError::PaymentRequired(c)
+            | SubmitError::PaymentMismatch(c)
+            | SubmitError::PaymentReplayed(c)
+            | SubmitError::PaymentInvalid { challenge: c, .. }
+            | SubmitError::PaymentFailed { challenge: c, .. } => Some(c.clone()),
+            _ => None,
+        };
+        SubmitFailure { error: e.into(), challenge }
+    }
+}
+
+impl From<ApiError> for SubmitFailure {
+    fn from(error: ApiError) -> Self {
+        SubmitFailure { error, challenge: None }
+    }
+}
+
+impl IntoResponse for SubmitFailure {
+    fn into_response(self) -> Response {
+        let mut response = self.error.into_response();
+        if let Some(challenge) = self.challenge {
+            let value = HeaderValue::from_str(&challenge.header_value()).expect("base64 is a valid header value");
+            response.headers_mut().insert(payments::PAYMENT_REQUIRED_HEADER, value);
+        }
+        response
+    }
+}
+
+/// The one mapping from create's domain errors to the API's codes.
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        let payment = |code: &'static str, message: String| ApiError::new(StatusCode::PAYMENT_REQUIRED, code, message);
+        match e {
+            SubmitError::UnknownTask(kind) => unknown_task(&kind),
+            SubmitError::InputNotObject => ApiError::bad_request("invalid_request", "`input` must be a JSON object"),
+            SubmitError::InvalidInput(message) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message),
+            SubmitError::IdempotencyConflict => ApiError::new(
+                StatusCode::CONFLICT,
+                "idempotency_conflict",
+                "this Idempotency-Key was already used with a different kind or input",
+            ),
+            SubmitError::Upload { code, message } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, message),
+            SubmitError::StorageUnavailable => {
+                ApiError::unavailable("storage_unavailable", "object storage is unavailable; try again")
+            }
+            SubmitError::PaymentRequired(_) => {
+                payment("payment_required", "this task has a price; pay with PAYMENT-SIGNATURE".into())
+            }
+            SubmitError::InvalidPayment(why) => ApiError::bad_request("invalid_payment", why),
+            SubmitError::PaymentMismatch(_) => payment(
+                "payment_mismatch",
+                "the payment's `accepted` is none of this task's requirements; pay one of PAYMENT-REQUIRED's accepts"
+                    .into(),
+            ),
+            SubmitError::PaymentReplayed(_) => {
+                payment("payment_replayed", "this payment was already used; sign a new one".into())
+            }
+            SubmitError::PaymentInvalid { reason, .. } => {
+                payment("payment_invalid", format!("the facilitator refused the payment: {reason}"))
+            }
+            SubmitError::PaymentFailed { reason, .. } => payment(
+                "payment_failed",
+                format!("the payment could not be settled ({reason}); nothing was charged and no task was created"),
+            ),
+            SubmitError::PaymentInProgress => ApiError::new(
+                StatusCode::CONFLICT,
+                "payment_in_progress",
+                "this payment is being settled by another request; retry in a minute",
+            ),
+            SubmitError::PaymentIdentifierConflict => ApiError::new(
+                StatusCode::CONFLICT,
+                "payment_identifier_conflict",
+                "this payment-identifier was already used with a different payment or request",
+            ),
+            SubmitError::FacilitatorUnavailable { outcome_unknown: false } => ApiError::unavailable(
+                "facilitator_unavailable",
+                "the payment facilitator is unavailable; nothing was charged; try again",
+            ),
+            SubmitError::FacilitatorUnavailable { outcome_unknown: true } => ApiError::unavailable(
+                "facilitator_unavailable",
+                "the payment facilitator did not answer; send the same request with the same PAYMENT-SIGNATURE \
+                 again to learn whether it went through (you will get exactly one task, or a refusal)",
+            ),
+            SubmitError::QueueUnavailable => ApiError::unavailable(
+                "queue_unavailable",
+                "the task could not be queued and was marked failed; try again with a new Idempotency-Key",
+            ),
+            SubmitError::Db(e) => db_error(e),
+            SubmitError::Internal(why) => ApiError::internal(why),
+        }
+    }
 }
 
 /// Read a task
@@ -426,17 +536,6 @@ fn unknown_task(kind: &str) -> ApiError {
     )
 }
 
-fn create_error(e: CreateError) -> ApiError {
-    match e {
-        CreateError::IdempotencyConflict => ApiError::new(
-            StatusCode::CONFLICT,
-            "idempotency_conflict",
-            "this Idempotency-Key was already used with a different kind or input",
-        ),
-        CreateError::Db(db) => db_error(db),
-    }
-}
-
 /// The `Idempotency-Key` header: absent, or exactly one value of 1..=255
 /// printable ASCII characters (space through `~`).
 fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<&str>> {
@@ -457,80 +556,6 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<&str>> {
     Ok(Some(value.to_str().expect("checked printable ASCII")))
 }
 
-/// Every upload the input names must be this space's and have arrived.
-async fn check_uploads(ctx: &Ctx, space: &SpaceIndex, input: &Value) -> ApiResult<()> {
-    let refs = input::upload_refs(input);
-    let mut seen = HashSet::new();
-    let mut ids = Vec::new();
-    for r in &refs {
-        let Some(id) = r.id else {
-            return Err(upload_error(
-                "unknown_upload",
-                format!("{} is not an upload id (expected the 26-character id from POST /v1/uploads)", r.pointer),
-            ));
-        };
-        if seen.insert(id) {
-            ids.push((id, r.pointer.as_str()));
-        }
-    }
-    if ids.len() > MAX_UPLOADS {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_input",
-            format!("a task may use at most {MAX_UPLOADS} uploads; this input names {}", ids.len()),
-        ));
-    }
-    for (id, pointer) in ids {
-        match uploads::ensure_uploaded(&ctx.db, &ctx.aws.s3, &ctx.settings.bucket, space, id).await {
-            Ok(()) => {}
-            Err(UploadError::NotFound(_)) => {
-                return Err(upload_error(
-                    "unknown_upload",
-                    format!("upload {id} (at {pointer}) not found in this space"),
-                ));
-            }
-            Err(UploadError::NotUploaded(_)) => {
-                return Err(upload_error(
-                    "upload_not_ready",
-                    format!("upload {id} (at {pointer}) has not arrived yet; PUT the file to its upload URL first"),
-                ));
-            }
-            Err(UploadError::Rejected(_)) => {
-                return Err(upload_error(
-                    "upload_rejected",
-                    format!("upload {id} (at {pointer}) was rejected: it did not match its declared size or type"),
-                ));
-            }
-            Err(UploadError::Storage(cause)) => {
-                tracing::error!(upload_id = %id, error = %cause, "storage unavailable checking an upload");
-                return Err(ApiError::unavailable("storage_unavailable", "object storage is unavailable; try again"));
-            }
-            Err(UploadError::Db(e)) => return Err(db_error(e)),
-        }
-    }
-    Ok(())
-}
-
-fn upload_error(code: &'static str, message: String) -> ApiError {
-    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)
-}
-
-/// The `402` of a priced task: the x402 challenge as the body and, base64,
-/// in `PAYMENT-REQUIRED`. It is not an error envelope, so it is marked
-/// [`Rendered`] for the envelope middleware to pass through untouched.
-fn payment_required(ctx: &Ctx, spec: &TaskSpec, uri: &Uri, headers: &HeaderMap) -> ApiResult<Response> {
-    let why = if headers.contains_key(x402::PAYMENT_SIGNATURE_HEADER) {
-        x402::VERIFICATION_UNAVAILABLE
-    } else {
-        x402::SIGNATURE_REQUIRED
-    };
-    let url = resource_url(uri, headers);
-    // A validated catalog always has what a challenge needs.
-    let challenge = x402::payment_required(&ctx.catalog, spec, &url, why)
-        .ok_or_else(|| ApiError::internal("a priced task without a payable challenge"))?;
-    Ok(challenge_response(&challenge))
-}
-
 fn challenge_response(challenge: &PaymentRequired) -> Response {
     let header_value = HeaderValue::from_str(&challenge.header_value()).expect("base64 is a valid header value");
     let mut response = (
@@ -539,7 +564,7 @@ fn challenge_response(challenge: &PaymentRequired) -> Response {
         challenge.to_json(),
     )
         .into_response();
-    response.headers_mut().insert(x402::PAYMENT_REQUIRED_HEADER, header_value);
+    response.headers_mut().insert(payments::PAYMENT_REQUIRED_HEADER, header_value);
     response.extensions_mut().insert(Rendered);
     response
 }
@@ -575,7 +600,8 @@ fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
     format!("{scheme}://{authority}{path}")
 }
 
-fn accepted(task: &Task, replayed: bool) -> Response {
+fn accepted(submitted: Submitted) -> Response {
+    let Submitted { task, replayed, paid } = submitted;
     let body = Accepted {
         id: task.id,
         kind: task.kind.clone(),
@@ -588,6 +614,10 @@ fn accepted(task: &Task, replayed: bool) -> Response {
     response.headers_mut().insert(header::LOCATION, location);
     if replayed {
         response.headers_mut().insert(IDEMPOTENT_REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+    if let Paid::Payment(settlement) = paid {
+        let value = HeaderValue::from_str(&settlement.header_value()).expect("base64 is a valid header value");
+        response.headers_mut().insert(payments::PAYMENT_RESPONSE_HEADER, value);
     }
     response
 }

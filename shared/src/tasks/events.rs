@@ -27,6 +27,8 @@ pub enum EventType {
     Log,
     Result,
     Error,
+    /// The task was paid with a credit a failed paid task left on the space.
+    CreditUsed,
 }
 
 impl EventType {
@@ -37,6 +39,7 @@ impl EventType {
             EventType::Log => "log",
             EventType::Result => "result",
             EventType::Error => "error",
+            EventType::CreditUsed => "credit_used",
         }
     }
 
@@ -47,6 +50,7 @@ impl EventType {
             "log" => EventType::Log,
             "result" => EventType::Result,
             "error" => EventType::Error,
+            "credit_used" => EventType::CreditUsed,
             _ => return None,
         })
     }

@@ -9,6 +9,8 @@
 //!   its events, in one transaction) that every writer after create uses.
 //! - [`cancel`]: cancel now (`queued`) or ask the worker (`running`).
 //! - [`list`]: a space's tasks, newest first, with a cursor.
+//! - [`submit`]: creating a task end to end: input, uploads, payment or
+//!   credit, store, queue.
 //!
 //! Status moves `queued → running → completed | failed | canceled`, and every
 //! transition is a conditional `UPDATE … WHERE status = …`.
@@ -16,6 +18,7 @@
 pub mod events;
 pub mod input;
 pub mod queue;
+pub mod submit;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -25,6 +28,7 @@ use time::OffsetDateTime;
 
 pub use events::{Event, EventType, append_event, events_after};
 pub use queue::{QueueError, QueueMessage, enqueue};
+pub use submit::{Paid, SubmitContext, SubmitError, Submission, Submitted, submit};
 
 use crate::auth::SpaceIndex;
 use crate::ids::Id;
@@ -184,30 +188,11 @@ pub async fn find_by_idempotency_key(
 /// idempotency_key)` constraint: the loser's insert does nothing, and it
 /// reads the winner's task once that has committed.
 pub async fn create(db: &PgPool, new: NewTask<'_>) -> Result<Created, CreateError> {
-    let hash = input::request_hash(new.kind, new.input);
     // A key whose task vanished between our insert and re-read (its space was
     // deleted) is simply free again: try once more.
     for _ in 0..3 {
         let mut tx = db.begin().await?;
-        let sql = concat!(
-            "INSERT INTO tasks (id, space_idx, kind, input, idempotency_key, request_hash)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (space_idx, idempotency_key) DO NOTHING
-             RETURNING ",
-            task_columns!()
-        );
-        let inserted = sqlx::query(sql)
-            .bind(Id::new())
-            .bind(new.space.as_bytes())
-            .bind(new.kind)
-            .bind(sqlx::types::Json(new.input))
-            .bind(new.idempotency_key)
-            .bind(hash.as_slice())
-            .fetch_optional(&mut *tx)
-            .await?;
-        if let Some(row) = inserted {
-            let task = Task::from_row(&row)?;
-            append_event(&mut tx, task.id, EventType::Status, &json!({ "status": "queued" })).await?;
+        if let Some(task) = insert_queued(&mut tx, new).await? {
             tx.commit().await?;
             return Ok(Created::New(task));
         }
@@ -218,6 +203,35 @@ pub async fn create(db: &PgPool, new: NewTask<'_>) -> Result<Created, CreateErro
         }
     }
     Err(CreateError::Db(sqlx::Error::RowNotFound))
+}
+
+/// The insert of [`create`], inside the caller's transaction: the task
+/// `queued` with its first event. `None`: the idempotency key is taken (by a
+/// committed task, or one whose transaction is still open and has now won).
+pub async fn insert_queued(conn: &mut sqlx::PgConnection, new: NewTask<'_>) -> Result<Option<Task>, sqlx::Error> {
+    let hash = input::request_hash(new.kind, new.input);
+    let sql = concat!(
+        "INSERT INTO tasks (id, space_idx, kind, input, idempotency_key, request_hash)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (space_idx, idempotency_key) DO NOTHING
+         RETURNING ",
+        task_columns!()
+    );
+    let inserted = sqlx::query(sql)
+        .bind(Id::new())
+        .bind(new.space.as_bytes())
+        .bind(new.kind)
+        .bind(sqlx::types::Json(new.input))
+        .bind(new.idempotency_key)
+        .bind(hash.as_slice())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = inserted else {
+        return Ok(None);
+    };
+    let task = Task::from_row(&row)?;
+    append_event(conn, task.id, EventType::Status, &json!({ "status": "queued" })).await?;
+    Ok(Some(task))
 }
 
 /// The task `id` if it belongs to `space`. Someone else's task is `None`,

@@ -129,5 +129,22 @@ pub async fn transition_in(
         ],
         Change::Cancel => vec![append_event(conn, id, EventType::Status, &json!({ "status": status })).await?],
     };
+    // A paid task that ends without doing its work leaves a credit on its
+    // space, in the same transaction as the change that ended it.
+    match change {
+        Change::Fail { error } => {
+            if let Some(code) = error["code"].as_str() {
+                crate::payments::credit_if_owed(conn, id, code).await?;
+            }
+        }
+        Change::Cancel => {
+            // Only a task no worker ever claimed was canceled before it ran.
+            let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM tasks WHERE id = $1").bind(id).fetch_one(&mut *conn).await?;
+            if attempts == 0 {
+                crate::payments::credit_if_owed(conn, id, "canceled").await?;
+            }
+        }
+        Change::Complete { .. } | Change::Requeue { .. } => {}
+    }
     Ok(Some(events))
 }

@@ -1,14 +1,17 @@
-//! x402 v2 payment requirements (DESIGN §10): what a client must pay for a
-//! priced task, built purely from the catalog.
+//! The x402 v2 challenge of a priced task: what a client must pay, built
+//! purely from the catalog.
 //!
 //! A priced task created without a `PAYMENT-SIGNATURE` header answers `402`
 //! with this document twice: as the JSON body, and base64 (standard
 //! alphabet) in the `PAYMENT-REQUIRED` header. There is one `accepts` entry
-//! per `[[tasks.<kind>.accepts]]` of the catalog, in catalog order.
+//! per `[[tasks.<kind>.accepts]]` of the catalog, in catalog order, and two
+//! extensions: `payment-identifier` (a client's idempotency key for the
+//! payment) and `bazaar` (the task's input schema, so agents browsing a
+//! facilitator's discovery list can find and call it).
 //!
-//! Verifying and settling a payment (the facilitator's `/verify` and
-//! `/settle`) is not built yet: a request that carries a signature gets the
-//! same challenge with [`VERIFICATION_UNAVAILABLE`] as its `error`.
+//! These are Reeve's own types rather than `x402-types`': the OpenAPI
+//! document needs their schemas (utoipa), and the crate would add
+//! alloy-primitives to every Lambda for six string fields.
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -25,9 +28,12 @@ pub const PAYMENT_SIGNATURE_HEADER: &str = "payment-signature";
 
 /// The `error` of a challenge sent to a request without a payment.
 pub const SIGNATURE_REQUIRED: &str = "PAYMENT-SIGNATURE header is required";
-/// The `error` of a challenge sent to a request that carried a payment:
-/// verification is a known gap for now, so the payment is not taken.
-pub const VERIFICATION_UNAVAILABLE: &str = "payment verification is not available yet";
+/// Response header of a paid `202`: base64 JSON of the settlement.
+pub const PAYMENT_RESPONSE_HEADER: &str = "payment-response";
+/// The x402 extension a client names its payment with (an idempotency key).
+pub const PAYMENT_IDENTIFIER: &str = "payment-identifier";
+/// The x402 discovery extension.
+pub const BAZAAR: &str = "bazaar";
 
 /// The only scheme Reeve offers: a fixed amount, paid with an EIP-3009
 /// authorisation.
@@ -43,6 +49,10 @@ pub struct PaymentRequired {
     pub error: String,
     pub resource: Resource,
     pub accepts: Vec<PaymentRequirements>,
+    /// `payment-identifier` and `bazaar`, each `{info, schema}`.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    #[schema(value_type = Object)]
+    pub extensions: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What is being paid for.
@@ -83,7 +93,7 @@ pub struct Extra {
 
 /// The challenge for `task`, or `None` when it is free. `resource_url` is the
 /// URL the client posted to; `error` says why payment is asked for (one of
-/// [`SIGNATURE_REQUIRED`], [`VERIFICATION_UNAVAILABLE`]).
+/// [`SIGNATURE_REQUIRED`] or a payment error code).
 ///
 /// The catalog was validated at load: a priced task implies `[payments]`
 /// and every price names a known asset. Should either ever be missing, the
@@ -127,6 +137,78 @@ pub fn payment_required(
             mime_type: "application/json".to_owned(),
         },
         accepts,
+        extensions: extensions(task),
+    })
+}
+
+/// The two extensions Reeve honours, in the shape x402's SDKs declare them.
+fn extensions(task: &TaskSpec) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::json;
+    let mut map = serde_json::Map::new();
+    map.insert(
+        PAYMENT_IDENTIFIER.to_owned(),
+        json!({
+            "info": { "required": false },
+            "schema": {
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                "type": "object",
+                "properties": {
+                    "required": { "type": "boolean" },
+                    "id": { "type": "string", "minLength": 16, "maxLength": 128, "pattern": "^[a-zA-Z0-9_-]+$" }
+                },
+                "required": ["required"]
+            }
+        }),
+    );
+    let body_schema = json!({
+        "type": "object",
+        "properties": { "input": task.input_schema },
+        "required": ["input"],
+        "additionalProperties": false
+    });
+    map.insert(
+        BAZAAR.to_owned(),
+        json!({
+            "info": {
+                "input": { "type": "http", "method": "POST", "bodyType": "json", "body": { "input": {} } },
+                "output": { "type": "json", "example": output_example(task) }
+            },
+            "schema": {
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                "type": "object",
+                "properties": {
+                    "input": {
+                        "type": "object",
+                        "properties": {
+                            "type": { "type": "string", "const": "http" },
+                            "method": { "type": "string", "enum": ["POST"] },
+                            "bodyType": { "type": "string", "enum": ["json"] },
+                            "body": body_schema
+                        },
+                        "required": ["type", "method", "bodyType", "body"],
+                        "additionalProperties": false
+                    },
+                    "output": {
+                        "type": "object",
+                        "properties": { "type": { "type": "string" }, "example": { "type": "object" } },
+                        "required": ["type"]
+                    }
+                },
+                "required": ["input"]
+            }
+        }),
+    );
+    map
+}
+
+/// What `POST /v1/tasks/{kind}` answers: the task is queued, and its result
+/// arrives on the events stream.
+fn output_example(task: &TaskSpec) -> serde_json::Value {
+    let _ = task;
+    serde_json::json!({
+        "id": "01HZX3Y4P5Q6R7S8T9V0W1X2Y3",
+        "status": "queued",
+        "events_url": "/v1/tasks/01HZX3Y4P5Q6R7S8T9V0W1X2Y3/events"
     })
 }
 
@@ -242,21 +324,28 @@ mod tests {
                 }
             ]
         });
-        let body: serde_json::Value = serde_json::from_slice(&challenge.to_json()).unwrap();
+        let mut body: serde_json::Value = serde_json::from_slice(&challenge.to_json()).unwrap();
+        let extensions = body.as_object_mut().unwrap().remove("extensions").unwrap();
         assert_eq!(body, expected);
+        assert_eq!(extensions["payment-identifier"]["info"], json!({"required": false}));
+        let bazaar = &extensions["bazaar"];
+        assert_eq!(bazaar["info"]["input"]["method"], "POST");
+        assert_eq!(bazaar["info"]["input"]["bodyType"], "json");
+        assert_eq!(bazaar["schema"]["properties"]["input"]["properties"]["body"]["properties"]["input"], json!({"type": "object"}));
+        assert_eq!(bazaar["info"]["output"]["example"]["status"], "queued");
     }
 
     #[test]
     fn the_header_is_standard_base64_of_the_body() {
         let c = catalog();
         let challenge =
-            payment_required(&c, c.task("priced").unwrap(), "/v1/tasks/priced", VERIFICATION_UNAVAILABLE).unwrap();
+            payment_required(&c, c.task("priced").unwrap(), "/v1/tasks/priced", "payment_mismatch").unwrap();
         let header = challenge.header_value();
         assert!(axum::http::HeaderValue::from_str(&header).is_ok());
         let decoded = base64::engine::general_purpose::STANDARD.decode(&header).unwrap();
         assert_eq!(decoded, challenge.to_json());
         assert_eq!(PaymentRequired::from_header_value(&header), Some(challenge.clone()));
-        assert_eq!(challenge.error, VERIFICATION_UNAVAILABLE);
+        assert_eq!(challenge.error, "payment_mismatch");
     }
 
     #[test]

@@ -1,0 +1,340 @@
+//! Paying a priced task from the command line: given a `402` challenge and a
+//! wallet key, the `PAYMENT-SIGNATURE` header value (an x402 v2 `exact`
+//! payment: an EIP-3009 `transferWithAuthorization` signed as EIP-712 typed
+//! data with alloy's local signer).
+//!
+//! The key comes from `REEVE_WALLET_KEY` or a file (`--wallet-key-file`),
+//! never from an argument: arguments show up in `ps` and shell history.
+//!
+//! Wiring (for `reeve task create … --pay`): on a `402`, take the
+//! `PAYMENT-REQUIRED` header (or the body), call [`wallet_key`] and
+//! [`payment_header`], and send the same request again with the result as
+//! `PAYMENT-SIGNATURE`. Without `--pay`, print [`requirements_table`] and
+//! exit 3.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use alloy_primitives::{Address, B256, U256};
+use alloy_signer::SignerSync;
+use alloy_signer_local::PrivateKeySigner;
+use alloy_sol_types::{Eip712Domain, SolStruct, sol};
+use base64::Engine;
+use serde_json::{Value, json};
+
+/// The environment variable holding the payer's private key (hex).
+pub const WALLET_KEY_VAR: &str = "REEVE_WALLET_KEY";
+/// The network preferred when a challenge offers several: the local chain
+/// (and Base Sepolia, whose chain id it borrows), so a development payment
+/// never spends a mainnet asset by accident.
+pub const LOCAL_NETWORK: &str = "eip155:84532";
+
+sol! {
+    /// EIP-3009's signed message, as USDC defines it.
+    struct TransferWithAuthorization {
+        address from;
+        address to;
+        uint256 value;
+        uint256 validAfter;
+        uint256 validBefore;
+        bytes32 nonce;
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PayError {
+    #[error("no wallet key: set {WALLET_KEY_VAR} or pass --wallet-key-file")]
+    NoKey,
+    #[error("cannot read the wallet key file {path}: {source}")]
+    KeyFile { path: String, source: std::io::Error },
+    #[error("the wallet key is not a 32-byte hex private key")]
+    BadKey,
+    #[error("the 402 challenge is not x402 v2 JSON (or its base64)")]
+    BadChallenge,
+    #[error("the challenge offers no `exact` payment on an EVM network")]
+    NothingPayable,
+    #[error("the chosen requirement is malformed: {0}")]
+    BadRequirement(&'static str),
+    #[error("signing failed: {0}")]
+    Sign(String),
+    #[error("no randomness for the nonce: {0}")]
+    Rng(String),
+}
+
+/// The payer's key: the file's contents when `file` is given, else
+/// `REEVE_WALLET_KEY`.
+pub fn wallet_key(file: Option<&Path>) -> Result<String, PayError> {
+    wallet_key_from(file, |k| std::env::var(k).ok())
+}
+
+fn wallet_key_from(file: Option<&Path>, var: impl Fn(&str) -> Option<String>) -> Result<String, PayError> {
+    let key = match file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|source| PayError::KeyFile { path: path.display().to_string(), source })?,
+        None => var(WALLET_KEY_VAR).ok_or(PayError::NoKey)?,
+    };
+    let key = key.trim().to_owned();
+    if key.is_empty() {
+        return Err(PayError::NoKey);
+    }
+    Ok(key)
+}
+
+/// Reads a challenge: the JSON body, or the `PAYMENT-REQUIRED` header value.
+pub fn parse_challenge(text: &str) -> Result<Value, PayError> {
+    let text = text.trim();
+    let value: Value = if text.starts_with('{') {
+        serde_json::from_str(text).map_err(|_| PayError::BadChallenge)?
+    } else {
+        let bytes = base64::engine::general_purpose::STANDARD.decode(text).map_err(|_| PayError::BadChallenge)?;
+        serde_json::from_slice(&bytes).map_err(|_| PayError::BadChallenge)?
+    };
+    if value["x402Version"] != 2 || !value["accepts"].is_array() {
+        return Err(PayError::BadChallenge);
+    }
+    Ok(value)
+}
+
+/// The requirement to pay: the local network's if offered, else the first
+/// `exact` one on an EVM (`eip155:`) network.
+pub fn choose(challenge: &Value) -> Result<&Value, PayError> {
+    let payable: Vec<&Value> = challenge["accepts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["scheme"] == "exact" && a["network"].as_str().is_some_and(|n| n.starts_with("eip155:")))
+        .collect();
+    payable
+        .iter()
+        .find(|a| a["network"] == LOCAL_NETWORK)
+        .or_else(|| payable.first())
+        .copied()
+        .ok_or(PayError::NothingPayable)
+}
+
+/// The `PAYMENT-SIGNATURE` value paying `challenge` with `key`, valid from
+/// ten minutes before `now` (clock skew) until `now` plus the requirement's
+/// `maxTimeoutSeconds`.
+pub fn payment_header(challenge: &Value, key: &str, now: u64) -> Result<String, PayError> {
+    let signer: PrivateKeySigner = key.parse().map_err(|_| PayError::BadKey)?;
+    let req = choose(challenge)?;
+    let text = |field: &'static str| req[field].as_str().ok_or(PayError::BadRequirement(field));
+    let chain_id: u64 = text("network")?
+        .strip_prefix("eip155:")
+        .and_then(|id| id.parse().ok())
+        .ok_or(PayError::BadRequirement("network"))?;
+    let asset: Address = text("asset")?.parse().map_err(|_| PayError::BadRequirement("asset"))?;
+    let pay_to: Address = text("payTo")?.parse().map_err(|_| PayError::BadRequirement("payTo"))?;
+    let value: U256 = text("amount")?.parse().map_err(|_| PayError::BadRequirement("amount"))?;
+    let timeout = req["maxTimeoutSeconds"].as_u64().ok_or(PayError::BadRequirement("maxTimeoutSeconds"))?;
+    let name = req["extra"]["name"].as_str().ok_or(PayError::BadRequirement("extra.name"))?;
+    let version = req["extra"]["version"].as_str().ok_or(PayError::BadRequirement("extra.version"))?;
+
+    let mut nonce = [0u8; 32];
+    getrandom::fill(&mut nonce).map_err(|e| PayError::Rng(e.to_string()))?;
+    let valid_after = now.saturating_sub(600);
+    let valid_before = now + timeout;
+    let message = TransferWithAuthorization {
+        from: signer.address(),
+        to: pay_to,
+        value,
+        validAfter: U256::from(valid_after),
+        validBefore: U256::from(valid_before),
+        nonce: B256::from(nonce),
+    };
+    let domain = Eip712Domain::new(
+        Some(Cow::Owned(name.to_owned())),
+        Some(Cow::Owned(version.to_owned())),
+        Some(U256::from(chain_id)),
+        Some(asset),
+        None,
+    );
+    let hash = message.eip712_signing_hash(&domain);
+    let signature = signer.sign_hash_sync(&hash).map_err(|e| PayError::Sign(e.to_string()))?;
+
+    let mut payment = json!({
+        "x402Version": 2,
+        "accepted": req,
+        "payload": {
+            "signature": format!("0x{}", hex::encode(signature.as_bytes())),
+            "authorization": {
+                "from": signer.address().to_checksum(None),
+                "to": pay_to.to_checksum(None),
+                "value": value.to_string(),
+                "validAfter": valid_after.to_string(),
+                "validBefore": valid_before.to_string(),
+                "nonce": format!("0x{}", hex::encode(nonce)),
+            }
+        }
+    });
+    if let Some(resource) = challenge.get("resource") {
+        payment["resource"] = resource.clone();
+    }
+    Ok(base64::engine::general_purpose::STANDARD.encode(payment.to_string()))
+}
+
+/// The challenge's requirements as a table for people: network, asset,
+/// amount in whole units (when `decimals` knows the asset) and atomic, and
+/// where the money goes.
+pub fn requirements_table(challenge: &Value, decimals: impl Fn(&str, &str) -> Option<u8>) -> String {
+    let mut rows = vec![["NETWORK".to_owned(), "ASSET".into(), "AMOUNT".into(), "ATOMIC".into(), "PAY TO".into()]];
+    for a in challenge["accepts"].as_array().into_iter().flatten() {
+        let s = |f: &str| a[f].as_str().unwrap_or_default().to_owned();
+        let (network, asset, atomic) = (s("network"), s("asset"), s("amount"));
+        let name = a["extra"]["name"].as_str().unwrap_or_default();
+        let human = decimals(&network, &asset)
+            .map(|d| format!("{} {name}", human_amount(&atomic, d)))
+            .unwrap_or_else(|| "?".into());
+        rows.push([network, asset, human, atomic, s("payTo")]);
+    }
+    let widths: Vec<usize> = (0..5).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `atomic` / 10^decimals as exact decimal text, trailing zeros dropped.
+pub fn human_amount(atomic: &str, decimals: u8) -> String {
+    let d = usize::from(decimals);
+    let digits = format!("{atomic:0>width$}", width = d + 1);
+    let (whole, fraction) = digits.split_at(digits.len() - d);
+    let fraction = fraction.trim_end_matches('0');
+    if fraction.is_empty() { whole.to_owned() } else { format!("{whole}.{fraction}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use alloy_primitives::Signature;
+
+    use super::*;
+
+    /// anvil's account 1: a well-known development key with no real value.
+    const KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
+    const ADDRESS: &str = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8";
+
+    fn challenge() -> Value {
+        json!({
+            "x402Version": 2,
+            "error": "PAYMENT-SIGNATURE header is required",
+            "resource": {"url": "http://127.0.0.1:8080/v1/tasks/fetch", "description": "Fetch", "mimeType": "application/json"},
+            "accepts": [
+                {"scheme": "exact", "network": "eip155:8453", "amount": "10000",
+                 "asset": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+                 "payTo": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C", "maxTimeoutSeconds": 300,
+                 "extra": {"name": "USD Coin", "version": "2"}},
+                {"scheme": "exact", "network": "eip155:84532", "amount": "10000",
+                 "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+                 "payTo": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C", "maxTimeoutSeconds": 300,
+                 "extra": {"name": "USDC", "version": "2"}}
+            ]
+        })
+    }
+
+    #[test]
+    fn the_payment_pays_the_local_requirement_and_is_signed_by_the_key() {
+        let header = payment_header(&challenge(), KEY, 1_800_000_000).unwrap();
+        let p: Value = serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(&header).unwrap()).unwrap();
+        assert_eq!(p["x402Version"], 2);
+        assert_eq!(p["accepted"], challenge()["accepts"][1], "the local requirement, verbatim");
+        assert_eq!(p["resource"], challenge()["resource"]);
+        let a = &p["payload"]["authorization"];
+        assert_eq!(a["from"], ADDRESS);
+        assert_eq!(a["to"], "0x209693Bc6afc0C5328bA36FaF03C514EF312287C");
+        assert_eq!(a["value"], "10000");
+        assert_eq!((a["validAfter"].as_str(), a["validBefore"].as_str()), (Some("1799999400"), Some("1800000300")));
+
+        // The signature recovers to the key's address over the EIP-712 hash
+        // of exactly these fields, in the token's domain on chain 84532.
+        let message = TransferWithAuthorization {
+            from: ADDRESS.parse().unwrap(),
+            to: a["to"].as_str().unwrap().parse().unwrap(),
+            value: U256::from(10_000u64),
+            validAfter: U256::from(1_799_999_400u64),
+            validBefore: U256::from(1_800_000_300u64),
+            nonce: a["nonce"].as_str().unwrap().parse().unwrap(),
+        };
+        let domain = Eip712Domain::new(
+            Some("USDC".into()),
+            Some("2".into()),
+            Some(U256::from(84532u64)),
+            Some("0x036CbD53842c5426634e7929541eC2318f3dCF7e".parse().unwrap()),
+            None,
+        );
+        let sig_hex = p["payload"]["signature"].as_str().unwrap();
+        let signature = Signature::try_from(hex::decode(&sig_hex[2..]).unwrap().as_slice()).unwrap();
+        let recovered = signature.recover_address_from_prehash(&message.eip712_signing_hash(&domain)).unwrap();
+        assert_eq!(recovered.to_checksum(None), ADDRESS);
+
+        // A fresh nonce every time.
+        let again = payment_header(&challenge(), KEY, 1_800_000_000).unwrap();
+        assert_ne!(header, again);
+    }
+
+    /// The official x402 facilitator of the local stack (scripts/payments.sh)
+    /// accepts what this module signs.
+    #[tokio::test]
+    async fn the_local_facilitator_verifies_the_payment() {
+        let url = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let header = payment_header(&challenge(), KEY, now).unwrap();
+        let payment: Value =
+            serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(&header).unwrap()).unwrap();
+        let body = json!({"x402Version": 2, "paymentPayload": payment, "paymentRequirements": challenge()["accepts"][1]});
+        let answer = reqwest::Client::new()
+            .post(format!("{url}/verify"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("the local facilitator is down ({e}): run scripts/payments.sh up"));
+        let verdict: Value = serde_json::from_slice(&answer.bytes().await.unwrap()).unwrap();
+        assert_eq!(verdict["isValid"], true, "{verdict}");
+        assert_eq!(verdict["payer"], ADDRESS);
+    }
+
+    #[test]
+    fn without_the_local_network_the_first_evm_requirement_is_paid() {
+        let mut c = challenge();
+        c["accepts"].as_array_mut().unwrap().pop();
+        assert_eq!(choose(&c).unwrap()["network"], "eip155:8453");
+        c["accepts"][0]["scheme"] = json!("upto");
+        assert!(matches!(choose(&c), Err(PayError::NothingPayable)));
+    }
+
+    #[test]
+    fn the_key_comes_from_the_environment_or_a_file_only() {
+        assert!(matches!(wallet_key_from(None, |_| None), Err(PayError::NoKey)));
+        assert_eq!(wallet_key_from(None, |_| Some(format!(" {KEY}\n"))).unwrap(), KEY);
+        let dir = std::env::temp_dir().join(format!("reeve-pay-{}", std::process::id()));
+        std::fs::write(&dir, format!("{KEY}\n")).unwrap();
+        assert_eq!(wallet_key_from(Some(&dir), |_| Some("ignored".into())).unwrap(), KEY);
+        std::fs::remove_file(&dir).unwrap();
+        assert!(matches!(wallet_key_from(Some(Path::new("/nonexistent/key")), |_| None), Err(PayError::KeyFile { .. })));
+        assert!(matches!(payment_header(&challenge(), "0x1234", 0), Err(PayError::BadKey)));
+    }
+
+    #[test]
+    fn challenges_parse_from_the_body_or_the_header() {
+        let body = challenge().to_string();
+        let header = base64::engine::general_purpose::STANDARD.encode(&body);
+        assert_eq!(parse_challenge(&body).unwrap(), challenge());
+        assert_eq!(parse_challenge(&header).unwrap(), challenge());
+        assert!(matches!(parse_challenge("{\"x402Version\":1}"), Err(PayError::BadChallenge)));
+    }
+
+    #[test]
+    fn the_table_shows_whole_units_and_atomic_amounts() {
+        let table = requirements_table(&challenge(), |_, _| Some(6));
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("NETWORK"));
+        assert!(lines[1].contains("eip155:8453") && lines[1].contains("0.01 USD Coin") && lines[1].contains("10000"));
+        assert!(lines[2].contains("eip155:84532") && lines[2].contains("0.01 USDC"));
+        for (atomic, d, want) in [("10000", 6, "0.01"), ("1", 18, "0.000000000000000001"), ("2500000", 6, "2.5"), ("7", 0, "7")] {
+            assert_eq!(human_amount(atomic, d), want);
+        }
+    }
+}

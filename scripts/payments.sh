@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# The local x402 payment stack, bound to 127.0.0.1 only.
+#
+#   scripts/payments.sh up       install (npm ci), start anvil, put the test token
+#                                on it, fund accounts 1-9, start the facilitator
+#   scripts/payments.sh status   print the table; exit 1 if anything is down
+#   scripts/payments.sh down     stop what this script started
+#
+# Parts (npm packages pinned in scripts/payments/package-lock.json):
+#   chain        127.0.0.1:8545  anvil 1.7.1 (@foundry-rs/anvil-linux-amd64), chain id
+#                                84532, so reeve.toml's `eip155:84532` asset is this one.
+#                                In memory: every `up` after a `down` starts a fresh chain.
+#                                A block a second, as on Base: an idle chain's clock would
+#                                stand still, and clients sign validAfter = now - 600.
+#   token        the catalog's usdc-base-sepolia contract address: scripts/payments/Token.sol
+#                (OpenZeppelin 5.7, compiled offline by solc-js 0.8.37), EIP-712 domain
+#                "USDC"/"2", 6 decimals. Accounts 1-9 of anvil's development mnemonic
+#                hold 1,000 tokens each; account 0 pays the facilitator's gas.
+#   facilitator  127.0.0.1:4021  scripts/payments/facilitator.mjs: @x402/core 2.27's
+#                                facilitator with @x402/evm's exact scheme.
+#
+# Reeve finds the facilitator through REEVE_FACILITATOR_URL, which this script
+# adds to .env (it replaces the catalog's facilitator_url for this deployment).
+# Ports move with REEVE_STACK_CHAIN_PORT and REEVE_STACK_FACILITATOR_PORT.
+set -euo pipefail
+
+LOG_TAG="payments"
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+HOST=127.0.0.1
+CHAIN_PORT="${REEVE_STACK_CHAIN_PORT:-8545}"
+FAC_PORT="${REEVE_STACK_FACILITATOR_PORT:-4021}"
+CHAIN_ID=84532
+# reeve.toml's [assets.usdc-base-sepolia] contract.
+TOKEN_ADDRESS="${REEVE_STACK_TOKEN_ADDRESS:-0x036CbD53842c5426634e7929541eC2318f3dCF7e}"
+PKG="$ROOT/scripts/payments"
+DIR="$STACK_DIR/payments"
+ANVIL="$PKG/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil"
+RPC="http://$HOST:$CHAIN_PORT"
+FAC_URL="http://$HOST:$FAC_PORT"
+
+pid_alive() { kill -0 "$1" 2>/dev/null && [[ $(sed -n 's/^[0-9]* (.*) \([A-Za-z]\).*/\1/p' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
+
+# pid from a pid file if that process is alive and its command line contains $2.
+live_pid() {
+  local file=$1 pat=$2 pid
+  [[ -s $file ]] || return 1
+  pid=$(head -n1 "$file" | tr -dc 0-9)
+  [[ -n $pid ]] && pid_alive "$pid" || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$pat" || return 1
+  echo "$pid"
+}
+
+port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+
+wait_for() {
+  local name=$1 timeout=$2 logf=$3; shift 3
+  local end=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= end)); then
+      log "$name did not become ready within ${timeout}s; last lines of $logf:"
+      tail -n 40 "$logf" >&2 2>/dev/null || true
+      die "$name failed to start"
+    fi
+    sleep 0.3
+  done
+}
+
+stop_pid() {
+  local pid=$1 end
+  kill "$pid" 2>/dev/null || return 0
+  end=$((SECONDS + 10))
+  while pid_alive "$pid"; do
+    if ((SECONDS >= end)); then kill -9 "$pid" 2>/dev/null || true; break; fi
+    sleep 0.2
+  done
+}
+
+start_bg() {
+  local pidfile=$1 logf=$2; shift 2
+  setsid "$@" </dev/null >>"$logf" 2>&1 9>&- &
+  echo $! >"$pidfile"
+}
+
+chain_ready() {
+  curl -sf -H 'content-type: application/json' \
+    -d '{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}' "$RPC" | grep -q '"0x14a34"'
+}
+facilitator_ready() { curl -sf "$FAC_URL/supported" | grep -q "eip155:$CHAIN_ID"; }
+token_ready() {
+  # name() of the token at the catalog's address answers "USDC".
+  curl -sf -H 'content-type: application/json' \
+    -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"eth_call\",\"params\":[{\"to\":\"$TOKEN_ADDRESS\",\"data\":\"0x06fdde03\"},\"latest\"]}" \
+    "$RPC" | grep -q '5553444300000000'
+}
+
+ensure_npm() {
+  command -v node >/dev/null && command -v npm >/dev/null || die "node and npm are needed (apt-get install nodejs npm)"
+  if [[ ! -x $ANVIL || $PKG/package-lock.json -nt $PKG/node_modules/.package-lock.json ]]; then
+    log "installing the pinned npm packages (npm ci in scripts/payments)"
+    (cd "$PKG" && npm ci --no-audit --no-fund --loglevel=error) >&2
+  fi
+}
+
+chain_start() {
+  mkdir -p "$DIR"
+  if live_pid "$DIR/anvil.pid" anvil >/dev/null; then
+    wait_for anvil 30 "$DIR/anvil.log" chain_ready
+    return 0
+  fi
+  port_open "$CHAIN_PORT" && die "$HOST:$CHAIN_PORT is in use by another process; stop it or set REEVE_STACK_CHAIN_PORT"
+  log "starting anvil (chain id $CHAIN_ID) on $HOST:$CHAIN_PORT"
+  start_bg "$DIR/anvil.pid" "$DIR/anvil.log" \
+    "$ANVIL" --host "$HOST" --port "$CHAIN_PORT" --chain-id "$CHAIN_ID" --block-time 1 --silent
+  wait_for anvil 30 "$DIR/anvil.log" chain_ready
+}
+
+token_deploy() {
+  token_ready && return 0
+  log "compiling Token.sol (solc-js) and deploying it at $TOKEN_ADDRESS"
+  node "$PKG/compile.mjs" >"$DIR/token.json"
+  node "$PKG/deploy.mjs" "$RPC" "$TOKEN_ADDRESS" "$DIR/token.json" >&2
+}
+
+facilitator_start() {
+  if live_pid "$DIR/facilitator.pid" facilitator.mjs >/dev/null; then
+    wait_for facilitator 30 "$DIR/facilitator.log" facilitator_ready
+    return 0
+  fi
+  port_open "$FAC_PORT" && die "$HOST:$FAC_PORT is in use by another process; stop it or set REEVE_STACK_FACILITATOR_PORT"
+  log "starting the facilitator on $FAC_URL"
+  start_bg "$DIR/facilitator.pid" "$DIR/facilitator.log" \
+    node "$PKG/facilitator.mjs" "$RPC" "$HOST" "$FAC_PORT"
+  wait_for facilitator 30 "$DIR/facilitator.log" facilitator_ready
+}
+
+# Point this checkout's .env at the local facilitator and chain (once).
+env_add() {
+  [[ -f $ENV_FILE ]] || return 0
+  grep -q "^$1=" "$ENV_FILE" || printf '%s=%s\n' "$1" "$2" >>"$ENV_FILE"
+}
+
+status_table() {
+  local down=0 pid st
+  printf '%-12s %-22s %-8s %s\n' SERVICE ADDRESS PID STATE
+  if pid=$(live_pid "$DIR/anvil.pid" anvil) && chain_ready; then st=up; else st=down; pid=-; down=1; fi
+  printf '%-12s %-22s %-8s %s\n' chain "$RPC" "$pid" "$st (anvil, chain id $CHAIN_ID)"
+  if token_ready; then st=up; else st=down; down=1; fi
+  printf '%-12s %-22s %-8s %s\n' token "$TOKEN_ADDRESS" - "$st"
+  if pid=$(live_pid "$DIR/facilitator.pid" facilitator.mjs) && facilitator_ready; then st=up; else st=down; pid=-; down=1; fi
+  printf '%-12s %-22s %-8s %s\n' facilitator "$FAC_URL" "$pid" "$st (@x402/core)"
+  return "$down"
+}
+
+cmd_up() {
+  mkdir -p "$DIR"
+  exec 8>"$DIR/.lock"
+  flock -w 300 8 || die "another scripts/payments.sh is still running"
+  ensure_npm
+  chain_start
+  token_deploy
+  facilitator_start
+  env_add REEVE_FACILITATOR_URL "$FAC_URL"
+  env_add REEVE_CHAIN_RPC_URL "$RPC"
+  status_table || die "some payment services are down"
+}
+
+cmd_down() {
+  local pid
+  if pid=$(live_pid "$DIR/facilitator.pid" facilitator.mjs); then log "stopping the facilitator"; stop_pid "$pid"; fi
+  if pid=$(live_pid "$DIR/anvil.pid" anvil); then log "stopping anvil"; stop_pid "$pid"; fi
+  return 0
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) status_table ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

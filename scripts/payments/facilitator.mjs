@@ -1,0 +1,87 @@
+// A thin x402 facilitator for the local chain: the official @x402/core
+// facilitator with @x402/evm's exact scheme, settling from anvil's account 0.
+//
+//   node facilitator.mjs <rpc url> <bind host> <port>
+//
+// POST /verify and POST /settle take {x402Version, paymentPayload,
+// paymentRequirements}; GET /supported lists what it settles. Everything the
+// protocol checks is x402's own code; this file only does HTTP.
+import { createServer } from "node:http";
+import { x402Facilitator } from "@x402/core/facilitator";
+import { toFacilitatorEvmSigner } from "@x402/evm";
+import { registerExactEvmScheme } from "@x402/evm/exact/facilitator";
+import { createWalletClient, defineChain, http, publicActions } from "viem";
+import { mnemonicToAccount } from "viem/accounts";
+
+const [rpc, host, port] = process.argv.slice(2);
+const NETWORK = "eip155:84532";
+const chain = defineChain({
+  id: 84532,
+  name: "reeve-local",
+  nativeCurrency: { name: "Ether", symbol: "ETH", decimals: 18 },
+  rpcUrls: { default: { http: [rpc] } },
+});
+// anvil's development mnemonic; account 0 pays the gas of every settlement.
+const account = mnemonicToAccount("test test test test test test test test test test test junk", { addressIndex: 0 });
+const client = createWalletClient({ account, chain, transport: http(rpc) }).extend(publicActions);
+const signer = toFacilitatorEvmSigner({ ...client, address: account.address });
+
+const facilitator = new x402Facilitator();
+registerExactEvmScheme(facilitator, { signer, networks: NETWORK });
+
+// Settlements go out one at a time: they all spend account 0's nonces, and
+// two built concurrently would pick the same one.
+let settling = Promise.resolve();
+const serially = (work) => {
+  const run = settling.then(work, work);
+  settling = run.catch(() => {});
+  return run;
+};
+
+const json = (res, status, body) => {
+  const text = JSON.stringify(body, (_, v) => (typeof v === "bigint" ? v.toString() : v));
+  res.writeHead(status, { "content-type": "application/json" });
+  res.end(text);
+};
+
+async function readJson(req) {
+  const chunks = [];
+  let size = 0;
+  for await (const c of req) {
+    size += c.length;
+    if (size > 1 << 20) throw new Error("body too large");
+    chunks.push(c);
+  }
+  return JSON.parse(Buffer.concat(chunks).toString("utf8"));
+}
+
+createServer(async (req, res) => {
+  try {
+    if (req.method === "GET" && req.url === "/supported") return json(res, 200, facilitator.getSupported());
+    if (req.method === "POST" && (req.url === "/verify" || req.url === "/settle")) {
+      let body;
+      try {
+        body = await readJson(req);
+      } catch {
+        return json(res, 400, { error: "the body must be JSON" });
+      }
+      const { paymentPayload, paymentRequirements } = body ?? {};
+      if (!paymentPayload || !paymentRequirements) {
+        return json(res, 400, { error: "paymentPayload and paymentRequirements are required" });
+      }
+      const result = req.url === "/verify"
+        ? await facilitator.verify(paymentPayload, paymentRequirements)
+        : await serially(() => facilitator.settle(paymentPayload, paymentRequirements));
+      console.log(`${req.url} ${JSON.stringify({ ok: result.isValid ?? result.success, reason: result.invalidReason ?? result.errorReason, tx: result.transaction })}`);
+      return json(res, 200, result);
+    }
+    if (req.method === "GET" && req.url === "/health") return json(res, 200, { ok: true });
+    return json(res, 404, { error: "not found" });
+  } catch (e) {
+    // x402 throws typed errors (VerifyError/SettleError) carrying a response.
+    if (e && typeof e === "object" && "isValid" in e) return json(res, 200, { isValid: false, invalidReason: e.invalidReason, invalidMessage: e.invalidMessage, payer: e.payer });
+    if (e && typeof e === "object" && "errorReason" in e) return json(res, 200, { success: false, errorReason: e.errorReason, errorMessage: e.errorMessage, payer: e.payer, transaction: e.transaction ?? "", network: e.network ?? NETWORK });
+    console.error(e);
+    return json(res, 500, { error: "internal error" });
+  }
+}).listen(Number(port), host, () => console.log(`facilitator on http://${host}:${port} (${NETWORK}, settling from ${account.address})`));

@@ -1,0 +1,405 @@
+//! What Reeve remembers about payments, in Postgres: every attempt (before
+//! the facilitator settles it), every settled payment, and the credits that
+//! paid tasks leave when they end without doing their work.
+
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool, Row};
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+
+use crate::auth::SpaceIndex;
+use crate::ids::Id;
+
+/// How long one request may hold an attempt while it verifies and settles:
+/// longer than the facilitator client's own timeouts together, so a live
+/// holder never loses it, and short enough that a retry after a crash is
+/// not kept waiting long.
+pub const CLAIM_SECONDS: i32 = 75;
+
+/// An attempt's state, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptStatus {
+    /// Being settled now, or settled with an outcome nobody learnt.
+    Settling,
+    Settled,
+    /// The facilitator refused it: nothing was charged.
+    Failed,
+}
+
+impl AttemptStatus {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "settling" => AttemptStatus::Settling,
+            "settled" => AttemptStatus::Settled,
+            "failed" => AttemptStatus::Failed,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub id: Id,
+    pub status: AttemptStatus,
+    pub space: Vec<u8>,
+    pub request_hash: Vec<u8>,
+    pub payload_hash: Vec<u8>,
+    pub payment_id: Option<String>,
+    pub task_id: Option<Id>,
+    /// Someone holds it right now.
+    pub claimed: bool,
+}
+
+/// What a new attempt records.
+pub struct NewAttempt<'a> {
+    pub network: &'a str,
+    pub payer: &'a str,
+    pub nonce: &'a str,
+    pub payload_hash: &'a [u8; 32],
+    pub space: &'a SpaceIndex,
+    pub kind: &'a str,
+    pub request_hash: &'a [u8; 32],
+    pub payment_id: Option<&'a str>,
+    pub asset: &'a str,
+    pub amount: &'a str,
+}
+
+/// The columns [`attempt_from_row`] reads, as a literal for `concat!`
+/// (sqlx takes only `'static` SQL).
+macro_rules! attempt_columns {
+    () => {
+        "id, status, space_idx, request_hash, payload_hash, payment_id, task_id, \
+         (claimed_until IS NOT NULL AND claimed_until > now()) AS claimed"
+    };
+}
+
+fn attempt_from_row(row: &sqlx::postgres::PgRow) -> Result<Attempt, sqlx::Error> {
+    let status: String = row.try_get("status")?;
+    Ok(Attempt {
+        id: row.try_get("id")?,
+        status: AttemptStatus::parse(&status)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown attempt status {status:?}").into()))?,
+        space: row.try_get("space_idx")?,
+        request_hash: row.try_get("request_hash")?,
+        payload_hash: row.try_get("payload_hash")?,
+        payment_id: row.try_get("payment_id")?,
+        task_id: row.try_get("task_id")?,
+        claimed: row.try_get("claimed")?,
+    })
+}
+
+/// Records a new attempt, claimed by the caller. `None`: this authorisation
+/// (network, payer, nonce) was presented before; [`find_attempt`] says how
+/// that went.
+pub async fn insert_attempt(db: &PgPool, new: &NewAttempt<'_>) -> Result<Option<Id>, sqlx::Error> {
+    let id = Id::new();
+    let inserted = sqlx::query(
+        "INSERT INTO payment_attempts
+             (id, network, payer, nonce, payload_hash, space_idx, kind, request_hash, payment_id, asset, amount,
+              claimed_until)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now() + make_interval(secs => $12))
+         ON CONFLICT (network, payer, nonce) DO NOTHING",
+    )
+    .bind(id)
+    .bind(new.network)
+    .bind(new.payer)
+    .bind(new.nonce)
+    .bind(new.payload_hash.as_slice())
+    .bind(new.space.as_bytes())
+    .bind(new.kind)
+    .bind(new.request_hash.as_slice())
+    .bind(new.payment_id)
+    .bind(new.asset)
+    .bind(new.amount)
+    .bind(f64::from(CLAIM_SECONDS))
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok((inserted == 1).then_some(id))
+}
+
+pub async fn find_attempt(db: &PgPool, network: &str, payer: &str, nonce: &str) -> Result<Option<Attempt>, sqlx::Error> {
+    let sql = concat!("SELECT ", attempt_columns!(), " FROM payment_attempts WHERE network = $1 AND payer = $2 AND nonce = $3");
+    let row = sqlx::query(sql).bind(network).bind(payer).bind(nonce).fetch_optional(db).await?;
+    row.as_ref().map(attempt_from_row).transpose()
+}
+
+/// The attempt a space's `payment-identifier` id was first used with.
+pub async fn find_by_payment_id(db: &PgPool, space: &SpaceIndex, payment_id: &str) -> Result<Option<Attempt>, sqlx::Error> {
+    let sql = concat!("SELECT ", attempt_columns!(), " FROM payment_attempts WHERE space_idx = $1 AND payment_id = $2");
+    let row = sqlx::query(sql).bind(space.as_bytes()).bind(payment_id).fetch_optional(db).await?;
+    row.as_ref().map(attempt_from_row).transpose()
+}
+
+/// Takes over an attempt in `from` that nobody holds: the retry of a request
+/// that failed, or whose settlement's outcome was never learnt. `false`:
+/// someone else holds it, or it moved on.
+pub async fn claim_attempt(db: &PgPool, id: Id, from: AttemptStatus) -> Result<bool, sqlx::Error> {
+    let from = match from {
+        AttemptStatus::Settling => "settling",
+        AttemptStatus::Failed => "failed",
+        AttemptStatus::Settled => return Ok(false),
+    };
+    let moved = sqlx::query(
+        "UPDATE payment_attempts
+            SET status = 'settling', reason = NULL, updated_at = now(),
+                claimed_until = now() + make_interval(secs => $3)
+          WHERE id = $1 AND status = $2 AND (claimed_until IS NULL OR claimed_until <= now())",
+    )
+    .bind(id)
+    .bind(from)
+    .bind(f64::from(CLAIM_SECONDS))
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(moved == 1)
+}
+
+/// The facilitator refused the payment (nothing was charged): the attempt
+/// is `failed` with the reason, and free for a later retry.
+pub async fn fail_attempt(db: &PgPool, id: Id, reason: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE payment_attempts SET status = 'failed', reason = $2, claimed_until = NULL, updated_at = now()
+          WHERE id = $1 AND status = 'settling'",
+    )
+    .bind(id)
+    .bind(reason)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// The settlement's outcome is unknown: the attempt stays `settling`, and is
+/// released at once so the client's retry can resolve it.
+pub async fn release_attempt(db: &PgPool, id: Id, reason: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE payment_attempts SET claimed_until = NULL, reason = $2, updated_at = now()
+          WHERE id = $1 AND status = 'settling'",
+    )
+    .bind(id)
+    .bind(reason)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// A settled payment, recorded with the one task it bought, in the task's
+/// transaction. `false`: the attempt had already bought a task (it is never
+/// made to buy two).
+pub struct SettledPayment<'a> {
+    pub attempt: Id,
+    pub task_id: Id,
+    pub space: &'a SpaceIndex,
+    pub network: &'a str,
+    pub payer: &'a str,
+    pub asset: &'a str,
+    pub amount: &'a str,
+    pub pay_to: &'a str,
+    /// `None` when an earlier call settled it and its answer was lost.
+    pub transaction: Option<&'a str>,
+}
+
+pub async fn record_settled(conn: &mut PgConnection, p: &SettledPayment<'_>) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE payment_attempts
+            SET status = 'settled', task_id = $2, transaction = $3, claimed_until = NULL, reason = NULL,
+                updated_at = now()
+          WHERE id = $1 AND status = 'settling' AND task_id IS NULL",
+    )
+    .bind(p.attempt)
+    .bind(p.task_id)
+    .bind(p.transaction)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if moved == 0 {
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO payments (id, task_id, network, payer, amount, asset, transaction, space_idx, pay_to)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(Id::new())
+    .bind(p.task_id)
+    .bind(p.network)
+    .bind(p.payer)
+    .bind(p.amount)
+    .bind(p.asset)
+    .bind(p.transaction)
+    .bind(p.space.as_bytes())
+    .bind(p.pay_to)
+    .execute(&mut *conn)
+    .await?;
+    Ok(true)
+}
+
+/// A credit a space holds (or held) for a paid task that did no work.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Credit {
+    pub id: Id,
+    /// CAIP-2, e.g. `eip155:84532`.
+    pub network: String,
+    /// The token contract.
+    pub asset: String,
+    /// Atomic units, as a decimal string.
+    pub amount: String,
+    /// The paid task that ended without doing its work.
+    pub source_task: Id,
+    /// Why it ended: its error code.
+    pub reason: String,
+    /// The task this credit paid for, once spent.
+    pub spent_by: Option<Id>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+/// Spends the oldest unspent credit of `space` for one of `prices`
+/// (network, asset contract, atomic amount) on `task_id`, inside the task's
+/// transaction. `None`: no such credit.
+pub async fn spend_credit(
+    conn: &mut PgConnection,
+    space: &SpaceIndex,
+    prices: &[(String, String, String)],
+    task_id: Id,
+) -> Result<Option<Credit>, sqlx::Error> {
+    for (network, asset, amount) in prices {
+        let row = sqlx::query(
+            "UPDATE credits SET spent_by = $5, spent_at = now()
+              WHERE id = (SELECT id FROM credits
+                           WHERE space_idx = $1 AND network = $2 AND lower(asset) = lower($3) AND amount = $4
+                             AND spent_at IS NULL
+                           ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+          RETURNING id, network, asset, amount, source_task, reason, spent_by, created_at",
+        )
+        .bind(space.as_bytes())
+        .bind(network)
+        .bind(asset)
+        .bind(amount)
+        .bind(task_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some(row) = row {
+            return credit_from_row(&row).map(Some);
+        }
+    }
+    Ok(None)
+}
+
+fn credit_from_row(row: &sqlx::postgres::PgRow) -> Result<Credit, sqlx::Error> {
+    Ok(Credit {
+        id: row.try_get("id")?,
+        network: row.try_get("network")?,
+        asset: row.try_get("asset")?,
+        amount: row.try_get("amount")?,
+        source_task: row.try_get("source_task")?,
+        reason: row.try_get("reason")?,
+        spent_by: row.try_get("spent_by")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+/// Error codes of a task that ended without doing its work through no fault
+/// of its input: the payer is owed a credit. Anything else (an invalid
+/// input, a rejected upload, a URL the owner chose that failed) is not.
+pub const CREDITED_CODES: &[&str] = &[
+    "retries_exhausted",
+    "dead_lettered",
+    "timed_out",
+    "timeout",
+    "deadline_exceeded",
+    "internal",
+    "queue_unavailable",
+    "unknown_kind",
+    "malformed_message",
+    "bad_executor_response",
+    // A cancel of a task that never started (its caller passes this code
+    // only for a task that was still queued).
+    "canceled",
+];
+
+/// Leaves a credit on the task's space if the task was paid for (with a
+/// payment or a credit) and `code` is one that earns one. Call it in the
+/// transaction that moves the task to `failed` or `canceled`; it is a no-op
+/// for a free task and for a task already credited.
+pub async fn credit_if_owed(conn: &mut PgConnection, task_id: Id, code: &str) -> Result<Option<Credit>, sqlx::Error> {
+    if !CREDITED_CODES.contains(&code) {
+        return Ok(None);
+    }
+    let row = sqlx::query(
+        "INSERT INTO credits (id, space_idx, network, asset, amount, source_task, reason)
+         SELECT $1, t.space_idx, paid.network, paid.asset, paid.amount, t.id, $3
+           FROM tasks t
+           JOIN LATERAL (
+                SELECT network, asset, amount FROM payments WHERE task_id = t.id
+                UNION ALL
+                SELECT network, asset, amount FROM credits WHERE spent_by = t.id
+                LIMIT 1) paid ON true
+          WHERE t.id = $2
+         ON CONFLICT (source_task) DO NOTHING
+         RETURNING id, network, asset, amount, source_task, reason, spent_by, created_at",
+    )
+    .bind(Id::new())
+    .bind(task_id)
+    .bind(code)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let credit = row.as_ref().map(credit_from_row).transpose()?;
+    if let Some(c) = &credit {
+        tracing::info!(task_id = %task_id, credit_id = %c.id, amount = %c.amount, reason = code, "credit left for a paid task");
+    }
+    Ok(credit)
+}
+
+/// A settled payment as its space sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[schema(as = SpacePayment)]
+pub struct PaymentRecord {
+    /// The settlement's transaction hash; `null` when the facilitator's
+    /// answer was lost and the payment was confirmed by a retry.
+    pub transaction: Option<String>,
+    pub network: String,
+    pub asset: String,
+    /// Atomic units, as a decimal string.
+    pub amount: String,
+    pub payer: String,
+    /// The task it paid for.
+    pub task_id: Id,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+/// The space's payments and credits, newest first (at most `limit` each).
+pub async fn for_space(db: &PgPool, space: &SpaceIndex, limit: i64) -> Result<(Vec<PaymentRecord>, Vec<Credit>), sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT transaction, network, asset, amount, payer, task_id, created_at FROM payments
+          WHERE space_idx = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
+    )
+    .bind(space.as_bytes())
+    .bind(limit)
+    .fetch_all(db)
+    .await?;
+    let payments = rows
+        .iter()
+        .map(|r| {
+            Ok(PaymentRecord {
+                transaction: r.try_get("transaction")?,
+                network: r.try_get("network")?,
+                asset: r.try_get("asset")?,
+                amount: r.try_get("amount")?,
+                payer: r.try_get("payer")?,
+                task_id: r.try_get("task_id")?,
+                created_at: r.try_get("created_at")?,
+            })
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let rows = sqlx::query(
+        "SELECT id, network, asset, amount, source_task, reason, spent_by, created_at FROM credits
+          WHERE space_idx = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
+    )
+    .bind(space.as_bytes())
+    .bind(limit)
+    .fetch_all(db)
+    .await?;
+    let credits = rows.iter().map(credit_from_row).collect::<Result<Vec<_>, _>>()?;
+    Ok((payments, credits))
+}

@@ -1,0 +1,251 @@
+//! The client's payment: the `PAYMENT-SIGNATURE` header, decoded and checked
+//! against what this task kind offers.
+//!
+//! Only the `exact` scheme with an EIP-3009 authorisation is accepted (the
+//! only one Reeve offers). The document itself is kept as sent: it goes to the
+//! facilitator verbatim, so fields this parser does not know survive.
+
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::challenge::{PAYMENT_IDENTIFIER, PaymentRequirements, X402_VERSION};
+
+/// The longest header we decode: a real payment is well under 2 KiB.
+const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// A decoded `PAYMENT-SIGNATURE`.
+#[derive(Debug, Clone)]
+pub struct Payment {
+    /// The document as sent, for the facilitator.
+    pub document: Value,
+    /// SHA-256 of the canonical document: the same payment has one hash.
+    pub hash: [u8; 32],
+    pub accepted: Accepted,
+    /// `authorization.from`, lowercase.
+    pub payer: String,
+    /// `authorization.nonce`, lowercase.
+    pub nonce: String,
+    /// The `payment-identifier` extension's id, if the client sent one.
+    pub payment_id: Option<String>,
+}
+
+/// The requirement the client says it paid (`accepted`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Accepted {
+    pub scheme: String,
+    pub network: String,
+    pub amount: String,
+    pub asset: String,
+    pub pay_to: String,
+    pub max_timeout_seconds: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Document {
+    x402_version: u32,
+    accepted: Accepted,
+    payload: ExactPayload,
+    #[serde(default)]
+    extensions: Option<serde_json::Map<String, Value>>,
+}
+
+#[derive(Deserialize)]
+struct ExactPayload {
+    signature: String,
+    authorization: Authorization,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Authorization {
+    from: String,
+    to: String,
+    value: String,
+    valid_after: String,
+    valid_before: String,
+    nonce: String,
+}
+
+fn hex_of_len(s: &str, digits: usize) -> bool {
+    s.len() == digits + 2 && s.starts_with("0x") && s[2..].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Decodes the header: base64 (standard or URL-safe alphabet) of the x402 v2
+/// payment JSON. The message says what is wrong, without echoing the value.
+pub fn decode(header: &str) -> Result<Payment, String> {
+    let header = header.trim();
+    if header.is_empty() || header.len() > MAX_HEADER_BYTES {
+        return Err(format!("PAYMENT-SIGNATURE must be 1 to {MAX_HEADER_BYTES} bytes of base64"));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(header)
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(header))
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(header))
+        .map_err(|_| "PAYMENT-SIGNATURE is not base64".to_owned())?;
+    let document: Value =
+        serde_json::from_slice(&bytes).map_err(|_| "PAYMENT-SIGNATURE does not decode to JSON".to_owned())?;
+    let parsed: Document = serde_json::from_value(document.clone())
+        .map_err(|e| format!("PAYMENT-SIGNATURE is not an x402 v2 exact payment: {e}"))?;
+    if parsed.x402_version != X402_VERSION {
+        return Err(format!("x402Version must be {X402_VERSION}"));
+    }
+    let a = &parsed.payload.authorization;
+    let numeric = |s: &str| !s.is_empty() && s.len() <= 78 && s.bytes().all(|b| b.is_ascii_digit());
+    if !hex_of_len(&a.from, 40) || !hex_of_len(&a.to, 40) {
+        return Err("authorization.from and .to must be 0x-prefixed 20-byte addresses".to_owned());
+    }
+    if !hex_of_len(&a.nonce, 64) {
+        return Err("authorization.nonce must be a 0x-prefixed 32-byte value".to_owned());
+    }
+    if !numeric(&a.value) || !numeric(&a.valid_after) || !numeric(&a.valid_before) {
+        return Err("authorization.value, .validAfter and .validBefore must be decimal strings".to_owned());
+    }
+    let sig = &parsed.payload.signature;
+    if !(sig.starts_with("0x") && sig.len() > 2 && sig.len() % 2 == 0 && sig[2..].bytes().all(|b| b.is_ascii_hexdigit())) {
+        return Err("payload.signature must be 0x-prefixed hex".to_owned());
+    }
+    let payment_id = match parsed.extensions.as_ref().and_then(|e| e.get(PAYMENT_IDENTIFIER)) {
+        None => None,
+        Some(ext) => match ext.pointer("/info/id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(id))
+                if (16..=128).contains(&id.len())
+                    && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
+            {
+                Some(id.clone())
+            }
+            Some(_) => {
+                return Err("the payment-identifier id must be 16 to 128 letters, digits, '-' or '_'".to_owned());
+            }
+        },
+    };
+    // The hash covers what was signed and what it pays for; extensions are
+    // advisory and unsigned, so they are left out.
+    let mut signed = document.clone();
+    if let Some(o) = signed.as_object_mut() {
+        o.remove("extensions");
+    }
+    let hash: [u8; 32] = Sha256::digest(crate::tasks::input::canonical_json(&signed).as_bytes()).into();
+    Ok(Payment {
+        payer: a.from.to_ascii_lowercase(),
+        nonce: a.nonce.to_ascii_lowercase(),
+        accepted: parsed.accepted,
+        document,
+        hash,
+        payment_id,
+    })
+}
+
+impl Accepted {
+    /// Whether this is `offered`: the same scheme, network, asset, amount,
+    /// `payTo` and `maxTimeoutSeconds` (addresses compared without case, as
+    /// EIP-55 checksums are only a spelling).
+    pub fn matches(&self, offered: &PaymentRequirements) -> bool {
+        self.scheme == offered.scheme
+            && self.network == offered.network
+            && self.asset.eq_ignore_ascii_case(&offered.asset)
+            && self.amount == offered.amount
+            && self.pay_to.eq_ignore_ascii_case(&offered.pay_to)
+            && self.max_timeout_seconds == u64::from(offered.max_timeout_seconds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn encode(v: &Value) -> String {
+        base64::engine::general_purpose::STANDARD.encode(v.to_string())
+    }
+
+    fn sample() -> Value {
+        json!({
+            "x402Version": 2,
+            "accepted": {
+                "scheme": "exact", "network": "eip155:84532", "amount": "10000",
+                "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+                "payTo": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C", "maxTimeoutSeconds": 300,
+                "extra": {"name": "USDC", "version": "2"}
+            },
+            "payload": {
+                "signature": "0xabcd",
+                "authorization": {
+                    "from": "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
+                    "to": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
+                    "value": "10000", "validAfter": "0", "validBefore": "1796117988",
+                    "nonce": "0xDCAE34F6418ED6BC7CC8DE51FB4D83E29DE70845050F89511B4719A889092EED"
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn a_payment_decodes_with_its_payer_nonce_and_hash() {
+        let p = decode(&encode(&sample())).unwrap();
+        assert_eq!(p.payer, "0x70997970c51812dc3a010c7d01b50e0d17dc79c8");
+        assert!(p.nonce.starts_with("0xdcae34"));
+        assert_eq!(p.payment_id, None);
+        let mut with_id = sample();
+        with_id["extensions"] = json!({"payment-identifier": {"info": {"required": false, "id": "pay_0123456789abcdef"}}});
+        let q = decode(&encode(&with_id)).unwrap();
+        assert_eq!(q.payment_id.as_deref(), Some("pay_0123456789abcdef"));
+        assert_eq!(p.hash, q.hash, "extensions are not part of what was signed");
+    }
+
+    #[test]
+    fn malformed_payments_are_refused_with_a_reason() {
+        let edit = |f: &dyn Fn(&mut Value)| {
+            let mut v = sample();
+            f(&mut v);
+            encode(&v)
+        };
+        let cases: Vec<(&str, String, &str)> = vec![
+            ("empty", String::new(), "1 to"),
+            ("not base64", "!!!".into(), "not base64"),
+            ("not JSON", base64::engine::general_purpose::STANDARD.encode("nope"), "JSON"),
+            ("version 1", edit(&|v| v["x402Version"] = json!(1)), "x402Version"),
+            ("no payload", edit(&|v| { v.as_object_mut().unwrap().remove("payload"); }), "not an x402 v2"),
+            ("short nonce", edit(&|v| v["payload"]["authorization"]["nonce"] = json!("0x12")), "nonce"),
+            ("bad payer", edit(&|v| v["payload"]["authorization"]["from"] = json!("alice")), "addresses"),
+            ("value", edit(&|v| v["payload"]["authorization"]["value"] = json!("-1")), "decimal"),
+            ("signature", edit(&|v| v["payload"]["signature"] = json!("zz")), "signature"),
+            ("payment id", edit(&|v| v["extensions"] = json!({"payment-identifier": {"info": {"id": "short"}}})), "payment-identifier"),
+        ];
+        for (name, header, want) in cases {
+            let err = decode(&header).expect_err(name);
+            assert!(err.contains(want), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn accepted_must_equal_an_offer_field_for_field() {
+        let offered = PaymentRequirements {
+            scheme: "exact".into(),
+            network: "eip155:84532".into(),
+            amount: "10000".into(),
+            asset: "0x036cbd53842c5426634e7929541ec2318f3dcf7e".into(),
+            pay_to: "0x209693bc6afc0c5328ba36faf03c514ef312287c".into(),
+            max_timeout_seconds: 300,
+            extra: super::super::challenge::Extra { name: "USDC".into(), version: "2".into() },
+        };
+        assert!(decode(&encode(&sample())).unwrap().accepted.matches(&offered));
+        for (field, value) in [
+            ("scheme", json!("upto")),
+            ("network", json!("eip155:8453")),
+            ("amount", json!("9999")),
+            ("asset", json!("0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913")),
+            ("payTo", json!("0x0000000000000000000000000000000000000001")),
+            ("maxTimeoutSeconds", json!(301)),
+        ] {
+            let mut v = sample();
+            v["accepted"][field] = value;
+            assert!(!decode(&encode(&v)).unwrap().accepted.matches(&offered), "{field}");
+        }
+    }
+}
