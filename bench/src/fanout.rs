@@ -39,6 +39,9 @@ pub struct Args {
     /// Watchers on one task for the ceiling run (0 skips it).
     #[arg(long, default_value_t = 50_000)]
     ceiling: usize,
+    /// The side-by-side scenarios, as watchers x tasks.
+    #[arg(long, value_delimiter = ',', default_value = "1000x1,10000x1,10000x1000")]
+    scenarios: Vec<String>,
 }
 
 const SPACE: [u8; 16] = [7; 16];
@@ -82,7 +85,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'bench')").bind(SPACE).execute(&db.pool).await?;
 
     let mut outcomes = Vec::new();
-    for (watchers, tasks) in [(1_000, 1), (10_000, 1), (10_000, 1_000)] {
+    for scenario_text in &args.scenarios {
+        let (watchers, tasks) = scenario_text
+            .split_once('x')
+            .and_then(|(w, t)| Some((w.parse::<usize>().ok()?, t.parse::<usize>().ok()?)))
+            .with_context(|| format!("scenario {scenario_text:?} is not <watchers>x<tasks>"))?;
         for kind in [Kind::Relay, Kind::Baseline] {
             let bin = if kind == Kind::Relay { &args.relay } else { &baseline };
             let outcome = scenario(kind, bin, &db, &key, &key_text, watchers, tasks, args.events).await?;
@@ -98,7 +105,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut ceiling = Vec::new();
     if args.ceiling > 0 {
-        for watchers in [20_000, args.ceiling] {
+        let mut tries = vec![20_000.min(args.ceiling), args.ceiling];
+        tries.dedup();
+        for watchers in tries {
             let outcome = scenario(Kind::Relay, &args.relay, &db, &key, &key_text, watchers, 1, args.events).await?;
             eprintln!("ceiling {watchers}: complete {}/{}", outcome.complete, watchers);
             let full = outcome.complete == watchers;
