@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use reeve_shared::auth::{self, SpaceIndex};
-use reeve_shared::http::events::{RelayContext, router};
+use reeve_shared::http::events::router;
 use reeve_shared::ids::Id;
-use reeve_shared::relay::{self, Hub};
+use reeve_shared::relay::{self, Hub, RelayContext};
 use reeve_shared::tasks::{EventType, append_event};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -82,6 +82,14 @@ fn token_key() -> auth::Secret {
     auth::Secret::new("REEVE_TOKEN_KEY", b"relay-test-token-key-relay-test-token".to_vec()).unwrap()
 }
 
+/// A pool like the relay's own (`db.rs`): eight connections, 5 s to get one.
+fn relay_pool(pool: &PgPool) -> PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with((*pool.connect_options()).clone())
+}
+
 async fn start_relay(pool: PgPool, redis_url: &str) -> Relay {
     let hub = Hub::start(redis::Client::open(redis_url).unwrap());
     let ctx = Arc::new(RelayContext {
@@ -110,10 +118,15 @@ async fn new_task(pool: &PgPool) -> Id {
 }
 
 /// What the worker does: append to Postgres, then ring the Redis doorbell
-/// (a lost publish is fine: the table is the truth).
+/// (a lost publish is fine: the table is the truth). An empty `redis_url`
+/// is a worker whose publishes all get lost.
 async fn emit(pool: &PgPool, redis_url: &str, task: Id, kind: EventType, data: Value) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
     let event = append_event(&mut conn, task, kind, &data).await.unwrap();
+    drop(conn);
+    if redis_url.is_empty() {
+        return event.seq;
+    }
     if let Ok(client) = redis::Client::open(redis_url) {
         if let Ok(mut c) = client.get_multiplexed_async_connection().await {
             let _: Result<i64, _> =
@@ -142,8 +155,13 @@ struct Frame {
     data: Value,
 }
 
-/// Reads the whole stream (it must end by itself) and returns its frames.
+/// Reads the whole stream (it must end by itself within 30 s) and returns
+/// its frames.
 async fn read_all(response: reqwest::Response) -> Vec<Frame> {
+    read_all_within(response, Duration::from_secs(30)).await
+}
+
+async fn read_all_within(response: reqwest::Response, limit: Duration) -> Vec<Frame> {
     let mut frames = Vec::new();
     let mut buffer = String::new();
     let mut body = response.bytes_stream();
@@ -168,7 +186,7 @@ async fn read_all(response: reqwest::Response) -> Vec<Frame> {
             }
         }
     };
-    tokio::time::timeout(Duration::from_secs(30), read).await.expect("the stream ends after the terminal status");
+    tokio::time::timeout(limit, read).await.expect("the stream ends after the terminal status");
     frames
 }
 
@@ -315,27 +333,283 @@ async fn refusals_come_before_the_stream_as_error_envelopes(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_client_that_falls_behind_is_resynchronised_from_postgres(pool: PgPool) {
-    use reeve_shared::relay::stream;
+    use reeve_shared::relay::{Delivery, TaskPosition, stream};
     let redis_url = common::redis_url();
     let hub = Hub::start(redis::Client::open(redis_url.as_str()).unwrap());
     let task = new_task(&pool).await;
 
     // A client that reads nothing while far more events arrive than the
-    // per-client and per-task buffers hold (64 + 256).
-    let frames = stream::events(pool.clone(), hub.clone(), task, 0).await;
-    let mut frames = Box::pin(frames);
+    // per-task buffer (256) and a replay page (200) hold.
+    let position = TaskPosition { last_seq: 0, finished: false };
+    let mut events = Box::pin(stream::events(pool.clone(), hub.clone(), task, 0, position).await);
     progress(&pool, &redis_url, task, 600).await;
     let n = finish(&pool, &redis_url, task).await;
 
     let mut ids = Vec::new();
     let read = async {
-        while let Some(Ok(frame)) = frames.next().await {
-            // axum's SSE event renders as text; its id line is what a client keys on.
-            let text = format!("{frame:?}");
-            let id = text.split("id: ").nth(1).and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()).map(|d| d.parse::<i64>().unwrap());
-            ids.extend(id);
+        while let Some(delivery) = events.next().await {
+            match delivery {
+                Delivery::Event(event) => ids.push(event.seq),
+                Delivery::Interrupted => panic!("postgres is up"),
+            }
         }
     };
     tokio::time::timeout(Duration::from_secs(30), read).await.expect("the stream ends");
     assert_eq!(ids, (1..=n).collect::<Vec<_>>(), "every event once, in order, despite the lag");
+    drop(events);
+    assert_eq!(hub.task_count(), 0);
+}
+
+/// The hub has forgotten every task (its last client left) within 3 s.
+async fn hub_forgets_everything(hub: &Hub) {
+    for _ in 0..60 {
+        if hub.task_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the hub still counts {} tasks", hub.task_count());
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_client_that_leaves_before_any_event_releases_its_task(pool: PgPool) {
+    let redis_url = common::redis_url();
+    let relay = start_relay(pool.clone(), &redis_url).await;
+    let task = new_task(&pool).await;
+    progress(&pool, &redis_url, task, 2).await;
+
+    // Resuming past the last event of a running task: nothing will come.
+    let response = connect(&relay, task, Some(50)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(relay.hub.task_count(), 1);
+    drop(response);
+    hub_forgets_everything(&relay.hub).await;
+
+    // A task that never finishes: the client reads what there is and leaves.
+    let mut response = connect(&relay, task, None).await;
+    let first = response.chunk().await.unwrap().unwrap();
+    assert!(std::str::from_utf8(&first).unwrap().contains("id: 1"));
+    drop(response);
+    hub_forgets_everything(&relay.hub).await;
+}
+
+/// A port that accepts TCP connections and never says a word: a Redis that
+/// hangs.
+fn black_hole() -> (std::net::TcpListener, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    (listener, url)
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_subscribe_abandoned_while_redis_hangs_leaves_nothing_behind(pool: PgPool) {
+    let (_hole, url) = black_hole();
+    let hub = Hub::start(redis::Client::open(url.as_str()).unwrap());
+    let task = new_task(&pool).await;
+
+    // A handler dropped while waiting for the SUBSCRIBE acknowledgement.
+    let abandoned = tokio::time::timeout(Duration::from_millis(300), hub.subscribe(task)).await;
+    assert!(abandoned.is_err(), "redis never answers, so the subscription cannot be confirmed yet");
+    assert_eq!(hub.task_count(), 0, "the abandoned client is not counted");
+
+    // A patient one gets its subscription within the connect timeout (the
+    // Postgres check covers it until Redis answers), and leaves cleanly.
+    let waited = tokio::time::timeout(Duration::from_secs(8), hub.subscribe(task)).await;
+    let subscription = waited.expect("connecting to redis times out instead of hanging");
+    assert_eq!(hub.task_count(), 1);
+    assert!(!hub.is_connected());
+    drop(subscription);
+    assert_eq!(hub.task_count(), 0);
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn healthz_reports_a_hub_that_cannot_reach_redis(pool: PgPool) {
+    let health = |relay: &Relay| reqwest::get(format!("{}/healthz", relay.base));
+    let (_hole, hanging) = black_hole();
+    let closed = {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        format!("redis://127.0.0.1:{port}")
+    };
+    for url in [closed, hanging] {
+        let relay = start_relay(pool.clone(), &url).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let response = health(&relay).await.unwrap();
+        assert_eq!(response.status(), 503, "{url}");
+        let body: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], "dependency_unavailable");
+        assert_eq!(body["error"]["message"], "redis is unavailable");
+    }
+
+    let mut redis = OwnRedis::start();
+    let relay = start_relay(pool.clone(), &redis.url()).await;
+    let mut status = 0;
+    for _ in 0..40 {
+        status = health(&relay).await.unwrap().status().as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 200);
+    redis.stop();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(health(&relay).await.unwrap().status(), 503, "a lost connection is reported");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_lost_publish_cannot_hang_a_stream(pool: PgPool) {
+    let relay = start_relay(pool.clone(), &common::redis_url()).await;
+    let task = new_task(&pool).await;
+    let mut readers = Vec::new();
+    for _ in 0..3 {
+        readers.push(tokio::spawn(read_all(connect(&relay, task, None).await)));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A worker whose every PUBLISH is lost: only Postgres has the events.
+    progress(&pool, "", task, 3).await;
+    sqlx::query("UPDATE tasks SET status = 'completed' WHERE id = $1").bind(task).execute(&pool).await.unwrap();
+    let n = emit(&pool, "", task, EventType::Status, json!({"status": "completed"})).await;
+    let terminal = std::time::Instant::now();
+    for reader in readers {
+        assert_eq!(seqs(&reader.await.unwrap()), (1..=n).collect::<Vec<_>>());
+    }
+    let waited = terminal.elapsed();
+    assert!(waited < Duration::from_secs(5), "the streams ended {waited:?} after the terminal event");
+    hub_forgets_everything(&relay.hub).await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_database_error_ends_the_stream_with_a_retry_hint(pool: PgPool) {
+    let redis_url = common::redis_url();
+    let relay = start_relay(pool.clone(), &redis_url).await;
+    let task = new_task(&pool).await;
+    progress(&pool, &redis_url, task, 2).await;
+    let mut response = connect(&relay, task, None).await;
+    let mut text = String::new();
+    while !text.contains("id: 2") {
+        text.push_str(std::str::from_utf8(&response.chunk().await.unwrap().unwrap()).unwrap());
+    }
+
+    // Postgres now fails every read, and the next event arrives with a gap,
+    // so the stream must go to Postgres for the one it missed.
+    sqlx::query("ALTER TABLE task_events RENAME TO task_events_gone").execute(&pool).await.unwrap();
+    let client = redis::Client::open(redis_url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let skipped = json!({"seq": 4, "type": "progress", "data": {"fraction": 0.9}, "at": "2026-01-01T00:00:00Z"});
+    let _: i64 = redis::cmd("PUBLISH").arg(relay::channel(task)).arg(skipped.to_string()).query_async(&mut c).await.unwrap();
+
+    let rest = async {
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), rest).await.expect("the stream ends instead of going silent");
+    let last_block = text.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last_block.contains("retry: 2000"), "the stream ends with a reconnect hint: {text:?}");
+    assert!(!text.contains("id: 4"), "nothing out of order is sent");
+    hub_forgets_everything(&relay.hub).await;
+}
+
+/// Raises this process's open-file limit to its hard limit: thousands of
+/// clients and their server ends are two descriptors each.
+fn raise_fd_limit(needed: u64) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
+    limit.rlim_cur = limit.rlim_max;
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    assert!(limit.rlim_cur >= needed, "this test needs {needed} open files; the hard limit is {}", limit.rlim_cur);
+}
+
+/// A watcher as EventSource behaves: when a stream ends before the terminal
+/// status it reconnects with its last id. Returns every seq it saw and how
+/// often it had to reconnect.
+/// At most `connecting` of them are opening a connection at any moment (a
+/// listen backlog overflows otherwise, as it would in production).
+async fn watch_to_end(base: String, token: String, task: Id, http: reqwest::Client, connecting: Arc<tokio::sync::Semaphore>) -> (Vec<i64>, usize) {
+    let mut seen: Vec<i64> = Vec::new();
+    let mut reconnects = 0;
+    loop {
+        let mut request = http.get(format!("{base}/v1/tasks/{task}/events")).bearer_auth(&token);
+        if let Some(last) = seen.last() {
+            request = request.header("last-event-id", last.to_string());
+        }
+        let response = {
+            let _turn = connecting.acquire().await.unwrap();
+            request.send().await.unwrap()
+        };
+        assert_eq!(response.status(), 200);
+        let frames = read_all_within(response, Duration::from_secs(180)).await;
+        let done = frames.last().is_some_and(|f| f.event == "status" && f.data["data"]["status"] == "completed");
+        seen.extend(seqs(&frames));
+        if done || reconnects >= 5 {
+            return (seen, reconnects);
+        }
+        reconnects += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn five_thousand_watchers_over_five_hundred_tasks_survive_a_redis_restart(pool: PgPool) {
+    const TASKS: usize = 500;
+    const PER_TASK: usize = 10;
+    raise_fd_limit(2 * (TASKS * PER_TASK) as u64 + 1000);
+    let mut redis = OwnRedis::start();
+    let relay = start_relay(relay_pool(&pool), &redis.url()).await;
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        tasks.push(new_task(&pool).await);
+    }
+
+    let http = reqwest::Client::new();
+    let connected = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let connecting = Arc::new(tokio::sync::Semaphore::new(200));
+    let mut watchers = Vec::new();
+    for task in &tasks {
+        for _ in 0..PER_TASK {
+            let (base, token, http, task) = (relay.base.clone(), relay.token.clone(), http.clone(), *task);
+            let (connected, connecting) = (connected.clone(), connecting.clone());
+            watchers.push(tokio::spawn(async move {
+                connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                watch_to_end(base, token, task, http, connecting).await
+            }));
+        }
+    }
+    for _ in 0..600 {
+        if relay.hub.task_count() == TASKS && relay_connections(&redis.url()).await.1 == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if relay.hub.task_count() != TASKS {
+        let failed = watchers.into_iter().find(|w| w.is_finished()).expect("a watcher ended");
+        panic!("only {} tasks watched; a watcher ended with {:?}", relay.hub.task_count(), failed.await);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    for task in &tasks {
+        progress(&pool, &redis.url(), *task, 2).await;
+    }
+    redis.stop();
+    // Written while Redis is gone: the publishes fail, Postgres keeps them.
+    for task in &tasks {
+        progress(&pool, &redis.url(), *task, 2).await;
+    }
+    redis.restart();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut last = 0;
+    for task in &tasks {
+        last = finish(&pool, &redis.url(), *task).await;
+    }
+
+    let mut reconnects = 0;
+    for watcher in watchers {
+        let (seen, again) = watcher.await.unwrap();
+        assert_eq!(seen, (1..=last).collect::<Vec<_>>());
+        reconnects += again;
+    }
+    assert_eq!(connected.load(std::sync::atomic::Ordering::Relaxed), TASKS * PER_TASK);
+    assert_eq!(reconnects, 0, "no stream had to be cut short");
+    hub_forgets_everything(&relay.hub).await;
 }

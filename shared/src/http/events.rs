@@ -1,60 +1,60 @@
-//! `GET /v1/tasks/{task}/events`: the relay's SSE stream (DESIGN §8).
+//! `GET /v1/tasks/{task}/events`: the relay's SSE stream. The relay yields
+//! domain events; this module makes them SSE frames.
 //!
 //! EventSource cannot set headers, so the token may also come as the
 //! `access_token` query parameter and the resume point as `last_event_id`.
 //! Every refusal happens before the stream starts, as an error envelope.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
-use axum::response::sse::{KeepAlive, Sse};
+use axum::response::sse::{self, KeepAlive, Sse};
 use axum::routing::get;
+use futures_util::StreamExt;
 use serde::Deserialize;
-use sqlx::PgPool;
 use time::OffsetDateTime;
 
 use super::extract::invalid_token;
-use crate::auth::{self, Secret};
+use crate::auth;
 use crate::error::{self, ApiError, ApiResult, db_error};
-use super::StartupError;
-use crate::db;
 use crate::ids::Id;
-use crate::relay::{Hub, stream};
-use crate::settings::{DATABASE_URL, Env, KEEPALIVE, REDIS_URL, TOKEN_KEY};
+use crate::relay::{Delivery, TaskPosition, stream};
+use crate::tasks::{Event, TaskStatus};
 
-pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
+pub use crate::relay::context::DEFAULT_KEEPALIVE;
+pub use crate::relay::{RelayContext, RelayCtx};
 
-/// What the relay needs: no S3, no SQS, no Argon2.
-pub struct RelayContext {
-    pub db: PgPool,
-    pub token_key: Secret,
-    pub hub: Hub,
-    /// The `:` comment interval; under the load balancer's idle timeout.
-    pub keepalive: Duration,
+/// How long a client should wait before reconnecting (the SSE `retry:` hint).
+pub const RETRY_HINT: Duration = Duration::from_secs(2);
+
+fn frame(event: &Event) -> sse::Event {
+    sse::Event::default()
+        .id(event.seq.to_string())
+        .event(event.kind.as_str())
+        .json_data(event)
+        .expect("events serialise")
 }
 
-pub type RelayCtx = std::sync::Arc<RelayContext>;
-
-impl RelayContext {
-    /// The relay's settings from the environment: Postgres, Redis and the
-    /// token key; `REEVE_KEEPALIVE_SECONDS` moves the keep-alive interval.
-    pub fn from_env() -> Result<RelayCtx, StartupError> {
-        let mut env = Env::process();
-        let token_key = env.secret(TOKEN_KEY);
-        let database_url = env.required(DATABASE_URL);
-        let redis_url = env.required(REDIS_URL);
-        let keepalive = Duration::from_secs(env.number(KEEPALIVE, DEFAULT_KEEPALIVE.as_secs(), 1, 300));
-        let finished = env.finish();
-        let (Some(token_key), Ok(())) = (token_key, finished.as_ref().map(|_| ())) else {
-            return Err(StartupError::Config(finished.err().map(|e| e.problems).unwrap_or_default()));
-        };
-        let db = db::connect_lazy(&database_url)?;
-        let client = crate::redis_client::open(&redis_url)?;
-        Ok(std::sync::Arc::new(RelayContext { db, token_key, hub: Hub::start(client), keepalive }))
-    }
+/// SSE frames for the relay's deliveries: the first carries the `retry:`
+/// hint, and an interruption is a bare `retry:` so the client reconnects
+/// with its `Last-Event-ID` rather than waiting on a silent stream.
+fn frames(
+    deliveries: impl futures_util::Stream<Item = Delivery> + Send + 'static,
+) -> impl futures_util::Stream<Item = Result<sse::Event, Infallible>> + Send + 'static {
+    let mut first = true;
+    deliveries.map(move |delivery| {
+        Ok(match delivery {
+            Delivery::Event(event) => {
+                let frame = frame(&event);
+                if std::mem::take(&mut first) { frame.retry(RETRY_HINT) } else { frame }
+            }
+            Delivery::Interrupted => sse::Event::default().retry(RETRY_HINT).comment("interrupted; reconnect"),
+        })
+    })
 }
 
 /// The relay's routes with the error envelope — the event stream and the
@@ -77,11 +77,15 @@ pub fn router(ctx: RelayCtx) -> Router {
     routes(ctx).merge(health)
 }
 
-/// The load balancer's check: the relay is useless without Postgres.
+/// The load balancer's check: the relay is useless without Postgres, and
+/// without its Redis connection it only hears of events slowly.
 async fn healthz(State(ctx): State<RelayCtx>) -> ApiResult<&'static str> {
     sqlx::query("SELECT 1").execute(&ctx.db).await.map_err(|_| {
         ApiError::unavailable("dependency_unavailable", "postgres is unavailable")
     })?;
+    if !ctx.hub.is_connected() {
+        return Err(ApiError::unavailable("dependency_unavailable", "redis is unavailable"));
+    }
     Ok("ok")
 }
 
@@ -125,16 +129,21 @@ async fn task_events(
 
     // A malformed id, a missing task and another space's task look the same.
     let task: Id = task.parse().map_err(|_| ApiError::not_found("task"))?;
-    let owned: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1 AND space_idx = $2)")
-        .bind(task)
-        .bind(space.as_bytes())
-        .fetch_one(&ctx.db)
-        .await
-        .map_err(db_error)?;
-    if !owned {
+    let row: Option<(String, i64)> = {
+        let _turn = ctx.hub.read_permit().await;
+        sqlx::query_as("SELECT status, last_seq FROM tasks WHERE id = $1 AND space_idx = $2")
+            .bind(task)
+            .bind(space.as_bytes())
+            .fetch_optional(&ctx.db)
+            .await
+            .map_err(db_error)?
+    };
+    let Some((status, last_seq)) = row else {
         return Err(ApiError::not_found("task"));
-    }
+    };
+    let position =
+        TaskPosition { last_seq, finished: TaskStatus::parse(&status).is_some_and(TaskStatus::is_terminal) };
 
-    let events = stream::events(ctx.db.clone(), ctx.hub.clone(), task, after).await;
-    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(ctx.keepalive)))
+    let deliveries = stream::events(ctx.db.clone(), ctx.hub.clone(), task, after, position).await;
+    Ok(Sse::new(frames(deliveries)).keep_alive(KeepAlive::new().interval(ctx.keepalive)))
 }

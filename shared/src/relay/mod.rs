@@ -1,12 +1,16 @@
-//! The SSE relay (DESIGN §8): one Redis Pub/Sub connection per process
-//! ([`hub`]), fanned out in-process to every client, each of which gets a
-//! gap-free, duplicate-free stream replayed from Postgres ([`stream`]).
-//! Postgres is the truth; Redis is only the doorbell.
+//! The SSE relay: one Redis Pub/Sub connection per process ([`hub`]), fanned
+//! out in-process to every client, each of which gets a gap-free,
+//! duplicate-free stream of domain events replayed from Postgres
+//! ([`stream`]). Postgres is the truth; Redis is only the doorbell. The HTTP
+//! layer (`http::events`) turns the events into SSE frames.
 
+pub mod context;
 pub mod hub;
 pub mod stream;
 
+pub use context::{RelayContext, RelayCtx};
 pub use hub::{Hub, Signal, Subscription};
+pub use stream::{Delivery, TaskPosition};
 
 pub use crate::tasks::events::channel;
 use crate::ids::Id;

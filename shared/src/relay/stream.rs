@@ -1,24 +1,37 @@
 //! One client's event stream: subscribe first, replay from Postgres after the
-//! client's last id, then follow live — never sending a `seq` twice or
+//! client's last id, then follow live — never yielding a `seq` twice or
 //! skipping one, and ending after the task's terminal status.
+//!
+//! The stream is a plain state machine polled by the HTTP response body: it
+//! has no task of its own and no buffer beyond one replay page, so a client
+//! that goes away drops it (and its subscription) whether or not an event
+//! ever comes. It yields domain events; turning them into SSE frames is the
+//! HTTP layer's job.
 
-use std::convert::Infallible;
-use std::time::Duration;
+use std::sync::Arc;
 
-use axum::response::sse;
 use futures_util::Stream;
+use serde_json::Value;
 use sqlx::PgPool;
-use tokio::sync::{broadcast, mpsc};
+use time::OffsetDateTime;
+use tokio::sync::broadcast::error::RecvError;
 
-use super::{Hub, Signal};
+use super::hub::{Hub, Signal, Subscription};
 use crate::ids::Id;
-use crate::tasks::{Event, EventType, TaskStatus, events_after};
+use crate::tasks::{Event, EventType, TaskStatus};
 
-/// How long a client should wait before reconnecting (the SSE `retry:` hint).
-pub const RETRY_HINT: Duration = Duration::from_secs(2);
+/// Events read from Postgres per replay query: a client far behind pages
+/// through its backlog instead of loading it whole.
+pub const REPLAY_PAGE: i64 = 200;
 
-/// Frames buffered per client between the pump and the socket.
-const CLIENT_BUFFER: usize = 64;
+/// What a client's stream yields.
+#[derive(Debug, Clone)]
+pub enum Delivery {
+    Event(Arc<Event>),
+    /// The relay could not read Postgres; the stream ends here, and the
+    /// client should reconnect with its last event id.
+    Interrupted,
+}
 
 /// Does this event end the stream?
 pub fn is_terminal(event: &Event) -> bool {
@@ -26,96 +39,124 @@ pub fn is_terminal(event: &Event) -> bool {
         && event.data["status"].as_str().and_then(TaskStatus::parse).is_some_and(TaskStatus::is_terminal)
 }
 
-fn frame(event: &Event) -> sse::Event {
-    sse::Event::default()
-        .id(event.seq.to_string())
-        .event(event.kind.as_str())
-        .json_data(event)
-        .expect("events serialise")
+/// Where a task stood when the client connected (read while checking that
+/// the client may watch it).
+#[derive(Debug, Clone, Copy)]
+pub struct TaskPosition {
+    pub last_seq: i64,
+    pub finished: bool,
 }
 
-/// The SSE frames for `task` after `after` (the client's last seen seq).
-/// The work runs in its own task that ends when the client goes away.
-pub async fn events(db: PgPool, hub: Hub, task: Id, after: i64) -> impl Stream<Item = Result<sse::Event, Infallible>> {
-    // Subscribe before reading Postgres: an event published in between is
-    // then in one or the other, never in neither.
-    let mut subscription = hub.subscribe(task).await;
-    let (tx, rx) = mpsc::channel(CLIENT_BUFFER);
-    tokio::spawn(async move {
-        let mut pump = Pump { db, task, last: after, tx, first: true };
-        if let Err(e) = pump.run(&mut subscription.receiver).await {
-            tracing::warn!(%task, error = %e, "event stream ended early");
-        }
-    });
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|frame| (Ok(frame), rx)) })
+/// The events of `task` after `after` (the client's last seen seq).
+pub async fn events(
+    db: PgPool,
+    hub: Hub,
+    task: Id,
+    after: i64,
+    position: TaskPosition,
+) -> impl Stream<Item = Delivery> + Send + 'static {
+    // A finished task whose events the client has all: nothing will come.
+    let watch = if position.finished && after >= position.last_seq {
+        None
+    } else {
+        hub.watch_postgres(&db);
+        // Subscribe before reading Postgres: an event published in between
+        // is then in one or the other, never in neither.
+        let subscription = hub.subscribe(task).await;
+        Some(Watch { db, task, subscription, last: after, page: Vec::new().into_iter(), replay: true, done: false })
+    };
+    futures_util::stream::unfold(watch, |watch| async move {
+        let mut watch = watch?;
+        let delivery = watch.next().await?;
+        Some((delivery, Some(watch)))
+    })
 }
 
-struct Pump {
+struct Watch {
     db: PgPool,
     task: Id,
+    subscription: Subscription,
     last: i64,
-    tx: mpsc::Sender<sse::Event>,
-    first: bool,
+    /// The rest of the current replay page.
+    page: std::vec::IntoIter<Arc<Event>>,
+    /// Postgres may hold events after `last` that live delivery missed.
+    replay: bool,
+    done: bool,
 }
 
-enum Flow {
-    Continue,
-    /// The terminal status went out, or the client left.
-    Done,
-}
-
-impl Pump {
-    async fn run(&mut self, live: &mut broadcast::Receiver<Signal>) -> Result<(), sqlx::Error> {
-        if let Flow::Done = self.replay().await? {
-            return Ok(());
-        }
-        // A finished task whose events the client has all: close at once.
-        let (status, last_seq): (String, i64) = sqlx::query_as("SELECT status, last_seq FROM tasks WHERE id = $1")
-            .bind(self.task)
-            .fetch_one(&self.db)
-            .await?;
-        if TaskStatus::parse(&status).is_some_and(TaskStatus::is_terminal) && self.last >= last_seq {
-            return Ok(());
-        }
+impl Watch {
+    async fn next(&mut self) -> Option<Delivery> {
         loop {
-            let flow = match live.recv().await {
-                Ok(Signal::Event(event)) if event.seq <= self.last => Flow::Continue,
-                Ok(Signal::Event(event)) if event.seq == self.last + 1 => self.send(&event).await,
-                // A gap (a message lost in Redis), a reconnect, or this
-                // client fell behind the broadcast buffer: Postgres has it all.
-                Ok(Signal::Event(_)) | Ok(Signal::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                    crate::metrics::relay_resync();
-                    self.replay().await?
+            if self.done {
+                return None;
+            }
+            if let Some(event) = self.page.next() {
+                if event.seq == self.last + 1 {
+                    return Some(self.deliver(event));
                 }
-                Err(broadcast::error::RecvError::Closed) => Flow::Done,
-            };
-            if let Flow::Done = flow {
-                return Ok(());
+                continue;
+            }
+            // The page is spent: let its allocation go before waiting.
+            self.page = Vec::new().into_iter();
+            if self.replay {
+                match self.read_page().await {
+                    Ok(page) => {
+                        // A short page is the end of what Postgres holds.
+                        self.replay = page.len() as i64 == REPLAY_PAGE;
+                        if let Some(last) = page.last() {
+                            self.subscription.observe(last.seq);
+                        }
+                        self.page = page.into_iter();
+                    }
+                    Err(e) => {
+                        tracing::warn!(task = %self.task, error = %e, "event stream interrupted: postgres read failed");
+                        self.done = true;
+                        return Some(Delivery::Interrupted);
+                    }
+                }
+                continue;
+            }
+            match self.subscription.receiver.recv().await {
+                Ok(Signal::Event(event)) if event.seq <= self.last => {}
+                Ok(Signal::Event(event)) if event.seq == self.last + 1 => return Some(self.deliver(event)),
+                Ok(Signal::Behind(seq)) if seq <= self.last => {}
+                // A gap (a message lost in Redis), a reconnect, Postgres
+                // ahead of Redis, or this client fell behind the broadcast
+                // buffer: Postgres has it all.
+                Ok(Signal::Event(_) | Signal::Behind(_) | Signal::Resync) | Err(RecvError::Lagged(_)) => {
+                    crate::metrics::relay_resync();
+                    self.replay = true
+                }
+                Err(RecvError::Closed) => {
+                    self.done = true;
+                    return Some(Delivery::Interrupted);
+                }
             }
         }
     }
 
-    async fn replay(&mut self) -> Result<Flow, sqlx::Error> {
-        let mut conn = self.db.acquire().await?;
-        let events = events_after(&mut conn, self.task, self.last).await?;
-        drop(conn);
-        for event in &events {
-            if let Flow::Done = self.send(event).await {
-                return Ok(Flow::Done);
-            }
-        }
-        Ok(Flow::Continue)
-    }
-
-    async fn send(&mut self, event: &Event) -> Flow {
-        let mut frame = frame(event);
-        if std::mem::take(&mut self.first) {
-            frame = frame.retry(RETRY_HINT);
-        }
-        if self.tx.send(frame).await.is_err() {
-            return Flow::Done;
-        }
+    fn deliver(&mut self, event: Arc<Event>) -> Delivery {
         self.last = event.seq;
-        if is_terminal(event) { Flow::Done } else { Flow::Continue }
+        self.done = is_terminal(&event);
+        Delivery::Event(event)
+    }
+
+    async fn read_page(&self) -> Result<Vec<Arc<Event>>, sqlx::Error> {
+        let _permit = self.subscription.read_permit().await;
+        let rows: Vec<(i64, String, sqlx::types::Json<Value>, OffsetDateTime)> = sqlx::query_as(
+            "SELECT seq, type, data, at FROM task_events WHERE task_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(self.task)
+        .bind(self.last)
+        .bind(REPLAY_PAGE)
+        .fetch_all(&self.db)
+        .await?;
+        rows.into_iter()
+            .map(|(seq, kind, data, at)| {
+                let kind = EventType::parse(&kind)
+                    .ok_or_else(|| sqlx::Error::Decode(format!("unknown event type {kind:?}").into()))?;
+                Ok(Arc::new(Event { seq, kind, data: data.0, at }))
+            })
+            .collect()
     }
 }
