@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use sqlx::PgPool;
-use tokio::sync::Semaphore;
 
 use crate::aws::AwsClients;
 use crate::catalog::Catalog;
 use crate::db;
 use crate::redis_client::RedisClient;
 use crate::settings::{ApiSettings, StartupError};
+use crate::spaces::Argon2Limit;
 
 pub struct ApiContext {
     pub catalog: Arc<Catalog>,
@@ -24,7 +24,7 @@ pub struct ApiContext {
     pub settings: ApiSettings,
     /// Each Argon2id run takes 19 MiB and tens of milliseconds of one core;
     /// a burst of sessions must queue here rather than exhaust the process.
-    pub argon2: Semaphore,
+    pub argon2: Arc<Argon2Limit>,
 }
 
 pub type Ctx = Arc<ApiContext>;
@@ -49,7 +49,7 @@ impl ApiContext {
             redis,
             aws,
             settings,
-            argon2: Semaphore::new(permits),
+            argon2: Argon2Limit::new(permits),
         })
     }
 
