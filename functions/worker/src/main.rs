@@ -5,7 +5,7 @@
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use reeve_shared::telemetry;
-use reeve_shared::worker::{WorkerContext, handle_batch};
+use reeve_shared::worker::{WorkerContext, deadline_of, handle_batch_until};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -13,7 +13,8 @@ async fn main() -> Result<(), Error> {
     let ctx = WorkerContext::for_lambda().await;
     let ctx = &ctx;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        Ok::<_, Error>(handle_batch(ctx, event.payload).await)
+        let deadline = deadline_of(event.context.deadline());
+        Ok::<_, Error>(handle_batch_until(ctx, event.payload, Some(deadline)).await)
     }))
     .await
 }

@@ -27,6 +27,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use error::{CatalogError, Problem};
+pub use validate::LEASE_GRACE_SECONDS;
 pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicTask, PublicUploads};
 
 /// The executors a task may name, in the order error messages list them.
