@@ -18,6 +18,7 @@ use reeve_shared::worker::{Poller, WorkerContext};
 use reeve_shared::{db, telemetry};
 
 mod storage;
+mod sweep;
 mod watch;
 
 #[derive(Parser)]
@@ -67,6 +68,8 @@ enum Command {
         #[command(subcommand)]
         command: storage::StorageCommand,
     },
+    /// Send lost or expired tasks to the queue again; fail exhausted ones.
+    Sweep(sweep::SweepArgs),
 }
 
 #[derive(Subcommand)]
@@ -115,6 +118,7 @@ fn main() -> ExitCode {
         Command::Relay { bind } => runtime().block_on(relay(bind)),
         Command::Work { catalog } => runtime().block_on(work(&catalog)),
         Command::Storage { command } => runtime().block_on(storage::run(command)),
+        Command::Sweep(args) => runtime().block_on(sweep::run(args, shutdown_signal())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -184,8 +188,15 @@ async fn work(catalog: &Path) -> anyhow::Result<()> {
         anyhow::bail!("bad environment: {QUEUE_URL} is not set");
     };
     let sqs = AwsClients::from_env().await.sqs;
+    // A sweep every minute finds the tasks whose message was lost.
+    let sweeper = reeve_shared::sweeper::Sweeper::for_worker(&ctx, sqs.clone(), queue_url.clone())?;
+    let sweeping = tokio::spawn(async move {
+        let (every, older_than) = (reeve_shared::sweeper::EVERY, sweeper.older_than);
+        sweeper.run_every(every, older_than, std::future::pending()).await;
+    });
     let poller = Poller::connect(Arc::new(ctx), sqs, queue_url).await?;
     poller.run(shutdown_signal()).await;
+    sweeping.abort();
     Ok(())
 }
 

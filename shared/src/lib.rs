@@ -37,6 +37,7 @@ pub mod relay;
 pub mod settings;
 pub mod spaces;
 pub mod storage_policy;
+pub mod sweeper;
 pub mod tasks;
 pub mod telemetry;
 pub mod upload_guard;
