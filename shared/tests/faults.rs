@@ -220,3 +220,173 @@ async fn with_redis_stopped_mid_run_tasks_complete_and_nothing_is_lost(pool: PgP
     redis.kill().unwrap();
     redis.wait().unwrap();
 }
+
+/// A TCP proxy to the stack's Postgres that this test can cut: "Postgres
+/// stopped" for this app only, without stopping the Postgres others use.
+struct Cuttable {
+    port: u16,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    links: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Cuttable {
+    async fn to(target: (String, u16)) -> Cuttable {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let links: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let (up2, links2) = (up.clone(), links.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else { return };
+                if !up2.load(Ordering::SeqCst) {
+                    continue; // dropped: connection refused, in effect
+                }
+                let target = target.clone();
+                let link = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                links2.lock().unwrap().push(link.abort_handle());
+            }
+        });
+        Cuttable { port, up, links }
+    }
+
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Postgres stops while requests arrive: each answers `503` in the
+/// envelope, nothing is half-written, and service resumes once it is back.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn with_postgres_stopped_requests_get_503_and_nothing_is_half_written(pool: PgPool) {
+    use axum::http::StatusCode;
+    use common::{get_authed, new_session, post_json, send};
+    let options = (*pool.connect_options()).clone();
+    let proxy = Cuttable::to((options.get_host().to_owned(), options.get_port())).await;
+    let through = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_with(options.host("127.0.0.1").port(proxy.port))
+        .await
+        .unwrap();
+    let app = reeve_shared::http::app(common::ctx(through).await);
+    let (_, token) = new_session(&app).await;
+    let counts = || async {
+        sqlx::query_as::<_, (i64, i64, i64)>(
+            "SELECT (SELECT count(*) FROM spaces), (SELECT count(*) FROM uploads), (SELECT count(*) FROM tasks)",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let before = counts().await;
+
+    proxy.cut();
+    let upload = json!({"filename": "a.txt", "content_type": "text/plain", "size": 3});
+    let mut answers = Vec::new();
+    for round in 0..5 {
+        for request in [
+            axum::http::Request::post("/v1/spaces").body(axum::body::Body::empty()).unwrap(),
+            post_json("/v1/sessions", None, &json!({"space_id": "12345678901234567890"})),
+            post_json("/v1/uploads", Some(&token), &upload),
+            post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": Id::new()}})),
+            get_authed(&format!("/v1/tasks/{}", Id::new()), &token),
+        ] {
+            let reply = send(&app, request).await;
+            assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "round {round}: {}", reply.body);
+            assert_eq!(reply.code(), "database_unavailable");
+            answers.push(reply.status);
+        }
+    }
+    assert_eq!(counts().await, before, "nothing was written while Postgres was away");
+
+    proxy.restore();
+    let created = send(&app, axum::http::Request::post("/v1/spaces").body(axum::body::Body::empty()).unwrap()).await;
+    assert_eq!(created.status, StatusCode::CREATED, "service resumes: {}", created.body);
+    println!("{} requests with Postgres cut: all 503 database_unavailable", answers.len());
+}
+
+/// The SQS server stops (a moto of this test's own): create answers `503
+/// queue_unavailable`, and the task is left `failed`, never `queued`.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn with_sqs_stopped_create_answers_503_and_leaves_no_task_queued(pool: PgPool) {
+    use axum::http::StatusCode;
+    use common::{new_session, post_json, send};
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut moto = std::process::Command::new("moto_server")
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("moto_server is on PATH (the project venv)");
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let aws = AwsClients::from_env().await;
+    let sqs = aws_sdk_sqs::Client::from_conf(aws.sqs.config().to_builder().endpoint_url(&endpoint).build());
+    let mut queue = None;
+    for _ in 0..100 {
+        if let Ok(q) = sqs.create_queue().queue_name("reeve-faults").send().await {
+            queue = q.queue_url().map(str::to_owned);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let queue = queue.expect("our moto started");
+    let mut settings = common::test_settings(&common::redis_url());
+    settings.queue_url = queue;
+    let ctx = reeve_shared::http::ApiContext::new(
+        common::shipped_catalog(),
+        pool.clone(),
+        RedisClient::new(&common::redis_url()).unwrap(),
+        AwsClients { s3: aws.s3.clone(), sqs },
+        settings,
+    );
+    let app = reeve_shared::http::app(ctx);
+    let (_, token) = new_session(&app).await;
+    // Two uploads, PUT to the real S3, so that the tasks pass every check.
+    let mut upload_ids = Vec::new();
+    for _ in 0..2 {
+        let up = send(&app, post_json("/v1/uploads", Some(&token), &json!({"filename": "hi.txt", "content_type": "text/plain", "size": 2}))).await;
+        assert_eq!(up.status, StatusCode::CREATED, "{}", up.body);
+        let mut put = reqwest::Client::new().put(up.body["url"].as_str().unwrap()).body("hi");
+        for (k, v) in up.body["headers"].as_object().unwrap() {
+            if k != "content-length" {
+                put = put.header(k, v.as_str().unwrap());
+            }
+        }
+        assert!(put.send().await.unwrap().status().is_success());
+        upload_ids.push(up.body["upload_id"].clone());
+    }
+    let ok = send(&app, post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": upload_ids[0]}}))).await;
+    assert_eq!(ok.status, StatusCode::ACCEPTED, "{}", ok.body);
+
+    moto.kill().unwrap();
+    moto.wait().unwrap();
+    let started = Instant::now();
+    let down = send(&app, post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": upload_ids[1]}}))).await;
+    assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE, "{}", down.body);
+    assert_eq!(down.code(), "queue_unavailable");
+    let queued: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'queued'").fetch_one(&pool).await.unwrap();
+    let failed: Vec<Value> = sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT error FROM tasks WHERE status = 'failed'")
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.0)
+        .collect();
+    assert_eq!(queued, 1, "only the task created while SQS was up is queued");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["code"], "queue_unavailable");
+    println!("create with SQS stopped: 503 queue_unavailable in {:.1}s", started.elapsed().as_secs_f64());
+}
