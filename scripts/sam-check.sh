@@ -44,6 +44,8 @@ INVOKES=(
   "WorkerFunction      sqs-digest         ok"
   "WorkerFunction      sqs-malformed      ok"
   "UploadGuardFunction s3-upload-guard    ok"
+  "SweeperFunction     sweeper            ok"
+  "SweeperFunction     sweeper-dead-letter ok"
 )
 
 sam_cli() { SAM_CLI_TELEMETRY=0 sam "$@"; }

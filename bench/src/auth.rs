@@ -8,7 +8,6 @@ use anyhow::Context;
 use reeve_shared::auth::{self, Secret};
 use reeve_shared::spaces;
 use time::OffsetDateTime;
-use tokio::sync::Semaphore;
 
 use crate::median;
 use crate::stack::BenchDb;
@@ -28,7 +27,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let db = BenchDb::create("auth").await?;
     let pepper = secret("REEVE_PEPPER")?;
     let key = secret("REEVE_TOKEN_KEY")?;
-    let limit = Semaphore::new(2);
+    let limit = spaces::Argon2Limit::new(2);
     let space = spaces::create(&db.pool, &pepper, &limit).await?;
     let id = space.space_id.as_str().to_owned();
     let idx = auth::space_index(&pepper, &space.space_id);

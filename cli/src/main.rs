@@ -29,6 +29,7 @@ mod pay;
 #[allow(dead_code)]
 mod space_view;
 mod storage;
+mod sweep;
 mod watch;
 
 use client::commands::{self, ClientOpts, LoginArgs, SpaceCommand, TaskCommand, UploadArgs};
@@ -106,6 +107,8 @@ enum Command {
         #[command(subcommand)]
         command: storage::StorageCommand,
     },
+    /// Send lost or expired tasks to the queue again; fail exhausted ones.
+    Sweep(sweep::SweepArgs),
 }
 
 #[derive(Subcommand)]
@@ -144,6 +147,7 @@ fn main() -> ExitCode {
         Command::Relay { bind, metrics_bind } => runtime().block_on(relay(bind, metrics_bind)),
         Command::Work { catalog, metrics_bind } => runtime().block_on(work(&catalog, metrics_bind)),
         Command::Storage { command } => runtime().block_on(storage::run(command)),
+        Command::Sweep(args) => runtime().block_on(sweep::run(args, shutdown_signal())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -291,8 +295,15 @@ async fn work(catalog: &Path, metrics_bind: Option<SocketAddr>) -> anyhow::Resul
         anyhow::bail!("bad environment: {QUEUE_URL} is not set");
     };
     let sqs = AwsClients::from_env().await.sqs;
+    // A sweep every minute finds the tasks whose message was lost.
+    let sweeper = reeve_shared::sweeper::Sweeper::for_worker(&ctx, sqs.clone(), queue_url.clone())?;
+    let sweeping = tokio::spawn(async move {
+        let (every, older_than) = (reeve_shared::sweeper::EVERY, sweeper.older_than);
+        sweeper.run_every(every, older_than, std::future::pending()).await;
+    });
     let poller = Poller::connect(Arc::new(ctx), sqs, queue_url).await?;
     poller.run(shutdown_signal()).await;
+    sweeping.abort();
     Ok(())
 }
 

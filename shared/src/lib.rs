@@ -43,6 +43,7 @@ pub mod settings;
 pub mod spaces;
 pub mod startup;
 pub mod storage_policy;
+pub mod sweeper;
 pub mod tasks;
 pub mod telemetry;
 pub mod upload_guard;

@@ -4,8 +4,9 @@
 //! - No upload has that key: the object is deleted (nobody was promised it).
 //! - The upload is `pending`: a HEAD of the object decides. The declared size
 //!   and type, within the upload limit, mark it `uploaded`; anything else
-//!   deletes the object and marks it `rejected`. Both updates are conditional
-//!   on `status = 'pending'`, so a concurrent task create's decision stands.
+//!   marks it `rejected` and deletes the object. Both updates are conditional
+//!   on `status = 'pending'`, so a concurrent task create's decision stands:
+//!   an update that changed no row settles against the row as it is now.
 //! - The upload is `rejected`: the object is deleted again (a replayed PUT).
 //! - The upload is `uploaded` or `consumed`: task create's own HEAD (or an
 //!   earlier delivery of this event) got there first. The object is left
@@ -263,13 +264,20 @@ impl Guard {
                     upload_id = %row.id, declared_size = row.size, declared_type = %row.content_type,
                     max_bytes = self.max_bytes, ?size, ?content_type, "upload differs from its declaration; rejecting it"
                 );
-                // Mark first, so the upload can never be accepted, then delete.
-                sqlx::query(
+                // Mark first, so the upload can never be accepted, then
+                // delete, but only if this update won: task create may have
+                // marked it `uploaded` since we read it, and a task may be
+                // about to read the object.
+                let updated = sqlx::query(
                     "UPDATE uploads SET status = 'rejected', updated_at = now() WHERE id = $1 AND status = 'pending'",
                 )
                 .bind(row.id)
                 .execute(&self.db)
                 .await?;
+                if updated.rows_affected() == 0 {
+                    // Decided meanwhile: settle against that decision.
+                    return Box::pin(self.settle(key)).await;
+                }
                 self.delete(key).await?;
                 Ok(Outcome::Rejected { size, content_type })
             }

@@ -440,6 +440,12 @@ fn each_rule_reports_one_problem_at_its_path() {
             "must be from 1 to 900, got 901",
         ),
         (
+            "timeout that leaves no room for the lease grace",
+            task("executor = \"fetch\"\ntimeout_seconds = 871"),
+            "tasks.t.timeout_seconds",
+            "871 s plus the worker's 30 s lease grace does not fit in one Lambda invocation (900 s): at most 870",
+        ),
+        (
             "executor missing",
             task(""),
             "tasks.t.executor",

@@ -89,3 +89,35 @@ async fn session_requests_with_bad_bodies_get_clear_codes(pool: PgPool) {
     let message = reply.body["error"]["message"].as_str().unwrap();
     assert!(message.contains("line 1 column"), "the serde position is given: {message}");
 }
+
+/// Clients that post and disconnect must not get unbounded parallel Argon2:
+/// a cancelled request's blocking hash keeps running, so it must keep its
+/// permit until the hash is done.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn argon2_stays_within_its_bound_under_a_flood_of_cancelled_requests(pool: PgPool) {
+    let ctx = ctx(pool).await;
+    let app = app(ctx.clone());
+    // A request arrives every 2 ms and gives up after 5 to 95 ms: most of
+    // them long before their hash (tens of milliseconds) is done.
+    let mut flood = Vec::new();
+    for i in 0..60 {
+        let app = app.clone();
+        let patience = std::time::Duration::from_millis(5 + (i % 10) * 10);
+        flood.push(tokio::spawn(async move {
+            let request = post_json("/v1/sessions", None, &json!({ "space_id": "12345678901234567890" }));
+            let _ = tokio::time::timeout(patience, send(&app, request)).await;
+        }));
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    for request in flood {
+        request.await.unwrap();
+    }
+    // Let every hash that was started run to its end; one patient client
+    // makes sure Argon2 ran at all.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let patient = send(&app, post_json("/v1/sessions", None, &json!({ "space_id": "12345678901234567890" }))).await;
+    assert_eq!(patient.status, StatusCode::UNAUTHORIZED);
+    let (peak, bound) = (ctx.argon2.peak(), ctx.argon2.bound());
+    assert!(peak >= 1, "the flood ran some Argon2");
+    assert!(peak <= bound, "{peak} Argon2 runs at once, over the bound of {bound}");
+}

@@ -593,3 +593,19 @@ fn the_optional_waf_limits_login_per_ip() {
     let outputs = entries(&section(&text, "Outputs"));
     assert!(outputs["ApiUrl"].contains("${ApiDistribution.DomainName}"), "clients are pointed at the WAF'd URL");
 }
+
+/// Lambda kills the worker at its `Timeout`. A task's own timeout must fire
+/// first, with the lease grace left to record the outcome; otherwise every
+/// run is killed mid-way and the task is never handed back.
+#[test]
+fn every_catalog_task_fits_in_the_worker_timeout() {
+    let resources = resources();
+    let timeout: u64 = value_of(&resources["WorkerFunction"], "Timeout").unwrap().parse().unwrap();
+    let catalog = reeve_shared::catalog::Catalog::load(&root().join("reeve.toml")).expect("reeve.toml is valid");
+    let grace = reeve_shared::worker::LEASE_GRACE.as_secs();
+    assert!(reeve_shared::worker::DEADLINE_MARGIN.as_secs() < grace, "the deadline stop comes after the task timeout");
+    for (kind, task) in &catalog.tasks {
+        let needed = u64::from(task.timeout_seconds) + grace;
+        assert!(needed <= timeout, "tasks.{kind}: {}s + {grace}s grace > worker Timeout {timeout}s", task.timeout_seconds);
+    }
+}

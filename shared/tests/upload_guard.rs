@@ -238,3 +238,46 @@ async fn unreachable_storage_fails_the_invocation_so_lambda_retries(pool: PgPool
     let err = broken.handle(&event(&ctx.settings.bucket, &key, 1, "ObjectCreated:Put")).await.unwrap_err();
     assert!(matches!(err, GuardError::Storage(_)), "{err:?}");
 }
+
+/// Task create marks a pending upload `uploaded` while the guard, which read
+/// it as `pending`, is about to reject it. The guard's conditional update
+/// then changes no row: create's decision stands, so the object a task is
+/// about to read must not be deleted.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_guard_that_loses_the_race_to_task_create_deletes_nothing(pool: PgPool) {
+    let ctx = ctx(pool.clone()).await;
+    let space = space(&pool).await;
+    let upload = presign(&ctx, &space, "application/octet-stream", 100).await;
+    put_presigned(&upload, vec![1u8; 100]).await;
+
+    // Create's update, not yet committed: the guard still reads `pending`,
+    // and its own update waits on the row lock until create commits.
+    let mut create = pool.begin().await.unwrap();
+    sqlx::query("UPDATE uploads SET status = 'uploaded' WHERE id = $1")
+        .bind(upload.id)
+        .execute(&mut *create)
+        .await
+        .unwrap();
+    let strict = Guard { max_bytes: 50, ..guard(&ctx) };
+    let key = upload.key.clone();
+    let settling = tokio::spawn(async move { strict.settle(&key).await });
+    let waited = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), waited).await.expect("the guard reaches its update");
+    create.commit().await.unwrap();
+
+    let outcome = settling.await.unwrap().expect("the guard succeeds");
+    assert_eq!(outcome, Outcome::AlreadySettled(UploadStatus::Uploaded));
+    assert_eq!(status(&pool, &upload.key).await, UploadStatus::Uploaded);
+    assert!(exists(&ctx, &upload.key).await, "the object create accepted is still there");
+}

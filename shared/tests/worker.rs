@@ -27,7 +27,9 @@ use reeve_shared::redis_client::RedisClient;
 use reeve_shared::settings::WorkerSettings;
 use reeve_shared::tasks::events::{Event, EventType, channel};
 use reeve_shared::tasks::events_after;
-use reeve_shared::worker::{Outcome, Poller, RunFuture, Runner, WorkerContext, handle_batch, process};
+use reeve_shared::worker::{
+    Outcome, Poller, RunFuture, Runner, WorkerContext, handle_batch, handle_batch_until, process, process_until,
+};
 use serde_json::{Value, json};
 use sha2::Digest as _;
 use sqlx::PgPool;
@@ -44,6 +46,13 @@ fn test_catalog() -> Catalog {
         description = "Runs whatever runner the test plugs in."
         executor = "digest"
         timeout_seconds = 3
+        input_schema = { type = "object" }
+
+        [tasks.long]
+        title = "Long"
+        description = "A long timeout, for runs the invocation's deadline stops."
+        executor = "digest"
+        timeout_seconds = 600
         input_schema = { type = "object" }
     "#;
     Catalog::parse(&format!("{shipped}\n{extra}")).unwrap_or_else(|e| panic!("{e}"))
@@ -862,5 +871,40 @@ async fn a_message_that_arrives_during_the_shutdown_long_poll_is_given_back_at_o
     let got = sqs.receive_message().queue_url(&api.queue.url).wait_time_seconds(1).send().await.unwrap();
     let bodies: Vec<_> = got.messages().iter().map(|m| m.body().unwrap().to_owned()).collect();
     assert_eq!(bodies, vec![body], "the message is receivable at once, not hidden for the visibility timeout");
+}
+
+// ------------------------------------------------------------------ the invocation's deadline
+
+/// Lambda kills the worker at its deadline, whatever the task's own timeout
+/// says. A run still going near it is stopped and the task handed back
+/// (`queued`, the record a batch item failure), not left `running`.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_run_still_going_at_the_invocation_deadline_is_stopped_and_handed_back(pool: PgPool) {
+    let api = Api::new(&pool).await;
+    let id = api.create("long", json!({})).await;
+    let runner = Scripted::new(Duration::from_secs(120), 1);
+    let mut ctx = with_runner(worker(&pool).await, runner.clone());
+    ctx.deadline_margin = Duration::from_secs(1);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let event = event_of(&[body_of(id, "long")], 1);
+    // What Lambda does at the deadline: the invocation is gone.
+    let response = tokio::time::timeout_at(deadline, handle_batch_until(&ctx, event, Some(deadline)))
+        .await
+        .expect("the batch answers before Lambda's deadline");
+    assert_eq!(failures(&response), vec!["msg-0".to_owned()], "the record is redelivered");
+    assert_eq!(runner.runs.load(Ordering::SeqCst), 1);
+    let task = row(&pool, id).await;
+    assert_eq!((task.status.as_str(), task.attempts, task.lease_until), ("queued", 1, None));
+    let events = events_of(&pool, id).await;
+    assert_gap_free(&events);
+    assert_eq!(statuses(&events), ["queued", "running", "queued"]);
+    let log = events.iter().rev().find(|e| e.kind == EventType::Log).unwrap();
+    assert_eq!(log.data["line"], "attempt 1 did not finish (the worker ran out of time); it will be retried");
+
+    // A record that arrives with no time left is not even claimed.
+    let spent = tokio::time::Instant::now() + Duration::from_millis(500);
+    assert!(process_until(&ctx, &body_of(id, "long"), 2, Some(spent)).await.is_retry());
+    assert_eq!(row(&pool, id).await.attempts, 1, "no claim was taken");
     api.done().await;
 }

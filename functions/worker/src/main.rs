@@ -4,7 +4,7 @@
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, service_fn};
-use reeve_shared::worker::handle_batch;
+use reeve_shared::worker::{deadline_of, handle_batch_until};
 use reeve_shared::{startup, telemetry};
 
 #[tokio::main]
@@ -13,7 +13,8 @@ async fn main() -> Result<(), Error> {
     let ctx = startup::lambda_worker().await;
     let ctx = &ctx;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        Ok::<_, Error>(handle_batch(ctx, event.payload).await)
+        let deadline = deadline_of(event.context.deadline());
+        Ok::<_, Error>(handle_batch_until(ctx, event.payload, Some(deadline)).await)
     }))
     .await
 }

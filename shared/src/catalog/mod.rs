@@ -29,6 +29,7 @@ use std::sync::Arc;
 pub use error::{CatalogError, Problem};
 /// The rule for a facilitator URL: https, or plain http on loopback only.
 pub(crate) use validate::facilitator_url as check_facilitator_url;
+pub use validate::LEASE_GRACE_SECONDS;
 pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicTask, PublicUploads};
 
 /// The executors a task may name, in the order error messages list them.

@@ -31,7 +31,26 @@ const UPLOADS_KEYS: &[&str] = &["max_bytes", "content_types", "url_expiry_second
 const DEFAULT_TASK_TIMEOUT_SECONDS: u32 = 60;
 /// Lambda's maximum run time; the worker runs tasks inside one invocation.
 const MAX_TASK_TIMEOUT_SECONDS: i64 = 900;
+/// How long a worker's lease outlasts the task's timeout: time to record the
+/// outcome once the executor stops.
+pub const LEASE_GRACE_SECONDS: u32 = 30;
 const DEFAULT_PAYMENT_TIMEOUT_SECONDS: u32 = 300;
+
+/// A run and the recording of its outcome happen in one worker invocation;
+/// a task that cannot finish in it would be killed by Lambda every time,
+/// before its own timeout could hand it back.
+fn fits_one_invocation(secs: u32) -> Result<u32, String> {
+    let limit = MAX_TASK_TIMEOUT_SECONDS as u32;
+    if secs + LEASE_GRACE_SECONDS <= limit {
+        Ok(secs)
+    } else {
+        Err(format!(
+            "{secs} s plus the worker's {LEASE_GRACE_SECONDS} s lease grace does not fit in one Lambda invocation \
+             ({limit} s): at most {}",
+            limit - LEASE_GRACE_SECONDS
+        ))
+    }
+}
 const MAX_PAYMENT_TIMEOUT_SECONDS: i64 = 3600;
 /// An ERC-20 token with more decimals than this does not exist in practice,
 /// and 10^36 still leaves room in a `u128`.
@@ -128,6 +147,7 @@ fn task(kind: &str, f: &Fields, assets: &Assets, p: &mut Problems) -> Option<Tas
     let executor = executor(f, p);
     let timeout_seconds = f
         .int_in("timeout_seconds", 1..=MAX_TASK_TIMEOUT_SECONDS, p)
+        .and_then(|secs: u32| f.verify("timeout_seconds", fits_one_invocation(secs), p))
         .unwrap_or(DEFAULT_TASK_TIMEOUT_SECONDS);
     let schema = f
         .required("input_schema", p)

@@ -3,8 +3,10 @@
 //!
 //! Input `{"url": "https://…"}`. The client enforces the address policy and
 //! the size cap ([`ExecDeps::fetch_max_bytes`]) before and while reading;
-//! this executor stores what came back at [`output_key`] with the remote's
-//! content type, and answers with its size, SHA-256 and a presigned GET.
+//! this executor streams what comes back to [`output_key`] with the remote's
+//! content type (a multipart upload of [`PART_SIZE`] parts, so memory stays
+//! at about one part per fetch), and answers with its size, SHA-256 and a
+//! presigned GET.
 //! A rerun (a redelivered message) overwrites the same key.
 
 use std::time::{Duration, SystemTime};
@@ -12,17 +14,24 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_s3::error::DisplayErrorContext;
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use bytes::BytesMut;
+use sha2::Digest as _;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::{ExecDeps, ExecError, Job, TaskExecutor, codes, input_str, outbound_error, sha256_hex};
+use super::{ExecDeps, ExecError, Job, TaskExecutor, codes, input_str, outbound_error};
+use crate::outbound::OutboundStream;
 use crate::auth::SpaceIndex;
 use crate::ids::Id;
 
 /// Lifetime of the presigned GET in the result.
 pub const URL_EXPIRY: Duration = Duration::from_secs(15 * 60);
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+/// The download is stored in parts of this size (S3's smallest but the
+/// last), so a fetch holds about one part in memory, whatever the body's size.
+pub const PART_SIZE: usize = 5 * 1024 * 1024;
 
 /// `outputs/<space-hex>/<task-ulid>/body`.
 pub fn output_key(space: &SpaceIndex, task_id: Id) -> String {
@@ -38,7 +47,8 @@ impl TaskExecutor for Fetch {
         let url = input_str(job.input, "url")?;
         job.progress(0.0, json!({ "stage": "downloading" })).await;
 
-        let response = deps.outbound.get(url, deps.fetch_max_bytes).await.map_err(|e| outbound_error("the URL", e))?;
+        let mut response =
+            deps.outbound.get_stream(url, deps.fetch_max_bytes).await.map_err(|e| outbound_error("the URL", e))?;
         match response.status {
             200..=299 => {}
             429 | 500..=599 => {
@@ -48,24 +58,16 @@ impl TaskExecutor for Fetch {
                 return Err(ExecError::permanent(codes::FETCH_FAILED, format!("the URL answered HTTP {status}")));
             }
         }
-        let size = response.body.len() as u64;
-        let content_type =
-            response.content_type.as_deref().and_then(usable_content_type).unwrap_or(DEFAULT_CONTENT_TYPE);
-        let sha256 = sha256_hex(&response.body);
-        job.progress(0.5, json!({ "stage": "storing", "bytes": size })).await;
-        job.log(format!("downloaded {size} bytes of {content_type} (HTTP {})", response.status)).await;
-
+        let content_type = response
+            .content_type
+            .as_deref()
+            .and_then(usable_content_type)
+            .unwrap_or(DEFAULT_CONTENT_TYPE)
+            .to_owned();
         let key = output_key(&job.space, job.task_id);
-        deps.s3
-            .put_object()
-            .bucket(&deps.bucket)
-            .key(&key)
-            .content_type(content_type)
-            .content_length(size as i64)
-            .body(ByteStream::from(response.body))
-            .send()
-            .await
-            .map_err(|e| ExecError::retryable("storing the download", DisplayErrorContext(&e)))?;
+        let stored = store_streaming(deps, job, &key, &content_type, &mut response).await?;
+        let (size, sha256) = (stored.size, stored.sha256);
+        job.log(format!("downloaded {size} bytes of {content_type} (HTTP {})", response.status)).await;
 
         // SigV4 dates are whole seconds: start on one, so `url_expires_at` is exact.
         let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
@@ -100,6 +102,163 @@ impl TaskExecutor for Fetch {
             "url": presigned.uri(),
             "url_expires_at": expires_at,
         }))
+    }
+}
+
+/// What was stored.
+struct Stored {
+    size: u64,
+    sha256: String,
+}
+
+/// Streams the body to `key`: one PUT when it fits in a part, else a
+/// multipart upload, part by part as the body arrives. A failure part-way
+/// aborts the upload, so no partial object or stray parts are left.
+async fn store_streaming(
+    deps: &ExecDeps,
+    job: &Job<'_>,
+    key: &str,
+    content_type: &str,
+    body: &mut OutboundStream,
+) -> Result<Stored, ExecError> {
+    let mut hasher = sha2::Sha256::new();
+    let mut size = 0u64;
+    let mut part = BytesMut::with_capacity(PART_SIZE);
+    let mut upload: Option<Multipart> = None;
+    loop {
+        let chunk = match body.chunk().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break,
+            Err(e) => {
+                if let Some(upload) = upload {
+                    upload.abort(deps).await;
+                }
+                return Err(outbound_error("the URL", e));
+            }
+        };
+        hasher.update(&chunk);
+        size += chunk.len() as u64;
+        part.extend_from_slice(&chunk);
+        if part.len() >= PART_SIZE {
+            let multipart = match upload.as_mut() {
+                Some(m) => m,
+                None => upload.insert(Multipart::start(deps, key, content_type).await?),
+            };
+            // The full part is handed over and dropped once sent; the next
+            // buffer is only allocated after that.
+            let full = std::mem::take(&mut part).freeze();
+            if let Err(e) = multipart.send_part(deps, full).await {
+                upload.expect("started above").abort(deps).await;
+                return Err(e);
+            }
+            part.reserve(PART_SIZE);
+            let fraction = body.content_length.map_or(0.5, |total| 0.9 * size as f32 / total.max(1) as f32);
+            job.progress(fraction, json!({ "stage": "downloading", "bytes": size })).await;
+        }
+    }
+    let stored = Stored { size, sha256: hex::encode(hasher.finalize()) };
+    job.progress(0.9, json!({ "stage": "storing", "bytes": size })).await;
+    match upload {
+        None => {
+            deps.s3
+                .put_object()
+                .bucket(&deps.bucket)
+                .key(key)
+                .content_type(content_type)
+                .content_length(part.len() as i64)
+                .body(ByteStream::from(part.freeze()))
+                .send()
+                .await
+                .map_err(|e| ExecError::retryable("storing the download", DisplayErrorContext(&e)))?;
+        }
+        Some(mut multipart) => {
+            let last = part.freeze();
+            let sent = if last.is_empty() { Ok(()) } else { multipart.send_part(deps, last).await };
+            if let Err(e) = sent {
+                multipart.abort(deps).await;
+                return Err(e);
+            }
+            multipart.complete(deps).await?;
+        }
+    }
+    Ok(stored)
+}
+
+/// A multipart upload in progress.
+struct Multipart {
+    key: String,
+    upload_id: String,
+    parts: Vec<CompletedPart>,
+}
+
+impl Multipart {
+    async fn start(deps: &ExecDeps, key: &str, content_type: &str) -> Result<Multipart, ExecError> {
+        let created = deps
+            .s3
+            .create_multipart_upload()
+            .bucket(&deps.bucket)
+            .key(key)
+            .content_type(content_type)
+            .send()
+            .await
+            .map_err(|e| ExecError::retryable("starting the upload", DisplayErrorContext(&e)))?;
+        let upload_id = created
+            .upload_id()
+            .ok_or_else(|| ExecError::Retryable("storage gave no upload id".into()))?
+            .to_owned();
+        Ok(Multipart { key: key.to_owned(), upload_id, parts: Vec::new() })
+    }
+
+    async fn send_part(&mut self, deps: &ExecDeps, bytes: bytes::Bytes) -> Result<(), ExecError> {
+        let number = self.parts.len() as i32 + 1;
+        let sent = deps
+            .s3
+            .upload_part()
+            .bucket(&deps.bucket)
+            .key(&self.key)
+            .upload_id(&self.upload_id)
+            .part_number(number)
+            .content_length(bytes.len() as i64)
+            .body(ByteStream::from(bytes))
+            .send()
+            .await
+            .map_err(|e| ExecError::retryable("storing a part of the download", DisplayErrorContext(&e)))?;
+        self.parts.push(CompletedPart::builder().part_number(number).set_e_tag(sent.e_tag().map(str::to_owned)).build());
+        Ok(())
+    }
+
+    async fn complete(self, deps: &ExecDeps) -> Result<(), ExecError> {
+        let parts = CompletedMultipartUpload::builder().set_parts(Some(self.parts.clone())).build();
+        let done = deps
+            .s3
+            .complete_multipart_upload()
+            .bucket(&deps.bucket)
+            .key(&self.key)
+            .upload_id(&self.upload_id)
+            .multipart_upload(parts)
+            .send()
+            .await;
+        if let Err(e) = done {
+            let e = ExecError::retryable("completing the upload", DisplayErrorContext(&e));
+            self.abort(deps).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Best effort: an upload left behind costs storage, not correctness.
+    async fn abort(self, deps: &ExecDeps) {
+        let aborted = deps
+            .s3
+            .abort_multipart_upload()
+            .bucket(&deps.bucket)
+            .key(&self.key)
+            .upload_id(&self.upload_id)
+            .send()
+            .await;
+        if let Err(e) = aborted {
+            tracing::warn!(key = %self.key, error = %DisplayErrorContext(&e), "could not abort a multipart upload");
+        }
     }
 }
 

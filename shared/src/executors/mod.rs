@@ -205,6 +205,7 @@ fn outbound_error(target: &str, e: OutboundError) -> ExecError {
 }
 
 /// Lower-case hex SHA-256.
+#[cfg(test)]
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     let digest: [u8; 32] = sha2::Sha256::digest(bytes).into();

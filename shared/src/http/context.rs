@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use sqlx::PgPool;
-use tokio::sync::Semaphore;
 
 use crate::aws::AwsClients;
 use crate::catalog::Catalog;
@@ -15,6 +14,7 @@ use crate::db::Connect;
 use crate::outbound::{Outbound, OutboundPolicy};
 use crate::redis_client::RedisClient;
 use crate::settings::{ApiSettings, Needs};
+use crate::spaces::Argon2Limit;
 use crate::startup::{self, StartupError};
 
 pub struct ApiContext {
@@ -31,7 +31,7 @@ pub struct ApiContext {
     pub facilitator: Option<crate::payments::Facilitator>,
     /// Each Argon2id run takes 19 MiB and tens of milliseconds of one core;
     /// a burst of sessions must queue here rather than exhaust the process.
-    pub argon2: Semaphore,
+    pub argon2: Arc<Argon2Limit>,
     /// The operators' SSRF-guarded client (`REEVE_OPERATOR_ALLOW`): for the
     /// hosts the operator configured, such as the payment facilitator. Never
     /// for a URL a user chose.
@@ -71,7 +71,7 @@ impl ApiContext {
             aws,
             settings,
             facilitator,
-            argon2: Semaphore::new(permits),
+            argon2: Argon2Limit::new(permits),
             operators,
         })
     }

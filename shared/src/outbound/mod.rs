@@ -275,6 +275,28 @@ impl Outbound {
         self.send(req, &url, timeout, max_bytes).await
     }
 
+    /// GETs `url` for reading its body a chunk at a time
+    /// ([`OutboundStream::chunk`]), so that a large download never sits in
+    /// memory whole. The cap and the total timeout hold while reading.
+    pub async fn get_stream(&self, url: &str, max_bytes: u64) -> Result<OutboundStream, OutboundError> {
+        let url = self.check_url(url)?;
+        let host = url.host_str().unwrap_or_default().to_string();
+        let deadline = tokio::time::Instant::now() + self.policy.timeout;
+        let opened = tokio::time::timeout_at(deadline, self.open(self.client.get(url.clone()), &host, max_bytes)).await;
+        let response = opened.map_err(|_| OutboundError::Timeout)??;
+        Ok(OutboundStream {
+            status: response.status().as_u16(),
+            content_type: content_type_of(&response),
+            final_url: response.url().to_string(),
+            content_length: response.content_length(),
+            response,
+            host,
+            max_bytes,
+            read: 0,
+            deadline,
+        })
+    }
+
     async fn send(
         &self,
         req: reqwest::RequestBuilder,
@@ -285,28 +307,9 @@ impl Outbound {
         let host = url.host_str().unwrap_or_default().to_string();
         // reqwest enforces `timeout` too; this is the backstop covering the body.
         let result = tokio::time::timeout(timeout, async {
-            let mut resp = req.send().await.map_err(|e| map_error(e, &host))?;
-            if resp.content_length().is_some_and(|n| n > max_bytes) {
-                return Err(OutboundError::TooLarge { limit: max_bytes });
-            }
-            // A redirect reqwest could not follow (e.g. `Location: file:///…`)
-            // is refused like any other, rather than handed back as a 3xx.
-            if resp.status().is_redirection() {
-                let next = resp
-                    .headers()
-                    .get(LOCATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|l| resp.url().join(l).ok());
-                if let Some(Err(why)) = next.map(|next| self.guard.check_url(&next)) {
-                    return Err(OutboundError::Blocked(format!("redirect refused: {why}")));
-                }
-            }
+            let mut resp = self.open(req, &host, max_bytes).await?;
             let status = resp.status().as_u16();
-            let content_type = resp
-                .headers()
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
+            let content_type = content_type_of(&resp);
             let final_url = resp.url().to_string();
             let mut body = BytesMut::new();
             while let Some(chunk) = resp.chunk().await.map_err(|e| map_error(e, &host))? {
@@ -332,6 +335,70 @@ impl Outbound {
             }
             Err(_) => Err(OutboundError::Timeout),
         }
+    }
+
+    /// Sends the request and checks what the headers already tell: an
+    /// announced size over the cap, a redirect to a refused target.
+    async fn open(
+        &self,
+        req: reqwest::RequestBuilder,
+        host: &str,
+        max_bytes: u64,
+    ) -> Result<reqwest::Response, OutboundError> {
+        let resp = req.send().await.map_err(|e| map_error(e, host))?;
+        if resp.content_length().is_some_and(|n| n > max_bytes) {
+            return Err(OutboundError::TooLarge { limit: max_bytes });
+        }
+        // A redirect reqwest could not follow (e.g. `Location: file:///…`)
+        // is refused like any other, rather than handed back as a 3xx.
+        if resp.status().is_redirection() {
+            let next = resp
+                .headers()
+                .get(LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|l| resp.url().join(l).ok());
+            if let Some(Err(why)) = next.map(|next| self.guard.check_url(&next)) {
+                return Err(OutboundError::Blocked(format!("redirect refused: {why}")));
+            }
+        }
+        Ok(resp)
+    }
+}
+
+fn content_type_of(resp: &reqwest::Response) -> Option<String> {
+    resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// A response being read a chunk at a time ([`Outbound::get_stream`]).
+pub struct OutboundStream {
+    pub status: u16,
+    pub content_type: Option<String>,
+    /// After redirects.
+    pub final_url: String,
+    /// The size the remote announced, if it did (already within the cap).
+    pub content_length: Option<u64>,
+    response: reqwest::Response,
+    host: String,
+    max_bytes: u64,
+    read: u64,
+    deadline: tokio::time::Instant,
+}
+
+impl OutboundStream {
+    /// The next piece of the body; `None` at its end. `TooLarge` as soon as
+    /// the body passes the cap, `Timeout` once the request's total time is up.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, OutboundError> {
+        let next = tokio::time::timeout_at(self.deadline, self.response.chunk())
+            .await
+            .map_err(|_| OutboundError::Timeout)?
+            .map_err(|e| map_error(e, &self.host))?;
+        if let Some(chunk) = &next {
+            self.read += chunk.len() as u64;
+            if self.read > self.max_bytes {
+                return Err(OutboundError::TooLarge { limit: self.max_bytes });
+            }
+        }
+        Ok(next)
     }
 }
 

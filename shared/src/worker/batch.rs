@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use futures_util::stream;
 use tracing::Instrument;
 
-use super::{Outcome, WorkerContext, process};
+use super::{Outcome, WorkerContext, process_until};
 use crate::tasks::QueueMessage;
 
 /// The attribute SQS counts deliveries in (1 on the first).
@@ -28,6 +28,18 @@ pub fn receive_count(record: &SqsMessage) -> u32 {
 /// after another, so the second finds the task finished instead of held by
 /// a live lease, and neither needs a redelivery.
 pub async fn handle_batch(ctx: &WorkerContext, event: SqsEvent) -> SqsBatchResponse {
+    handle_batch_until(ctx, event, None).await
+}
+
+/// [`handle_batch`] within an invocation that Lambda ends at `deadline`
+/// (`Context::deadline`, see [`deadline_of`]): runs still going near it are
+/// stopped and their tasks handed back, and records not yet started are
+/// left for redelivery.
+pub async fn handle_batch_until(
+    ctx: &WorkerContext,
+    event: SqsEvent,
+    deadline: Option<tokio::time::Instant>,
+) -> SqsBatchResponse {
     let mut groups: Vec<Vec<SqsMessage>> = Vec::new();
     let mut by_task: HashMap<String, usize> = HashMap::new();
     for record in event.records {
@@ -52,7 +64,7 @@ pub async fn handle_batch(ctx: &WorkerContext, event: SqsEvent) -> SqsBatchRespo
         .map(|group| async move {
             let mut outcomes = Vec::with_capacity(group.len());
             for record in group {
-                outcomes.push(handle_record(ctx, record).await);
+                outcomes.push(handle_record(ctx, record, deadline).await);
             }
             outcomes
         })
@@ -72,11 +84,21 @@ pub async fn handle_batch(ctx: &WorkerContext, event: SqsEvent) -> SqsBatchRespo
     response
 }
 
-async fn handle_record(ctx: &WorkerContext, record: SqsMessage) -> (String, Outcome) {
+async fn handle_record(
+    ctx: &WorkerContext,
+    record: SqsMessage,
+    deadline: Option<tokio::time::Instant>,
+) -> (String, Outcome) {
     let message_id = record.message_id.clone().unwrap_or_default();
     let receive_count = receive_count(&record);
     let span = tracing::info_span!("sqs_record", message_id = %message_id, receive_count);
     let body = record.body.as_deref().unwrap_or("");
-    let outcome = process(ctx, body, receive_count).instrument(span).await;
+    let outcome = process_until(ctx, body, receive_count, deadline).instrument(span).await;
     (message_id, outcome)
+}
+
+/// Lambda's deadline (wall-clock time) as an instant on tokio's clock.
+pub fn deadline_of(deadline: std::time::SystemTime) -> tokio::time::Instant {
+    let left = deadline.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+    tokio::time::Instant::now() + left
 }

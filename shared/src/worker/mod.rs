@@ -47,7 +47,7 @@ use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-pub use batch::handle_batch;
+pub use batch::{deadline_of, handle_batch, handle_batch_until};
 pub use poller::Poller;
 
 use crate::catalog::{Catalog, TaskSpec};
@@ -109,7 +109,12 @@ impl Runner for Executors {
 
 /// How long a claim's lease outlasts the task's timeout: time to record the
 /// outcome after the executor stops.
-pub const LEASE_GRACE: Duration = Duration::from_secs(30);
+pub const LEASE_GRACE: Duration = Duration::from_secs(crate::catalog::LEASE_GRACE_SECONDS as u64);
+/// How long before the invocation's deadline a run is stopped by default:
+/// time to hand the task back (a conditional update and its events) before
+/// Lambda kills the process, which would leave it `running` until its lease
+/// ran out.
+pub const DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 /// Reports an executor may have in flight before it waits for the worker.
 pub const REPORT_BUFFER: usize = 64;
 
@@ -122,6 +127,8 @@ pub struct WorkerContext {
     pub runner: Arc<dyn Runner>,
     pub settings: WorkerSettings,
     pub lease_grace: Duration,
+    /// How long before an invocation's deadline its runs are stopped.
+    pub deadline_margin: Duration,
 }
 
 impl WorkerContext {
@@ -135,6 +142,7 @@ impl WorkerContext {
             runner: Arc::new(Executors),
             settings,
             lease_grace: LEASE_GRACE,
+            deadline_margin: DEADLINE_MARGIN,
         }
     }
 
@@ -152,6 +160,19 @@ impl WorkerContext {
 /// Handles one message body, delivered for the `receive_count`-th time.
 /// Never panics on input and never fails a task for infrastructure trouble.
 pub async fn process(ctx: &WorkerContext, body: &str, receive_count: u32) -> Outcome {
+    process_until(ctx, body, receive_count, None).await
+}
+
+/// [`process`] within an invocation that ends at `deadline` (the Lambda's):
+/// the executor is stopped `deadline_margin` before it and the task handed
+/// back for another delivery, so it is never left `running` by a killed
+/// process. A message that arrives too close to the deadline is not claimed.
+pub async fn process_until(
+    ctx: &WorkerContext,
+    body: &str,
+    receive_count: u32,
+    deadline: Option<tokio::time::Instant>,
+) -> Outcome {
     let message: QueueMessage = match serde_json::from_str(body) {
         Ok(message) => message,
         Err(e) => {
@@ -161,7 +182,8 @@ pub async fn process(ctx: &WorkerContext, body: &str, receive_count: u32) -> Out
         }
     };
     let span = tracing::info_span!("task", task_id = %message.task_id, kind = %message.kind, receive_count);
-    let outcome = run_task(ctx, &message, receive_count).instrument(span.clone()).await;
+    let stop_at = deadline.map(|d| d.checked_sub(ctx.deadline_margin).unwrap_or(d));
+    let outcome = run_task(ctx, &message, receive_count, stop_at).instrument(span.clone()).await;
     span.in_scope(|| match &outcome {
         Outcome::Done => tracing::info!("message done"),
         Outcome::Failed(code) => tracing::warn!(code, "task failed"),
@@ -179,9 +201,16 @@ fn retry(what: &str, e: impl std::fmt::Display) -> Outcome {
 enum Retryable {
     Timeout(u32),
     Exec(String),
+    /// Stopped before the invocation's deadline.
+    Deadline,
 }
 
-async fn run_task(ctx: &WorkerContext, message: &QueueMessage, receive_count: u32) -> Outcome {
+async fn run_task(
+    ctx: &WorkerContext,
+    message: &QueueMessage,
+    receive_count: u32,
+    stop_at: Option<tokio::time::Instant>,
+) -> Outcome {
     let id = message.task_id;
     let task = match store::load(&ctx.db, id).await {
         Ok(Some(task)) => task,
@@ -203,6 +232,10 @@ async fn run_task(ctx: &WorkerContext, message: &QueueMessage, receive_count: u3
     // (and with it the failure) is fenced like every other run.
     let timeout = Duration::from_secs(spec.map_or(60, |s| s.timeout_seconds).into());
     let lease = ctx.lease(timeout);
+    if stop_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
+        // Claiming now would only hand the task straight back.
+        return Outcome::Retry("too close to the invocation's deadline to start".into());
+    }
 
     let claim = match store::claim(&ctx.db, id, lease).await {
         Ok(Some(claim)) => claim,
@@ -243,7 +276,7 @@ async fn run_task(ctx: &WorkerContext, message: &QueueMessage, receive_count: u3
     // wins over whatever it was doing.
     let started = std::time::Instant::now();
     let run = tokio::select! {
-        run = execute(ctx, &task, spec, attempt, lease) => run,
+        run = execute(ctx, &task, spec, attempt, lease, stop_at) => run,
         () = cancel_asked(ctx, id, attempt) => return cancel(ctx, id, attempt).await,
     };
     crate::metrics::task_run(&task.kind, started.elapsed());
@@ -268,7 +301,7 @@ async fn run_task(ctx: &WorkerContext, message: &QueueMessage, receive_count: u3
         Err(Ok(ExecError::Retryable(reason))) => {
             retry_later(ctx, id, attempt, receive_count, Retryable::Exec(reason)).await
         }
-        Err(Err(secs)) => retry_later(ctx, id, attempt, receive_count, Retryable::Timeout(secs)).await,
+        Err(Err(why)) => retry_later(ctx, id, attempt, receive_count, why).await,
     }
 }
 
@@ -329,6 +362,9 @@ async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u
     let (reason, shown) = match why {
         Retryable::Timeout(secs) => (format!("timed out after {secs}s"), format!("timed out after {secs}s")),
         Retryable::Exec(reason) => (reason, "a temporary problem".to_owned()),
+        Retryable::Deadline => {
+            ("stopped before the invocation's deadline".to_owned(), "the worker ran out of time".to_owned())
+        }
     };
     tracing::warn!(attempt, %reason, "attempt failed with a retryable error");
     // Its owner asked it to stop: no other attempt.
@@ -355,23 +391,33 @@ async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u
 /// Runs the job with its reports recorded and its lease kept alive, bounded
 /// by the task's timeout. `None`: the run lost the task meanwhile (its lease
 /// was taken over, or the task moved on), and the executor was stopped.
-/// `Some(Err(Err(secs)))`: timed out.
+/// `Some(Err(Err(_)))`: timed out, or stopped at `stop_at`.
 async fn execute(
     ctx: &WorkerContext,
     task: &store::TaskRow,
     spec: &TaskSpec,
     attempt: i32,
     lease: Duration,
-) -> Option<Result<Value, Result<ExecError, u32>>> {
+    stop_at: Option<tokio::time::Instant>,
+) -> Option<Result<Value, Result<ExecError, Retryable>>> {
     let id = task.id;
     let (reports, receiver) = mpsc::channel(REPORT_BUFFER);
     let job = Job { task_id: id, space: task.space, input: &task.input, spec, reports };
     let timeout = Duration::from_secs(spec.timeout_seconds.into());
     let run = async {
-        match tokio::time::timeout(timeout, ctx.runner.run(&ctx.exec, job)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(Ok(e)),
-            Err(_) => Err(Err(spec.timeout_seconds)),
+        let stop = async {
+            match stop_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ran = tokio::time::timeout(timeout, ctx.runner.run(&ctx.exec, job)) => match ran {
+                Ok(Ok(value)) => Ok(value),
+                Ok(Err(e)) => Err(Ok(e)),
+                Err(_) => Err(Err(Retryable::Timeout(spec.timeout_seconds))),
+            },
+            () = stop => Err(Err(Retryable::Deadline)),
         }
     };
     // The executor owns the only sender: once it returns (or is dropped on

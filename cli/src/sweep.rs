@@ -1,0 +1,38 @@
+//! `reeve sweep`: sends lost or expired tasks to the queue again and fails
+//! the ones out of attempts (see `reeve_shared::sweeper`).
+
+use std::time::Duration;
+
+use clap::Args;
+use reeve_shared::sweeper::{self, Sweeper};
+use reeve_shared::telemetry;
+
+#[derive(Args)]
+pub struct SweepArgs {
+    /// Sweep only tasks left alone for at least this long (default
+    /// REEVE_SWEEP_OLDER_THAN_SECONDS, else 300); 0 sweeps every stranded task.
+    #[arg(long, value_name = "SECONDS")]
+    older_than: Option<u64>,
+    /// Sweep once and exit, instead of every minute until stopped.
+    #[arg(long)]
+    once: bool,
+}
+
+pub async fn run(args: SweepArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    telemetry::init();
+    let sweeper = Sweeper::from_env().await?;
+    let older_than = args.older_than.map_or(sweeper.older_than, Duration::from_secs);
+    if !args.once {
+        sweeper.run_every(sweeper::EVERY, older_than, shutdown).await;
+        return Ok(());
+    }
+    let report = sweeper.sweep(older_than).await?;
+    println!(
+        "swept: {} queued and {} expired tasks sent again, {} failed as retries_exhausted, {} sends failed",
+        report.resent_queued, report.resent_expired, report.exhausted, report.send_errors
+    );
+    if report.send_errors > 0 {
+        anyhow::bail!("{} tasks could not be sent to the queue", report.send_errors);
+    }
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! `reeve work` killed with SIGKILL in the middle of a task: the task ends
+//! in exactly one terminal state, its event log is gap-free, and the work
+//! (a digest: read-only, so idempotent) is redone by the next worker once
+//! the dead one's lease runs out. Real processes on a database, an S3
+//! object and a moto SQS queue of the test's own.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reeve_shared::auth::Secret;
+use reeve_shared::aws::AwsClients;
+use reeve_shared::catalog::Catalog;
+use reeve_shared::http::{ApiContext, app};
+use reeve_shared::redis_client::RedisClient;
+use reeve_shared::settings::ApiSettings;
+use serde_json::{Value, json};
+use sqlx::Connection;
+
+fn repo(path: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path).to_string_lossy().into_owned()
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: load the stack's .env"))
+}
+
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let base = &base[..base.rfind('/').expect("a database in DATABASE_URL")];
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+/// `reeve` with the stack's environment, this test's database and queue.
+fn reeve(db: &str, queue: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));
+    cmd.current_dir(std::env::temp_dir()).env("DATABASE_URL", db).env("REEVE_QUEUE_URL", queue);
+    cmd
+}
+
+/// A `reeve work` process, killed on drop.
+struct Worker(std::process::Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn json_of(response: reqwest::Response) -> Value {
+    serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
+    let admin_url = env("DATABASE_URL");
+    let name = format!("reeve_kill_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
+    let db_url = with_database(&admin_url, &name);
+    let pool = reeve_shared::db::connect(&db_url).await.unwrap();
+    reeve_shared::db::migrate(&pool).await.unwrap();
+    let aws = AwsClients::from_env().await;
+    // A short visibility timeout, so the message comes back soon after the kill.
+    let queue_name = format!("reeve-kill-{}", ulid::Ulid::new().to_string().to_lowercase());
+    let queue = aws
+        .sqs
+        .create_queue()
+        .queue_name(queue_name)
+        .attributes("VisibilityTimeout".into(), "2")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_owned();
+    // digest with a 5 s timeout: the dead worker's lease (5 s + 30 s grace)
+    // runs out within the test.
+    let dir = std::env::temp_dir().join(format!("reeve-kill-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shipped = std::fs::read_to_string(repo("reeve.toml")).unwrap();
+    let short = shipped.replacen("\ntimeout_seconds = 300", "\ntimeout_seconds = 5", 1);
+    assert_ne!(short, shipped, "reeve.toml's digest has timeout_seconds = 300");
+    let catalog_path = dir.join("reeve.toml");
+    std::fs::write(&catalog_path, &short).unwrap();
+
+    let settings = ApiSettings {
+        pepper: Secret::new("REEVE_PEPPER", b"test-pepper-test-pepper-test-pepper!".to_vec()).unwrap(),
+        token_key: Secret::new("REEVE_TOKEN_KEY", b"test-token-key-test-token-key-test!!".to_vec()).unwrap(),
+        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", db_url.clone()),
+        redis_url: env("REDIS_URL"),
+        bucket: env("REEVE_BUCKET"),
+        queue_url: queue.clone(),
+    };
+    let catalog = Catalog::parse(&short).unwrap();
+    let redis = RedisClient::new(&settings.redis_url).unwrap();
+    let ctx = ApiContext::new(catalog, pool.clone(), redis, AwsClients::from_env().await, settings);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app(ctx)).await });
+
+    let http = reqwest::Client::new();
+    let post = |path: &str, token: Option<&str>, body: Value| {
+        let mut request =
+            http.post(format!("{api}{path}")).header("content-type", "application/json").body(body.to_string());
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    let space = json_of(post("/v1/spaces", None, json!({})).await.unwrap()).await;
+    let session = json_of(post("/v1/sessions", None, json!({"space_id": space["space_id"]})).await.unwrap()).await;
+    let token = session["token"].as_str().unwrap().to_owned();
+    // Big enough that the digest is still running when the kill comes.
+    let bytes: Vec<u8> = (0..24 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+    let upload = json_of(
+        post(
+            "/v1/uploads",
+            Some(&token),
+            json!({"filename": "big.bin", "content_type": "application/octet-stream", "size": bytes.len()}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    let mut put = http.put(upload["url"].as_str().unwrap()).body(bytes.clone());
+    for (header, value) in upload["headers"].as_object().unwrap() {
+        if header != "content-length" {
+            put = put.header(header, value.as_str().unwrap());
+        }
+    }
+    assert!(put.send().await.unwrap().status().is_success());
+    let created = post("/v1/tasks/digest", Some(&token), json!({"input": {"upload_id": upload["upload_id"]}}))
+        .await
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 202);
+    let id: reeve_shared::ids::Id = json_of(created).await["id"].as_str().unwrap().parse().unwrap();
+    let state = || {
+        sqlx::query_as::<_, (String, f32, i32)>("SELECT status, progress, attempts FROM tasks WHERE id = $1").bind(id)
+    };
+    let log = |n: &str| std::fs::File::create(dir.join(format!("work-{n}.log"))).unwrap();
+    let work = |n: &str| {
+        reeve(&db_url, &queue)
+            .args(["work", "--catalog", catalog_path.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log(n))
+            .spawn()
+            .unwrap()
+    };
+
+    // Kill -9 once the run has made progress but not finished.
+    let mut first = work("1");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, progress, _) = state().fetch_one(&pool).await.unwrap();
+        assert_ne!(status, "completed", "the digest finished before the kill: make it bigger");
+        if status == "running" && progress > 0.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker never started the task");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.kill().unwrap(); // SIGKILL
+    first.wait().unwrap();
+    let killed = Instant::now();
+    let (status, progress, attempts) = state().fetch_one(&pool).await.unwrap();
+    assert_eq!((status.as_str(), attempts), ("running", 1), "killed mid-task at progress {progress}");
+
+    let _second = Worker(work("2"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, ..) = state().fetch_one(&pool).await.unwrap();
+        if status == "completed" {
+            break;
+        }
+        assert_ne!(status, "failed");
+        if Instant::now() > deadline {
+            let logs = std::fs::read_to_string(dir.join("work-2.log")).unwrap_or_default();
+            let tail: String = logs.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+            panic!("the task never completed after the kill; it is {status}; the second worker said:\n{tail}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let recovered = killed.elapsed();
+
+    let (_, _, attempts) = state().fetch_one(&pool).await.unwrap();
+    assert_eq!(attempts, 2, "one run killed, one run finished");
+    let events: Vec<(i64, String, sqlx::types::Json<Value>)> =
+        sqlx::query_as("SELECT seq, type, data FROM task_events WHERE task_id = $1 ORDER BY seq")
+            .bind(id)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let seqs: Vec<i64> = events.iter().map(|e| e.0).collect();
+    assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>(), "the event log is gap-free");
+    let statuses: Vec<String> = events
+        .iter()
+        .filter(|e| e.1 == "status")
+        .map(|e| e.2["status"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(statuses, ["queued", "running", "running", "completed"], "exactly one terminal state");
+    let result: Value = sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT result FROM tasks WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .0;
+    let expected: String =
+        sqlx::query_scalar("SELECT encode(sha256($1), 'hex')").bind(&bytes).fetch_one(&pool).await.unwrap();
+    assert_eq!(result["sha256"], expected, "the second run's digest is right");
+    println!("killed at progress {progress:.2}; completed by the next worker {:.1}s later", recovered.as_secs_f64());
+
+    pool.close().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    aws.sqs.delete_queue().queue_url(&queue).send().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&mut admin).await.unwrap();
+}

@@ -1,0 +1,175 @@
+//! `reeve sweep` finds a task whose message was lost: the API stores and
+//! queues it, the queue is purged before any worker runs, and only the
+//! sweep puts it back, so that `reeve work` completes it. Real processes on
+//! a database and a moto SQS queue of the test's own.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reeve_shared::auth::Secret;
+use reeve_shared::aws::AwsClients;
+use reeve_shared::catalog::Catalog;
+use reeve_shared::http::{ApiContext, app};
+use reeve_shared::redis_client::RedisClient;
+use reeve_shared::settings::ApiSettings;
+use serde_json::{Value, json};
+use sqlx::Connection;
+
+fn repo(path: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path).to_string_lossy().into_owned()
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: load the stack's .env"))
+}
+
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let base = &base[..base.rfind('/').expect("a database in DATABASE_URL")];
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+/// `reeve` with the stack's environment, this test's database and queue.
+fn reeve(db: &str, queue: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));
+    cmd.current_dir(std::env::temp_dir()).env("DATABASE_URL", db).env("REEVE_QUEUE_URL", queue);
+    cmd
+}
+
+/// A `reeve work` process, killed on drop.
+struct Worker(std::process::Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Messages waiting in `url` (moto counts exactly).
+async fn queue_depth(aws: &AwsClients, url: &str) -> u64 {
+    const NAME: &str = "ApproximateNumberOfMessages";
+    let got = aws.sqs.get_queue_attributes().queue_url(url).attribute_names(NAME.into()).send().await.unwrap();
+    got.attributes()
+        .and_then(|a| a.iter().find(|(k, _)| k.as_str() == NAME))
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn json_of(response: reqwest::Response) -> Value {
+    serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn a_task_whose_message_was_lost_completes_after_a_sweep_and_a_worker_run() {
+    // A database and a queue of this test's own.
+    let admin_url = env("DATABASE_URL");
+    let name = format!("reeve_sweep_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
+    let db_url = with_database(&admin_url, &name);
+    let pool = reeve_shared::db::connect(&db_url).await.unwrap();
+    reeve_shared::db::migrate(&pool).await.unwrap();
+    let aws = AwsClients::from_env().await;
+    let queue_name = format!("reeve-sweep-{}", ulid::Ulid::new().to_string().to_lowercase());
+    let queue = aws.sqs.create_queue().queue_name(queue_name).send().await.unwrap().queue_url().unwrap().to_owned();
+
+    // The API in-process, and no worker anywhere.
+    let settings = ApiSettings {
+        pepper: Secret::new("REEVE_PEPPER", b"test-pepper-test-pepper-test-pepper!".to_vec()).unwrap(),
+        token_key: Secret::new("REEVE_TOKEN_KEY", b"test-token-key-test-token-key-test!!".to_vec()).unwrap(),
+        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", db_url.clone()),
+        redis_url: env("REDIS_URL"),
+        bucket: env("REEVE_BUCKET"),
+        queue_url: queue.clone(),
+    };
+    let catalog = Catalog::load(std::path::Path::new(&repo("reeve.toml"))).unwrap();
+    let redis = RedisClient::new(&settings.redis_url).unwrap();
+    let ctx = ApiContext::new(catalog, pool.clone(), redis, AwsClients::from_env().await, settings);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app(ctx)).await });
+
+    let http = reqwest::Client::new();
+    let post = |path: &str, token: Option<&str>, body: Value| {
+        let mut request =
+            http.post(format!("{api}{path}")).header("content-type", "application/json").body(body.to_string());
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    let space = json_of(post("/v1/spaces", None, json!({})).await.unwrap()).await;
+    let session = json_of(post("/v1/sessions", None, json!({"space_id": space["space_id"]})).await.unwrap()).await;
+    let token = session["token"].as_str().unwrap().to_owned();
+    let bytes = b"lost, then found".to_vec();
+    let upload = json_of(
+        post(
+            "/v1/uploads",
+            Some(&token),
+            json!({"filename": "lost.txt", "content_type": "text/plain", "size": bytes.len()}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    let mut put = http.put(upload["url"].as_str().unwrap()).body(bytes.clone());
+    for (header, value) in upload["headers"].as_object().unwrap() {
+        if header != "content-length" {
+            put = put.header(header, value.as_str().unwrap());
+        }
+    }
+    assert!(put.send().await.unwrap().status().is_success());
+    let created = post("/v1/tasks/digest", Some(&token), json!({"input": {"upload_id": upload["upload_id"]}}))
+        .await
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 202);
+    let task_id = json_of(created).await["id"].as_str().unwrap().to_owned();
+    let id: reeve_shared::ids::Id = task_id.parse().unwrap();
+
+    // The message is lost before any worker saw it.
+    aws.sqs.purge_queue().queue_url(&queue).send().await.unwrap();
+    assert_eq!(queue_depth(&aws, &queue).await, 0);
+    let status = || sqlx::query_scalar::<_, String>("SELECT status FROM tasks WHERE id = $1").bind(id);
+    assert_eq!(status().fetch_one(&pool).await.unwrap(), "queued", "stranded: queued with no message");
+
+    let out = reeve(&db_url, &queue).args(["sweep", "--older-than", "0", "--once"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("1 queued"), "{stdout}");
+    assert_eq!(queue_depth(&aws, &queue).await, 1, "the sweep sent the task again");
+
+    let worker = Worker(
+        reeve(&db_url, &queue)
+            .args(["work", "--catalog", &repo("reeve.toml")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = status().fetch_one(&pool).await.unwrap();
+        if now == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the task never completed; it is {now}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(worker);
+    let result: Value = sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT result FROM tasks WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(result["size"], bytes.len());
+
+    pool.close().await;
+    aws.sqs.delete_queue().queue_url(&queue).send().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&mut admin).await.unwrap();
+}

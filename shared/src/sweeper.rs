@@ -1,0 +1,378 @@
+//! The sweeper: nothing stuck, nothing lost. SQS is the only thing that
+//! wakes a worker, so a task whose message is gone waits forever unless
+//! something looks for it:
+//!
+//! - a `queued` task whose message was lost (create committed, then the
+//!   send never happened: a disconnect, a Lambda timeout) is sent again;
+//! - a `running` task whose lease expired (its worker was killed, or a
+//!   Postgres outage hit its last delivery) is sent again, and the next
+//!   worker claims it over the expired lease;
+//! - a task that has been claimed as often as the queue would deliver it
+//!   (`REEVE_MAX_RECEIVES`) is failed as `retries_exhausted` instead, since
+//!   sending it again would only run it past its limit.
+//!
+//! Each only after the task has not changed for `older_than`; a re-send
+//! touches `updated_at`, so the next sweep waits that long again rather than
+//! piling up copies. Duplicate messages are harmless: every claim is a
+//! conditional update, so a task runs once however often it is delivered.
+//!
+//! The dead-letter queue's consumer ([`Sweeper::dead_lettered`]) fails each
+//! task SQS gave up on as `dead_lettered`, unless a live worker still holds
+//! it.
+//!
+//! `reeve sweep` runs one sweep; `reeve work` sweeps every [`EVERY`]; in AWS
+//! the `sweeper` Lambda runs on a schedule and also drains the dead-letter
+//! queue.
+
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgPool;
+
+use crate::ids::Id;
+use crate::redis_client::RedisClient;
+use crate::settings::{self, Env, SettingsError, StartupError};
+use crate::tasks::events::Publisher;
+use crate::tasks::queue::{self, QueueMessage};
+use crate::tasks::{self, Change, Fence, TaskStatus, task_error};
+use crate::worker::codes::RETRIES_EXHAUSTED;
+
+/// How often `reeve work` sweeps.
+pub const EVERY: Duration = Duration::from_secs(60);
+/// How long a task must have been left alone before it is swept, unless
+/// told otherwise: far longer than a message waits in a healthy queue.
+pub const DEFAULT_OLDER_THAN: Duration = Duration::from_secs(300);
+/// `REEVE_SWEEP_OLDER_THAN_SECONDS`: the scheduled sweep's threshold.
+pub const OLDER_THAN: &str = "REEVE_SWEEP_OLDER_THAN_SECONDS";
+/// Tasks handled per query, so one sweep of a huge backlog stays bounded
+/// in memory.
+const BATCH: i64 = 500;
+
+/// Stable codes the sweeper fails a task with.
+pub mod codes {
+    /// SQS moved the task's message to the dead-letter queue.
+    pub const DEAD_LETTERED: &str = "dead_lettered";
+    pub use crate::worker::codes::RETRIES_EXHAUSTED;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    /// `queued` tasks whose message was sent again.
+    pub resent_queued: usize,
+    /// `running` tasks with an expired lease whose message was sent again.
+    pub resent_expired: usize,
+    /// Tasks failed as `retries_exhausted`.
+    pub exhausted: usize,
+    /// Sends that failed; those tasks are tried again a threshold later.
+    pub send_errors: usize,
+}
+
+/// What became of one dead-lettered message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadLetter {
+    /// The task is now `failed` with `dead_lettered`.
+    Failed,
+    /// The task had already finished (or is gone): nothing to do.
+    Finished,
+    /// A live worker holds the task (the dead message was a duplicate): left
+    /// to it; if that worker dies, a sweep sends the task again.
+    StillRunning,
+    /// Not a task message: dropped.
+    Unreadable,
+}
+
+/// What the sweeper needs: Postgres, the queue, the doorbell, the limit.
+pub struct Sweeper {
+    pub db: PgPool,
+    pub sqs: aws_sdk_sqs::Client,
+    pub queue_url: String,
+    pub events: Publisher,
+    /// A task claimed this many times is failed, not sent again: the
+    /// queue's `maxReceiveCount` (`REEVE_MAX_RECEIVES`).
+    pub max_attempts: u32,
+    /// The scheduled sweep's threshold.
+    pub older_than: Duration,
+}
+
+/// The sweeper's environment, every problem reported at once.
+#[derive(Debug, Clone)]
+pub struct SweeperSettings {
+    pub database_url: String,
+    pub redis_url: String,
+    pub queue_url: String,
+    pub max_attempts: u32,
+    pub older_than: Duration,
+}
+
+impl SweeperSettings {
+    pub fn read<F: Fn(&str) -> Option<String>>(mut env: Env<F>) -> Result<Self, SettingsError> {
+        let database_url = env.required(settings::DATABASE_URL);
+        let redis_url = env.required(settings::REDIS_URL);
+        let queue_url = env.required(settings::QUEUE_URL);
+        let max_attempts = env.number(
+            settings::MAX_RECEIVES,
+            settings::WorkerSettings::DEFAULT_MAX_RECEIVES.into(),
+            1,
+            1000,
+        ) as u32;
+        let older_than = Duration::from_secs(env.number(OLDER_THAN, DEFAULT_OLDER_THAN.as_secs(), 0, 86_400 * 14));
+        env.finish()?;
+        Ok(SweeperSettings { database_url, redis_url, queue_url, max_attempts, older_than })
+    }
+}
+
+/// A task row as the sweeper sees it.
+type Candidate = (Id, String, String, i32);
+
+impl Sweeper {
+    /// From the environment, connecting to Postgres on first use.
+    pub async fn from_env() -> Result<Sweeper, StartupError> {
+        let s = SweeperSettings::read(Env::process()).map_err(|e| StartupError::Config(e.problems))?;
+        let db = crate::db::connect_lazy(&s.database_url)?;
+        let redis = RedisClient::new(&s.redis_url)?;
+        let sqs = crate::aws::AwsClients::from_env().await.sqs;
+        Ok(Sweeper {
+            db,
+            sqs,
+            queue_url: s.queue_url,
+            events: Publisher::new(redis),
+            max_attempts: s.max_attempts,
+            older_than: s.older_than,
+        })
+    }
+
+    /// The sweeper `reeve work` runs beside its poller, on the same stores.
+    pub fn for_worker(
+        ctx: &crate::worker::WorkerContext,
+        sqs: aws_sdk_sqs::Client,
+        queue_url: String,
+    ) -> Result<Sweeper, StartupError> {
+        Ok(Sweeper {
+            db: ctx.db.clone(),
+            sqs,
+            queue_url,
+            events: Publisher::new(RedisClient::new(&ctx.settings.redis_url)?),
+            max_attempts: ctx.settings.max_receives,
+            older_than: DEFAULT_OLDER_THAN,
+        })
+    }
+
+    /// For the sweeper Lambda's `main`: every problem logged, the init failed.
+    pub async fn for_lambda() -> Sweeper {
+        match Self::from_env().await {
+            Ok(sweeper) => sweeper,
+            Err(e) => {
+                tracing::error!("cannot start: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+
+    /// One sweep over every task left alone for `older_than`.
+    pub async fn sweep(&self, older_than: Duration) -> Result<SweepReport, SweepError> {
+        let mut report = SweepReport::default();
+        self.fail_exhausted(older_than, &mut report).await?;
+        self.resend(older_than, &mut report).await?;
+        if report != SweepReport::default() {
+            tracing::info!(?report, "swept");
+        }
+        Ok(report)
+    }
+
+    /// Fails the stranded tasks that have had all their attempts.
+    async fn fail_exhausted(&self, older_than: Duration, report: &mut SweepReport) -> Result<(), SweepError> {
+        let mut after = Id::from(ulid::Ulid::nil());
+        loop {
+            let batch: Vec<Candidate> = sqlx::query_as(
+                "SELECT id, kind, status, attempts FROM tasks
+                  WHERE id > $1 AND attempts >= $2
+                    AND updated_at < now() - make_interval(secs => $3)
+                    AND (status = 'queued'
+                         OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
+                  ORDER BY id LIMIT $4",
+            )
+            .bind(after)
+            .bind(self.max_attempts as i32)
+            .bind(older_than.as_secs_f64())
+            .bind(BATCH)
+            .fetch_all(&self.db)
+            .await?;
+            let Some(last) = batch.last() else { return Ok(()) };
+            after = last.0;
+            let full = batch.len() as i64 == BATCH;
+            for (id, _, status, attempts) in batch {
+                let message = format!("gave up after {attempts} attempts, none of which finished");
+                if self.fail(id, &status, attempts, RETRIES_EXHAUSTED, &message).await? {
+                    tracing::warn!(task_id = %id, attempts, "retries exhausted; failed");
+                    report.exhausted += 1;
+                }
+            }
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends the stranded tasks' messages again, touching each first so that
+    /// two sweepers (the scheduled one and `reeve work`'s) never both do.
+    async fn resend(&self, older_than: Duration, report: &mut SweepReport) -> Result<(), SweepError> {
+        loop {
+            let batch: Vec<(Id, String, String)> = sqlx::query_as(
+                "UPDATE tasks SET updated_at = now()
+                  WHERE id IN (
+                        SELECT id FROM tasks
+                         WHERE attempts < $1
+                           AND updated_at < now() - make_interval(secs => $2)
+                           AND (status = 'queued'
+                                OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
+                         ORDER BY id LIMIT $3
+                           FOR UPDATE SKIP LOCKED)
+                RETURNING id, kind, status",
+            )
+            .bind(self.max_attempts as i32)
+            .bind(older_than.as_secs_f64())
+            .bind(BATCH)
+            .fetch_all(&self.db)
+            .await?;
+            let full = batch.len() as i64 == BATCH;
+            for (id, kind, status) in batch {
+                match queue::enqueue(&self.sqs, &self.queue_url, id, &kind).await {
+                    Ok(()) if status == "queued" => report.resent_queued += 1,
+                    Ok(()) => report.resent_expired += 1,
+                    Err(e) => {
+                        // Touched but not sent: the next sweep after the
+                        // threshold tries again.
+                        tracing::error!(task_id = %id, error = %e, "could not send a swept task again");
+                        report.send_errors += 1;
+                    }
+                }
+            }
+            // With `older_than` zero the touched rows match again at once:
+            // one pass is the whole sweep.
+            if !full || older_than.is_zero() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Fails a stranded task (`queued`, or `running` under the lease of run
+    /// `attempts`) with `code`, writing and publishing its events. `false`:
+    /// it moved on meanwhile (a worker claimed or finished it).
+    async fn fail(&self, id: Id, status: &str, attempts: i32, code: &str, message: &str) -> Result<bool, SweepError> {
+        let error = task_error(code, message);
+        // Fenced by where the sweep found it: a `running` task by its run's
+        // token, so a worker that claimed it since holds a new one and this
+        // write matches no row.
+        let fence = match TaskStatus::parse(status) {
+            Some(TaskStatus::Queued) => Fence::From(&[TaskStatus::Queued]),
+            Some(TaskStatus::Running) => Fence::Run(attempts),
+            _ => return Ok(false),
+        };
+        let events = tasks::transition(&self.db, id, fence, Change::Fail { error: &error }).await?;
+        match events {
+            Some(events) => {
+                self.events.publish_all(id, &events).await;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Settles one dead-lettered message body.
+    pub async fn dead_lettered(&self, body: &str) -> Result<DeadLetter, SweepError> {
+        let Ok(message) = serde_json::from_str::<QueueMessage>(body) else {
+            let shown: String = body.chars().take(200).collect();
+            tracing::error!(body = %shown, "dead-lettered message is not {{task_id, kind}}; dropping it");
+            return Ok(DeadLetter::Unreadable);
+        };
+        let id = message.task_id;
+        // Twice at most: a task that moves between the read and the write is
+        // read again once, and then whatever it became decides.
+        for _ in 0..2 {
+            let row: Option<(String, i32, bool)> = sqlx::query_as(
+                "SELECT status, attempts, (lease_until IS NOT NULL AND lease_until >= now()) FROM tasks WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(&self.db)
+            .await?;
+            let Some((status, attempts, live)) = row else { return Ok(DeadLetter::Finished) };
+            let message = "the queue gave up delivering this task";
+            match TaskStatus::parse(&status) {
+                Some(TaskStatus::Running) if live => return Ok(DeadLetter::StillRunning),
+                Some(TaskStatus::Queued | TaskStatus::Running) => {
+                    if self.fail(id, &status, attempts, codes::DEAD_LETTERED, message).await? {
+                        tracing::warn!(task_id = %id, attempts, "dead-lettered; failed");
+                        return Ok(DeadLetter::Failed);
+                    }
+                }
+                _ => return Ok(DeadLetter::Finished),
+            }
+        }
+        Ok(DeadLetter::StillRunning)
+    }
+
+    /// The dead-letter queue's batch: every record settled; the ones that
+    /// hit a database error are reported for redelivery.
+    pub async fn handle_dead_letters(&self, event: SqsEvent) -> SqsBatchResponse {
+        let mut response = SqsBatchResponse::default();
+        for record in event.records {
+            let message_id = record.message_id.clone().unwrap_or_default();
+            match self.dead_lettered(record.body.as_deref().unwrap_or("")).await {
+                Ok(outcome) => tracing::info!(%message_id, ?outcome, "dead letter settled"),
+                Err(e) => {
+                    tracing::error!(%message_id, error = %e, "could not settle a dead letter; it will be retried");
+                    response.add_failure(message_id);
+                }
+            }
+        }
+        response
+    }
+
+    /// The sweeper Lambda's one entry point: an SQS batch from the
+    /// dead-letter queue, or anything else (the schedule's event) for a
+    /// sweep, whose threshold may be given as `older_than_seconds`.
+    pub async fn handle_invocation(&self, payload: Value) -> Result<Value, SweepError> {
+        if payload.get("Records").is_some_and(Value::is_array) {
+            return match serde_json::from_value::<SqsEvent>(payload) {
+                Ok(event) => Ok(serde_json::to_value(self.handle_dead_letters(event).await).expect("serialises")),
+                Err(e) => {
+                    tracing::error!(error = %e, "an event with Records that is not an SQS batch; ignored");
+                    Ok(serde_json::json!({ "ignored": "not an SQS batch" }))
+                }
+            };
+        }
+        let older_than = payload
+            .get("older_than_seconds")
+            .and_then(Value::as_u64)
+            .map_or(self.older_than, Duration::from_secs);
+        let report = self.sweep(older_than).await?;
+        Ok(serde_json::to_value(report).expect("serialises"))
+    }
+
+    /// Sweeps every [`EVERY`] until `shutdown` resolves; for `reeve work`.
+    /// A failed sweep is logged and the next one tries again.
+    pub async fn run_every(&self, every: Duration, older_than: Duration, shutdown: impl std::future::Future<Output = ()>) {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                _ = ticks.tick() => {}
+            }
+            if let Err(e) = self.sweep(older_than).await {
+                tracing::error!(error = %e, "sweep failed; trying again in a minute");
+            }
+        }
+    }
+}

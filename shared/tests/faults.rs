@@ -1,0 +1,393 @@
+//! Faults with real services: duplicate deliveries at volume, Redis gone
+//! mid-run. (Process kills live in `scripts/faults.sh`; see RELIABILITY.md.)
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use futures_util::StreamExt;
+use futures_util::stream;
+use reeve_shared::aws::AwsClients;
+use reeve_shared::executors::{ExecDeps, Job};
+use reeve_shared::ids::Id;
+use reeve_shared::outbound::{Outbound, OutboundPolicy};
+use reeve_shared::redis_client::RedisClient;
+use reeve_shared::settings::WorkerSettings;
+use reeve_shared::worker::{Outcome, RunFuture, Runner, WorkerContext, handle_batch, process};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+/// Counts runs per task; each run takes a little while, so that duplicate
+/// deliveries really overlap.
+#[derive(Default)]
+struct Counting {
+    total: AtomicUsize,
+    per_task: Mutex<HashMap<Id, usize>>,
+}
+
+impl Runner for Counting {
+    fn run<'a>(&'a self, _deps: &'a ExecDeps, job: Job<'a>) -> RunFuture<'a> {
+        Box::pin(async move {
+            self.total.fetch_add(1, Ordering::SeqCst);
+            *self.per_task.lock().unwrap().entry(job.task_id).or_default() += 1;
+            job.progress(0.5, json!({"half": true})).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(json!({"ok": true}))
+        })
+    }
+}
+
+async fn worker(pool: &PgPool, runner: Arc<Counting>, redis_url: &str) -> WorkerContext {
+    let settings = WorkerSettings {
+        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", String::new()),
+        redis_url: redis_url.to_owned(),
+        bucket: std::env::var("REEVE_BUCKET").unwrap(),
+        queue_url: None,
+        concurrency: 4,
+        max_receives: 5,
+        fetch_max_bytes: 1024,
+    };
+    let exec = ExecDeps {
+        db: pool.clone(),
+        s3: AwsClients::from_env().await.s3,
+        bucket: settings.bucket.clone(),
+        outbound: Outbound::new(OutboundPolicy::default()).unwrap(),
+        operators: Outbound::new(OutboundPolicy::default()).unwrap(),
+        fetch_max_bytes: 1024,
+    };
+    let mut ctx =
+        WorkerContext::new(common::shipped_catalog(), pool.clone(), RedisClient::new(redis_url).unwrap(), exec, settings);
+    ctx.runner = runner;
+    ctx
+}
+
+/// `n` queued digest tasks with their first event, as create leaves them.
+async fn queued_tasks(pool: &PgPool, n: usize) -> Vec<Id> {
+    let space = Id::new().to_bytes();
+    sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')").bind(space).execute(pool).await.unwrap();
+    let ids: Vec<Id> = (0..n).map(|_| Id::new()).collect();
+    let raw: Vec<[u8; 16]> = ids.iter().map(|id| id.to_bytes()).collect();
+    sqlx::query(
+        "INSERT INTO tasks (id, space_idx, kind, input, status, last_seq)
+         SELECT id, $2, 'digest', '{}', 'queued', 1 FROM unnest($1::bytea[]) AS id",
+    )
+    .bind(&raw)
+    .bind(space)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO task_events (task_id, seq, type, data)
+         SELECT id, 1, 'status', '{\"status\":\"queued\"}' FROM unnest($1::bytea[]) AS id",
+    )
+    .bind(&raw)
+    .execute(pool)
+    .await
+    .unwrap();
+    ids
+}
+
+fn body(id: Id) -> String {
+    json!({"task_id": id, "kind": "digest"}).to_string()
+}
+
+fn batch(bodies: &[String]) -> SqsEvent {
+    let records: Vec<Value> = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| json!({"messageId": format!("m{i}"), "body": body, "attributes": {"ApproximateReceiveCount": "1"}}))
+        .collect();
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+/// Every task completed with a gap-free log ending in one `completed`.
+async fn assert_all_completed_once(pool: &PgPool, ids: &[Id]) {
+    let raw: Vec<[u8; 16]> = ids.iter().map(|id| id.to_bytes()).collect();
+    let (completed, bad_logs, terminal_events): (i64, i64, i64) = sqlx::query_as(
+        "SELECT
+           (SELECT count(*) FROM tasks WHERE id = ANY($1) AND status = 'completed'),
+           (SELECT count(*) FROM (
+               SELECT task_id FROM task_events WHERE task_id = ANY($1)
+               GROUP BY task_id HAVING max(seq) <> count(*) OR min(seq) <> 1) gaps),
+           (SELECT count(*) FROM task_events
+             WHERE task_id = ANY($1) AND type = 'status' AND data->>'status' = 'completed')",
+    )
+    .bind(&raw)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(completed, ids.len() as i64, "every task completed");
+    assert_eq!(bad_logs, 0, "every event log is gap-free");
+    assert_eq!(terminal_events, ids.len() as i64, "one terminal status event per task");
+}
+
+/// 1,000 tasks, each delivered twice: half as a duplicate in one Lambda
+/// batch, half to two workers at the same moment. The executor runs
+/// exactly 1,000 times.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_thousand_tasks_each_delivered_twice_run_exactly_a_thousand_times(pool: PgPool) {
+    const N: usize = 1000;
+    let runner = Arc::new(Counting::default());
+    let a = worker(&pool, runner.clone(), &common::redis_url()).await;
+    let b = worker(&pool, runner.clone(), &common::redis_url()).await;
+    let ids = queued_tasks(&pool, N).await;
+    let (in_batch, concurrent) = ids.split_at(N / 2);
+    let started = Instant::now();
+
+    // Duplicates in one batch: 5 tasks x 2 copies per batch of 10.
+    let batches: Vec<SqsEvent> =
+        in_batch.chunks(5).map(|c| batch(&c.iter().flat_map(|id| [body(*id), body(*id)]).collect::<Vec<_>>())).collect();
+    let lambda = stream::iter(batches)
+        .map(|event| handle_batch(&a, event))
+        .buffer_unordered(4)
+        .map(|response| response.batch_item_failures.len())
+        .collect::<Vec<_>>();
+    // The same message to two workers at once.
+    let to_a = stream::iter(concurrent.to_vec())
+        .map(|id| {
+            let a = &a;
+            async move { process(a, &body(id), 1).await }
+        }).buffer_unordered(8).collect::<Vec<_>>();
+    let to_b = stream::iter(concurrent.to_vec())
+        .map(|id| {
+            let b = &b;
+            async move { process(b, &body(id), 1).await }
+        }).buffer_unordered(8).collect::<Vec<_>>();
+    let (failures, outcomes_a, outcomes_b) = tokio::join!(lambda, to_a, to_b);
+    assert_eq!(failures.iter().sum::<usize>(), 0, "a duplicate in one batch needs no redelivery");
+
+    // A copy that met the other's live lease is redelivered by SQS: do so.
+    let retried_count = outcomes_a.iter().chain(outcomes_b.iter()).filter(|o| o.is_retry()).count();
+    for id in concurrent {
+        assert_eq!(process(&a, &body(*id), 2).await, Outcome::Done);
+    }
+    println!(
+        "{N} tasks x 2 deliveries in {:.1}s; {retried_count} copies met a live lease and were redelivered",
+        started.elapsed().as_secs_f64(),
+    );
+
+    assert_eq!(runner.total.load(Ordering::SeqCst), N, "the executor ran exactly once per task");
+    assert!(runner.per_task.lock().unwrap().values().all(|&n| n == 1));
+    assert_all_completed_once(&pool, &ids).await;
+}
+
+/// Redis stops while tasks run (a Redis of this test's own, on another
+/// port): the tasks complete anyway, every event is in Postgres, and a
+/// watcher that replays from Postgres once Redis is back sees it all.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn with_redis_stopped_mid_run_tasks_complete_and_nothing_is_lost(pool: PgPool) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let spawn = || {
+        std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is installed")
+    };
+    let mut redis = spawn();
+    let url = format!("redis://127.0.0.1:{port}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let runner = Arc::new(Counting::default());
+    let ctx = worker(&pool, runner.clone(), &url).await;
+    let ids = queued_tasks(&pool, 40).await;
+
+    let (first, rest) = ids.split_at(20);
+    for id in first {
+        assert_eq!(process(&ctx, &body(*id), 1).await, Outcome::Done);
+    }
+    redis.kill().unwrap();
+    redis.wait().unwrap();
+    let down = Instant::now();
+    for id in rest {
+        assert_eq!(process(&ctx, &body(*id), 1).await, Outcome::Done);
+    }
+    let elapsed = down.elapsed();
+    assert!(elapsed < Duration::from_secs(30), "a missing Redis must not stall the worker: {elapsed:?}");
+    let mut redis = spawn();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_all_completed_once(&pool, &ids).await;
+    // What a watcher replays from Postgres after the outage.
+    let mut conn = pool.acquire().await.unwrap();
+    for id in rest {
+        let events = reeve_shared::tasks::events_after(&mut conn, *id, 0).await.unwrap();
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["status", "status", "progress", "result", "status"], "{id}");
+    }
+    println!("20 tasks completed with Redis down in {:.1}s", elapsed.as_secs_f64());
+    redis.kill().unwrap();
+    redis.wait().unwrap();
+}
+
+/// A TCP proxy to the stack's Postgres that this test can cut: "Postgres
+/// stopped" for this app only, without stopping the Postgres others use.
+struct Cuttable {
+    port: u16,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    links: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Cuttable {
+    async fn to(target: (String, u16)) -> Cuttable {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let links: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let (up2, links2) = (up.clone(), links.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else { return };
+                if !up2.load(Ordering::SeqCst) {
+                    continue; // dropped: connection refused, in effect
+                }
+                let target = target.clone();
+                let link = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                links2.lock().unwrap().push(link.abort_handle());
+            }
+        });
+        Cuttable { port, up, links }
+    }
+
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Postgres stops while requests arrive: each answers `503` in the
+/// envelope, nothing is half-written, and service resumes once it is back.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn with_postgres_stopped_requests_get_503_and_nothing_is_half_written(pool: PgPool) {
+    use axum::http::StatusCode;
+    use common::{get_authed, new_session, post_json, send};
+    let options = (*pool.connect_options()).clone();
+    let proxy = Cuttable::to((options.get_host().to_owned(), options.get_port())).await;
+    let through = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_with(options.host("127.0.0.1").port(proxy.port))
+        .await
+        .unwrap();
+    let app = reeve_shared::http::app(common::ctx(through).await);
+    let (_, token) = new_session(&app).await;
+    let counts = || async {
+        sqlx::query_as::<_, (i64, i64, i64)>(
+            "SELECT (SELECT count(*) FROM spaces), (SELECT count(*) FROM uploads), (SELECT count(*) FROM tasks)",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let before = counts().await;
+
+    proxy.cut();
+    let upload = json!({"filename": "a.txt", "content_type": "text/plain", "size": 3});
+    let mut answers = Vec::new();
+    for round in 0..5 {
+        for request in [
+            axum::http::Request::post("/v1/spaces").body(axum::body::Body::empty()).unwrap(),
+            post_json("/v1/sessions", None, &json!({"space_id": "12345678901234567890"})),
+            post_json("/v1/uploads", Some(&token), &upload),
+            post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": Id::new()}})),
+            get_authed(&format!("/v1/tasks/{}", Id::new()), &token),
+        ] {
+            let reply = send(&app, request).await;
+            assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "round {round}: {}", reply.body);
+            assert_eq!(reply.code(), "database_unavailable");
+            answers.push(reply.status);
+        }
+    }
+    assert_eq!(counts().await, before, "nothing was written while Postgres was away");
+
+    proxy.restore();
+    let created = send(&app, axum::http::Request::post("/v1/spaces").body(axum::body::Body::empty()).unwrap()).await;
+    assert_eq!(created.status, StatusCode::CREATED, "service resumes: {}", created.body);
+    println!("{} requests with Postgres cut: all 503 database_unavailable", answers.len());
+}
+
+/// The SQS server stops (a moto of this test's own): create answers `503
+/// queue_unavailable`, and the task is left `failed`, never `queued`.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn with_sqs_stopped_create_answers_503_and_leaves_no_task_queued(pool: PgPool) {
+    use axum::http::StatusCode;
+    use common::{new_session, post_json, send};
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut moto = std::process::Command::new("moto_server")
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("moto_server is on PATH (the project venv)");
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let aws = AwsClients::from_env().await;
+    let sqs = aws_sdk_sqs::Client::from_conf(aws.sqs.config().to_builder().endpoint_url(&endpoint).build());
+    let mut queue = None;
+    for _ in 0..100 {
+        if let Ok(q) = sqs.create_queue().queue_name("reeve-faults").send().await {
+            queue = q.queue_url().map(str::to_owned);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let queue = queue.expect("our moto started");
+    let mut settings = common::test_settings(&common::redis_url());
+    settings.queue_url = queue;
+    let ctx = reeve_shared::http::ApiContext::new(
+        common::shipped_catalog(),
+        pool.clone(),
+        RedisClient::new(&common::redis_url()).unwrap(),
+        AwsClients { s3: aws.s3.clone(), sqs },
+        settings,
+    );
+    let app = reeve_shared::http::app(ctx);
+    let (_, token) = new_session(&app).await;
+    // Two uploads, PUT to the real S3, so that the tasks pass every check.
+    let mut upload_ids = Vec::new();
+    for _ in 0..2 {
+        let up = send(&app, post_json("/v1/uploads", Some(&token), &json!({"filename": "hi.txt", "content_type": "text/plain", "size": 2}))).await;
+        assert_eq!(up.status, StatusCode::CREATED, "{}", up.body);
+        let mut put = reqwest::Client::new().put(up.body["url"].as_str().unwrap()).body("hi");
+        for (k, v) in up.body["headers"].as_object().unwrap() {
+            if k != "content-length" {
+                put = put.header(k, v.as_str().unwrap());
+            }
+        }
+        assert!(put.send().await.unwrap().status().is_success());
+        upload_ids.push(up.body["upload_id"].clone());
+    }
+    let ok = send(&app, post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": upload_ids[0]}}))).await;
+    assert_eq!(ok.status, StatusCode::ACCEPTED, "{}", ok.body);
+
+    moto.kill().unwrap();
+    moto.wait().unwrap();
+    let started = Instant::now();
+    let down = send(&app, post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": upload_ids[1]}}))).await;
+    assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE, "{}", down.body);
+    assert_eq!(down.code(), "queue_unavailable");
+    let queued: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'queued'").fetch_one(&pool).await.unwrap();
+    let failed: Vec<Value> = sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT error FROM tasks WHERE status = 'failed'")
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.0)
+        .collect();
+    assert_eq!(queued, 1, "only the task created while SQS was up is queued");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["code"], "queue_unavailable");
+    println!("create with SQS stopped: 503 queue_unavailable in {:.1}s", started.elapsed().as_secs_f64());
+}
