@@ -21,6 +21,8 @@ pub const KEEPALIVE: &str = "REEVE_KEEPALIVE_SECONDS";
 pub const WORKER_CONCURRENCY: &str = "REEVE_WORKER_CONCURRENCY";
 pub const MAX_RECEIVES: &str = "REEVE_MAX_RECEIVES";
 pub const FETCH_MAX_BYTES: &str = "REEVE_FETCH_MAX_BYTES";
+/// Browser origins allowed to call the API and the relay (comma-separated).
+pub const CORS_ORIGINS: &str = "REEVE_CORS_ORIGINS";
 
 /// Where `reeve.toml` is read from when `REEVE_CATALOG` is not set.
 pub const DEFAULT_CATALOG: &str = "reeve.toml";

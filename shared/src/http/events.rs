@@ -16,7 +16,7 @@ use serde::Deserialize;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
-use super::extract::invalid_token;
+use super::extract::{bearer_token, invalid_token};
 use crate::auth::{self, Secret};
 use crate::error::{self, ApiError, ApiResult, db_error};
 use super::StartupError;
@@ -102,11 +102,7 @@ async fn task_events(
     Query(query): Query<StreamQuery>,
     headers: HeaderMap,
 ) -> ApiResult<impl IntoResponse> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+    let bearer = bearer_token(&headers)?;
     let Some(token) = bearer.or(query.access_token.as_deref()) else {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,

@@ -45,6 +45,7 @@ macro_rules! doc_503_db {
 
 pub mod catalog;
 mod context;
+pub mod cors;
 pub mod events;
 pub mod extract;
 pub mod health;
@@ -58,8 +59,9 @@ use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
 pub use context::{ApiContext, Connect, Ctx};
+pub use cors::{CorsOrigins, with_cors};
 pub use crate::settings::StartupError;
-pub use openapi::{BEARER, openapi};
+pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, openapi};
 
 use crate::error;
 
