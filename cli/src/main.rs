@@ -161,6 +161,7 @@ async fn serve(bind: SocketAddr, catalog: &Path) -> anyhow::Result<()> {
     // the API's: one listener for everything, as a local stand-in for the
     // API Gateway plus the Fargate service.
     let routes = events::routes(relay).merge(app(ctx));
+    let routes = reeve_shared::http::with_cors(routes, &reeve_shared::http::CorsOrigins::from_env()?);
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, "reeve serving");
     axum::serve(listener, routes).with_graceful_shutdown(shutdown_signal()).await?;
@@ -172,7 +173,8 @@ async fn relay(bind: SocketAddr) -> anyhow::Result<()> {
     let ctx = RelayContext::from_env()?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, "relay serving");
-    axum::serve(listener, events::router(ctx)).with_graceful_shutdown(shutdown_signal()).await?;
+    let routes = reeve_shared::http::with_cors(events::router(ctx), &reeve_shared::http::CorsOrigins::from_env()?);
+    axum::serve(listener, routes).with_graceful_shutdown(shutdown_signal()).await?;
     Ok(())
 }
 

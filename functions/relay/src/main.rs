@@ -5,12 +5,13 @@
 use std::net::SocketAddr;
 
 use reeve_shared::http::events::{RelayContext, router};
+use reeve_shared::http::{CorsOrigins, with_cors};
 use reeve_shared::telemetry;
 
 #[tokio::main]
 async fn main() {
     telemetry::init();
-    let ctx = match RelayContext::from_env() {
+    let (ctx, cors) = match RelayContext::from_env().and_then(|ctx| Ok((ctx, CorsOrigins::from_env()?))) {
         Ok(ctx) => ctx,
         Err(e) => {
             tracing::error!("cannot start: {e}");
@@ -35,7 +36,7 @@ async fn main() {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
         tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
     };
-    if let Err(e) = axum::serve(listener, router(ctx)).with_graceful_shutdown(shutdown).await {
+    if let Err(e) = axum::serve(listener, with_cors(router(ctx), &cors)).with_graceful_shutdown(shutdown).await {
         tracing::error!("relay stopped: {e}");
         std::process::exit(1);
     }
