@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: start the local stack, load .env, run the workspace tests,
-# the browser console test (scripts/console-test.sh), then the SAM checks (scripts/sam-check.sh:
+# the API fuzz run (scripts/api-fuzz.sh), the browser console test
+# (scripts/console-test.sh), then the SAM checks (scripts/sam-check.sh:
 # validate, build, local invoke).
 #   scripts/test.sh [extra cargo test args...]
 # With extra arguments (a filtered run) only the cargo tests run;
@@ -16,8 +17,10 @@ load_dev_env
 rc=0
 timed cargo-test cargo test --workspace --locked "$@" || rc=$?
 # Phases that drive a real `reeve serve` from outside, each on a database and
-# a queue of its own: the browser console in headless Chromium.
+# a queue of its own: schemathesis against the OpenAPI document, and the
+# browser console in headless Chromium.
 if (($# == 0)); then
+  timed api-fuzz bash scripts/api-fuzz.sh || { r=$?; ((rc)) || rc=$r; }
   timed console bash scripts/console-test.sh || { r=$?; ((rc)) || rc=$r; }
 fi
 if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then

@@ -564,6 +564,13 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     for (request, code) in refusals {
         assert_eq!(check("POST", "/v1/uploads", send(&app, request).await).code(), code);
     }
+    // JSON Schema calls 15.0 an integer, so the route takes it as one.
+    let whole = json!({"filename": "b.txt", "content_type": "text/plain", "size": 15.0});
+    let reply = check("POST", "/v1/uploads", send(&app, post_json("/v1/uploads", Some(&token), &whole)).await);
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    let fraction = json!({"filename": "b.txt", "content_type": "text/plain", "size": 15.5});
+    let reply = check("POST", "/v1/uploads", send(&app, post_json("/v1/uploads", Some(&token), &fraction)).await);
+    assert_eq!(reply.code(), "invalid_request");
 
     // Tasks: a free one queued and read back, a priced one's 402, refusals.
     let task = "/v1/tasks/{task}";
@@ -734,6 +741,14 @@ fn each_kind_of_the_shipped_catalog_has_its_schema_price_and_upload_limit() {
         }
     }
     let upload = resolve(&doc, "#/components/schemas/CreateUpload").unwrap();
+    // The name rules presign enforces, so a valid-looking name is accepted.
+    let name = validator(&doc, &upload["properties"]["filename"]);
+    for good in ["photo.png", "a", " résumé 2026.pdf", "x".repeat(255).as_str()] {
+        assert!(name.is_valid(&json!(good)), "{good:?}");
+    }
+    for bad in ["", "   ", "a\u{1}b", "tab\tname", "x".repeat(256).as_str()] {
+        assert!(!name.is_valid(&json!(bad)), "{bad:?}");
+    }
     assert_eq!(upload["properties"]["size"]["maximum"], json!(catalog.uploads.max_bytes));
     assert_eq!(upload["properties"]["content_type"]["enum"], json!(catalog.uploads.content_types));
 }

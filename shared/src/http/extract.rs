@@ -107,3 +107,21 @@ fn unauthorized(code: &'static str, message: &str) -> ApiError {
 pub fn invalid_token() -> ApiError {
     unauthorized("invalid_token", "the token is invalid or expired; open a new session")
 }
+
+/// A JSON integer for a `u64` field, written either way JSON Schema calls
+/// an integer: `7402` or `7402.0`. serde alone refuses the second, so a
+/// body the document calls valid would be refused; a fraction, a negative
+/// number or a value past 2^53 (where floats stop being exact) is still
+/// `invalid_request`.
+pub fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    use serde::Deserialize;
+    use serde::de::Error;
+    let n = serde_json::Number::deserialize(deserializer)?;
+    if let Some(n) = n.as_u64() {
+        return Ok(n);
+    }
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(&f) => Ok(f as u64),
+        _ => Err(D::Error::custom(format!("invalid value: {n}, expected a non-negative integer"))),
+    }
+}

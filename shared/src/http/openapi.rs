@@ -165,6 +165,11 @@ fn upload_policy(doc: &mut Value, catalog: &Catalog) {
         return;
     };
     let policy = &catalog.uploads;
+    // What presign checks of a name: not blank, no control character.
+    schema["filename"]["minLength"] = json!(1);
+    schema["filename"]["maxLength"] = json!(crate::uploads::MAX_FILENAME_BYTES);
+    schema["filename"]["pattern"] =
+        json!("^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$");
     schema["size"]["maximum"] = json!(policy.max_bytes);
     schema["content_type"]["enum"] = json!(policy.content_types);
     if let Some(first) = policy.content_types.first() {
