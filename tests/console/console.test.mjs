@@ -10,7 +10,7 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync, openSync } from "node:fs";
 import { createServer } from "node:net";
@@ -61,7 +61,11 @@ const value = (selector) => page.locator(selector).getAttribute("value");
 before(async () => {
   const port = await freePort();
   base = `http://127.0.0.1:${port}`;
-  serve = run("serve", ["serve", "--bind", `127.0.0.1:${port}`]);
+  // The worker is a process of its own, so the cancel test can stop it; an
+  // all-in-one `reeve serve` is told to run none.
+  const help = spawnSync(REEVE, ["serve", "--help"], { encoding: "utf8" }).stdout || "";
+  const noWorker = help.includes("--no-worker") ? ["--no-worker"] : [];
+  serve = run("serve", ["serve", "--bind", `127.0.0.1:${port}`, ...noWorker]);
   worker = run("work", ["work"]);
   await healthy(base);
   profile = mkdtempSync(join(tmpdir(), "reeve-console-"));
