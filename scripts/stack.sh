@@ -251,6 +251,7 @@ AWS_SECRET_ACCESS_KEY=$S3_SECRET_KEY
 AWS_REGION=us-east-1
 AWS_DEFAULT_REGION=us-east-1
 REEVE_CATALOG=reeve.toml
+REEVE_CORS_ORIGINS=http://127.0.0.1:8080,http://localhost:8080
 EOF
   )
   mv "$tmp" "$ENV_FILE"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command: start the local stack, load .env, run the workspace tests,
-# then the SAM checks (scripts/sam-check.sh: validate, build, local invoke).
+# the API fuzz run (scripts/api-fuzz.sh), the browser console test
+# (scripts/console-test.sh), then the SAM checks (scripts/sam-check.sh:
+# validate, build, local invoke).
 #   scripts/test.sh [extra cargo test args...]
-# With extra arguments (a filtered run), or REEVE_SKIP_SAM_CHECK=1, the SAM
-# checks are skipped; CI runs it without arguments.
+# With extra arguments (a filtered run) only the cargo tests run;
+# REEVE_SKIP_SAM_CHECK=1 skips the SAM checks. CI runs it without arguments.
 set -euo pipefail
 LOG_TAG="test"
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh
@@ -14,6 +16,13 @@ REEVE_STACK_BROWSER=1 timed stack bash scripts/stack.sh up
 load_dev_env
 rc=0
 timed cargo-test cargo test --workspace --locked "$@" || rc=$?
+# Phases that drive a real `reeve serve` from outside, each on a database and
+# a queue of its own: schemathesis against the OpenAPI document, and the
+# browser console in headless Chromium.
+if (($# == 0)); then
+  timed api-fuzz bash scripts/api-fuzz.sh || { r=$?; ((rc)) || rc=$r; }
+  timed console bash scripts/console-test.sh || { r=$?; ((rc)) || rc=$r; }
+fi
 if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then
   timed sam-check bash scripts/sam-check.sh || { r=$?; ((rc)) || rc=$r; }
 else

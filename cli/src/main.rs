@@ -231,6 +231,7 @@ async fn serve(bind: SocketAddr, catalog: &Path, worker: bool, metrics_bind: Opt
     let routes = routes
         .layer(axum::middleware::from_fn_with_state(Arc::new(LoginLimits::default()), limit::limit))
         .layer(axum::middleware::from_fn(reeve_shared::error::envelope));
+    let routes = reeve_shared::http::with_cors(routes, &reeve_shared::http::CorsOrigins::from_env()?);
     let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, worker = poller.is_some(), "reeve serving");
@@ -279,7 +280,8 @@ async fn relay(bind: SocketAddr, metrics_bind: Option<SocketAddr>) -> anyhow::Re
     let ctx = RelayContext::from_env()?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, "relay serving");
-    let routes = reeve_shared::metrics::mount(events::router(ctx), metrics_bind).await?;
+    let routes = reeve_shared::http::with_cors(events::router(ctx), &reeve_shared::http::CorsOrigins::from_env()?);
+    let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
     axum::serve(listener, routes).with_graceful_shutdown(shutdown_signal()).await?;
     Ok(())
 }

@@ -67,6 +67,9 @@ impl Needs {
     pub const ALL: Needs = Needs::AUTH;
 }
 
+/// Browser origins allowed to call the API and the relay (comma-separated).
+pub const CORS_ORIGINS: &str = "REEVE_CORS_ORIGINS";
+
 /// Where `reeve.toml` is read from when `REEVE_CATALOG` is not set.
 pub const DEFAULT_CATALOG: &str = "reeve.toml";
 

@@ -1,5 +1,7 @@
 //! `GET /v1/openapi.json`: the OpenAPI 3.1 document lists exactly the routes
-//! the routers serve, each with its security and error responses, and the
+//! the routers serve (the relay's stream included), each with its security
+//! and error responses; it is made from the catalog it is served with (one
+//! create operation per task kind, with that kind's input schema); and the
 //! answers of the real routes conform to it.
 
 mod common;
@@ -11,38 +13,52 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use common::{Reply, TestQueue, get, get_authed, new_session, post_json, send};
 use reeve_shared::aws::AwsClients;
-use reeve_shared::http::{self, ApiContext, BEARER, Ctx, app, finish, openapi};
+use reeve_shared::catalog::Catalog;
+use reeve_shared::http::events::{self, RelayContext};
+use reeve_shared::http::{self, ACCESS_TOKEN, ApiContext, BEARER, Ctx, STREAM_PATH, app, finish, openapi};
+use reeve_shared::relay::Hub;
 use reeve_shared::ids::Id;
 use reeve_shared::redis_client::RedisClient;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use tower::ServiceExt;
 use utoipa_axum::router::OpenApiRouter;
 
-/// Every route of the API. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 11] = [
+/// Every route of the API: one create per kind of the shipped catalog, and
+/// the relay's stream. Adding one means adding it here too.
+const ROUTES: [(&str, &str); 14] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
     ("POST", "/v1/spaces"),
     ("POST", "/v1/sessions"),
     ("POST", "/v1/uploads"),
-    ("POST", "/v1/tasks/{task}"),
+    ("POST", "/v1/tasks/digest"),
+    ("POST", "/v1/tasks/fetch"),
+    ("POST", "/v1/tasks/http"),
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
     ("GET", "/v1/space"),
+    ("GET", "/v1/tasks/{task}/events"),
 ];
 
-/// The routes whose handlers take the `Session` extractor.
-const BEARER_ROUTES: [(&str, &str); 6] = [
+/// The routes whose handlers take a bearer token.
+const BEARER_ROUTES: [(&str, &str); 9] = [
     ("POST", "/v1/uploads"),
-    ("POST", "/v1/tasks/{task}"),
+    ("POST", "/v1/tasks/digest"),
+    ("POST", "/v1/tasks/fetch"),
+    ("POST", "/v1/tasks/http"),
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
     ("GET", "/v1/space"),
+    ("GET", "/v1/tasks/{task}/events"),
 ];
+
+/// The one routed path every kind's create shares.
+const CREATE_TEMPLATE: &str = "/v1/tasks/{task}";
 
 /// The operation keys of an OpenAPI 3.1 (and 3.2) path item.
 const OPERATION_KEYS: [&str; 9] = ["get", "put", "post", "delete", "options", "head", "patch", "trace", "query"];
@@ -56,7 +72,23 @@ const DUMMY_ID: &str = "01HZX3Y4P5Q6R7S8T9V0W1X2Y3";
 type Route = (String, String);
 
 fn doc() -> Value {
-    serde_json::to_value(openapi()).expect("the document serialises")
+    openapi(&common::shipped_catalog())
+}
+
+/// The relay's context on the given database, with the same token key as
+/// [`common::test_settings`], so one session works on both.
+fn relay_ctx(pool: PgPool) -> http::events::RelayCtx {
+    std::sync::Arc::new(RelayContext {
+        db: pool,
+        token_key: common::test_settings(&common::redis_url()).token_key,
+        hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
+        keepalive: std::time::Duration::from_secs(15),
+    })
+}
+
+/// What `reeve serve` listens with: the relay's routes and every API route.
+fn serve_app(ctx: Ctx, pool: PgPool) -> Router {
+    events::routes(relay_ctx(pool)).merge(app(ctx))
 }
 
 fn routes_of(doc: &Value) -> BTreeSet<Route> {
@@ -98,6 +130,12 @@ fn probe(method: &Method, template: &str) -> Request<Body> {
     } else {
         builder.body(Body::empty()).unwrap()
     }
+}
+
+/// Whether the path template `template` matches the concrete path `path`.
+fn matches(template: &str, path: &str) -> bool {
+    let (t, p): (Vec<&str>, Vec<&str>) = (template.split('/').collect(), path.split('/').collect());
+    t.len() == p.len() && t.iter().zip(&p).all(|(t, p)| t == p || (t.starts_with('{') && !p.starts_with('{')))
 }
 
 /// Not answered by the fallback nor refused by the method router.
@@ -156,24 +194,24 @@ fn assert_conforms(doc: &Value, method: &str, template: &str, reply: &Reply) {
     }
 }
 
-/// Each Lambda's router and the routes it serves.
-fn function_routers() -> Vec<(&'static str, OpenApiRouter<Ctx>, BTreeSet<Route>)> {
-    vec![
-        ("auth", http::spaces::router(), expected(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions")])),
-        ("catalog", http::catalog::router(), expected(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")])),
-        ("presign", http::uploads::router(), expected(&[("POST", "/v1/uploads")])),
-        ("task-create", http::tasks::create_router(), expected(&[("POST", "/v1/tasks/{task}")])),
-        (
-            "task-status",
-            http::tasks::status_router(),
-            expected(&[
-                ("GET", "/v1/tasks/{task}"),
-                ("GET", "/v1/tasks"),
-                ("POST", "/v1/tasks/{task}/cancel"),
-                ("GET", "/v1/space"),
-            ]),
-        ),
-    ]
+/// Each Lambda's router, the routes it documents itself, and the routes of
+/// the whole document it serves: the same, but for task-create, whose one
+/// route is documented once per kind.
+fn function_routers() -> Vec<(&'static str, OpenApiRouter<Ctx>, BTreeSet<Route>, BTreeSet<Route>)> {
+    let same = |routes: &[(&str, &str)]| (expected(routes), expected(routes));
+    let creates = expected(&[("POST", "/v1/tasks/digest"), ("POST", "/v1/tasks/fetch"), ("POST", "/v1/tasks/http")]);
+    let mut all = vec![];
+    let (own, global) = same(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions")]);
+    all.push(("auth", http::spaces::router(), own, global));
+    let (own, global) = same(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")]);
+    all.push(("catalog", http::catalog::router(), own, global));
+    let (own, global) = same(&[("POST", "/v1/uploads")]);
+    all.push(("presign", http::uploads::router(), own, global));
+    all.push(("task-create", http::tasks::create_router(), expected(&[("POST", CREATE_TEMPLATE)]), creates));
+    let (own, global) =
+        same(&[("GET", "/v1/tasks/{task}"), ("GET", "/v1/tasks"), ("POST", "/v1/tasks/{task}/cancel"), ("GET", "/v1/space")]);
+    all.push(("task-status", http::tasks::status_router(), own, global));
+    all
 }
 
 /// A context whose Postgres is never reached: for routes that don't use it.
@@ -199,7 +237,7 @@ fn the_document_is_openapi_3_1_and_lists_exactly_the_routes() {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn every_documented_route_is_routed_and_no_other_method_is(pool: PgPool) {
     let doc = doc();
-    let app = app(common::ctx(pool).await);
+    let app = serve_app(common::ctx(pool.clone()).await, pool);
     let documented = routes_of(&doc);
     // What the document says, not what this file says: a route that takes a
     // token but doesn't declare it (or the reverse) fails here.
@@ -226,6 +264,15 @@ async fn every_documented_route_is_routed_and_no_other_method_is(pool: PgPool) {
                     reply.status,
                     reply.body
                 );
+            } else if documented.iter().any(|(m, p)| m == method.as_str() && p != path && matches(p, path)) {
+                // `GET /v1/tasks/digest` is `GET /v1/tasks/{task}` for a task
+                // id "digest": served, and refused for that, not for the method.
+                assert!(is_routed(&reply), "{method} {path}: {}", reply.body);
+            } else if *method == Method::POST && path == CREATE_TEMPLATE {
+                // The one route behind every kind's documented create: for a
+                // kind the catalog lacks it is `unknown_task`, once authorised.
+                assert!(is_routed(&reply), "{}", reply.body);
+                assert_eq!(reply.code(), "missing_token");
             } else {
                 assert_eq!(
                     reply.status,
@@ -243,12 +290,22 @@ async fn each_function_router_serves_and_documents_its_own_routes(pool: PgPool) 
     let doc = doc();
     let global = operations(&doc);
     let ctx = common::ctx(pool).await;
-    let mut union = expected(&[("GET", "/healthz")]);
-    for (function, router, routes) in function_routers() {
+    // /healthz is every process's; the stream is the relay's.
+    let mut union = expected(&[("GET", "/healthz"), ("GET", STREAM_PATH)]);
+    for (function, router, own_routes, routes) in function_routers() {
         let own = serde_json::to_value(router.get_openapi()).unwrap();
-        assert_eq!(routes_of(&own), routes, "the {function} router documents other routes");
+        assert_eq!(routes_of(&own), own_routes, "the {function} router documents other routes");
         for (route, op) in operations(&own) {
-            assert_eq!(global.get(&route), Some(&op), "{route:?} of {function} is not in the document as such");
+            if own_routes == routes {
+                assert_eq!(global.get(&route), Some(&op), "{route:?} of {function} is not in the document as such");
+            } else {
+                // Each kind's create is the routed one, made specific.
+                for kind_route in &routes {
+                    let made = &global[kind_route];
+                    assert_eq!(made["responses"]["202"], op["responses"]["202"], "{kind_route:?}");
+                    assert_eq!(made["security"], op["security"], "{kind_route:?}");
+                }
+            }
         }
         let served = finish(router, ctx.clone());
         for (method, path) in &routes {
@@ -262,7 +319,7 @@ async fn each_function_router_serves_and_documents_its_own_routes(pool: PgPool) 
         }
         union.extend(routes);
     }
-    assert_eq!(union, routes_of(&doc), "every documented route belongs to a function or is /healthz");
+    assert_eq!(union, routes_of(&doc), "every documented route belongs to a function, the relay or is /healthz");
 }
 
 #[tokio::test]
@@ -288,12 +345,20 @@ fn bearer_routes_declare_the_security_requirement_and_public_ones_none() {
     assert_eq!(scheme["type"], "http", "{scheme}");
     assert_eq!(scheme["scheme"], "bearer", "{scheme}");
     assert!(doc.get("security").is_none(), "no document-wide requirement: public routes stay public");
+    let query = &doc["components"]["securitySchemes"][ACCESS_TOKEN];
+    assert_eq!((&query["type"], &query["in"], &query["name"]), (&json!("apiKey"), &json!("query"), &json!("access_token")));
 
     let bearer = expected(&BEARER_ROUTES);
     for (route, op) in operations(&doc) {
         let declared = op.get("security").cloned().unwrap_or(Value::Null);
         if bearer.contains(&route) {
-            assert_eq!(declared, json!([{ BEARER: [] }]), "{route:?}");
+            // The stream alone also takes the token as a query parameter.
+            let schemes = if route.1 == STREAM_PATH {
+                json!([{ BEARER: [] }, { ACCESS_TOKEN: [] }])
+            } else {
+                json!([{ BEARER: [] }])
+            };
+            assert_eq!(declared, schemes, "{route:?}");
             let unauthorized = op["responses"]["401"]["description"].as_str().unwrap_or_default();
             assert!(unauthorized.contains("`missing_token`") && unauthorized.contains("`invalid_token`"), "{route:?}");
         } else {
@@ -442,7 +507,8 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     let mut settings = common::test_settings(&common::redis_url());
     settings.queue_url = queue.url.clone();
     let redis = RedisClient::new(&common::redis_url()).unwrap();
-    let app = app(ApiContext::new(common::shipped_catalog(), pool, redis, AwsClients::from_env().await, settings));
+    let ctx = ApiContext::new(common::shipped_catalog(), pool.clone(), redis, AwsClients::from_env().await, settings);
+    let app = serve_app(ctx, pool);
     let check = |method: &str, template: &str, reply: Reply| {
         assert_conforms(&doc, method, template, &reply);
         reply
@@ -505,11 +571,19 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     for (request, code) in refusals {
         assert_eq!(check("POST", "/v1/uploads", send(&app, request).await).code(), code);
     }
+    // JSON Schema calls 15.0 an integer, so the route takes it as one.
+    let whole = json!({"filename": "b.txt", "content_type": "text/plain", "size": 15.0});
+    let reply = check("POST", "/v1/uploads", send(&app, post_json("/v1/uploads", Some(&token), &whole)).await);
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    let fraction = json!({"filename": "b.txt", "content_type": "text/plain", "size": 15.5});
+    let reply = check("POST", "/v1/uploads", send(&app, post_json("/v1/uploads", Some(&token), &fraction)).await);
+    assert_eq!(reply.code(), "invalid_request");
 
     // Tasks: a free one queued and read back, a priced one's 402, refusals.
     let task = "/v1/tasks/{task}";
+    let digest = "/v1/tasks/digest";
     let input = json!({"input": {"upload_id": upload.body["upload_id"]}});
-    let created = check("POST", task, send(&app, post_json("/v1/tasks/digest", Some(&token), &input)).await);
+    let created = check("POST", digest, send(&app, post_json(digest, Some(&token), &input)).await);
     assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
     let id = created.body["id"].as_str().unwrap();
     let snapshot = check("GET", task, send(&app, get_authed(&format!("/v1/tasks/{id}"), &token)).await);
@@ -517,9 +591,29 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     let unknown = check("GET", task, send(&app, get_authed(&format!("/v1/tasks/{}", Id::new()), &token)).await);
     assert_eq!(unknown.code(), "not_found");
 
+    // The relay's stream: the refusals as envelopes, the stream as SSE.
+    let stream = check("GET", STREAM_PATH, send(&app, get(&format!("/v1/tasks/{id}/events"))).await);
+    assert_eq!(stream.code(), "missing_token");
+    let other = format!("/v1/tasks/{}/events?access_token={token}", Id::new());
+    assert_eq!(check("GET", STREAM_PATH, send(&app, get(&other)).await).code(), "not_found");
+    let bad_resume = format!("/v1/tasks/{id}/events?access_token={token}&last_event_id=-1");
+    assert_eq!(check("GET", STREAM_PATH, send(&app, get(&bad_resume)).await).code(), "invalid_last_event_id");
+    let live = app.clone().oneshot(get_authed(&format!("/v1/tasks/{id}/events"), &token)).await.unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+    let stream_op = &operations(&doc)[&("GET".to_owned(), STREAM_PATH.to_owned())];
+    let content_type = live.headers()["content-type"].to_str().unwrap();
+    assert!(stream_op["responses"]["200"]["content"].get(content_type).is_some(), "{content_type} is documented");
+    drop(live);
+
     let paid = json!({"input": {"url": "https://example.com/a.txt"}});
-    let challenge = check("POST", task, send(&app, post_json("/v1/tasks/fetch", Some(&token), &paid)).await);
+    let challenge = check("POST", "/v1/tasks/fetch", send(&app, post_json("/v1/tasks/fetch", Some(&token), &paid)).await);
     assert_eq!(challenge.status, StatusCode::PAYMENT_REQUIRED);
+    // The document shows the very challenge the route answers, but for the
+    // URL, which names the host the client reached.
+    let fetch_op = &operations(&doc)[&("POST".to_owned(), "/v1/tasks/fetch".to_owned())];
+    let mut shown = fetch_op["responses"]["402"]["content"]["application/json"]["example"].clone();
+    shown["resource"]["url"] = challenge.body["resource"]["url"].clone();
+    assert_eq!(shown, challenge.body);
 
     let mut bad_key = post_json("/v1/tasks/digest", Some(&token), &input);
     bad_key.headers_mut().insert("idempotency-key", "".parse().unwrap());
@@ -530,8 +624,9 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     };
     let first = reused(&input);
     let conflicting = reused(&json!({"input": {"upload_id": Id::new().to_string()}}));
+    let nope = send(&app, post_json("/v1/tasks/nope", Some(&token), &input)).await;
+    assert_eq!((nope.status, nope.code()), (StatusCode::NOT_FOUND, "unknown_task"));
     let refusals = [
-        (post_json("/v1/tasks/nope", Some(&token), &input), "unknown_task"),
         (bad_key, "invalid_idempotency_key"),
         (post_json("/v1/tasks/digest", Some(&token), &json!({"input": {}})), "invalid_input"),
         (
@@ -543,7 +638,7 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
         (conflicting, "idempotency_conflict"),
     ];
     for (request, code) in refusals {
-        let reply = check("POST", task, send(&app, request).await);
+        let reply = check("POST", digest, send(&app, request).await);
         if code.is_empty() {
             assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
         } else {
@@ -562,5 +657,156 @@ async fn an_undocumented_path_is_the_fallback() {
     for uri in ["/v1/openapi", "/v1/task", "/v1/tasks/x/y", "/openapi.json"] {
         let reply = send(&app, get(uri)).await;
         assert!(!is_routed(&reply), "{uri}: {}", reply.body);
+    }
+}
+
+/// A catalog of one's own: the document follows it, not the shipped one.
+const OWN_CATALOG: &str = r#"
+[uploads]
+max_bytes = 4096
+content_types = ["text/csv"]
+
+[tasks.count-words]
+title = "Count words"
+description = "Counts the words of an upload."
+executor = "digest"
+
+[tasks.count-words.input_schema]
+type = "object"
+required = ["upload_id", "language"]
+additionalProperties = false
+properties.upload_id = { type = "string", pattern = "^[0-9A-HJKMNP-TV-Z]{26}$" }
+properties.language = { type = "string", enum = ["en", "fr"] }
+"#;
+
+#[tokio::test]
+async fn the_document_is_made_from_the_catalog_it_is_served_with() {
+    let catalog = Catalog::parse(OWN_CATALOG).expect("a valid catalog");
+    let doc = openapi(&catalog);
+    let creates: BTreeSet<Route> =
+        routes_of(&doc).into_iter().filter(|(m, p)| m == "POST" && p.starts_with("/v1/tasks/")).collect();
+    assert_eq!(creates, expected(&[("POST", "/v1/tasks/count-words")]), "one create per kind, and only those");
+    let op = &operations(&doc)[&("POST".to_owned(), "/v1/tasks/count-words".to_owned())];
+    assert_eq!(op["operationId"], "create_task_count_words");
+    assert!(op["summary"].as_str().unwrap().contains("Count words"));
+    assert!(op["description"].as_str().unwrap().starts_with("Counts the words of an upload."));
+    assert!(op["parameters"].as_array().unwrap().iter().all(|p| p["in"] != "path"), "the kind is in the path");
+    assert!(op["responses"].get("402").is_none(), "a free kind is never asked to pay");
+    assert!(op["responses"].get("404").is_none(), "the kind exists");
+    assert!(
+        !op["parameters"].as_array().unwrap().iter().any(|p| p["name"] == "PAYMENT-SIGNATURE"),
+        "a free kind takes no payment"
+    );
+
+    // The body is `{"input": <the kind's input_schema>}`, exactly.
+    let body = &op["requestBody"]["content"]["application/json"]["schema"];
+    assert_eq!(body["properties"]["input"], catalog.tasks["count-words"].input_schema);
+    assert_eq!(body["required"], json!(["input"]));
+    let valid = json!({"input": {"upload_id": DUMMY_ID, "language": "fr"}});
+    assert!(validator(&doc, body).is_valid(&valid));
+    for wrong in [
+        json!({"input": {"upload_id": DUMMY_ID, "language": "de"}}),
+        json!({"input": {"upload_id": DUMMY_ID}}),
+        json!({"input": {"upload_id": DUMMY_ID, "language": "en"}, "extra": 1}),
+        json!({}),
+    ] {
+        assert!(!validator(&doc, body).is_valid(&wrong), "{wrong} is not a valid body");
+    }
+
+    // The upload policy: the limit and the types of this catalog.
+    let upload = resolve(&doc, "#/components/schemas/CreateUpload").unwrap();
+    assert_eq!(upload["properties"]["size"]["maximum"], 4096);
+    assert_eq!(upload["properties"]["content_type"]["enum"], json!(["text/csv"]));
+
+    // And that is the document the API serves with this catalog.
+    let ctx = ctx_without_db().await;
+    let redis = RedisClient::new(&common::redis_url()).unwrap();
+    let own = ApiContext::new(catalog, ctx.db.clone(), redis, ctx.aws.clone(), common::test_settings(&common::redis_url()));
+    let served = send(&app(own), get("/v1/openapi.json")).await;
+    assert_eq!(served.body, doc);
+    assert_ne!(served.body, self::doc(), "the shipped catalog makes another document");
+}
+
+#[test]
+fn each_kind_of_the_shipped_catalog_has_its_schema_price_and_upload_limit() {
+    let catalog = common::shipped_catalog();
+    let doc = doc();
+    let ops = operations(&doc);
+    for (kind, spec) in &catalog.tasks {
+        let op = &ops[&("POST".to_owned(), format!("/v1/tasks/{kind}"))];
+        let input = &op["requestBody"]["content"]["application/json"]["schema"]["properties"]["input"];
+        assert_eq!(input, &spec.input_schema, "{kind}");
+        let payment = op["responses"].get("402");
+        assert_eq!(payment.is_some(), !spec.is_free(), "{kind}: a 402 exactly when priced");
+        if let Some(payment) = payment {
+            assert!(payment["headers"].get("PAYMENT-REQUIRED").is_some(), "{kind}");
+            let example = &payment["content"]["application/json"]["example"];
+            let amounts: Vec<String> = spec.accepts.iter().map(|p| p.amount.to_string()).collect();
+            let shown: Vec<&str> = example["accepts"].as_array().unwrap().iter().map(|a| a["amount"].as_str().unwrap()).collect();
+            assert_eq!(shown, amounts, "{kind}: the 402 shows the catalog's prices");
+            assert_valid(&doc, &payment["content"]["application/json"]["schema"], example, "the 402 example");
+        }
+    }
+    let upload = resolve(&doc, "#/components/schemas/CreateUpload").unwrap();
+    // The name rules presign enforces, so a valid-looking name is accepted.
+    let name = validator(&doc, &upload["properties"]["filename"]);
+    for good in ["photo.png", "a", " résumé 2026.pdf", "x".repeat(255).as_str()] {
+        assert!(name.is_valid(&json!(good)), "{good:?}");
+    }
+    for bad in ["", "   ", "a\u{1}b", "tab\tname", "x".repeat(256).as_str()] {
+        assert!(!name.is_valid(&json!(bad)), "{bad:?}");
+    }
+    assert_eq!(upload["properties"]["size"]["maximum"], json!(catalog.uploads.max_bytes));
+    assert_eq!(upload["properties"]["content_type"]["enum"], json!(catalog.uploads.content_types));
+}
+
+/// Every route that takes a token reads it the same way, the relay's stream
+/// included: the scheme in any case, a non-bearer credential refused as
+/// `invalid_token`; only the stream also takes `?access_token=`.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn one_bearer_extractor_serves_every_route(pool: PgPool) {
+    let ctx = common::ctx(pool.clone()).await;
+    let app = serve_app(ctx, pool);
+    let (_, token) = new_session(&app).await;
+    let unknown = Id::new();
+    // Each route, and how it answers once the token is accepted: the same
+    // request refused for something after authentication.
+    let routes = [
+        ("POST", "/v1/uploads".to_owned(), "invalid_filename"),
+        ("POST", "/v1/tasks/digest".to_owned(), "invalid_input"),
+        ("GET", format!("/v1/tasks/{unknown}"), "not_found"),
+        ("GET", format!("/v1/tasks/{unknown}/events"), "not_found"),
+    ];
+    let request = |method: &str, uri: &str, authorization: Option<String>| {
+        let mut builder = Request::builder().method(method).uri(uri);
+        if let Some(value) = authorization {
+            builder = builder.header("authorization", value);
+        }
+        if method == "POST" {
+            let body = if uri.ends_with("uploads") { json!({"content_type": "text/plain", "size": 1}) } else { json!({"input": {}}) };
+            builder.header("content-type", "application/json").body(Body::from(body.to_string())).unwrap()
+        } else {
+            builder.body(Body::empty()).unwrap()
+        }
+    };
+    let accepted = [format!("Bearer {token}"), format!("bearer {token}"), format!("BEARER {token}"), format!("Bearer  {token} ")];
+    let refused = ["Basic dXNlcjpwYXNz".to_owned(), "Bearer".to_owned(), "Bearer ".to_owned(), format!("Token {token}"), "Bearer nonsense".to_owned()];
+    for (method, uri, after_auth) in &routes {
+        for value in &accepted {
+            let reply = send(&app, request(method, uri, Some(value.clone()))).await;
+            assert_eq!(reply.code(), *after_auth, "{method} {uri} with {value:?}");
+        }
+        for value in &refused {
+            let reply = send(&app, request(method, uri, Some(value.clone()))).await;
+            assert_eq!((reply.status, reply.code()), (StatusCode::UNAUTHORIZED, "invalid_token"), "{method} {uri} with {value:?}");
+        }
+        let reply = send(&app, request(method, uri, None)).await;
+        assert_eq!((reply.status, reply.code()), (StatusCode::UNAUTHORIZED, "missing_token"), "{method} {uri}");
+        // The query token is for EventSource, which cannot send headers:
+        // the stream takes it, the API does not.
+        let with_query = format!("{uri}?access_token={token}");
+        let reply = send(&app, request(method, &with_query, None)).await;
+        let expected = if uri.ends_with("/events") { *after_auth } else { "missing_token" };
+        assert_eq!(reply.code(), expected, "{method} {with_query}");
     }
 }

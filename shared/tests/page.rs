@@ -1,6 +1,9 @@
-//! The relay's watch page in a real browser: headless Chromium loads it with
-//! a task and a token, follows the stream through EventSource, and the page
-//! ends showing `completed` with a full progress bar and the event log.
+//! The relay's page as a watcher in a real browser: headless Chromium loads
+//! it with a task and a token in the fragment (a link `reeve` can print),
+//! follows the stream through EventSource, and the page ends showing
+//! `completed` with a full progress bar and readable log lines. The whole
+//! console, from a file picker to a result, is tests/console (run by
+//! scripts/console-test.sh).
 
 mod common;
 
@@ -74,8 +77,10 @@ async fn the_page_shows_a_task_reach_completed_with_a_full_bar(pool: PgPool) {
     .await
     .unwrap();
 
-    assert!(dom.contains(r#"<div id="status">completed</div>"#), "{dom}");
-    assert!(dom.contains(r#"value="1""#), "the bar is full: {dom}");
-    assert!(dom.contains("hashing done"), "the log shows the events: {dom}");
-    assert!(dom.contains("#6 status"), "every event is listed: {dom}");
+    assert!(dom.contains(r#"<span id="status" class="status-completed">completed</span>"#), "{dom}");
+    assert!(dom.contains(r#"<progress id="bar" max="1" value="1"></progress>"#), "the bar is full: {dom}");
+    assert!(dom.contains(r#"<span id="percent" class="mono">100%</span>"#), "{dom}");
+    assert!(dom.contains("#2 progress 25%"), "progress reads as a percentage: {dom}");
+    assert!(dom.contains("#5 log hashing done"), "the log shows the events: {dom}");
+    assert!(dom.contains("#6 status completed"), "every event is listed: {dom}");
 }

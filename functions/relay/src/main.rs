@@ -5,12 +5,16 @@
 //! problem of both at once and exits 1.
 
 use reeve_shared::http::events::{RelayContext, router};
+use reeve_shared::http::{CorsOrigins, with_cors};
 use reeve_shared::{startup, telemetry};
 
 #[tokio::main]
 async fn main() {
     telemetry::init();
-    let (ctx, bind) = startup::or_exit(startup::both(RelayContext::from_env(), startup::relay_bind()));
+    let ((ctx, bind), cors) = startup::or_exit(startup::both(
+        startup::both(RelayContext::from_env(), startup::relay_bind()),
+        CorsOrigins::from_env(),
+    ));
     let listener = match tokio::net::TcpListener::bind(bind).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -23,7 +27,7 @@ async fn main() {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
         tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
     };
-    if let Err(e) = axum::serve(listener, router(ctx)).with_graceful_shutdown(shutdown).await {
+    if let Err(e) = axum::serve(listener, with_cors(router(ctx), &cors)).with_graceful_shutdown(shutdown).await {
         tracing::error!("relay stopped: {e}");
         std::process::exit(1);
     }

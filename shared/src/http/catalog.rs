@@ -32,7 +32,8 @@ async fn catalog(State(ctx): State<Ctx>) -> impl IntoResponse {
 
 /// This document
 ///
-/// The OpenAPI 3.1 description of every route. Needs no token.
+/// The OpenAPI 3.1 description of every route, with one create operation
+/// per task kind of this deployment's catalog. Needs no token.
 #[utoipa::path(
     get,
     path = "/v1/openapi.json",
@@ -40,6 +41,6 @@ async fn catalog(State(ctx): State<Ctx>) -> impl IntoResponse {
     responses((status = 200, description = "An OpenAPI 3.1 document.", content_type = "application/json",
         body = Object)),
 )]
-async fn openapi_json() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], super::openapi::json())
+async fn openapi_json(State(ctx): State<Ctx>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], ctx.openapi_json.clone())
 }

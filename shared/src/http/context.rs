@@ -21,6 +21,8 @@ pub struct ApiContext {
     pub catalog: Arc<Catalog>,
     /// The catalog's public JSON, rendered once: it cannot change at run time.
     pub catalog_json: Bytes,
+    /// The OpenAPI document this catalog makes, rendered once too.
+    pub openapi_json: Bytes,
     pub db: PgPool,
     pub redis: RedisClient,
     pub aws: AwsClients,
@@ -57,6 +59,7 @@ impl ApiContext {
         operators: Outbound,
     ) -> Ctx {
         let catalog_json = serde_json::to_vec(&catalog.public_view()).expect("JSON values serialise").into();
+        let openapi_json = serde_json::to_vec(&super::openapi(&catalog)).expect("JSON values serialise").into();
         let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
         let facilitator = catalog.payments.as_ref().and_then(|p| {
             crate::payments::Facilitator::new(&p.facilitator_url)
@@ -66,6 +69,7 @@ impl ApiContext {
         Arc::new(ApiContext {
             catalog: Arc::new(catalog),
             catalog_json,
+            openapi_json,
             db,
             redis,
             aws,

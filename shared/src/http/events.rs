@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use time::OffsetDateTime;
 
-use super::extract::invalid_token;
+use super::extract::{bearer_token, invalid_token};
 use crate::auth;
 use crate::error::{self, ApiError, ApiResult, db_error};
 use crate::ids::Id;
@@ -105,11 +105,7 @@ async fn task_events(
     Query(query): Query<StreamQuery>,
     headers: HeaderMap,
 ) -> ApiResult<impl IntoResponse> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+    let bearer = bearer_token(&headers)?;
     let Some(token) = bearer.or(query.access_token.as_deref()) else {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,

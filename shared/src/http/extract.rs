@@ -3,7 +3,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::header;
+use axum::http::{HeaderMap, header};
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
@@ -67,15 +67,9 @@ impl FromRequestParts<Ctx> for Session {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, ctx: &Ctx) -> Result<Self, ApiError> {
-        let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
+        let Some(token) = bearer_token(&parts.headers)? else {
             return Err(unauthorized("missing_token", "send Authorization: Bearer <token> from POST /v1/sessions"));
         };
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
-            .ok_or_else(invalid_token)?;
         auth::verify_token(&ctx.settings.token_key, token, OffsetDateTime::now_utc())
             .map(Session)
             .map_err(|e| {
@@ -85,10 +79,49 @@ impl FromRequestParts<Ctx> for Session {
     }
 }
 
+/// The token of the `Authorization: Bearer <token>` header, for every route
+/// that takes one (the relay's stream included): `Ok(None)` when there is no
+/// such header, `401 invalid_token` when there is one that is not a bearer
+/// credential. The scheme is matched without regard to case, as HTTP
+/// authentication schemes are (RFC 9110), so `bearer` and `BEARER` work too.
+pub fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let (scheme, token) = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim_start().split_once(' '))
+        .ok_or_else(invalid_token)?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(invalid_token());
+    }
+    Ok(Some(token))
+}
+
 fn unauthorized(code: &'static str, message: &str) -> ApiError {
     ApiError::new(axum::http::StatusCode::UNAUTHORIZED, code, message)
 }
 
 pub fn invalid_token() -> ApiError {
     unauthorized("invalid_token", "the token is invalid or expired; open a new session")
+}
+
+/// A JSON integer for a `u64` field, written either way JSON Schema calls
+/// an integer: `7402` or `7402.0`. serde alone refuses the second, so a
+/// body the document calls valid would be refused; a fraction, a negative
+/// number or a value past 2^53 (where floats stop being exact) is still
+/// `invalid_request`.
+pub fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    use serde::Deserialize;
+    use serde::de::Error;
+    let n = serde_json::Number::deserialize(deserializer)?;
+    if let Some(n) = n.as_u64() {
+        return Ok(n);
+    }
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(&f) => Ok(f as u64),
+        _ => Err(D::Error::custom(format!("invalid value: {n}, expected a non-negative integer"))),
+    }
 }

@@ -45,6 +45,7 @@ macro_rules! doc_503_db {
 
 pub mod catalog;
 mod context;
+pub mod cors;
 pub mod events;
 pub mod extract;
 pub mod health;
@@ -60,10 +61,11 @@ use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
 pub use context::{ApiContext, Ctx};
+pub use cors::{CorsOrigins, with_cors};
 // Where they used to live; they belong to `db` and `startup` now.
 pub use crate::db::Connect;
 pub use crate::startup::StartupError;
-pub use openapi::{BEARER, openapi};
+pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, openapi};
 
 use crate::error;
 

@@ -4,18 +4,36 @@
 //! `routes!(handler)`: the handler's `#[utoipa::path]` gives both the axum
 //! route and its operation, so the document and the routing cannot drift.
 //! [`openapi`] merges every module's router, keeps the document and adds what
-//! no single route owns: the info, the bearer scheme and the tag list.
+//! no single route owns: the info, the security schemes, the tag list, the
+//! relay's stream, and what the catalog decides.
+//!
+//! The catalog decides the most useful part for a client: one create
+//! operation per task kind, `POST /v1/tasks/<kind>`, whose request body is
+//! that kind's `input_schema` and whose `402` shows its real prices; and the
+//! upload policy (`size` up to the limit, `content_type` one of the allowed
+//! types). So the document a deployment serves describes what it sells.
 
-use std::sync::LazyLock;
-
-use axum::body::Bytes;
+use serde_json::{Map, Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::tag::TagBuilder;
-use utoipa::openapi::{InfoBuilder, LicenseBuilder, OpenApi, OpenApiVersion};
+use utoipa::openapi::{InfoBuilder, LicenseBuilder, OpenApiVersion};
+
+use crate::catalog::{Catalog, TaskSpec};
+use crate::payments as x402;
 
 /// The name of the bearer security scheme. Operations spell it out as a
 /// literal, `security(("bearer" = []))`: the macro takes nothing else.
 pub const BEARER: &str = "bearer";
+
+/// The name of the query-token scheme only the relay's stream accepts:
+/// EventSource cannot send an `Authorization` header.
+pub const ACCESS_TOKEN: &str = "access_token";
+
+/// The routed path every task create shares; the document lists one
+/// concrete path per kind instead.
+const CREATE_TEMPLATE: &str = "/v1/tasks/{task}";
+/// The relay's SSE stream.
+pub const STREAM_PATH: &str = "/v1/tasks/{task}/events";
 
 const DESCRIPTION: &str = "\
 Reeve is a zero-account, pay-per-task job service.
@@ -25,9 +43,11 @@ Reeve is a zero-account, pay-per-task job service.
 which every other call that needs one sends as `Authorization: Bearer <token>`.
 3. `GET /v1/catalog` lists the task kinds, their input schemas and prices.
 4. `POST /v1/uploads` returns a presigned URL to `PUT` one input file to.
-5. `POST /v1/tasks/{kind}` creates a task. A priced task answers `402` with \
-x402 v2 payment requirements until it is paid.
-6. `GET /v1/tasks/{id}` returns a snapshot of the task.
+5. `POST /v1/tasks/<kind>` creates a task: this document has one operation \
+per kind on offer, with that kind's input schema. A priced task answers \
+`402` with x402 v2 payment requirements until it is paid.
+6. `GET /v1/tasks/{id}` returns a snapshot of the task, and the relay's \
+`GET /v1/tasks/{id}/events` streams its events as they happen.
 
 Every response carries an `x-request-id` header. Every error (but the x402 \
 `402`) has the body `{\"error\": {\"code\", \"message\", \"request_id\"}}`; \
@@ -39,12 +59,13 @@ const TAGS: [(&str, &str); 5] = [
     ("spaces", "Spaces and the sessions that authenticate every other call."),
     ("catalog", "What Reeve sells, and this document. No token needed."),
     ("uploads", "Presigned uploads of task input files."),
-    ("tasks", "Creating tasks (paid with x402 when priced) and reading them back."),
+    ("tasks", "Creating tasks (paid with x402 when priced), reading them back and following them live."),
     ("health", "Whether the process can serve."),
 ];
 
-/// The document for every route of [`super::app`].
-pub fn openapi() -> OpenApi {
+/// The document for every route of [`super::app`] and the relay's stream,
+/// as this catalog makes them.
+pub fn openapi(catalog: &Catalog) -> Value {
     let (_, mut doc) = super::routes().split_for_parts();
     doc.openapi = OpenApiVersion::Version31;
     doc.info = InfoBuilder::new()
@@ -70,12 +91,155 @@ pub fn openapi() -> OpenApi {
             .map(|(name, description)| TagBuilder::new().name(*name).description(Some(*description)).build())
             .collect(),
     );
+    let mut doc = serde_json::to_value(doc).expect("the OpenAPI document serialises");
+    per_kind_creates(&mut doc, catalog);
+    upload_policy(&mut doc, catalog);
+    stream(&mut doc);
     doc
 }
 
-/// [`openapi`] as JSON, rendered once per process: it cannot change at run time.
-pub(super) fn json() -> Bytes {
-    static JSON: LazyLock<Bytes> =
-        LazyLock::new(|| serde_json::to_vec(&openapi()).expect("the OpenAPI document serialises").into());
-    JSON.clone()
+/// Replaces the one routed `POST /v1/tasks/{task}` with an operation per
+/// kind: its body is `{"input": <the kind's input_schema>}`, a free kind
+/// has no `402` and no payment header, a priced one shows its challenge.
+fn per_kind_creates(doc: &mut Value, catalog: &Catalog) {
+    let paths = doc["paths"].as_object_mut().expect("paths is an object");
+    let template = paths
+        .get_mut(CREATE_TEMPLATE)
+        .and_then(|item| item.as_object_mut())
+        .and_then(|item| item.remove("post"))
+        .expect("the create route is documented");
+    for (kind, spec) in &catalog.tasks {
+        let path = format!("/v1/tasks/{kind}");
+        let op = create_operation(&template, catalog, kind, spec, &path);
+        paths.insert(path, json!({ "post": op }));
+    }
+}
+
+fn create_operation(template: &Value, catalog: &Catalog, kind: &str, spec: &TaskSpec, path: &str) -> Value {
+    let mut op = template.clone();
+    op["operationId"] = json!(format!("create_task_{}", kind.replace('-', "_")));
+    op["summary"] = json!(format!("Create a `{kind}` task: {}", spec.title));
+    op["description"] = json!(format!("{}\n\n{}", spec.description, op["description"].as_str().unwrap_or_default()));
+    let params = op["parameters"].as_array_mut().expect("create has parameters");
+    params.retain(|p| p["in"] != "path");
+    if spec.is_free() {
+        params.retain(|p| !p["name"].as_str().is_some_and(|n| n.eq_ignore_ascii_case(x402::PAYMENT_SIGNATURE_HEADER)));
+    }
+    for p in params.iter_mut() {
+        // Printable ASCII, as the server checks: a schema that allowed more
+        // would describe requests it refuses.
+        if p["name"].as_str().is_some_and(|n| n.eq_ignore_ascii_case(super::tasks::IDEMPOTENCY_KEY_HEADER)) {
+            p["schema"]["pattern"] = json!("^[ -~]+$");
+        }
+    }
+    op["requestBody"] = json!({
+        "description": format!("The input of a `{kind}` task, matching its `input_schema` in `GET /v1/catalog`."),
+        "required": true,
+        "content": {"application/json": {"schema": {
+            "type": "object",
+            "required": ["input"],
+            "additionalProperties": false,
+            "properties": {"input": spec.input_schema},
+        }}},
+    });
+    let responses = op["responses"].as_object_mut().expect("create has responses");
+    // The kind is in the path, so it exists.
+    responses.remove("404");
+    match x402::payment_required(catalog, spec, path, x402::SIGNATURE_REQUIRED) {
+        None => {
+            responses.remove("402");
+        }
+        Some(challenge) => {
+            let example = serde_json::to_value(&challenge).expect("the challenge serialises");
+            if let Some(content) = responses.get_mut("402").and_then(|r| r.pointer_mut("/content/application~1json")) {
+                content["example"] = example;
+            }
+        }
+    }
+    op
+}
+
+/// `POST /v1/uploads` as the catalog configures it.
+fn upload_policy(doc: &mut Value, catalog: &Catalog) {
+    let Some(schema) = doc.pointer_mut("/components/schemas/CreateUpload/properties") else {
+        return;
+    };
+    let policy = &catalog.uploads;
+    // What presign checks of a name: not blank, no control character.
+    schema["filename"]["minLength"] = json!(1);
+    schema["filename"]["maxLength"] = json!(crate::uploads::MAX_FILENAME_BYTES);
+    schema["filename"]["pattern"] =
+        json!("^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$");
+    schema["size"]["maximum"] = json!(policy.max_bytes);
+    schema["content_type"]["enum"] = json!(policy.content_types);
+    if let Some(first) = policy.content_types.first() {
+        schema["content_type"]["example"] = json!(first);
+    }
+}
+
+/// The relay's SSE stream, which is no utoipa route: it is served by the
+/// relay (and by `reeve serve`), not by a Lambda function.
+fn stream(doc: &mut Value) {
+    let error = |description: &str| {
+        json!({
+            "description": description,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}},
+        })
+    };
+    let op = json!({
+        "tags": ["tasks"],
+        "operationId": "task_stream",
+        "summary": "Follow a task live",
+        "description": "Served by the relay, not the API functions. An SSE stream: first every event \
+            after the resume point, then live ones until the task ends, when the stream closes. Each \
+            message has `id: <seq>`, `event: <type>` and `data: <TaskEvent JSON>`; a `:` comment keeps \
+            the connection alive every 15 s. EventSource cannot send headers, so the token may come as \
+            the `access_token` query parameter instead, and the resume point as `last_event_id`.",
+        "security": [{ BEARER: [] }, { ACCESS_TOKEN: [] }],
+        "parameters": [
+            {"name": "task", "in": "path", "required": true, "description": "The task id.",
+                "schema": {"$ref": "#/components/schemas/Id"}},
+            {"name": "last_event_id", "in": "query", "required": false,
+                "description": "Replay only events after this `seq`.",
+                "schema": {"type": "integer", "minimum": 0, "maximum": i64::MAX}},
+            {"name": "Last-Event-ID", "in": "header", "required": false,
+                "description": "What EventSource sends when it reconnects; wins over `last_event_id`.",
+                "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}},
+        ],
+        "responses": {
+            "200": {
+                "description": "The event stream.",
+                "content": {"text/event-stream": {
+                    "schema": {"type": "string", "description": "SSE messages whose `data` is a `TaskEvent`."},
+                    "x-event-data": {"$ref": "#/components/schemas/TaskEvent"},
+                    "example": "id: 1\nevent: status\ndata: {\"seq\":1,\"type\":\"status\",\"data\":{\"status\":\"queued\"},\"at\":\"2026-01-01T00:00:00Z\"}\n\n",
+                }},
+            },
+            "400": error("`invalid_last_event_id`: the resume point is not a non-negative event number."),
+            "401": error("`missing_token`: neither an `Authorization: Bearer` header nor `access_token`; \
+                `invalid_token`: the token is malformed, tampered with or expired."),
+            "404": error("`not_found`: no such task in this Space (or not a task id at all)."),
+            "500": error("`internal`: an unexpected failure, logged under the request id."),
+            "503": error("`database_unavailable`: the database is out of reach; try again."),
+        },
+    });
+    doc["paths"][STREAM_PATH] = json!({ "get": op });
+    let components = doc["components"].as_object_mut().expect("components");
+    components["securitySchemes"][ACCESS_TOKEN] = json!({
+        "type": "apiKey", "in": "query", "name": "access_token",
+        "description": "The session token as a query parameter: the relay's stream only, for EventSource.",
+    });
+    let schemas = components.entry("schemas").or_insert_with(|| Value::Object(Map::new()));
+    schemas["TaskEvent"] = json!({
+        "type": "object",
+        "description": "One entry of a task's event log.",
+        "required": ["seq", "type", "data", "at"],
+        "properties": {
+            "seq": {"type": "integer", "minimum": 1, "description": "1, 2, 3… with no gaps, per task."},
+            "type": {"type": "string", "enum": ["status", "progress", "log", "result", "error"]},
+            "data": {"type": "object", "description": "`status`: `{status}`; `progress`: `{fraction}` \
+                from 0 to 1; `log`: `{line}`; `result`: the result; `error`: `{code, message}`."},
+            "at": {"type": "string", "format": "date-time"},
+        },
+    });
 }

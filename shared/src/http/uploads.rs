@@ -48,6 +48,7 @@ struct CreateUpload {
     #[schema(example = "image/png")]
     content_type: String,
     /// The exact size in bytes, at most the catalog's `uploads.max_bytes`.
+    #[serde(deserialize_with = "super::extract::whole_number")]
     #[schema(minimum = 1, example = 48213)]
     size: u64,
 }

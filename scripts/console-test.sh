@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The browser console in headless Chromium (tests/console/console.test.mjs):
+# a real page on a real `reeve serve` and `reeve work`, on a database and a
+# queue of this run's own. Needs the stack up, Debian's chromium and node.
+#   scripts/console-test.sh
+# REEVE_CONSOLE_SCREENSHOTS=1 saves the main states as docs/console-*.png.
+set -euo pipefail
+LOG_TAG="console-test"
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+# shellcheck source-path=SCRIPTDIR source=lib/isolated_serve.sh
+. "$ROOT/scripts/lib/isolated_serve.sh"
+cd "$ROOT"
+
+command -v node >/dev/null || die "node is missing: apt-get install nodejs npm"
+[[ -x ${REEVE_CHROMIUM:-/usr/bin/chromium} ]] || die "chromium is missing: apt-get install chromium"
+load_dev_env
+# The lockfile pins playwright-core; it drives Debian's Chromium and never
+# downloads a browser of its own.
+(cd tests/console && npm ci --no-audit --no-fund --loglevel=error)
+trap isolated_stop EXIT
+isolated_stack_start console
+(cd tests/console && node --test --test-reporter=spec console.test.mjs)

@@ -1,0 +1,41 @@
+"""Schemathesis hooks for scripts/api-fuzz.sh.
+
+`schema_valid_requests_are_accepted` is schemathesis's positive-data check
+made exact for Reeve: a request the document calls valid must not be
+refused for its shape (400, 413, 415 or 422). A few refusals depend on the
+Space's state, which no schema can express, and are the documented answer
+to a well-formed request: an upload id that names no upload of this Space,
+or one whose file has not arrived. A priced task's `402` is not a refusal
+either: it is the price.
+"""
+
+import schemathesis
+
+# Pinned with schemathesis in scripts/requirements.txt: it tells the
+# coverage phase's deliberately wrong probes (a method the route lacks) apart.
+from schemathesis.specs.openapi.checks import is_unexpected_http_status_case
+
+# Well-formed requests that the state of the Space refuses, each documented.
+STATE_CODES = {"unknown_upload", "upload_not_ready", "upload_rejected"}
+SHAPE_STATUSES = {400, 413, 415, 422}
+
+
+@schemathesis.check
+def schema_valid_requests_are_accepted(ctx, response, case):
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive:
+        return None
+    if is_unexpected_http_status_case(case):
+        return None
+    if response.status_code not in SHAPE_STATUSES:
+        return None
+    try:
+        error = response.json().get("error", {})
+    except Exception:  # noqa: BLE001 - any non-JSON refusal is a failure below
+        error = {}
+    if error.get("code") in STATE_CODES:
+        return None
+    raise AssertionError(
+        f"a request the document calls valid was refused: {response.status_code} "
+        f"{error.get('code')}: {error.get('message')}"
+    )
