@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the stand-in Lambda base image reeve/lambda-base:local (DESIGN §13).
+# Builds the stand-in Lambda base image reeve/lambda-base:local (docs/operations.md#local-stack-and-toolchain).
 #
 # No image can be pulled here, so `sam local invoke` runs on a rootfs made
 # from this machine: busybox (Debian's busybox-static) for the shell that

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The SAM checks (issue 6, DESIGN §13-14), run by scripts/test.sh after the
+# The SAM checks (issue 6, docs/operations.md#local-stack-and-toolchain), run by scripts/test.sh after the
 # cargo tests:
 #
 #   validate  sam validate --lint (offline: cfn-lint and the SAM translator)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Local development stack for Reeve (DESIGN §13), bound to 127.0.0.1 only.
+# Local development stack for Reeve (docs/operations.md#local-stack-and-toolchain), bound to 127.0.0.1 only.
 #
 #   scripts/stack.sh up       install what is missing, start what is not running,
 #                             create bucket/queues, write .env (first time only)

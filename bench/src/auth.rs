@@ -66,7 +66,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rows.push((size, median(sessions), median(lookups)));
     }
 
-    let hash: String = sqlx::query_scalar("SELECT hash FROM spaces WHERE idx = $1").bind(idx.as_bytes()).fetch_one(&db.pool).await?;
+    let hash: String =
+        sqlx::query_scalar("SELECT hash FROM spaces WHERE idx = $1").bind(idx.as_bytes()).fetch_one(&db.pool).await?;
     let mut verifies = Vec::new();
     for _ in 0..10 {
         let (sid, h) = (space.space_id.clone(), hash.clone());
@@ -80,7 +81,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     for _ in 0..20 {
         let start = Instant::now();
         for _ in 0..10_000 {
-            std::hint::black_box(auth::verify_token(&key, std::hint::black_box(&token), OffsetDateTime::now_utc()).is_ok());
+            std::hint::black_box(
+                auth::verify_token(&key, std::hint::black_box(&token), OffsetDateTime::now_utc()).is_ok(),
+            );
         }
         checks.push(start.elapsed().as_secs_f64() * 1e6 / 10_000.0);
     }
@@ -101,7 +104,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         large.1 / small.1,
         large.2 / small.2
     ));
-    out.push_str(&format!("One Argon2id verify (the stored parameters): median **{:.1} ms** of 10.\n\n", median(verifies)));
+    out.push_str(&format!(
+        "One Argon2id verify (the stored parameters): median **{:.1} ms** of 10.\n\n",
+        median(verifies)
+    ));
     out.push_str(&format!(
         "One bearer-token check (`auth::verify_token`: decode, HMAC-SHA256, constant-time compare, expiry): \
          median **{:.2} µs** (goal ≤ 50 µs), 20 batches of 10,000.\n\n",

@@ -42,9 +42,8 @@ pub async fn serve(_: Args) -> anyhow::Result<()> {
     let redis = redis::Client::open(std::env::var("REDIS_URL")?)?;
     let key = Secret::new("REEVE_TOKEN_KEY", std::env::var("REEVE_TOKEN_KEY")?.into_bytes())?;
     let bind: SocketAddr = std::env::var("REEVE_RELAY_BIND")?.parse().context("REEVE_RELAY_BIND")?;
-    let app = Router::new()
-        .route("/v1/tasks/{task}/events", get(events))
-        .with_state(Arc::new(Baseline { db, redis, key }));
+    let app =
+        Router::new().route("/v1/tasks/{task}/events", get(events)).with_state(Arc::new(Baseline { db, redis, key }));
     axum::serve(tokio::net::TcpListener::bind(bind).await?, app).await?;
     Ok(())
 }
@@ -54,16 +53,18 @@ fn frame(event: &Event) -> sse::Event {
 }
 
 async fn events(State(ctx): State<Arc<Baseline>>, Path(task): Path<String>, headers: HeaderMap) -> Response {
-    let token = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let token =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     let Some(space) = token.and_then(|t| auth::verify_token(&ctx.key, t, OffsetDateTime::now_utc()).ok()) else {
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let Ok(task) = task.parse::<Id>() else { return StatusCode::NOT_FOUND.into_response() };
-    let owned: Result<bool, _> = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1 AND space_idx = $2)")
-        .bind(task)
-        .bind(space.as_bytes())
-        .fetch_one(&ctx.db)
-        .await;
+    let owned: Result<bool, _> =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1 AND space_idx = $2)")
+            .bind(task)
+            .bind(space.as_bytes())
+            .fetch_one(&ctx.db)
+            .await;
     if !matches!(owned, Ok(true)) {
         return StatusCode::NOT_FOUND.into_response();
     }

@@ -24,8 +24,8 @@ use tokio::net::TcpSocket;
 use tokio::process::Command;
 use tokio::sync::Semaphore;
 
-use crate::stack::{BenchDb, OwnRedis, free_port, rss_kib, wait_for_port};
 use crate::quantile;
+use crate::stack::{BenchDb, OwnRedis, free_port, rss_kib, wait_for_port};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -215,11 +215,13 @@ async fn scenario(
     let mut tasks = Vec::with_capacity(task_count);
     for _ in 0..task_count {
         let id = Id::new();
-        sqlx::query("INSERT INTO tasks (id, space_idx, kind, input, status) VALUES ($1, $2, 'digest', '{}', 'running')")
-            .bind(id)
-            .bind(SPACE)
-            .execute(&db.pool)
-            .await?;
+        sqlx::query(
+            "INSERT INTO tasks (id, space_idx, kind, input, status) VALUES ($1, $2, 'digest', '{}', 'running')",
+        )
+        .bind(id)
+        .bind(SPACE)
+        .execute(&db.pool)
+        .await?;
         tasks.push(id);
     }
     let (token, _) = auth::issue_token(key, &SpaceIndex::from_array(SPACE), OffsetDateTime::now_utc());
@@ -272,7 +274,10 @@ async fn scenario(
         for (t, task) in tasks.iter().enumerate() {
             let terminal = seq == events + 1;
             let (kind, data) = if terminal {
-                sqlx::query("UPDATE tasks SET status = 'completed' WHERE id = $1").bind(task).execute(&mut *conn).await?;
+                sqlx::query("UPDATE tasks SET status = 'completed' WHERE id = $1")
+                    .bind(task)
+                    .execute(&mut *conn)
+                    .await?;
                 (EventType::Status, json!({"status": "completed"}))
             } else {
                 (EventType::Progress, json!({"fraction": seq as f64 / events as f64}))

@@ -65,7 +65,9 @@ impl BenchDb {
     pub async fn drop_now(self) -> anyhow::Result<()> {
         self.pool.close().await;
         let mut conn = self.admin.connect().await?;
-        sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))).execute(&mut conn).await?;
+        sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)))
+            .execute(&mut conn)
+            .await?;
         Ok(())
     }
 }
@@ -99,7 +101,8 @@ impl OwnRedis {
     pub async fn connections(&self) -> anyhow::Result<(usize, usize)> {
         let mut conn = redis::Client::open(self.url())?.get_multiplexed_async_connection().await?;
         let list: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut conn).await?;
-        let others: Vec<&str> = list.lines().filter(|l| !l.contains("cmd=client") && !l.contains("name=bench")).collect();
+        let others: Vec<&str> =
+            list.lines().filter(|l| !l.contains("cmd=client") && !l.contains("name=bench")).collect();
         let subscribed = others.iter().filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0")).count();
         Ok((others.len(), subscribed))
     }
@@ -120,7 +123,9 @@ pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned()))
+        .and_then(|c| {
+            c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
         .unwrap_or_else(|| "unknown cpu".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mem = std::fs::read_to_string("/proc/meminfo")

@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use reeve_shared::catalog::Catalog;
-use reeve_shared::http::events::{self, RelayContext};
-use reeve_shared::http::app;
-use reeve_shared::http::limit::{self, LoginLimits};
 use reeve_shared::aws::AwsClients;
+use reeve_shared::catalog::Catalog;
 use reeve_shared::db::Connect;
+use reeve_shared::http::app;
+use reeve_shared::http::events::{self, RelayContext};
+use reeve_shared::http::limit::{self, LoginLimits};
 use reeve_shared::settings::{DEFAULT_CATALOG, Needs, QUEUE_URL};
 use reeve_shared::worker::Poller;
 use reeve_shared::{startup, telemetry};
@@ -158,11 +158,15 @@ fn main() -> ExitCode {
     }
 }
 
-type ClientFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<ExitCode, client::ClientError>> + 'a>>;
+type ClientFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<ExitCode, client::ClientError>> + 'a>>;
 
 /// Runs a client command and turns its error into the documented exit code,
 /// printing the server's code and message (or JSON with `--json`).
-fn run_client(opts: ClientOpts, command: impl for<'a> FnOnce(&'a mut client::Client, &'a ClientOpts) -> ClientFuture<'a>) -> ExitCode {
+fn run_client(
+    opts: ClientOpts,
+    command: impl for<'a> FnOnce(&'a mut client::Client, &'a ClientOpts) -> ClientFuture<'a>,
+) -> ExitCode {
     runtime().block_on(async {
         let mut client = match client::Client::open(opts.endpoint.clone(), opts.profile.clone()) {
             Ok(client) => client,

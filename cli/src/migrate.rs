@@ -63,10 +63,7 @@ async fn migrate(mode: Mode) -> anyhow::Result<bool> {
             }
             let pending = report.pending().count();
             db::migrate(&pool).await?;
-            println!(
-                "migrations applied: {pending} new, {} in total",
-                MIGRATOR.iter().count()
-            );
+            println!("migrations applied: {pending} new, {} in total", MIGRATOR.iter().count());
             Ok(true)
         }
         Mode::DryRun => {
@@ -87,11 +84,7 @@ async fn migrate(mode: Mode) -> anyhow::Result<bool> {
                 println!("{}", line(e));
             }
             let pending = report.pending().count();
-            let applied = report
-                .entries
-                .iter()
-                .filter(|e| e.state == MigrationState::Applied)
-                .count();
+            let applied = report.entries.iter().filter(|e| e.state == MigrationState::Applied).count();
             println!("{applied} applied, {pending} pending");
             print_problems(&report);
             Ok(report.is_consistent())
@@ -112,13 +105,7 @@ fn label(state: &MigrationState) -> &'static str {
 /// `0001  applied  3f2a…  init`: the first 16 hex digits of the SHA-384 are
 /// enough to tell versions apart; a mismatch prints both in full.
 fn line(e: &MigrationEntry) -> String {
-    format!(
-        "{:04}  {:<22}  {}  {}",
-        e.version,
-        label(&e.state),
-        &e.checksum[..16.min(e.checksum.len())],
-        e.description
-    )
+    format!("{:04}  {:<22}  {}  {}", e.version, label(&e.state), &e.checksum[..16.min(e.checksum.len())], e.description)
 }
 
 fn print_problems(report: &MigrationReport) {
@@ -129,12 +116,11 @@ fn print_problems(report: &MigrationReport) {
                 e.checksum
             ),
             MigrationState::Failed => "is recorded as failed; the schema may be half-changed".to_string(),
-            MigrationState::Unknown => "is in the database but not in this binary: the database is ahead; deploy the newer binary".to_string(),
+            MigrationState::Unknown => {
+                "is in the database but not in this binary: the database is ahead; deploy the newer binary".to_string()
+            }
             MigrationState::Applied | MigrationState::Pending => continue,
         };
-        eprintln!(
-            "error: migration {:04} ({}) {why}",
-            e.version, e.description
-        );
+        eprintln!("error: migration {:04} ({}) {why}", e.version, e.description);
     }
 }

@@ -237,7 +237,8 @@ mod tests {
     #[test]
     fn the_payment_pays_the_local_requirement_and_is_signed_by_the_key() {
         let header = payment_header(&challenge(), KEY, 1_800_000_000).unwrap();
-        let p: Value = serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(&header).unwrap()).unwrap();
+        let p: Value =
+            serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(&header).unwrap()).unwrap();
         assert_eq!(p["x402Version"], 2);
         assert_eq!(p["accepted"], challenge()["accepts"][1], "the local requirement, verbatim");
         assert_eq!(p["resource"], challenge()["resource"]);
@@ -283,7 +284,8 @@ mod tests {
         let header = payment_header(&challenge(), KEY, now).unwrap();
         let payment: Value =
             serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(&header).unwrap()).unwrap();
-        let body = json!({"x402Version": 2, "paymentPayload": payment, "paymentRequirements": challenge()["accepts"][1]});
+        let body =
+            json!({"x402Version": 2, "paymentPayload": payment, "paymentRequirements": challenge()["accepts"][1]});
         let answer = reqwest::Client::new()
             .post(format!("{url}/verify"))
             .header("content-type", "application/json")
@@ -313,7 +315,10 @@ mod tests {
         std::fs::write(&dir, format!("{KEY}\n")).unwrap();
         assert_eq!(wallet_key_from(Some(&dir), |_| Some("ignored".into())).unwrap(), KEY);
         std::fs::remove_file(&dir).unwrap();
-        assert!(matches!(wallet_key_from(Some(Path::new("/nonexistent/key")), |_| None), Err(PayError::KeyFile { .. })));
+        assert!(matches!(
+            wallet_key_from(Some(Path::new("/nonexistent/key")), |_| None),
+            Err(PayError::KeyFile { .. })
+        ));
         assert!(matches!(payment_header(&challenge(), "0x1234", 0), Err(PayError::BadKey)));
     }
 
@@ -333,7 +338,9 @@ mod tests {
         assert!(lines[0].starts_with("NETWORK"));
         assert!(lines[1].contains("eip155:8453") && lines[1].contains("0.01 USD Coin") && lines[1].contains("10000"));
         assert!(lines[2].contains("eip155:84532") && lines[2].contains("0.01 USDC"));
-        for (atomic, d, want) in [("10000", 6, "0.01"), ("1", 18, "0.000000000000000001"), ("2500000", 6, "2.5"), ("7", 0, "7")] {
+        for (atomic, d, want) in
+            [("10000", 6, "0.01"), ("1", 18, "0.000000000000000001"), ("2500000", 6, "2.5"), ("7", 0, "7")]
+        {
             assert_eq!(human_amount(atomic, d), want);
         }
     }

@@ -49,9 +49,11 @@ pub fn render(space: &Value) -> String {
         return out;
     }
     let mut rows = vec![["NETWORK", "AMOUNT", "REASON", "FROM TASK", "SPENT BY"].map(String::from).to_vec()];
-    rows.extend(credits.iter().map(|c| {
-        vec![s(c, "network"), s(c, "amount"), s(c, "reason"), s(c, "source_task"), s(c, "spent_by")]
-    }));
+    rows.extend(
+        credits
+            .iter()
+            .map(|c| vec![s(c, "network"), s(c, "amount"), s(c, "reason"), s(c, "source_task"), s(c, "spent_by")]),
+    );
     out.push_str(&table(&rows));
     out
 }

@@ -1,5 +1,5 @@
 //! `reeve storage policy`: the bucket policy the SAM template puts on the
-//! bucket, generated from the same parameters (DESIGN §6.4). It prints the
+//! bucket, generated from the same parameters (docs/architecture.md#the-bucket-policy). It prints the
 //! document; `--apply` puts it on the bucket.
 
 use anyhow::{Context, bail};

@@ -95,7 +95,13 @@ fn serve_lists_every_missing_variable_and_a_broken_catalog_together() {
     );
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    for needle in ["REEVE_PEPPER is not set", "REEVE_TOKEN_KEY is not set", "DATABASE_URL is not set", "REDIS_URL is not set", "tasks.convert.executor"] {
+    for needle in [
+        "REEVE_PEPPER is not set",
+        "REEVE_TOKEN_KEY is not set",
+        "DATABASE_URL is not set",
+        "REDIS_URL is not set",
+        "tasks.convert.executor",
+    ] {
         assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
     }
 }
@@ -141,14 +147,18 @@ async fn migrate_creates_the_schema_and_is_safe_to_run_twice() {
         assert!(out.status.success(), "run {run}: {}", stderr(&out));
     }
     let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
-    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success").fetch_one(&mut conn).await.unwrap();
+    let applied: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success").fetch_one(&mut conn).await.unwrap();
     assert_eq!(applied, reeve_migration_count());
     conn.close().await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}"))).execute(&mut admin).await.unwrap();
 }
 
 fn reeve_migration_count() -> i64 {
-    std::fs::read_dir(repo("migrations")).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "sql")).count() as i64
+    std::fs::read_dir(repo("migrations"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "sql"))
+        .count() as i64
 }
 
 /// A fresh, migrated database of this test's own: `(admin connection, url, name)`.
@@ -227,7 +237,11 @@ async fn task_watch_follows_a_task_to_its_end_and_exits_with_its_outcome() {
 
     for (id, outcome) in tasks {
         let out = reeve(&["task", "watch", &id.to_string(), "--endpoint", &relay.1], &[("REEVE_TOKEN", &token)]);
-        let expected = match outcome { "completed" => 0, "failed" => 1, _ => 2 };
+        let expected = match outcome {
+            "completed" => 0,
+            "failed" => 1,
+            _ => 2,
+        };
         assert_eq!(out.status.code(), Some(expected), "{outcome}: {}", stderr(&out));
         let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
         assert!(all.contains("half way"), "log lines are printed: {all}");

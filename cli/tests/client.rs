@@ -45,7 +45,8 @@ impl Serve {
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
         let database_url = with_database(&env("DATABASE_URL"), &name);
         let sqs = sqs().await;
-        let queue = sqs.create_queue().queue_name(format!("reeve-cli-{}", name.replace('_', "-"))).send().await.unwrap();
+        let queue =
+            sqs.create_queue().queue_name(format!("reeve-cli-{}", name.replace('_', "-"))).send().await.unwrap();
         let queue_url = queue.queue_url().unwrap().to_owned();
         let home = std::env::temp_dir().join(&name);
         std::fs::create_dir_all(&home).unwrap();
@@ -71,7 +72,8 @@ impl Serve {
             .stderr(log)
             .spawn()
             .unwrap();
-        let serve = Serve { child: Some(child), endpoint: format!("http://127.0.0.1:{port}"), home, database: name, queue_url };
+        let serve =
+            Serve { child: Some(child), endpoint: format!("http://127.0.0.1:{port}"), home, database: name, queue_url };
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "reeve serve did not start: {}", serve.log());
@@ -161,7 +163,8 @@ impl Run {
         String::from_utf8_lossy(&self.0.stderr).into_owned()
     }
     fn json(&self) -> Value {
-        serde_json::from_slice(&self.0.stdout).unwrap_or_else(|e| panic!("not one JSON document ({e}): {}", self.stdout()))
+        serde_json::from_slice(&self.0.stdout)
+            .unwrap_or_else(|e| panic!("not one JSON document ({e}): {}", self.stdout()))
     }
     #[track_caller]
     fn expect(&self, code: i32) -> &Self {
@@ -250,7 +253,10 @@ async fn each_client_command_answers_in_json_and_with_its_exit_code() {
     catalog.expect(0);
     let text = catalog.stdout();
     assert!(text.starts_with("KIND") && text.contains("digest") && text.contains("free"), "{text}");
-    assert!(text.contains("0.01") && text.contains("10000") && text.contains("priced"), "human and atomic prices: {text}");
+    assert!(
+        text.contains("0.01") && text.contains("10000") && text.contains("priced"),
+        "human and atomic prices: {text}"
+    );
     assert!(serve.reeve(&["catalog", "--json"]).expect(0).json()["tasks"].is_array());
 
     // upload: the upload id, or JSON.
@@ -264,10 +270,20 @@ async fn each_client_command_answers_in_json_and_with_its_exit_code() {
 
     // task create with --input-json and an idempotency key; a replay is the same task.
     let input = format!("{{\"upload_id\":\"{upload_id}\"}}");
-    let create = serve.reeve(&["task", "create", "digest", "--input-json", &input, "--idempotency-key", "k1", "--json"]);
+    let create =
+        serve.reeve(&["task", "create", "digest", "--input-json", &input, "--idempotency-key", "k1", "--json"]);
     let id = create.expect(0).json()["id"].as_str().unwrap().to_owned();
     assert_eq!(create.json()["status"], "queued");
-    let again = serve.reeve(&["task", "create", "digest", "--input", &format!("upload_id={upload_id}"), "--idempotency-key", "k1", "--json"]);
+    let again = serve.reeve(&[
+        "task",
+        "create",
+        "digest",
+        "--input",
+        &format!("upload_id={upload_id}"),
+        "--idempotency-key",
+        "k1",
+        "--json",
+    ]);
     assert_eq!(again.expect(0).json()["id"], id.as_str(), "the same key and input answer the same task");
 
     // A queued task cancels at once; watching it then ends with exit 2.
@@ -303,7 +319,15 @@ async fn each_client_command_answers_in_json_and_with_its_exit_code() {
     // A priced task without payment: its requirements as a table, exit 3.
     let priced = serve.reeve(&["task", "create", "fetch", "--input", "url=https://example.com/"]);
     let err = priced.expect(3).stderr();
-    for needle in ["NETWORK", "eip155:8453", "eip155:84532", "usdc-base", "0.01", "10000", "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"] {
+    for needle in [
+        "NETWORK",
+        "eip155:8453",
+        "eip155:84532",
+        "usdc-base",
+        "0.01",
+        "10000",
+        "0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
+    ] {
         assert!(err.contains(needle), "missing {needle:?} in:\n{err}");
     }
     let priced = serve.reeve(&["task", "create", "fetch", "--input", "url=https://example.com/", "--json"]);
@@ -326,7 +350,13 @@ async fn each_client_command_answers_in_json_and_with_its_exit_code() {
     let old_token = credentials.lines().find(|l| l.starts_with("token = ")).unwrap().to_owned();
     let expired = credentials
         .lines()
-        .map(|l| if l.starts_with("token_expires_at") { "token_expires_at = \"2020-01-01T00:00:00Z\"".to_owned() } else { l.to_owned() })
+        .map(|l| {
+            if l.starts_with("token_expires_at") {
+                "token_expires_at = \"2020-01-01T00:00:00Z\"".to_owned()
+            } else {
+                l.to_owned()
+            }
+        })
         .collect::<Vec<_>>()
         .join("\n");
     std::fs::write(serve.credentials(), expired).unwrap();
@@ -363,7 +393,10 @@ async fn an_unreachable_endpoint_exits_5_and_no_space_exits_4() {
     };
     let down = run(&["catalog", "--endpoint", "http://127.0.0.1:1"]);
     assert!(down.expect(5).stderr().contains("cannot reach http://127.0.0.1:1"), "{}", down.stderr());
-    assert_eq!(run(&["space", "create", "--endpoint", "http://127.0.0.1:1", "--json"]).expect(5).json()["error"]["code"], "unreachable");
+    assert_eq!(
+        run(&["space", "create", "--endpoint", "http://127.0.0.1:1", "--json"]).expect(5).json()["error"]["code"],
+        "unreachable"
+    );
     let no_space = run(&["login", "--endpoint", "http://127.0.0.1:1"]);
     assert!(no_space.expect(4).stderr().contains("reeve space create"), "{}", no_space.stderr());
     run(&["catalog", "--endpoint", "ftp://example.com"]).expect(4);

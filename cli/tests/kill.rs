@@ -134,9 +134,8 @@ async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
         }
     }
     assert!(put.send().await.unwrap().status().is_success());
-    let created = post("/v1/tasks/digest", Some(&token), json!({"input": {"upload_id": upload["upload_id"]}}))
-        .await
-        .unwrap();
+    let created =
+        post("/v1/tasks/digest", Some(&token), json!({"input": {"upload_id": upload["upload_id"]}})).await.unwrap();
     assert_eq!(created.status().as_u16(), 202);
     let id: reeve_shared::ids::Id = json_of(created).await["id"].as_str().unwrap().parse().unwrap();
     let state = || {
@@ -198,11 +197,8 @@ async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
             .unwrap();
     let seqs: Vec<i64> = events.iter().map(|e| e.0).collect();
     assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>(), "the event log is gap-free");
-    let statuses: Vec<String> = events
-        .iter()
-        .filter(|e| e.1 == "status")
-        .map(|e| e.2["status"].as_str().unwrap().to_owned())
-        .collect();
+    let statuses: Vec<String> =
+        events.iter().filter(|e| e.1 == "status").map(|e| e.2["status"].as_str().unwrap().to_owned()).collect();
     assert_eq!(statuses, ["queued", "running", "running", "completed"], "exactly one terminal state");
     let result: Value = sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT result FROM tasks WHERE id = $1")
         .bind(id)

@@ -16,19 +16,12 @@ impl Drop for Process {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 async fn wait_for(port: u16) {
     for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -67,31 +60,18 @@ async fn the_relay_serves_metrics_on_its_own_address() {
     assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
     let (status, page) = get(&format!("{base}/metrics")).await;
     assert_eq!(status, 200);
-    assert!(
-        page.contains(r#"reeve_http_requests_total{method="GET",route="/healthz",status="200"} 1"#),
-        "{page}"
-    );
-    assert!(
-        page.contains("# TYPE reeve_http_request_duration_seconds"),
-        "{page}"
-    );
+    assert!(page.contains(r#"reeve_http_requests_total{method="GET",route="/healthz",status="200"} 1"#), "{page}");
+    assert!(page.contains("# TYPE reeve_http_request_duration_seconds"), "{page}");
 }
 
 #[tokio::test]
 async fn metrics_bind_moves_metrics_off_the_relay_address() {
     let (port, metrics_port) = (free_port(), free_port());
-    let _relay = relay(&[
-        "--bind",
-        &format!("127.0.0.1:{port}"),
-        "--metrics-bind",
-        &format!("127.0.0.1:{metrics_port}"),
-    ]);
+    let _relay =
+        relay(&["--bind", &format!("127.0.0.1:{port}"), "--metrics-bind", &format!("127.0.0.1:{metrics_port}")]);
     wait_for(port).await;
     wait_for(metrics_port).await;
-    assert_eq!(
-        get(&format!("http://127.0.0.1:{port}/healthz")).await.0,
-        200
-    );
+    assert_eq!(get(&format!("http://127.0.0.1:{port}/healthz")).await.0, 200);
     let (status, body) = get(&format!("http://127.0.0.1:{port}/metrics")).await;
     assert_eq!(status, 404, "not on the public address any more: {body}");
     assert!(body.contains("\"not_found\""), "the usual envelope: {body}");

@@ -46,18 +46,10 @@ struct Db {
 impl Db {
     async fn empty() -> Db {
         let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL: load the stack's .env");
-        let name = format!(
-            "reeve_migrate_{}",
-            ulid::Ulid::new().to_string().to_lowercase()
-        );
+        let name = format!("reeve_migrate_{}", ulid::Ulid::new().to_string().to_lowercase());
         let mut admin = PgConnection::connect(&admin_url).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        let (base, query) = admin_url
-            .split_once('?')
-            .map_or((admin_url.as_str(), None), |(b, q)| (b, Some(q)));
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
+        let (base, query) = admin_url.split_once('?').map_or((admin_url.as_str(), None), |(b, q)| (b, Some(q)));
         let base = &base[..base.rfind('/').unwrap()];
         let url = match query {
             Some(q) => format!("{base}/{name}?{q}"),
@@ -75,31 +67,22 @@ impl Db {
 
     async fn exec(&self, sql: &str) {
         let mut conn = PgConnection::connect(&self.url).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
-            .execute(&mut conn)
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_string())).execute(&mut conn).await.unwrap();
         conn.close().await.unwrap();
     }
 
     async fn scalar(&self, sql: &str) -> i64 {
         let mut conn = PgConnection::connect(&self.url).await.unwrap();
-        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string())).fetch_one(&mut conn).await.unwrap();
         conn.close().await.unwrap();
         n
     }
 
     async fn drop(mut self) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&mut self.admin)
-        .await
-        .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {} WITH (FORCE)", self.name)))
+            .execute(&mut self.admin)
+            .await
+            .unwrap();
     }
 }
 
@@ -110,10 +93,7 @@ async fn dry_run_on_an_empty_database_lists_every_migration_and_changes_nothing(
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let all = shipped();
-    assert!(
-        stdout.contains(&format!("would apply {} migration(s)", all.len())),
-        "{stdout}"
-    );
+    assert!(stdout.contains(&format!("would apply {} migration(s)", all.len())), "{stdout}");
     for (v, d) in &all {
         assert!(
             stdout.contains(&format!("{v:04}  pending")) && stdout.contains(d.as_str()),
@@ -121,11 +101,7 @@ async fn dry_run_on_an_empty_database_lists_every_migration_and_changes_nothing(
         );
     }
     // Not even sqlx's bookkeeping table was created.
-    assert_eq!(
-        db.scalar("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
-            .await,
-        0
-    );
+    assert_eq!(db.scalar("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").await, 0);
     db.drop().await;
 }
 
@@ -134,31 +110,18 @@ async fn dry_run_lists_only_what_is_pending_and_nothing_once_up_to_date() {
     let db = Db::migrated().await;
     let out = reeve(&["migrate", "--dry-run"], &db.url);
     assert!(out.status.success());
-    assert!(
-        text(&out.stdout).contains("nothing to apply"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert!(text(&out.stdout).contains("nothing to apply"), "{}", text(&out.stdout));
 
     // Forget the newest migration: it is then the one that would be applied.
     let (last, desc) = shipped().pop().unwrap();
-    db.exec(&format!(
-        "DELETE FROM _sqlx_migrations WHERE version = {last}"
-    ))
-    .await;
+    db.exec(&format!("DELETE FROM _sqlx_migrations WHERE version = {last}")).await;
     let out = reeve(&["migrate", "--dry-run"], &db.url);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(stdout.contains("would apply 1 migration(s)"), "{stdout}");
-    assert!(
-        stdout.contains(&format!("{last:04}  pending")) && stdout.contains(&desc),
-        "{stdout}"
-    );
+    assert!(stdout.contains(&format!("{last:04}  pending")) && stdout.contains(&desc), "{stdout}");
     assert_eq!(
-        db.scalar(&format!(
-            "SELECT count(*) FROM _sqlx_migrations WHERE version = {last}"
-        ))
-        .await,
+        db.scalar(&format!("SELECT count(*) FROM _sqlx_migrations WHERE version = {last}")).await,
         0,
         "dry run applied nothing"
     );
@@ -171,43 +134,26 @@ async fn status_shows_applied_and_pending_with_checksums() {
     let (last, _) = shipped().pop().unwrap();
     let checksum: String = {
         let mut conn = PgConnection::connect(&db.url).await.unwrap();
-        let sum: Vec<u8> =
-            sqlx::query_scalar("SELECT checksum FROM _sqlx_migrations WHERE version = $1")
-                .bind(last)
-                .fetch_one(&mut conn)
-                .await
-                .unwrap();
+        let sum: Vec<u8> = sqlx::query_scalar("SELECT checksum FROM _sqlx_migrations WHERE version = $1")
+            .bind(last)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
         sum.iter().map(|b| format!("{b:02x}")).collect()
     };
-    db.exec(&format!(
-        "DELETE FROM _sqlx_migrations WHERE version = {last}"
-    ))
-    .await;
+    db.exec(&format!("DELETE FROM _sqlx_migrations WHERE version = {last}")).await;
 
     let out = reeve(&["migrate", "status"], &db.url);
     let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "pending alone is not an error: {}",
-        text(&out.stderr)
-    );
+    assert!(out.status.success(), "pending alone is not an error: {}", text(&out.stderr));
     let all = shipped();
     for (v, _) in &all[..all.len() - 1] {
         assert!(stdout.contains(&format!("{v:04}  applied")), "{stdout}");
     }
-    let pending_line = stdout
-        .lines()
-        .find(|l| l.starts_with(&format!("{last:04}")))
-        .unwrap();
+    let pending_line = stdout.lines().find(|l| l.starts_with(&format!("{last:04}"))).unwrap();
     assert!(pending_line.contains("pending"), "{pending_line}");
-    assert!(
-        pending_line.contains(&checksum[..16]),
-        "the binary's checksum is shown: {pending_line}"
-    );
-    assert!(
-        stdout.contains(&format!("{} applied, 1 pending", all.len() - 1)),
-        "{stdout}"
-    );
+    assert!(pending_line.contains(&checksum[..16]), "the binary's checksum is shown: {pending_line}");
+    assert!(stdout.contains(&format!("{} applied, 1 pending", all.len() - 1)), "{stdout}");
     db.drop().await;
 }
 
@@ -219,65 +165,40 @@ async fn status_fails_when_the_database_is_ahead_of_the_binary() {
     assert_eq!(out.status.code(), Some(1));
     let stdout = text(&out.stdout);
     let stderr = text(&out.stderr);
+    assert!(stdout.contains("9999  UNKNOWN TO THIS BINARY") && stdout.contains("deadbeef"), "{stdout}");
     assert!(
-        stdout.contains("9999  UNKNOWN TO THIS BINARY") && stdout.contains("deadbeef"),
-        "{stdout}"
-    );
-    assert!(
-        stderr.contains("migration 9999 (from a newer release)")
-            && stderr.contains("the database is ahead"),
+        stderr.contains("migration 9999 (from a newer release)") && stderr.contains("the database is ahead"),
         "{stderr}"
     );
 
     // And `reeve migrate` itself refuses, with the same explanation.
     let out = reeve(&["migrate"], &db.url);
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("the database is ahead"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(text(&out.stderr).contains("the database is ahead"), "{}", text(&out.stderr));
     db.drop().await;
 }
 
 #[tokio::test]
 async fn status_and_dry_run_fail_when_a_checksum_differs() {
     let db = Db::migrated().await;
-    db.exec("UPDATE _sqlx_migrations SET checksum = '\\x00ff' WHERE version = 1")
-        .await;
+    db.exec("UPDATE _sqlx_migrations SET checksum = '\\x00ff' WHERE version = 1").await;
     for args in [&["migrate", "status"][..], &["migrate", "--dry-run"][..]] {
         let out = reeve(args, &db.url);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         let stderr = text(&out.stderr);
-        assert!(
-            stderr.contains("migration 0001") && stderr.contains("different SQL"),
-            "{args:?}: {stderr}"
-        );
-        assert!(
-            stderr.contains("database: 00ff"),
-            "both checksums are shown: {stderr}"
-        );
+        assert!(stderr.contains("migration 0001") && stderr.contains("different SQL"), "{args:?}: {stderr}");
+        assert!(stderr.contains("database: 00ff"), "both checksums are shown: {stderr}");
     }
     let out = reeve(&["migrate", "status"], &db.url);
-    assert!(
-        text(&out.stdout).contains("0001  CHECKSUM MISMATCH"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert!(text(&out.stdout).contains("0001  CHECKSUM MISMATCH"), "{}", text(&out.stdout));
     db.drop().await;
 }
 
 #[tokio::test]
 async fn status_names_an_unreachable_database_without_its_password() {
-    let out = reeve(
-        &["migrate", "status"],
-        "postgres://reeve:hunter2@127.0.0.1:1/reeve",
-    );
+    let out = reeve(&["migrate", "status"], "postgres://reeve:hunter2@127.0.0.1:1/reeve");
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
-    assert!(
-        stderr.contains("cannot connect to Postgres at 127.0.0.1:1/reeve"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("cannot connect to Postgres at 127.0.0.1:1/reeve"), "{stderr}");
     assert!(!stderr.contains("hunter2"), "{stderr}");
 }

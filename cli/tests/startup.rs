@@ -43,7 +43,9 @@ fn work_reports_every_problem_and_exits_1() {
         &[("REDIS_URL", "redis://127.0.0.1:1"), ("REEVE_OPERATOR_ALLOW", "*.example.com")],
     );
     assert_eq!(code, Some(1), "{err}");
-    for expected in ["no-such-reeve.toml", "DATABASE_URL is not set", "REEVE_BUCKET is not set", "REEVE_OPERATOR_ALLOW:"] {
+    for expected in
+        ["no-such-reeve.toml", "DATABASE_URL is not set", "REEVE_BUCKET is not set", "REEVE_OPERATOR_ALLOW:"]
+    {
         assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
     }
 }

@@ -124,9 +124,8 @@ async fn a_task_whose_message_was_lost_completes_after_a_sweep_and_a_worker_run(
         }
     }
     assert!(put.send().await.unwrap().status().is_success());
-    let created = post("/v1/tasks/digest", Some(&token), json!({"input": {"upload_id": upload["upload_id"]}}))
-        .await
-        .unwrap();
+    let created =
+        post("/v1/tasks/digest", Some(&token), json!({"input": {"upload_id": upload["upload_id"]}})).await.unwrap();
     assert_eq!(created.status().as_u16(), 202);
     let task_id = json_of(created).await["id"].as_str().unwrap().to_owned();
     let id: reeve_shared::ids::Id = task_id.parse().unwrap();

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Docker for `sam local invoke` (DESIGN §13): Debian's docker.io, a dockerd
+# Docker for `sam local invoke` (docs/operations.md#local-stack-and-toolchain): Debian's docker.io, a dockerd
 # started in the background (no systemd here), logs under .stack/docker/.
 # Source it after lib/common.sh; it defines ensure_docker and docker_stop.
 

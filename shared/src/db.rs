@@ -32,12 +32,7 @@ pub enum DbError {
 
 /// `host:port/database`, never the password: this ends up in logs.
 fn describe(options: &PgConnectOptions) -> String {
-    format!(
-        "{}:{}/{}",
-        options.get_host(),
-        options.get_port(),
-        options.get_database().unwrap_or("")
-    )
+    format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or(""))
 }
 
 fn options(url: &str) -> Result<PgConnectOptions, DbError> {
@@ -61,10 +56,7 @@ fn pool_options() -> PgPoolOptions {
 pub async fn connect(url: &str) -> Result<PgPool, DbError> {
     let options = options(url)?;
     let target = describe(&options);
-    pool_options().connect_with(options).await.map_err(|e| DbError::Unreachable {
-        target,
-        cause: short_cause(&e),
-    })
+    pool_options().connect_with(options).await.map_err(|e| DbError::Unreachable { target, cause: short_cause(&e) })
 }
 
 /// Connects on first use: for Lambdas, where start-up must stay cheap and a
@@ -141,9 +133,7 @@ impl MigrationReport {
     /// Entries that make `reeve migrate` refuse to run and that an operator
     /// must resolve by hand (see docs/operations.md).
     pub fn problems(&self) -> impl Iterator<Item = &MigrationEntry> {
-        self.entries
-            .iter()
-            .filter(|e| !matches!(e.state, MigrationState::Applied | MigrationState::Pending))
+        self.entries.iter().filter(|e| !matches!(e.state, MigrationState::Applied | MigrationState::Pending))
     }
 
     pub fn is_consistent(&self) -> bool {

@@ -1,4 +1,4 @@
-//! The one error shape every route answers with (DESIGN §11):
+//! The one error shape every route answers with (docs/architecture.md#errors-and-observability):
 //! `{"error":{"code","message","request_id"}}` plus an `x-request-id` header.
 //!
 //! Handlers return [`ApiError`]; it renders without a request id, because a
@@ -91,9 +91,10 @@ fn render(status: StatusCode, code: &str, message: &str, request_id: &str) -> Re
     };
     let body = serde_json::to_vec(&envelope).expect("the envelope is plain strings");
     let mut response = (status, body).into_response();
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    // Final: a second envelope around this one (`reeve serve` adds one
+    // outside its login limiter) must not re-wrap it as a bare status.
+    response.extensions_mut().insert(Rendered);
     response
 }
 
@@ -143,7 +144,9 @@ pub async fn envelope(mut request: Request, next: Next) -> Response {
             response.headers_mut().insert("payment-required", challenge);
         }
         span.in_scope(|| tracing::info!(status = status.as_u16(), code = error.code, "request failed"));
-    } else if (status.is_client_error() || status.is_server_error()) && response.extensions().get::<Rendered>().is_none() {
+    } else if (status.is_client_error() || status.is_server_error())
+        && response.extensions().get::<Rendered>().is_none()
+    {
         // A response axum or a layer made on its own (405, 413 from the body
         // limit, ...): keep the status, give it the envelope.
         let (code, message) = fallback_code(status);

@@ -1,6 +1,6 @@
 //! Ids are ULIDs: sortable by creation time, unguessable enough to show in
 //! URLs. In Postgres they are the 16 raw bytes (`BYTEA`, checked to be 16
-//! long), going through `uuid::Uuid` as DESIGN §5 asks; in JSON and URLs they
+//! long), going through `uuid::Uuid` as docs/architecture.md#data-model asks; in JSON and URLs they
 //! are the 26-character Crockford base32 string.
 
 use std::fmt;

@@ -21,9 +21,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use ::metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
-};
+use ::metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use axum::Router;
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -88,11 +86,7 @@ pub fn task_event(kind: &str, event: EventType, seq: i64, data: &Value) {
             counter!(TASKS_FINISHED, "status" => "completed").increment(1);
         }
         Some("failed") => {
-            let code = data
-                .pointer("/error/code")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown")
-                .to_owned();
+            let code = data.pointer("/error/code").and_then(Value::as_str).unwrap_or("unknown").to_owned();
             counter!(TASKS_FAILED, "kind" => kind, "code" => code).increment(1);
             counter!(TASKS_FINISHED, "status" => "failed").increment(1);
         }
@@ -138,8 +132,7 @@ pub fn sweeper_action(action: &'static str, n: u64) {
 
 /// A settled payment, by CAIP-2 network and asset symbol or address.
 pub fn payment_settled(network: &str, asset: &str) {
-    counter!(PAYMENTS_SETTLED, "network" => network.to_owned(), "asset" => asset.to_owned())
-        .increment(1);
+    counter!(PAYMENTS_SETTLED, "network" => network.to_owned(), "asset" => asset.to_owned()).increment(1);
 }
 
 /// A payment that did not settle; `reason` is the stable error code the
@@ -189,48 +182,22 @@ pub fn argon2_in_flight(delta: f64) {
 // -------------------------------------------------------------- exporters
 
 fn describe() {
-    describe_counter!(
-        HTTP_REQUESTS,
-        "HTTP requests answered, by method, route template and status"
-    );
-    describe_histogram!(
-        HTTP_DURATION,
-        Unit::Seconds,
-        "time to answer an HTTP request, by method and route template"
-    );
+    describe_counter!(HTTP_REQUESTS, "HTTP requests answered, by method, route template and status");
+    describe_histogram!(HTTP_DURATION, Unit::Seconds, "time to answer an HTTP request, by method and route template");
     describe_counter!(TASKS_CREATED, "tasks stored and queued, by kind");
     describe_counter!(TASKS_COMPLETED, "tasks completed, by kind");
     describe_counter!(TASKS_FAILED, "tasks failed, by kind and error code");
     describe_counter!(TASKS_CANCELED, "tasks canceled, by kind");
-    describe_counter!(
-        TASKS_FINISHED,
-        "tasks that reached a terminal status, by status"
-    );
+    describe_counter!(TASKS_FINISHED, "tasks that reached a terminal status, by status");
     describe_histogram!(TASK_RUN, Unit::Seconds, "executor run time, by kind");
-    describe_histogram!(
-        QUEUE_WAIT,
-        Unit::Seconds,
-        "time from create to first claim, by kind"
-    );
+    describe_histogram!(QUEUE_WAIT, Unit::Seconds, "time from create to first claim, by kind");
     describe_counter!(SQS_RECEIVED, "SQS messages received by the poller");
-    describe_counter!(
-        SQS_DELETED,
-        "SQS messages deleted by the poller after handling"
-    );
+    describe_counter!(SQS_DELETED, "SQS messages deleted by the poller after handling");
     describe_counter!(SWEEPER_ACTIONS, "sweeper actions, by action");
     describe_counter!(PAYMENTS_SETTLED, "payments settled, by network and asset");
-    describe_counter!(
-        PAYMENTS_FAILED,
-        "payments refused or not settled, by reason"
-    );
-    describe_counter!(
-        CREDITS_ISSUED,
-        "credits left on a space, by asset and reason"
-    );
-    describe_counter!(
-        CREDITS_SPENT,
-        "credits spent instead of a payment, by asset"
-    );
+    describe_counter!(PAYMENTS_FAILED, "payments refused or not settled, by reason");
+    describe_counter!(CREDITS_ISSUED, "credits left on a space, by asset and reason");
+    describe_counter!(CREDITS_SPENT, "credits spent instead of a payment, by asset");
     describe_gauge!(RELAY_WATCHERS, "SSE clients connected to this relay");
     describe_gauge!(RELAY_TASKS, "tasks this relay is subscribed to");
     describe_counter!(RELAY_RESYNCS, "clients resynchronised from Postgres");
@@ -251,9 +218,7 @@ pub fn install_prometheus() -> Result<PrometheusHandle, InstallError> {
     if let Some(handle) = PROMETHEUS.get() {
         return Ok(handle.clone());
     }
-    let handle = PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|_| InstallError)?;
+    let handle = PrometheusBuilder::new().install_recorder().map_err(|_| InstallError)?;
     describe();
     Ok(PROMETHEUS.get_or_init(|| handle).clone())
 }
@@ -269,13 +234,7 @@ pub fn router(handle: PrometheusHandle) -> Router {
             async move {
                 // Histograms keep their samples until upkeep folds them.
                 handle.run_upkeep();
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4",
-                    )],
-                    handle.render(),
-                )
+                ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render())
             }
         }),
     )
@@ -305,10 +264,8 @@ pub fn install_emf() -> Result<(), InstallError> {
     if EMF.get().is_some() {
         return Ok(());
     }
-    let collector = metrics_cloudwatch_embedded::Builder::new()
-        .cloudwatch_namespace(NAMESPACE)
-        .init()
-        .map_err(|_| InstallError)?;
+    let collector =
+        metrics_cloudwatch_embedded::Builder::new().cloudwatch_namespace(NAMESPACE).init().map_err(|_| InstallError)?;
     describe();
     let _ = EMF.set(collector);
     Ok(())
@@ -332,17 +289,12 @@ fn flush_to(collector: &metrics_cloudwatch_embedded::Collector, mut writer: impl
 /// Installs Prometheus and puts `GET /metrics` where the operator asked:
 /// merged into `routes` (the process's own address) when `elsewhere` is
 /// `None`, else on a listener of its own at `elsewhere`.
-pub async fn mount(
-    routes: Router,
-    elsewhere: Option<std::net::SocketAddr>,
-) -> Result<Router, MountError> {
+pub async fn mount(routes: Router, elsewhere: Option<std::net::SocketAddr>) -> Result<Router, MountError> {
     let handle = install_prometheus()?;
     match elsewhere {
         None => Ok(routes.merge(router(handle))),
         Some(bind) => {
-            serve(bind, handle)
-                .await
-                .map_err(|e| MountError::Bind(bind, e))?;
+            serve(bind, handle).await.map_err(|e| MountError::Bind(bind, e))?;
             Ok(routes)
         }
     }

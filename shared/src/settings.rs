@@ -201,8 +201,11 @@ impl ApiSettings {
     pub fn read<F: Fn(&str) -> Option<String>>(env: &mut Env<F>, needs: Needs) -> Result<Self, SettingsError> {
         let pepper = if needs.pepper { env.secret(PEPPER) } else { Some(Secret::withheld(PEPPER)) };
         let token_key = if needs.token_key { env.secret(TOKEN_KEY) } else { Some(Secret::withheld(TOKEN_KEY)) };
-        let database_url =
-            if needs.database { env.secret_text(DATABASE_URL) } else { Some(Secret::text(DATABASE_URL, String::new())) };
+        let database_url = if needs.database {
+            env.secret_text(DATABASE_URL)
+        } else {
+            Some(Secret::text(DATABASE_URL, String::new()))
+        };
         let redis_url = env.required(REDIS_URL);
         let bucket = env.required(BUCKET);
         let queue_url = env.required(QUEUE_URL);
@@ -248,8 +251,7 @@ impl WorkerSettings {
         let queue_url = env.optional(QUEUE_URL);
         let concurrency = env.number(WORKER_CONCURRENCY, Self::DEFAULT_CONCURRENCY as u64, 1, 256) as usize;
         let max_receives = env.number(MAX_RECEIVES, Self::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32;
-        let fetch_max_bytes =
-            env.number(FETCH_MAX_BYTES, Self::DEFAULT_FETCH_MAX_BYTES, 1, 5 * 1024 * 1024 * 1024);
+        let fetch_max_bytes = env.number(FETCH_MAX_BYTES, Self::DEFAULT_FETCH_MAX_BYTES, 1, 5 * 1024 * 1024 * 1024);
         let problems = std::mem::take(&mut env.problems);
         let Some(database_url) = database_url.filter(|_| problems.is_empty()) else {
             return Err(SettingsError { problems });
@@ -264,8 +266,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(vars: &[(&str, &str)]) -> Env<impl Fn(&str) -> Option<String>> {
-        let map: HashMap<String, String> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Env::new(move |name| map.get(name).cloned())
     }
 
@@ -273,14 +274,17 @@ mod tests {
 
     #[test]
     fn complete_environment_is_accepted() {
-        let s = ApiSettings::read(&mut env(&[
-            (PEPPER, LONG),
-            (TOKEN_KEY, LONG),
-            (DATABASE_URL, "postgres://localhost/reeve"),
-            (REDIS_URL, "redis://localhost"),
-            (BUCKET, "reeve"),
-            (QUEUE_URL, "http://localhost/q"),
-        ]), Needs::ALL)
+        let s = ApiSettings::read(
+            &mut env(&[
+                (PEPPER, LONG),
+                (TOKEN_KEY, LONG),
+                (DATABASE_URL, "postgres://localhost/reeve"),
+                (REDIS_URL, "redis://localhost"),
+                (BUCKET, "reeve"),
+                (QUEUE_URL, "http://localhost/q"),
+            ]),
+            Needs::ALL,
+        )
         .unwrap();
         assert_eq!(s.database_url.expose_str(), "postgres://localhost/reeve");
         assert!(!format!("{s:?}").contains("postgres://"), "{s:?}");
@@ -288,12 +292,10 @@ mod tests {
 
     #[test]
     fn every_problem_is_reported_and_no_secret_is_echoed() {
-        let err = ApiSettings::read(&mut env(&[
-            (PEPPER, "short-pepper"),
-            (REDIS_URL, "redis://x"),
-            (BUCKET, "b"),
-            (QUEUE_URL, "q"),
-        ]), Needs::ALL)
+        let err = ApiSettings::read(
+            &mut env(&[(PEPPER, "short-pepper"), (REDIS_URL, "redis://x"), (BUCKET, "b"), (QUEUE_URL, "q")]),
+            Needs::ALL,
+        )
         .unwrap_err();
         let text = err.to_string();
         assert_eq!(err.problems.len(), 3, "{text}");
@@ -325,7 +327,8 @@ mod tests {
         assert_eq!(
             err.problems,
             vec![
-                "DATABASE_URL is not set (nor REEVE_DATABASE_URL_SECRET_ARN, the ARN of a secret holding it)".to_string(),
+                "DATABASE_URL is not set (nor REEVE_DATABASE_URL_SECRET_ARN, the ARN of a secret holding it)"
+                    .to_string(),
                 "REEVE_WORKER_CONCURRENCY must be an integer from 1 to 256".to_string(),
                 "REEVE_MAX_RECEIVES must be an integer from 1 to 1000".to_string(),
             ]
@@ -334,29 +337,32 @@ mod tests {
 
     #[test]
     fn blank_counts_as_missing() {
-        let err = ApiSettings::read(&mut env(&[
-            (PEPPER, LONG),
-            (TOKEN_KEY, LONG),
-            (DATABASE_URL, "  "),
-            (REDIS_URL, "redis://x"),
-            (BUCKET, "b"),
-            (QUEUE_URL, "q"),
-        ]), Needs::ALL)
+        let err = ApiSettings::read(
+            &mut env(&[
+                (PEPPER, LONG),
+                (TOKEN_KEY, LONG),
+                (DATABASE_URL, "  "),
+                (REDIS_URL, "redis://x"),
+                (BUCKET, "b"),
+                (QUEUE_URL, "q"),
+            ]),
+            Needs::ALL,
+        )
         .unwrap_err();
         assert_eq!(
             err.problems,
-            vec!["DATABASE_URL is not set (nor REEVE_DATABASE_URL_SECRET_ARN, the ARN of a secret holding it)".to_string()]
+            vec![
+                "DATABASE_URL is not set (nor REEVE_DATABASE_URL_SECRET_ARN, the ARN of a secret holding it)"
+                    .to_string()
+            ]
         );
     }
 
     #[test]
     fn a_function_reads_only_the_secrets_it_needs() {
         // The catalog function is given no secret at all, and starts.
-        let s = ApiSettings::read(
-            &mut env(&[(REDIS_URL, "redis://x"), (BUCKET, "b"), (QUEUE_URL, "q")]),
-            Needs::NONE,
-        )
-        .unwrap();
+        let s = ApiSettings::read(&mut env(&[(REDIS_URL, "redis://x"), (BUCKET, "b"), (QUEUE_URL, "q")]), Needs::NONE)
+            .unwrap();
         assert_eq!(s.database_url.expose_str(), "");
         // A session route needs the token key and the database, not the pepper.
         let err = ApiSettings::read(
@@ -374,7 +380,10 @@ mod tests {
         let default = std::net::SocketAddr::from(([0, 0, 0, 0], 8080));
         let mut e = env(&[(RELAY_BIND, "localhost:eighty")]);
         assert_eq!(e.socket_addr(RELAY_BIND, default), default);
-        assert_eq!(e.take_problems(), vec![r#"REEVE_RELAY_BIND must be an address such as 0.0.0.0:8080, got "localhost:eighty""#]);
+        assert_eq!(
+            e.take_problems(),
+            vec![r#"REEVE_RELAY_BIND must be an address such as 0.0.0.0:8080, got "localhost:eighty""#]
+        );
         let mut e = env(&[(RELAY_BIND, "127.0.0.1:9000")]);
         assert_eq!(e.socket_addr(RELAY_BIND, default).port(), 9000);
         assert!(e.finish().is_ok());

@@ -1,4 +1,4 @@
-//! Spaces and sessions (DESIGN §4): a Space is created with a fresh secret
+//! Spaces and sessions (docs/architecture.md#auth): a Space is created with a fresh secret
 //! id, stored only as its HMAC index and an Argon2id hash; a session trades
 //! that id for a short-lived token, so Argon2 runs once per session.
 

@@ -25,7 +25,6 @@ use std::path::Path;
 use aws_config::SdkConfig;
 use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata};
 
-use crate::payments::facilitator;
 use crate::auth::Secret;
 use crate::aws::{AwsClients, S3_ENDPOINT_VARIABLES};
 use crate::catalog::Catalog;
@@ -33,6 +32,7 @@ use crate::db::{self, Connect, DbError};
 use crate::executors::ExecDeps;
 use crate::http::{ApiContext, Ctx};
 use crate::outbound::{Outbound, OutboundPolicy};
+use crate::payments::facilitator;
 use crate::redis_client::{self, BadRedisUrl, RedisClient};
 use crate::settings::{self, ApiSettings, Env, Needs, WorkerSettings};
 use crate::upload_guard::{self, Guard, GuardSettings};
@@ -191,7 +191,8 @@ pub async fn api_with<F: Fn(&str) -> Option<String>>(
     else {
         return Err(StartupError::Config(problems));
     };
-    let db = if needs.database { db::open(settings.database_url.expose_str(), connect).await? } else { db::unconfigured() };
+    let db =
+        if needs.database { db::open(settings.database_url.expose_str(), connect).await? } else { db::unconfigured() };
     let redis = RedisClient::new(&settings.redis_url)?;
     let aws = AwsClients::from_config(sdk, custom_s3);
     Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators))
@@ -247,6 +248,29 @@ pub async fn worker_with<F: Fn(&str) -> Option<String>>(
 }
 
 /// The upload guard Lambda's context. Exits 1 on any problem.
+/// The sweeper Lambda's context: the database URL (by ARN in a
+/// deployment), Redis, the queue. Exits 1 on any problem.
+pub async fn lambda_sweeper() -> crate::sweeper::Sweeper {
+    or_exit(sweeper().await)
+}
+
+/// The sweeper's context from the environment, the database URL read from
+/// Secrets Manager when it is given by ARN.
+pub async fn sweeper() -> Result<crate::sweeper::Sweeper, StartupError> {
+    let sdk = aws_config::load_from_env().await;
+    let (fetched, mut problems) = fetch_secrets(&process_var, &sdk, &[settings::DATABASE_URL]).await;
+    let env = Env::new(overlay(process_var, fetched));
+    if let Some(url) = env.optional(settings::DATABASE_URL) {
+        check_database_url(&mut problems, &url);
+    }
+    let settings = crate::sweeper::SweeperSettings::read(env).map_err(|e| problems.extend(e.problems)).ok();
+    let (Some(settings), true) = (settings, problems.is_empty()) else {
+        return Err(StartupError::Config(problems));
+    };
+    let sqs = AwsClients::from_config(&sdk, custom_s3_endpoint(&Env::new(process_var))).sqs;
+    crate::sweeper::Sweeper::with_settings(settings, sqs)
+}
+
 pub async fn lambda_guard() -> Guard {
     or_exit(guard().await)
 }
@@ -312,7 +336,8 @@ async fn fetch_secrets<F: Fn(&str) -> Option<String>>(
                     fetched.insert(name, Secret::text(name, value));
                 }
                 _ => {
-                    problems.push(format!("{arn_variable}: the secret {arn} has no SecretString (it must hold {name})"));
+                    problems
+                        .push(format!("{arn_variable}: the secret {arn} has no SecretString (it must hold {name})"));
                     fetched.insert(name, placeholder(name));
                 }
             },

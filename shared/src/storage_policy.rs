@@ -1,4 +1,4 @@
-//! The bucket policy (DESIGN §6.4), generated from the same parameters the
+//! The bucket policy (docs/architecture.md#the-bucket-policy), generated from the same parameters the
 //! SAM template's `AWS::S3::BucketPolicy` uses. `shared/tests/template.rs`
 //! checks that the template holds exactly [`document`]'s statements.
 //!
@@ -194,7 +194,11 @@ mod tests {
 
     #[test]
     fn local_rules_leave_out_tls_and_keep_the_order() {
-        let doc = document(&PolicyParams::new("reeve-local"), &[Rule::DenyPutOutsideUploadPrefixes, Rule::DenyStalePresignedRequests]).unwrap();
+        let doc = document(
+            &PolicyParams::new("reeve-local"),
+            &[Rule::DenyPutOutsideUploadPrefixes, Rule::DenyStalePresignedRequests],
+        )
+        .unwrap();
         let sids: Vec<&str> = doc["Statement"].as_array().unwrap().iter().map(|s| s["Sid"].as_str().unwrap()).collect();
         assert_eq!(sids, ["DenyStalePresignedRequests", "DenyPutOutsideUploadPrefixes"]);
         assert!(!Rule::LOCAL.contains(&Rule::DenyInsecureTransport));
@@ -210,7 +214,10 @@ mod tests {
             ..PolicyParams::new("b-1.example")
         };
         let put = statement(&params, Rule::DenyPutOutsideUploadPrefixes);
-        assert_eq!(put["NotResource"], json!(["arn:aws-cn:s3:::b-1.example/in/*", "arn:aws-cn:s3:::b-1.example/out/*"]));
+        assert_eq!(
+            put["NotResource"],
+            json!(["arn:aws-cn:s3:::b-1.example/in/*", "arn:aws-cn:s3:::b-1.example/out/*"])
+        );
         let stale = statement(&params, Rule::DenyStalePresignedRequests);
         assert_eq!(stale["Condition"]["NumericGreaterThan"]["s3:signatureAge"], "60000");
     }

@@ -119,12 +119,8 @@ impl SweeperSettings {
         let database_url = env.required(settings::DATABASE_URL);
         let redis_url = env.required(settings::REDIS_URL);
         let queue_url = env.required(settings::QUEUE_URL);
-        let max_attempts = env.number(
-            settings::MAX_RECEIVES,
-            settings::WorkerSettings::DEFAULT_MAX_RECEIVES.into(),
-            1,
-            1000,
-        ) as u32;
+        let max_attempts =
+            env.number(settings::MAX_RECEIVES, settings::WorkerSettings::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32;
         let older_than = Duration::from_secs(env.number(OLDER_THAN, DEFAULT_OLDER_THAN.as_secs(), 0, 86_400 * 14));
         env.finish()?;
         Ok(SweeperSettings { database_url, redis_url, queue_url, max_attempts, older_than })
@@ -137,10 +133,13 @@ type Candidate = (Id, String, String, i32);
 impl Sweeper {
     /// From the environment, connecting to Postgres on first use.
     pub async fn from_env() -> Result<Sweeper, StartupError> {
-        let s = SweeperSettings::read(Env::process()).map_err(|e| StartupError::Config(e.problems))?;
+        crate::startup::sweeper().await
+    }
+
+    /// The sweeper over checked settings and an SQS client.
+    pub fn with_settings(s: SweeperSettings, sqs: aws_sdk_sqs::Client) -> Result<Sweeper, StartupError> {
         let db = crate::db::connect_lazy(&s.database_url)?;
         let redis = RedisClient::new(&s.redis_url)?;
-        let sqs = crate::aws::AwsClients::from_env().await.sqs;
         Ok(Sweeper {
             db,
             sqs,
@@ -169,13 +168,7 @@ impl Sweeper {
 
     /// For the sweeper Lambda's `main`: every problem logged, the init failed.
     pub async fn for_lambda() -> Sweeper {
-        match Self::from_env().await {
-            Ok(sweeper) => sweeper,
-            Err(e) => {
-                tracing::error!("cannot start: {e}");
-                std::process::exit(1);
-            }
-        }
+        crate::startup::lambda_sweeper().await
     }
 
     /// One sweep over every task left alone for `older_than`.
@@ -351,17 +344,20 @@ impl Sweeper {
                 }
             };
         }
-        let older_than = payload
-            .get("older_than_seconds")
-            .and_then(Value::as_u64)
-            .map_or(self.older_than, Duration::from_secs);
+        let older_than =
+            payload.get("older_than_seconds").and_then(Value::as_u64).map_or(self.older_than, Duration::from_secs);
         let report = self.sweep(older_than).await?;
         Ok(serde_json::to_value(report).expect("serialises"))
     }
 
     /// Sweeps every [`EVERY`] until `shutdown` resolves; for `reeve work`.
     /// A failed sweep is logged and the next one tries again.
-    pub async fn run_every(&self, every: Duration, older_than: Duration, shutdown: impl std::future::Future<Output = ()>) {
+    pub async fn run_every(
+        &self,
+        every: Duration,
+        older_than: Duration,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(shutdown);

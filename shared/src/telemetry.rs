@@ -20,9 +20,5 @@ pub fn init() {
         || std::env::var_os("ECS_CONTAINER_METADATA_URI_V4").is_some();
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // A second init (tests, or a binary that calls it twice) is harmless.
-    let _ = if json {
-        builder.json().with_current_span(true).try_init()
-    } else {
-        builder.try_init()
-    };
+    let _ = if json { builder.json().with_current_span(true).try_init() } else { builder.try_init() };
 }

@@ -1,4 +1,4 @@
-//! The upload guard (DESIGN §6.2): S3 reports every object created under the
+//! The upload guard (docs/architecture.md#the-upload-guard): S3 reports every object created under the
 //! upload prefix, and the guard settles the upload it belongs to.
 //!
 //! - No upload has that key: the object is deleted (nobody was promised it).
@@ -23,9 +23,9 @@ use aws_sdk_s3::error::DisplayErrorContext;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
+use crate::auth::Secret;
 use crate::catalog::{self, Catalog};
 use crate::ids::Id;
-use crate::auth::Secret;
 use crate::settings::{self, Env, SettingsError};
 use crate::uploads::{self, ObjectState, UploadError, UploadRow, UploadStatus};
 

@@ -1,4 +1,4 @@
-//! Uploads (DESIGN §6): presigned PUTs of a declared size and type, and the
+//! Uploads (docs/architecture.md#uploads-and-the-size-policy): presigned PUTs of a declared size and type, and the
 //! checks that an object really is what was declared.
 //!
 //! S3 cannot limit a PUT's size by policy, so the limit holds in layers:

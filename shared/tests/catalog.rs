@@ -7,10 +7,7 @@ use reeve_shared::catalog::{Catalog, CatalogError, EXECUTORS, Executor, Problem,
 use serde_json::json;
 
 const SHIPPED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../reeve.toml");
-const THREE_MISTAKES: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/catalog/three-mistakes.toml"
-);
+const THREE_MISTAKES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/catalog/three-mistakes.toml");
 
 const PAYMENTS: &str = r#"
 [payments]
@@ -67,64 +64,24 @@ fn shipped_catalog_loads_with_free_and_priced_tasks() {
 
     let fetch = catalog.task("fetch").expect("fetch task");
     assert_eq!(fetch.executor, Executor::Fetch);
-    let prices: Vec<(&str, u128, Option<&str>)> = fetch
-        .accepts
-        .iter()
-        .map(|price| {
-            (
-                price.asset.as_str(),
-                price.amount,
-                price.amount_usd.as_deref(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        prices,
-        [
-            ("usdc-base", 10_000, Some("0.01")),
-            ("usdc-base-sepolia", 10_000, Some("0.01"))
-        ]
-    );
+    let prices: Vec<(&str, u128, Option<&str>)> =
+        fetch.accepts.iter().map(|price| (price.asset.as_str(), price.amount, price.amount_usd.as_deref())).collect();
+    assert_eq!(prices, [("usdc-base", 10_000, Some("0.01")), ("usdc-base-sepolia", 10_000, Some("0.01"))]);
 
     let http = catalog.task("http").expect("http task");
-    assert_eq!(
-        http.executor,
-        Executor::Http {
-            endpoint: "https://example.com/reeve/echo".into()
-        }
-    );
+    assert_eq!(http.executor, Executor::Http { endpoint: "https://example.com/reeve/echo".into() });
     assert_eq!(http.accepts[0].asset, "usdc-base-sepolia");
     assert_eq!(http.accepts[0].amount_usd, None);
 
     let base = &catalog.assets["usdc-base"];
     assert_eq!(
-        (
-            base.network.as_str(),
-            base.contract.as_str(),
-            base.decimals,
-            base.name.as_str(),
-            base.version.as_str()
-        ),
-        (
-            "eip155:8453",
-            "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
-            6,
-            "USD Coin",
-            "2"
-        )
+        (base.network.as_str(), base.contract.as_str(), base.decimals, base.name.as_str(), base.version.as_str()),
+        ("eip155:8453", "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913", 6, "USD Coin", "2")
     );
     let sepolia = &catalog.assets["usdc-base-sepolia"];
     assert_eq!(
-        (
-            sepolia.network.as_str(),
-            sepolia.contract.as_str(),
-            sepolia.name.as_str()
-        ),
-        (
-            "eip155:84532",
-            "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
-            "USDC"
-        )
+        (sepolia.network.as_str(), sepolia.contract.as_str(), sepolia.name.as_str()),
+        ("eip155:84532", "0x036CbD53842c5426634e7929541eC2318f3dCF7e", "USDC")
     );
 
     let payments = catalog.payments.as_ref().expect("payments");
@@ -140,14 +97,8 @@ fn shipped_catalog_schemas_are_compiled_and_enforced() {
     let catalog = Catalog::load(Path::new(SHIPPED)).unwrap();
     let fetch = &catalog.task("fetch").unwrap().input_validator;
     assert!(fetch.is_valid(&json!({"url": "https://example.com/a.pdf"})));
-    assert!(
-        !fetch.is_valid(&json!({"url": "http://example.com/"})),
-        "pattern ^https://"
-    );
-    assert!(
-        !fetch.is_valid(&json!({"url": "https://exa mple.com/"})),
-        "format uri is enforced"
-    );
+    assert!(!fetch.is_valid(&json!({"url": "http://example.com/"})), "pattern ^https://");
+    assert!(!fetch.is_valid(&json!({"url": "https://exa mple.com/"})), "format uri is enforced");
     assert!(!fetch.is_valid(&json!({"url": "https://example.com/", "extra": 1})));
 
     let digest = &catalog.task("digest").unwrap().input_validator;
@@ -179,29 +130,17 @@ fn usd_prices_convert_exactly_with_floor() {
             &format!(
                 "[assets.coin-{decimals}]\nnetwork = \"eip155:1\"\ncontract = \"0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913\"\ndecimals = {decimals}\nusd_peg = true\nname = \"C\"\nversion = \"1\""
             ),
-            &format!(
-                "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin-{decimals}\"\namount_usd = \"{usd}\""
-            ),
+            &format!("executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin-{decimals}\"\namount_usd = \"{usd}\""),
         );
-        assert_eq!(
-            price_of(&parse_ok(&text)),
-            expected,
-            "{usd} with {decimals} decimals"
-        );
+        assert_eq!(price_of(&parse_ok(&text)), expected, "{usd} with {decimals} decimals");
     }
 }
 
 #[test]
 fn usd_prices_that_are_zero_or_malformed_are_refused() {
     let cases: &[(&str, &str)] = &[
-        (
-            "0.0000001",
-            r#"amount_usd "0.0000001" is 0 atomic units of coin (6 decimals)"#,
-        ),
-        (
-            "0",
-            r#"amount_usd "0" is 0 atomic units of coin (6 decimals)"#,
-        ),
+        ("0.0000001", r#"amount_usd "0.0000001" is 0 atomic units of coin (6 decimals)"#),
+        ("0", r#"amount_usd "0" is 0 atomic units of coin (6 decimals)"#),
         ("1e3", r#""1e3" is not a decimal amount of US dollars"#),
         ("-1", r#""-1" is not a decimal amount of US dollars"#),
         ("", r#""" is not a decimal amount of US dollars"#),
@@ -210,30 +149,18 @@ fn usd_prices_that_are_zero_or_malformed_are_refused() {
         ("1.", r#""1." is not a decimal amount of US dollars"#),
         ("1,000", r#""1,000" is not a decimal amount of US dollars"#),
         (" 1", r#"" 1" is not a decimal amount of US dollars"#),
-        (
-            "0.0000000000000000001",
-            "has more than 18 fractional digits",
-        ),
-        (
-            "1000000000000000000000000000000000",
-            "is too large for an asset with 6 decimals",
-        ),
+        ("0.0000000000000000001", "has more than 18 fractional digits"),
+        ("1000000000000000000000000000000000", "is too large for an asset with 6 decimals"),
     ];
     for &(usd, message) in cases {
         let text = catalog_with(
             "",
-            &format!(
-                "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount_usd = \"{usd}\""
-            ),
+            &format!("executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount_usd = \"{usd}\""),
         );
         let found = problems(&text);
         assert_eq!(found.len(), 1, "{usd:?}: {found:?}");
         assert_eq!(found[0].path, "tasks.t.accepts[0].amount_usd", "{usd:?}");
-        assert!(
-            found[0].message.contains(message),
-            "{usd:?}: {}",
-            found[0].message
-        );
+        assert!(found[0].message.contains(message), "{usd:?}: {}", found[0].message);
     }
 }
 
@@ -243,37 +170,25 @@ fn atomic_amounts_are_positive_digit_strings() {
         "",
         "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"123456789012345678901234567890\"",
     );
-    assert_eq!(
-        price_of(&parse_ok(&ok)),
-        123_456_789_012_345_678_901_234_567_890
-    );
+    assert_eq!(price_of(&parse_ok(&ok)), 123_456_789_012_345_678_901_234_567_890);
 
     let cases: &[(&str, &str)] = &[
         (r#""0""#, "must be greater than 0"),
         (r#""-5""#, r#""-5" is not a whole number of atomic units"#),
         (r#""1.5""#, r#""1.5" is not a whole number of atomic units"#),
         (r#""""#, r#""" is not a whole number of atomic units"#),
-        (
-            r#""999999999999999999999999999999999999999999""#,
-            "is too large",
-        ),
+        (r#""999999999999999999999999999999999999999999""#, "is too large"),
         ("10000", "expected a string, found integer 10000"),
     ];
     for &(amount, message) in cases {
         let text = catalog_with(
             "",
-            &format!(
-                "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = {amount}"
-            ),
+            &format!("executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = {amount}"),
         );
         let found = problems(&text);
         assert_eq!(found.len(), 1, "{amount}: {found:?}");
         assert_eq!(found[0].path, "tasks.t.accepts[0].amount");
-        assert!(
-            found[0].message.contains(message),
-            "{amount}: {}",
-            found[0].message
-        );
+        assert!(found[0].message.contains(message), "{amount}: {}", found[0].message);
     }
 }
 
@@ -295,10 +210,7 @@ fn three_mistakes_are_all_reported_with_their_paths() {
         ]
     );
     let shown = error.to_string();
-    assert!(
-        shown.starts_with(&format!("{THREE_MISTAKES}: 3 problems:\n  ")),
-        "{shown}"
-    );
+    assert!(shown.starts_with(&format!("{THREE_MISTAKES}: 3 problems:\n  ")), "{shown}");
     assert_eq!(shown.lines().count(), 4, "{shown}");
 }
 
@@ -306,19 +218,14 @@ fn three_mistakes_are_all_reported_with_their_paths() {
 /// message containing this text.
 #[test]
 fn each_rule_reports_one_problem_at_its_path() {
-    const PRICED: &str =
-        "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\"";
+    const PRICED: &str = "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\"";
     // A valid free catalog with one edit.
     let edit = |from: &str, to: &str| catalog_with("", "executor = \"fetch\"").replace(from, to);
     // The task `t` with these lines added.
     let task = |lines: &str| catalog_with("", lines);
     let schema = |schema: &str| edit("{ type = \"object\" }", schema);
     let priced = |from: &str, to: &str| catalog_with("", PRICED).replace(from, to);
-    let price = |lines: &str| {
-        task(&format!(
-            "executor = \"fetch\"\n[[tasks.t.accepts]]\n{lines}"
-        ))
-    };
+    let price = |lines: &str| task(&format!("executor = \"fetch\"\n[[tasks.t.accepts]]\n{lines}"));
     let uploads = |lines: &str| format!("{}\n[uploads]\n{lines}", task("executor = \"fetch\""));
     let address = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913";
 
@@ -348,12 +255,7 @@ fn each_rule_reports_one_problem_at_its_path() {
             "assets.coin.network",
             "an eip155 reference must be a decimal chain id",
         ),
-        (
-            "contract too short",
-            edit(address, "0x8335"),
-            "assets.coin.contract",
-            r#""0x8335" is not an EVM address"#,
-        ),
+        ("contract too short", edit(address, "0x8335"), "assets.coin.contract", r#""0x8335" is not an EVM address"#),
         (
             "contract not hex",
             edit(address, &address.replace('3', "g")),
@@ -378,24 +280,9 @@ fn each_rule_reports_one_problem_at_its_path() {
             "assets.coin.usd_peg",
             "expected a boolean",
         ),
-        (
-            "name empty",
-            edit("name = \"USD Coin\"", "name = \" \""),
-            "assets.coin.name",
-            "must not be empty",
-        ),
-        (
-            "version missing",
-            edit("version = \"2\"", ""),
-            "assets.coin.version",
-            "missing required key",
-        ),
-        (
-            "asset id upper case",
-            edit("[assets.coin]", "[assets.Coin]"),
-            "assets.Coin",
-            r#"invalid asset id "Coin""#,
-        ),
+        ("name empty", edit("name = \"USD Coin\"", "name = \" \""), "assets.coin.name", "must not be empty"),
+        ("version missing", edit("version = \"2\"", ""), "assets.coin.version", "missing required key"),
+        ("asset id upper case", edit("[assets.coin]", "[assets.Coin]"), "assets.Coin", r#"invalid asset id "Coin""#),
         (
             "asset unknown key",
             edit("version = \"2\"", "version = \"2\"\nsymbol = \"USDC\""),
@@ -409,18 +296,8 @@ fn each_rule_reports_one_problem_at_its_path() {
             "tasks.\"my task\"",
             r#"invalid task kind "my task""#,
         ),
-        (
-            "title empty",
-            edit("title = \"T\"", "title = \"\""),
-            "tasks.t.title",
-            "must not be empty",
-        ),
-        (
-            "title missing",
-            edit("title = \"T\"", ""),
-            "tasks.t.title",
-            "missing required key",
-        ),
+        ("title empty", edit("title = \"T\"", "title = \"\""), "tasks.t.title", "must not be empty"),
+        ("title missing", edit("title = \"T\"", ""), "tasks.t.title", "missing required key"),
         (
             "typo in an optional key",
             task("executor = \"fetch\"\ntimout_seconds = 30"),
@@ -445,12 +322,7 @@ fn each_rule_reports_one_problem_at_its_path() {
             "tasks.t.timeout_seconds",
             "871 s plus the worker's 30 s lease grace does not fit in one Lambda invocation (900 s): at most 870",
         ),
-        (
-            "executor missing",
-            task(""),
-            "tasks.t.executor",
-            "missing required key",
-        ),
+        ("executor missing", task(""), "tasks.t.executor", "missing required key"),
         (
             "executor unknown",
             task("executor = \"shell\""),
@@ -499,18 +371,8 @@ fn each_rule_reports_one_problem_at_its_path() {
             "tasks.t.input_schema",
             "missing required key",
         ),
-        (
-            "schema not a table",
-            schema("\"object\""),
-            "tasks.t.input_schema",
-            "expected a table, found string",
-        ),
-        (
-            "schema invalid",
-            schema("{ type = \"nope\" }"),
-            "tasks.t.input_schema",
-            "invalid JSON Schema at /type",
-        ),
+        ("schema not a table", schema("\"object\""), "tasks.t.input_schema", "expected a table, found string"),
+        ("schema invalid", schema("{ type = \"nope\" }"), "tasks.t.input_schema", "invalid JSON Schema at /type"),
         (
             "schema invalid deep down",
             schema("{ type = \"object\", properties = { n = { minimum = \"ten\" } } }"),
@@ -566,12 +428,7 @@ fn each_rule_reports_one_problem_at_its_path() {
             "tasks.t.accepts[0].asset",
             r#"unknown asset "usdt""#,
         ),
-        (
-            "asset missing",
-            price("amount = \"1\""),
-            "tasks.t.accepts[0].asset",
-            "missing required key",
-        ),
+        ("asset missing", price("amount = \"1\""), "tasks.t.accepts[0].asset", "missing required key"),
         (
             "both amounts",
             price("asset = \"coin\"\namount = \"1\"\namount_usd = \"1\""),
@@ -586,16 +443,13 @@ fn each_rule_reports_one_problem_at_its_path() {
         ),
         (
             "amount_usd on an unpegged asset",
-            price("asset = \"coin\"\namount_usd = \"1\"")
-                .replace("usd_peg = true", "usd_peg = false"),
+            price("asset = \"coin\"\namount_usd = \"1\"").replace("usd_peg = true", "usd_peg = false"),
             "tasks.t.accepts[0].amount_usd",
             r#"asset "coin" is not marked usd_peg = true"#,
         ),
         (
             "duplicate asset",
-            task(&format!(
-                "{PRICED}\n[[tasks.t.accepts]]\nasset = \"coin\"\namount_usd = \"1\""
-            )),
+            task(&format!("{PRICED}\n[[tasks.t.accepts]]\nasset = \"coin\"\namount_usd = \"1\"")),
             "tasks.t.accepts[1].asset",
             r#"asset "coin" is listed twice"#,
         ),
@@ -606,24 +460,14 @@ fn each_rule_reports_one_problem_at_its_path() {
             "unknown key (expected one of: asset, amount, amount_usd)",
         ),
         // payments
-        (
-            "priced without payments",
-            priced(PAYMENTS, ""),
-            "payments",
-            "missing; priced tasks (t) need [payments]",
-        ),
+        ("priced without payments", priced(PAYMENTS, ""), "payments", "missing; priced tasks (t) need [payments]"),
         (
             "pay_to not an address",
             priced("0x209693Bc6afc0C5328bA36FaF03C514EF312287C", "alice.eth"),
             "payments.pay_to",
             r#""alice.eth" is not an EVM address"#,
         ),
-        (
-            "pay_to missing",
-            priced("pay_to", "#pay_to"),
-            "payments.pay_to",
-            "missing required key",
-        ),
+        ("pay_to missing", priced("pay_to", "#pay_to"), "payments.pay_to", "missing required key"),
         (
             "facilitator over plain http",
             priced("https://x402.org", "http://x402.org"),
@@ -642,12 +486,7 @@ fn each_rule_reports_one_problem_at_its_path() {
             "payments.max_timeout_seconds",
             "must be from 1 to 3600, got 3601",
         ),
-        (
-            "payments typo",
-            priced("[payments]", "[payments]\nmax_timeout = 30"),
-            "payments.max_timeout",
-            "unknown key",
-        ),
+        ("payments typo", priced("[payments]", "[payments]\nmax_timeout = 30"), "payments.max_timeout", "unknown key"),
         // uploads
         (
             "uploads max_bytes zero",
@@ -698,32 +537,17 @@ fn each_rule_reports_one_problem_at_its_path() {
             "payment",
             "unknown key (expected one of: payments, uploads, assets, tasks)",
         ),
-        (
-            "tasks not a table",
-            format!("tasks = [1]\n{PAYMENTS}"),
-            "tasks",
-            "expected a table, found an array",
-        ),
+        ("tasks not a table", format!("tasks = [1]\n{PAYMENTS}"), "tasks", "expected a table, found an array"),
     ];
     let mut failures = Vec::new();
     for (name, text, path, message) in &cases {
         match Catalog::parse(text) {
             Err(CatalogError::Invalid { problems, .. })
-                if problems.len() == 1
-                    && problems[0].path == *path
-                    && problems[0].message.contains(message) => {}
-            other => failures.push(format!(
-                "{name}: expected `{path}: …{message}…`, got {other:?}"
-            )),
+                if problems.len() == 1 && problems[0].path == *path && problems[0].message.contains(message) => {}
+            other => failures.push(format!("{name}: expected `{path}: …{message}…`, got {other:?}")),
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases failed:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }
 
 #[test]
@@ -734,10 +558,7 @@ fn mistakes_in_one_table_are_all_reported() {
     )
     .replace("network = \"eip155:8453\"", "network = \"base\"")
     .replace("decimals = 6", "decimals = 37");
-    let mut found: Vec<String> = problems(&text)
-        .iter()
-        .map(|problem| problem.path.clone())
-        .collect();
+    let mut found: Vec<String> = problems(&text).iter().map(|problem| problem.path.clone()).collect();
     found.sort();
     assert_eq!(
         found,
@@ -755,11 +576,8 @@ fn mistakes_in_one_table_are_all_reported() {
 
 #[test]
 fn a_broken_asset_is_not_also_reported_as_unknown() {
-    let text = catalog_with(
-        "",
-        "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount_usd = \"0.01\"",
-    )
-    .replace("decimals = 6", "decimals = -1");
+    let text = catalog_with("", "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount_usd = \"0.01\"")
+        .replace("decimals = 6", "decimals = -1");
     let found = problems(&text);
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].path, "assets.coin.decimals");
@@ -774,10 +592,7 @@ executor = "digest"
 input_schema = { type = "object" }
 "#;
     let catalog = parse_ok(free_only);
-    assert_eq!(
-        catalog.payments, None,
-        "a free-only catalog needs no [payments]"
-    );
+    assert_eq!(catalog.payments, None, "a free-only catalog needs no [payments]");
     assert_eq!(catalog.uploads, Uploads::default());
     assert_eq!(catalog.uploads.max_bytes, 100 * 1024 * 1024);
     assert_eq!(catalog.uploads.url_expiry_seconds, 900);
@@ -786,41 +601,25 @@ input_schema = { type = "object" }
     assert_eq!(task.description, "");
     assert!(catalog.assets.is_empty());
 
-    let priced = parse_ok(&catalog_with(
-        "",
-        "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\"",
-    ));
+    let priced =
+        parse_ok(&catalog_with("", "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\""));
     assert_eq!(priced.payments.unwrap().max_timeout_seconds, 300);
 }
 
 #[test]
 fn every_listed_executor_is_accepted() {
     for &name in EXECUTORS {
-        let endpoint = if name == "http" {
-            "\nendpoint = \"https://example.com/run\""
-        } else {
-            ""
-        };
-        let catalog = parse_ok(&catalog_with(
-            "",
-            &format!("executor = \"{name}\"{endpoint}"),
-        ));
+        let endpoint = if name == "http" { "\nendpoint = \"https://example.com/run\"" } else { "" };
+        let catalog = parse_ok(&catalog_with("", &format!("executor = \"{name}\"{endpoint}")));
         assert_eq!(catalog.task("t").unwrap().executor.name(), name);
     }
 }
 
 #[test]
 fn local_facilitators_may_use_plain_http() {
-    for url in [
-        "http://127.0.0.1:4021/facilitator",
-        "http://localhost:4021",
-        "http://[::1]:8080/x",
-    ] {
-        let text = catalog_with(
-            "",
-            "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\"",
-        )
-        .replace("https://x402.org/facilitator", url);
+    for url in ["http://127.0.0.1:4021/facilitator", "http://localhost:4021", "http://[::1]:8080/x"] {
+        let text = catalog_with("", "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\"")
+            .replace("https://x402.org/facilitator", url);
         assert_eq!(parse_ok(&text).payments.unwrap().facilitator_url, url);
     }
 }
@@ -829,22 +628,13 @@ fn local_facilitators_may_use_plain_http() {
 fn syntax_errors_give_line_and_column_on_one_line() {
     let text = "[payments]\npay_to = \"0xabc\"\nmax_timeout_seconds = = 5\n";
     let error = Catalog::parse(text).unwrap_err();
-    let CatalogError::Syntax {
-        path,
-        line,
-        column,
-        message,
-    } = &error
-    else {
+    let CatalogError::Syntax { path, line, column, message } = &error else {
         panic!("expected Syntax, got {error}");
     };
     assert_eq!((path.as_str(), *line, *column), ("reeve.toml", 3, 23));
     assert!(!message.is_empty());
     let shown = error.to_string();
-    assert!(
-        shown.starts_with("reeve.toml:3:23: invalid TOML: "),
-        "{shown}"
-    );
+    assert!(shown.starts_with("reeve.toml:3:23: invalid TOML: "), "{shown}");
     assert!(!shown.contains('\n'), "{shown}");
 }
 
@@ -859,18 +649,11 @@ fn syntax_error_columns_count_characters_not_bytes() {
 
 #[test]
 fn a_missing_file_is_a_read_error() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/catalog/does-not-exist.toml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/catalog/does-not-exist.toml");
     let error = Catalog::load(&path).unwrap_err();
-    assert!(
-        matches!(&error, CatalogError::Read { path: p, .. } if p == &path),
-        "{error:?}"
-    );
+    assert!(matches!(&error, CatalogError::Read { path: p, .. } if p == &path), "{error:?}");
     let shown = error.to_string();
-    assert!(
-        shown.starts_with(&format!("cannot read {}: ", path.display())),
-        "{shown}"
-    );
+    assert!(shown.starts_with(&format!("cannot read {}: ", path.display())), "{shown}");
     assert!(!shown.contains('\n'));
 }
 
@@ -879,12 +662,7 @@ fn public_view_shows_prices_as_strings_and_hides_endpoints() {
     let catalog = Catalog::load(Path::new(SHIPPED)).unwrap();
     let view = catalog.public_view();
 
-    let fetch = view["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|task| task["kind"] == "fetch")
-        .unwrap();
+    let fetch = view["tasks"].as_array().unwrap().iter().find(|task| task["kind"] == "fetch").unwrap();
     assert_eq!(fetch["free"], false);
     assert_eq!(
         fetch["prices"],
@@ -896,26 +674,10 @@ fn public_view_shows_prices_as_strings_and_hides_endpoints() {
     assert_eq!(fetch["input_schema"]["properties"]["url"]["format"], "uri");
     assert_eq!(fetch["timeout_seconds"], 120);
 
-    let http = view["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|task| task["kind"] == "http")
-        .unwrap();
-    assert_eq!(
-        http["prices"],
-        json!([{"asset": "usdc-base-sepolia", "network": "eip155:84532", "amount": "5000"}])
-    );
-    let digest = view["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|task| task["kind"] == "digest")
-        .unwrap();
-    assert_eq!(
-        (digest["free"].clone(), digest["prices"].clone()),
-        (json!(true), json!([]))
-    );
+    let http = view["tasks"].as_array().unwrap().iter().find(|task| task["kind"] == "http").unwrap();
+    assert_eq!(http["prices"], json!([{"asset": "usdc-base-sepolia", "network": "eip155:84532", "amount": "5000"}]));
+    let digest = view["tasks"].as_array().unwrap().iter().find(|task| task["kind"] == "digest").unwrap();
+    assert_eq!((digest["free"].clone(), digest["prices"].clone()), (json!(true), json!([])));
 
     assert_eq!(
         view["assets"][0],
@@ -936,8 +698,5 @@ fn public_view_keeps_amounts_beyond_json_number_precision() {
         "",
         "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"9007199254740993\"",
     ));
-    assert_eq!(
-        catalog.public_view()["tasks"][0]["prices"][0]["amount"],
-        "9007199254740993"
-    );
+    assert_eq!(catalog.public_view()["tasks"][0]["prices"][0]["amount"], "9007199254740993");
 }

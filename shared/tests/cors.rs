@@ -103,20 +103,29 @@ async fn answers_expose_the_headers_a_page_reads_errors_included(pool: PgPool) {
     let (_, token) = new_session(&app).await;
     let must_expose = ["payment-required", "payment-response", "x-request-id", "location"];
 
-    let challenge =
-        send(&app, with_origin(post_json("/v1/tasks/fetch", Some(&token), &json!({"input": {"url": "https://example.com/"}})), PAGE))
-            .await;
+    let challenge = send(
+        &app,
+        with_origin(
+            post_json("/v1/tasks/fetch", Some(&token), &json!({"input": {"url": "https://example.com/"}})),
+            PAGE,
+        ),
+    )
+    .await;
     assert_eq!(challenge.status, StatusCode::PAYMENT_REQUIRED);
     let unauthorized = send(&app, with_origin(post_json("/v1/uploads", None, &json!({})), PAGE)).await;
     assert_eq!(unauthorized.status, StatusCode::UNAUTHORIZED);
     let no_route = send(&app, with_origin(Request::get("/nope").body(Body::empty()).unwrap(), PAGE)).await;
     assert_eq!(no_route.status, StatusCode::NOT_FOUND);
-    let stream_refused =
-        send(&app, with_origin(Request::get("/v1/tasks/01HZX3Y4P5Q6R7S8T9V0W1X2Y3/events").body(Body::empty()).unwrap(), PAGE))
-            .await;
+    let stream_refused = send(
+        &app,
+        with_origin(Request::get("/v1/tasks/01HZX3Y4P5Q6R7S8T9V0W1X2Y3/events").body(Body::empty()).unwrap(), PAGE),
+    )
+    .await;
     assert_eq!(stream_refused.status, StatusCode::UNAUTHORIZED);
 
-    for (what, reply) in [("402", &challenge), ("401", &unauthorized), ("404", &no_route), ("relay 401", &stream_refused)] {
+    for (what, reply) in
+        [("402", &challenge), ("401", &unauthorized), ("404", &no_route), ("relay 401", &stream_refused)]
+    {
         assert_eq!(reply.headers["access-control-allow-origin"], PAGE, "{what}");
         let exposed = list(&reply.headers, "access-control-expose-headers");
         for h in must_expose {
@@ -147,9 +156,11 @@ fn reeve_cors_origins_is_a_list_of_exact_origins() {
     assert_eq!(two, CorsOrigins::parse("http://127.0.0.1:8080,https://console.example.com").unwrap());
     assert!(!two.is_empty());
 
-    let err = CorsOrigins::read(&env("*, https://ok.example, ftp://x.example, https://a.example/, https://A.example, nohost"))
-        .unwrap_err()
-        .to_string();
+    let err = CorsOrigins::read(&env(
+        "*, https://ok.example, ftp://x.example, https://a.example/, https://A.example, nohost",
+    ))
+    .unwrap_err()
+    .to_string();
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 5, "every bad origin, each once: {err}");
     assert!(lines.iter().all(|l| l.starts_with("REEVE_CORS_ORIGINS: ")), "{err}");

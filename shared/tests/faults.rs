@@ -59,8 +59,13 @@ async fn worker(pool: &PgPool, runner: Arc<Counting>, redis_url: &str) -> Worker
         operators: Outbound::new(OutboundPolicy::default()).unwrap(),
         fetch_max_bytes: 1024,
     };
-    let mut ctx =
-        WorkerContext::new(common::shipped_catalog(), pool.clone(), RedisClient::new(redis_url).unwrap(), exec, settings);
+    let mut ctx = WorkerContext::new(
+        common::shipped_catalog(),
+        pool.clone(),
+        RedisClient::new(redis_url).unwrap(),
+        exec,
+        settings,
+    );
     ctx.runner = runner;
     ctx
 }
@@ -139,8 +144,10 @@ async fn a_thousand_tasks_each_delivered_twice_run_exactly_a_thousand_times(pool
     let started = Instant::now();
 
     // Duplicates in one batch: 5 tasks x 2 copies per batch of 10.
-    let batches: Vec<SqsEvent> =
-        in_batch.chunks(5).map(|c| batch(&c.iter().flat_map(|id| [body(*id), body(*id)]).collect::<Vec<_>>())).collect();
+    let batches: Vec<SqsEvent> = in_batch
+        .chunks(5)
+        .map(|c| batch(&c.iter().flat_map(|id| [body(*id), body(*id)]).collect::<Vec<_>>()))
+        .collect();
     let lambda = stream::iter(batches)
         .map(|event| handle_batch(&a, event))
         .buffer_unordered(4)
@@ -151,12 +158,16 @@ async fn a_thousand_tasks_each_delivered_twice_run_exactly_a_thousand_times(pool
         .map(|id| {
             let a = &a;
             async move { process(a, &body(id), 1).await }
-        }).buffer_unordered(8).collect::<Vec<_>>();
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>();
     let to_b = stream::iter(concurrent.to_vec())
         .map(|id| {
             let b = &b;
             async move { process(b, &body(id), 1).await }
-        }).buffer_unordered(8).collect::<Vec<_>>();
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>();
     let (failures, outcomes_a, outcomes_b) = tokio::join!(lambda, to_a, to_b);
     assert_eq!(failures.iter().sum::<usize>(), 0, "a duplicate in one batch needs no redelivery");
 
@@ -357,7 +368,15 @@ async fn with_sqs_stopped_create_answers_503_and_leaves_no_task_queued(pool: PgP
     // Two uploads, PUT to the real S3, so that the tasks pass every check.
     let mut upload_ids = Vec::new();
     for _ in 0..2 {
-        let up = send(&app, post_json("/v1/uploads", Some(&token), &json!({"filename": "hi.txt", "content_type": "text/plain", "size": 2}))).await;
+        let up = send(
+            &app,
+            post_json(
+                "/v1/uploads",
+                Some(&token),
+                &json!({"filename": "hi.txt", "content_type": "text/plain", "size": 2}),
+            ),
+        )
+        .await;
         assert_eq!(up.status, StatusCode::CREATED, "{}", up.body);
         let mut put = reqwest::Client::new().put(up.body["url"].as_str().unwrap()).body("hi");
         for (k, v) in up.body["headers"].as_object().unwrap() {
@@ -368,24 +387,27 @@ async fn with_sqs_stopped_create_answers_503_and_leaves_no_task_queued(pool: PgP
         assert!(put.send().await.unwrap().status().is_success());
         upload_ids.push(up.body["upload_id"].clone());
     }
-    let ok = send(&app, post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": upload_ids[0]}}))).await;
+    let ok =
+        send(&app, post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": upload_ids[0]}}))).await;
     assert_eq!(ok.status, StatusCode::ACCEPTED, "{}", ok.body);
 
     moto.kill().unwrap();
     moto.wait().unwrap();
     let started = Instant::now();
-    let down = send(&app, post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": upload_ids[1]}}))).await;
+    let down =
+        send(&app, post_json("/v1/tasks/digest", Some(&token), &json!({"input": {"upload_id": upload_ids[1]}}))).await;
     assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE, "{}", down.body);
     assert_eq!(down.code(), "queue_unavailable");
     let queued: i64 =
         sqlx::query_scalar("SELECT count(*) FROM tasks WHERE status = 'queued'").fetch_one(&pool).await.unwrap();
-    let failed: Vec<Value> = sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT error FROM tasks WHERE status = 'failed'")
-        .fetch_all(&pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|j| j.0)
-        .collect();
+    let failed: Vec<Value> =
+        sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT error FROM tasks WHERE status = 'failed'")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|j| j.0)
+            .collect();
     assert_eq!(queued, 1, "only the task created while SQS was up is queued");
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["code"], "queue_unavailable");

@@ -7,9 +7,9 @@ mod common;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::{TestQueue, get, get_authed, new_session, post_json, send};
+use reeve_shared::aws::AwsClients;
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::redis_client::RedisClient;
-use reeve_shared::aws::AwsClients;
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -30,7 +30,8 @@ async fn a_client_uploads_a_file_and_queues_a_digest_of_it(pool: PgPool) {
     let (_, token) = new_session(&app).await;
 
     let catalog = send(&app, get("/v1/catalog")).await;
-    let digest = catalog.body["tasks"].as_array().unwrap().iter().find(|t| t["kind"] == "digest").expect("digest is sold");
+    let digest =
+        catalog.body["tasks"].as_array().unwrap().iter().find(|t| t["kind"] == "digest").expect("digest is sold");
     assert_eq!(digest["free"], true);
 
     let bytes = b"hello, reeve\n".repeat(1000);

@@ -24,7 +24,8 @@ async fn ids_round_trip_through_postgres_as_16_bytes(pool: PgPool) {
         .await
         .unwrap();
 
-    let (back, len): (Id, i32) = sqlx::query_as("SELECT id, octet_length(id) FROM tasks").fetch_one(&pool).await.unwrap();
+    let (back, len): (Id, i32) =
+        sqlx::query_as("SELECT id, octet_length(id) FROM tasks").fetch_one(&pool).await.unwrap();
     assert_eq!(back, id);
     assert_eq!(len, 16);
     let found: Option<Id> =
@@ -120,7 +121,8 @@ async fn unknown_routes_and_methods_get_the_envelope_with_a_request_id(pool: PgP
     assert_eq!(reply.body["error"]["request_id"], id.as_str());
     assert_eq!(id.len(), 26, "our own request ids are ULIDs");
 
-    let reply = send(&app, Request::builder().method(Method::DELETE).uri("/v1/catalog").body(Body::empty()).unwrap()).await;
+    let reply =
+        send(&app, Request::builder().method(Method::DELETE).uri("/v1/catalog").body(Body::empty()).unwrap()).await;
     assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(reply.code(), "method_not_allowed");
     assert_eq!(reply.headers["allow"], "GET,HEAD");

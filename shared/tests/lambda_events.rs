@@ -78,9 +78,7 @@ fn http_functions() -> BTreeSet<String> {
     fs::read_dir(root().join("functions"))
         .expect("functions/ exists")
         .map(|entry| entry.unwrap().path())
-        .filter(|dir| {
-            fs::read_to_string(dir.join("src/main.rs")).is_ok_and(|main| main.contains("lambda_http::run"))
-        })
+        .filter(|dir| fs::read_to_string(dir.join("src/main.rs")).is_ok_and(|main| main.contains("lambda_http::run")))
         .map(|dir| dir.file_name().unwrap().to_str().unwrap().to_owned())
         .collect()
 }

@@ -27,7 +27,8 @@ use sqlx::PgPool;
 
 /// The shipped catalog plus `steps`, run by the test's own runner.
 fn catalog() -> Catalog {
-    let shipped = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap();
+    let shipped =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap();
     let extra = r#"
         [tasks.steps]
         title = "Steps"
@@ -58,14 +59,21 @@ impl Api {
         let redis_url = common::redis_url();
         let mut settings = common::test_settings(&redis_url);
         settings.queue_url = queue.url.clone();
-        let ctx = ApiContext::new(catalog(), pool.clone(), RedisClient::new(&redis_url).unwrap(), AwsClients::from_env().await, settings);
+        let ctx = ApiContext::new(
+            catalog(),
+            pool.clone(),
+            RedisClient::new(&redis_url).unwrap(),
+            AwsClients::from_env().await,
+            settings,
+        );
         let app = app(ctx);
         let (_, token) = new_session(&app).await;
         Api { app, token, queue }
     }
 
     async fn create(&self, kind: &str) -> Id {
-        let created = send(&self.app, post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({"input": {}}))).await;
+        let created =
+            send(&self.app, post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({"input": {}}))).await;
         assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
         created.body["id"].as_str().unwrap().parse().unwrap()
     }
@@ -124,7 +132,8 @@ fn worker(pool: &PgPool, s3: aws_sdk_s3::Client, steps: usize) -> (WorkerContext
         operators: Outbound::new(OutboundPolicy::default()).unwrap(),
         fetch_max_bytes: 1024,
     };
-    let mut ctx = WorkerContext::new(catalog(), pool.clone(), RedisClient::new(&common::redis_url()).unwrap(), exec, settings);
+    let mut ctx =
+        WorkerContext::new(catalog(), pool.clone(), RedisClient::new(&common::redis_url()).unwrap(), exec, settings);
     let stepper = Arc::new(Stepper { runs: AtomicUsize::new(0), steps });
     ctx.runner = stepper.clone();
     (ctx, stepper)
@@ -145,7 +154,11 @@ async fn events_of(pool: &PgPool, id: Id) -> Vec<Event> {
 
 /// The `status` values of the events, in order.
 fn statuses(events: &[Event]) -> Vec<String> {
-    events.iter().filter(|e| e.kind == EventType::Status).map(|e| e.data["status"].as_str().unwrap().to_owned()).collect()
+    events
+        .iter()
+        .filter(|e| e.kind == EventType::Status)
+        .map(|e| e.data["status"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// Gap-free, and exactly one terminal status event, the last event.
@@ -251,7 +264,8 @@ async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgP
     assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "task_finished"));
     let (_, other) = new_session(&api.app).await;
     let fresh = api.create("steps").await;
-    for (token, task) in [(&api.token, Id::new().to_string()), (&other, fresh.to_string()), (&api.token, "nope".into())] {
+    for (token, task) in [(&api.token, Id::new().to_string()), (&other, fresh.to_string()), (&api.token, "nope".into())]
+    {
         let reply = cancel_as(&api.app, token, &task).await;
         assert_eq!((reply.status, reply.code()), (StatusCode::NOT_FOUND, "task_not_found"), "{task}");
     }
@@ -354,7 +368,8 @@ async fn cancel_racing_the_completion_leaves_exactly_one_terminal_state(pool: Pg
 }
 
 async fn space_of(pool: &PgPool, id: Id) -> reeve_shared::auth::SpaceIndex {
-    let bytes: Vec<u8> = sqlx::query_scalar("SELECT space_idx FROM tasks WHERE id = $1").bind(id).fetch_one(pool).await.unwrap();
+    let bytes: Vec<u8> =
+        sqlx::query_scalar("SELECT space_idx FROM tasks WHERE id = $1").bind(id).fetch_one(pool).await.unwrap();
     reeve_shared::auth::SpaceIndex::from_slice(&bytes).unwrap()
 }
 

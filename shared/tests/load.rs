@@ -44,7 +44,8 @@ impl Runner for Quick {
 
 /// The shipped catalog plus `quick`: free, any object input.
 fn catalog() -> reeve_shared::catalog::Catalog {
-    let shipped = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap();
+    let shipped =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap();
     let extra = "[tasks.quick]\ntitle = \"Quick\"\nexecutor = \"digest\"\ntimeout_seconds = 30\ninput_schema = { type = \"object\" }\n";
     reeve_shared::catalog::Catalog::parse(&format!("{shipped}\n{extra}")).unwrap()
 }
@@ -112,27 +113,28 @@ async fn two_hundred_clients_create_and_watch_and_nothing_is_lost(pool: PgPool) 
         operators: Outbound::new(OutboundPolicy::default()).unwrap(),
         fetch_max_bytes: 1024,
     };
-    let mut worker = WorkerContext::new(
-        catalog(),
-        pool.clone(),
-        RedisClient::new(&redis_url).unwrap(),
-        exec,
-        worker_settings,
-    );
+    let mut worker =
+        WorkerContext::new(catalog(), pool.clone(), RedisClient::new(&redis_url).unwrap(), exec, worker_settings);
     worker.runner = runner.clone();
-    let mut poller = Poller::connect(Arc::new(worker), AwsClients::from_env().await.sqs, queue.url.clone()).await.unwrap();
+    let mut poller =
+        Poller::connect(Arc::new(worker), AwsClients::from_env().await.sqs, queue.url.clone()).await.unwrap();
     poller.wait_time_seconds = 1;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let polling = tokio::spawn(async move { poller.run(async { let _ = stopped.await; }).await });
+    let polling = tokio::spawn(async move {
+        poller
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
 
     // One session per ten clients: sessions are Argon2-bound, tasks are not.
     let http = reqwest::Client::new();
     let mut tokens = Vec::new();
     for _ in 0..CLIENTS / 10 {
-        let space: Value = serde_json::from_slice(
-            &http.post(format!("{api}/v1/spaces")).send().await.unwrap().bytes().await.unwrap(),
-        )
-        .unwrap();
+        let space: Value =
+            serde_json::from_slice(&http.post(format!("{api}/v1/spaces")).send().await.unwrap().bytes().await.unwrap())
+                .unwrap();
         let session: Value = serde_json::from_slice(
             &http
                 .post(format!("{api}/v1/sessions"))

@@ -55,13 +55,7 @@ fn worker(pool: &PgPool, s3: aws_sdk_s3::Client) -> WorkerContext {
         operators: Outbound::new(OutboundPolicy::default()).unwrap(),
         fetch_max_bytes: settings.fetch_max_bytes,
     };
-    WorkerContext::new(
-        catalog(),
-        pool.clone(),
-        RedisClient::new(&common::redis_url()).unwrap(),
-        exec,
-        settings,
-    )
+    WorkerContext::new(catalog(), pool.clone(), RedisClient::new(&common::redis_url()).unwrap(), exec, settings)
 }
 
 /// The API (with the relay's routes, as `reeve serve` merges them) on a
@@ -102,9 +96,7 @@ async fn queue_digest(app: &Router, token: &str) -> String {
     )
     .await;
     assert_eq!(upload.status, StatusCode::CREATED, "{}", upload.body);
-    let mut put = reqwest::Client::new()
-        .put(upload.body["url"].as_str().unwrap())
-        .body(bytes);
+    let mut put = reqwest::Client::new().put(upload.body["url"].as_str().unwrap()).body(bytes);
     for (name, value) in upload.body["headers"].as_object().unwrap() {
         if name != "content-length" {
             put = put.header(name, value.as_str().unwrap());
@@ -113,11 +105,7 @@ async fn queue_digest(app: &Router, token: &str) -> String {
     assert_eq!(put.send().await.unwrap().status(), reqwest::StatusCode::OK);
     let created = send(
         app,
-        post_json(
-            "/v1/tasks/digest",
-            Some(token),
-            &json!({"input": {"upload_id": upload.body["upload_id"]}}),
-        ),
+        post_json("/v1/tasks/digest", Some(token), &json!({"input": {"upload_id": upload.body["upload_id"]}})),
     )
     .await;
     assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
@@ -126,30 +114,23 @@ async fn queue_digest(app: &Router, token: &str) -> String {
 
 async fn status_of(pool: &PgPool, id: &str) -> String {
     let id: reeve_shared::ids::Id = id.parse().unwrap();
-    sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1").bind(id).fetch_one(pool).await.unwrap()
 }
 
 /// Reads a whole response body as text.
 async fn text(app: &Router, request: Request<Body>) -> (StatusCode, String) {
     let response = app.clone().oneshot(request).await.unwrap();
     let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
     (status, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
 /// The value of the sample whose line starts with `series` (name and labels
 /// exactly as rendered), if any.
 fn sample(page: &str, series: &str) -> Option<f64> {
-    page.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        l.strip_prefix(series)
-            .and_then(|rest| rest.trim().parse().ok())
-    })
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
@@ -160,25 +141,16 @@ async fn prometheus_shows_the_request_task_queue_and_relay_metrics_after_a_task_
 
     let id = queue_digest(&app, &token).await;
     let sqs = AwsClients::from_env().await.sqs;
-    let mut poller = Poller::connect(
-        Arc::new(worker(&pool, AwsClients::from_env().await.s3)),
-        sqs,
-        &queue.url,
-    )
-    .await
-    .unwrap();
+    let mut poller =
+        Poller::connect(Arc::new(worker(&pool, AwsClients::from_env().await.s3)), sqs, &queue.url).await.unwrap();
     poller.wait_time_seconds = 1;
     assert_eq!(poller.poll_once().await.unwrap().done, 1);
     assert_eq!(status_of(&pool, &id).await, "completed");
 
     // A watcher replays the finished task and leaves.
-    let (status, stream) = text(
-        &app,
-        Request::get(format!("/v1/tasks/{id}/events?access_token={token}"))
-            .body(Body::empty())
-            .unwrap(),
-    )
-    .await;
+    let (status, stream) =
+        text(&app, Request::get(format!("/v1/tasks/{id}/events?access_token={token}")).body(Body::empty()).unwrap())
+            .await;
     assert_eq!(status, StatusCode::OK);
     assert!(stream.contains("\"completed\""), "{stream}");
 
@@ -186,18 +158,9 @@ async fn prometheus_shows_the_request_task_queue_and_relay_metrics_after_a_task_
     assert_eq!(status, StatusCode::OK);
     drop(handle);
     for (series, at_least) in [
-        (
-            r#"reeve_http_requests_total{method="POST",route="/v1/spaces",status="201"}"#,
-            1.0,
-        ),
-        (
-            r#"reeve_http_requests_total{method="POST",route="/v1/tasks/{task}",status="202"}"#,
-            1.0,
-        ),
-        (
-            r#"reeve_http_requests_total{method="GET",route="/v1/tasks/{task}/events",status="200"}"#,
-            1.0,
-        ),
+        (r#"reeve_http_requests_total{method="POST",route="/v1/spaces",status="201"}"#, 1.0),
+        (r#"reeve_http_requests_total{method="POST",route="/v1/tasks/{task}",status="202"}"#, 1.0),
+        (r#"reeve_http_requests_total{method="GET",route="/v1/tasks/{task}/events",status="200"}"#, 1.0),
         (r#"reeve_tasks_created_total{kind="digest"}"#, 1.0),
         (r#"reeve_tasks_completed_total{kind="digest"}"#, 1.0),
         (r#"reeve_tasks_finished_total{status="completed"}"#, 1.0),
@@ -247,31 +210,16 @@ async fn emf_child(pool: PgPool) {
 #[test]
 fn emf_lines_reach_stdout_for_a_request_and_for_a_worker_batch() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "emf_child",
-            "--include-ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", "emf_child", "--include-ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
         .env("AWS_LAMBDA_FUNCTION_NAME", "reeve-test")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (requests, batch) = stdout
-        .split_once("--- batch ---")
-        .expect("the child reached the batch");
+    assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let (requests, batch) = stdout.split_once("--- batch ---").expect("the child reached the batch");
     let emf = |part: &str| -> Vec<Value> {
-        part.lines()
-            .filter(|l| l.starts_with("{\"_aws\""))
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        part.lines().filter(|l| l.starts_with("{\"_aws\"")).map(|l| serde_json::from_str(l).unwrap()).collect()
     };
     let (requests, batch) = (emf(requests), emf(batch));
 
@@ -284,43 +232,13 @@ fn emf_lines_reach_stdout_for_a_request_and_for_a_worker_batch() {
     assert_eq!(created["reeve_http_requests_total"], 1, "{created}");
     let directive = &created["_aws"]["CloudWatchMetrics"][0];
     assert_eq!(directive["Namespace"], "Reeve");
-    let dims: Vec<&str> = directive["Dimensions"][0]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_str().unwrap())
-        .collect();
+    let dims: Vec<&str> = directive["Dimensions"][0].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
     assert_eq!(dims, ["method", "route", "status"]);
-    assert!(
-        requests
-            .iter()
-            .any(|d| d["reeve_tasks_created_total"] == 1 && d["kind"] == "digest"),
-        "{requests:#?}"
-    );
+    assert!(requests.iter().any(|d| d["reeve_tasks_created_total"] == 1 && d["kind"] == "digest"), "{requests:#?}");
 
     // The batch flushed what the worker recorded, once, at its end.
-    assert!(
-        batch
-            .iter()
-            .any(|d| d["reeve_tasks_completed_total"] == 1 && d["kind"] == "digest"),
-        "{batch:#?}"
-    );
-    assert!(
-        batch
-            .iter()
-            .any(|d| d["reeve_tasks_finished_total"] == 1 && d["status"] == "completed"),
-        "{batch:#?}"
-    );
-    assert!(
-        batch
-            .iter()
-            .any(|d| d.get("reeve_task_run_seconds").is_some()),
-        "{batch:#?}"
-    );
-    assert!(
-        batch
-            .iter()
-            .any(|d| d.get("reeve_task_queue_wait_seconds").is_some()),
-        "{batch:#?}"
-    );
+    assert!(batch.iter().any(|d| d["reeve_tasks_completed_total"] == 1 && d["kind"] == "digest"), "{batch:#?}");
+    assert!(batch.iter().any(|d| d["reeve_tasks_finished_total"] == 1 && d["status"] == "completed"), "{batch:#?}");
+    assert!(batch.iter().any(|d| d.get("reeve_task_run_seconds").is_some()), "{batch:#?}");
+    assert!(batch.iter().any(|d| d.get("reeve_task_queue_wait_seconds").is_some()), "{batch:#?}");
 }

@@ -106,7 +106,11 @@ async fn start_relay(pool: PgPool, redis_url: &str) -> Relay {
 }
 
 async fn new_task(pool: &PgPool) -> Id {
-    sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x') ON CONFLICT DO NOTHING").bind(SPACE).execute(pool).await.unwrap();
+    sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x') ON CONFLICT DO NOTHING")
+        .bind(SPACE)
+        .execute(pool)
+        .await
+        .unwrap();
     let id = Id::new();
     sqlx::query("INSERT INTO tasks (id, space_idx, kind, input) VALUES ($1, $2, 'digest', '{}')")
         .bind(id)
@@ -129,8 +133,11 @@ async fn emit(pool: &PgPool, redis_url: &str, task: Id, kind: EventType, data: V
     }
     if let Ok(client) = redis::Client::open(redis_url) {
         if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-            let _: Result<i64, _> =
-                redis::cmd("PUBLISH").arg(relay::channel(task)).arg(serde_json::to_string(&event).unwrap()).query_async(&mut c).await;
+            let _: Result<i64, _> = redis::cmd("PUBLISH")
+                .arg(relay::channel(task))
+                .arg(serde_json::to_string(&event).unwrap())
+                .query_async(&mut c)
+                .await;
         }
     }
     event.seq
@@ -318,9 +325,21 @@ async fn refusals_come_before_the_stream_as_error_envelopes(pool: PgPool) {
         (client.get(url(&Id::new().to_string())).bearer_auth(&relay.token), 404, "not_found"),
         (client.get(url("not-an-id")).bearer_auth(&relay.token), 404, "not_found"),
         (client.get(url(&task.to_string())).bearer_auth(&other_space), 404, "not_found"),
-        (client.get(url(&task.to_string())).bearer_auth(&relay.token).header("last-event-id", "abc"), 400, "invalid_last_event_id"),
-        (client.get(url(&task.to_string())).bearer_auth(&relay.token).header("last-event-id", "-1"), 400, "invalid_last_event_id"),
-        (client.get(format!("{}?last_event_id=1.5", url(&task.to_string()))).bearer_auth(&relay.token), 400, "invalid_last_event_id"),
+        (
+            client.get(url(&task.to_string())).bearer_auth(&relay.token).header("last-event-id", "abc"),
+            400,
+            "invalid_last_event_id",
+        ),
+        (
+            client.get(url(&task.to_string())).bearer_auth(&relay.token).header("last-event-id", "-1"),
+            400,
+            "invalid_last_event_id",
+        ),
+        (
+            client.get(format!("{}?last_event_id=1.5", url(&task.to_string()))).bearer_auth(&relay.token),
+            400,
+            "invalid_last_event_id",
+        ),
     ];
     for (request, status, code) in cases {
         let response = request.send().await.unwrap();
@@ -497,7 +516,8 @@ async fn a_database_error_ends_the_stream_with_a_retry_hint(pool: PgPool) {
     let client = redis::Client::open(redis_url.as_str()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let skipped = json!({"seq": 4, "type": "progress", "data": {"fraction": 0.9}, "at": "2026-01-01T00:00:00Z"});
-    let _: i64 = redis::cmd("PUBLISH").arg(relay::channel(task)).arg(skipped.to_string()).query_async(&mut c).await.unwrap();
+    let _: i64 =
+        redis::cmd("PUBLISH").arg(relay::channel(task)).arg(skipped.to_string()).query_async(&mut c).await.unwrap();
 
     let rest = async {
         while let Some(chunk) = response.chunk().await.unwrap() {
@@ -526,7 +546,13 @@ fn raise_fd_limit(needed: u64) {
 /// often it had to reconnect.
 /// At most `connecting` of them are opening a connection at any moment (a
 /// listen backlog overflows otherwise, as it would in production).
-async fn watch_to_end(base: String, token: String, task: Id, http: reqwest::Client, connecting: Arc<tokio::sync::Semaphore>) -> (Vec<i64>, usize) {
+async fn watch_to_end(
+    base: String,
+    token: String,
+    task: Id,
+    http: reqwest::Client,
+    connecting: Arc<tokio::sync::Semaphore>,
+) -> (Vec<i64>, usize) {
     let mut seen: Vec<i64> = Vec::new();
     let mut reconnects = 0;
     loop {

@@ -29,7 +29,8 @@ async fn a_space_is_created_with_a_fresh_20_digit_id_that_is_not_stored(pool: Pg
     assert_eq!(rows.len(), 2);
     let space_id = auth::SpaceId::parse(id).unwrap();
     let idx = auth::space_index(&ctx.settings.pepper, &space_id);
-    let (stored_idx, hash) = rows.iter().find(|(i, _)| i.as_slice() == idx.as_bytes()).expect("row keyed by the HMAC index");
+    let (stored_idx, hash) =
+        rows.iter().find(|(i, _)| i.as_slice() == idx.as_bytes()).expect("row keyed by the HMAC index");
     assert_eq!(stored_idx.len(), 16);
     assert!(hash.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{hash}");
     assert!(!hash.contains(id), "no plaintext copy of the id");
@@ -80,7 +81,11 @@ async fn session_requests_with_bad_bodies_get_clear_codes(pool: PgPool) {
         (raw("application/json", "{}"), StatusCode::BAD_REQUEST, "invalid_request"),
         (raw("application/json", "{\"space_id\": \"1\", \"extra\": 1}"), StatusCode::BAD_REQUEST, "invalid_request"),
         (raw("text/plain", "{\"space_id\": \"1\"}"), StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
-        (raw("application/json", &format!("{{\"space_id\": \"{}\"}}", "1".repeat(100_000))), StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+        (
+            raw("application/json", &format!("{{\"space_id\": \"{}\"}}", "1".repeat(100_000))),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+        ),
     ] {
         let reply = send(&app, request).await;
         assert_eq!((reply.status, reply.code()), (status, code), "{}", reply.body);

@@ -38,7 +38,8 @@ fn moto() -> SdkConfig {
 async fn create_secret(sdk: &SdkConfig, value: &str) -> String {
     let client = aws_sdk_secretsmanager::Client::new(sdk);
     let name = format!("reeve-test/{}", ulid::Ulid::new());
-    let created = client.create_secret().name(name).secret_string(value).send().await.expect("moto serves Secrets Manager");
+    let created =
+        client.create_secret().name(name).secret_string(value).send().await.expect("moto serves Secrets Manager");
     created.arn().expect("an ARN").to_owned()
 }
 
@@ -160,13 +161,18 @@ async fn the_worker_and_the_guard_read_the_database_url_by_arn() {
         ("REEVE_BUCKET", "reeve-test".to_owned()),
         ("REEVE_CATALOG", catalog().display().to_string()),
     ];
-    let worker = startup::worker_with(lookup(&vars), &sdk, &catalog(), Connect::Now).await.unwrap_or_else(|e| panic!("{e}"));
+    let worker =
+        startup::worker_with(lookup(&vars), &sdk, &catalog(), Connect::Now).await.unwrap_or_else(|e| panic!("{e}"));
     sqlx::query("SELECT 1").execute(&worker.db).await.expect("connected");
     let guard = startup::guard_with(lookup(&vars), &sdk).await.unwrap_or_else(|e| panic!("{e}"));
     sqlx::query("SELECT 1").execute(&guard.db).await.expect("connected");
 
     // The worker without its secret, with a bad fetch allow-list: both reported.
-    let vars = vec![("REDIS_URL", common::redis_url()), ("REEVE_BUCKET", "b".to_owned()), ("REEVE_FETCH_ALLOW", "*.example.com".to_owned())];
+    let vars = vec![
+        ("REDIS_URL", common::redis_url()),
+        ("REEVE_BUCKET", "b".to_owned()),
+        ("REEVE_FETCH_ALLOW", "*.example.com".to_owned()),
+    ];
     let err = startup::worker_with(lookup(&vars), &sdk, &catalog(), Connect::Lazily).await.err().unwrap();
     let problems = err.problems();
     assert_eq!(problems.len(), 2, "{problems:?}");

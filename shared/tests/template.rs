@@ -70,10 +70,7 @@ fn resources() -> BTreeMap<String, String> {
 /// The value of the first `key: value` line (any indentation) in `body`.
 fn value_of<'a>(body: &'a str, key: &str) -> Option<&'a str> {
     let prefix = format!("{key}:");
-    body.lines()
-        .map(str::trim)
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map(|v| v.trim().trim_matches('"'))
+    body.lines().map(str::trim).find_map(|l| l.strip_prefix(&prefix)).map(|v| v.trim().trim_matches('"'))
 }
 
 /// Template functions: logical id → binary.
@@ -129,7 +126,11 @@ fn function_of_event(stem: &str, binaries: &BTreeSet<String>) -> Option<String> 
     if let Some((_, f)) = EVENT_SOURCES.iter().find(|(prefix, _)| stem.starts_with(prefix)) {
         return Some((*f).to_owned());
     }
-    binaries.iter().filter(|b| stem == b.as_str() || stem.starts_with(&format!("{b}-"))).max_by_key(|b| b.len()).cloned()
+    binaries
+        .iter()
+        .filter(|b| stem == b.as_str() || stem.starts_with(&format!("{b}-")))
+        .max_by_key(|b| b.len())
+        .cloned()
 }
 
 #[test]
@@ -258,7 +259,8 @@ fn names_set_by_the_template() -> BTreeSet<String> {
 #[test]
 fn the_template_sets_exactly_the_variables_the_code_reads() {
     let read_by_code = names_read_by_the_code();
-    for required in ["REEVE_PEPPER", "REEVE_TOKEN_KEY", "DATABASE_URL", "REDIS_URL", "REEVE_BUCKET", "REEVE_QUEUE_URL"] {
+    for required in ["REEVE_PEPPER", "REEVE_TOKEN_KEY", "DATABASE_URL", "REDIS_URL", "REEVE_BUCKET", "REEVE_QUEUE_URL"]
+    {
         assert!(read_by_code.contains(required), "the scan missed {required}: {read_by_code:?}");
     }
     let exempt: BTreeSet<String> = NOT_SET_BY_THE_TEMPLATE.iter().map(|(n, _)| n.to_string()).collect();
@@ -408,7 +410,11 @@ fn the_catalog_layer_ships_reeve_toml() {
     assert_eq!(value_of(&globals, "REEVE_CATALOG"), Some("/opt/reeve.toml"), "a layer is unpacked under /opt");
     assert!(globals.contains("Layers: [!Ref CatalogLayer]"));
     assert_eq!(value_of(&globals, "Runtime"), Some("provided.al2023"));
-    assert_eq!(value_of(&globals, "CodeUri"), Some("."), "one workspace, one target directory (DESIGN §14)");
+    assert_eq!(
+        value_of(&globals, "CodeUri"),
+        Some("."),
+        "one workspace, one target directory (docs/architecture.md#deployment)"
+    );
 }
 
 /// The template parameters that name secrets.
@@ -426,6 +432,7 @@ const SECRET_READERS: &[(&str, &[&str])] = &[
     ("TaskStatusFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     ("WorkerFunction", &["DatabaseUrlSecretArn"]),
     ("UploadGuardFunction", &["DatabaseUrlSecretArn"]),
+    ("SweeperFunction", &["DatabaseUrlSecretArn"]),
     // The relay's secrets are injected by ECS with its execution role.
     ("RelayExecutionRole", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     ("RelayTaskDefinition", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
@@ -515,7 +522,7 @@ fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
             ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()
         } else if main.contains("startup::lambda_api(Needs::NONE)") {
             BTreeSet::new()
-        } else if main.contains("startup::lambda_worker()") || main.contains("startup::lambda_guard()") {
+        } else if ["startup::lambda_worker()", "startup::lambda_guard()", "startup::lambda_sweeper()"].iter().any(|c| main.contains(c)) {
             ["DatabaseUrlSecretArn"].into()
         } else {
             panic!("{binary}'s main does not start through reeve_shared::startup");
@@ -537,7 +544,10 @@ fn list_bucket_is_scoped_to_prefixes() {
             let statement: Vec<&str> =
                 lines[i + 1..].iter().take_while(|l| !l.trim_start().starts_with("- Effect:")).copied().collect();
             let statement = statement.join("\n");
-            assert!(statement.contains("StringLike:") && statement.contains("s3:prefix:"), "{name}: unscoped s3:ListBucket");
+            assert!(
+                statement.contains("StringLike:") && statement.contains("s3:prefix:"),
+                "{name}: unscoped s3:ListBucket"
+            );
             assert!(!statement.contains("s3:prefix: \"*\""), "{name}: s3:prefix * lists everything");
         }
     }
@@ -606,6 +616,10 @@ fn every_catalog_task_fits_in_the_worker_timeout() {
     assert!(reeve_shared::worker::DEADLINE_MARGIN.as_secs() < grace, "the deadline stop comes after the task timeout");
     for (kind, task) in &catalog.tasks {
         let needed = u64::from(task.timeout_seconds) + grace;
-        assert!(needed <= timeout, "tasks.{kind}: {}s + {grace}s grace > worker Timeout {timeout}s", task.timeout_seconds);
+        assert!(
+            needed <= timeout,
+            "tasks.{kind}: {}s + {grace}s grace > worker Timeout {timeout}s",
+            task.timeout_seconds
+        );
     }
 }

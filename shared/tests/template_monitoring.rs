@@ -15,14 +15,9 @@ fn template() -> String {
 
 /// The body of the top-level resource `name`: its indented lines.
 fn resource(text: &str, name: &str) -> String {
-    let start = text
-        .find(&format!("\n  {name}:\n"))
-        .unwrap_or_else(|| panic!("no resource {name}"));
+    let start = text.find(&format!("\n  {name}:\n")).unwrap_or_else(|| panic!("no resource {name}"));
     let body = &text[start + name.len() + 5..];
-    body.lines()
-        .take_while(|l| l.is_empty() || l.starts_with("    "))
-        .collect::<Vec<_>>()
-        .join("\n")
+    body.lines().take_while(|l| l.is_empty() || l.starts_with("    ")).collect::<Vec<_>>().join("\n")
 }
 
 const ALARMS: &[(&str, &str)] = &[
@@ -38,22 +33,14 @@ const ALARMS: &[(&str, &str)] = &[
 #[test]
 fn every_alarm_exists_and_notifies_the_topic_parameter() {
     let text = template();
-    assert!(
-        text.contains("\n  AlarmTopicArn:\n    Type: String"),
-        "the SNS topic is a parameter"
-    );
+    assert!(text.contains("\n  AlarmTopicArn:\n    Type: String"), "the SNS topic is a parameter");
     for (name, metric) in ALARMS {
         let body = resource(&text, name);
-        assert!(
-            body.contains("Type: AWS::CloudWatch::Alarm"),
-            "{name}:\n{body}"
-        );
+        assert!(body.contains("Type: AWS::CloudWatch::Alarm"), "{name}:\n{body}");
         assert!(body.contains(metric), "{name} reads {metric}:\n{body}");
         for key in ["AlarmActions", "OKActions"] {
             assert!(
-                body.contains(&format!(
-                    "{key}: !If [HasAlarmTopic, [!Ref AlarmTopicArn], !Ref AWS::NoValue]"
-                )),
+                body.contains(&format!("{key}: !If [HasAlarmTopic, [!Ref AlarmTopicArn], !Ref AWS::NoValue]")),
                 "{name} {key}"
             );
         }
@@ -61,9 +48,7 @@ fn every_alarm_exists_and_notifies_the_topic_parameter() {
     // The DLQ alarm fires on the first dead letter.
     let dlq = resource(&text, "DeadLetterQueueAlarm");
     assert!(dlq.contains("Value: !GetAtt TaskDeadLetterQueue.QueueName"));
-    assert!(
-        dlq.contains("Threshold: 0\n") && dlq.contains("ComparisonOperator: GreaterThanThreshold")
-    );
+    assert!(dlq.contains("Threshold: 0\n") && dlq.contains("ComparisonOperator: GreaterThanThreshold"));
     // Every function but the worker is in the function-errors sum.
     let functions = resource(&text, "FunctionErrorsAlarm");
     for f in [
@@ -84,9 +69,7 @@ fn reeve_names(text: &str) -> BTreeSet<String> {
     let mut rest = text;
     while let Some(i) = rest.find("reeve_") {
         let tail = &rest[i..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
+        let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
         names.insert(tail[..end].to_owned());
         rest = &tail[end..];
     }
@@ -97,13 +80,8 @@ fn reeve_names(text: &str) -> BTreeSet<String> {
 fn the_dashboard_is_json_and_reads_only_metrics_the_code_records() {
     let text = template();
     let dashboard = resource(&text, "Dashboard");
-    let start = dashboard
-        .find("- |\n")
-        .expect("the body is a literal block")
-        + 4;
-    let end = dashboard
-        .find("\n        - Queue:")
-        .expect("the Sub variables follow");
+    let start = dashboard.find("- |\n").expect("the body is a literal block") + 4;
+    let end = dashboard.find("\n        - Queue:").expect("the Sub variables follow");
     // What CloudFormation's !Sub would do, with stand-in values.
     let mut body = String::new();
     let mut rest = &dashboard[start..end];
@@ -130,19 +108,10 @@ fn the_dashboard_is_json_and_reads_only_metrics_the_code_records() {
     .into_iter()
     .map(String::from)
     .collect();
-    let used = reeve_names(&format!(
-        "{body}\n{}",
-        resource(&text, "FailedTaskRateAlarm")
-    ));
+    let used = reeve_names(&format!("{body}\n{}", resource(&text, "FailedTaskRateAlarm")));
     assert!(!used.is_empty());
     for name in &used {
-        assert!(
-            known.contains(name),
-            "{name} is read by the template but is not a metric the code records"
-        );
+        assert!(known.contains(name), "{name} is read by the template but is not a metric the code records");
     }
-    assert!(
-        body.contains(&format!("\"{}\"", metrics::NAMESPACE)),
-        "the dashboard reads the EMF namespace"
-    );
+    assert!(body.contains(&format!("\"{}\"", metrics::NAMESPACE)), "the dashboard reads the EMF namespace");
 }

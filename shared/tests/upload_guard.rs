@@ -150,10 +150,7 @@ async fn an_oversize_object_is_rejected_and_deleted(pool: PgPool) {
     put_direct(&ctx, &upload.key, "application/octet-stream", vec![7u8; 4096]).await;
 
     let outcome = run(&guard, &ctx.settings.bucket, &upload.key, 4096).await;
-    assert_eq!(
-        outcome,
-        Outcome::Rejected { size: Some(4096), content_type: Some("application/octet-stream".into()) }
-    );
+    assert_eq!(outcome, Outcome::Rejected { size: Some(4096), content_type: Some("application/octet-stream".into()) });
     assert_eq!(status(&pool, &upload.key).await, UploadStatus::Rejected);
     assert!(!exists(&ctx, &upload.key).await, "the oversize object was deleted");
 
@@ -263,10 +260,8 @@ async fn a_guard_that_loses_the_race_to_task_create_deletes_nothing(pool: PgPool
     let settling = tokio::spawn(async move { strict.settle(&key).await });
     let waited = async {
         loop {
-            let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE NOT granted")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+            let waiting: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE NOT granted").fetch_one(&pool).await.unwrap();
             if waiting > 0 {
                 break;
             }

@@ -154,7 +154,8 @@ impl Api {
 
     async fn create(&self, kind: &str, input: Value) -> Id {
         let created =
-            send(&self.app, post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({ "input": input }))).await;
+            send(&self.app, post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({ "input": input })))
+                .await;
         assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
         created.body["id"].as_str().unwrap().parse().unwrap()
     }
@@ -521,11 +522,13 @@ async fn an_expired_lease_is_reclaimed_and_a_live_one_is_not(pool: PgPool) {
     let ctx = worker(&pool).await;
 
     // A live lease of another worker: hands off.
-    sqlx::query("UPDATE tasks SET status = 'running', attempts = 1, lease_until = now() + interval '10 minutes' WHERE id = $1")
-        .bind(id)
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE tasks SET status = 'running', attempts = 1, lease_until = now() + interval '10 minutes' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
     let outcome = process(&ctx, &body_of(id, "digest"), 2).await;
     assert!(matches!(outcome, Outcome::Retry(_)), "{outcome:?}");
     let task = row(&pool, id).await;

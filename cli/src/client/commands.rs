@@ -440,7 +440,12 @@ fn print_task(task: &Value) {
         println!("{:<9} {}", "result", task["result"]);
     }
     if !task["error"].is_null() {
-        println!("{:<9} {} ({})", "error", task["error"]["message"].as_str().unwrap_or_default(), task["error"]["code"].as_str().unwrap_or_default());
+        println!(
+            "{:<9} {} ({})",
+            "error",
+            task["error"]["message"].as_str().unwrap_or_default(),
+            task["error"]["code"].as_str().unwrap_or_default()
+        );
     }
 }
 
@@ -475,8 +480,7 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
             input.insert(field, id);
         }
     }
-    let headers: Vec<(&str, String)> =
-        args.idempotency_key.iter().map(|k| ("idempotency-key", k.clone())).collect();
+    let headers: Vec<(&str, String)> = args.idempotency_key.iter().map(|k| ("idempotency-key", k.clone())).collect();
     let body = json!({ "input": Value::Object(input) });
     let path = format!("/v1/tasks/{}", urlencode(&args.kind));
     let accepted = client.authed(Method::POST, &path, Some(&body), &headers).await?.body;
@@ -520,7 +524,12 @@ pub fn outcome_code(status: TaskStatus) -> ExitCode {
     }
 }
 
-async fn result(client: &mut Client, opts: &ClientOpts, id: Id, path: Option<PathBuf>) -> Result<ExitCode, ClientError> {
+async fn result(
+    client: &mut Client,
+    opts: &ClientOpts,
+    id: Id,
+    path: Option<PathBuf>,
+) -> Result<ExitCode, ClientError> {
     let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
     let status = task["status"].as_str().and_then(TaskStatus::parse);
     match status {
@@ -531,7 +540,11 @@ async fn result(client: &mut Client, opts: &ClientOpts, id: Id, path: Option<Pat
             } else {
                 let error = &task["error"];
                 match error["code"].as_str() {
-                    Some(code) => eprintln!("task {id} {}: {} ({code})", status.as_str(), error["message"].as_str().unwrap_or_default()),
+                    Some(code) => eprintln!(
+                        "task {id} {}: {} ({code})",
+                        status.as_str(),
+                        error["message"].as_str().unwrap_or_default()
+                    ),
                     None => eprintln!("task {id} {}: it has no result", status.as_str()),
                 }
             }
@@ -551,7 +564,11 @@ async fn result(client: &mut Client, opts: &ClientOpts, id: Id, path: Option<Pat
     let result = task["result"].clone();
     let mut saved = None;
     if let Some(url) = result["url"].as_str() {
-        let default = result["key"].as_str().and_then(|k| k.rsplit('/').next()).filter(|n| !n.is_empty()).map_or_else(|| format!("{id}.out"), str::to_owned);
+        let default = result["key"]
+            .as_str()
+            .and_then(|k| k.rsplit('/').next())
+            .filter(|n| !n.is_empty())
+            .map_or_else(|| format!("{id}.out"), str::to_owned);
         let target = path.unwrap_or_else(|| PathBuf::from(default));
         download(client, url, &target, opts.json).await?;
         saved = Some(target);
@@ -605,7 +622,9 @@ pub async fn report(client: Option<&Client>, opts: &ClientOpts, error: &ClientEr
     match error {
         ClientError::PaymentRequired(challenge) => {
             let catalog = match client {
-                Some(client) => client.public(Method::GET, "/v1/catalog", None).await.map(|a| a.body).unwrap_or(Value::Null),
+                Some(client) => {
+                    client.public(Method::GET, "/v1/catalog", None).await.map(|a| a.body).unwrap_or(Value::Null)
+                }
                 None => Value::Null,
             };
             eprintln!("{}", payment_required::describe(challenge, &catalog));

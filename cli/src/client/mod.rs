@@ -105,7 +105,9 @@ impl Client {
         let endpoint = endpoint.or(named).unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned());
         let endpoint = endpoint.trim_end_matches('/').to_owned();
         if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-            return Err(ClientError::Usage(format!("the endpoint must be an http:// or https:// URL, not {endpoint:?}")));
+            return Err(ClientError::Usage(format!(
+                "the endpoint must be an http:// or https:// URL, not {endpoint:?}"
+            )));
         }
         let profile_name = profile.unwrap_or_else(|| endpoint.clone());
         let http = reqwest::Client::builder()
@@ -152,7 +154,8 @@ impl Client {
         let response = request.send().await.map_err(|e| self.unreachable(&e))?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(|e| self.unreachable(&e))?;
-        let body: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
+        let body: Value =
+            if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
         if status.is_success() {
             return Ok(Answer { status, body });
         }

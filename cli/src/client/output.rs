@@ -43,9 +43,14 @@ mod tests {
 
     #[test]
     fn amounts_read_in_human_units() {
-        for (atomic, decimals, human) in
-            [("1500000", 6, "1.5"), ("1", 6, "0.000001"), ("0", 6, "0"), ("2000000", 6, "2"), ("42", 0, "42"), ("x", 6, "x")]
-        {
+        for (atomic, decimals, human) in [
+            ("1500000", 6, "1.5"),
+            ("1", 6, "0.000001"),
+            ("0", 6, "0"),
+            ("2000000", 6, "2"),
+            ("42", 0, "42"),
+            ("x", 6, "x"),
+        ] {
             assert_eq!(human_amount(atomic, decimals), human, "{atomic} / 10^{decimals}");
         }
     }

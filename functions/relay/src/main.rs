@@ -1,4 +1,4 @@
-//! The relay service (DESIGN §8): one long-lived process per Fargate task,
+//! The relay service (docs/architecture.md#task-events-and-the-sse-relay): one long-lived process per Fargate task,
 //! one Redis Pub/Sub connection shared by all its SSE clients.
 //! Glue only: the routes are `reeve_shared::http::events`'s; the context and
 //! the bind address come from the one start-up path, which reports every
@@ -24,7 +24,8 @@ async fn main() {
     };
     tracing::info!(%bind, "relay serving");
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
         tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
     };
     if let Err(e) = axum::serve(listener, with_cors(router(ctx), &cors)).with_graceful_shutdown(shutdown).await {

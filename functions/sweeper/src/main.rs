@@ -5,14 +5,13 @@
 //! sweep (the next minute's tries again) or reports the record for retry.
 
 use lambda_runtime::{Error, LambdaEvent, service_fn};
-use reeve_shared::sweeper::Sweeper;
-use reeve_shared::telemetry;
+use reeve_shared::{startup, telemetry};
 use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let sweeper = Sweeper::for_lambda().await;
+    let sweeper = startup::lambda_sweeper().await;
     let sweeper = &sweeper;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         Ok::<_, Error>(sweeper.handle_invocation(event.payload).await?)

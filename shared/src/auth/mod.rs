@@ -1,4 +1,4 @@
-//! Auth, in two steps (DESIGN §4).
+//! Auth, in two steps (docs/architecture.md#auth).
 //!
 //! 1. A Space ID is turned into a fast, non-secret database key with
 //!    [`space_index`] (`HMAC-SHA256(pepper, id)[..16]`).
@@ -43,8 +43,7 @@ pub enum AuthError {
 pub(crate) fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     // HMAC accepts keys of any length (long keys are hashed first), so this
     // cannot fail; `Hmac<Sha256>` implements `KeyInit` with that guarantee.
-    let mut mac =
-        <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
     for part in parts {
         mac.update(part);
     }
@@ -88,12 +87,7 @@ mod tests {
         for (i, (key, data, expected)) in cases.iter().enumerate() {
             let expected = hex(expected);
             let mac = hmac_sha256(key, &[data]);
-            assert_eq!(
-                &mac[..expected.len()],
-                &expected[..],
-                "RFC 4231 test case {}",
-                i + 1
-            );
+            assert_eq!(&mac[..expected.len()], &expected[..], "RFC 4231 test case {}", i + 1);
         }
     }
 
@@ -102,9 +96,6 @@ mod tests {
         let data = b"what do ya want for nothing?";
         let (a, b) = data.split_at(9);
         assert_eq!(hmac_sha256(b"Jefe", &[a, b]), hmac_sha256(b"Jefe", &[data]));
-        assert_eq!(
-            hmac_sha256(b"Jefe", &[a, &[], b]),
-            hmac_sha256(b"Jefe", &[data])
-        );
+        assert_eq!(hmac_sha256(b"Jefe", &[a, &[], b]), hmac_sha256(b"Jefe", &[data]));
     }
 }

@@ -1,13 +1,11 @@
 use std::sync::LazyLock;
 
 use argon2::password_hash::phc::PasswordHash;
-use argon2::{
-    ARGON2ID_IDENT, Algorithm, Argon2, Params, PasswordHasher, PasswordVerifier, Version,
-};
+use argon2::{ARGON2ID_IDENT, Algorithm, Argon2, Params, PasswordHasher, PasswordVerifier, Version};
 
 use super::{AuthError, SpaceId};
 
-/// Argon2id at the OWASP floor: m=19456 KiB, t=2, p=1 (DESIGN §4). The
+/// Argon2id at the OWASP floor: m=19456 KiB, t=2, p=1 (docs/architecture.md#auth). The
 /// parameters are written into each PHC string and verification reads them
 /// from there, so raising these later keeps old hashes valid.
 const PARAMS: Params = match Params::new(19_456, 2, 1, None) {
@@ -24,15 +22,15 @@ fn argon2() -> Argon2<'static> {
 /// same Argon2 work as a wrong one. It is a literal rather than computed at
 /// start-up so the first unknown ID on a cold instance is not slower than the
 /// rest; a test recomputes it, and fails with the new value if `PARAMS` change.
-const DUMMY_PHC_STR: &str = "$argon2id$v=19$m=19456,t=2,p=1$cmVldmUtZHVtbXktc2FsdA$OS3b18+QVwo7VoSBKtkBnpfXp3dKOJXpUUN4bD+8Y8U";
+const DUMMY_PHC_STR: &str =
+    "$argon2id$v=19$m=19456,t=2,p=1$cmVldmUtZHVtbXktc2FsdA$OS3b18+QVwo7VoSBKtkBnpfXp3dKOJXpUUN4bD+8Y8U";
 #[cfg(test)]
 const DUMMY_PASSWORD: &[u8] = b"reeve: no space has this id";
 #[cfg(test)]
 const DUMMY_SALT: &[u8] = b"reeve-dummy-salt";
 
-static DUMMY_PHC: LazyLock<PasswordHash> = LazyLock::new(|| {
-    PasswordHash::new(DUMMY_PHC_STR).expect("DUMMY_PHC_STR is a valid PHC string")
-});
+static DUMMY_PHC: LazyLock<PasswordHash> =
+    LazyLock::new(|| PasswordHash::new(DUMMY_PHC_STR).expect("DUMMY_PHC_STR is a valid PHC string"));
 
 /// Hashes a new Space ID for storage: Argon2id, `PARAMS`, a 16-byte salt from
 /// the OS RNG. Returns the PHC string (`$argon2id$v=19$m=19456,t=2,p=1$…`).
@@ -40,9 +38,7 @@ static DUMMY_PHC: LazyLock<PasswordHash> = LazyLock::new(|| {
 pub fn hash_space_id(id: &SpaceId) -> Result<String, AuthError> {
     let mut salt = [0u8; argon2::RECOMMENDED_SALT_LEN];
     getrandom::fill(&mut salt).map_err(AuthError::Rng)?;
-    let phc = argon2()
-        .hash_password_with_salt(id.as_str().as_bytes(), &salt)
-        .map_err(AuthError::Hash)?;
+    let phc = argon2().hash_password_with_salt(id.as_str().as_bytes(), &salt).map_err(AuthError::Hash)?;
     Ok(phc.to_string())
 }
 
@@ -106,14 +102,8 @@ mod tests {
         let phc = hash_space_id(&right).unwrap();
         assert!(phc.starts_with(PREFIX), "{phc}");
         assert!(!phc.contains(right.as_str()));
-        assert_eq!(
-            verifies_during(|| assert!(verify_space_id(&right, Some(&phc)))),
-            1
-        );
-        assert_eq!(
-            verifies_during(|| assert!(!verify_space_id(&wrong, Some(&phc)))),
-            1
-        );
+        assert_eq!(verifies_during(|| assert!(verify_space_id(&right, Some(&phc)))), 1);
+        assert_eq!(verifies_during(|| assert!(!verify_space_id(&wrong, Some(&phc)))), 1);
     }
 
     #[test]
@@ -146,12 +136,7 @@ mod tests {
             "$scrypt$ln=16,r=8,p=1$aM15713r3Xsvxbi31lqr1Q$nFNh2CVHVjNldFVKDHDlm4CbdRSCdEBsjjJxD+iCs5E",
         ];
         for phc in bad {
-            let n = verifies_during(|| {
-                assert!(
-                    !verify_space_id(&id("12345678901234567890"), Some(phc)),
-                    "{phc}"
-                )
-            });
+            let n = verifies_during(|| assert!(!verify_space_id(&id("12345678901234567890"), Some(phc)), "{phc}"));
             assert_eq!(n, 1, "{phc}");
         }
     }
@@ -160,17 +145,11 @@ mod tests {
     /// complete Argon2id hash with today's parameters.
     #[test]
     fn dummy_hash_is_a_real_hash_with_current_params() {
-        let fresh = argon2()
-            .hash_password_with_salt(DUMMY_PASSWORD, DUMMY_SALT)
-            .unwrap()
-            .to_string();
+        let fresh = argon2().hash_password_with_salt(DUMMY_PASSWORD, DUMMY_SALT).unwrap().to_string();
         assert_eq!(DUMMY_PHC_STR, fresh, "update DUMMY_PHC_STR");
         assert!(DUMMY_PHC_STR.starts_with(PREFIX));
         assert!(is_complete_argon2id(&DUMMY_PHC));
         let params = Params::try_from(&*DUMMY_PHC).unwrap();
-        assert_eq!(
-            (params.m_cost(), params.t_cost(), params.p_cost()),
-            (19_456, 2, 1)
-        );
+        assert_eq!((params.m_cost(), params.t_cost(), params.p_cost()), (19_456, 2, 1));
     }
 }

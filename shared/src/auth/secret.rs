@@ -95,17 +95,8 @@ mod tests {
     #[test]
     fn short_secret_is_rejected_with_its_name() {
         let err = Secret::new("REEVE_PEPPER", b"twelve bytes".to_vec()).unwrap_err();
-        assert!(matches!(
-            err,
-            AuthError::SecretTooShort {
-                name: "REEVE_PEPPER",
-                len: 12
-            }
-        ));
-        assert_eq!(
-            err.to_string(),
-            "REEVE_PEPPER must be at least 32 bytes (got 12)"
-        );
+        assert!(matches!(err, AuthError::SecretTooShort { name: "REEVE_PEPPER", len: 12 }));
+        assert_eq!(err.to_string(), "REEVE_PEPPER must be at least 32 bytes (got 12)");
         assert!(Secret::new("REEVE_TOKEN_KEY", vec![7; 31]).is_err());
         assert!(Secret::new("REEVE_TOKEN_KEY", Vec::new()).is_err());
     }

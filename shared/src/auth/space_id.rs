@@ -62,7 +62,7 @@ impl fmt::Debug for SpaceId {
 
 /// The database key of a Space: `HMAC-SHA256(pepper, space_id)[..16]`.
 /// Without the pepper it reveals nothing about the ID, so it may be logged and
-/// used in S3 keys (as hex). Equality is constant time anyway, as DESIGN §4
+/// used in S3 keys (as hex). Equality is constant time anyway, as docs/architecture.md#auth
 /// asks for every MAC-derived value.
 #[derive(Clone, Copy)]
 pub struct SpaceIndex([u8; 16]);
@@ -108,7 +108,7 @@ impl fmt::Debug for SpaceIndex {
     }
 }
 
-/// The fast lookup key for `id` (DESIGN §4, step 1).
+/// The fast lookup key for `id` (docs/architecture.md#auth, step 1).
 pub fn space_index(pepper: &Secret, id: &SpaceId) -> SpaceIndex {
     let mac = hmac_sha256(pepper.as_bytes(), &[id.as_str().as_bytes()]);
     let mut idx = [0u8; 16];
@@ -129,10 +129,7 @@ mod tests {
     /// Pearson's chi-square statistic against a uniform distribution over 0–9.
     fn chi_square(counts: &[u64; 10]) -> f64 {
         let expected = counts.iter().sum::<u64>() as f64 / 10.0;
-        counts
-            .iter()
-            .map(|&c| (c as f64 - expected).powi(2) / expected)
-            .sum()
+        counts.iter().map(|&c| (c as f64 - expected).powi(2) / expected).sum()
     }
 
     #[test]
@@ -140,11 +137,7 @@ mod tests {
         let mut seen = HashSet::new();
         for _ in 0..10_000 {
             let id = SpaceId::generate().unwrap();
-            assert!(
-                is_space_id_format(id.as_str()),
-                "bad format: {}",
-                id.as_str()
-            );
+            assert!(is_space_id_format(id.as_str()), "bad format: {}", id.as_str());
             assert!(seen.insert(id.as_str().to_owned()), "duplicate id");
         }
     }
@@ -174,27 +167,16 @@ mod tests {
         }
         // The statistic itself must be able to reject a skewed sample.
         assert!(chi_square(&[400_000, 0, 0, 0, 0, 0, 0, 0, 0, 0]) > BOUND);
-        let modulo_biased = [
-            40_625, 40_625, 40_625, 40_625, 40_625, 40_625, 39_063, 39_062, 39_063, 39_062,
-        ];
+        let modulo_biased = [40_625, 40_625, 40_625, 40_625, 40_625, 40_625, 39_063, 39_062, 39_063, 39_062];
         assert!(chi_square(&modulo_biased) > BOUND);
     }
 
     #[test]
     fn parse_accepts_exactly_20_ascii_digits() {
-        assert_eq!(
-            SpaceId::parse("01234567890123456789").unwrap().as_str(),
-            "01234567890123456789"
-        );
-        assert_eq!(
-            SpaceId::parse("00000000000000000000").unwrap().as_str(),
-            "00000000000000000000"
-        );
+        assert_eq!(SpaceId::parse("01234567890123456789").unwrap().as_str(), "01234567890123456789");
+        assert_eq!(SpaceId::parse("00000000000000000000").unwrap().as_str(), "00000000000000000000");
         let generated = SpaceId::generate().unwrap();
-        assert_eq!(
-            SpaceId::parse(generated.as_str()).unwrap().as_str(),
-            generated.as_str()
-        );
+        assert_eq!(SpaceId::parse(generated.as_str()).unwrap().as_str(), generated.as_str());
         assert!("98765432109876543210".parse::<SpaceId>().is_ok());
     }
 
@@ -222,10 +204,7 @@ mod tests {
             "０１２３４５６７８９０１２３４５６７８９", // full-width digits
         ];
         for s in bad {
-            assert!(
-                matches!(SpaceId::parse(s), Err(AuthError::MalformedSpaceId)),
-                "accepted {s:?}"
-            );
+            assert!(matches!(SpaceId::parse(s), Err(AuthError::MalformedSpaceId)), "accepted {s:?}");
         }
     }
 
@@ -262,16 +241,10 @@ mod tests {
         assert_eq!(SpaceIndex::from_slice(idx.as_bytes()), Some(idx));
         assert_eq!(SpaceIndex::from_slice(&[0xab; 15]), None);
         assert_eq!(SpaceIndex::from_slice(&[0xab; 17]), None);
-        assert_ne!(
-            SpaceIndex::from_array([0xab; 16]),
-            SpaceIndex::from_array([0xac; 16])
-        );
+        assert_ne!(SpaceIndex::from_array([0xab; 16]), SpaceIndex::from_array([0xac; 16]));
         let mut one_bit_off = [0xab; 16];
         one_bit_off[15] ^= 1;
         assert_ne!(idx, SpaceIndex::from_array(one_bit_off));
-        assert_eq!(
-            format!("{idx:?}"),
-            format!("SpaceIndex({})", "ab".repeat(16))
-        );
+        assert_eq!(format!("{idx:?}"), format!("SpaceIndex({})", "ab".repeat(16)));
     }
 }

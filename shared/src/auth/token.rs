@@ -43,14 +43,8 @@ pub enum TokenError {
 
 /// Issues a token for `idx`, valid until the returned instant (`now` plus
 /// [`SESSION_TTL`], truncated to whole seconds as it is encoded).
-pub fn issue_token(
-    key: &Secret,
-    idx: &SpaceIndex,
-    now: OffsetDateTime,
-) -> (String, OffsetDateTime) {
-    let expires_at = (now + SESSION_TTL)
-        .replace_nanosecond(0)
-        .expect("0 is a valid nanosecond");
+pub fn issue_token(key: &Secret, idx: &SpaceIndex, now: OffsetDateTime) -> (String, OffsetDateTime) {
+    let expires_at = (now + SESSION_TTL).replace_nanosecond(0).expect("0 is a valid nanosecond");
 
     let mut token = [0u8; TOKEN_LEN];
     token[0] = VERSION;
@@ -64,11 +58,7 @@ pub fn issue_token(
 
 /// Returns the space index a token was issued for, if it is well formed,
 /// signed with `key`, and not expired at `now`.
-pub fn verify_token(
-    key: &Secret,
-    token: &str,
-    now: OffsetDateTime,
-) -> Result<SpaceIndex, TokenError> {
+pub fn verify_token(key: &Secret, token: &str, now: OffsetDateTime) -> Result<SpaceIndex, TokenError> {
     // Checking the length first bounds the work done on attacker input.
     if token.len() != ENCODED_LEN {
         return Err(TokenError::Malformed);
@@ -130,10 +120,7 @@ mod tests {
         assert_eq!(decode(&token).len(), 57);
         assert_eq!(expires_at, datetime!(2025-06-01 12:15:00 UTC));
         assert_eq!(verify_token(&key(1), &token, NOW), Ok(A));
-        assert_eq!(
-            verify_token(&key(1), &token, expires_at - Duration::nanoseconds(1)),
-            Ok(A)
-        );
+        assert_eq!(verify_token(&key(1), &token, expires_at - Duration::nanoseconds(1)), Ok(A));
     }
 
     #[test]
@@ -149,14 +136,8 @@ mod tests {
     #[test]
     fn expires_at_the_expiry_second() {
         let (token, expires_at) = issue_token(&key(1), &A, NOW);
-        assert_eq!(
-            verify_token(&key(1), &token, expires_at),
-            Err(TokenError::Expired)
-        );
-        assert_eq!(
-            verify_token(&key(1), &token, expires_at + Duration::days(1)),
-            Err(TokenError::Expired)
-        );
+        assert_eq!(verify_token(&key(1), &token, expires_at), Err(TokenError::Expired));
+        assert_eq!(verify_token(&key(1), &token, expires_at + Duration::days(1)), Err(TokenError::Expired));
     }
 
     #[test]
@@ -167,16 +148,8 @@ mod tests {
             for flip in [0x01, 0x80, 0xff] {
                 let mut tampered = bytes.clone();
                 tampered[i] ^= flip;
-                let want = if i == 0 {
-                    TokenError::UnknownVersion
-                } else {
-                    TokenError::BadSignature
-                };
-                assert_eq!(
-                    verify_token(&key(1), &encode(&tampered), NOW),
-                    Err(want),
-                    "byte {i} ^ {flip:#x}"
-                );
+                let want = if i == 0 { TokenError::UnknownVersion } else { TokenError::BadSignature };
+                assert_eq!(verify_token(&key(1), &encode(&tampered), NOW), Err(want), "byte {i} ^ {flip:#x}");
             }
         }
     }
@@ -188,17 +161,11 @@ mod tests {
         let mut bytes = decode(&token);
         bytes[17..25].copy_from_slice(&i64::MAX.to_be_bytes());
         let later = NOW + Duration::days(365);
-        assert_eq!(
-            verify_token(&key(1), &encode(&bytes), later),
-            Err(TokenError::BadSignature)
-        );
+        assert_eq!(verify_token(&key(1), &encode(&bytes), later), Err(TokenError::BadSignature));
         // And an expired token with a broken MAC reports the MAC.
         let mut bytes = decode(&token);
         bytes[56] ^= 1;
-        assert_eq!(
-            verify_token(&key(1), &encode(&bytes), later),
-            Err(TokenError::BadSignature)
-        );
+        assert_eq!(verify_token(&key(1), &encode(&bytes), later), Err(TokenError::BadSignature));
     }
 
     #[test]
@@ -208,10 +175,7 @@ mod tests {
         bytes[0] = 2;
         let mac = hmac_sha256(&[1; 32], &[&bytes[..25]]);
         bytes[25..].copy_from_slice(&mac);
-        assert_eq!(
-            verify_token(&key(1), &encode(&bytes), NOW),
-            Err(TokenError::UnknownVersion)
-        );
+        assert_eq!(verify_token(&key(1), &encode(&bytes), NOW), Err(TokenError::UnknownVersion));
     }
 
     #[test]
@@ -227,11 +191,7 @@ mod tests {
             encode(&[&bytes[..], &bytes[..]].concat()),
         ];
         for bad in &cases {
-            assert_eq!(
-                verify_token(&key(1), bad, NOW),
-                Err(TokenError::Malformed),
-                "{bad:?}"
-            );
+            assert_eq!(verify_token(&key(1), bad, NOW), Err(TokenError::Malformed), "{bad:?}");
         }
     }
 
@@ -239,19 +199,13 @@ mod tests {
     fn non_base64url_is_malformed() {
         let (token, _) = issue_token(&key(1), &A, NOW);
         // `+` and `/` are the standard alphabet, not the URL-safe one.
-        let mut cases: Vec<String> = ["!", "+", "/", "=", " ", "."]
-            .iter()
-            .map(|c| format!("{c}{}", &token[1..]))
-            .collect();
+        let mut cases: Vec<String> =
+            ["!", "+", "/", "=", " ", "."].iter().map(|c| format!("{c}{}", &token[1..])).collect();
         cases.push("A".repeat(ENCODED_LEN - 2) + "é"); // 76 bytes, not ASCII
         cases.push(" ".repeat(ENCODED_LEN));
         for bad in &cases {
             assert_eq!(bad.len(), ENCODED_LEN);
-            assert_eq!(
-                verify_token(&key(1), bad, NOW),
-                Err(TokenError::Malformed),
-                "{bad:?}"
-            );
+            assert_eq!(verify_token(&key(1), bad, NOW), Err(TokenError::Malformed), "{bad:?}");
         }
     }
 
@@ -267,19 +221,13 @@ mod tests {
         // Splicing B's index into A's token breaks the MAC.
         let mut spliced = decode(&token_a);
         spliced[1..17].copy_from_slice(B.as_bytes());
-        assert_eq!(
-            verify_token(&key(1), &encode(&spliced), NOW),
-            Err(TokenError::BadSignature)
-        );
+        assert_eq!(verify_token(&key(1), &encode(&spliced), NOW), Err(TokenError::BadSignature));
     }
 
     #[test]
     fn a_token_from_another_key_is_rejected() {
         let (token, _) = issue_token(&key(1), &A, NOW);
-        assert_eq!(
-            verify_token(&key(2), &token, NOW),
-            Err(TokenError::BadSignature)
-        );
+        assert_eq!(verify_token(&key(2), &token, NOW), Err(TokenError::BadSignature));
     }
 
     #[test]
@@ -287,12 +235,7 @@ mod tests {
         for i in 0..=255u8 {
             let (token, _) = issue_token(&key(i), &SpaceIndex::from_array([i; 16]), NOW);
             assert_eq!(token.len(), ENCODED_LEN);
-            assert!(
-                token
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
-                "{token}"
-            );
+            assert!(token.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'), "{token}");
         }
     }
 }

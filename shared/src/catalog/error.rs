@@ -20,23 +20,12 @@ impl fmt::Display for Problem {
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
     #[error("cannot read {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     /// `line` and `column` are 1-based; the column counts characters.
     #[error("{path}:{line}:{column}: invalid TOML: {message}")]
-    Syntax {
-        path: String,
-        line: usize,
-        column: usize,
-        message: String,
-    },
+    Syntax { path: String, line: usize, column: usize, message: String },
     #[error("{path}: {}", ProblemList(problems))]
-    Invalid {
-        path: String,
-        problems: Vec<Problem>,
-    },
+    Invalid { path: String, problems: Vec<Problem> },
 }
 
 impl CatalogError {
@@ -50,12 +39,7 @@ impl CatalogError {
             path: path.to_owned(),
             line: before.matches('\n').count() + 1,
             column: before[line_start..].chars().count() + 1,
-            message: error
-                .message()
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_owned(),
+            message: error.message().lines().next().unwrap_or_default().to_owned(),
         }
     }
 }

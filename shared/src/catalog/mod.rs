@@ -1,4 +1,4 @@
-//! The catalog: what a deployment sells, read from `reeve.toml` (DESIGN §3).
+//! The catalog: what a deployment sells, read from `reeve.toml` (docs/architecture.md#configuration).
 //!
 //! The file is parsed into a plain `toml::Table` first and then walked field by
 //! field, rather than deserialized with serde's derive: derive stops at the
@@ -27,9 +27,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use error::{CatalogError, Problem};
+pub use validate::LEASE_GRACE_SECONDS;
 /// The rule for a facilitator URL: https, or plain http on loopback only.
 pub(crate) use validate::facilitator_url as check_facilitator_url;
-pub use validate::LEASE_GRACE_SECONDS;
 pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicTask, PublicUploads};
 
 /// The executors a task may name, in the order error messages list them.
@@ -155,10 +155,8 @@ impl Default for Uploads {
 impl Catalog {
     /// Reads and validates the catalog at `path`. Errors name the file as given.
     pub fn load(path: &Path) -> Result<Catalog, CatalogError> {
-        let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| CatalogError::Read { path: path.to_owned(), source })?;
         Self::parse_named(&text, &path.display().to_string())
     }
 
@@ -168,13 +166,8 @@ impl Catalog {
     }
 
     fn parse_named(text: &str, name: &str) -> Result<Catalog, CatalogError> {
-        let table: toml::Table = text
-            .parse()
-            .map_err(|error| CatalogError::syntax(name, text, &error))?;
-        validate::catalog(&table).map_err(|problems| CatalogError::Invalid {
-            path: name.to_owned(),
-            problems,
-        })
+        let table: toml::Table = text.parse().map_err(|error| CatalogError::syntax(name, text, &error))?;
+        validate::catalog(&table).map_err(|problems| CatalogError::Invalid { path: name.to_owned(), problems })
     }
 
     pub fn task(&self, kind: &str) -> Option<&TaskSpec> {

@@ -17,20 +17,9 @@ pub(super) struct KeyPath(String);
 
 impl KeyPath {
     pub fn key(&self, key: &str) -> KeyPath {
-        let bare = !key.is_empty()
-            && key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        let key = if bare {
-            key.to_owned()
-        } else {
-            format!("{key:?}")
-        };
-        if self.0.is_empty() {
-            KeyPath(key)
-        } else {
-            KeyPath(format!("{}.{key}", self.0))
-        }
+        let bare = !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        let key = if bare { key.to_owned() } else { format!("{key:?}") };
+        if self.0.is_empty() { KeyPath(key) } else { KeyPath(format!("{}.{key}", self.0)) }
     }
 
     pub fn index(&self, index: usize) -> KeyPath {
@@ -38,31 +27,19 @@ impl KeyPath {
     }
 
     pub fn report(&self, problems: &mut Problems, message: impl Into<String>) {
-        problems.push(Problem {
-            path: self.0.clone(),
-            message: message.into(),
-        });
+        problems.push(Problem { path: self.0.clone(), message: message.into() });
     }
 
     /// Passes a checked value through, or reports why the check failed.
     pub fn verify<T>(&self, checked: Result<T, String>, problems: &mut Problems) -> Option<T> {
-        checked
-            .map_err(|message| self.report(problems, message))
-            .ok()
+        checked.map_err(|message| self.report(problems, message)).ok()
     }
 
     /// Reads the value found at this path as `T`, or reports its actual type.
-    pub fn read<'a, T: FromToml<'a>>(
-        &self,
-        value: &'a Value,
-        problems: &mut Problems,
-    ) -> Option<T> {
+    pub fn read<'a, T: FromToml<'a>>(&self, value: &'a Value, problems: &mut Problems) -> Option<T> {
         let read = T::from_toml(value);
         if read.is_none() {
-            self.report(
-                problems,
-                format!("expected {}, found {}", T::EXPECTED, describe(value)),
-            );
+            self.report(problems, format!("expected {}, found {}", T::EXPECTED, describe(value)));
         }
         read
     }
@@ -143,15 +120,8 @@ impl<'a> Fields<'a> {
     /// Reports each key not in `known`: a misspelt optional key would
     /// otherwise fall back to its default without a word.
     pub fn deny_unknown(&self, known: &[&str], problems: &mut Problems) {
-        for key in self
-            .table
-            .keys()
-            .filter(|key| !known.contains(&key.as_str()))
-        {
-            self.at(key).report(
-                problems,
-                format!("unknown key (expected one of: {})", known.join(", ")),
-            );
+        for key in self.table.keys().filter(|key| !known.contains(&key.as_str())) {
+            self.at(key).report(problems, format!("unknown key (expected one of: {})", known.join(", ")));
         }
     }
 
@@ -167,23 +137,13 @@ impl<'a> Fields<'a> {
     }
 
     /// An optional integer, range-checked and narrowed to the field's type.
-    pub fn int_in<T: TryFrom<i64>>(
-        &self,
-        key: &str,
-        range: RangeInclusive<i64>,
-        problems: &mut Problems,
-    ) -> Option<T> {
+    pub fn int_in<T: TryFrom<i64>>(&self, key: &str, range: RangeInclusive<i64>, problems: &mut Problems) -> Option<T> {
         let n = self.optional(key, problems)?;
         self.verify(key, bounded(n, range), problems)
     }
 
     /// Passes a checked value through, or reports why the check failed at `key`.
-    pub fn verify<T>(
-        &self,
-        key: &str,
-        checked: Result<T, String>,
-        problems: &mut Problems,
-    ) -> Option<T> {
+    pub fn verify<T>(&self, key: &str, checked: Result<T, String>, problems: &mut Problems) -> Option<T> {
         self.at(key).verify(checked, problems)
     }
 

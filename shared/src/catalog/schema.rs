@@ -10,19 +10,14 @@ use toml::Value as Toml;
 /// `"url"`) is an error rather than silently accepting anything.
 pub fn compile(schema: &toml::Table) -> Result<(Json, jsonschema::Validator), String> {
     let json = Json::Object(table_to_json(schema)?);
-    let validator = jsonschema::options()
-        .should_validate_formats(true)
-        .should_ignore_unknown_formats(false)
-        .build(&json)
-        .map_err(|error| {
-            let at = error.instance_path().as_str();
-            let at = if at.is_empty() {
-                String::new()
-            } else {
-                format!(" at {at}")
-            };
-            format!("invalid JSON Schema{at}: {error}")
-        })?;
+    let validator =
+        jsonschema::options().should_validate_formats(true).should_ignore_unknown_formats(false).build(&json).map_err(
+            |error| {
+                let at = error.instance_path().as_str();
+                let at = if at.is_empty() { String::new() } else { format!(" at {at}") };
+                format!("invalid JSON Schema{at}: {error}")
+            },
+        )?;
     // Task create reads `upload_id`s and the executors read fields out of
     // the input, so the input must be an object, not any JSON value.
     if json.get("type") != Some(&Json::from("object")) {
@@ -32,19 +27,16 @@ pub fn compile(schema: &toml::Table) -> Result<(Json, jsonschema::Validator), St
 }
 
 fn table_to_json(table: &toml::Table) -> Result<Map<String, Json>, String> {
-    table
-        .iter()
-        .map(|(key, value)| Ok((key.clone(), to_json(value)?)))
-        .collect()
+    table.iter().map(|(key, value)| Ok((key.clone(), to_json(value)?))).collect()
 }
 
 fn to_json(value: &Toml) -> Result<Json, String> {
     Ok(match value {
         Toml::String(s) => Json::from(s.as_str()),
         Toml::Integer(n) => Json::from(*n),
-        Toml::Float(x) => Number::from_f64(*x)
-            .map(Json::Number)
-            .ok_or_else(|| format!("{x} has no JSON equivalent"))?,
+        Toml::Float(x) => {
+            Number::from_f64(*x).map(Json::Number).ok_or_else(|| format!("{x} has no JSON equivalent"))?
+        }
         Toml::Boolean(b) => Json::from(*b),
         // JSON has no datetime type; silently stringifying one would change
         // what the operator wrote.

@@ -1,4 +1,4 @@
-//! The catalog's rules, section by section (DESIGN §3). Each reader records
+//! The catalog's rules, section by section (docs/architecture.md#configuration). Each reader records
 //! every problem it finds and returns what it could build; the [`Catalog`] is
 //! assembled only when there were no problems at all.
 
@@ -12,18 +12,9 @@ use super::{Asset, Catalog, EXECUTORS, Executor, Payments, Price, Problem, TaskS
 use super::{amount, formats, schema};
 
 const ROOT_KEYS: &[&str] = &["payments", "uploads", "assets", "tasks"];
-const ASSET_KEYS: &[&str] = &[
-    "network", "contract", "decimals", "usd_peg", "name", "version",
-];
-const TASK_KEYS: &[&str] = &[
-    "title",
-    "description",
-    "executor",
-    "endpoint",
-    "timeout_seconds",
-    "input_schema",
-    "accepts",
-];
+const ASSET_KEYS: &[&str] = &["network", "contract", "decimals", "usd_peg", "name", "version"];
+const TASK_KEYS: &[&str] =
+    &["title", "description", "executor", "endpoint", "timeout_seconds", "input_schema", "accepts"];
 const PRICE_KEYS: &[&str] = &["asset", "amount", "amount_usd"];
 const PAYMENTS_KEYS: &[&str] = &["pay_to", "facilitator_url", "max_timeout_seconds"];
 const UPLOADS_KEYS: &[&str] = &["max_bytes", "content_types", "url_expiry_seconds"];
@@ -78,12 +69,7 @@ pub fn catalog(table: &Table) -> Result<Catalog, Vec<Problem>> {
     if !problems.is_empty() {
         return Err(problems);
     }
-    Ok(Catalog {
-        assets: assets.valid,
-        tasks,
-        payments,
-        uploads,
-    })
+    Ok(Catalog { assets: assets.valid, tasks, payments, uploads })
 }
 
 /// The assets as prices need them: every declared id, so that a price naming
@@ -94,10 +80,7 @@ struct Assets {
 }
 
 fn assets(root: &Fields, p: &mut Problems) -> Assets {
-    let mut assets = Assets {
-        declared: BTreeSet::new(),
-        valid: BTreeMap::new(),
-    };
+    let mut assets = Assets { declared: BTreeSet::new(), valid: BTreeMap::new() };
     for (id, fields) in root.entries("assets", p) {
         assets.declared.insert(id.to_owned());
         if let Some(asset) = asset(id, &fields, p) {
@@ -110,10 +93,9 @@ fn assets(root: &Fields, p: &mut Problems) -> Assets {
 fn asset(id: &str, f: &Fields, p: &mut Problems) -> Option<Asset> {
     f.deny_unknown(ASSET_KEYS, p);
     let id = f.path.verify(formats::id("asset id", id), p);
-    let network = f.required::<&str>("network", p).and_then(|network| {
-        f.verify("network", formats::caip2(network), p)
-            .map(|()| network)
-    });
+    let network = f
+        .required::<&str>("network", p)
+        .and_then(|network| f.verify("network", formats::caip2(network), p).map(|()| network));
     let contract = f.required::<&str>("contract", p).and_then(|contract| {
         let checked = match network {
             Some(network) if formats::is_evm(network) => formats::evm_address(contract),
@@ -121,9 +103,7 @@ fn asset(id: &str, f: &Fields, p: &mut Problems) -> Option<Asset> {
         };
         f.verify("contract", checked, p).map(|()| contract)
     });
-    let decimals = f
-        .required("decimals", p)
-        .and_then(|n| f.verify("decimals", bounded(n, 0..=MAX_DECIMALS), p));
+    let decimals = f.required("decimals", p).and_then(|n| f.verify("decimals", bounded(n, 0..=MAX_DECIMALS), p));
     let usd_peg = f.optional("usd_peg", p).unwrap_or(false);
     let name = required_text(f, "name", p);
     let version = required_text(f, "version", p);
@@ -149,9 +129,7 @@ fn task(kind: &str, f: &Fields, assets: &Assets, p: &mut Problems) -> Option<Tas
         .int_in("timeout_seconds", 1..=MAX_TASK_TIMEOUT_SECONDS, p)
         .and_then(|secs: u32| f.verify("timeout_seconds", fits_one_invocation(secs), p))
         .unwrap_or(DEFAULT_TASK_TIMEOUT_SECONDS);
-    let schema = f
-        .required("input_schema", p)
-        .and_then(|schema| f.verify("input_schema", schema::compile(schema), p));
+    let schema = f.required("input_schema", p).and_then(|schema| f.verify("input_schema", schema::compile(schema), p));
     let accepts = match f.optional::<&[Value]>("accepts", p) {
         Some(items) => prices(&f.at("accepts"), items, assets, p),
         None => Some(Vec::new()),
@@ -178,26 +156,19 @@ fn executor(f: &Fields, p: &mut Problems) -> Option<Executor> {
         "http" => return http_endpoint(f, p).map(|endpoint| Executor::Http { endpoint }),
         unknown => {
             let known = EXECUTORS.join(", ");
-            f.at("executor")
-                .report(p, format!("unknown executor {unknown:?} (known: {known})"));
+            f.at("executor").report(p, format!("unknown executor {unknown:?} (known: {known})"));
             return None;
         }
     };
     if f.has("endpoint") {
-        f.at("endpoint").report(
-            p,
-            format!("only executor \"http\" takes an endpoint, not {name:?}"),
-        );
+        f.at("endpoint").report(p, format!("only executor \"http\" takes an endpoint, not {name:?}"));
     }
     Some(executor)
 }
 
 fn http_endpoint(f: &Fields, p: &mut Problems) -> Option<String> {
     if !f.has("endpoint") {
-        f.at("endpoint").report(
-            p,
-            "missing; executor \"http\" needs the URL to POST the input to",
-        );
+        f.at("endpoint").report(p, "missing; executor \"http\" needs the URL to POST the input to");
         return None;
     }
     let endpoint = f.optional::<&str>("endpoint", p)?;
@@ -206,42 +177,23 @@ fn http_endpoint(f: &Fields, p: &mut Problems) -> Option<String> {
 }
 
 /// `None` if any entry is broken; each broken entry has been reported.
-fn prices(
-    path: &KeyPath,
-    items: &[Value],
-    assets: &Assets,
-    p: &mut Problems,
-) -> Option<Vec<Price>> {
+fn prices(path: &KeyPath, items: &[Value], assets: &Assets, p: &mut Problems) -> Option<Vec<Price>> {
     let mut seen = BTreeSet::new();
     let prices: Vec<Option<Price>> = items
         .iter()
         .enumerate()
-        .map(|(index, item)| {
-            price(
-                &Fields::of(path.index(index), item, p)?,
-                assets,
-                &mut seen,
-                p,
-            )
-        })
+        .map(|(index, item)| price(&Fields::of(path.index(index), item, p)?, assets, &mut seen, p))
         .collect();
     prices.into_iter().collect()
 }
 
-fn price<'a>(
-    f: &Fields<'a>,
-    assets: &Assets,
-    seen: &mut BTreeSet<&'a str>,
-    p: &mut Problems,
-) -> Option<Price> {
+fn price<'a>(f: &Fields<'a>, assets: &Assets, seen: &mut BTreeSet<&'a str>, p: &mut Problems) -> Option<Price> {
     f.deny_unknown(PRICE_KEYS, p);
     let id = f.required::<&str>("asset", p).and_then(|id| {
         let checked = if !assets.declared.contains(id) {
             Err(format!("unknown asset {id:?}"))
         } else if !seen.insert(id) {
-            Err(format!(
-                "asset {id:?} is listed twice in this task's accepts"
-            ))
+            Err(format!("asset {id:?} is listed twice in this task's accepts"))
         } else {
             Ok(id)
         };
@@ -252,13 +204,11 @@ fn price<'a>(
     let asset = id.and_then(|id| Some((id, assets.valid.get(id)?)));
     let amount = match (f.has("amount"), f.has("amount_usd")) {
         (true, true) => {
-            f.path
-                .report(p, "both amount and amount_usd are set; set exactly one");
+            f.path.report(p, "both amount and amount_usd are set; set exactly one");
             None
         }
         (false, false) => {
-            f.path
-                .report(p, "neither amount nor amount_usd is set; set exactly one");
+            f.path.report(p, "neither amount nor amount_usd is set; set exactly one");
             None
         }
         (true, false) => f
@@ -269,36 +219,27 @@ fn price<'a>(
     };
 
     let (amount, amount_usd) = amount?;
-    Some(Price {
-        asset: id?.to_owned(),
-        amount,
-        amount_usd,
-    })
+    Some(Price { asset: id?.to_owned(), amount, amount_usd })
 }
 
 /// Resolves `amount_usd` to atomic units, returning it with the text as written.
-fn usd_price(
-    f: &Fields,
-    asset: Option<(&str, &Asset)>,
-    p: &mut Problems,
-) -> Option<(u128, Option<String>)> {
+fn usd_price(f: &Fields, asset: Option<(&str, &Asset)>, p: &mut Problems) -> Option<(u128, Option<String>)> {
     let written = f.optional::<&str>("amount_usd", p)?;
     let usd = f.verify("amount_usd", amount::usd(written), p)?;
     let (id, asset) = asset?;
     if !asset.usd_peg {
         f.at("amount_usd").report(
             p,
-            format!("asset {id:?} is not marked usd_peg = true, so it cannot be priced in USD; use amount (atomic units)"),
+            format!(
+                "asset {id:?} is not marked usd_peg = true, so it cannot be priced in USD; use amount (atomic units)"
+            ),
         );
         return None;
     }
     let atomic = f.verify("amount_usd", usd.to_atomic(asset.decimals), p)?;
     if atomic == 0 {
         let decimals = asset.decimals;
-        f.at("amount_usd").report(
-            p,
-            format!("amount_usd {written:?} is 0 atomic units of {id} ({decimals} decimals)"),
-        );
+        f.at("amount_usd").report(p, format!("amount_usd {written:?} is 0 atomic units of {id} ({decimals} decimals)"));
         return None;
     }
     Some((atomic, Some(written.to_owned())))
@@ -312,11 +253,7 @@ fn priced_tasks(root: &Table) -> Vec<&str> {
     };
     tasks
         .iter()
-        .filter(|(_, task)| {
-            task.get("accepts")
-                .and_then(Value::as_array)
-                .is_some_and(|accepts| !accepts.is_empty())
-        })
+        .filter(|(_, task)| task.get("accepts").and_then(Value::as_array).is_some_and(|accepts| !accepts.is_empty()))
         .map(|(kind, _)| kind.as_str())
         .collect()
 }
@@ -325,32 +262,23 @@ fn payments(root: &Fields, priced: &[&str], p: &mut Problems) -> Option<Payments
     if !root.has("payments") {
         if !priced.is_empty() {
             let priced = priced.join(", ");
-            root.at("payments").report(
-                p,
-                format!("missing; priced tasks ({priced}) need [payments] with pay_to and facilitator_url"),
-            );
+            root.at("payments")
+                .report(p, format!("missing; priced tasks ({priced}) need [payments] with pay_to and facilitator_url"));
         }
         return None;
     }
     let f = root.table("payments", p)?;
     f.deny_unknown(PAYMENTS_KEYS, p);
-    let pay_to = f.required::<&str>("pay_to", p).and_then(|address| {
-        f.verify("pay_to", formats::evm_address(address), p)
-            .map(|()| address)
-    });
-    let facilitator_url = f.required::<&str>("facilitator_url", p).and_then(|url| {
-        f.verify("facilitator_url", facilitator_url(url), p)
-            .map(|()| url)
-    });
-    let max_timeout_seconds = f
-        .int_in("max_timeout_seconds", 1..=MAX_PAYMENT_TIMEOUT_SECONDS, p)
-        .unwrap_or(DEFAULT_PAYMENT_TIMEOUT_SECONDS);
+    let pay_to = f
+        .required::<&str>("pay_to", p)
+        .and_then(|address| f.verify("pay_to", formats::evm_address(address), p).map(|()| address));
+    let facilitator_url = f
+        .required::<&str>("facilitator_url", p)
+        .and_then(|url| f.verify("facilitator_url", facilitator_url(url), p).map(|()| url));
+    let max_timeout_seconds =
+        f.int_in("max_timeout_seconds", 1..=MAX_PAYMENT_TIMEOUT_SECONDS, p).unwrap_or(DEFAULT_PAYMENT_TIMEOUT_SECONDS);
 
-    Some(Payments {
-        pay_to: pay_to?.to_owned(),
-        facilitator_url: facilitator_url?.to_owned(),
-        max_timeout_seconds,
-    })
+    Some(Payments { pay_to: pay_to?.to_owned(), facilitator_url: facilitator_url?.to_owned(), max_timeout_seconds })
 }
 
 /// Payment payloads travel to the facilitator, so they need TLS unless the
@@ -360,9 +288,7 @@ pub(crate) fn facilitator_url(url: &str) -> Result<(), String> {
     if parsed.https || formats::is_loopback(parsed.host) {
         Ok(())
     } else {
-        Err(format!(
-            "{url:?} must use https (plain http only for 127.0.0.1, localhost or [::1])"
-        ))
+        Err(format!("{url:?} must use https (plain http only for 127.0.0.1, localhost or [::1])"))
     }
 }
 
@@ -384,23 +310,15 @@ fn uploads(root: &Fields, p: &mut Problems) -> Uploads {
         .optional::<&[Value]>("content_types", p)
         .map(|items| content_types(&f.at("content_types"), items, p))
         .unwrap_or(defaults.content_types);
-    let url_expiry_seconds = f
-        .int_in("url_expiry_seconds", 1..=MAX_URL_EXPIRY_SECONDS, p)
-        .unwrap_or(defaults.url_expiry_seconds);
+    let url_expiry_seconds =
+        f.int_in("url_expiry_seconds", 1..=MAX_URL_EXPIRY_SECONDS, p).unwrap_or(defaults.url_expiry_seconds);
 
-    Uploads {
-        max_bytes,
-        content_types,
-        url_expiry_seconds,
-    }
+    Uploads { max_bytes, content_types, url_expiry_seconds }
 }
 
 fn content_types(path: &KeyPath, items: &[Value], p: &mut Problems) -> Vec<String> {
     if items.is_empty() {
-        path.report(
-            p,
-            "must list at least one content type; uploads would all be refused",
-        );
+        path.report(p, "must list at least one content type; uploads would all be refused");
     }
     items
         .iter()

@@ -153,11 +153,7 @@ impl Catalog {
                 n => format!("{kind} {n} prices"),
             })
             .collect();
-        let task_list = if tasks.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", tasks.join(", "))
-        };
+        let task_list = if tasks.is_empty() { String::new() } else { format!(" ({})", tasks.join(", ")) };
         format!(
             "{}{task_list}, {}, uploads up to {}",
             plural(self.tasks.len(), "task"),
@@ -168,11 +164,7 @@ impl Catalog {
 }
 
 fn plural(count: usize, noun: &str) -> String {
-    if count == 1 {
-        format!("1 {noun}")
-    } else {
-        format!("{count} {noun}s")
-    }
+    if count == 1 { format!("1 {noun}") } else { format!("{count} {noun}s") }
 }
 
 /// Exact binary units only, so a limit is never shown rounded.
@@ -181,8 +173,5 @@ fn human_bytes(bytes: u64) -> String {
     UNITS
         .iter()
         .find(|(size, _)| bytes.is_multiple_of(*size))
-        .map_or_else(
-            || format!("{bytes} bytes"),
-            |(size, unit)| format!("{} {unit}", bytes / size),
-        )
+        .map_or_else(|| format!("{bytes} bytes"), |(size, unit)| format!("{} {unit}", bytes / size))
 }

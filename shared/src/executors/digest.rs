@@ -2,7 +2,7 @@
 //!
 //! Input `{"upload_id": "<ulid>"}`. The upload must belong to the task's
 //! space and not be rejected; before reading it, a HEAD of its object must
-//! show the declared size and type (DESIGN §6.3), so correctness never rests
+//! show the declared size and type (docs/architecture.md#checks-at-create-and-in-the-worker), so correctness never rests
 //! on the upload guard or on task create having looked. The body is then
 //! hashed as it streams, never held whole, and counted: an object that turns
 //! out longer or shorter than declared (replaced after the HEAD) fails too.

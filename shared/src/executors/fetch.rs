@@ -1,4 +1,4 @@
-//! `fetch`: downloads a URL through the SSRF-guarded client (DESIGN §9) and
+//! `fetch`: downloads a URL through the SSRF-guarded client (docs/architecture.md#outbound-http-ssrf) and
 //! stores it under `outputs/`.
 //!
 //! Input `{"url": "https://…"}`. The client enforces the address policy and
@@ -16,15 +16,15 @@ use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::BytesMut;
-use sha2::Digest as _;
 use serde_json::{Value, json};
+use sha2::Digest as _;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::{ExecDeps, ExecError, Job, TaskExecutor, codes, input_str, outbound_error};
-use crate::outbound::OutboundStream;
 use crate::auth::SpaceIndex;
 use crate::ids::Id;
+use crate::outbound::OutboundStream;
 
 /// Lifetime of the presigned GET in the result.
 pub const URL_EXPIRY: Duration = Duration::from_secs(15 * 60);
@@ -58,12 +58,8 @@ impl TaskExecutor for Fetch {
                 return Err(ExecError::permanent(codes::FETCH_FAILED, format!("the URL answered HTTP {status}")));
             }
         }
-        let content_type = response
-            .content_type
-            .as_deref()
-            .and_then(usable_content_type)
-            .unwrap_or(DEFAULT_CONTENT_TYPE)
-            .to_owned();
+        let content_type =
+            response.content_type.as_deref().and_then(usable_content_type).unwrap_or(DEFAULT_CONTENT_TYPE).to_owned();
         let key = output_key(&job.space, job.task_id);
         let stored = store_streaming(deps, job, &key, &content_type, &mut response).await?;
         let (size, sha256) = (stored.size, stored.sha256);
@@ -202,10 +198,8 @@ impl Multipart {
             .send()
             .await
             .map_err(|e| ExecError::retryable("starting the upload", DisplayErrorContext(&e)))?;
-        let upload_id = created
-            .upload_id()
-            .ok_or_else(|| ExecError::Retryable("storage gave no upload id".into()))?
-            .to_owned();
+        let upload_id =
+            created.upload_id().ok_or_else(|| ExecError::Retryable("storage gave no upload id".into()))?.to_owned();
         Ok(Multipart { key: key.to_owned(), upload_id, parts: Vec::new() })
     }
 
@@ -223,7 +217,8 @@ impl Multipart {
             .send()
             .await
             .map_err(|e| ExecError::retryable("storing a part of the download", DisplayErrorContext(&e)))?;
-        self.parts.push(CompletedPart::builder().part_number(number).set_e_tag(sent.e_tag().map(str::to_owned)).build());
+        self.parts
+            .push(CompletedPart::builder().part_number(number).set_e_tag(sent.e_tag().map(str::to_owned)).build());
         Ok(())
     }
 

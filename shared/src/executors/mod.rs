@@ -1,4 +1,4 @@
-//! Executors: the real work behind each task kind (DESIGN §7).
+//! Executors: the real work behind each task kind (docs/architecture.md#queue-and-worker).
 //!
 //! Each executor is a small type behind [`TaskExecutor`]; [`run`] picks the
 //! one a task's catalog entry names (static dispatch, no boxing). While it

@@ -12,8 +12,8 @@ use axum::Router;
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::settings::{CORS_ORIGINS, Env, StartupError};
 use crate::payments::{PAYMENT_REQUIRED_HEADER, PAYMENT_SIGNATURE_HEADER};
+use crate::settings::{CORS_ORIGINS, Env, StartupError};
 
 /// Answer headers a cross-origin page may read: the x402 challenge and
 /// receipt, the request id every error names, where a new task lives, and

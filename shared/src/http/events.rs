@@ -80,9 +80,10 @@ pub fn router(ctx: RelayCtx) -> Router {
 /// The load balancer's check: the relay is useless without Postgres, and
 /// without its Redis connection it only hears of events slowly.
 async fn healthz(State(ctx): State<RelayCtx>) -> ApiResult<&'static str> {
-    sqlx::query("SELECT 1").execute(&ctx.db).await.map_err(|_| {
-        ApiError::unavailable("dependency_unavailable", "postgres is unavailable")
-    })?;
+    sqlx::query("SELECT 1")
+        .execute(&ctx.db)
+        .await
+        .map_err(|_| ApiError::unavailable("dependency_unavailable", "postgres is unavailable"))?;
     if !ctx.hub.is_connected() {
         return Err(ApiError::unavailable("dependency_unavailable", "redis is unavailable"));
     }
@@ -137,8 +138,7 @@ async fn task_events(
     let Some((status, last_seq)) = row else {
         return Err(ApiError::not_found("task"));
     };
-    let position =
-        TaskPosition { last_seq, finished: TaskStatus::parse(&status).is_some_and(TaskStatus::is_terminal) };
+    let position = TaskPosition { last_seq, finished: TaskStatus::parse(&status).is_some_and(TaskStatus::is_terminal) };
 
     let deliveries = stream::events(ctx.db.clone(), ctx.hub.clone(), task, after, position).await;
     Ok(Sse::new(frames(deliveries)).keep_alive(KeepAlive::new().interval(ctx.keepalive)))

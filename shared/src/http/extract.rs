@@ -3,8 +3,8 @@
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::{HeaderMap, header};
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, header};
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
@@ -70,12 +70,10 @@ impl FromRequestParts<Ctx> for Session {
         let Some(token) = bearer_token(&parts.headers)? else {
             return Err(unauthorized("missing_token", "send Authorization: Bearer <token> from POST /v1/sessions"));
         };
-        auth::verify_token(&ctx.settings.token_key, token, OffsetDateTime::now_utc())
-            .map(Session)
-            .map_err(|e| {
-                tracing::debug!(reason = ?e, "token refused");
-                invalid_token()
-            })
+        auth::verify_token(&ctx.settings.token_key, token, OffsetDateTime::now_utc()).map(Session).map_err(|e| {
+            tracing::debug!(reason = ?e, "token refused");
+            invalid_token()
+        })
     }
 }
 
@@ -88,11 +86,7 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Ok(None);
     };
-    let (scheme, token) = value
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim_start().split_once(' '))
-        .ok_or_else(invalid_token)?;
+    let (scheme, token) = value.to_str().ok().and_then(|v| v.trim_start().split_once(' ')).ok_or_else(invalid_token)?;
     let token = token.trim();
     if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
         return Err(invalid_token());

@@ -44,9 +44,7 @@ struct Healthy {
     ),
 )]
 async fn healthz(State(ctx): State<Ctx>) -> ApiResult<Json<Healthy>> {
-    let postgres = async {
-        sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&ctx.db).await.map(|_| ())
-    };
+    let postgres = async { sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&ctx.db).await.map(|_| ()) };
     let (postgres, redis) = tokio::join!(
         tokio::time::timeout(CHECK_TIMEOUT, postgres),
         tokio::time::timeout(CHECK_TIMEOUT, ctx.redis.ping())

@@ -42,7 +42,9 @@ use crate::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use crate::ids::Id;
 use crate::payments::{self, PaymentRequired};
 use crate::tasks::events::publish_all_once;
-use crate::tasks::{self, CancelOutcome, ListQuery, Paid, SubmitContext, SubmitError, Submission, Submitted, Task, TaskStatus};
+use crate::tasks::{
+    self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, SubmitError, Submitted, Task, TaskStatus,
+};
 
 /// One path for both routers: axum merges their methods only when the path
 /// strings are identical, so the segment has one neutral name — a kind for
@@ -260,10 +262,7 @@ fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>
     if values.next().is_some() {
         return Err(SubmitError::InvalidPayment(format!("send one {name} header")).into());
     }
-    value
-        .to_str()
-        .map(Some)
-        .map_err(|_| SubmitError::InvalidPayment(format!("{name} must be base64 text")).into())
+    value.to_str().map(Some).map_err(|_| SubmitError::InvalidPayment(format!("{name} must be base64 text")).into())
 }
 
 /// A create that ended without a task: the envelope, and for a refused
@@ -312,7 +311,9 @@ impl From<SubmitError> for ApiError {
         match e {
             SubmitError::UnknownTask(kind) => unknown_task(&kind),
             SubmitError::InputNotObject => ApiError::bad_request("invalid_request", "`input` must be a JSON object"),
-            SubmitError::InvalidInput(message) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message),
+            SubmitError::InvalidInput(message) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
+            }
             SubmitError::IdempotencyConflict => ApiError::new(
                 StatusCode::CONFLICT,
                 "idempotency_conflict",
@@ -498,8 +499,7 @@ async fn cancel_task(
     Session(space): Session,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
-    let not_found =
-        || ApiError::new(StatusCode::NOT_FOUND, "task_not_found", "no such task in this Space");
+    let not_found = || ApiError::new(StatusCode::NOT_FOUND, "task_not_found", "no such task in this Space");
     let Some(id) = id.ok().and_then(|Path(id)| id.parse::<Id>().ok()) else {
         return Err(not_found());
     };

@@ -76,9 +76,7 @@ impl AllowList {
             }
             let bad = |why: &str| Err(format!("allow-list entry {entry:?}: {why}"));
             if entry.contains(['*', '/', '@', '?', '#', ' ', ',']) {
-                return bad(
-                    "expected an exact host, IP address or host:port (no wildcards, paths or credentials)",
-                );
+                return bad("expected an exact host, IP address or host:port (no wildcards, paths or credentials)");
             }
             if let Ok(ip) = entry.parse::<IpAddr>() {
                 list.ips.insert(ip);
@@ -104,8 +102,7 @@ impl AllowList {
                 },
                 None => (entry, None),
             };
-            let url = Url::parse(&format!("http://{host}/"))
-                .map_err(|e| format!("allow-list entry {entry:?}: {e}"))?;
+            let url = Url::parse(&format!("http://{host}/")).map_err(|e| format!("allow-list entry {entry:?}: {e}"))?;
             match (host_kind(&url), port) {
                 (Some(HostKind::Ip(ip)), None) => {
                     list.ips.insert(ip);
@@ -202,22 +199,13 @@ impl Guard {
         if self.allow.name_listed(name) {
             return Ok(addrs);
         }
-        let kept: Vec<IpAddr> = addrs
-            .iter()
-            .copied()
-            .filter(|ip| is_blocked(*ip).is_none() || self.allow.resolved_ip_listed(ip))
-            .collect();
+        let kept: Vec<IpAddr> =
+            addrs.iter().copied().filter(|ip| is_blocked(*ip).is_none() || self.allow.resolved_ip_listed(ip)).collect();
         if kept.is_empty() && !addrs.is_empty() {
-            return Err(Refused(format!(
-                "{name} resolves only to blocked addresses"
-            )));
+            return Err(Refused(format!("{name} resolves only to blocked addresses")));
         }
         if addrs.len() != kept.len() {
-            tracing::debug!(
-                host = name,
-                dropped = addrs.len() - kept.len(),
-                "outbound: dropped blocked addresses"
-            );
+            tracing::debug!(host = name, dropped = addrs.len() - kept.len(), "outbound: dropped blocked addresses");
         }
         Ok(kept)
     }
@@ -227,13 +215,10 @@ impl Guard {
         let name = name.to_ascii_lowercase();
         // A name the URL parser would have read as an IP (e.g. `0x7f.1` in a
         // redirect that bypassed it) is treated as that IP, never looked up.
-        let literal =
-            Url::parse(&format!("http://{name}/"))
-                .ok()
-                .and_then(|u| match host_kind(&u) {
-                    Some(HostKind::Ip(ip)) => Some(ip),
-                    _ => None,
-                });
+        let literal = Url::parse(&format!("http://{name}/")).ok().and_then(|u| match host_kind(&u) {
+            Some(HostKind::Ip(ip)) => Some(ip),
+            _ => None,
+        });
         let addrs = match (literal, &self.lookup) {
             (Some(ip), _) => vec![ip],
             (None, Some(f)) => f(&name),
@@ -275,9 +260,7 @@ impl Resolve for FilteringResolver {
         let fut: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(async move {
             match guard.resolve(&name).await {
                 Ok(ips) => Ok(Box::new(ips.into_iter().map(|ip| SocketAddr::new(ip, 0))) as Addrs),
-                Err(ResolveError::Refused(r)) => {
-                    Err(Box::new(r) as Box<dyn std::error::Error + Send + Sync>)
-                }
+                Err(ResolveError::Refused(r)) => Err(Box::new(r) as Box<dyn std::error::Error + Send + Sync>),
                 Err(ResolveError::Lookup(m)) => {
                     Err(Box::new(std::io::Error::new(std::io::ErrorKind::NotFound, m)) as _)
                 }
@@ -293,11 +276,7 @@ mod tests {
 
     fn guard(allow: &[&str], allow_http: bool) -> Guard {
         let entries: Vec<String> = allow.iter().map(|s| s.to_string()).collect();
-        Guard {
-            allow_http,
-            allow: AllowList::parse(&entries).unwrap(),
-            lookup: None,
-        }
+        Guard { allow_http, allow: AllowList::parse(&entries).unwrap(), lookup: None }
     }
 
     fn check(g: &Guard, url: &str) -> Result<(), String> {
@@ -318,17 +297,10 @@ mod tests {
         ] {
             let u = Url::parse(s).unwrap();
             assert_eq!(u.host_str(), Some("127.0.0.1"), "{s}");
-            assert_eq!(
-                host_kind(&u),
-                Some(HostKind::Ip("127.0.0.1".parse().unwrap())),
-                "{s}"
-            );
+            assert_eq!(host_kind(&u), Some(HostKind::Ip("127.0.0.1".parse().unwrap())), "{s}");
         }
         let u = Url::parse("http://[::ffff:127.0.0.1]/").unwrap();
-        assert_eq!(
-            host_kind(&u),
-            Some(HostKind::Ip("::ffff:7f00:1".parse().unwrap()))
-        );
+        assert_eq!(host_kind(&u), Some(HostKind::Ip("::ffff:7f00:1".parse().unwrap())));
         let u = Url::parse("http://LocalHost./").unwrap();
         assert_eq!(host_kind(&u), Some(HostKind::Name("localhost.".into())));
     }
@@ -353,63 +325,27 @@ mod tests {
         assert!(l.ip_ports.contains(&("fe80::1".parse().unwrap(), 443)));
         assert!(l.hosts.contains("facilitator.internal"));
         assert!(l.host_ports.contains(&("api.example.com".into(), 8443)));
-        for bad in [
-            "*.example.com",
-            "example.com/path",
-            "user@example.com",
-            "host:notaport",
-            "[zz]",
-            "a b",
-        ] {
+        for bad in ["*.example.com", "example.com/path", "user@example.com", "host:notaport", "[zz]", "a b"] {
             assert!(AllowList::parse(&[bad.into()]).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn url_checks() {
-        let g = guard(
-            &[
-                "127.0.0.1",
-                "10.0.0.1:8080",
-                "api.example.com:8443",
-                "example.com",
-            ],
-            false,
-        );
+        let g = guard(&["127.0.0.1", "10.0.0.1:8080", "api.example.com:8443", "example.com"], false);
         assert!(check(&g, "https://127.0.0.1/").is_ok());
         assert!(check(&g, "https://2130706433/").is_ok()); // the same address
         assert!(check(&g, "https://127.0.0.2/").is_err());
         assert!(check(&g, "https://10.0.0.1:8080/").is_ok());
         assert!(check(&g, "https://10.0.0.1/").is_err());
         assert!(check(&g, "https://api.example.com:8443/").is_ok());
-        assert!(
-            check(&g, "https://api.example.com/")
-                .unwrap_err()
-                .contains("other ports")
-        );
+        assert!(check(&g, "https://api.example.com/").unwrap_err().contains("other ports"));
         assert!(check(&g, "https://evil-example.com/").is_ok()); // not listed: left to the resolver
-        assert!(
-            check(&g, "http://example.com/")
-                .unwrap_err()
-                .contains("https only")
-        );
-        assert!(
-            check(&g, "ftp://example.com/")
-                .unwrap_err()
-                .contains("scheme ftp")
-        );
-        assert!(
-            check(&g, "https://u:p@example.com/")
-                .unwrap_err()
-                .contains("credentials")
-        );
+        assert!(check(&g, "http://example.com/").unwrap_err().contains("https only"));
+        assert!(check(&g, "ftp://example.com/").unwrap_err().contains("scheme ftp"));
+        assert!(check(&g, "https://u:p@example.com/").unwrap_err().contains("credentials"));
         let msg = check(&g, "https://169.254.169.254/latest/meta-data/?token=SECRET").unwrap_err();
-        assert!(
-            msg.contains("169.254.169.254")
-                && !msg.contains("SECRET")
-                && !msg.contains("meta-data"),
-            "{msg}"
-        );
+        assert!(msg.contains("169.254.169.254") && !msg.contains("SECRET") && !msg.contains("meta-data"), "{msg}");
     }
 
     #[test]
@@ -417,17 +353,9 @@ mod tests {
         let g = guard(&[], true);
         let public: IpAddr = "93.184.216.34".parse().unwrap();
         let private: IpAddr = "10.0.0.1".parse().unwrap();
-        assert_eq!(
-            g.filter("mixed.test", vec![public, private]).unwrap(),
-            vec![public]
-        );
-        assert_eq!(
-            g.filter("mixed.test", vec![private, public]).unwrap(),
-            vec![public]
-        );
-        let e = g
-            .filter("inner.test", vec![private, "127.0.0.1".parse().unwrap()])
-            .unwrap_err();
+        assert_eq!(g.filter("mixed.test", vec![public, private]).unwrap(), vec![public]);
+        assert_eq!(g.filter("mixed.test", vec![private, public]).unwrap(), vec![public]);
+        let e = g.filter("inner.test", vec![private, "127.0.0.1".parse().unwrap()]).unwrap_err();
         assert_eq!(e.0, "inner.test resolves only to blocked addresses");
     }
 

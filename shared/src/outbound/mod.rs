@@ -97,22 +97,11 @@ impl OutboundPolicy {
 
     fn from_vars(allow_variable: &str, var: impl Fn(&str) -> Option<String>) -> Self {
         let allow = var(allow_variable)
-            .map(|v| {
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(String::from)
-                    .collect()
-            })
+            .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
             .unwrap_or_default();
-        let allow_http = var(ALLOW_HTTP)
-            .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
-            .unwrap_or(false);
-        OutboundPolicy {
-            allow,
-            allow_http,
-            ..Self::default()
-        }
+        let allow_http =
+            var(ALLOW_HTTP).map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true")).unwrap_or(false);
+        OutboundPolicy { allow, allow_http, ..Self::default() }
     }
 }
 
@@ -135,10 +124,7 @@ pub enum OutboundError {
 impl OutboundError {
     /// Worth trying again later (the network), as opposed to never (policy, URL, size).
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            OutboundError::Timeout | OutboundError::Connect(_) | OutboundError::Http(_)
-        )
+        matches!(self, OutboundError::Timeout | OutboundError::Connect(_) | OutboundError::Http(_))
     }
 }
 
@@ -162,9 +148,7 @@ pub struct Outbound {
 
 impl std::fmt::Debug for Outbound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Outbound")
-            .field("policy", &self.policy)
-            .finish_non_exhaustive()
+        f.debug_struct("Outbound").field("policy", &self.policy).finish_non_exhaustive()
     }
 }
 
@@ -185,16 +169,9 @@ impl Outbound {
         Self::build(policy, Some(Arc::new(resolver)))
     }
 
-    fn build(
-        policy: OutboundPolicy,
-        lookup: Option<Arc<ResolveFn>>,
-    ) -> Result<Self, OutboundError> {
+    fn build(policy: OutboundPolicy, lookup: Option<Arc<ResolveFn>>) -> Result<Self, OutboundError> {
         let allow = AllowList::parse(&policy.allow).map_err(OutboundError::InvalidUrl)?;
-        let guard = Arc::new(Guard {
-            allow_http: policy.allow_http,
-            allow,
-            lookup,
-        });
+        let guard = Arc::new(Guard { allow_http: policy.allow_http, allow, lookup });
         let redirect_guard = guard.clone();
         let max_redirects = policy.max_redirects;
         let redirect = reqwest::redirect::Policy::custom(move |attempt| {
@@ -222,11 +199,7 @@ impl Outbound {
             .user_agent(concat!("reeve/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|_| OutboundError::Http("cannot build the HTTP client".into()))?;
-        Ok(Outbound {
-            policy,
-            guard,
-            client,
-        })
+        Ok(Outbound { policy, guard, client })
     }
 
     /// Parses and checks `url` against the policy without sending anything:
@@ -263,8 +236,7 @@ impl Outbound {
         max_bytes: u64,
     ) -> Result<OutboundResponse, OutboundError> {
         let url = self.check_url(url)?;
-        let bytes = serde_json::to_vec(body)
-            .map_err(|e| OutboundError::Http(format!("cannot encode JSON: {e}")))?;
+        let bytes = serde_json::to_vec(body).map_err(|e| OutboundError::Http(format!("cannot encode JSON: {e}")))?;
         let req = self
             .client
             .post(url.clone())
@@ -318,12 +290,7 @@ impl Outbound {
                 }
                 body.extend_from_slice(&chunk);
             }
-            Ok(OutboundResponse {
-                status,
-                content_type,
-                body: Bytes::from(body),
-                final_url,
-            })
+            Ok(OutboundResponse { status, content_type, body: Bytes::from(body), final_url })
         })
         .await;
         match result {
@@ -352,11 +319,7 @@ impl Outbound {
         // A redirect reqwest could not follow (e.g. `Location: file:///…`)
         // is refused like any other, rather than handed back as a 3xx.
         if resp.status().is_redirection() {
-            let next = resp
-                .headers()
-                .get(LOCATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|l| resp.url().join(l).ok());
+            let next = resp.headers().get(LOCATION).and_then(|v| v.to_str().ok()).and_then(|l| resp.url().join(l).ok());
             if let Some(Err(why)) = next.map(|next| self.guard.check_url(&next)) {
                 return Err(OutboundError::Blocked(format!("redirect refused: {why}")));
             }
@@ -458,38 +421,21 @@ mod tests {
             _ => None,
         };
         let p = OutboundPolicy::operators(vars);
-        assert_eq!(
-            p.allow,
-            vec!["127.0.0.1", "facilitator.internal:8443", "::1"]
-        );
+        assert_eq!(p.allow, vec!["127.0.0.1", "facilitator.internal:8443", "::1"]);
         assert!(p.allow_http);
         // The operators' entries are not the users'.
         let users = OutboundPolicy::users(vars);
         assert!(users.allow.is_empty() && users.allow_http);
-        for (v, want) in [
-            ("1", true),
-            ("true", true),
-            ("0", false),
-            ("yes", false),
-            ("", false),
-        ] {
-            let p = OutboundPolicy::users(|k| {
-                (k == "REEVE_OUTBOUND_ALLOW_HTTP").then(|| v.to_string())
-            });
+        for (v, want) in [("1", true), ("true", true), ("0", false), ("yes", false), ("", false)] {
+            let p = OutboundPolicy::users(|k| (k == "REEVE_OUTBOUND_ALLOW_HTTP").then(|| v.to_string()));
             assert_eq!(p.allow_http, want, "{v:?}");
         }
     }
 
     #[test]
     fn bad_allow_list_entry_is_an_error() {
-        let policy = OutboundPolicy {
-            allow: vec!["*.example.com".into()],
-            ..Default::default()
-        };
-        assert!(matches!(
-            Outbound::new(policy),
-            Err(OutboundError::InvalidUrl(_))
-        ));
+        let policy = OutboundPolicy { allow: vec!["*.example.com".into()], ..Default::default() };
+        assert!(matches!(Outbound::new(policy), Err(OutboundError::InvalidUrl(_))));
     }
 
     #[test]

@@ -23,13 +23,13 @@ use ipnet::IpNet;
 /// before IPv4-compatible ::/96).
 const BLOCKED: &[(&str, &str)] = &[
     // IPv4
-    ("255.255.255.255/32", "broadcast"), // RFC 919 limited broadcast
+    ("255.255.255.255/32", "broadcast"),           // RFC 919 limited broadcast
     ("0.0.0.0/8", "\"this network\" (0.0.0.0/8)"), // RFC 791
-    ("10.0.0.0/8", "private (10.0.0.0/8)"), // RFC 1918
+    ("10.0.0.0/8", "private (10.0.0.0/8)"),        // RFC 1918
     ("100.64.0.0/10", "carrier-grade NAT (100.64.0.0/10)"), // RFC 6598
-    ("127.0.0.0/8", "loopback (127.0.0.0/8)"), // RFC 1122
+    ("127.0.0.0/8", "loopback (127.0.0.0/8)"),     // RFC 1122
     ("169.254.0.0/16", "link-local (169.254.0.0/16)"), // RFC 3927; cloud metadata
-    ("172.16.0.0/12", "private (172.16.0.0/12)"), // RFC 1918
+    ("172.16.0.0/12", "private (172.16.0.0/12)"),  // RFC 1918
     ("192.0.0.0/24", "IETF protocol assignments (192.0.0.0/24)"), // RFC 6890
     ("192.0.2.0/24", "documentation (192.0.2.0/24)"), // RFC 5737 TEST-NET-1
     ("192.88.99.0/24", "6to4 relay anycast (192.88.99.0/24)"), // RFC 7526, deprecated
@@ -37,28 +37,28 @@ const BLOCKED: &[(&str, &str)] = &[
     ("198.18.0.0/15", "benchmarking (198.18.0.0/15)"), // RFC 2544
     ("198.51.100.0/24", "documentation (198.51.100.0/24)"), // RFC 5737 TEST-NET-2
     ("203.0.113.0/24", "documentation (203.0.113.0/24)"), // RFC 5737 TEST-NET-3
-    ("224.0.0.0/4", "multicast (224.0.0.0/4)"), // RFC 5771
-    ("240.0.0.0/4", "reserved (240.0.0.0/4)"), // RFC 1112
+    ("224.0.0.0/4", "multicast (224.0.0.0/4)"),    // RFC 5771
+    ("240.0.0.0/4", "reserved (240.0.0.0/4)"),     // RFC 1112
     // IPv6
     ("::/128", "unspecified (::)"), // RFC 4291
     ("::1/128", "loopback (::1)"),  // RFC 4291
     // Whatever IPv4 address it embeds, public or not: a mapped address is a
     // way to reach IPv4 through an IPv6 socket and has no business here.
-    ("::ffff:0:0/96", "IPv4-mapped (::ffff:0:0/96)"), // RFC 4291
+    ("::ffff:0:0/96", "IPv4-mapped (::ffff:0:0/96)"),         // RFC 4291
     ("::ffff:0:0:0/96", "IPv4-translated (::ffff:0:0:0/96)"), // RFC 2765
-    ("::/96", "IPv4-compatible (::/96)"),             // RFC 4291, deprecated
-    ("64:ff9b::/96", "NAT64 (64:ff9b::/96)"),         // RFC 6052
-    ("64:ff9b:1::/48", "local NAT64 (64:ff9b:1::/48)"), // RFC 8215
-    ("100::/64", "discard-only (100::/64)"),          // RFC 6666
-    ("2001:db8::/32", "documentation (2001:db8::/32)"), // RFC 3849
-    ("2001::/32", "Teredo (2001::/32)"),              // RFC 4380
-    ("2001::/23", "IETF protocol assignments (2001::/23)"), // RFC 2928
-    ("2002::/16", "6to4 (2002::/16)"),                // RFC 3056
-    ("3fff::/20", "documentation (3fff::/20)"),       // RFC 9637
-    ("fc00::/7", "unique local (fc00::/7)"),          // RFC 4193
-    ("fe80::/10", "link-local (fe80::/10)"),          // RFC 4291
-    ("fec0::/10", "site-local (fec0::/10)"),          // RFC 3879, deprecated
-    ("ff00::/8", "multicast (ff00::/8)"),             // RFC 4291
+    ("::/96", "IPv4-compatible (::/96)"),                     // RFC 4291, deprecated
+    ("64:ff9b::/96", "NAT64 (64:ff9b::/96)"),                 // RFC 6052
+    ("64:ff9b:1::/48", "local NAT64 (64:ff9b:1::/48)"),       // RFC 8215
+    ("100::/64", "discard-only (100::/64)"),                  // RFC 6666
+    ("2001:db8::/32", "documentation (2001:db8::/32)"),       // RFC 3849
+    ("2001::/32", "Teredo (2001::/32)"),                      // RFC 4380
+    ("2001::/23", "IETF protocol assignments (2001::/23)"),   // RFC 2928
+    ("2002::/16", "6to4 (2002::/16)"),                        // RFC 3056
+    ("3fff::/20", "documentation (3fff::/20)"),               // RFC 9637
+    ("fc00::/7", "unique local (fc00::/7)"),                  // RFC 4193
+    ("fe80::/10", "link-local (fe80::/10)"),                  // RFC 4291
+    ("fec0::/10", "site-local (fec0::/10)"),                  // RFC 3879, deprecated
+    ("ff00::/8", "multicast (ff00::/8)"),                     // RFC 4291
 ];
 
 /// The table parsed once. A typo in a CIDR is a programming error that every
@@ -76,9 +76,7 @@ static NETS: LazyLock<Vec<(IpNet, &'static str)>> = LazyLock::new(|| {
 /// Why `ip` must not be contacted, or `None` if it is an ordinary public
 /// address. Pure: the allow-list is applied by the caller.
 pub fn is_blocked(ip: IpAddr) -> Option<&'static str> {
-    NETS.iter()
-        .find(|(net, _)| net.contains(&ip))
-        .map(|(_, why)| *why)
+    NETS.iter().find(|(net, _)| net.contains(&ip)).map(|(_, why)| *why)
 }
 
 #[cfg(test)]
@@ -214,18 +212,9 @@ mod tests {
         assert_eq!(is_blocked(ip("255.255.255.255")), Some("broadcast"));
         assert_eq!(is_blocked(ip("::1")), Some("loopback (::1)"));
         assert_eq!(is_blocked(ip("::")), Some("unspecified (::)"));
-        assert_eq!(
-            is_blocked(ip("::ffff:a9fe:a9fe")),
-            Some("IPv4-mapped (::ffff:0:0/96)")
-        );
+        assert_eq!(is_blocked(ip("::ffff:a9fe:a9fe")), Some("IPv4-mapped (::ffff:0:0/96)"));
         assert_eq!(is_blocked(ip("2001::5")), Some("Teredo (2001::/32)"));
-        assert_eq!(
-            is_blocked(ip("2001:db8::5")),
-            Some("documentation (2001:db8::/32)")
-        );
-        assert_eq!(
-            is_blocked(ip("169.254.169.254")),
-            Some("link-local (169.254.0.0/16)")
-        );
+        assert_eq!(is_blocked(ip("2001:db8::5")), Some("documentation (2001:db8::/32)"));
+        assert_eq!(is_blocked(ip("169.254.169.254")), Some("link-local (169.254.0.0/16)"));
     }
 }

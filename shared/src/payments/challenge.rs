@@ -331,7 +331,10 @@ mod tests {
         let bazaar = &extensions["bazaar"];
         assert_eq!(bazaar["info"]["input"]["method"], "POST");
         assert_eq!(bazaar["info"]["input"]["bodyType"], "json");
-        assert_eq!(bazaar["schema"]["properties"]["input"]["properties"]["body"]["properties"]["input"], json!({"type": "object"}));
+        assert_eq!(
+            bazaar["schema"]["properties"]["input"]["properties"]["body"]["properties"]["input"],
+            json!({"type": "object"})
+        );
         assert_eq!(bazaar["info"]["output"]["example"]["status"], "queued");
     }
 

@@ -118,11 +118,19 @@ impl Facilitator {
         &self.base
     }
 
-    pub async fn verify(&self, payment: &Value, requirements: &PaymentRequirements) -> Result<Verified, FacilitatorError> {
+    pub async fn verify(
+        &self,
+        payment: &Value,
+        requirements: &PaymentRequirements,
+    ) -> Result<Verified, FacilitatorError> {
         self.call("verify", payment, requirements, VERIFY_TIMEOUT).await
     }
 
-    pub async fn settle(&self, payment: &Value, requirements: &PaymentRequirements) -> Result<Settled, FacilitatorError> {
+    pub async fn settle(
+        &self,
+        payment: &Value,
+        requirements: &PaymentRequirements,
+    ) -> Result<Settled, FacilitatorError> {
         self.call("settle", payment, requirements, SETTLE_TIMEOUT).await
     }
 
@@ -151,8 +159,9 @@ impl Facilitator {
         }
         // x402 facilitators answer a refused payment with 200 or 400 and the
         // same document; anything else unreadable is an unknown outcome.
-        serde_json::from_slice(&answer.body)
-            .map_err(|_| FacilitatorError::Unknown(format!("/{path} answered {} with an unreadable body", answer.status)))
+        serde_json::from_slice(&answer.body).map_err(|_| {
+            FacilitatorError::Unknown(format!("/{path} answered {} with an unreadable body", answer.status))
+        })
     }
 }
 

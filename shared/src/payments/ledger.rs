@@ -118,14 +118,27 @@ pub async fn insert_attempt(db: &PgPool, new: &NewAttempt<'_>) -> Result<Option<
     Ok((inserted == 1).then_some(id))
 }
 
-pub async fn find_attempt(db: &PgPool, network: &str, payer: &str, nonce: &str) -> Result<Option<Attempt>, sqlx::Error> {
-    let sql = concat!("SELECT ", attempt_columns!(), " FROM payment_attempts WHERE network = $1 AND payer = $2 AND nonce = $3");
+pub async fn find_attempt(
+    db: &PgPool,
+    network: &str,
+    payer: &str,
+    nonce: &str,
+) -> Result<Option<Attempt>, sqlx::Error> {
+    let sql = concat!(
+        "SELECT ",
+        attempt_columns!(),
+        " FROM payment_attempts WHERE network = $1 AND payer = $2 AND nonce = $3"
+    );
     let row = sqlx::query(sql).bind(network).bind(payer).bind(nonce).fetch_optional(db).await?;
     row.as_ref().map(attempt_from_row).transpose()
 }
 
 /// The attempt a space's `payment-identifier` id was first used with.
-pub async fn find_by_payment_id(db: &PgPool, space: &SpaceIndex, payment_id: &str) -> Result<Option<Attempt>, sqlx::Error> {
+pub async fn find_by_payment_id(
+    db: &PgPool,
+    space: &SpaceIndex,
+    payment_id: &str,
+) -> Result<Option<Attempt>, sqlx::Error> {
     let sql = concat!("SELECT ", attempt_columns!(), " FROM payment_attempts WHERE space_idx = $1 AND payment_id = $2");
     let row = sqlx::query(sql).bind(space.as_bytes()).bind(payment_id).fetch_optional(db).await?;
     row.as_ref().map(attempt_from_row).transpose()
@@ -369,7 +382,11 @@ pub struct PaymentRecord {
 }
 
 /// The space's payments and credits, newest first (at most `limit` each).
-pub async fn for_space(db: &PgPool, space: &SpaceIndex, limit: i64) -> Result<(Vec<PaymentRecord>, Vec<Credit>), sqlx::Error> {
+pub async fn for_space(
+    db: &PgPool,
+    space: &SpaceIndex,
+    limit: i64,
+) -> Result<(Vec<PaymentRecord>, Vec<Credit>), sqlx::Error> {
     let rows = sqlx::query(
         "SELECT transaction, network, asset, amount, payer, task_id, created_at FROM payments
           WHERE space_idx = $1 ORDER BY created_at DESC, id DESC LIMIT $2",

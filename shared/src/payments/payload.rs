@@ -105,7 +105,11 @@ pub fn decode(header: &str) -> Result<Payment, String> {
         return Err("authorization.value, .validAfter and .validBefore must be decimal strings".to_owned());
     }
     let sig = &parsed.payload.signature;
-    if !(sig.starts_with("0x") && sig.len() > 2 && sig.len() % 2 == 0 && sig[2..].bytes().all(|b| b.is_ascii_hexdigit())) {
+    if !(sig.starts_with("0x")
+        && sig.len() > 2
+        && sig.len() % 2 == 0
+        && sig[2..].bytes().all(|b| b.is_ascii_hexdigit()))
+    {
         return Err("payload.signature must be 0x-prefixed hex".to_owned());
     }
     let payment_id = match parsed.extensions.as_ref().and_then(|e| e.get(PAYMENT_IDENTIFIER)) {
@@ -192,7 +196,8 @@ mod tests {
         assert!(p.nonce.starts_with("0xdcae34"));
         assert_eq!(p.payment_id, None);
         let mut with_id = sample();
-        with_id["extensions"] = json!({"payment-identifier": {"info": {"required": false, "id": "pay_0123456789abcdef"}}});
+        with_id["extensions"] =
+            json!({"payment-identifier": {"info": {"required": false, "id": "pay_0123456789abcdef"}}});
         let q = decode(&encode(&with_id)).unwrap();
         assert_eq!(q.payment_id.as_deref(), Some("pay_0123456789abcdef"));
         assert_eq!(p.hash, q.hash, "extensions are not part of what was signed");
@@ -210,12 +215,22 @@ mod tests {
             ("not base64", "!!!".into(), "not base64"),
             ("not JSON", base64::engine::general_purpose::STANDARD.encode("nope"), "JSON"),
             ("version 1", edit(&|v| v["x402Version"] = json!(1)), "x402Version"),
-            ("no payload", edit(&|v| { v.as_object_mut().unwrap().remove("payload"); }), "not an x402 v2"),
+            (
+                "no payload",
+                edit(&|v| {
+                    v.as_object_mut().unwrap().remove("payload");
+                }),
+                "not an x402 v2",
+            ),
             ("short nonce", edit(&|v| v["payload"]["authorization"]["nonce"] = json!("0x12")), "nonce"),
             ("bad payer", edit(&|v| v["payload"]["authorization"]["from"] = json!("alice")), "addresses"),
             ("value", edit(&|v| v["payload"]["authorization"]["value"] = json!("-1")), "decimal"),
             ("signature", edit(&|v| v["payload"]["signature"] = json!("zz")), "signature"),
-            ("payment id", edit(&|v| v["extensions"] = json!({"payment-identifier": {"info": {"id": "short"}}})), "payment-identifier"),
+            (
+                "payment id",
+                edit(&|v| v["extensions"] = json!({"payment-identifier": {"info": {"id": "short"}}})),
+                "payment-identifier",
+            ),
         ];
         for (name, header, want) in cases {
             let err = decode(&header).expect_err(name);

@@ -12,8 +12,8 @@ pub use context::{RelayContext, RelayCtx};
 pub use hub::{Hub, Signal, Subscription};
 pub use stream::{Delivery, TaskPosition};
 
-pub use crate::tasks::events::channel;
 use crate::ids::Id;
+pub use crate::tasks::events::channel;
 
 /// The task a channel name belongs to, if it is one of ours.
 pub fn task_of_channel(channel: &str) -> Option<Id> {

@@ -1,4 +1,4 @@
-//! The durable event log of a task (DESIGN §8): `task_events`, with `seq`
+//! The durable event log of a task (docs/architecture.md#task-events-and-the-sse-relay): `task_events`, with `seq`
 //! allocated from the task row's counter so it starts at 1 and has no gaps,
 //! and the Redis doorbell that tells watchers a new event is there.
 //!

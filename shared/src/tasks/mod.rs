@@ -1,4 +1,4 @@
-//! Tasks (DESIGN §5, §7): creating them with idempotency, queueing them,
+//! Tasks (docs/architecture.md#data-model, docs/architecture.md#queue-and-worker): creating them with idempotency, queueing them,
 //! failing them, and reading them back for their space.
 //!
 //! Module map:
@@ -28,7 +28,7 @@ use time::OffsetDateTime;
 
 pub use events::{Event, EventType, append_event, events_after};
 pub use queue::{QueueError, QueueMessage, enqueue};
-pub use submit::{Paid, SubmitContext, SubmitError, Submission, Submitted, submit};
+pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, submit};
 
 use crate::auth::SpaceIndex;
 use crate::ids::Id;

@@ -1,4 +1,4 @@
-//! The hand-off to the worker (DESIGN §7): one SQS message per task,
+//! The hand-off to the worker (docs/architecture.md#queue-and-worker): one SQS message per task,
 //! `{"task_id": "<ulid>", "kind": "<kind>"}`.
 
 use std::time::Duration;

@@ -458,7 +458,10 @@ async fn settle(
                 let reason = v.invalid_reason.unwrap_or_else(|| "invalid_payment".into());
                 tracing::info!(%reason, message = ?v.invalid_message, "facilitator: payment invalid");
                 ledger::fail_attempt(db, attempt, &reason).await?;
-                return Err(SubmitError::PaymentInvalid { challenge: with_error(challenge, "payment_invalid"), reason });
+                return Err(SubmitError::PaymentInvalid {
+                    challenge: with_error(challenge, "payment_invalid"),
+                    reason,
+                });
             }
             Err(e) => {
                 tracing::error!(error = %e, "facilitator /verify failed");

@@ -60,7 +60,12 @@ macro_rules! fenced {
 /// Applies `change` if the task is inside `fence`, with its events, in one
 /// transaction. `None`: the task was elsewhere (someone else moved it
 /// first) or is gone, and nothing was written.
-pub async fn transition(db: &PgPool, id: Id, fence: Fence<'_>, change: Change<'_>) -> Result<Option<Vec<Event>>, sqlx::Error> {
+pub async fn transition(
+    db: &PgPool,
+    id: Id,
+    fence: Fence<'_>,
+    change: Change<'_>,
+) -> Result<Option<Vec<Event>>, sqlx::Error> {
     let mut tx = db.begin().await?;
     let events = transition_in(&mut tx, id, fence, change).await?;
     if events.is_some() {
@@ -91,7 +96,10 @@ pub async fn transition_in(
             Some(result),
         ),
         Change::Fail { error } => (
-            concat!("UPDATE tasks SET status = 'failed', error = $4, lease_until = NULL, updated_at = now()", fenced!()),
+            concat!(
+                "UPDATE tasks SET status = 'failed', error = $4, lease_until = NULL, updated_at = now()",
+                fenced!()
+            ),
             Some(error),
         ),
         Change::Requeue { .. } => (
@@ -101,10 +109,9 @@ pub async fn transition_in(
             ),
             None,
         ),
-        Change::Cancel => (
-            concat!("UPDATE tasks SET status = 'canceled', lease_until = NULL, updated_at = now()", fenced!()),
-            None,
-        ),
+        Change::Cancel => {
+            (concat!("UPDATE tasks SET status = 'canceled', lease_until = NULL, updated_at = now()", fenced!()), None)
+        }
     };
     let mut query = sqlx::query(sql).bind(id).bind(&from).bind(attempt);
     if let Some(payload) = payload {
@@ -139,7 +146,8 @@ pub async fn transition_in(
         }
         Change::Cancel => {
             // Only a task no worker ever claimed was canceled before it ran.
-            let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM tasks WHERE id = $1").bind(id).fetch_one(&mut *conn).await?;
+            let attempts: i32 =
+                sqlx::query_scalar("SELECT attempts FROM tasks WHERE id = $1").bind(id).fetch_one(&mut *conn).await?;
             if attempts == 0 {
                 crate::payments::credit_if_owed(conn, id, "canceled").await?;
             }

@@ -1,4 +1,4 @@
-//! The worker (DESIGN §7): takes `{task_id, kind}` messages from SQS, claims
+//! The worker (docs/architecture.md#queue-and-worker): takes `{task_id, kind}` messages from SQS, claims
 //! the task, runs its executor and records the outcome as durable events.
 //!
 //! Module map:
@@ -57,8 +57,8 @@ use crate::ids::Id;
 use crate::redis_client::RedisClient;
 use crate::settings::WorkerSettings;
 use crate::startup::{self, StartupError};
-use crate::tasks::{Change, Fence, QueueMessage, task_error, transition};
 use crate::tasks::events::{EventType, Publisher};
+use crate::tasks::{Change, Fence, QueueMessage, task_error, transition};
 
 /// Stable codes the worker itself fails a task or a message with.
 pub mod codes {

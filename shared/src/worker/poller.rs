@@ -190,7 +190,9 @@ impl Poller {
         match tokio::time::timeout(limit, receive).await {
             Ok(Ok(messages)) => self.release(&messages).await,
             Ok(Err(e)) => tracing::debug!(error = %e, "the receive in flight failed; nothing to give back"),
-            Err(_) => tracing::warn!("the receive in flight did not answer; what it took reappears after the visibility timeout"),
+            Err(_) => tracing::warn!(
+                "the receive in flight did not answer; what it took reappears after the visibility timeout"
+            ),
         }
     }
 
@@ -302,7 +304,9 @@ impl Poller {
         let deleted = self.sqs.delete_message().queue_url(&self.queue_url).receipt_handle(receipt).send().await;
         match deleted {
             Ok(_) => crate::metrics::sqs_deleted(1),
-            Err(e) => tracing::warn!(error = %sqs_error(&e), "could not delete the message; it will come back and be skipped"),
+            Err(e) => {
+                tracing::warn!(error = %sqs_error(&e), "could not delete the message; it will come back and be skipped")
+            }
         }
     }
 }

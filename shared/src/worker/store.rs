@@ -16,8 +16,8 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use crate::auth::SpaceIndex;
 use crate::ids::Id;
-use crate::tasks::events::{Event, EventType, append_event};
 use crate::tasks::TaskStatus;
+use crate::tasks::events::{Event, EventType, append_event};
 
 /// What the worker needs of a task row.
 #[derive(Debug, Clone)]

@@ -73,7 +73,8 @@ pub async fn send(app: &Router, request: Request<Body>) -> Reply {
     let body = if bytes.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("body is not JSON: {:?}", String::from_utf8_lossy(&bytes)))
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| panic!("body is not JSON: {:?}", String::from_utf8_lossy(&bytes)))
     };
     Reply { status, headers, body }
 }
