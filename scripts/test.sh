@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: start the local stack, load .env, run the workspace tests,
+# The test command: start the local stack, load .env, check formatting and
+# clippy (bare runs), run the workspace tests,
 # the API fuzz run (scripts/api-fuzz.sh), the browser console test
 # (scripts/console-test.sh), then the SAM checks (scripts/sam-check.sh:
 # validate, build, local invoke).
@@ -15,7 +16,13 @@ cd "$ROOT"
 REEVE_STACK_BROWSER=1 timed stack bash scripts/stack.sh up
 load_dev_env
 rc=0
-timed cargo-test cargo test --workspace --locked "$@" || rc=$?
+# The lint gates, on a bare run (CI's): formatting as rustfmt.toml says, and
+# clippy with every warning an error.
+if (($# == 0)); then
+  timed fmt cargo fmt --all --check || rc=$?
+  timed clippy cargo clippy --workspace --all-targets --locked -- -D warnings || { r=$?; ((rc)) || rc=$r; }
+fi
+timed cargo-test cargo test --workspace --locked "$@" || { r=$?; ((rc)) || rc=$r; }
 # Phases that drive a real `reeve serve` from outside, each on a database and
 # a queue of its own: schemathesis against the OpenAPI document, and the
 # browser console in headless Chromium.

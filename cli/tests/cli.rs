@@ -186,7 +186,7 @@ impl Drop for RelayProcess {
 
 fn start_relay(database_url: &str) -> RelayProcess {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(env!("CARGO_BIN_EXE_reeve"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_reeve"))
         .current_dir(std::env::temp_dir())
         .args(["relay", "--bind", &format!("127.0.0.1:{port}")])
         .env("DATABASE_URL", database_url)
@@ -201,6 +201,8 @@ fn start_relay(database_url: &str) -> RelayProcess {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("reeve relay did not start");
 }
 

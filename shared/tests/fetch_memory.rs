@@ -54,7 +54,7 @@ static ALLOCATOR: Counting = Counting;
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
 const MIB: usize = 1024 * 1024;
-const CHUNK: [u8; 64 * 1024] = [b'r'; 64 * 1024];
+static CHUNK: [u8; 64 * 1024] = [b'r'; 64 * 1024];
 
 /// Serves `/body`: `mib` MiB of static chunks, without a Content-Length.
 async fn server(mib: usize) -> String {

@@ -197,7 +197,10 @@ fn assert_conforms(doc: &Value, method: &str, template: &str, reply: &Reply) {
 /// Each Lambda's router, the routes it documents itself, and the routes of
 /// the whole document it serves: the same, but for task-create, whose one
 /// route is documented once per kind.
-fn function_routers() -> Vec<(&'static str, OpenApiRouter<Ctx>, BTreeSet<Route>, BTreeSet<Route>)> {
+/// A Lambda's name, its router, the routes it documents, the routes of its whole document.
+type FunctionRouter = (&'static str, OpenApiRouter<Ctx>, BTreeSet<Route>, BTreeSet<Route>);
+
+fn function_routers() -> Vec<FunctionRouter> {
     let same = |routes: &[(&str, &str)]| (expected(routes), expected(routes));
     let creates = expected(&[("POST", "/v1/tasks/digest"), ("POST", "/v1/tasks/fetch"), ("POST", "/v1/tasks/http")]);
     let mut all = vec![];

@@ -131,14 +131,14 @@ async fn emit(pool: &PgPool, redis_url: &str, task: Id, kind: EventType, data: V
     if redis_url.is_empty() {
         return event.seq;
     }
-    if let Ok(client) = redis::Client::open(redis_url) {
-        if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-            let _: Result<i64, _> = redis::cmd("PUBLISH")
-                .arg(relay::channel(task))
-                .arg(serde_json::to_string(&event).unwrap())
-                .query_async(&mut c)
-                .await;
-        }
+    if let Ok(client) = redis::Client::open(redis_url)
+        && let Ok(mut c) = client.get_multiplexed_async_connection().await
+    {
+        let _: Result<i64, _> = redis::cmd("PUBLISH")
+            .arg(relay::channel(task))
+            .arg(serde_json::to_string(&event).unwrap())
+            .query_async(&mut c)
+            .await;
     }
     event.seq
 }

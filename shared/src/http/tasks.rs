@@ -270,7 +270,8 @@ fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>
 /// pay afresh.
 pub struct SubmitFailure {
     error: ApiError,
-    challenge: Option<PaymentRequired>,
+    // Boxed: the challenge is large, and every create's `Result` carries it.
+    challenge: Option<Box<PaymentRequired>>,
 }
 
 impl From<SubmitError> for SubmitFailure {
@@ -280,7 +281,7 @@ impl From<SubmitError> for SubmitFailure {
             | SubmitError::PaymentMismatch(c)
             | SubmitError::PaymentReplayed(c)
             | SubmitError::PaymentInvalid { challenge: c, .. }
-            | SubmitError::PaymentFailed { challenge: c, .. } => Some(c.clone()),
+            | SubmitError::PaymentFailed { challenge: c, .. } => Some(Box::new(c.clone())),
             _ => None,
         };
         SubmitFailure { error: e.into(), challenge }

@@ -107,7 +107,7 @@ pub fn decode(header: &str) -> Result<Payment, String> {
     let sig = &parsed.payload.signature;
     if !(sig.starts_with("0x")
         && sig.len() > 2
-        && sig.len() % 2 == 0
+        && sig.len().is_multiple_of(2)
         && sig[2..].bytes().all(|b| b.is_ascii_hexdigit()))
     {
         return Err("payload.signature must be 0x-prefixed hex".to_owned());

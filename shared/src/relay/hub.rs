@@ -386,10 +386,10 @@ async fn check_quiet_tasks(db: PgPool, shared: Weak<Shared>, wake: Arc<Notify>) 
             let known: HashMap<Id, i64> = batch.iter().copied().collect();
             let tasks = hub.tasks.lock().expect("hub lock");
             for (id, last_seq) in rows {
-                if last_seq > known.get(&id).copied().unwrap_or(0) {
-                    if let Some(entry) = tasks.get(&id) {
-                        let _ = entry.sender.send(Signal::Behind(last_seq));
-                    }
+                if last_seq > known.get(&id).copied().unwrap_or(0)
+                    && let Some(entry) = tasks.get(&id)
+                {
+                    let _ = entry.sender.send(Signal::Behind(last_seq));
                 }
             }
         }
