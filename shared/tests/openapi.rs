@@ -694,8 +694,7 @@ properties.language = { type = "string", enum = ["en", "fr"] }
 async fn the_document_is_made_from_the_catalog_it_is_served_with() {
     let catalog = Catalog::parse(OWN_CATALOG).expect("a valid catalog");
     let doc = openapi(&catalog);
-    let creates: BTreeSet<Route> =
-        routes_of(&doc)
+    let creates: BTreeSet<Route> = routes_of(&doc)
         .into_iter()
         .filter(|(m, p)| m == "POST" && p.starts_with("/v1/tasks/") && !p.ends_with("/cancel"))
         .collect();

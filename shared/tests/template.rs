@@ -522,7 +522,10 @@ fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
             ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()
         } else if main.contains("startup::lambda_api(Needs::NONE)") {
             BTreeSet::new()
-        } else if ["startup::lambda_worker()", "startup::lambda_guard()", "startup::lambda_sweeper()"].iter().any(|c| main.contains(c)) {
+        } else if ["startup::lambda_worker()", "startup::lambda_guard()", "startup::lambda_sweeper()"]
+            .iter()
+            .any(|c| main.contains(c))
+        {
             ["DatabaseUrlSecretArn"].into()
         } else {
             panic!("{binary}'s main does not start through reeve_shared::startup");
