@@ -22,11 +22,8 @@ use reeve_shared::{startup, telemetry};
 mod client;
 mod follow;
 mod migrate;
-mod payment_required;
-// Payments: wired into `task create --pay` and `reeve space` by their owner.
-#[allow(dead_code)]
 mod pay;
-#[allow(dead_code)]
+mod payment_required;
 mod space_view;
 mod storage;
 mod sweep;
@@ -69,9 +66,10 @@ enum Command {
         metrics_bind: Option<SocketAddr>,
     },
     /// Create a Space (client).
+    /// Create a Space, or show its payments and credits (client).
     Space {
         #[command(subcommand)]
-        command: SpaceCommand,
+        command: Option<SpaceCommand>,
     },
     /// Open a session on the profile's Space and cache its token (client).
     Login(LoginArgs),
@@ -139,7 +137,9 @@ fn main() -> ExitCode {
         Command::Serve { bind, catalog, no_worker, metrics_bind } => {
             runtime().block_on(serve(bind, &catalog, !no_worker, metrics_bind))
         }
-        Command::Space { command } => return run_client(opts, |c, o| Box::pin(commands::space(c, o, command))),
+        Command::Space { command } => {
+            return run_client(opts, |c, o| Box::pin(commands::space(c, o, command.unwrap_or(SpaceCommand::Show))));
+        }
         Command::Login(args) => return run_client(opts, |c, o| Box::pin(commands::login(c, o, args))),
         Command::Catalog => return run_client(opts, |c, o| Box::pin(commands::catalog(c, o))),
         Command::Upload(args) => return run_client(opts, |c, o| Box::pin(commands::upload(c, o, args))),

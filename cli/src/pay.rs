@@ -6,11 +6,10 @@
 //! The key comes from `REEVE_WALLET_KEY` or a file (`--wallet-key-file`),
 //! never from an argument: arguments show up in `ps` and shell history.
 //!
-//! Wiring (for `reeve task create … --pay`): on a `402`, take the
-//! `PAYMENT-REQUIRED` header (or the body), call [`wallet_key`] and
-//! [`payment_header`], and send the same request again with the result as
-//! `PAYMENT-SIGNATURE`. Without `--pay`, print [`requirements_table`] and
-//! exit 3.
+//! `reeve task create … --pay` takes the `402`'s challenge, calls
+//! [`wallet_key`] and [`payment_header`], and sends the same request again
+//! with the result as `PAYMENT-SIGNATURE`. Without `--pay` the requirements
+//! are shown by `payment_required` and the command exits 3.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -49,8 +48,6 @@ pub enum PayError {
     KeyFile { path: String, source: std::io::Error },
     #[error("the wallet key is not a 32-byte hex private key")]
     BadKey,
-    #[error("the 402 challenge is not x402 v2 JSON (or its base64)")]
-    BadChallenge,
     #[error("the challenge offers no `exact` payment on an EVM network")]
     NothingPayable,
     #[error("the chosen requirement is malformed: {0}")]
@@ -78,21 +75,6 @@ fn wallet_key_from(file: Option<&Path>, var: impl Fn(&str) -> Option<String>) ->
         return Err(PayError::NoKey);
     }
     Ok(key)
-}
-
-/// Reads a challenge: the JSON body, or the `PAYMENT-REQUIRED` header value.
-pub fn parse_challenge(text: &str) -> Result<Value, PayError> {
-    let text = text.trim();
-    let value: Value = if text.starts_with('{') {
-        serde_json::from_str(text).map_err(|_| PayError::BadChallenge)?
-    } else {
-        let bytes = base64::engine::general_purpose::STANDARD.decode(text).map_err(|_| PayError::BadChallenge)?;
-        serde_json::from_slice(&bytes).map_err(|_| PayError::BadChallenge)?
-    };
-    if value["x402Version"] != 2 || !value["accepts"].is_array() {
-        return Err(PayError::BadChallenge);
-    }
-    Ok(value)
 }
 
 /// The requirement to pay: the local network's if offered, else the first
@@ -171,39 +153,6 @@ pub fn payment_header(challenge: &Value, key: &str, now: u64) -> Result<String, 
         payment["resource"] = resource.clone();
     }
     Ok(base64::engine::general_purpose::STANDARD.encode(payment.to_string()))
-}
-
-/// The challenge's requirements as a table for people: network, asset,
-/// amount in whole units (when `decimals` knows the asset) and atomic, and
-/// where the money goes.
-pub fn requirements_table(challenge: &Value, decimals: impl Fn(&str, &str) -> Option<u8>) -> String {
-    let mut rows = vec![["NETWORK".to_owned(), "ASSET".into(), "AMOUNT".into(), "ATOMIC".into(), "PAY TO".into()]];
-    for a in challenge["accepts"].as_array().into_iter().flatten() {
-        let s = |f: &str| a[f].as_str().unwrap_or_default().to_owned();
-        let (network, asset, atomic) = (s("network"), s("asset"), s("amount"));
-        let name = a["extra"]["name"].as_str().unwrap_or_default();
-        let human = decimals(&network, &asset)
-            .map(|d| format!("{} {name}", human_amount(&atomic, d)))
-            .unwrap_or_else(|| "?".into());
-        rows.push([network, asset, human, atomic, s("payTo")]);
-    }
-    let widths: Vec<usize> = (0..5).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
-    let mut out = String::new();
-    for row in rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
-}
-
-/// `atomic` / 10^decimals as exact decimal text, trailing zeros dropped.
-pub fn human_amount(atomic: &str, decimals: u8) -> String {
-    let d = usize::from(decimals);
-    let digits = format!("{atomic:0>width$}", width = d + 1);
-    let (whole, fraction) = digits.split_at(digits.len() - d);
-    let fraction = fraction.trim_end_matches('0');
-    if fraction.is_empty() { whole.to_owned() } else { format!("{whole}.{fraction}") }
 }
 
 #[cfg(test)]
@@ -320,28 +269,5 @@ mod tests {
             Err(PayError::KeyFile { .. })
         ));
         assert!(matches!(payment_header(&challenge(), "0x1234", 0), Err(PayError::BadKey)));
-    }
-
-    #[test]
-    fn challenges_parse_from_the_body_or_the_header() {
-        let body = challenge().to_string();
-        let header = base64::engine::general_purpose::STANDARD.encode(&body);
-        assert_eq!(parse_challenge(&body).unwrap(), challenge());
-        assert_eq!(parse_challenge(&header).unwrap(), challenge());
-        assert!(matches!(parse_challenge("{\"x402Version\":1}"), Err(PayError::BadChallenge)));
-    }
-
-    #[test]
-    fn the_table_shows_whole_units_and_atomic_amounts() {
-        let table = requirements_table(&challenge(), |_, _| Some(6));
-        let lines: Vec<&str> = table.lines().collect();
-        assert!(lines[0].starts_with("NETWORK"));
-        assert!(lines[1].contains("eip155:8453") && lines[1].contains("0.01 USD Coin") && lines[1].contains("10000"));
-        assert!(lines[2].contains("eip155:84532") && lines[2].contains("0.01 USDC"));
-        for (atomic, d, want) in
-            [("10000", 6, "0.01"), ("1", 18, "0.000000000000000001"), ("2500000", 6, "2.5"), ("7", 0, "7")]
-        {
-            assert_eq!(human_amount(atomic, d), want);
-        }
     }
 }

@@ -1,28 +1,9 @@
 //! `reeve space`: the Space's payments and credits (`GET /v1/space`).
 //!
-//! Wiring: `reeve space` calls [`show`] with the endpoint and the session
-//! token from the credentials file; `--json` prints the document as is.
+//! `reeve space` fetches the document and prints [`render`]; `--json`
+//! prints it as is.
 
 use serde_json::Value;
-
-/// Fetches `GET /v1/space` and prints it: as JSON, or as two tables.
-pub async fn show(http: &reqwest::Client, endpoint: &str, token: &str, as_json: bool) -> anyhow::Result<()> {
-    let url = format!("{}/v1/space", endpoint.trim_end_matches('/'));
-    let response = http.get(&url).bearer_auth(token).send().await?;
-    let status = response.status();
-    let body: Value = serde_json::from_slice(&response.bytes().await?)?;
-    if !status.is_success() {
-        let code = body["error"]["code"].as_str().unwrap_or("error");
-        let message = body["error"]["message"].as_str().unwrap_or_default();
-        anyhow::bail!("{code}: {message}");
-    }
-    if as_json {
-        println!("{}", serde_json::to_string_pretty(&body)?);
-    } else {
-        print!("{}", render(&body));
-    }
-    Ok(())
-}
 
 /// The two tables, for people.
 pub fn render(space: &Value) -> String {

@@ -89,9 +89,15 @@ impl Serve {
     /// Runs `reeve ARGS` as a client of this server, with its own
     /// credentials directory.
     fn reeve(&self, args: &[&str]) -> Run {
+        self.reeve_with(args, &[])
+    }
+
+    /// [`Serve::reeve`] with extra environment variables.
+    fn reeve_with(&self, args: &[&str], vars: &[(&str, &str)]) -> Run {
         let output = Command::new(env!("CARGO_BIN_EXE_reeve"))
             .current_dir(&self.home)
             .args(args)
+            .envs(vars.iter().copied())
             .env("REEVE_ENDPOINT", &self.endpoint)
             .env("XDG_CONFIG_HOME", self.home.join("config"))
             .env_remove("REEVE_TOKEN")
@@ -444,5 +450,39 @@ async fn serve_stops_on_sigterm_even_while_someone_watches_a_queued_task() {
     assert!(started.elapsed() < Duration::from_secs(8), "stopped in {:?}", started.elapsed());
     let _ = watcher.kill();
     let _ = watcher.wait();
+    serve.cleanup().await;
+}
+
+/// anvil's well-known account 3, funded with test tokens by the stack.
+const PAYER_KEY: &str = "0x7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6";
+
+#[tokio::test]
+async fn a_priced_task_is_paid_with_pay_and_the_payment_shows_in_reeve_space() {
+    let serve = Serve::start(&["--no-worker"]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let create = ["task", "create", "fetch", "--input", "url=https://example.com/"];
+
+    // Without --pay: the requirements, exit 3, no task.
+    let refused = serve.reeve(&create);
+    assert!(refused.expect(3).stderr().contains("eip155:84532"), "{}", refused.stderr());
+    // --pay without a key is a usage error, and nothing is paid.
+    let pay: Vec<&str> = create.iter().copied().chain(["--pay", "--json"]).collect();
+    let no_key = serve.reeve_with(&pay, &[("REEVE_WALLET_KEY", "")]);
+    assert!(no_key.expect(4).stdout().contains("REEVE_WALLET_KEY"), "{}", no_key.stdout());
+
+    // With the key: signed, verified and settled on the local chain; queued.
+    let paid = serve.reeve_with(&pay, &[("REEVE_WALLET_KEY", PAYER_KEY)]);
+    let task = paid.expect(0).json();
+    assert_eq!(task["status"], "queued", "{task}");
+
+    let space = serve.reeve(&["space", "--json"]).expect(0).json();
+    let payments = space["payments"].as_array().unwrap();
+    assert_eq!(payments.len(), 1, "{space}");
+    assert_eq!(payments[0]["task_id"], task["id"]);
+    assert_eq!(payments[0]["amount"], "10000");
+    assert_eq!(payments[0]["network"], "eip155:84532");
+    assert!(payments[0]["transaction"].as_str().is_some_and(|t| t.starts_with("0x")), "{space}");
+    let shown = serve.reeve(&["space"]).expect(0).stdout();
+    assert!(shown.contains("PAYMENTS") && shown.contains(task["id"].as_str().unwrap()), "{shown}");
     serve.cleanup().await;
 }

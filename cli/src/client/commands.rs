@@ -37,6 +37,8 @@ pub struct ClientOpts {
 pub enum SpaceCommand {
     /// Create a Space; prints its ID once and keeps it in the credentials file.
     Create,
+    /// The Space's payments and credits (also what bare `reeve space` shows).
+    Show,
 }
 
 #[derive(Args, Debug)]
@@ -115,11 +117,27 @@ pub struct CreateArgs {
     /// Follow the task to its end, like `reeve task watch`.
     #[arg(long)]
     pub watch: bool,
+    /// Pay a priced task's 402 with x402: signs an EIP-3009 authorization
+    /// with the key in REEVE_WALLET_KEY (or --wallet-key-file), never an argument.
+    #[arg(long)]
+    pub pay: bool,
+    /// A file holding the paying wallet's private key (hex), for --pay.
+    #[arg(long, value_name = "PATH", requires = "pay")]
+    pub wallet_key_file: Option<PathBuf>,
 }
 
 /// Runs a client command; `Err` is printed by [`report`].
 pub async fn space(client: &mut Client, opts: &ClientOpts, command: SpaceCommand) -> Result<ExitCode, ClientError> {
     match command {
+        SpaceCommand::Show => {
+            let space = client.authed(Method::GET, "/v1/space", None, &[]).await?.body;
+            if opts.json {
+                output::json(&space);
+            } else {
+                print!("{}", crate::space_view::render(&space));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         SpaceCommand::Create => {
             let answer = client.public(Method::POST, "/v1/spaces", None).await?;
             let space_id = answer.body["space_id"].as_str().unwrap_or_default().to_owned();
@@ -483,7 +501,19 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
     let headers: Vec<(&str, String)> = args.idempotency_key.iter().map(|k| ("idempotency-key", k.clone())).collect();
     let body = json!({ "input": Value::Object(input) });
     let path = format!("/v1/tasks/{}", urlencode(&args.kind));
-    let accepted = client.authed(Method::POST, &path, Some(&body), &headers).await?.body;
+    let accepted = match client.authed(Method::POST, &path, Some(&body), &headers).await {
+        // Priced, and the user asked to pay: sign the challenge, send again.
+        Err(ClientError::PaymentRequired(challenge)) if args.pay => {
+            let pay_error = |e: crate::pay::PayError| ClientError::Usage(format!("--pay: {e}"));
+            let key = crate::pay::wallet_key(args.wallet_key_file.as_deref()).map_err(pay_error)?;
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            let signature = crate::pay::payment_header(&challenge, &key, now).map_err(pay_error)?;
+            let mut paid = headers.clone();
+            paid.push(("payment-signature", signature));
+            client.authed(Method::POST, &path, Some(&body), &paid).await?.body
+        }
+        other => other?.body,
+    };
     let id: Id = accepted["id"]
         .as_str()
         .and_then(|s| s.parse().ok())
