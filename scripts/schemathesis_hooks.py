@@ -15,8 +15,20 @@ import schemathesis
 # coverage phase's deliberately wrong probes (a method the route lacks) apart.
 from schemathesis.specs.openapi.checks import is_unexpected_http_status_case
 
-# Well-formed requests that the state of the Space refuses, each documented.
-STATE_CODES = {"unknown_upload", "upload_not_ready", "upload_rejected"}
+# Refusals that depend on what the server holds, not on the request's shape:
+# the Space's uploads, and a payment (a PAYMENT-SIGNATURE is a signed
+# authorization; no schema can say whether its signature and funds are good).
+STATE_CODES = {
+    "unknown_upload",
+    "upload_not_ready",
+    "upload_rejected",
+    "invalid_payment",
+    "payment_mismatch",
+    "payment_invalid",
+    "payment_failed",
+    "payment_replayed",
+    "facilitator_unavailable",
+}
 SHAPE_STATUSES = {400, 413, 415, 422}
 
 

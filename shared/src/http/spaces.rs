@@ -38,6 +38,7 @@ struct SpaceCreated {
     tag = "spaces",
     responses(
         (status = 201, description = "The Space is created.", body = SpaceCreated),
+        (status = 429, description = "`rate_limited`: too many from this client (the per-client login limit of `reeve serve`, or the optional WAF in AWS); `Retry-After` says when to try again.", body = ErrorEnvelope),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),
         (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
     ),
@@ -85,6 +86,7 @@ struct SessionCreated {
         (status = 401, description = "`invalid_space`: no Space has this ID.", body = ErrorEnvelope),
         (status = 413, description = doc_413!(), body = ErrorEnvelope),
         (status = 415, description = doc_415!(), body = ErrorEnvelope),
+        (status = 429, description = "`rate_limited`: too many from this client (the per-client login limit of `reeve serve`, or the optional WAF in AWS); `Retry-After` says when to try again.", body = ErrorEnvelope),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),
         (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
     ),
