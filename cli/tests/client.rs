@@ -3,6 +3,8 @@
 //! each command, its `--json` output and its exit code, and the journey a
 //! new user takes from a Space to a finished digest.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -10,22 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::Digest as _;
 
-fn repo(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
-}
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the tests with the stack's .env loaded"))
-}
-
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
-    let base = &base[..base.rfind('/').expect("a database in DATABASE_URL")];
-    match query {
-        Some(q) => format!("{base}/{name}?{q}"),
-        None => format!("{base}/{name}"),
-    }
-}
+use common::{env, repo, with_database};
 
 /// A `reeve serve` of the test's own, with its database, queue and
 /// credentials directory; killed and cleaned up on drop.

@@ -4,8 +4,9 @@
 //! the dead one's lease runs out. Real processes on a database, an S3
 //! object and a moto SQS queue of the test's own.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+mod common;
+
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use reeve_shared::auth::Secret;
@@ -17,43 +18,7 @@ use reeve_shared::settings::ApiSettings;
 use serde_json::{Value, json};
 use sqlx::Connection;
 
-fn repo(path: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path).to_string_lossy().into_owned()
-}
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: load the stack's .env"))
-}
-
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
-    let base = &base[..base.rfind('/').expect("a database in DATABASE_URL")];
-    match query {
-        Some(q) => format!("{base}/{name}?{q}"),
-        None => format!("{base}/{name}"),
-    }
-}
-
-/// `reeve` with the stack's environment, this test's database and queue.
-fn reeve(db: &str, queue: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));
-    cmd.current_dir(std::env::temp_dir()).env("DATABASE_URL", db).env("REEVE_QUEUE_URL", queue);
-    cmd
-}
-
-/// A `reeve work` process, killed on drop.
-struct Worker(std::process::Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn json_of(response: reqwest::Response) -> Value {
-    serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
-}
+use common::{Worker, env, json_of, reeve, repo, with_database};
 
 #[tokio::test]
 async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {

@@ -3,8 +3,9 @@
 //! sweep puts it back, so that `reeve work` completes it. Real processes on
 //! a database and a moto SQS queue of the test's own.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+mod common;
+
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use reeve_shared::auth::Secret;
@@ -16,39 +17,7 @@ use reeve_shared::settings::ApiSettings;
 use serde_json::{Value, json};
 use sqlx::Connection;
 
-fn repo(path: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path).to_string_lossy().into_owned()
-}
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: load the stack's .env"))
-}
-
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
-    let base = &base[..base.rfind('/').expect("a database in DATABASE_URL")];
-    match query {
-        Some(q) => format!("{base}/{name}?{q}"),
-        None => format!("{base}/{name}"),
-    }
-}
-
-/// `reeve` with the stack's environment, this test's database and queue.
-fn reeve(db: &str, queue: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));
-    cmd.current_dir(std::env::temp_dir()).env("DATABASE_URL", db).env("REEVE_QUEUE_URL", queue);
-    cmd
-}
-
-/// A `reeve work` process, killed on drop.
-struct Worker(std::process::Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{Worker, env, json_of, reeve, repo, with_database};
 
 /// Messages waiting in `url` (moto counts exactly).
 async fn queue_depth(aws: &AwsClients, url: &str) -> u64 {
@@ -58,10 +27,6 @@ async fn queue_depth(aws: &AwsClients, url: &str) -> u64 {
         .and_then(|a| a.iter().find(|(k, _)| k.as_str() == NAME))
         .and_then(|(_, n)| n.parse().ok())
         .unwrap_or(0)
-}
-
-async fn json_of(response: reqwest::Response) -> Value {
-    serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
 }
 
 #[tokio::test]
@@ -87,7 +52,7 @@ async fn a_task_whose_message_was_lost_completes_after_a_sweep_and_a_worker_run(
         bucket: env("REEVE_BUCKET"),
         queue_url: queue.clone(),
     };
-    let catalog = Catalog::load(std::path::Path::new(&repo("reeve.toml"))).unwrap();
+    let catalog = Catalog::load(&repo("reeve.toml")).unwrap();
     let redis = RedisClient::new(&settings.redis_url).unwrap();
     let ctx = ApiContext::new(catalog, pool.clone(), redis, AwsClients::from_env().await, settings);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -144,7 +109,8 @@ async fn a_task_whose_message_was_lost_completes_after_a_sweep_and_a_worker_run(
 
     let worker = Worker(
         reeve(&db_url, &queue)
-            .args(["work", "--catalog", &repo("reeve.toml")])
+            .args(["work", "--catalog"])
+            .arg(repo("reeve.toml"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
