@@ -85,9 +85,18 @@ async fn balance(address: &str) -> u128 {
     u128::from_str_radix(result.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
 }
 
+/// anvil picks the nonce of an `eth_sendTransaction` from the minter's
+/// pending count, so two tests minting at once can be given the same nonce
+/// and the second is refused as an underpriced replacement. One send at a
+/// time (the lock is released before mining, so mints still share blocks).
+static MINTER_NONCE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn mint(address: &str, amount: u128) {
     let data = format!("0x40c10f19{}{:064x}", word(address), amount);
-    let hash = rpc("eth_sendTransaction", json!([{"from": MINTER, "to": TOKEN, "data": data}])).await;
+    let hash = {
+        let _one_at_a_time = MINTER_NONCE.lock().await;
+        rpc("eth_sendTransaction", json!([{"from": MINTER, "to": TOKEN, "data": data}])).await
+    };
     // The chain mines a block a second.
     for _ in 0..100 {
         let receipt = rpc("eth_getTransactionReceipt", json!([hash])).await;
