@@ -252,7 +252,7 @@ async fn task_watch_follows_a_task_to_its_end_and_exits_with_its_outcome() {
 
     let out = reeve(&["task", "watch", &Id::new().to_string(), "--endpoint", &relay.1], &[("REEVE_TOKEN", &token)]);
     assert_eq!(out.status.code(), Some(3));
-    assert!(stderr(&out).contains("not_found"), "the server's code is shown: {}", stderr(&out));
+    assert!(stderr(&out).contains("task_not_found"), "the server's code is shown: {}", stderr(&out));
 
     drop(relay);
     conn.close().await.unwrap();

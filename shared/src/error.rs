@@ -37,8 +37,10 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
 
-    pub fn not_found(what: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+    /// A missing task, another Space's task and a string that is not a task
+    /// id all answer this, word for word, so ids cannot be probed.
+    pub fn task_not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "task_not_found", "no such task in this Space")
     }
 
     pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {

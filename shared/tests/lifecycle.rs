@@ -251,6 +251,7 @@ async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgP
     let reply = api.cancel(&id.to_string()).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     assert_eq!(reply.body["status"], "canceled");
+    assert!(reply.body["cancel_requested_at"].is_null(), "canceled at once, never asked to stop: {}", reply.body);
     assert_eq!(statuses(&events_of(&pool, id).await), ["queued", "canceled"]);
 
     // Its message still arrives; the worker skips it without running anything.
@@ -291,6 +292,7 @@ async fn a_running_task_canceled_mid_way_ends_canceled_within_two_seconds(pool: 
     let reply = api.cancel(&id.to_string()).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
     assert_eq!(reply.body["status"], "running");
+    assert!(reply.body["cancel_requested_at"].is_string(), "the answer says a stop was asked: {}", reply.body);
 
     let outcome = tokio::time::timeout(Duration::from_secs(2), run).await.expect("stopped within 2 s").unwrap();
     assert_eq!(outcome, Outcome::Done);

@@ -599,13 +599,13 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     let snapshot = check("GET", task, send(&app, get_authed(&format!("/v1/tasks/{id}"), &token)).await);
     assert_eq!(snapshot.status, StatusCode::OK);
     let unknown = check("GET", task, send(&app, get_authed(&format!("/v1/tasks/{}", Id::new()), &token)).await);
-    assert_eq!(unknown.code(), "not_found");
+    assert_eq!(unknown.code(), "task_not_found");
 
     // The relay's stream: the refusals as envelopes, the stream as SSE.
     let stream = check("GET", STREAM_PATH, send(&app, get(&format!("/v1/tasks/{id}/events"))).await);
     assert_eq!(stream.code(), "missing_token");
     let other = format!("/v1/tasks/{}/events?access_token={token}", Id::new());
-    assert_eq!(check("GET", STREAM_PATH, send(&app, get(&other)).await).code(), "not_found");
+    assert_eq!(check("GET", STREAM_PATH, send(&app, get(&other)).await).code(), "task_not_found");
     let bad_resume = format!("/v1/tasks/{id}/events?access_token={token}&last_event_id=-1");
     assert_eq!(check("GET", STREAM_PATH, send(&app, get(&bad_resume)).await).code(), "invalid_last_event_id");
     let live = app.clone().oneshot(get_authed(&format!("/v1/tasks/{id}/events"), &token)).await.unwrap();
@@ -789,8 +789,8 @@ async fn one_bearer_extractor_serves_every_route(pool: PgPool) {
     let routes = [
         ("POST", "/v1/uploads".to_owned(), "invalid_filename"),
         ("POST", "/v1/tasks/digest".to_owned(), "invalid_input"),
-        ("GET", format!("/v1/tasks/{unknown}"), "not_found"),
-        ("GET", format!("/v1/tasks/{unknown}/events"), "not_found"),
+        ("GET", format!("/v1/tasks/{unknown}"), "task_not_found"),
+        ("GET", format!("/v1/tasks/{unknown}/events"), "task_not_found"),
     ];
     let request = |method: &str, uri: &str, authorization: Option<String>| {
         let mut builder = Request::builder().method(method).uri(uri);

@@ -322,9 +322,9 @@ async fn refusals_come_before_the_stream_as_error_envelopes(pool: PgPool) {
         (client.get(url(&task.to_string())), 401, "missing_token"),
         (client.get(url(&task.to_string())).bearer_auth("not-a-token"), 401, "invalid_token"),
         (client.get(format!("{}?access_token=forged", url(&task.to_string()))), 401, "invalid_token"),
-        (client.get(url(&Id::new().to_string())).bearer_auth(&relay.token), 404, "not_found"),
-        (client.get(url("not-an-id")).bearer_auth(&relay.token), 404, "not_found"),
-        (client.get(url(&task.to_string())).bearer_auth(&other_space), 404, "not_found"),
+        (client.get(url(&Id::new().to_string())).bearer_auth(&relay.token), 404, "task_not_found"),
+        (client.get(url("not-an-id")).bearer_auth(&relay.token), 404, "task_not_found"),
+        (client.get(url(&task.to_string())).bearer_auth(&other_space), 404, "task_not_found"),
         (
             client.get(url(&task.to_string())).bearer_auth(&relay.token).header("last-event-id", "abc"),
             400,

@@ -397,7 +397,7 @@ async fn a_task_is_visible_to_its_space_only(pool: PgPool) {
     let malformed = send(&app, get_authed("/v1/tasks/not-an-id", &token)).await;
     for reply in [&foreign, &missing, &malformed] {
         assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
-        assert_eq!(reply.code(), "not_found");
+        assert_eq!(reply.code(), "task_not_found");
         assert_eq!(reply.body["error"]["message"], missing.body["error"]["message"]);
     }
 

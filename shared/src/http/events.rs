@@ -125,7 +125,7 @@ async fn task_events(
     };
 
     // A malformed id, a missing task and another space's task look the same.
-    let task: Id = task.parse().map_err(|_| ApiError::not_found("task"))?;
+    let task: Id = task.parse().map_err(|_| ApiError::task_not_found())?;
     let row: Option<(String, i64)> = {
         let _turn = ctx.hub.read_permit().await;
         sqlx::query_as("SELECT status, last_seq FROM tasks WHERE id = $1 AND space_idx = $2")
@@ -136,7 +136,7 @@ async fn task_events(
             .map_err(db_error)?
     };
     let Some((status, last_seq)) = row else {
-        return Err(ApiError::not_found("task"));
+        return Err(ApiError::task_not_found());
     };
     let position = TaskPosition { last_seq, finished: TaskStatus::parse(&status).is_some_and(TaskStatus::is_terminal) };
 

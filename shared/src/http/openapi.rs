@@ -218,7 +218,7 @@ fn stream(doc: &mut Value) {
             "400": error("`invalid_last_event_id`: the resume point is not a non-negative event number."),
             "401": error("`missing_token`: neither an `Authorization: Bearer` header nor `access_token`; \
                 `invalid_token`: the token is malformed, tampered with or expired."),
-            "404": error("`not_found`: no such task in this Space (or not a task id at all)."),
+            "404": error("`task_not_found`: no such task in this Space (or not a task id at all)."),
             "500": error("`internal`: an unexpected failure, logged under the request id."),
             "503": error("`database_unavailable`: the database is out of reach; try again."),
         },

@@ -112,6 +112,10 @@ struct Snapshot {
     error: Option<Value>,
     /// How many times a worker has started the task.
     attempts: i32,
+    /// When `POST /v1/tasks/{id}/cancel` asked a running task to stop;
+    /// `null` otherwise. Its worker ends it `canceled` within a second.
+    #[serde(with = "time::serde::rfc3339::option")]
+    cancel_requested_at: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339")]
     created_at: OffsetDateTime,
     #[serde(with = "time::serde::rfc3339")]
@@ -128,6 +132,7 @@ impl From<Task> for Snapshot {
             result: t.result,
             error: t.error,
             attempts: t.attempts,
+            cancel_requested_at: t.cancel_requested_at,
             created_at: t.created_at,
             updated_at: t.updated_at,
         }
@@ -388,7 +393,7 @@ impl From<SubmitError> for ApiError {
         (status = 200, description = "The task.", body = Snapshot),
         (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope,
-            description = "`not_found`: no such task in this Space (or not a task id at all)."),
+            description = "`task_not_found`: no such task in this Space (or not a task id at all)."),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),
         (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
     ),
@@ -400,11 +405,11 @@ async fn task_status(
 ) -> ApiResult<Json<Snapshot>> {
     // A malformed id cannot name a task: the same 404 as a missing one.
     let Some(id) = id.ok().and_then(|Path(id)| id.parse::<Id>().ok()) else {
-        return Err(task_not_found());
+        return Err(ApiError::task_not_found());
     };
     match tasks::find_for_space(&ctx.db, &space, id).await.map_err(db_error)? {
         Some(task) => Ok(Json(task.into())),
-        None => Err(task_not_found()),
+        None => Err(ApiError::task_not_found()),
     }
 }
 
@@ -500,11 +505,10 @@ async fn cancel_task(
     Session(space): Session,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
-    let not_found = || ApiError::new(StatusCode::NOT_FOUND, "task_not_found", "no such task in this Space");
     let Some(id) = id.ok().and_then(|Path(id)| id.parse::<Id>().ok()) else {
-        return Err(not_found());
+        return Err(ApiError::task_not_found());
     };
-    let outcome = tasks::cancel(&ctx.db, &space, id).await.map_err(db_error)?.ok_or_else(not_found)?;
+    let outcome = tasks::cancel(&ctx.db, &space, id).await.map_err(db_error)?.ok_or_else(ApiError::task_not_found)?;
     match outcome {
         CancelOutcome::Canceled { task, events } => {
             publish_all_once(&ctx.redis, id, &events).await;
@@ -522,10 +526,6 @@ async fn cancel_task(
             format!("the task has already ended: it is {}", task.status.as_str()),
         )),
     }
-}
-
-fn task_not_found() -> ApiError {
-    ApiError::not_found("task")
 }
 
 fn unknown_task(kind: &str) -> ApiError {

@@ -84,6 +84,8 @@ pub struct Task {
     /// `{"code","message"}` once failed.
     pub error: Option<Value>,
     pub attempts: i32,
+    /// Set when a cancel reached the task while it ran; the worker stops it.
+    pub cancel_requested_at: Option<OffsetDateTime>,
     pub created_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
 }
@@ -92,7 +94,7 @@ pub struct Task {
 /// takes only `'static` SQL, never a string built at run time.
 macro_rules! task_columns {
     () => {
-        "id, kind, status, progress, result, error, attempts, created_at, updated_at"
+        "id, kind, status, progress, result, error, attempts, cancel_requested_at, created_at, updated_at"
     };
 }
 
@@ -121,6 +123,7 @@ impl Task {
             result: json("result")?,
             error: json("error")?,
             attempts: row.try_get("attempts")?,
+            cancel_requested_at: row.try_get("cancel_requested_at")?,
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,
         })
