@@ -307,7 +307,7 @@ async fn each_client_command_answers_in_json_and_with_its_exit_code() {
     let invalid = serve.reeve(&["task", "create", "digest", "--input", "upload_id:=5", "--json"]);
     assert_eq!(invalid.expect(3).json()["error"]["code"], "invalid_input");
     let missing = serve.reeve(&["task", "get", "01JNVX5C7D9F1H3K5M7P9R1T3V"]);
-    assert!(missing.expect(3).stderr().contains("not_found"));
+    assert!(missing.expect(3).stderr().contains("task_not_found"));
 
     // A priced task without payment: its requirements as a table, exit 3.
     let priced = serve.reeve(&["task", "create", "fetch", "--input", "url=https://example.com/"]);
@@ -469,6 +469,10 @@ async fn a_priced_task_is_paid_with_pay_and_the_payment_shows_in_reeve_space() {
     assert_eq!(payments[0]["amount"], "10000");
     assert_eq!(payments[0]["network"], "eip155:84532");
     assert!(payments[0]["transaction"].as_str().is_some_and(|t| t.starts_with("0x")), "{space}");
+    // The settlement receipt the create printed is the same transaction.
+    assert_eq!(task["payment"]["success"], true, "{task}");
+    assert_eq!(task["payment"]["transaction"], payments[0]["transaction"], "{task}");
+    assert_eq!(task["payment"]["network"], "eip155:84532", "{task}");
     let shown = serve.reeve(&["space"]).expect(0).stdout();
     assert!(shown.contains("PAYMENTS") && shown.contains(task["id"].as_str().unwrap()), "{shown}");
     serve.cleanup().await;

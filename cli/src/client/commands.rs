@@ -437,13 +437,13 @@ fn parse_status(s: &str) -> Result<TaskStatus, String> {
     TaskStatus::parse(s).ok_or_else(|| "expected queued, running, completed, failed or canceled".to_owned())
 }
 
+/// Everything but RFC 3986's unreserved characters is escaped, so a value
+/// can sit in a path segment or a query value alike.
+const COMPONENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
 fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, COMPONENT).to_string()
 }
 
 fn print_task(task: &Value) {
@@ -452,6 +452,9 @@ fn print_task(task: &Value) {
     }
     println!("{:<9} {:.0}%", "progress", task["progress"].as_f64().unwrap_or(0.0) * 100.0);
     println!("{:<9} {}", "attempts", task["attempts"]);
+    if let Some(at) = task["cancel_requested_at"].as_str() {
+        println!("{:<9} {at} (the worker stops it within a second)", "cancel");
+    }
     println!("{:<9} {}", "created", task["created_at"].as_str().unwrap_or_default());
     println!("{:<9} {}", "updated", task["updated_at"].as_str().unwrap_or_default());
     if !task["result"].is_null() {
@@ -510,7 +513,21 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
             let signature = crate::pay::payment_header(&challenge, &key, now).map_err(pay_error)?;
             let mut paid = headers.clone();
             paid.push(("payment-signature", signature));
-            client.authed(Method::POST, &path, Some(&body), &paid).await?.body
+            let answer = client.authed(Method::POST, &path, Some(&body), &paid).await?;
+            let mut accepted = answer.body;
+            // The settlement receipt is the user's proof of what was paid.
+            if let Some(receipt) = settlement(&answer.headers) {
+                if !opts.json {
+                    eprintln!(
+                        "paid: transaction {} on {} from {}",
+                        receipt["transaction"].as_str().unwrap_or("?"),
+                        receipt["network"].as_str().unwrap_or("?"),
+                        receipt["payer"].as_str().unwrap_or("?"),
+                    );
+                }
+                accepted["payment"] = receipt;
+            }
+            accepted
         }
         other => other?.body,
     };
@@ -532,6 +549,15 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
     }
     let token = client.token().await?;
     watch_to_end(client, opts, id, &token).await
+}
+
+/// The decoded `PAYMENT-RESPONSE` (base64 JSON: success, transaction,
+/// network, payer) of a paid create, when the server sent one.
+fn settlement(headers: &reqwest::header::HeaderMap) -> Option<Value> {
+    use base64::Engine;
+    let raw = headers.get("payment-response")?.to_str().ok()?;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(raw.trim()).ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 /// Follows the task to its end. With `--json`, prints the final task; the

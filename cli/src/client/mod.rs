@@ -83,6 +83,7 @@ impl ClientError {
 #[derive(Debug)]
 pub struct Answer {
     pub status: StatusCode,
+    pub headers: reqwest::header::HeaderMap,
     pub body: Value,
 }
 
@@ -153,11 +154,12 @@ impl Client {
     pub async fn send(&self, request: reqwest::RequestBuilder) -> Result<Answer, ClientError> {
         let response = request.send().await.map_err(|e| self.unreachable(&e))?;
         let status = response.status();
+        let headers = response.headers().clone();
         let bytes = response.bytes().await.map_err(|e| self.unreachable(&e))?;
         let body: Value =
             if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
         if status.is_success() {
-            return Ok(Answer { status, body });
+            return Ok(Answer { status, headers, body });
         }
         if status == StatusCode::PAYMENT_REQUIRED && body.get("accepts").is_some() {
             return Err(ClientError::PaymentRequired(body));
