@@ -477,3 +477,28 @@ async fn a_priced_task_is_paid_with_pay_and_the_payment_shows_in_reeve_space() {
     assert!(shown.contains("PAYMENTS") && shown.contains(task["id"].as_str().unwrap()), "{shown}");
     serve.cleanup().await;
 }
+
+/// `reeve serve` wraps the routers (which carry the error envelope) in one
+/// more envelope for its login limiter: a request is still counted once, and
+/// an error still answers one envelope whose id is the `x-request-id`.
+#[tokio::test]
+async fn serve_counts_each_request_once_and_answers_one_envelope() {
+    let serve = Serve::start(&["--no-worker"]).await;
+    let http = reqwest::Client::new();
+    assert_eq!(http.get(format!("{}/healthz", serve.endpoint)).send().await.unwrap().status(), 200);
+    let refused = http.get(format!("{}/v1/tasks", serve.endpoint)).bearer_auth("nonsense").send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    let id = refused.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let body: serde_json::Value = serde_json::from_slice(&refused.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "invalid_token", "{body}");
+    assert_eq!(body["error"]["request_id"], id.as_str(), "{body}");
+
+    let page = http.get(format!("{}/metrics", serve.endpoint)).send().await.unwrap().text().await.unwrap();
+    for line in [
+        r#"reeve_http_requests_total{method="GET",route="/healthz",status="200"} 1"#,
+        r#"reeve_http_requests_total{method="GET",route="/v1/tasks",status="401"} 1"#,
+    ] {
+        assert!(page.lines().any(|l| l == line), "{line} in:\n{page}");
+    }
+    serve.cleanup().await;
+}

@@ -94,9 +94,6 @@ fn render(status: StatusCode, code: &str, message: &str, request_id: &str) -> Re
     let body = serde_json::to_vec(&envelope).expect("the envelope is plain strings");
     let mut response = (status, body).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    // Final: a second envelope around this one (`reeve serve` adds one
-    // outside its login limiter) must not re-wrap it as a bare status.
-    response.extensions_mut().insert(Rendered);
     response
 }
 
@@ -120,9 +117,20 @@ fn request_id_of(request: &Request) -> String {
         .unwrap_or_else(|| ulid::Ulid::new().to_string())
 }
 
+/// A request extension: an outer [`envelope`] has this request, so an inner
+/// one (`reeve serve` wraps the routers, which carry their own, with one
+/// more for its rate limiter) passes it through instead of rendering and
+/// counting it a second time.
+#[derive(Debug, Clone, Copy)]
+struct Enveloped;
+
 /// Middleware: gives every request an id, echoes it in `x-request-id`, and
 /// makes every error response the JSON envelope carrying that id.
 pub async fn envelope(mut request: Request, next: Next) -> Response {
+    if request.extensions().get::<Enveloped>().is_some() {
+        return next.run(request).await;
+    }
+    request.extensions_mut().insert(Enveloped);
     let request_id = request_id_of(&request);
     let route = request.extensions().get::<axum::extract::MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
     let (method, started) = (request.method().clone(), std::time::Instant::now());
