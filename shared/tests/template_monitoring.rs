@@ -115,3 +115,42 @@ fn the_dashboard_is_json_and_reads_only_metrics_the_code_records() {
     }
     assert!(body.contains(&format!("\"{}\"", metrics::NAMESPACE)), "the dashboard reads the EMF namespace");
 }
+
+#[test]
+fn the_relay_metrics_port_is_for_the_scraper_never_the_load_balancer() {
+    let text = template();
+    let port = reeve_shared::startup::DEFAULT_RELAY_METRICS_BIND.port();
+    let task = resource(&text, "RelayTaskDefinition");
+    assert!(task.contains(&format!("- ContainerPort: {port}\n")), "the container maps {port}:\n{task}");
+    assert!(
+        task.contains(&format!("- Name: REEVE_METRICS_BIND\n              Value: 0.0.0.0:{port}\n")),
+        "the relay listens for the scraper beyond loopback:\n{task}"
+    );
+    // The load balancer reaches 8080 alone: its target group, the service's
+    // registration and the tasks' security group name no other port.
+    assert!(resource(&text, "RelayTargetGroup").contains("Port: 8080\n"));
+    let service = resource(&text, "RelayService");
+    assert!(service.contains("ContainerPort: 8080") && !service.contains(&port.to_string()), "{service}");
+    let group = resource(&text, "RelaySecurityGroup");
+    assert!(!group.contains(&port.to_string()), "the load balancer's rule must not open {port}:\n{group}");
+    // The scraper's rule exists only when the operator names its addresses.
+    assert!(text.contains("\n  MetricsScrapeCidr:\n    Type: String\n    Default: \"\"\n"));
+    assert!(text.contains("\n  HasMetricsScraper: !Not [!Equals [!Ref MetricsScrapeCidr, \"\"]]\n"));
+    let rule = resource(&text, "RelayMetricsScrapeIngress");
+    for line in [
+        "Type: AWS::EC2::SecurityGroupIngress",
+        "Condition: HasMetricsScraper",
+        "GroupId: !GetAtt RelaySecurityGroup.GroupId",
+        &format!("FromPort: {port}"),
+        &format!("ToPort: {port}"),
+        "CidrIp: !Ref MetricsScrapeCidr",
+    ] {
+        assert!(rule.contains(line), "{line}:\n{rule}");
+    }
+    assert!(!rule.contains("SourceSecurityGroupId"), "never the load balancer:\n{rule}");
+    // The image says the same as the task definition.
+    let dockerfile =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../functions/relay/Dockerfile")).unwrap();
+    assert!(dockerfile.contains(&format!("REEVE_METRICS_BIND=0.0.0.0:{port}")), "{dockerfile}");
+    assert!(dockerfile.contains(&format!("EXPOSE 8080 {port}")), "{dockerfile}");
+}
