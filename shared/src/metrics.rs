@@ -122,8 +122,12 @@ pub fn sqs_deleted(n: usize) {
 
 // --------------------------------------------------------------- sweeper
 
-/// One thing the sweeper did: `action` is a fixed word such as `resent`,
-/// `failed_exhausted` or `lease_expired`.
+/// One thing the sweeper did, as a fixed word: `resent_queued` (a queued
+/// task's message sent again), `resent_lease_expired` (a running task whose
+/// worker's lease ran out), `failed_exhausted` (every attempt used),
+/// `send_failed` (the queue refused a resend), `failed_dead_lettered` and
+/// `dropped_unreadable` (a dead letter failed its task, or was not a task
+/// message).
 pub fn sweeper_action(action: &'static str, n: u64) {
     counter!(SWEEPER_ACTIONS, "action" => action).increment(n);
 }
@@ -141,9 +145,10 @@ pub fn payment_failed(reason: &str) {
     counter!(PAYMENTS_FAILED, "reason" => reason.to_owned()).increment(1);
 }
 
-/// A credit left on a space; `reason` says why the work was not done.
-pub fn credit_issued(asset: &str, reason: &'static str) {
-    counter!(CREDITS_ISSUED, "asset" => asset.to_owned(), "reason" => reason).increment(1);
+/// A credit left on a space; `reason` is the error code that earned it
+/// (one of the ledger's fixed list) or `canceled`.
+pub fn credit_issued(asset: &str, reason: &str) {
+    counter!(CREDITS_ISSUED, "asset" => asset.to_owned(), "reason" => reason.to_owned()).increment(1);
 }
 
 pub fn credit_spent(asset: &str) {
