@@ -158,6 +158,16 @@ fn shares_a_port(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
+/// The CloudWatch namespace of this Lambda's EMF lines:
+/// `REEVE_METRICS_NAMESPACE` (the template sets `Reeve/<Stage>`), else
+/// [`crate::metrics::DEFAULT_NAMESPACE`].
+pub fn metrics_namespace() -> String {
+    Env::process()
+        .optional(settings::METRICS_NAMESPACE)
+        .map(|ns| ns.trim().to_owned())
+        .unwrap_or_else(|| crate::metrics::DEFAULT_NAMESPACE.to_owned())
+}
+
 /// The database URL alone (`reeve migrate`): plain or from Secrets Manager.
 pub async fn database_url() -> Result<Secret, StartupError> {
     let sdk = aws_config::load_from_env().await;

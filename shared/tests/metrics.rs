@@ -431,6 +431,7 @@ fn emf_lines_reach_stdout_for_a_request_and_for_a_worker_batch() {
         .args(["--exact", "emf_child", "--include-ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
         .env("AWS_LAMBDA_FUNCTION_NAME", "reeve-test")
+        .env(reeve_shared::settings::METRICS_NAMESPACE, "Reeve/test")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -441,7 +442,7 @@ fn emf_lines_reach_stdout_for_a_request_and_for_a_worker_batch() {
     };
     let (requests, batch) = (emf(requests), emf(batch));
 
-    // One document per request and label set, in the Reeve namespace, with
+    // One document per request and label set, in the stage's namespace, with
     // the route template and status as dimensions.
     let created = requests
         .iter()
@@ -449,7 +450,7 @@ fn emf_lines_reach_stdout_for_a_request_and_for_a_worker_batch() {
         .unwrap_or_else(|| panic!("no EMF line for the create request in {requests:#?}"));
     assert_eq!(created["reeve_http_requests_total"], 1, "{created}");
     let directive = &created["_aws"]["CloudWatchMetrics"][0];
-    assert_eq!(directive["Namespace"], "Reeve");
+    assert_eq!(directive["Namespace"], "Reeve/test", "the namespace the template gives the stage");
     let dims: Vec<&str> = directive["Dimensions"][0].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
     assert_eq!(dims, ["method", "route", "status"]);
     assert!(requests.iter().any(|d| d["reeve_tasks_created_total"] == 1 && d["kind"] == "digest"), "{requests:#?}");
