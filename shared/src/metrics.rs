@@ -30,9 +30,11 @@ use serde_json::Value;
 use crate::ids::Id;
 use crate::tasks::events::EventType;
 
-/// The CloudWatch namespace of the EMF lines; the dashboard and the alarms
-/// in the template read it.
-pub const NAMESPACE: &str = "Reeve";
+/// The CloudWatch namespace of the EMF lines when `REEVE_METRICS_NAMESPACE`
+/// is not set (a Lambda run locally). A deployment sets `Reeve/<Stage>`, the
+/// namespace its dashboard and alarms read, so two stages in one account
+/// never add up each other's tasks.
+pub const DEFAULT_NAMESPACE: &str = "Reeve";
 
 pub const HTTP_REQUESTS: &str = "reeve_http_requests_total";
 pub const HTTP_DURATION: &str = "reeve_http_request_duration_seconds";
@@ -122,8 +124,12 @@ pub fn sqs_deleted(n: usize) {
 
 // --------------------------------------------------------------- sweeper
 
-/// One thing the sweeper did: `action` is a fixed word such as `resent`,
-/// `failed_exhausted` or `lease_expired`.
+/// One thing the sweeper did, as a fixed word: `resent_queued` (a queued
+/// task's message sent again), `resent_lease_expired` (a running task whose
+/// worker's lease ran out), `failed_exhausted` (every attempt used),
+/// `send_failed` (the queue refused a resend), `failed_dead_lettered` and
+/// `dropped_unreadable` (a dead letter failed its task, or was not a task
+/// message).
 pub fn sweeper_action(action: &'static str, n: u64) {
     counter!(SWEEPER_ACTIONS, "action" => action).increment(n);
 }
@@ -141,9 +147,10 @@ pub fn payment_failed(reason: &str) {
     counter!(PAYMENTS_FAILED, "reason" => reason.to_owned()).increment(1);
 }
 
-/// A credit left on a space; `reason` says why the work was not done.
-pub fn credit_issued(asset: &str, reason: &'static str) {
-    counter!(CREDITS_ISSUED, "asset" => asset.to_owned(), "reason" => reason).increment(1);
+/// A credit left on a space; `reason` is the error code that earned it
+/// (one of the ledger's fixed list) or `canceled`.
+pub fn credit_issued(asset: &str, reason: &str) {
+    counter!(CREDITS_ISSUED, "asset" => asset.to_owned(), "reason" => reason.to_owned()).increment(1);
 }
 
 pub fn credit_spent(asset: &str) {
@@ -254,18 +261,21 @@ pub async fn serve(bind: std::net::SocketAddr, handle: PrometheusHandle) -> std:
     Ok(())
 }
 
-/// Installs the EMF collector; `telemetry::init` calls it in Lambda.
+/// Installs the EMF collector writing to `namespace`; `telemetry::init`
+/// calls it in Lambda.
 ///
 /// No per-function dimension: a CloudWatch alarm needs the exact dimension
 /// set of the series it reads, and a task's failure may be recorded by
 /// `task-create` (queue unavailable) or by the worker. The labels are the
 /// dimensions; each function's log group still tells them apart.
-pub fn install_emf() -> Result<(), InstallError> {
+pub fn install_emf(namespace: &str) -> Result<(), InstallError> {
     if EMF.get().is_some() {
         return Ok(());
     }
-    let collector =
-        metrics_cloudwatch_embedded::Builder::new().cloudwatch_namespace(NAMESPACE).init().map_err(|_| InstallError)?;
+    let collector = metrics_cloudwatch_embedded::Builder::new()
+        .cloudwatch_namespace(namespace.to_owned())
+        .init()
+        .map_err(|_| InstallError)?;
     describe();
     let _ = EMF.set(collector);
     Ok(())

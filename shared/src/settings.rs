@@ -28,6 +28,12 @@ pub const MAX_RECEIVES: &str = "REEVE_MAX_RECEIVES";
 pub const FETCH_MAX_BYTES: &str = "REEVE_FETCH_MAX_BYTES";
 /// Where the relay listens (default `0.0.0.0:8080`).
 pub const RELAY_BIND: &str = "REEVE_RELAY_BIND";
+/// Where the relay serves Prometheus `/metrics`: a port of its own, because
+/// its load balancer forwards every path of the relay's port.
+pub const METRICS_BIND: &str = "REEVE_METRICS_BIND";
+/// The CloudWatch namespace of a Lambda's EMF metric lines (`Reeve/<Stage>`
+/// in a deployment), so stages in one account never mix their series.
+pub const METRICS_NAMESPACE: &str = "REEVE_METRICS_NAMESPACE";
 
 /// Deployments name each secret by the ARN of a Secrets Manager secret; the
 /// value is read at start-up, so a function's configuration never holds it.

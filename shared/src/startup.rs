@@ -118,6 +118,56 @@ pub fn relay_bind() -> Result<SocketAddr, StartupError> {
     if problems.is_empty() { Ok(bind) } else { Err(StartupError::Config(problems)) }
 }
 
+/// Where the relay serves `/metrics` when `REEVE_METRICS_BIND` is not set:
+/// loopback, so a relay started by hand shows its metrics to nobody else.
+/// The image and the template set `0.0.0.0:9090` for the scraper.
+pub const DEFAULT_RELAY_METRICS_BIND: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9090);
+
+/// The relay's two listeners: the SSE routes (behind the load balancer) and
+/// Prometheus `/metrics`, which must be on another port, since the load
+/// balancer forwards every path of the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayListeners {
+    pub relay: SocketAddr,
+    pub metrics: SocketAddr,
+}
+
+/// `REEVE_RELAY_BIND` ([`relay_bind`]) and `REEVE_METRICS_BIND`, checked
+/// together: a bad address, or `/metrics` on the relay's own port, is a
+/// start-up problem.
+pub fn relay_listeners() -> Result<RelayListeners, StartupError> {
+    let relay = relay_bind();
+    let mut env = Env::process();
+    let metrics = env.socket_addr(settings::METRICS_BIND, DEFAULT_RELAY_METRICS_BIND);
+    let mut problems = env.take_problems();
+    if let Ok(relay) = &relay
+        && shares_a_port(*relay, metrics)
+    {
+        problems.push(format!(
+            "{} ({metrics}) must not be the relay's port ({relay}): the load balancer forwards every path there",
+            settings::METRICS_BIND
+        ));
+    }
+    let metrics = if problems.is_empty() { Ok(metrics) } else { Err(StartupError::Config(problems)) };
+    both(relay, metrics).map(|(relay, metrics)| RelayListeners { relay, metrics })
+}
+
+/// Whether two listeners would claim the same port on some address.
+fn shares_a_port(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// The CloudWatch namespace of this Lambda's EMF lines:
+/// `REEVE_METRICS_NAMESPACE` (the template sets `Reeve/<Stage>`), else
+/// [`crate::metrics::DEFAULT_NAMESPACE`].
+pub fn metrics_namespace() -> String {
+    Env::process()
+        .optional(settings::METRICS_NAMESPACE)
+        .map(|ns| ns.trim().to_owned())
+        .unwrap_or_else(|| crate::metrics::DEFAULT_NAMESPACE.to_owned())
+}
+
 /// The database URL alone (`reeve migrate`): plain or from Secrets Manager.
 pub async fn database_url() -> Result<Secret, StartupError> {
     let sdk = aws_config::load_from_env().await;

@@ -208,6 +208,7 @@ impl Sweeper {
                 if self.fail(id, &status, attempts, RETRIES_EXHAUSTED, &message).await? {
                     tracing::warn!(task_id = %id, attempts, "retries exhausted; failed");
                     report.exhausted += 1;
+                    crate::metrics::sweeper_action("failed_exhausted", 1);
                 }
             }
             if !full {
@@ -240,13 +241,20 @@ impl Sweeper {
             let full = batch.len() as i64 == BATCH;
             for (id, kind, status) in batch {
                 match queue::enqueue(&self.sqs, &self.queue_url, id, &kind).await {
-                    Ok(()) if status == "queued" => report.resent_queued += 1,
-                    Ok(()) => report.resent_expired += 1,
+                    Ok(()) if status == "queued" => {
+                        report.resent_queued += 1;
+                        crate::metrics::sweeper_action("resent_queued", 1);
+                    }
+                    Ok(()) => {
+                        report.resent_expired += 1;
+                        crate::metrics::sweeper_action("resent_lease_expired", 1);
+                    }
                     Err(e) => {
                         // Touched but not sent: the next sweep after the
                         // threshold tries again.
                         tracing::error!(task_id = %id, error = %e, "could not send a swept task again");
                         report.send_errors += 1;
+                        crate::metrics::sweeper_action("send_failed", 1);
                     }
                 }
             }
@@ -286,6 +294,7 @@ impl Sweeper {
         let Ok(message) = serde_json::from_str::<QueueMessage>(body) else {
             let shown: String = body.chars().take(200).collect();
             tracing::error!(body = %shown, "dead-lettered message is not {{task_id, kind}}; dropping it");
+            crate::metrics::sweeper_action("dropped_unreadable", 1);
             return Ok(DeadLetter::Unreadable);
         };
         let id = message.task_id;
@@ -305,6 +314,7 @@ impl Sweeper {
                 Some(TaskStatus::Queued | TaskStatus::Running) => {
                     if self.fail(id, &status, attempts, codes::DEAD_LETTERED, message).await? {
                         tracing::warn!(task_id = %id, attempts, "dead-lettered; failed");
+                        crate::metrics::sweeper_action("failed_dead_lettered", 1);
                         return Ok(DeadLetter::Failed);
                     }
                 }
@@ -337,7 +347,12 @@ impl Sweeper {
     pub async fn handle_invocation(&self, payload: Value) -> Result<Value, SweepError> {
         if payload.get("Records").is_some_and(Value::is_array) {
             return match serde_json::from_value::<SqsEvent>(payload) {
-                Ok(event) => Ok(serde_json::to_value(self.handle_dead_letters(event).await).expect("serialises")),
+                Ok(event) => {
+                    let response = self.handle_dead_letters(event).await;
+                    // In Lambda, the batch's EMF lines go out with it.
+                    crate::metrics::flush();
+                    Ok(serde_json::to_value(response).expect("serialises"))
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "an event with Records that is not an SQS batch; ignored");
                     Ok(serde_json::json!({ "ignored": "not an SQS batch" }))
@@ -346,8 +361,10 @@ impl Sweeper {
         }
         let older_than =
             payload.get("older_than_seconds").and_then(Value::as_u64).map_or(self.older_than, Duration::from_secs);
-        let report = self.sweep(older_than).await?;
-        Ok(serde_json::to_value(report).expect("serialises"))
+        let report = self.sweep(older_than).await;
+        // What a failed sweep did before its error is counted too.
+        crate::metrics::flush();
+        Ok(serde_json::to_value(report?).expect("serialises"))
     }
 
     /// Sweeps every [`EVERY`] until `shutdown` resolves; for `reeve work`.

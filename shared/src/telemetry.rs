@@ -10,7 +10,7 @@ pub fn init() {
     if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() {
         // Long-lived processes install Prometheus themselves, because they
         // also serve `/metrics`; a Lambda has nowhere to serve it from.
-        if let Err(e) = crate::metrics::install_emf() {
+        if let Err(e) = crate::metrics::install_emf(&crate::startup::metrics_namespace()) {
             eprintln!("{e}");
         }
     }

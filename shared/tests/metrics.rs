@@ -183,6 +183,224 @@ async fn prometheus_shows_the_request_task_queue_and_relay_metrics_after_a_task_
     queue.delete().await;
 }
 
+// ------------------------------------------------------------ payments
+//
+// The local payment stack (anvil with the EIP-3009 test token, the x402
+// facilitator), signed by the x402 Python SDK as `tests/payments.rs` does.
+
+/// The local chain's test token (6 decimals).
+const TOKEN: &str = "0x036CbD53842c5426634e7929541eC2318f3dCF7e";
+/// anvil's default account 9 (unlocked): mints the test's tokens.
+const MINTER: &str = "0xa0Ee7A142d267C1f36714E4a8F75612F20a79720";
+
+fn repo() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+async fn rpc(method: &str, params: Value) -> Value {
+    let url = std::env::var("REEVE_CHAIN_RPC_URL").unwrap_or_else(|_| "http://127.0.0.1:8545".into());
+    let bytes = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("the local chain is down ({e}): run scripts/payments.sh up"))
+        .bytes()
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(answer.get("error").is_none(), "{method}: {answer}");
+    answer["result"].clone()
+}
+
+/// Mints `amount` of the token to `address` and waits for the block.
+async fn mint(address: &str, amount: u128) {
+    let to = format!("{:0>64}", address.trim_start_matches("0x").to_ascii_lowercase());
+    let data = format!("0x40c10f19{to}{amount:064x}");
+    let hash = rpc("eth_sendTransaction", json!([{"from": MINTER, "to": TOKEN, "data": data}])).await;
+    for _ in 0..100 {
+        if !rpc("eth_getTransactionReceipt", json!([hash])).await.is_null() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("mint {hash} was not mined in 10 s");
+}
+
+/// A fresh key holding `funds` tokens; `sign` answers a 402's challenge.
+struct Payer {
+    key: String,
+}
+
+impl Payer {
+    fn python() -> std::path::PathBuf {
+        std::env::var_os("REEVE_PAYER_PYTHON")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| repo().join(".venv/bin/python"))
+    }
+
+    async fn new(funds: u128) -> Payer {
+        let out = std::process::Command::new(Self::python())
+            .args(["-c", "from eth_account import Account; a = Account.create(); print(a.key.hex(), a.address)"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let (key, address) = text.trim().split_once(' ').unwrap();
+        if funds > 0 {
+            mint(address, funds).await;
+        }
+        Payer { key: if key.starts_with("0x") { key.to_owned() } else { format!("0x{key}") } }
+    }
+
+    async fn sign(&self, challenge: &str) -> String {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new(Self::python())
+            .arg(repo().join("scripts/payments/pay.py"))
+            .env("REEVE_WALLET_KEY", &self.key)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(challenge.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "pay.py: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+}
+
+/// One priced kind, payable on the local chain, to a `payTo` of its own.
+fn paid_catalog() -> Catalog {
+    let pay_to = format!("0x{}", &hex::encode(reeve_shared::ids::Id::new().to_bytes()).repeat(2)[..40]);
+    let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+    Catalog::parse(&format!(
+        r#"
+        [payments]
+        pay_to = "{pay_to}"
+        facilitator_url = "{facilitator}"
+        max_timeout_seconds = 300
+
+        [assets.local]
+        network = "eip155:84532"
+        contract = "{TOKEN}"
+        decimals = 6
+        usd_peg = true
+        name = "USDC"
+        version = "2"
+
+        [tasks.fetch]
+        title = "Fetch"
+        description = "Fetch a URL"
+        executor = "fetch"
+        [tasks.fetch.input_schema]
+        type = "object"
+        required = ["url"]
+        [tasks.fetch.input_schema.properties.url]
+        type = "string"
+        [[tasks.fetch.accepts]]
+        asset = "local"
+        amount_usd = "0.01"
+        "#
+    ))
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The value of the series `name` whose labels include every one of
+/// `labels` (whatever their order in the page), if there is one.
+fn series(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    page.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (set, value) = rest.rsplit_once("} ")?;
+        let found = labels.iter().all(|(k, v)| set.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
+        if found { value.trim().parse().ok() } else { None }
+    })
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
+    reeve_shared::metrics::install_prometheus().unwrap();
+    let queue = TestQueue::new().await;
+    let mut settings = common::test_settings(&common::redis_url());
+    settings.queue_url = queue.url.clone();
+    let redis = RedisClient::new(&common::redis_url()).unwrap();
+    let ctx = ApiContext::new(paid_catalog(), pool.clone(), redis, AwsClients::from_env().await, settings);
+    let app = reeve_shared::metrics::mount(app(ctx), None).await.unwrap();
+    let (_, token) = new_session(&app).await;
+    let input = json!({"input": {"url": "http://127.0.0.1:1/"}});
+    let create = |signature: Option<String>| {
+        let mut request = post_json("/v1/tasks/fetch", Some(&token), &input);
+        if let Some(signature) = signature {
+            request.headers_mut().insert("payment-signature", signature.parse().unwrap());
+        }
+        send(&app, request)
+    };
+
+    let asked = create(None).await;
+    assert_eq!(asked.status, StatusCode::PAYMENT_REQUIRED, "{}", asked.body);
+    let challenge = asked.headers["payment-required"].to_str().unwrap().to_owned();
+
+    // Settled on chain.
+    let paid = create(Some(Payer::new(1_000_000).await.sign(&challenge).await)).await;
+    assert_eq!(paid.status, StatusCode::ACCEPTED, "{}", paid.body);
+    let paid: reeve_shared::ids::Id = paid.body["id"].as_str().unwrap().parse().unwrap();
+
+    // Refused: the payer holds no tokens, and the facilitator says why.
+    let refused = create(Some(Payer::new(0).await.sign(&challenge).await)).await;
+    assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED, "{}", refused.body);
+    let why = refused.body["error"]["message"].as_str().unwrap().to_owned();
+
+    // The paid task is stranded with every attempt used: the sweep fails
+    // it, and its space is left a credit.
+    sqlx::query("UPDATE tasks SET attempts = 5, updated_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(paid)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let sweeper = reeve_shared::sweeper::Sweeper {
+        db: pool.clone(),
+        sqs: AwsClients::from_env().await.sqs,
+        queue_url: queue.url.clone(),
+        events: reeve_shared::tasks::events::Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
+        max_attempts: 5,
+        older_than: Duration::from_secs(60),
+    };
+    assert_eq!(sweeper.sweep(Duration::from_secs(60)).await.unwrap().exhausted, 1);
+
+    // The credit pays the next task; a later sweep sends its (lost) message again.
+    let on_credit = create(None).await;
+    assert_eq!(on_credit.status, StatusCode::ACCEPTED, "{}", on_credit.body);
+    sqlx::query("UPDATE tasks SET updated_at = now() - interval '1 hour' WHERE id <> $1")
+        .bind(paid)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(sweeper.sweep(Duration::from_secs(60)).await.unwrap().resent_queued, 1);
+
+    let (status, page) = text(&app, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    let local = [("network", "eip155:84532"), ("asset", TOKEN)];
+    for (name, labels) in [
+        ("reeve_payments_settled_total", &local[..]),
+        ("reeve_credits_issued_total", &[("asset", TOKEN), ("reason", "retries_exhausted")][..]),
+        ("reeve_credits_spent_total", &[("asset", TOKEN)][..]),
+        ("reeve_sweeper_actions_total", &[("action", "failed_exhausted")][..]),
+        ("reeve_sweeper_actions_total", &[("action", "resent_queued")][..]),
+    ] {
+        let value = series(&page, name, labels).unwrap_or_else(|| panic!("no {name} {labels:?} in:\n{page}"));
+        assert!(value >= 1.0, "{name} {labels:?} = {value}");
+    }
+    // The refusal is counted by the facilitator's reason, the one the
+    // client was shown.
+    let reasons: Vec<&str> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("reeve_payments_failed_total{reason=\"")?.split('"').next())
+        .collect();
+    assert!(reasons.iter().any(|r| why.contains(r)), "no refusal counted by a reason in {why:?}: {reasons:?}\n{page}");
+    queue.delete().await;
+}
+
 const CHILD: &str = "REEVE_METRICS_EMF_CHILD";
 
 /// The Lambda half, run only as a child of the test below.
@@ -213,6 +431,7 @@ fn emf_lines_reach_stdout_for_a_request_and_for_a_worker_batch() {
         .args(["--exact", "emf_child", "--include-ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
         .env("AWS_LAMBDA_FUNCTION_NAME", "reeve-test")
+        .env(reeve_shared::settings::METRICS_NAMESPACE, "Reeve/test")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -223,7 +442,7 @@ fn emf_lines_reach_stdout_for_a_request_and_for_a_worker_batch() {
     };
     let (requests, batch) = (emf(requests), emf(batch));
 
-    // One document per request and label set, in the Reeve namespace, with
+    // One document per request and label set, in the stage's namespace, with
     // the route template and status as dimensions.
     let created = requests
         .iter()
@@ -231,7 +450,7 @@ fn emf_lines_reach_stdout_for_a_request_and_for_a_worker_batch() {
         .unwrap_or_else(|| panic!("no EMF line for the create request in {requests:#?}"));
     assert_eq!(created["reeve_http_requests_total"], 1, "{created}");
     let directive = &created["_aws"]["CloudWatchMetrics"][0];
-    assert_eq!(directive["Namespace"], "Reeve");
+    assert_eq!(directive["Namespace"], "Reeve/test", "the namespace the template gives the stage");
     let dims: Vec<&str> = directive["Dimensions"][0].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
     assert_eq!(dims, ["method", "route", "status"]);
     assert!(requests.iter().any(|d| d["reeve_tasks_created_total"] == 1 && d["kind"] == "digest"), "{requests:#?}");

@@ -104,6 +104,8 @@ fn the_dashboard_is_json_and_reads_only_metrics_the_code_records() {
         metrics::PAYMENTS_SETTLED,
         metrics::PAYMENTS_FAILED,
         metrics::CREDITS_ISSUED,
+        metrics::CREDITS_SPENT,
+        metrics::SWEEPER_ACTIONS,
     ]
     .into_iter()
     .map(String::from)
@@ -113,5 +115,97 @@ fn the_dashboard_is_json_and_reads_only_metrics_the_code_records() {
     for name in &used {
         assert!(known.contains(name), "{name} is read by the template but is not a metric the code records");
     }
-    assert!(body.contains(&format!("\"{}\"", metrics::NAMESPACE)), "the dashboard reads the EMF namespace");
+}
+
+/// The namespace every Lambda writes its EMF lines to, as the template sets
+/// it: `!Sub Reeve/${Stage}` in the functions' globals.
+fn emf_namespace(text: &str) -> String {
+    let name = reeve_shared::settings::METRICS_NAMESPACE;
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{name}: ")))
+        .unwrap_or_else(|| panic!("the functions' globals set no {name}"));
+    line.strip_prefix("!Sub ").unwrap_or_else(|| panic!("{name} is per stage, a !Sub of Stage: {line}")).to_owned()
+}
+
+#[test]
+fn the_emf_namespace_is_per_stage_and_the_alarms_and_dashboard_read_it() {
+    let text = template();
+    let namespace = emf_namespace(&text);
+    assert!(namespace.contains("${Stage}"), "{namespace}: two stages in one account must not share a namespace");
+    assert_ne!(namespace, metrics::DEFAULT_NAMESPACE);
+    let globals = &text[text.find("\nGlobals:\n").unwrap()..text.find("\nResources:\n").unwrap()];
+    assert!(globals.contains(&format!("{}: !Sub {namespace}\n", reeve_shared::settings::METRICS_NAMESPACE)));
+
+    // Every alarm metric outside AWS's own namespaces is in this one.
+    let monitoring = &text[text.find("\n  DeadLetterQueueAlarm:\n").unwrap()..text.find("\n  Dashboard:\n").unwrap()];
+    let mut reeve_alarm_metrics = 0;
+    for part in monitoring.split("Namespace: ").skip(1) {
+        let value = part.split([',', '\n']).next().unwrap().trim();
+        if value.starts_with("AWS/") {
+            continue;
+        }
+        assert_eq!(value, format!("!Sub \"{namespace}\""), "an alarm reads another namespace");
+        reeve_alarm_metrics += 1;
+    }
+    assert_eq!(reeve_alarm_metrics, 2, "the failed-task rate reads failed and completed");
+
+    // The dashboard, each metric and each SEARCH: the same namespace, and
+    // never the unstaged default.
+    let dashboard = resource(&text, "Dashboard");
+    let body = &dashboard[dashboard.find("- |\n").unwrap()..dashboard.find("\n        - Queue:").unwrap()];
+    let mut reeve_rows = 0;
+    for row in body.split("[\"").skip(1) {
+        let first = row.split('"').next().unwrap();
+        if !first.starts_with("AWS/") {
+            assert_eq!(first, namespace, "a dashboard row reads another namespace: [\"{row}");
+            reeve_rows += 1;
+        }
+    }
+    let searches: Vec<&str> = body.split("SEARCH('{").skip(1).collect();
+    for search in &searches {
+        let schema_namespace = search.split(',').next().unwrap();
+        assert_eq!(schema_namespace, format!("\\\"{namespace}\\\""), "SEARCH('{{{search}");
+    }
+    assert!(reeve_rows >= 3 && searches.len() >= 8, "{reeve_rows} rows, {} searches", searches.len());
+    assert!(!body.contains(&format!("\"{}\"", metrics::DEFAULT_NAMESPACE)), "the unstaged namespace is read");
+}
+
+#[test]
+fn the_relay_metrics_port_is_for_the_scraper_never_the_load_balancer() {
+    let text = template();
+    let port = reeve_shared::startup::DEFAULT_RELAY_METRICS_BIND.port();
+    let task = resource(&text, "RelayTaskDefinition");
+    assert!(task.contains(&format!("- ContainerPort: {port}\n")), "the container maps {port}:\n{task}");
+    assert!(
+        task.contains(&format!("- Name: REEVE_METRICS_BIND\n              Value: 0.0.0.0:{port}\n")),
+        "the relay listens for the scraper beyond loopback:\n{task}"
+    );
+    // The load balancer reaches 8080 alone: its target group, the service's
+    // registration and the tasks' security group name no other port.
+    assert!(resource(&text, "RelayTargetGroup").contains("Port: 8080\n"));
+    let service = resource(&text, "RelayService");
+    assert!(service.contains("ContainerPort: 8080") && !service.contains(&port.to_string()), "{service}");
+    let group = resource(&text, "RelaySecurityGroup");
+    assert!(!group.contains(&port.to_string()), "the load balancer's rule must not open {port}:\n{group}");
+    // The scraper's rule exists only when the operator names its addresses.
+    assert!(text.contains("\n  MetricsScrapeCidr:\n    Type: String\n    Default: \"\"\n"));
+    assert!(text.contains("\n  HasMetricsScraper: !Not [!Equals [!Ref MetricsScrapeCidr, \"\"]]\n"));
+    let rule = resource(&text, "RelayMetricsScrapeIngress");
+    for line in [
+        "Type: AWS::EC2::SecurityGroupIngress",
+        "Condition: HasMetricsScraper",
+        "GroupId: !GetAtt RelaySecurityGroup.GroupId",
+        &format!("FromPort: {port}"),
+        &format!("ToPort: {port}"),
+        "CidrIp: !Ref MetricsScrapeCidr",
+    ] {
+        assert!(rule.contains(line), "{line}:\n{rule}");
+    }
+    assert!(!rule.contains("SourceSecurityGroupId"), "never the load balancer:\n{rule}");
+    // The image says the same as the task definition.
+    let dockerfile =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../functions/relay/Dockerfile")).unwrap();
+    assert!(dockerfile.contains(&format!("REEVE_METRICS_BIND=0.0.0.0:{port}")), "{dockerfile}");
+    assert!(dockerfile.contains(&format!("EXPOSE 8080 {port}")), "{dockerfile}");
 }

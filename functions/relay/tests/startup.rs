@@ -1,5 +1,5 @@
 //! The relay binary through the one start-up path: a bad bind address, a
-//! missing secret and a bad URL are reported together, and it exits 1.
+//! bad metrics address, a missing secret and a bad URL are reported together, and it exits 1.
 
 use std::process::Command;
 
@@ -8,6 +8,7 @@ fn every_problem_at_once_then_exit_1() {
     let out = Command::new(env!("CARGO_BIN_EXE_relay"))
         .env_clear()
         .env("REEVE_RELAY_BIND", "localhost:eighty")
+        .env("REEVE_METRICS_BIND", "nine-ninety")
         .env("DATABASE_URL", "mysql:/not-postgres")
         .env("REDIS_URL", "redis://127.0.0.1:1")
         .output()
@@ -16,6 +17,7 @@ fn every_problem_at_once_then_exit_1() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     for expected in [
         r#"REEVE_RELAY_BIND must be an address such as 0.0.0.0:8080, got "localhost:eighty""#,
+        r#"REEVE_METRICS_BIND must be an address such as 0.0.0.0:8080, got "nine-ninety""#,
         "REEVE_TOKEN_KEY is not set",
         "DATABASE_URL is not a valid Postgres URL",
     ] {

@@ -179,6 +179,9 @@ pub async fn fail_attempt(db: &PgPool, id: Id, reason: &str) -> Result<(), sqlx:
     .bind(reason)
     .execute(db)
     .await?;
+    // Every refusal the facilitator decides, or its being unreachable,
+    // ends here with the reason the client is given.
+    crate::metrics::payment_failed(reason);
     Ok(())
 }
 
@@ -228,6 +231,9 @@ pub async fn record_settled(conn: &mut PgConnection, p: &SettledPayment<'_>) -> 
     if moved == 0 {
         return Ok(false);
     }
+    // Counted once per attempt: only the update that moved it to `settled`
+    // gets here (an unknown outcome resolved on retry included).
+    crate::metrics::payment_settled(p.network, p.asset);
     sqlx::query(
         "INSERT INTO payments (id, task_id, network, payer, amount, asset, transaction, space_idx, pay_to)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
@@ -292,7 +298,9 @@ pub async fn spend_credit(
         .fetch_optional(&mut *conn)
         .await?;
         if let Some(row) = row {
-            return credit_from_row(&row).map(Some);
+            let credit = credit_from_row(&row)?;
+            crate::metrics::credit_spent(&credit.asset);
+            return Ok(Some(credit));
         }
     }
     Ok(None)
@@ -358,6 +366,7 @@ pub async fn credit_if_owed(conn: &mut PgConnection, task_id: Id, code: &str) ->
     .await?;
     let credit = row.as_ref().map(credit_from_row).transpose()?;
     if let Some(c) = &credit {
+        crate::metrics::credit_issued(&c.asset, code);
         tracing::info!(task_id = %task_id, credit_id = %c.id, amount = %c.amount, reason = code, "credit left for a paid task");
     }
     Ok(credit)
