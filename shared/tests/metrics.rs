@@ -350,6 +350,9 @@ async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
     let refused = create(Some(Payer::new(0).await.sign(&challenge).await)).await;
     assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED, "{}", refused.body);
     let why = refused.body["error"]["message"].as_str().unwrap().to_owned();
+    // Refused before the facilitator is asked: not a payment at all.
+    let garbled = create(Some("bm90IGEgcGF5bWVudA==".into())).await;
+    assert_eq!((garbled.status, garbled.code()), (StatusCode::BAD_REQUEST, "invalid_payment"), "{}", garbled.body);
 
     // The paid task is stranded with every attempt used: the sweep fails
     // it, and its space is left a credit.
@@ -387,6 +390,7 @@ async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
         ("reeve_credits_spent_total", &[("asset", TOKEN)][..]),
         ("reeve_sweeper_actions_total", &[("action", "failed_exhausted")][..]),
         ("reeve_sweeper_actions_total", &[("action", "resent_queued")][..]),
+        ("reeve_payments_failed_total", &[("reason", "invalid_payment")][..]),
     ] {
         let value = series(&page, name, labels).unwrap_or_else(|| panic!("no {name} {labels:?} in:\n{page}"));
         assert!(value >= 1.0, "{name} {labels:?} = {value}");

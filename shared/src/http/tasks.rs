@@ -289,7 +289,20 @@ impl From<SubmitError> for SubmitFailure {
             | SubmitError::PaymentFailed { challenge: c, .. } => Some(Box::new(c.clone())),
             _ => None,
         };
-        SubmitFailure { error: e.into(), challenge }
+        // Refusals decided here, before any facilitator call; the ledger
+        // counts those that come back from the facilitator.
+        let refused_early = matches!(
+            e,
+            SubmitError::InvalidPayment(_)
+                | SubmitError::PaymentMismatch(_)
+                | SubmitError::PaymentReplayed(_)
+                | SubmitError::PaymentIdentifierConflict
+        );
+        let error: ApiError = e.into();
+        if refused_early {
+            crate::metrics::payment_failed(error.code);
+        }
+        SubmitFailure { error, challenge }
     }
 }
 
