@@ -626,3 +626,17 @@ fn every_catalog_task_fits_in_the_worker_timeout() {
         );
     }
 }
+
+/// Without a CORS rule on the bucket a browser cannot PUT a presigned
+/// upload, so the console would work locally and fail once deployed.
+#[test]
+fn the_bucket_takes_browser_uploads_from_the_api_s_origins() {
+    let resources = resources();
+    let bucket = &resources["UploadBucket"];
+    let cors: Vec<&str> = bucket.lines().skip_while(|l| !l.contains("CorsConfiguration:")).collect();
+    let cors = cors.join("\n");
+    assert!(cors.contains("- HasCorsOrigins"), "only when CorsOrigins is set:\n{bucket}");
+    assert!(cors.contains(r#"AllowedOrigins: !Split [",", !Ref CorsOrigins]"#), "the API's origins:\n{cors}");
+    assert!(cors.contains("AllowedMethods: [PUT, GET]"), "{cors}");
+    assert!(cors.contains("content-type"), "the signed content-type may be sent:\n{cors}");
+}
