@@ -390,7 +390,22 @@ async fn a_task_is_visible_to_its_space_only(pool: PgPool) {
     assert!(b["updated_at"].is_string());
     let mut keys: Vec<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
     keys.sort_unstable();
-    assert_eq!(keys, ["attempts", "created_at", "error", "id", "kind", "progress", "result", "status", "updated_at"]);
+    assert_eq!(b["cancel_requested_at"], Value::Null);
+    assert_eq!(
+        keys,
+        [
+            "attempts",
+            "cancel_requested_at",
+            "created_at",
+            "error",
+            "id",
+            "kind",
+            "progress",
+            "result",
+            "status",
+            "updated_at"
+        ]
+    );
 
     let foreign = send(&app, get_authed(&format!("/v1/tasks/{id}"), &other)).await;
     let missing = send(&app, get_authed(&format!("/v1/tasks/{}", Id::new()), &token)).await;
