@@ -20,10 +20,9 @@
 //! task SQS gave up on as `dead_lettered`, unless a live worker still holds
 //! it.
 //!
-//! `reeve sweep` runs one sweep; `reeve work` and `reeve serve`'s worker sweep
-//! every [`EVERY`] ([`beside_worker`]); in AWS
-//! the `sweeper` Lambda runs on a schedule and also drains the dead-letter
-//! queue.
+//! `reeve sweep` runs one sweep; `reeve work` and `reeve serve`'s worker
+//! sweep every [`EVERY`] ([`beside_worker`]); in AWS the `sweeper` Lambda
+//! runs on a schedule and also drains the dead-letter queue.
 
 use std::time::Duration;
 
