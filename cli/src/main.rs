@@ -64,6 +64,8 @@ enum Command {
         /// Serve Prometheus `/metrics` here instead of on `--bind`.
         #[arg(long)]
         metrics_bind: Option<SocketAddr>,
+        #[command(flatten)]
+        sweep: sweep::WorkerSweepArgs,
     },
     /// Create a Space (client).
     /// Create a Space, or show its payments and credits (client).
@@ -99,6 +101,8 @@ enum Command {
         /// Serve Prometheus `/metrics` on this address (none by default).
         #[arg(long)]
         metrics_bind: Option<SocketAddr>,
+        #[command(flatten)]
+        sweep: sweep::WorkerSweepArgs,
     },
     /// The S3 bucket: its policy (`reeve storage policy [--apply]`).
     Storage {
@@ -134,8 +138,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Config { command: ConfigCommand::Check { file } } => return config_check(&file),
         Command::Migrate(args) => return migrate::run(args),
-        Command::Serve { bind, catalog, no_worker, metrics_bind } => {
-            runtime().block_on(serve(bind, &catalog, !no_worker, metrics_bind))
+        Command::Serve { bind, catalog, no_worker, metrics_bind, sweep } => {
+            runtime().block_on(serve(bind, &catalog, (!no_worker).then_some(sweep), metrics_bind))
         }
         Command::Space { command } => {
             return run_client(opts, |c, o| Box::pin(commands::space(c, o, command.unwrap_or(SpaceCommand::Show))));
@@ -145,7 +149,7 @@ fn main() -> ExitCode {
         Command::Upload(args) => return run_client(opts, |c, o| Box::pin(commands::upload(c, o, args))),
         Command::Task { command } => return run_client(opts, |c, o| Box::pin(commands::task(c, o, command))),
         Command::Relay { bind, metrics_bind } => runtime().block_on(relay(bind, metrics_bind)),
-        Command::Work { catalog, metrics_bind } => runtime().block_on(work(&catalog, metrics_bind)),
+        Command::Work { catalog, metrics_bind, sweep } => runtime().block_on(work(&catalog, metrics_bind, &sweep)),
         Command::Storage { command } => runtime().block_on(storage::run(command)),
         Command::Sweep(args) => runtime().block_on(sweep::run(args, shutdown_signal())),
     };
@@ -207,23 +211,39 @@ const STREAM_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 /// How long `reeve serve`'s worker long-polls the queue for.
 const SERVE_POLL_SECONDS: i32 = 5;
 
-/// Every route, the relay and (unless `worker` is false) a worker polling the
-/// queue, in one process. On Ctrl-C or SIGTERM the listener stops taking
-/// connections, open requests and the messages in flight finish, and a
-/// receive in flight gives its messages back; then the process exits.
-async fn serve(bind: SocketAddr, catalog: &Path, worker: bool, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
+/// Every route, the relay and (unless `worker` is `None`) a worker polling
+/// the queue and sweeping as `reeve work` does, in one process. On Ctrl-C or
+/// SIGTERM the listener stops taking connections, open requests and the
+/// messages in flight finish, a receive in flight gives its messages back
+/// and the sweeps stop; then the process exits.
+async fn serve(
+    bind: SocketAddr,
+    catalog: &Path,
+    worker: Option<sweep::WorkerSweepArgs>,
+    metrics_bind: Option<SocketAddr>,
+) -> anyhow::Result<()> {
     telemetry::init();
     // Both contexts' problems at once.
     let (ctx, relay) = startup::both(startup::api(Needs::ALL, catalog, Connect::Now).await, RelayContext::from_env())?;
-    let poller = if worker {
+    // One signal, seen by the listener, the poller and the sweeps.
+    let stopped = stop_on_signal();
+    let poller = if let Some(sweep) = worker {
         let worker = startup::worker(catalog, Connect::Now).await?;
         let queue_url = ctx.settings.queue_url.clone();
         let sqs = ctx.aws.sqs.clone();
+        let sweeping = reeve_shared::sweeper::beside_worker(
+            &worker,
+            sqs.clone(),
+            queue_url.clone(),
+            sweep.every(),
+            sweep.older_than(),
+            when(stopped.clone()),
+        )?;
         let mut poller = Poller::connect(Arc::new(worker), sqs, queue_url).await?;
         // Shutdown waits for a long poll in flight, so a local server polls
         // in short rounds to stop quickly on Ctrl-C.
         poller.wait_time_seconds = SERVE_POLL_SECONDS;
-        Some(poller)
+        Some((poller, sweeping))
     } else {
         None
     };
@@ -240,22 +260,13 @@ async fn serve(bind: SocketAddr, catalog: &Path, worker: bool, metrics_bind: Opt
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, worker = poller.is_some(), "reeve serving");
 
-    // One signal, seen by both halves.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let when = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|set| *set).await;
-    };
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
-        let _ = stop.send(true);
-    });
     let (done, worker_done) = tokio::sync::watch::channel(poller.is_none());
     let work = tokio::spawn({
         let stopped = stopped.clone();
         async move {
-            if let Some(poller) = poller {
+            if let Some((poller, sweeping)) = poller {
                 poller.run(when(stopped)).await;
+                let _ = sweeping.await;
             }
             let _ = done.send(true);
         }
@@ -290,8 +301,9 @@ async fn relay(bind: SocketAddr, metrics_bind: Option<SocketAddr>) -> anyhow::Re
     Ok(())
 }
 
-/// Polls until Ctrl-C or SIGTERM, then finishes the messages in flight.
-async fn work(catalog: &Path, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
+/// Polls and sweeps until Ctrl-C or SIGTERM, then finishes the messages in
+/// flight.
+async fn work(catalog: &Path, metrics_bind: Option<SocketAddr>, sweep: &sweep::WorkerSweepArgs) -> anyhow::Result<()> {
     telemetry::init();
     if let Some(bind) = metrics_bind {
         reeve_shared::metrics::serve(bind, reeve_shared::metrics::install_prometheus()?).await?;
@@ -301,16 +313,37 @@ async fn work(catalog: &Path, metrics_bind: Option<SocketAddr>) -> anyhow::Resul
         anyhow::bail!("bad environment: {QUEUE_URL} is not set");
     };
     let sqs = AwsClients::from_env().await.sqs;
-    // A sweep every minute finds the tasks whose message was lost.
-    let sweeper = reeve_shared::sweeper::Sweeper::for_worker(&ctx, sqs.clone(), queue_url.clone())?;
-    let sweeping = tokio::spawn(async move {
-        let (every, older_than) = (reeve_shared::sweeper::EVERY, sweeper.older_than);
-        sweeper.run_every(every, older_than, std::future::pending()).await;
-    });
+    let stopped = stop_on_signal();
+    // The sweeps find the tasks whose message was lost.
+    let sweeping = reeve_shared::sweeper::beside_worker(
+        &ctx,
+        sqs.clone(),
+        queue_url.clone(),
+        sweep.every(),
+        sweep.older_than(),
+        when(stopped.clone()),
+    )?;
     let poller = Poller::connect(Arc::new(ctx), sqs, queue_url).await?;
-    poller.run(shutdown_signal()).await;
-    sweeping.abort();
+    poller.run(when(stopped)).await;
+    let _ = sweeping.await;
     Ok(())
+}
+
+/// A stop flag set on the first Ctrl-C or SIGTERM, for every part of the
+/// process to see (see [`when`]).
+fn stop_on_signal() -> tokio::sync::watch::Receiver<bool> {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop.send(true);
+    });
+    stopped
+}
+
+/// Resolves once the stop flag is set.
+async fn when(mut stopped: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|set| *set).await;
 }
 
 async fn shutdown_signal() {

@@ -36,3 +36,29 @@ pub async fn run(args: SweepArgs, shutdown: impl Future<Output = ()>) -> anyhow:
     }
     Ok(())
 }
+
+/// The sweep a long-running worker (`reeve work`, `reeve serve`) runs beside
+/// its poller.
+#[derive(Args)]
+pub struct WorkerSweepArgs {
+    /// How often the worker sweeps for lost or expired tasks, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = sweeper::EVERY.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    sweep_every: u64,
+    /// What the worker's sweep counts as stranded: tasks left alone for at
+    /// least this many seconds.
+    #[arg(long, value_name = "SECONDS", env = sweeper::OLDER_THAN,
+          default_value_t = sweeper::DEFAULT_OLDER_THAN.as_secs(),
+          value_parser = clap::value_parser!(u64).range(0..=14 * 86_400))]
+    sweep_older_than: u64,
+}
+
+impl WorkerSweepArgs {
+    pub fn every(&self) -> Duration {
+        Duration::from_secs(self.sweep_every)
+    }
+
+    pub fn older_than(&self) -> Duration {
+        Duration::from_secs(self.sweep_older_than)
+    }
+}

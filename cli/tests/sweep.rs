@@ -1,7 +1,8 @@
-//! `reeve sweep` finds a task whose message was lost: the API stores and
-//! queues it, the queue is purged before any worker runs, and only the
-//! sweep puts it back, so that `reeve work` completes it. Real processes on
-//! a database and a moto SQS queue of the test's own.
+//! A task whose message was lost: the API stores and queues it, the queue is
+//! purged before any worker runs, and only a sweep puts it back. `reeve
+//! sweep` does it by hand before `reeve work` runs; `reeve serve`'s own
+//! worker does it by itself. Real processes on a database and a moto SQS
+//! queue of the test's own.
 
 mod common;
 
@@ -29,86 +30,139 @@ async fn queue_depth(aws: &AwsClients, url: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A digest task on a database and a queue of the test's own, created
+/// through the API and then stranded: its message purged before any worker
+/// saw it.
+struct Stranded {
+    admin: sqlx::PgConnection,
+    name: String,
+    db_url: String,
+    pool: sqlx::PgPool,
+    aws: AwsClients,
+    queue: String,
+    id: reeve_shared::ids::Id,
+    size: usize,
+}
+
+impl Stranded {
+    async fn new() -> Stranded {
+        let admin_url = env("DATABASE_URL");
+        let name = format!("reeve_sweep_{}", ulid::Ulid::new().to_string().to_lowercase());
+        let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
+        let db_url = with_database(&admin_url, &name);
+        let pool = reeve_shared::db::connect(&db_url).await.unwrap();
+        reeve_shared::db::migrate(&pool).await.unwrap();
+        let aws = AwsClients::from_env().await;
+        let queue_name = format!("reeve-sweep-{}", ulid::Ulid::new().to_string().to_lowercase());
+        let queue = aws.sqs.create_queue().queue_name(queue_name).send().await.unwrap().queue_url().unwrap().to_owned();
+
+        // The API in-process, and no worker anywhere.
+        let settings = ApiSettings {
+            pepper: Secret::new("REEVE_PEPPER", b"test-pepper-test-pepper-test-pepper!".to_vec()).unwrap(),
+            token_key: Secret::new("REEVE_TOKEN_KEY", b"test-token-key-test-token-key-test!!".to_vec()).unwrap(),
+            database_url: reeve_shared::auth::Secret::text("DATABASE_URL", db_url.clone()),
+            redis_url: env("REDIS_URL"),
+            bucket: env("REEVE_BUCKET"),
+            queue_url: queue.clone(),
+        };
+        let catalog = Catalog::load(&repo("reeve.toml")).unwrap();
+        let redis = RedisClient::new(&settings.redis_url).unwrap();
+        let ctx = ApiContext::new(catalog, pool.clone(), redis, AwsClients::from_env().await, settings);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let api = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, app(ctx)).await });
+
+        let http = reqwest::Client::new();
+        let post = |path: &str, token: Option<&str>, body: Value| {
+            let mut request =
+                http.post(format!("{api}{path}")).header("content-type", "application/json").body(body.to_string());
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            request.send()
+        };
+        let space = json_of(post("/v1/spaces", None, json!({})).await.unwrap()).await;
+        let session = json_of(post("/v1/sessions", None, json!({"space_id": space["space_id"]})).await.unwrap()).await;
+        let token = session["token"].as_str().unwrap().to_owned();
+        let bytes = b"lost, then found".to_vec();
+        let upload = json_of(
+            post(
+                "/v1/uploads",
+                Some(&token),
+                json!({"filename": "lost.txt", "content_type": "text/plain", "size": bytes.len()}),
+            )
+            .await
+            .unwrap(),
+        )
+        .await;
+        let mut put = http.put(upload["url"].as_str().unwrap()).body(bytes.clone());
+        for (header, value) in upload["headers"].as_object().unwrap() {
+            if header != "content-length" {
+                put = put.header(header, value.as_str().unwrap());
+            }
+        }
+        assert!(put.send().await.unwrap().status().is_success());
+        let created =
+            post("/v1/tasks/digest", Some(&token), json!({"input": {"upload_id": upload["upload_id"]}})).await.unwrap();
+        assert_eq!(created.status().as_u16(), 202);
+        let id = json_of(created).await["id"].as_str().unwrap().parse().unwrap();
+        server.abort();
+
+        // The message is lost before any worker saw it.
+        aws.sqs.purge_queue().queue_url(&queue).send().await.unwrap();
+        assert_eq!(queue_depth(&aws, &queue).await, 0);
+        let stranded = Stranded { admin, name, db_url, pool, aws, queue, id, size: bytes.len() };
+        assert_eq!(stranded.status().await, "queued", "stranded: queued with no message");
+        stranded
+    }
+
+    async fn status(&self) -> String {
+        sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1").bind(self.id).fetch_one(&self.pool).await.unwrap()
+    }
+
+    /// Waits for the task to complete (within `limit`) and checks its result.
+    async fn completes_within(&self, limit: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            let now = self.status().await;
+            if now == "completed" {
+                break;
+            }
+            assert!(started.elapsed() < limit, "the task never completed; it is {now}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let took = started.elapsed();
+        let result: Value = sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT result FROM tasks WHERE id = $1")
+            .bind(self.id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+            .0;
+        assert_eq!(result["size"], self.size);
+        took
+    }
+
+    async fn cleanup(mut self) {
+        self.pool.close().await;
+        self.aws.sqs.delete_queue().queue_url(&self.queue).send().await.unwrap();
+        let drop = format!("DROP DATABASE {} WITH (FORCE)", self.name);
+        sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&mut self.admin).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_task_whose_message_was_lost_completes_after_a_sweep_and_a_worker_run() {
-    // A database and a queue of this test's own.
-    let admin_url = env("DATABASE_URL");
-    let name = format!("reeve_sweep_{}", ulid::Ulid::new().to_string().to_lowercase());
-    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
-    let db_url = with_database(&admin_url, &name);
-    let pool = reeve_shared::db::connect(&db_url).await.unwrap();
-    reeve_shared::db::migrate(&pool).await.unwrap();
-    let aws = AwsClients::from_env().await;
-    let queue_name = format!("reeve-sweep-{}", ulid::Ulid::new().to_string().to_lowercase());
-    let queue = aws.sqs.create_queue().queue_name(queue_name).send().await.unwrap().queue_url().unwrap().to_owned();
-
-    // The API in-process, and no worker anywhere.
-    let settings = ApiSettings {
-        pepper: Secret::new("REEVE_PEPPER", b"test-pepper-test-pepper-test-pepper!".to_vec()).unwrap(),
-        token_key: Secret::new("REEVE_TOKEN_KEY", b"test-token-key-test-token-key-test!!".to_vec()).unwrap(),
-        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", db_url.clone()),
-        redis_url: env("REDIS_URL"),
-        bucket: env("REEVE_BUCKET"),
-        queue_url: queue.clone(),
-    };
-    let catalog = Catalog::load(&repo("reeve.toml")).unwrap();
-    let redis = RedisClient::new(&settings.redis_url).unwrap();
-    let ctx = ApiContext::new(catalog, pool.clone(), redis, AwsClients::from_env().await, settings);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let api = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app(ctx)).await });
-
-    let http = reqwest::Client::new();
-    let post = |path: &str, token: Option<&str>, body: Value| {
-        let mut request =
-            http.post(format!("{api}{path}")).header("content-type", "application/json").body(body.to_string());
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        request.send()
-    };
-    let space = json_of(post("/v1/spaces", None, json!({})).await.unwrap()).await;
-    let session = json_of(post("/v1/sessions", None, json!({"space_id": space["space_id"]})).await.unwrap()).await;
-    let token = session["token"].as_str().unwrap().to_owned();
-    let bytes = b"lost, then found".to_vec();
-    let upload = json_of(
-        post(
-            "/v1/uploads",
-            Some(&token),
-            json!({"filename": "lost.txt", "content_type": "text/plain", "size": bytes.len()}),
-        )
-        .await
-        .unwrap(),
-    )
-    .await;
-    let mut put = http.put(upload["url"].as_str().unwrap()).body(bytes.clone());
-    for (header, value) in upload["headers"].as_object().unwrap() {
-        if header != "content-length" {
-            put = put.header(header, value.as_str().unwrap());
-        }
-    }
-    assert!(put.send().await.unwrap().status().is_success());
-    let created =
-        post("/v1/tasks/digest", Some(&token), json!({"input": {"upload_id": upload["upload_id"]}})).await.unwrap();
-    assert_eq!(created.status().as_u16(), 202);
-    let task_id = json_of(created).await["id"].as_str().unwrap().to_owned();
-    let id: reeve_shared::ids::Id = task_id.parse().unwrap();
-
-    // The message is lost before any worker saw it.
-    aws.sqs.purge_queue().queue_url(&queue).send().await.unwrap();
-    assert_eq!(queue_depth(&aws, &queue).await, 0);
-    let status = || sqlx::query_scalar::<_, String>("SELECT status FROM tasks WHERE id = $1").bind(id);
-    assert_eq!(status().fetch_one(&pool).await.unwrap(), "queued", "stranded: queued with no message");
-
-    let out = reeve(&db_url, &queue).args(["sweep", "--older-than", "0", "--once"]).output().unwrap();
+    let task = Stranded::new().await;
+    let (db_url, queue) = (&task.db_url, &task.queue);
+    let out = reeve(db_url, queue).args(["sweep", "--older-than", "0", "--once"]).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("1 queued"), "{stdout}");
-    assert_eq!(queue_depth(&aws, &queue).await, 1, "the sweep sent the task again");
+    assert_eq!(queue_depth(&task.aws, queue).await, 1, "the sweep sent the task again");
 
     let worker = Worker(
-        reeve(&db_url, &queue)
+        reeve(db_url, queue)
             .args(["work", "--catalog"])
             .arg(repo("reeve.toml"))
             .stdout(Stdio::null())
@@ -116,25 +170,43 @@ async fn a_task_whose_message_was_lost_completes_after_a_sweep_and_a_worker_run(
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let now = status().fetch_one(&pool).await.unwrap();
-        if now == "completed" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the task never completed; it is {now}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    task.completes_within(Duration::from_secs(60)).await;
     drop(worker);
-    let result: Value = sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT result FROM tasks WHERE id = $1")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-        .0;
-    assert_eq!(result["size"], bytes.len());
+    task.cleanup().await;
+}
 
-    pool.close().await;
-    aws.sqs.delete_queue().queue_url(&queue).send().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&mut admin).await.unwrap();
+/// `reeve serve`'s built-in worker sweeps as `reeve work` does: the stranded
+/// task completes with no manual sweep, and SIGTERM stops the sweeps with
+/// the rest of the process.
+#[tokio::test]
+async fn reeve_serve_completes_a_task_whose_message_was_lost_without_a_manual_sweep() {
+    let task = Stranded::new().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut serve = Worker(
+        reeve(&task.db_url, &task.queue)
+            .args(["serve", "--bind", &format!("127.0.0.1:{port}"), "--catalog"])
+            .arg(repo("reeve.toml"))
+            // The task is stranded from the start: any threshold above the
+            // time since create would wait, 1 s keeps the test short.
+            .args(["--sweep-every", "1", "--sweep-older-than", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let took = task.completes_within(Duration::from_secs(60)).await;
+    println!("reeve serve completed the stranded task {:.1}s after it started", took.as_secs_f64());
+
+    let pid = serve.0.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let asked = Instant::now();
+    let status = loop {
+        if let Some(status) = serve.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(asked.elapsed() < Duration::from_secs(30), "reeve serve (and its sweeps) stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    task.cleanup().await;
 }

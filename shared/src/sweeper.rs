@@ -20,9 +20,9 @@
 //! task SQS gave up on as `dead_lettered`, unless a live worker still holds
 //! it.
 //!
-//! `reeve sweep` runs one sweep; `reeve work` sweeps every [`EVERY`]; in AWS
-//! the `sweeper` Lambda runs on a schedule and also drains the dead-letter
-//! queue.
+//! `reeve sweep` runs one sweep; `reeve work` and `reeve serve`'s worker
+//! sweep every [`EVERY`] ([`beside_worker`]); in AWS the `sweeper` Lambda
+//! runs on a schedule and also drains the dead-letter queue.
 
 use std::time::Duration;
 
@@ -388,4 +388,22 @@ impl Sweeper {
             }
         }
     }
+}
+
+/// The sweep a long-running worker process runs beside its poller (`reeve
+/// work`, and `reeve serve`'s built-in worker): on the worker's own stores,
+/// every `every` over tasks left alone for `older_than`, until `shutdown`
+/// resolves (the signal that stops the poller, so neither outlives the
+/// other). A sweep in progress at shutdown finishes first. Only building
+/// the sweeper can fail, before anything is spawned.
+pub fn beside_worker(
+    ctx: &crate::worker::WorkerContext,
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+    every: Duration,
+    older_than: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<tokio::task::JoinHandle<()>, StartupError> {
+    let sweeper = Sweeper::for_worker(ctx, sqs, queue_url)?;
+    Ok(tokio::spawn(async move { sweeper.run_every(every, older_than, shutdown).await }))
 }

@@ -1,5 +1,7 @@
 //! Faults with real services: duplicate deliveries at volume, Redis gone
-//! mid-run. (Process kills live in `scripts/faults.sh`; see RELIABILITY.md.)
+//! mid-run, Postgres gone under requests and under a running worker, SQS
+//! gone under create. (Process kills are `cli/tests/kill.rs`; see
+//! RELIABILITY.md.)
 
 mod common;
 
@@ -14,9 +16,7 @@ use futures_util::stream;
 use reeve_shared::aws::AwsClients;
 use reeve_shared::executors::{ExecDeps, Job};
 use reeve_shared::ids::Id;
-use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;
-use reeve_shared::settings::WorkerSettings;
 use reeve_shared::worker::{Outcome, RunFuture, Runner, WorkerContext, handle_batch, process};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -42,46 +42,29 @@ impl Runner for Counting {
 }
 
 async fn worker(pool: &PgPool, runner: Arc<Counting>, redis_url: &str) -> WorkerContext {
-    let settings = WorkerSettings {
-        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", String::new()),
-        redis_url: redis_url.to_owned(),
-        bucket: std::env::var("REEVE_BUCKET").unwrap(),
-        queue_url: None,
-        concurrency: 4,
-        max_receives: 5,
-        fetch_max_bytes: 1024,
-    };
-    let exec = ExecDeps {
-        db: pool.clone(),
-        s3: AwsClients::from_env().await.s3,
-        bucket: settings.bucket.clone(),
-        outbound: Outbound::new(OutboundPolicy::default()).unwrap(),
-        operators: Outbound::new(OutboundPolicy::default()).unwrap(),
-        fetch_max_bytes: 1024,
-    };
-    let mut ctx = WorkerContext::new(
-        common::shipped_catalog(),
-        pool.clone(),
-        RedisClient::new(redis_url).unwrap(),
-        exec,
-        settings,
-    );
+    let s3 = AwsClients::from_env().await.s3;
+    let mut ctx = common::worker_context(common::shipped_catalog(), pool, s3, common::worker_settings(redis_url));
     ctx.runner = runner;
     ctx
 }
 
 /// `n` queued digest tasks with their first event, as create leaves them.
 async fn queued_tasks(pool: &PgPool, n: usize) -> Vec<Id> {
+    queued_tasks_of(pool, "digest", n).await
+}
+
+async fn queued_tasks_of(pool: &PgPool, kind: &str, n: usize) -> Vec<Id> {
     let space = Id::new().to_bytes();
     sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')").bind(space).execute(pool).await.unwrap();
     let ids: Vec<Id> = (0..n).map(|_| Id::new()).collect();
     let raw: Vec<[u8; 16]> = ids.iter().map(|id| id.to_bytes()).collect();
     sqlx::query(
         "INSERT INTO tasks (id, space_idx, kind, input, status, last_seq)
-         SELECT id, $2, 'digest', '{}', 'queued', 1 FROM unnest($1::bytea[]) AS id",
+         SELECT id, $2, $3, '{}', 'queued', 1 FROM unnest($1::bytea[]) AS id",
     )
     .bind(&raw)
     .bind(space)
+    .bind(kind)
     .execute(pool)
     .await
     .unwrap();
@@ -412,4 +395,208 @@ async fn with_sqs_stopped_create_answers_503_and_leaves_no_task_queued(pool: PgP
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["code"], "queue_unavailable");
     println!("create with SQS stopped: 503 queue_unavailable in {:.1}s", started.elapsed().as_secs_f64());
+}
+
+/// Runs until the test opens its gate, writing a side effect of the task's
+/// own into Postgres through the worker's (cuttable) pool: one row per task,
+/// made idempotent by its key, as an executor that may run again must be.
+/// Half the tasks write once more after the gate, so that an outage there
+/// is the executor's retryable error rather than the worker's.
+struct Gated {
+    started: AtomicUsize,
+    runs: Mutex<HashMap<Id, usize>>,
+    /// Effects that landed, and re-runs the key turned into no-ops.
+    written: AtomicUsize,
+    skipped: AtomicUsize,
+    gate: tokio::sync::watch::Receiver<bool>,
+    write_after: Mutex<std::collections::HashSet<Id>>,
+}
+
+impl Runner for Gated {
+    fn run<'a>(&'a self, deps: &'a ExecDeps, job: Job<'a>) -> RunFuture<'a> {
+        use reeve_shared::executors::ExecError;
+        Box::pin(async move {
+            let id = job.task_id;
+            *self.runs.lock().unwrap().entry(id).or_default() += 1;
+            let inserted = sqlx::query("INSERT INTO effects (task_id) VALUES ($1) ON CONFLICT DO NOTHING")
+                .bind(id)
+                .execute(&deps.db)
+                .await
+                .map_err(|e| ExecError::Retryable(format!("writing the effect: {e}")))?
+                .rows_affected();
+            let counter = if inserted == 1 { &self.written } else { &self.skipped };
+            counter.fetch_add(1, Ordering::SeqCst);
+            self.started.fetch_add(1, Ordering::SeqCst);
+            job.progress(0.5, json!({"effect": true})).await;
+            let _ = self.gate.clone().wait_for(|open| *open).await;
+            if self.write_after.lock().unwrap().contains(&id) {
+                sqlx::query("UPDATE effects SET finished = true WHERE task_id = $1")
+                    .bind(id)
+                    .execute(&deps.db)
+                    .await
+                    .map_err(|e| ExecError::Retryable(format!("finishing the effect: {e}")))?;
+            }
+            Ok(json!({ "task": id }))
+        })
+    }
+}
+
+/// An SQS batch of `(message id, body)` records, delivered for the
+/// `receive_count`-th time.
+fn redelivery(records: &[(String, String)], receive_count: u32) -> SqsEvent {
+    let records: Vec<Value> = records
+        .iter()
+        .map(|(id, body)| {
+            json!({"messageId": id, "body": body,
+                   "attributes": {"ApproximateReceiveCount": receive_count.to_string()}})
+        })
+        .collect();
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+/// Postgres stops under a running worker (its pool goes through a proxy
+/// this test cuts), with four tasks mid-run and six not yet started in one
+/// Lambda batch. The worker neither panics nor fails a task: every record
+/// comes back as a batch item failure. Once Postgres is back and SQS
+/// redelivers, every task completes exactly once with a gap-free log, and
+/// each side effect exists once although the runs cut mid-way ran again.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn with_postgres_stopped_under_a_running_worker_every_message_is_handed_back_and_completes_once(pool: PgPool) {
+    const N: usize = 10;
+    sqlx::query("CREATE TABLE effects (task_id bytea PRIMARY KEY, finished boolean NOT NULL DEFAULT false)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let options = (*pool.connect_options()).clone();
+    let proxy = Cuttable::to((options.get_host().to_owned(), options.get_port())).await;
+    // A short acquire timeout: each call that meets the outage gives up in
+    // a second rather than sqlx's default 30.
+    let through = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_with(options.host("127.0.0.1").port(proxy.port))
+        .await
+        .unwrap();
+
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let runner = Arc::new(Gated {
+        started: AtomicUsize::new(0),
+        runs: Mutex::default(),
+        written: AtomicUsize::new(0),
+        skipped: AtomicUsize::new(0),
+        gate,
+        write_after: Mutex::default(),
+    });
+    let catalog = common::catalog_with(
+        r#"
+        [tasks.gated]
+        title = "Gated"
+        description = "Whatever the test's runner does."
+        executor = "digest"
+        timeout_seconds = 5
+        input_schema = { type = "object" }
+        "#,
+    );
+    let mut settings = common::worker_settings(&common::redis_url());
+    // Redelivery below goes on until the cut runs' leases run out; it must
+    // not reach the last delivery meanwhile.
+    settings.max_receives = 100;
+    let s3 = AwsClients::from_env().await.s3;
+    let mut ctx = common::worker_context(catalog, &through, s3, settings);
+    ctx.runner = runner.clone();
+    // A cut run's lease (timeout + grace) is what redelivery waits out.
+    ctx.lease_grace = Duration::from_secs(1);
+    let ctx = Arc::new(ctx);
+
+    let ids = queued_tasks_of(&pool, "gated", N).await;
+    runner.write_after.lock().unwrap().extend(ids.iter().step_by(2).copied());
+    let records: Vec<(String, String)> =
+        ids.iter().map(|id| (format!("m-{id}"), json!({"task_id": id, "kind": "gated"}).to_string())).collect();
+
+    let lambda = tokio::spawn({
+        let (ctx, event) = (ctx.clone(), redelivery(&records, 1));
+        async move { handle_batch(&ctx, event).await }
+    });
+    let wait = Instant::now();
+    while runner.started.load(Ordering::SeqCst) < 4 {
+        assert!(wait.elapsed() < Duration::from_secs(20), "four runs start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.cut();
+    let cut = Instant::now();
+    open.send(true).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(60), lambda)
+        .await
+        .expect("the batch ends while Postgres is away")
+        .expect("the worker does not panic");
+    let during = cut.elapsed();
+    let mut handed_back: Vec<String> = response.batch_item_failures.iter().map(|f| f.item_identifier.clone()).collect();
+    handed_back.sort();
+    let mut all: Vec<String> = records.iter().map(|(m, _)| m.clone()).collect();
+    all.sort();
+    assert_eq!(handed_back, all, "every record is handed back for redelivery");
+
+    let statuses: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM tasks GROUP BY status ORDER BY status")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(
+        statuses.iter().all(|(s, _)| s == "queued" || s == "running"),
+        "nothing was marked finished or failed while Postgres was away: {statuses:?}"
+    );
+    let cut_mid_run = runner.started.load(Ordering::SeqCst);
+    assert_eq!(cut_mid_run, 4, "only the first four runs had started");
+
+    proxy.restore();
+    let restored = Instant::now();
+    let mut pending = records.clone();
+    let mut deliveries = 1;
+    while !pending.is_empty() {
+        assert!(restored.elapsed() < Duration::from_secs(30), "redelivery finishes every task: {pending:?} left");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        deliveries += 1;
+        let failed: std::collections::HashSet<String> = handle_batch(&ctx, redelivery(&pending, deliveries))
+            .await
+            .batch_item_failures
+            .into_iter()
+            .map(|f| f.item_identifier)
+            .collect();
+        pending.retain(|(m, _)| failed.contains(m));
+    }
+    let recovered = restored.elapsed();
+
+    assert_all_completed_once(&pool, &ids).await;
+    let mut conn = pool.acquire().await.unwrap();
+    for id in &ids {
+        let events = reeve_shared::tasks::events_after(&mut conn, *id, 0).await.unwrap();
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>(), "{id}: gap-free");
+        let last = events.last().unwrap();
+        assert_eq!(last.data["status"], "completed", "{id}: the terminal state is the last event");
+        let errors = events.iter().filter(|e| e.data.get("status").is_some_and(|s| s == "failed")).count();
+        assert_eq!(errors, 0, "{id}: never failed");
+    }
+    let results: Vec<sqlx::types::Json<Value>> =
+        sqlx::query_scalar("SELECT result FROM tasks ORDER BY id").fetch_all(&pool).await.unwrap();
+    assert!(results.iter().all(|r| r.0["task"].is_string()), "every task has its result");
+    let effects: (i64, i64) = sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE finished) FROM effects")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(effects, (N as i64, N.div_ceil(2) as i64), "one side effect per task, finished where asked");
+    let runs = runner.runs.lock().unwrap().clone();
+    let reran = runs.values().filter(|&&n| n == 2).count();
+    assert!(runs.values().all(|&n| n == 1 || n == 2), "{runs:?}");
+    assert_eq!(runs.len(), N);
+    assert_eq!(runner.written.load(Ordering::SeqCst), N, "each effect landed once");
+    assert_eq!(runner.skipped.load(Ordering::SeqCst), reran, "a re-run's effect was a no-op");
+    println!(
+        "Postgres cut under a worker: {N} records ({cut_mid_run} mid-run) all handed back in {:.2}s; \
+         after restore all {N} completed once in {:.1}s over {} deliveries; {reran} runs ran again, \
+         their effect a no-op",
+        during.as_secs_f64(),
+        recovered.as_secs_f64(),
+        deliveries,
+    );
 }

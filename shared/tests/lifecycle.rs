@@ -17,9 +17,7 @@ use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::ids::Id;
-use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;
-use reeve_shared::settings::WorkerSettings;
 use reeve_shared::tasks::{self, CancelOutcome, Change, Event, EventType, Fence, events_after};
 use reeve_shared::worker::{Outcome, RunFuture, Runner, WorkerContext, process, store};
 use serde_json::{Value, json};
@@ -27,9 +25,8 @@ use sqlx::PgPool;
 
 /// The shipped catalog plus `steps`, run by the test's own runner.
 fn catalog() -> Catalog {
-    let shipped =
-        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap();
-    let extra = r#"
+    common::catalog_with(
+        r#"
         [tasks.steps]
         title = "Steps"
         description = "Whatever the test's runner does."
@@ -43,8 +40,8 @@ fn catalog() -> Catalog {
         executor = "digest"
         timeout_seconds = 30
         input_schema = { type = "object" }
-    "#;
-    Catalog::parse(&format!("{shipped}\n{extra}")).unwrap_or_else(|e| panic!("{e}"))
+    "#,
+    )
 }
 
 struct Api {
@@ -115,25 +112,7 @@ impl Runner for Stepper {
 }
 
 fn worker(pool: &PgPool, s3: aws_sdk_s3::Client, steps: usize) -> (WorkerContext, Arc<Stepper>) {
-    let settings = WorkerSettings {
-        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", String::new()),
-        redis_url: common::redis_url(),
-        bucket: std::env::var("REEVE_BUCKET").unwrap(),
-        queue_url: None,
-        concurrency: 4,
-        max_receives: 5,
-        fetch_max_bytes: 1024,
-    };
-    let exec = ExecDeps {
-        db: pool.clone(),
-        s3,
-        bucket: settings.bucket.clone(),
-        outbound: Outbound::new(OutboundPolicy::default()).unwrap(),
-        operators: Outbound::new(OutboundPolicy::default()).unwrap(),
-        fetch_max_bytes: 1024,
-    };
-    let mut ctx =
-        WorkerContext::new(catalog(), pool.clone(), RedisClient::new(&common::redis_url()).unwrap(), exec, settings);
+    let mut ctx = common::worker_context(catalog(), pool, s3, common::worker_settings(&common::redis_url()));
     let stepper = Arc::new(Stepper { runs: AtomicUsize::new(0), steps });
     ctx.runner = stepper.clone();
     (ctx, stepper)

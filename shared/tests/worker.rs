@@ -22,9 +22,7 @@ use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::ids::Id;
-use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;
-use reeve_shared::settings::WorkerSettings;
 use reeve_shared::tasks::events::{Event, EventType, channel};
 use reeve_shared::tasks::events_after;
 use reeve_shared::worker::{
@@ -39,8 +37,8 @@ const SAMPLE_TASK_ID: &str = "01JNVX5C7D9F1H3K5M7P9R1T3V";
 
 /// `digest` as shipped, plus `slow`: a short timeout for the scripted runners.
 fn test_catalog() -> Catalog {
-    let shipped = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap();
-    let extra = r#"
+    common::catalog_with(
+        r#"
         [tasks.slow]
         title = "Slow"
         description = "Runs whatever runner the test plugs in."
@@ -54,38 +52,13 @@ fn test_catalog() -> Catalog {
         executor = "digest"
         timeout_seconds = 600
         input_schema = { type = "object" }
-    "#;
-    Catalog::parse(&format!("{shipped}\n{extra}")).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn worker_settings() -> WorkerSettings {
-    WorkerSettings {
-        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", String::new()),
-        redis_url: common::redis_url(),
-        bucket: std::env::var("REEVE_BUCKET").unwrap(),
-        queue_url: None,
-        concurrency: 4,
-        max_receives: 5,
-        fetch_max_bytes: 1024 * 1024,
-    }
-}
-
-fn outbound() -> Outbound {
-    Outbound::new(OutboundPolicy::default()).unwrap()
+    "#,
+    )
 }
 
 /// A worker on the stack, with the given S3 client and Redis URL.
 fn worker_with(pool: &PgPool, s3: aws_sdk_s3::Client, redis_url: &str) -> WorkerContext {
-    let settings = worker_settings();
-    let exec = ExecDeps {
-        db: pool.clone(),
-        s3,
-        bucket: settings.bucket.clone(),
-        outbound: outbound(),
-        operators: outbound(),
-        fetch_max_bytes: settings.fetch_max_bytes,
-    };
-    WorkerContext::new(test_catalog(), pool.clone(), RedisClient::new(redis_url).unwrap(), exec, settings)
+    common::worker_context(test_catalog(), pool, s3, common::worker_settings(redis_url))
 }
 
 async fn worker(pool: &PgPool) -> WorkerContext {

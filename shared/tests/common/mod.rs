@@ -11,15 +11,61 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use reeve_shared::auth::Secret;
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
+use reeve_shared::executors::ExecDeps;
 use reeve_shared::http::{ApiContext, Ctx};
+use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;
-use reeve_shared::settings::ApiSettings;
+use reeve_shared::settings::{ApiSettings, WorkerSettings};
+use reeve_shared::worker::WorkerContext;
 use serde_json::Value;
 use sqlx::PgPool;
 use tower::ServiceExt;
 
 pub fn shipped_catalog() -> Catalog {
     Catalog::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).expect("reeve.toml is valid")
+}
+
+/// The shipped catalog plus the test's own kinds (`[tasks.*]` tables),
+/// which a test's own runner stands in for.
+pub fn catalog_with(extra: &str) -> Catalog {
+    let shipped = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap();
+    Catalog::parse(&format!("{shipped}\n{extra}")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Worker settings on the stack's bucket and the given Redis: 4 runs at
+/// once, 5 deliveries, a 1 MiB fetch cap.
+pub fn worker_settings(redis_url: &str) -> WorkerSettings {
+    WorkerSettings {
+        database_url: Secret::text("DATABASE_URL", String::new()),
+        redis_url: redis_url.to_owned(),
+        bucket: env("REEVE_BUCKET"),
+        queue_url: None,
+        concurrency: 4,
+        max_receives: 5,
+        fetch_max_bytes: 1024 * 1024,
+    }
+}
+
+/// A worker running the catalog's executors on `pool` (its claims and its
+/// executors both), with this S3 client and the settings' Redis. Tests
+/// plug their own `runner` in afterwards.
+pub fn worker_context(
+    catalog: Catalog,
+    pool: &PgPool,
+    s3: aws_sdk_s3::Client,
+    settings: WorkerSettings,
+) -> WorkerContext {
+    let outbound = || Outbound::new(OutboundPolicy::default()).unwrap();
+    let exec = ExecDeps {
+        db: pool.clone(),
+        s3,
+        bucket: settings.bucket.clone(),
+        outbound: outbound(),
+        operators: outbound(),
+        fetch_max_bytes: settings.fetch_max_bytes,
+    };
+    let redis = RedisClient::new(&settings.redis_url).unwrap();
+    WorkerContext::new(catalog, pool.clone(), redis, exec, settings)
 }
 
 pub fn redis_url() -> String {
