@@ -45,8 +45,17 @@ pub struct Args {
 }
 
 const SPACE: [u8; 16] = [7; 16];
-/// Watchers per loopback source address: under the ephemeral port range.
-const PER_SOURCE: usize = 20_000;
+/// Watchers per loopback source address, well under the ephemeral port
+/// range (28,232 ports), so that the TIME_WAIT sockets a scenario leaves
+/// behind never starve the next one. The watchers start at 127.0.0.2:
+/// 127.0.0.1 is left to the relays' own Redis and Postgres connections and
+/// the publisher.
+const PER_SOURCE: usize = 5_000;
+
+/// The loopback source address of watcher `i`.
+fn source_of(i: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (i / PER_SOURCE) as u8))
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -75,6 +84,27 @@ struct Outcome {
     redis_connections: usize,
     redis_subscribed: usize,
     connect_secs: f64,
+    /// Why the scenario could not be measured at all.
+    error: Option<String>,
+}
+
+impl Outcome {
+    fn failed(kind: Kind, watchers: usize, tasks: usize, error: anyhow::Error) -> Outcome {
+        Outcome {
+            kind,
+            watchers,
+            tasks,
+            connected: 0,
+            complete: 0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            rss_per_watcher_kib: 0.0,
+            redis_connections: 0,
+            redis_subscribed: 0,
+            connect_secs: 0.0,
+            error: Some(format!("{error:#}")),
+        }
+    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -92,23 +122,32 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("scenario {scenario_text:?} is not <watchers>x<tasks>"))?;
         for kind in [Kind::Relay, Kind::Baseline] {
             let bin = if kind == Kind::Relay { &args.relay } else { &baseline };
-            let outcome = scenario(kind, bin, &db, &key, &key_text, watchers, tasks, args.events).await?;
+            let outcome = scenario(kind, bin, &db, &key, &key_text, watchers, tasks, args.events)
+                .await
+                .unwrap_or_else(|e| Outcome::failed(kind, watchers, tasks, e));
             eprintln!(
-                "fanout {} {watchers}/{tasks}: complete {}/{} p99 {:.1} ms",
+                "fanout {} {watchers}/{tasks}: connected {} complete {}/{} p99 {:.1} ms rss/watcher {:.1} KiB redis {} {}",
                 kind.name(),
+                outcome.connected,
                 outcome.complete,
                 watchers,
-                outcome.p99_ms
+                outcome.p99_ms,
+                outcome.rss_per_watcher_kib,
+                outcome.redis_connections,
+                outcome.error.as_deref().unwrap_or("")
             );
             outcomes.push(outcome);
         }
     }
     let mut ceiling = Vec::new();
     if args.ceiling > 0 {
-        let mut tries = vec![20_000.min(args.ceiling), args.ceiling];
-        tries.dedup();
+        // Upwards in steps, stopping at the first count not held in full.
+        let mut tries: Vec<usize> = [20_000, 35_000].into_iter().filter(|&n| n < args.ceiling).collect();
+        tries.push(args.ceiling);
         for watchers in tries {
-            let outcome = scenario(Kind::Relay, &args.relay, &db, &key, &key_text, watchers, 1, args.events).await?;
+            let outcome = scenario(Kind::Relay, &args.relay, &db, &key, &key_text, watchers, 1, args.events)
+                .await
+                .unwrap_or_else(|e| Outcome::failed(Kind::Relay, watchers, 1, e));
             eprintln!("ceiling {watchers}: complete {}/{}", outcome.complete, watchers);
             let full = outcome.complete == watchers;
             ceiling.push(outcome);
@@ -138,6 +177,16 @@ fn report(outcomes: &[Outcome], ceiling: &[Outcome], events: i64) -> String {
     out.push_str("| relay | watchers / tasks | complete | p50 ms | p99 ms | RSS KiB / watcher | Redis connections (subscribed) | connect s |\n");
     out.push_str("|---|---|---|---|---|---|---|---|\n");
     for o in outcomes.iter().chain(ceiling) {
+        if let Some(error) = &o.error {
+            out.push_str(&format!(
+                "| {} | {} / {} | not measured: {} | | | | | |\n",
+                o.kind.name(),
+                o.watchers,
+                o.tasks,
+                error.replace('|', "/")
+            ));
+            continue;
+        }
         out.push_str(&format!(
             "| {} | {} / {} | {:.1}% ({}/{}) | {:.1} | {:.1} | {:.1} | {} ({}) | {:.1} |\n",
             o.kind.name(),
@@ -145,7 +194,7 @@ fn report(outcomes: &[Outcome], ceiling: &[Outcome], events: i64) -> String {
             o.tasks,
             100.0 * o.complete as f64 / o.watchers as f64,
             o.complete,
-            o.connected,
+            o.watchers,
             o.p50_ms,
             o.p99_ms,
             o.rss_per_watcher_kib,
@@ -157,7 +206,10 @@ fn report(outcomes: &[Outcome], ceiling: &[Outcome], events: i64) -> String {
     out.push_str("\nRatios, baseline ÷ relay, same scenario, same run:\n\n");
     out.push_str("| watchers / tasks | Redis connections | RSS per watcher | p99 |\n|---|---|---|---|\n");
     for pair in outcomes.chunks(2) {
-        if let [r, b] = pair {
+        if let [r, b] = pair
+            && r.error.is_none()
+            && b.error.is_none()
+        {
             out.push_str(&format!(
                 "| {} / {} | {:.0}× | {:.2}× | {:.2}× |\n",
                 r.watchers,
@@ -202,6 +254,7 @@ async fn scenario(
     let mut child = command
         .env("DATABASE_URL", &db.url)
         .env("REDIS_URL", redis.url())
+        .env("BENCH_REDIS_URLS", redis.urls())
         .env("REEVE_TOKEN_KEY", key_text)
         .env("REEVE_RELAY_BIND", format!("127.0.0.1:{port}"))
         .env("RUST_LOG", "error")
@@ -237,7 +290,7 @@ async fn scenario(
     let mut handles = Vec::with_capacity(watchers);
     let started = Instant::now();
     for i in 0..watchers {
-        let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + (i / PER_SOURCE) as u8));
+        let source = source_of(i);
         let task_index = i % task_count;
         let request = format!(
             "GET /v1/tasks/{}/events HTTP/1.1\r\nhost: bench\r\nauthorization: Bearer {token}\r\naccept: text/event-stream\r\n\r\n",
@@ -321,6 +374,7 @@ async fn scenario(
         redis_connections,
         redis_subscribed,
         connect_secs,
+        error: None,
     })
 }
 
@@ -345,7 +399,8 @@ async fn watch(
     let stream = {
         let _permit = connecting.acquire().await.expect("open");
         let Ok(socket) = TcpSocket::new_v4() else { return result };
-        if socket.bind(SocketAddr::new(source, 0)).is_err() {
+        // A port whose last connection is in TIME_WAIT may be bound again.
+        if socket.set_reuseaddr(true).is_err() || socket.bind(SocketAddr::new(source, 0)).is_err() {
             return result;
         }
         let Ok(mut stream) = socket.connect(server).await else { return result };
