@@ -25,7 +25,7 @@ use tokio::process::Command;
 use tokio::sync::Semaphore;
 
 use crate::quantile;
-use crate::stack::{BenchDb, OwnRedis, free_port, rss_kib, wait_for_port};
+use crate::stack::{self, BenchDb, OwnRedis, free_port, rss_kib, wait_for_port};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -140,10 +140,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let mut ceiling = Vec::new();
-    if args.ceiling > 0 {
+    // Every watcher is one socket in the relay (and one in this harness),
+    // so no relay process can hold more watchers than its open-file limit,
+    // whatever its memory. The children inherit this process's limit.
+    let fd_limit = stack::fd_limit();
+    let most = usize::try_from(fd_limit).unwrap_or(usize::MAX).saturating_sub(FD_MARGIN);
+    let target = args.ceiling.min(most);
+    if target > 0 {
         // Upwards in steps, stopping at the first count not held in full.
-        let mut tries: Vec<usize> = [20_000, 35_000].into_iter().filter(|&n| n < args.ceiling).collect();
-        tries.push(args.ceiling);
+        let mut tries: Vec<usize> = [15_000, 35_000].into_iter().filter(|&n| n < target).collect();
+        tries.push(target);
         for watchers in tries {
             let outcome = scenario(Kind::Relay, &args.relay, &db, &key, &key_text, watchers, 1, args.events)
                 .await
@@ -156,12 +162,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+    let limit = Ceiling { asked: args.ceiling, fd_limit, capped: args.ceiling > most };
     db.drop_now().await?;
-    print!("{}", report(&outcomes, &ceiling, args.events));
+    print!("{}", report(&outcomes, &ceiling, &limit, args.events));
     Ok(())
 }
 
-fn report(outcomes: &[Outcome], ceiling: &[Outcome], events: i64) -> String {
+/// What bounded the ceiling attempt.
+struct Ceiling {
+    asked: usize,
+    fd_limit: u64,
+    capped: bool,
+}
+
+/// Descriptors kept free in each process beyond its watchers: the listener,
+/// the pools, Redis, the runtime.
+const FD_MARGIN: usize = 500;
+
+fn report(outcomes: &[Outcome], ceiling: &[Outcome], limit: &Ceiling, events: i64) -> String {
     let mut out = String::new();
     out.push_str("## Relay fan-out\n\n");
     out.push_str(&format!(
@@ -221,13 +239,32 @@ fn report(outcomes: &[Outcome], ceiling: &[Outcome], events: i64) -> String {
         }
     }
     if let Some(last) = ceiling.last() {
-        let held = ceiling.iter().filter(|o| o.complete == o.watchers).map(|o| o.watchers).max().unwrap_or(0);
+        let held = ceiling.iter().filter(|o| o.complete == o.watchers).max_by_key(|o| o.watchers);
+        match held {
+            Some(o) => out.push_str(&format!(
+                "\nCeiling: the largest count tried with every watcher complete is **{}** watchers on one task, \
+                 clients spread over {} loopback source addresses; the relay's RSS grew by {:.0} MiB for them \
+                 ({:.1} KiB each). Largest tried: {} ({:.1}% complete).\n",
+                o.watchers,
+                o.watchers.div_ceil(PER_SOURCE),
+                o.rss_per_watcher_kib * o.watchers as f64 / 1024.0,
+                o.rss_per_watcher_kib,
+                last.watchers,
+                100.0 * last.complete as f64 / last.watchers as f64
+            )),
+            None => out.push_str(&format!(
+                "\nCeiling: no count tried held every watcher (largest tried: {}).\n",
+                last.watchers
+            )),
+        }
+    }
+    if limit.capped {
         out.push_str(&format!(
-            "\nCeiling: the largest count tried with every watcher complete is **{held}** watchers on one task \
-             (largest tried: {}, {:.1}% complete), clients spread over {} loopback source addresses.\n",
-            last.watchers,
-            100.0 * last.complete as f64 / last.watchers as f64,
-            last.watchers.div_ceil(PER_SOURCE)
+            "\nThe ceiling run was asked for {} watchers but stopped at the open-file limit: this machine allows \
+             {} descriptors per process (hard limit; raising it needs CAP_SYS_RESOURCE, which this container \
+             lacks), and each watcher is one socket in the relay process. So here the ceiling is set by that \
+             limit, not by the relay's memory or CPU.\n",
+            limit.asked, limit.fd_limit
         ));
     }
     out.push('\n');

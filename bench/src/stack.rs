@@ -25,6 +25,13 @@ pub fn raise_fd_limit(wanted: u64) {
     }
 }
 
+/// This process's open-file limit (soft, after [`raise_fd_limit`]).
+pub fn fd_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    limit.rlim_cur
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
