@@ -14,7 +14,8 @@
 # (what the figures mean, written by hand). The sections of the last run are
 # kept in target/bench/, so `--stitch` can take in an edited NOTES.md
 # without measuring again.
-# Bounded in time: a full run takes about 20 minutes on 2 cores once built.
+# Bounded in time: once built, a full run takes about 5 minutes on 2 cores
+# (fan-out and its ceiling are most of it); a release build from cold, ~15.
 # BENCH_CEILING=<watchers> moves the ceiling attempt (0 skips it).
 set -euo pipefail
 LOG_TAG="bench"
