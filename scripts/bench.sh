@@ -2,14 +2,20 @@
 # Every benchmark of BENCHMARKS.md, in one command, on a release build
 # against the local stack (scripts/stack.sh up), loopback only:
 #
-#   scripts/bench.sh [fanout|auth|coldstart ...]   (default: all three)
+#   scripts/bench.sh [fanout|auth|taskcreate|coldstart ...]   (default: all four)
+#   scripts/bench.sh --stitch    (rewrite BENCHMARKS.md from the last run)
 #
 # Builds the relay, the seven function binaries and the harness (bench/)
 # with the release profile, then runs the harness, which makes its own
-# database and its own redis-server for each measurement, raises the
-# open-file limit itself, and prints one Markdown section per benchmark.
-# BENCHMARKS.md is rewritten with the sections, the command and the machine.
-# Bounded in time: a full run takes about a quarter of an hour on 2 cores.
+# database, redis-server and SQS queue for each measurement, spreads its
+# clients over loopback source addresses, raises the open-file limit
+# itself, and prints one Markdown section per benchmark. BENCHMARKS.md is
+# rewritten with the sections, the command, the machine, and bench/NOTES.md
+# (what the figures mean, written by hand). The sections of the last run are
+# kept in target/bench/, so `--stitch` can take in an edited NOTES.md
+# without measuring again.
+# Bounded in time: once built, a full run takes about 5 minutes on 2 cores
+# (fan-out and its ceiling are most of it); a release build from cold, ~15.
 # BENCH_CEILING=<watchers> moves the ceiling attempt (0 skips it).
 set -euo pipefail
 LOG_TAG="bench"
@@ -23,34 +29,59 @@ else
 fi
 command -v redis-server >/dev/null || die "redis-server is missing (scripts/stack.sh installs it)"
 
+all_phases=(fanout auth taskcreate coldstart)
+SECTIONS="$ROOT/target/bench"
+BIN="$ROOT/target/release"
+
+# BENCHMARKS.md from the saved sections (in the order of all_phases) and
+# bench/NOTES.md.
+stitch() {
+  [[ -f "$SECTIONS/header" ]] || die "no saved run in $SECTIONS; run scripts/bench.sh first"
+  {
+    echo "# Benchmarks"
+    echo
+    cat "$SECTIONS/header"
+    echo "The machine is shared and noisy: read the ratios and medians measured side by side, not single absolute times."
+    echo
+    for phase in "${all_phases[@]}"; do
+      if [[ -f "$SECTIONS/$phase.md" ]]; then cat "$SECTIONS/$phase.md"; fi
+    done
+    if [[ -f bench/NOTES.md ]]; then cat bench/NOTES.md; fi
+  } >BENCHMARKS.md
+  log "wrote BENCHMARKS.md"
+}
+
+if [[ "${1:-}" == "--stitch" ]]; then
+  stitch
+  exit 0
+fi
+
 phases=("$@")
-[[ ${#phases[@]} -gt 0 ]] || phases=(fanout auth coldstart)
+[[ ${#phases[@]} -gt 0 ]] || phases=("${all_phases[@]}")
+for phase in "${phases[@]}"; do
+  [[ " ${all_phases[*]} " == *" $phase "* ]] || die "unknown benchmark '$phase' (${all_phases[*]})"
+done
 
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-1}"
 functions=(-p reeve-fn-auth -p reeve-fn-catalog -p reeve-fn-presign -p reeve-fn-task-create
            -p reeve-fn-task-status -p reeve-fn-upload-guard -p reeve-fn-worker)
 timed build cargo build --release --locked -p reeve-bench -p reeve-fn-relay "${functions[@]}"
 
-BIN="$ROOT/target/release"
-out="$(mktemp)"
-trap 'rm -f "$out"' EXIT
+# A fresh run: sections of an earlier run must not mix into this one.
+rm -rf "$SECTIONS"
+mkdir -p "$SECTIONS"
 for phase in "${phases[@]}"; do
+  section="$SECTIONS/$phase.md.partial"
   case "$phase" in
-    fanout)    timed fanout "$BIN/reeve-bench" fanout --relay "$BIN/relay" --ceiling "${BENCH_CEILING:-50000}" >>"$out" ;;
-    auth)      timed auth "$BIN/reeve-bench" auth >>"$out" ;;
-    coldstart) timed coldstart "$BIN/reeve-bench" coldstart --bin-dir "$BIN" >>"$out" ;;
-    *) die "unknown benchmark '$phase' (fanout, auth, coldstart)" ;;
+    fanout)     timed fanout "$BIN/reeve-bench" fanout --relay "$BIN/relay" --ceiling "${BENCH_CEILING:-50000}" >"$section" ;;
+    auth)       timed auth "$BIN/reeve-bench" auth >"$section" ;;
+    taskcreate) timed taskcreate "$BIN/reeve-bench" taskcreate >"$section" ;;
+    coldstart)  timed coldstart "$BIN/reeve-bench" coldstart --bin-dir "$BIN" >"$section" ;;
   esac
+  mv "$section" "$SECTIONS/$phase.md"
 done
-
 {
-  echo "# Benchmarks"
-  echo
-  echo "Written by \`scripts/bench.sh ${phases[*]}\` on $(date -u +%Y-%m-%d) — release build, local stack, loopback only."
+  echo "Written by \`scripts/bench.sh ${phases[*]}\` from a run on $(date -u +%Y-%m-%d) at commit \`$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\` — release build, local stack, loopback only."
   echo "Machine: $("$BIN/reeve-bench" machine 2>/dev/null || uname -m), $(uname -sr)."
-  echo "The machine is shared and noisy: read the ratios and medians measured side by side, not single absolute times."
-  echo
-  cat "$out"
-  if [[ -f bench/NOTES.md ]]; then cat bench/NOTES.md; fi
-} >BENCHMARKS.md
-log "wrote BENCHMARKS.md"
+} >"$SECTIONS/header"
+stitch

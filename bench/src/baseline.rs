@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -30,7 +31,11 @@ pub struct Args {}
 
 struct Baseline {
     db: PgPool,
-    redis: redis::Client,
+    /// The same `redis-server` at several loopback addresses
+    /// (`BENCH_REDIS_URLS`), taken in turn, so that one Pub/Sub connection
+    /// per client does not run out of ephemeral ports.
+    redis: Vec<redis::Client>,
+    next: AtomicUsize,
     key: Secret,
 }
 
@@ -39,11 +44,16 @@ pub async fn serve(_: Args) -> anyhow::Result<()> {
         .max_connections(8)
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy(&std::env::var("DATABASE_URL")?)?;
-    let redis = redis::Client::open(std::env::var("REDIS_URL")?)?;
+    let urls = std::env::var("BENCH_REDIS_URLS").or_else(|_| std::env::var("REDIS_URL"))?;
+    let redis = urls.split(',').map(redis::Client::open).collect::<Result<Vec<_>, _>>()?;
     let key = Secret::new("REEVE_TOKEN_KEY", std::env::var("REEVE_TOKEN_KEY")?.into_bytes())?;
     let bind: SocketAddr = std::env::var("REEVE_RELAY_BIND")?.parse().context("REEVE_RELAY_BIND")?;
-    let app =
-        Router::new().route("/v1/tasks/{task}/events", get(events)).with_state(Arc::new(Baseline { db, redis, key }));
+    let app = Router::new().route("/v1/tasks/{task}/events", get(events)).with_state(Arc::new(Baseline {
+        db,
+        redis,
+        next: AtomicUsize::new(0),
+        key,
+    }));
     axum::serve(tokio::net::TcpListener::bind(bind).await?, app).await?;
     Ok(())
 }
@@ -69,7 +79,8 @@ async fn events(State(ctx): State<Arc<Baseline>>, Path(task): Path<String>, head
         return StatusCode::NOT_FOUND.into_response();
     }
     // The seed's way: a Pub/Sub connection of this client's own.
-    let Ok(mut pubsub) = ctx.redis.get_async_pubsub().await else {
+    let redis = &ctx.redis[ctx.next.fetch_add(1, Ordering::Relaxed) % ctx.redis.len()];
+    let Ok(mut pubsub) = redis.get_async_pubsub().await else {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
     if pubsub.subscribe(relay::channel(task)).await.is_err() {

@@ -25,7 +25,7 @@ use tokio::process::Command;
 use tokio::sync::Semaphore;
 
 use crate::quantile;
-use crate::stack::{BenchDb, OwnRedis, free_port, rss_kib, wait_for_port};
+use crate::stack::{self, BenchDb, OwnRedis, free_port, rss_kib, wait_for_port};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -45,8 +45,17 @@ pub struct Args {
 }
 
 const SPACE: [u8; 16] = [7; 16];
-/// Watchers per loopback source address: under the ephemeral port range.
-const PER_SOURCE: usize = 20_000;
+/// Watchers per loopback source address, well under the ephemeral port
+/// range (28,232 ports), so that the TIME_WAIT sockets a scenario leaves
+/// behind never starve the next one. The watchers start at 127.0.0.2:
+/// 127.0.0.1 is left to the relays' own Redis and Postgres connections and
+/// the publisher.
+const PER_SOURCE: usize = 5_000;
+
+/// The loopback source address of watcher `i`.
+fn source_of(i: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (i / PER_SOURCE) as u8))
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -75,6 +84,27 @@ struct Outcome {
     redis_connections: usize,
     redis_subscribed: usize,
     connect_secs: f64,
+    /// Why the scenario could not be measured at all.
+    error: Option<String>,
+}
+
+impl Outcome {
+    fn failed(kind: Kind, watchers: usize, tasks: usize, error: anyhow::Error) -> Outcome {
+        Outcome {
+            kind,
+            watchers,
+            tasks,
+            connected: 0,
+            complete: 0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            rss_per_watcher_kib: 0.0,
+            redis_connections: 0,
+            redis_subscribed: 0,
+            connect_secs: 0.0,
+            error: Some(format!("{error:#}")),
+        }
+    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -92,23 +122,38 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("scenario {scenario_text:?} is not <watchers>x<tasks>"))?;
         for kind in [Kind::Relay, Kind::Baseline] {
             let bin = if kind == Kind::Relay { &args.relay } else { &baseline };
-            let outcome = scenario(kind, bin, &db, &key, &key_text, watchers, tasks, args.events).await?;
+            let outcome = scenario(kind, bin, &db, &key, &key_text, watchers, tasks, args.events)
+                .await
+                .unwrap_or_else(|e| Outcome::failed(kind, watchers, tasks, e));
             eprintln!(
-                "fanout {} {watchers}/{tasks}: complete {}/{} p99 {:.1} ms",
+                "fanout {} {watchers}/{tasks}: connected {} complete {}/{} p99 {:.1} ms rss/watcher {:.1} KiB redis {} {}",
                 kind.name(),
+                outcome.connected,
                 outcome.complete,
                 watchers,
-                outcome.p99_ms
+                outcome.p99_ms,
+                outcome.rss_per_watcher_kib,
+                outcome.redis_connections,
+                outcome.error.as_deref().unwrap_or("")
             );
             outcomes.push(outcome);
         }
     }
     let mut ceiling = Vec::new();
-    if args.ceiling > 0 {
-        let mut tries = vec![20_000.min(args.ceiling), args.ceiling];
-        tries.dedup();
+    // Every watcher is one socket in the relay (and one in this harness),
+    // so no relay process can hold more watchers than its open-file limit,
+    // whatever its memory. The children inherit this process's limit.
+    let fd_limit = stack::fd_limit();
+    let most = usize::try_from(fd_limit).unwrap_or(usize::MAX).saturating_sub(FD_MARGIN);
+    let target = args.ceiling.min(most);
+    if target > 0 {
+        // Upwards in steps, stopping at the first count not held in full.
+        let mut tries: Vec<usize> = [15_000, 35_000].into_iter().filter(|&n| n < target).collect();
+        tries.push(target);
         for watchers in tries {
-            let outcome = scenario(Kind::Relay, &args.relay, &db, &key, &key_text, watchers, 1, args.events).await?;
+            let outcome = scenario(Kind::Relay, &args.relay, &db, &key, &key_text, watchers, 1, args.events)
+                .await
+                .unwrap_or_else(|e| Outcome::failed(Kind::Relay, watchers, 1, e));
             eprintln!("ceiling {watchers}: complete {}/{}", outcome.complete, watchers);
             let full = outcome.complete == watchers;
             ceiling.push(outcome);
@@ -117,12 +162,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+    let limit = Ceiling { asked: args.ceiling, fd_limit, capped: args.ceiling > most };
     db.drop_now().await?;
-    print!("{}", report(&outcomes, &ceiling, args.events));
+    print!("{}", report(&outcomes, &ceiling, &limit, args.events));
     Ok(())
 }
 
-fn report(outcomes: &[Outcome], ceiling: &[Outcome], events: i64) -> String {
+/// What bounded the ceiling attempt.
+struct Ceiling {
+    asked: usize,
+    fd_limit: u64,
+    capped: bool,
+}
+
+/// Descriptors kept free in each process beyond its watchers: the listener,
+/// the pools, Redis, the runtime.
+const FD_MARGIN: usize = 500;
+
+fn report(outcomes: &[Outcome], ceiling: &[Outcome], limit: &Ceiling, events: i64) -> String {
     let mut out = String::new();
     out.push_str("## Relay fan-out\n\n");
     out.push_str(&format!(
@@ -138,6 +195,16 @@ fn report(outcomes: &[Outcome], ceiling: &[Outcome], events: i64) -> String {
     out.push_str("| relay | watchers / tasks | complete | p50 ms | p99 ms | RSS KiB / watcher | Redis connections (subscribed) | connect s |\n");
     out.push_str("|---|---|---|---|---|---|---|---|\n");
     for o in outcomes.iter().chain(ceiling) {
+        if let Some(error) = &o.error {
+            out.push_str(&format!(
+                "| {} | {} / {} | not measured: {} | | | | | |\n",
+                o.kind.name(),
+                o.watchers,
+                o.tasks,
+                error.replace('|', "/")
+            ));
+            continue;
+        }
         out.push_str(&format!(
             "| {} | {} / {} | {:.1}% ({}/{}) | {:.1} | {:.1} | {:.1} | {} ({}) | {:.1} |\n",
             o.kind.name(),
@@ -145,7 +212,7 @@ fn report(outcomes: &[Outcome], ceiling: &[Outcome], events: i64) -> String {
             o.tasks,
             100.0 * o.complete as f64 / o.watchers as f64,
             o.complete,
-            o.connected,
+            o.watchers,
             o.p50_ms,
             o.p99_ms,
             o.rss_per_watcher_kib,
@@ -157,7 +224,10 @@ fn report(outcomes: &[Outcome], ceiling: &[Outcome], events: i64) -> String {
     out.push_str("\nRatios, baseline ÷ relay, same scenario, same run:\n\n");
     out.push_str("| watchers / tasks | Redis connections | RSS per watcher | p99 |\n|---|---|---|---|\n");
     for pair in outcomes.chunks(2) {
-        if let [r, b] = pair {
+        if let [r, b] = pair
+            && r.error.is_none()
+            && b.error.is_none()
+        {
             out.push_str(&format!(
                 "| {} / {} | {:.0}× | {:.2}× | {:.2}× |\n",
                 r.watchers,
@@ -169,13 +239,32 @@ fn report(outcomes: &[Outcome], ceiling: &[Outcome], events: i64) -> String {
         }
     }
     if let Some(last) = ceiling.last() {
-        let held = ceiling.iter().filter(|o| o.complete == o.watchers).map(|o| o.watchers).max().unwrap_or(0);
+        let held = ceiling.iter().filter(|o| o.complete == o.watchers).max_by_key(|o| o.watchers);
+        match held {
+            Some(o) => out.push_str(&format!(
+                "\nCeiling: the largest count tried with every watcher complete is **{}** watchers on one task, \
+                 clients spread over {} loopback source addresses; the relay's RSS grew by {:.0} MiB for them \
+                 ({:.1} KiB each). Largest tried: {} ({:.1}% complete).\n",
+                o.watchers,
+                o.watchers.div_ceil(PER_SOURCE),
+                o.rss_per_watcher_kib * o.watchers as f64 / 1024.0,
+                o.rss_per_watcher_kib,
+                last.watchers,
+                100.0 * last.complete as f64 / last.watchers as f64
+            )),
+            None => out.push_str(&format!(
+                "\nCeiling: no count tried held every watcher (largest tried: {}).\n",
+                last.watchers
+            )),
+        }
+    }
+    if limit.capped {
         out.push_str(&format!(
-            "\nCeiling: the largest count tried with every watcher complete is **{held}** watchers on one task \
-             (largest tried: {}, {:.1}% complete), clients spread over {} loopback source addresses.\n",
-            last.watchers,
-            100.0 * last.complete as f64 / last.watchers as f64,
-            last.watchers.div_ceil(PER_SOURCE)
+            "\nThe ceiling run was asked for {} watchers but stopped at the open-file limit: this machine allows \
+             {} descriptors per process (hard limit; raising it needs CAP_SYS_RESOURCE, which this container \
+             lacks), and each watcher is one socket in the relay process. So here the ceiling is set by that \
+             limit, not by the relay's memory or CPU.\n",
+            limit.asked, limit.fd_limit
         ));
     }
     out.push('\n');
@@ -202,6 +291,7 @@ async fn scenario(
     let mut child = command
         .env("DATABASE_URL", &db.url)
         .env("REDIS_URL", redis.url())
+        .env("BENCH_REDIS_URLS", redis.urls())
         .env("REEVE_TOKEN_KEY", key_text)
         .env("REEVE_RELAY_BIND", format!("127.0.0.1:{port}"))
         .env("RUST_LOG", "error")
@@ -237,7 +327,7 @@ async fn scenario(
     let mut handles = Vec::with_capacity(watchers);
     let started = Instant::now();
     for i in 0..watchers {
-        let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + (i / PER_SOURCE) as u8));
+        let source = source_of(i);
         let task_index = i % task_count;
         let request = format!(
             "GET /v1/tasks/{}/events HTTP/1.1\r\nhost: bench\r\nauthorization: Bearer {token}\r\naccept: text/event-stream\r\n\r\n",
@@ -321,6 +411,7 @@ async fn scenario(
         redis_connections,
         redis_subscribed,
         connect_secs,
+        error: None,
     })
 }
 
@@ -345,7 +436,8 @@ async fn watch(
     let stream = {
         let _permit = connecting.acquire().await.expect("open");
         let Ok(socket) = TcpSocket::new_v4() else { return result };
-        if socket.bind(SocketAddr::new(source, 0)).is_err() {
+        // A port whose last connection is in TIME_WAIT may be bound again.
+        if socket.set_reuseaddr(true).is_err() || socket.bind(SocketAddr::new(source, 0)).is_err() {
             return result;
         }
         let Ok(mut stream) = socket.connect(server).await else { return result };

@@ -10,6 +10,7 @@ mod baseline;
 mod coldstart;
 mod fanout;
 mod stack;
+mod taskcreate;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,8 @@ enum Command {
     BaselineRelay(baseline::Args),
     /// Session creation at 1k/100k/1M spaces, one Argon2id verify, a token check.
     Auth(auth::Args),
+    /// Task create through the API's router against a bare INSERT + SendMessage loop.
+    Taskcreate(taskcreate::Args),
     /// Exec to first runtime-API request, per function binary.
     Coldstart(coldstart::Args),
     /// One line about this machine, for the report's header.
@@ -46,6 +49,7 @@ fn main() -> anyhow::Result<()> {
             Command::BaselineRelay(args) => baseline::serve(args).await,
             Command::Auth(args) => auth::run(args).await,
             Command::Coldstart(args) => coldstart::run(args).await,
+            Command::Taskcreate(args) => taskcreate::run(args).await,
             Command::Machine => {
                 println!("{}", stack::machine());
                 Ok(())

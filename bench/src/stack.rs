@@ -25,6 +25,13 @@ pub fn raise_fd_limit(wanted: u64) {
     }
 }
 
+/// This process's open-file limit (soft, after [`raise_fd_limit`]).
+pub fn fd_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    limit.rlim_cur
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -72,6 +79,12 @@ impl BenchDb {
     }
 }
 
+/// The loopback addresses the harness's `redis-server` listens on. The
+/// baseline spreads its one-per-client connections over them: each
+/// destination address has its own ephemeral-port space, so 10,000 and more
+/// Redis connections from one host fit.
+const REDIS_ADDRESSES: u8 = 8;
+
 /// A `redis-server` of the benchmark's own.
 pub struct OwnRedis {
     pub port: u16,
@@ -82,7 +95,9 @@ impl OwnRedis {
     pub async fn start() -> anyhow::Result<OwnRedis> {
         let port = free_port();
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .arg("--bind")
+            .args((1..=REDIS_ADDRESSES).map(|a| format!("127.0.0.{a}")))
             .args(["--maxclients", "120000"])
             .stdout(Stdio::null())
             .kill_on_drop(true)
@@ -94,6 +109,11 @@ impl OwnRedis {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// One URL per listening address, comma-separated.
+    pub fn urls(&self) -> String {
+        (1..=REDIS_ADDRESSES).map(|a| format!("redis://127.0.0.{a}:{}", self.port)).collect::<Vec<_>>().join(",")
     }
 
     /// Connections as Redis sees them, without the benchmark's own (named
