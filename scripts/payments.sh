@@ -77,9 +77,11 @@ stop_pid() {
   done
 }
 
+# The daemons must not inherit the locks (fd 8 here, fd 9 from stack.sh):
+# a lock held by a running anvil made every later `up` wait and fail.
 start_bg() {
   local pidfile=$1 logf=$2; shift 2
-  setsid "$@" </dev/null >>"$logf" 2>&1 9>&- &
+  setsid "$@" </dev/null >>"$logf" 2>&1 8>&- 9>&- &
   echo $! >"$pidfile"
 }
 
