@@ -18,6 +18,7 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use common::chain::{Payer, TOKEN};
 use common::{TestQueue, new_session, post_json, send};
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
@@ -186,90 +187,7 @@ async fn prometheus_shows_the_request_task_queue_and_relay_metrics_after_a_task_
 // ------------------------------------------------------------ payments
 //
 // The local payment stack (anvil with the EIP-3009 test token, the x402
-// facilitator), signed by the x402 Python SDK as `tests/payments.rs` does.
-
-/// The local chain's test token (6 decimals).
-const TOKEN: &str = "0x036CbD53842c5426634e7929541eC2318f3dCF7e";
-/// anvil's default account 9 (unlocked): mints the test's tokens.
-const MINTER: &str = "0xa0Ee7A142d267C1f36714E4a8F75612F20a79720";
-
-fn repo() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-async fn rpc(method: &str, params: Value) -> Value {
-    let url = std::env::var("REEVE_CHAIN_RPC_URL").unwrap_or_else(|_| "http://127.0.0.1:8545".into());
-    let bytes = reqwest::Client::new()
-        .post(url)
-        .header("content-type", "application/json")
-        .body(json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string())
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("the local chain is down ({e}): run scripts/payments.sh up"))
-        .bytes()
-        .await
-        .unwrap();
-    let answer: Value = serde_json::from_slice(&bytes).unwrap();
-    assert!(answer.get("error").is_none(), "{method}: {answer}");
-    answer["result"].clone()
-}
-
-/// Mints `amount` of the token to `address` and waits for the block.
-async fn mint(address: &str, amount: u128) {
-    let to = format!("{:0>64}", address.trim_start_matches("0x").to_ascii_lowercase());
-    let data = format!("0x40c10f19{to}{amount:064x}");
-    let hash = rpc("eth_sendTransaction", json!([{"from": MINTER, "to": TOKEN, "data": data}])).await;
-    for _ in 0..100 {
-        if !rpc("eth_getTransactionReceipt", json!([hash])).await.is_null() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("mint {hash} was not mined in 10 s");
-}
-
-/// A fresh key holding `funds` tokens; `sign` answers a 402's challenge.
-struct Payer {
-    key: String,
-}
-
-impl Payer {
-    fn python() -> std::path::PathBuf {
-        std::env::var_os("REEVE_PAYER_PYTHON")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| repo().join(".venv/bin/python"))
-    }
-
-    async fn new(funds: u128) -> Payer {
-        let out = std::process::Command::new(Self::python())
-            .args(["-c", "from eth_account import Account; a = Account.create(); print(a.key.hex(), a.address)"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8(out.stdout).unwrap();
-        let (key, address) = text.trim().split_once(' ').unwrap();
-        if funds > 0 {
-            mint(address, funds).await;
-        }
-        Payer { key: if key.starts_with("0x") { key.to_owned() } else { format!("0x{key}") } }
-    }
-
-    async fn sign(&self, challenge: &str) -> String {
-        use std::io::Write as _;
-        let mut child = std::process::Command::new(Self::python())
-            .arg(repo().join("scripts/payments/pay.py"))
-            .env("REEVE_WALLET_KEY", &self.key)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(challenge.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "pay.py: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap().trim().to_owned()
-    }
-}
+// facilitator), through the harness's `common::chain`.
 
 /// One priced kind, payable on the local chain, to a `payTo` of its own.
 fn paid_catalog() -> Catalog {

@@ -3,6 +3,8 @@
 //! way to send a request through a router in-process.
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
+pub mod chain;
+
 use std::path::Path;
 
 use axum::Router;
