@@ -11,13 +11,12 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
+use common::QueuedApi as Api;
+use common::{Reply, get_authed, new_session, post_json, send};
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
-use reeve_shared::http::{ApiContext, app};
 use reeve_shared::ids::Id;
-use reeve_shared::redis_client::RedisClient;
 use reeve_shared::tasks::{self, CancelOutcome, Change, Event, EventType, Fence, events_after};
 use reeve_shared::worker::{Outcome, RunFuture, Runner, WorkerContext, process, store};
 use serde_json::{Value, json};
@@ -44,30 +43,7 @@ fn catalog() -> Catalog {
     )
 }
 
-struct Api {
-    app: Router,
-    token: String,
-    queue: TestQueue,
-}
-
 impl Api {
-    async fn new(pool: &PgPool) -> Api {
-        let queue = TestQueue::new().await;
-        let redis_url = common::redis_url();
-        let mut settings = common::test_settings(&redis_url);
-        settings.queue_url = queue.url.clone();
-        let ctx = ApiContext::new(
-            catalog(),
-            pool.clone(),
-            RedisClient::new(&redis_url).unwrap(),
-            AwsClients::from_env().await,
-            settings,
-        );
-        let app = app(ctx);
-        let (_, token) = new_session(&app).await;
-        Api { app, token, queue }
-    }
-
     async fn create(&self, kind: &str) -> Id {
         let created =
             send(&self.app, post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({"input": {}}))).await;
@@ -161,7 +137,7 @@ fn ids(page: &Value) -> Vec<String> {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_list_pages_newest_first_with_a_cursor_and_filters(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, catalog()).await;
     let mut created = Vec::new();
     for i in 0..25 {
         created.push(api.create(if i % 5 == 0 { "steps" } else { "other" }).await);
@@ -224,7 +200,7 @@ async fn the_list_pages_newest_first_with_a_cursor_and_filters(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, catalog()).await;
     let id = api.create("steps").await;
 
     let reply = api.cancel(&id.to_string()).await;
@@ -255,7 +231,7 @@ async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgP
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_running_task_canceled_mid_way_ends_canceled_within_two_seconds(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, catalog()).await;
     let id = api.create("steps").await;
     // 200 steps of 50 ms: 10 s if nobody stops it.
     let (ctx, stepper) = worker(&pool, AwsClients::from_env().await.s3, 200);
@@ -297,7 +273,7 @@ async fn a_running_task_canceled_mid_way_ends_canceled_within_two_seconds(pool: 
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn cancel_racing_the_claim_leaves_exactly_one_terminal_state(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, catalog()).await;
     let (ctx, stepper) = worker(&pool, AwsClients::from_env().await.s3, 2);
     let ctx = Arc::new(ctx);
     let space = space_of(&pool, api.create("steps").await).await;
@@ -324,7 +300,7 @@ async fn cancel_racing_the_claim_leaves_exactly_one_terminal_state(pool: PgPool)
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn cancel_racing_the_completion_leaves_exactly_one_terminal_state(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, catalog()).await;
     let space = space_of(&pool, api.create("steps").await).await;
     let mut won = (0, 0);
     for _ in 0..30 {
@@ -356,7 +332,7 @@ async fn space_of(pool: &PgPool, id: Id) -> reeve_shared::auth::SpaceIndex {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_task_that_could_not_be_queued_shows_why_in_its_events(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, catalog()).await;
     let id = api.create("steps").await;
     let error = tasks::task_error("queue_unavailable", "the task could not be queued");
     let status = tasks::mark_failed(&pool, id, &[tasks::TaskStatus::Queued], &error).await.unwrap().unwrap();
@@ -386,7 +362,7 @@ impl Runner for Flaky {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_canceled_run_that_fails_retryably_is_not_retried(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, catalog()).await;
     let space = space_of(&pool, api.create("steps").await).await;
     let id = api.create("steps").await;
     let (mut ctx, _) = worker(&pool, AwsClients::from_env().await.s3, 1);

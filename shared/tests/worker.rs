@@ -13,16 +13,14 @@ use std::time::{Duration, Instant};
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use aws_sdk_sqs::types::QueueAttributeName;
-use axum::Router;
 use axum::http::StatusCode;
-use common::{TestQueue, new_session, post_json, send};
+use common::QueuedApi as Api;
+use common::{post_json, send};
 use futures_util::StreamExt;
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
-use reeve_shared::http::{ApiContext, app};
 use reeve_shared::ids::Id;
-use reeve_shared::redis_client::RedisClient;
 use reeve_shared::tasks::events::{Event, EventType, channel};
 use reeve_shared::tasks::events_after;
 use reeve_shared::worker::{
@@ -77,31 +75,7 @@ async fn unreachable_s3() -> aws_sdk_s3::Client {
     aws_sdk_s3::Client::from_conf(conf)
 }
 
-/// The API, on a queue of the test's own.
-struct Api {
-    app: Router,
-    token: String,
-    queue: TestQueue,
-}
-
 impl Api {
-    async fn new(pool: &PgPool) -> Api {
-        let queue = TestQueue::new().await;
-        let redis_url = common::redis_url();
-        let mut settings = common::test_settings(&redis_url);
-        settings.queue_url = queue.url.clone();
-        let ctx = ApiContext::new(
-            test_catalog(),
-            pool.clone(),
-            RedisClient::new(&redis_url).unwrap(),
-            AwsClients::from_env().await,
-            settings,
-        );
-        let app = app(ctx);
-        let (_, token) = new_session(&app).await;
-        Api { app, token, queue }
-    }
-
     /// Uploads `bytes` (presign, then PUT to S3): the upload id.
     async fn upload(&self, bytes: &[u8]) -> String {
         let upload = send(
@@ -256,7 +230,7 @@ impl Listener {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_sample_event_runs_a_digest_to_completion_and_every_event_is_published(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let bytes = payload();
     let id = api.digest(&bytes).await;
     let ctx = worker(&pool).await;
@@ -307,7 +281,7 @@ async fn running_events(pool: &PgPool, id: Id) -> usize {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_message_delivered_twice_in_a_row_runs_the_executor_once(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.digest(b"twice").await;
     let ctx = worker(&pool).await;
 
@@ -327,7 +301,7 @@ async fn a_message_delivered_twice_in_a_row_runs_the_executor_once(pool: PgPool)
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_duplicate_in_one_batch_runs_once_and_neither_record_fails(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.digest(&payload()).await;
     let other = api.digest(b"another task in the same batch").await;
     let ctx = worker(&pool).await;
@@ -345,7 +319,7 @@ async fn a_duplicate_in_one_batch_runs_once_and_neither_record_fails(pool: PgPoo
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn concurrent_deliveries_to_two_workers_run_once(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.digest(&payload()).await;
     // Two Lambda instances, each with the message.
     let (a, b) = (worker(&pool).await, worker(&pool).await);
@@ -370,7 +344,7 @@ async fn concurrent_deliveries_to_two_workers_run_once(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_malformed_body_is_dropped_as_a_permanent_failure_while_the_good_record_completes(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let bytes = b"the good record".to_vec();
     let id = api.digest(&bytes).await;
     let ctx = worker(&pool).await;
@@ -404,7 +378,7 @@ async fn a_malformed_body_is_dropped_as_a_permanent_failure_while_the_good_recor
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn s3_out_of_reach_is_retried_and_on_the_last_delivery_fails_as_retries_exhausted(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let bytes = b"S3 is down".to_vec();
     let id = api.digest(&bytes).await;
     let broken = worker_with(&pool, unreachable_s3().await, &common::redis_url());
@@ -448,7 +422,7 @@ async fn s3_out_of_reach_is_retried_and_on_the_last_delivery_fails_as_retries_ex
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_upload_replaced_with_another_size_fails_the_task_as_upload_mismatch(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.digest(b"what was declared").await;
     let key: String = sqlx::query_scalar("SELECT key FROM uploads").fetch_one(&pool).await.unwrap();
     let s3 = AwsClients::from_env().await.s3;
@@ -489,7 +463,7 @@ async fn an_upload_replaced_with_another_size_fails_the_task_as_upload_mismatch(
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_expired_lease_is_reclaimed_and_a_live_one_is_not(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let bytes = b"a worker died holding this".to_vec();
     let id = api.digest(&bytes).await;
     let ctx = worker(&pool).await;
@@ -577,7 +551,7 @@ fn with_runner(mut ctx: WorkerContext, runner: Arc<Scripted>) -> WorkerContext {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn reports_become_events_and_the_task_progress_is_kept(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let runner = Scripted::new(Duration::from_millis(10), 200);
     let ctx = with_runner(worker(&pool).await, runner.clone());
@@ -609,7 +583,7 @@ async fn reports_become_events_and_the_task_progress_is_kept(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_run_past_its_timeout_is_retried_and_then_fails_for_good(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     // `slow` has timeout_seconds = 3.
     let runner = Scripted::new(Duration::from_secs(30), 1);
@@ -639,7 +613,7 @@ async fn a_run_past_its_timeout_is_retried_and_then_fails_for_good(pool: PgPool)
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_run_that_loses_its_lease_stops_and_writes_nothing(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let ctx = with_runner(worker(&pool).await, Scripted::new(Duration::from_secs(2), 1));
 
@@ -662,7 +636,7 @@ async fn a_run_that_loses_its_lease_stops_and_writes_nothing(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_lease_is_extended_while_the_executor_runs(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     // A run of 2.5 s against a 3 s timeout: the lease is pushed every second.
     let mut ctx = with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(2500), 1));
@@ -690,7 +664,7 @@ async fn the_lease_is_extended_while_the_executor_runs(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn without_redis_the_task_still_completes_and_every_event_is_stored(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let ctx = worker_with(&pool, AwsClients::from_env().await.s3, "redis://127.0.0.1:1");
     let ctx = with_runner(ctx, Scripted::new(Duration::ZERO, 50));
@@ -726,7 +700,7 @@ async fn queue_counts(sqs: &aws_sdk_sqs::Client, url: &str) -> (u32, u32) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_poller_runs_real_messages_and_deletes_them_once_done(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let bytes = payload();
     let id = api.digest(&bytes).await;
     let sqs = AwsClients::from_env().await.sqs;
@@ -746,7 +720,7 @@ async fn the_poller_runs_real_messages_and_deletes_them_once_done(pool: PgPool) 
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_poller_leaves_a_retry_in_the_queue_and_deletes_a_malformed_message(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.digest(b"retry me").await;
     let sqs = AwsClients::from_env().await.sqs;
     sqs.send_message().queue_url(&api.queue.url).message_body("{not json").send().await.unwrap();
@@ -770,7 +744,7 @@ async fn the_poller_leaves_a_retry_in_the_queue_and_deletes_a_malformed_message(
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_poller_keeps_a_long_task_invisible_while_it_runs(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let sqs = AwsClients::from_env().await.sqs;
     sqs.set_queue_attributes()
@@ -800,7 +774,7 @@ async fn the_poller_keeps_a_long_task_invisible_while_it_runs(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_poller_run_loop_stops_on_shutdown_after_finishing_in_flight_work(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let sqs = AwsClients::from_env().await.sqs;
     let ctx = with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(1500), 1));
@@ -823,7 +797,7 @@ async fn the_poller_run_loop_stops_on_shutdown_after_finishing_in_flight_work(po
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_message_that_arrives_during_the_shutdown_long_poll_is_given_back_at_once(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let sqs = AwsClients::from_env().await.sqs;
     let mut poller = Poller::connect(Arc::new(worker(&pool).await), sqs.clone(), &api.queue.url).await.unwrap();
     // The queue hides a received message for 30 s; a long poll of 3 s.
@@ -856,7 +830,7 @@ async fn a_message_that_arrives_during_the_shutdown_long_poll_is_given_back_at_o
 /// (`queued`, the record a batch item failure), not left `running`.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_run_still_going_at_the_invocation_deadline_is_stopped_and_handed_back(pool: PgPool) {
-    let api = Api::new(&pool).await;
+    let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("long", json!({})).await;
     let runner = Scripted::new(Duration::from_secs(120), 1);
     let mut ctx = with_runner(worker(&pool).await, runner.clone());

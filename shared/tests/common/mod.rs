@@ -153,6 +153,27 @@ pub async fn new_session(app: &Router) -> (String, String) {
     (space_id, session.body["token"].as_str().unwrap().to_owned())
 }
 
+/// The whole API on a queue of the test's own, with a session open.
+pub struct QueuedApi {
+    pub app: Router,
+    pub token: String,
+    pub queue: TestQueue,
+}
+
+impl QueuedApi {
+    pub async fn new(pool: &sqlx::PgPool, catalog: Catalog) -> QueuedApi {
+        let queue = TestQueue::new().await;
+        let redis_url = redis_url();
+        let mut settings = test_settings(&redis_url);
+        settings.queue_url = queue.url.clone();
+        let redis = reeve_shared::redis_client::RedisClient::new(&redis_url).unwrap();
+        let ctx = ApiContext::new(catalog, pool.clone(), redis, AwsClients::from_env().await, settings);
+        let app = reeve_shared::http::app(ctx);
+        let (_, token) = new_session(&app).await;
+        QueuedApi { app, token, queue }
+    }
+}
+
 /// A queue of this test's own, deleted by [`TestQueue::delete`].
 pub struct TestQueue {
     sqs: aws_sdk_sqs::Client,
