@@ -15,10 +15,10 @@ use reeve_shared::catalog::Catalog;
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::settings::ApiSettings;
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::Connection;
 
-use common::{Worker, env, json_of, reeve, repo, with_database};
+use common::{Worker, digest_task, env, reeve, repo, with_database};
 
 #[tokio::test]
 async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
@@ -68,41 +68,9 @@ async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
     let api = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app(ctx)).await });
 
-    let http = reqwest::Client::new();
-    let post = |path: &str, token: Option<&str>, body: Value| {
-        let mut request =
-            http.post(format!("{api}{path}")).header("content-type", "application/json").body(body.to_string());
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        request.send()
-    };
-    let space = json_of(post("/v1/spaces", None, json!({})).await.unwrap()).await;
-    let session = json_of(post("/v1/sessions", None, json!({"space_id": space["space_id"]})).await.unwrap()).await;
-    let token = session["token"].as_str().unwrap().to_owned();
     // Big enough that the digest is still running when the kill comes.
     let bytes: Vec<u8> = (0..24 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
-    let upload = json_of(
-        post(
-            "/v1/uploads",
-            Some(&token),
-            json!({"filename": "big.bin", "content_type": "application/octet-stream", "size": bytes.len()}),
-        )
-        .await
-        .unwrap(),
-    )
-    .await;
-    let mut put = http.put(upload["url"].as_str().unwrap()).body(bytes.clone());
-    for (header, value) in upload["headers"].as_object().unwrap() {
-        if header != "content-length" {
-            put = put.header(header, value.as_str().unwrap());
-        }
-    }
-    assert!(put.send().await.unwrap().status().is_success());
-    let created =
-        post("/v1/tasks/digest", Some(&token), json!({"input": {"upload_id": upload["upload_id"]}})).await.unwrap();
-    assert_eq!(created.status().as_u16(), 202);
-    let id: reeve_shared::ids::Id = json_of(created).await["id"].as_str().unwrap().parse().unwrap();
+    let id = digest_task(&api, "big.bin", "application/octet-stream", &bytes).await;
     let state = || {
         sqlx::query_as::<_, (String, f32, i32)>("SELECT status, progress, attempts FROM tasks WHERE id = $1").bind(id)
     };

@@ -15,10 +15,10 @@ use reeve_shared::catalog::Catalog;
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::settings::ApiSettings;
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::Connection;
 
-use common::{Worker, env, json_of, reeve, repo, with_database};
+use common::{Worker, digest_task, env, reeve, repo, with_database};
 
 /// Messages waiting in `url` (moto counts exactly).
 async fn queue_depth(aws: &AwsClients, url: &str) -> u64 {
@@ -73,40 +73,8 @@ impl Stranded {
         let api = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, app(ctx)).await });
 
-        let http = reqwest::Client::new();
-        let post = |path: &str, token: Option<&str>, body: Value| {
-            let mut request =
-                http.post(format!("{api}{path}")).header("content-type", "application/json").body(body.to_string());
-            if let Some(token) = token {
-                request = request.bearer_auth(token);
-            }
-            request.send()
-        };
-        let space = json_of(post("/v1/spaces", None, json!({})).await.unwrap()).await;
-        let session = json_of(post("/v1/sessions", None, json!({"space_id": space["space_id"]})).await.unwrap()).await;
-        let token = session["token"].as_str().unwrap().to_owned();
         let bytes = b"lost, then found".to_vec();
-        let upload = json_of(
-            post(
-                "/v1/uploads",
-                Some(&token),
-                json!({"filename": "lost.txt", "content_type": "text/plain", "size": bytes.len()}),
-            )
-            .await
-            .unwrap(),
-        )
-        .await;
-        let mut put = http.put(upload["url"].as_str().unwrap()).body(bytes.clone());
-        for (header, value) in upload["headers"].as_object().unwrap() {
-            if header != "content-length" {
-                put = put.header(header, value.as_str().unwrap());
-            }
-        }
-        assert!(put.send().await.unwrap().status().is_success());
-        let created =
-            post("/v1/tasks/digest", Some(&token), json!({"input": {"upload_id": upload["upload_id"]}})).await.unwrap();
-        assert_eq!(created.status().as_u16(), 202);
-        let id = json_of(created).await["id"].as_str().unwrap().parse().unwrap();
+        let id = digest_task(&api, "lost.txt", "text/plain", &bytes).await;
         server.abort();
 
         // The message is lost before any worker saw it.

@@ -47,3 +47,36 @@ impl Drop for Worker {
 pub async fn json_of(response: reqwest::Response) -> Value {
     serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
 }
+
+/// Through the API at `api`, as a client would: a new space and session,
+/// `bytes` uploaded with the presigned PUT, then a `digest` task of it.
+/// The task's id.
+pub async fn digest_task(api: &str, filename: &str, content_type: &str, bytes: &[u8]) -> reeve_shared::ids::Id {
+    let http = reqwest::Client::new();
+    let post = |path: &str, token: Option<&str>, body: Value| {
+        let mut request =
+            http.post(format!("{api}{path}")).header("content-type", "application/json").body(body.to_string());
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    let space = json_of(post("/v1/spaces", None, serde_json::json!({})).await.unwrap()).await;
+    let session =
+        json_of(post("/v1/sessions", None, serde_json::json!({"space_id": space["space_id"]})).await.unwrap()).await;
+    let token = session["token"].as_str().unwrap().to_owned();
+    let declared = serde_json::json!({"filename": filename, "content_type": content_type, "size": bytes.len()});
+    let upload = json_of(post("/v1/uploads", Some(&token), declared).await.unwrap()).await;
+    let mut put = http.put(upload["url"].as_str().unwrap()).body(bytes.to_vec());
+    for (header, value) in upload["headers"].as_object().unwrap() {
+        // reqwest sets the length of the body itself.
+        if header != "content-length" {
+            put = put.header(header, value.as_str().unwrap());
+        }
+    }
+    assert!(put.send().await.unwrap().status().is_success());
+    let input = serde_json::json!({"input": {"upload_id": upload["upload_id"]}});
+    let created = post("/v1/tasks/digest", Some(&token), input).await.unwrap();
+    assert_eq!(created.status().as_u16(), 202);
+    json_of(created).await["id"].as_str().unwrap().parse().unwrap()
+}
