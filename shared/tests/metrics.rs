@@ -18,7 +18,7 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::chain::{Payer, TOKEN};
+use common::chain::{ChainLock, Payer, TOKEN};
 use common::{TestQueue, new_session, post_json, send};
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
@@ -238,6 +238,7 @@ fn series(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
+    let chain = ChainLock::shared().await;
     reeve_shared::metrics::install_prometheus().unwrap();
     let queue = TestQueue::new().await;
     let mut settings = common::test_settings(&common::redis_url());
@@ -260,12 +261,12 @@ async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
     let challenge = asked.headers["payment-required"].to_str().unwrap().to_owned();
 
     // Settled on chain.
-    let paid = create(Some(Payer::new(1_000_000).await.sign(&challenge).await)).await;
+    let paid = create(Some(Payer::new(&chain, 1_000_000).await.sign(&challenge).await)).await;
     assert_eq!(paid.status, StatusCode::ACCEPTED, "{}", paid.body);
     let paid: reeve_shared::ids::Id = paid.body["id"].as_str().unwrap().parse().unwrap();
 
     // Refused: the payer holds no tokens, and the facilitator says why.
-    let refused = create(Some(Payer::new(0).await.sign(&challenge).await)).await;
+    let refused = create(Some(Payer::new(&chain, 0).await.sign(&challenge).await)).await;
     assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED, "{}", refused.body);
     let why = refused.body["error"]["message"].as_str().unwrap().to_owned();
     // Refused before the facilitator is asked: not a payment at all.

@@ -16,7 +16,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
 use base64::Engine;
-use common::chain::{Payer, TOKEN, balance, fresh_address, rpc};
+use common::chain::{ChainLock, Payer, TOKEN, balance, fresh_address, rpc};
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
@@ -213,8 +213,9 @@ async fn status_of(pool: &PgPool, id: Id) -> (String, Option<Value>) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_paid_task_settles_on_chain_then_runs_to_completion(pool: PgPool) {
+    let chain = ChainLock::shared().await;
     let shop = Shop::new(&pool).await;
-    let payer = Payer::new(1_000_000).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
     let site = serve(Router::new().route("/page", axum::routing::get(|| async { "paid for" }))).await;
     let input = json!({"url": format!("http://{site}/page")});
 
@@ -261,8 +262,9 @@ async fn a_paid_task_settles_on_chain_then_runs_to_completion(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_payment_is_used_once_whatever_the_kind_or_space(pool: PgPool) {
+    let chain = ChainLock::shared().await;
     let shop = Shop::new(&pool).await;
-    let payer = Payer::new(1_000_000).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
     let input = json!({"url": "http://127.0.0.1:1/"});
     let signature = payer.sign(&shop.challenge("fetch").await).await;
     let first = shop.create("fetch", &input, Some(&signature)).await;
@@ -291,8 +293,9 @@ async fn a_payment_is_used_once_whatever_the_kind_or_space(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn refused_payments_charge_nothing_and_create_no_task(pool: PgPool) {
+    let chain = ChainLock::shared().await;
     let shop = Shop::new(&pool).await;
-    let payer = Payer::new(1_000_000).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
     let input = json!({"url": "http://127.0.0.1:1/"});
     let challenge = shop.challenge("fetch").await;
     let signature = payer.sign(&challenge).await;
@@ -310,7 +313,7 @@ async fn refused_payments_charge_nothing_and_create_no_task(pool: PgPool) {
     assert!(reply.headers.contains_key("payment-required"));
 
     // A payer with no tokens: the facilitator refuses it.
-    let broke = Payer::new(0).await;
+    let broke = Payer::new(&chain, 0).await;
     let reply = shop.create("fetch", &input, Some(&broke.sign(&challenge).await)).await;
     assert_eq!(reply.status, StatusCode::PAYMENT_REQUIRED, "{}", reply.body);
     assert!(["payment_invalid", "payment_failed"].contains(&reply.code()), "{}", reply.body);
@@ -337,9 +340,10 @@ async fn refused_payments_charge_nothing_and_create_no_task(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_expired_authorization_is_refused_without_a_task(pool: PgPool) {
+    let chain = ChainLock::shared().await;
     // A one-second window: the SDK signs validBefore = now + 1.
     let shop = Shop::with(&pool, &facilitator_url(), 1).await;
-    let payer = Payer::new(1_000_000).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
     let signature = payer.sign(&shop.challenge("fetch").await).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let reply = shop.create("fetch", &json!({"url": "http://127.0.0.1:1/"}), Some(&signature)).await;
@@ -381,9 +385,10 @@ async fn lossy_facilitator() -> SocketAddr {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_settle_with_an_unknown_outcome_resolves_on_retry_to_exactly_one_task(pool: PgPool) {
+    let chain = ChainLock::shared().await;
     let lossy = lossy_facilitator().await;
     let shop = Shop::with(&pool, &format!("http://{lossy}"), 300).await;
-    let payer = Payer::new(1_000_000).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
     let input = json!({"url": "http://127.0.0.1:1/"});
     let signature = payer.sign(&shop.challenge("fetch").await).await;
 
@@ -410,8 +415,9 @@ async fn a_settle_with_an_unknown_outcome_resolves_on_retry_to_exactly_one_task(
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_payment_identifier_makes_a_paid_retry_answer_the_same_task(pool: PgPool) {
+    let chain = ChainLock::shared().await;
     let shop = Shop::new(&pool).await;
-    let payer = Payer::new(1_000_000).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
     let input = json!({"url": "http://127.0.0.1:1/"});
     let challenge = shop.challenge("fetch").await;
     let with_id = |signature: &str| {
@@ -439,8 +445,9 @@ async fn the_payment_identifier_makes_a_paid_retry_answer_the_same_task(pool: Pg
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_paid_task_that_fails_leaves_a_credit_that_pays_the_next_one(pool: PgPool) {
+    let chain = ChainLock::shared().await;
     let shop = Shop::new(&pool).await;
-    let payer = Payer::new(1_000_000).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
     // Nothing listens on port 1: every attempt fails, retryably.
     let input = json!({"url": "http://127.0.0.1:1/"});
     let signature = payer.sign(&shop.challenge("fetch").await).await;
@@ -546,4 +553,26 @@ fn usd_prices_convert_exactly_rounding_down_and_zero_is_an_error() {
             (got, want) => panic!("{usd} at {decimals} decimals: got {got:?}, want {want:?}"),
         }
     }
+}
+
+#[tokio::test]
+async fn a_test_that_pauses_the_chain_holds_it_alone_and_mining_resumes_even_if_it_panics() {
+    let paused = tokio::spawn(async {
+        let chain = ChainLock::exclusive().await;
+        chain.pause().await;
+        assert_eq!(rpc("anvil_getIntervalMining", json!([])).await, json!(0));
+        let before = rpc("eth_blockNumber", json!([])).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(rpc("eth_blockNumber", json!([])).await, before, "no block while paused");
+        chain.mine().await;
+        assert_ne!(rpc("eth_blockNumber", json!([])).await, before, "evm_mine mines one");
+        panic!("the test fails while the chain is paused");
+    })
+    .await;
+    assert!(paused.unwrap_err().is_panic());
+    assert_eq!(rpc("anvil_getIntervalMining", json!([])).await, json!(1), "the guard restored mining");
+    // And a paying test may hold it again at once.
+    let chain = ChainLock::shared().await;
+    let payer = Payer::new(&chain, 5).await;
+    assert_eq!(balance(&payer.address).await, 5);
 }

@@ -56,28 +56,156 @@ pub async fn balance(address: &str) -> u128 {
     u128::from_str_radix(result.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
 }
 
-/// anvil picks the nonce of an `eth_sendTransaction` from the minter's
-/// pending count, so two tests minting at once can be given the same nonce
-/// and the second is refused as an underpriced replacement. One send at a
-/// time (the lock is released before mining, so mints still share blocks).
-static MINTER_NONCE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+// ------------------------------------------------------------------ locks
+//
+// One anvil serves every test process on the machine (several engineers',
+// and each test binary's). Two locks keep them from breaking each other, both
+// `flock`s on files in the temp directory keyed by the chain's address, so
+// they hold across processes as well as between the tests of one process
+// (each acquisition opens the file anew, and flock locks of two open files
+// conflict even within one process).
 
-pub async fn mint(address: &str, amount: u128) {
+/// A shared hold on the chain: every test that pays or mints keeps one for
+/// its whole run, so a test that pauses mining never stalls it midway.
+/// Minting and paying take a `&ChainLock`, so a test cannot forget it.
+pub struct ChainLock {
+    _file: std::fs::File,
+}
+
+/// The chain's lock files: one per role, per chain.
+fn lock_path(role: &str) -> PathBuf {
+    let chain: String = rpc_url().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    std::env::temp_dir().join(format!("reeve-chain-{chain}.{role}.lock"))
+}
+
+/// Opens the lock file `role` and waits (on a blocking thread) for a
+/// shared or an exclusive `flock` on it, released when the file is dropped.
+async fn flock(role: &'static str, exclusive: bool) -> std::fs::File {
+    let path = lock_path(role);
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .or_else(|_| std::fs::File::open(&path))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let locked = if exclusive { file.lock() } else { file.lock_shared() };
+        locked.unwrap_or_else(|e| panic!("flock {}: {e}", path.display()));
+        file
+    })
+    .await
+    .unwrap()
+}
+
+/// A writer-first turnstile: a test waiting for the exclusive lock holds it,
+/// so new shared holders queue behind that test instead of starving it
+/// (Linux grants shared flocks while an exclusive one waits).
+async fn through_turnstile(exclusive: bool) -> std::fs::File {
+    let turnstile = flock("turnstile", true).await;
+    let file = flock("chain", exclusive).await;
+    drop(turnstile);
+    file
+}
+
+/// The chain's mining interval when nobody pauses it (scripts/payments.sh
+/// starts anvil with `--block-time 1`).
+const BLOCK_SECONDS: u64 = 1;
+
+impl ChainLock {
+    /// Holds the chain shared, for a test that pays or mints.
+    pub async fn shared() -> ChainLock {
+        let lock = ChainLock { _file: through_turnstile(false).await };
+        // Nobody holds it exclusive now, so the chain must be mining; an
+        // exclusive holder killed before its guard ran would leave it paused.
+        if rpc("anvil_getIntervalMining", json!([])).await != json!(BLOCK_SECONDS) {
+            rpc("evm_setIntervalMining", json!([BLOCK_SECONDS])).await;
+        }
+        lock
+    }
+
+    /// Holds the chain exclusive, for a test that pauses mining: it waits
+    /// until no other test on the machine pays or mints. Never call it while
+    /// this test already holds the lock shared: it would wait for itself.
+    pub async fn exclusive() -> ExclusiveChain {
+        ExclusiveChain { lock: ChainLock { _file: through_turnstile(true).await } }
+    }
+}
+
+/// The chain held exclusive. [`ExclusiveChain::pause`] stops mining; the
+/// guard restores interval mining when dropped, also when the test panics,
+/// and only then releases the lock.
+pub struct ExclusiveChain {
+    lock: ChainLock,
+}
+
+impl ExclusiveChain {
+    /// Stops mining: transactions wait in the pool until [`Self::mine`].
+    pub async fn pause(&self) {
+        rpc("evm_setIntervalMining", json!([0])).await;
+        rpc("evm_setAutomine", json!([false])).await;
+    }
+
+    /// Mines one block with whatever the pool holds.
+    pub async fn mine(&self) {
+        rpc("evm_mine", json!([])).await;
+    }
+
+    /// Mining again, a block a second.
+    pub async fn resume(&self) {
+        rpc("evm_setIntervalMining", json!([BLOCK_SECONDS])).await;
+    }
+}
+
+impl std::ops::Deref for ExclusiveChain {
+    type Target = ChainLock;
+    fn deref(&self) -> &ChainLock {
+        &self.lock
+    }
+}
+
+impl Drop for ExclusiveChain {
+    fn drop(&mut self) {
+        // Drop cannot await, and a runtime cannot block inside itself: the
+        // restoring call runs on a thread of its own with its own runtime.
+        let restored = std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(rpc("evm_setIntervalMining", json!([BLOCK_SECONDS])))
+        })
+        .join();
+        if restored.is_err() && !std::thread::panicking() {
+            panic!("could not restore the chain's interval mining");
+        }
+    }
+}
+
+/// anvil picks the nonce of an `eth_sendTransaction` from the minter's
+/// pending count, so two mints at once (from any test process) can be given
+/// the same nonce and the second is refused as an underpriced replacement.
+/// One send at a time, machine-wide; the lock is released before mining, so
+/// mints still share blocks.
+pub async fn mint(_chain: &ChainLock, address: &str, amount: u128) {
     let data = format!("0x40c10f19{}{:064x}", word(address), amount);
     let hash = {
-        let _one_at_a_time = MINTER_NONCE.lock().await;
+        let _one_at_a_time = flock("mint", true).await;
         rpc("eth_sendTransaction", json!([{"from": MINTER, "to": TOKEN, "data": data}])).await
     };
-    // The chain mines a block a second.
+    wait_mined(&hash).await;
+}
+
+/// Waits for `hash`'s receipt and asserts it succeeded (the chain mines a
+/// block a second unless a test holds it paused).
+pub async fn wait_mined(hash: &Value) -> Value {
     for _ in 0..100 {
         let receipt = rpc("eth_getTransactionReceipt", json!([hash])).await;
         if !receipt.is_null() {
-            assert_eq!(receipt["status"], "0x1", "mint failed: {receipt}");
-            return;
+            assert_eq!(receipt["status"], "0x1", "transaction failed: {receipt}");
+            return receipt;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("mint {hash} was not mined in 10 s");
+    panic!("{hash} was not mined in 10 s");
 }
 
 /// A fresh address that nobody else pays into.
@@ -86,13 +214,14 @@ pub fn fresh_address() -> String {
 }
 
 /// A fresh key, funded with `funds` tokens; it signs with the x402 SDK.
+/// Funding it mints, so it takes the test's hold on the chain.
 pub struct Payer {
     pub key: String,
     pub address: String,
 }
 
 impl Payer {
-    pub async fn new(funds: u128) -> Payer {
+    pub async fn new(chain: &ChainLock, funds: u128) -> Payer {
         let out = std::process::Command::new(python())
             .args(["-c", "from eth_account import Account; a = Account.create(); print(a.key.hex(), a.address)"])
             .output()
@@ -103,7 +232,7 @@ impl Payer {
         let key = if key.starts_with("0x") { key.to_owned() } else { format!("0x{key}") };
         let payer = Payer { key, address: address.to_owned() };
         if funds > 0 {
-            mint(&payer.address, funds).await;
+            mint(chain, &payer.address, funds).await;
         }
         payer
     }
