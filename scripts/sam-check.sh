@@ -2,13 +2,18 @@
 # The SAM checks (issue 6, docs/operations.md#local-stack-and-toolchain), run by scripts/test.sh after the
 # cargo tests:
 #
-#   validate  sam validate --lint (offline: cfn-lint and the SAM translator)
+#   validate  sam validate --lint (offline: cfn-lint on the SAM template)
+#   lint      AWS's deploy-time rules: the template translated to plain
+#             CloudFormation offline (scripts/lib/sam_translate.py, the SAM
+#             CLI's own translator) and linted there by cfn-lint, which only
+#             then applies rules such as E3505 (an SQS event source's queue
+#             must outlast its function); once per variant (LINT_VARIANTS)
 #   build     sam build: every function with cargo lambda + zig, release;
 #             prints the size of every bootstrap
 #   invoke    sam local invoke of every function with its events/ file
 #             against the local stack, checking each answer (INVOKES below)
 #
-#   scripts/sam-check.sh [validate|build|invoke ...]    (default: all three)
+#   scripts/sam-check.sh [validate|lint|build|invoke ...]    (default: all four)
 #
 # `invoke` needs Docker: Debian's docker.io and a dockerd started here
 # (scripts/lib/docker.sh), and the stand-in base image
@@ -48,10 +53,40 @@ INVOKES=(
   "SweeperFunction     sweeper-dead-letter ok"
 )
 
+# The template as linted: its defaults, and each variant's parameters set
+# (NAME PARAMETER=VALUE ...), so conditions are linted both ways.
+LINT_VARIANTS=(
+  "default"
+)
+
 sam_cli() { SAM_CLI_TELEMETRY=0 sam "$@"; }
 
 phase_validate() {
   sam_cli validate --lint
+}
+
+# cfn-lint runs on the translated template, where it sees what CloudFormation
+# will: `sam validate --lint` checks SAM resources only against their schemas
+# (cfn-lint dropped its SAM transform in 1.54). W1020 (a Sub with nothing to
+# substitute) is the translator's own writing: it resolves LayerName itself.
+phase_lint() {
+  mkdir -p "$WORK_DIR"
+  local failed=0 line name params out dir
+  dir=$(mktemp -d "$WORK_DIR/lint.XXXXXX")
+  for line in "${LINT_VARIANTS[@]}"; do
+    read -r name params <<<"$line"
+    out="$dir/translated-$name.json"
+    # shellcheck disable=SC2086 # params is a list of NAME=VALUE words
+    "$VENV_DIR/bin/python" "$ROOT/scripts/lib/sam_translate.py" template.yaml "$out" $params || return
+    if "$VENV_DIR/bin/cfn-lint" --non-zero-exit-code error --ignore-checks W1020 -- "$out"; then
+      log "ok   cfn-lint on the translated template ($name)"
+    else
+      log "FAIL cfn-lint on the translated template ($name): $out"
+      failed=1
+    fi
+  done
+  ((failed == 0)) || die "the translated template breaks AWS's deploy-time rules (translations kept in $dir)"
+  rm -rf "$dir"
 }
 
 phase_build() {
@@ -186,12 +221,12 @@ phase_invoke() {
 main() {
   load_dev_env
   local phases=("$@")
-  ((${#phases[@]})) || phases=(validate build invoke)
+  ((${#phases[@]})) || phases=(validate lint build invoke)
   local p
   for p in "${phases[@]}"; do
     case $p in
-      validate | build | invoke) timed "sam-$p" "phase_$p" ;;
-      *) die "unknown phase $p (validate, build, invoke)" ;;
+      validate | lint | build | invoke) timed "sam-$p" "phase_$p" ;;
+      *) die "unknown phase $p (validate, lint, build, invoke)" ;;
     esac
   done
 }

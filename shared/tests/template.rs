@@ -1,5 +1,6 @@
-//! `template.yaml` against the code it deploys, without a YAML parser: the
-//! template is read as text, by its (consistent, two-space) indentation.
+//! `template.yaml` against the code it deploys. Most checks read the
+//! template as text, by its (consistent, two-space) indentation; the rules
+//! that span resources (`rules`) read it as YAML (`model`).
 //!
 //! - every function in the template has a crate under `functions/` and an
 //!   event under `events/`, and vice versa, and `scripts/sam-check.sh`
@@ -15,6 +16,13 @@ use std::path::{Path, PathBuf};
 
 use reeve_shared::storage_policy::{self, PolicyParams, Rule};
 use serde_json::Value;
+
+/// The template parsed as YAML, for the rules that span resources.
+#[path = "template/model.rs"]
+mod model;
+/// AWS's deploy-time rules.
+#[path = "template/rules.rs"]
+mod rules;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

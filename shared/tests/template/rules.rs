@@ -1,0 +1,174 @@
+//! The rules AWS applies when the stack is deployed, not when it is linted:
+//! `sam validate --lint` passes templates that CloudFormation then refuses,
+//! and neither LocalStack nor moto refuses them either. Each rule here is one
+//! that spans resources, read from the template as data ([`Template`]).
+
+use serde_json::Value;
+
+use super::model::{SQS_DEFAULT_RETENTION, SQS_DEFAULT_VISIBILITY, Template, number, target};
+
+/// API Gateway ends an integration after 30 s, whatever the function's own
+/// timeout: a longer one keeps running (and billing) for a client that has
+/// been answered 503.
+const API_GATEWAY_TIMEOUT: u64 = 30;
+
+fn events(props: &serde_json::Map<String, Value>) -> Vec<(&str, &Value)> {
+    props
+        .get("Events")
+        .and_then(Value::as_object)
+        .map(|e| e.iter().map(|(n, v)| (n.as_str(), v)).collect())
+        .unwrap_or_default()
+}
+
+/// AWS refuses an SQS event source mapping whose queue's visibility timeout
+/// is shorter than the function's timeout (cfn-lint's E3505 on the
+/// translated template; scripts/sam-check.sh runs it too). The dead-letter
+/// queue, consumed by the sweeper, kept SQS's default of 30 s against the
+/// sweeper's 60.
+#[test]
+fn every_sqs_event_source_s_queue_outlasts_its_function() {
+    let t = Template::load();
+    let mut seen = 0;
+    for (name, props) in t.functions() {
+        let timeout = Template::function_timeout(&props);
+        for (event, e) in events(&props) {
+            if e["Type"] != "SQS" {
+                continue;
+            }
+            seen += 1;
+            let queue = target(&e["Properties"]["Queue"]).unwrap_or_else(|| panic!("{name}.{event}: Queue"));
+            let q = t.resource(queue);
+            assert_eq!(q["Type"], "AWS::SQS::Queue", "{name}.{event} reads {queue}");
+            let visibility = q["Properties"].get("VisibilityTimeout").map_or(SQS_DEFAULT_VISIBILITY, |v| {
+                number(v).unwrap_or_else(|| panic!("{queue}: a literal VisibilityTimeout"))
+            });
+            assert!(
+                visibility >= timeout,
+                "{queue}'s VisibilityTimeout ({visibility} s) is less than {name}'s Timeout ({timeout} s): \
+                 AWS refuses the event source mapping {name}.{event}"
+            );
+        }
+    }
+    assert!(seen >= 2, "the worker and the sweeper's dead letters are SQS event sources");
+}
+
+#[test]
+fn every_http_function_fits_api_gateway_s_30_seconds() {
+    let t = Template::load();
+    let mut seen = 0;
+    for (name, props) in t.functions() {
+        if !events(&props).iter().any(|(_, e)| e["Type"] == "HttpApi" || e["Type"] == "Api") {
+            continue;
+        }
+        seen += 1;
+        let timeout = Template::function_timeout(&props);
+        assert!(
+            timeout <= API_GATEWAY_TIMEOUT,
+            "{name} has Timeout {timeout} s, but API Gateway answers its clients 503 after {API_GATEWAY_TIMEOUT} s"
+        );
+    }
+    assert!(seen >= 5, "auth, catalog, presign, task-create and task-status serve the HTTP API");
+}
+
+/// A message keeps its first enqueue time when SQS dead-letters it, so a
+/// dead-letter queue that keeps messages no longer than its source deletes
+/// them as they arrive.
+#[test]
+fn every_dead_letter_queue_keeps_messages_longer_than_its_source() {
+    let t = Template::load();
+    let retention =
+        |q: &Value| q["Properties"].get("MessageRetentionPeriod").map_or(SQS_DEFAULT_RETENTION, |v| number(v).unwrap());
+    let mut seen = 0;
+    for (name, q) in t.of_type("AWS::SQS::Queue") {
+        let Some(redrive) = q["Properties"].get("RedrivePolicy") else { continue };
+        seen += 1;
+        let dlq = target(&redrive["deadLetterTargetArn"]).unwrap_or_else(|| panic!("{name}: deadLetterTargetArn"));
+        let (source, kept) = (retention(q), retention(t.resource(dlq)));
+        assert!(kept > source, "{dlq} keeps messages {kept} s, no longer than its source {name} ({source} s)");
+    }
+    assert!(seen >= 1, "TaskQueue redrives to TaskDeadLetterQueue");
+}
+
+/// The principal that must be able to assume a role, by where it is named.
+fn principal_for(property: &str) -> &'static str {
+    match property {
+        "Role" => "lambda.amazonaws.com",
+        "RoleArn" => "scheduler.amazonaws.com",
+        "ExecutionRoleArn" | "TaskRoleArn" => "ecs-tasks.amazonaws.com",
+        other => panic!("{other} names no role"),
+    }
+}
+
+/// Does this template role's trust policy let `service` assume it?
+fn trusts(role: &Value, service: &str) -> bool {
+    role["Properties"]["AssumeRolePolicyDocument"]["Statement"].as_array().is_some_and(|statements| {
+        statements.iter().any(|s| {
+            let principals = &s["Principal"]["Service"];
+            let named = principals == service || principals.as_array().is_some_and(|l| l.iter().any(|p| p == service));
+            s["Effect"] == "Allow" && named && (s["Action"] == "sts:AssumeRole")
+        })
+    })
+}
+
+/// A role given by the template must be one its user can assume; a function
+/// or schedule that names none gets SAM's own, made for it: the function's
+/// trusting `lambda.amazonaws.com`, the schedule's `scheduler.amazonaws.com`.
+/// An ARN from elsewhere (a parameter) is refused here: its trust cannot be
+/// checked before the deploy fails on it.
+#[test]
+fn every_function_a_queue_or_schedule_invokes_has_a_role_it_can_assume() {
+    let t = Template::load();
+    let check = |owner: &str, property: &str, value: &Value| {
+        let role = target(value).unwrap_or_else(|| panic!("{owner}.{property} is not a role of this template"));
+        let r = t.resource(role);
+        assert_eq!(r["Type"], "AWS::IAM::Role", "{owner}.{property} names {role}");
+        let service = principal_for(property);
+        assert!(trusts(r, service), "{owner}.{property}: {service} may not assume {role}");
+    };
+    let mut invoked = 0;
+    for (name, props) in t.functions() {
+        let triggers: Vec<(&str, &Value)> = events(&props)
+            .into_iter()
+            .filter(|(_, e)| ["SQS", "Schedule", "ScheduleV2", "S3"].contains(&e["Type"].as_str().unwrap_or("")))
+            .collect();
+        if triggers.is_empty() {
+            continue;
+        }
+        invoked += 1;
+        match props.get("Role") {
+            Some(role) => check(name, "Role", role),
+            // SAM's role for the function carries these statements.
+            None => assert!(props.contains_key("Policies"), "{name}: SAM makes its role from Policies"),
+        }
+        for (event, e) in triggers {
+            if let Some(role) = e["Properties"].get("RoleArn") {
+                check(&format!("{name}.{event}"), "RoleArn", role);
+            }
+        }
+    }
+    assert!(invoked >= 3, "the worker, the sweeper and the upload guard are invoked by AWS, not by a client");
+    // The relay's roles, which ECS assumes.
+    for (name, task) in t.of_type("AWS::ECS::TaskDefinition") {
+        for property in ["ExecutionRoleArn", "TaskRoleArn"] {
+            if let Some(role) = task["Properties"].get(property) {
+                check(name, property, role);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_model_reads_what_the_template_says() {
+    // The rules above only mean something if the model reads the template
+    // right: spot-check it against values the text states plainly.
+    let t = Template::load();
+    let functions = t.functions();
+    assert_eq!(Template::function_timeout(&functions["SweeperFunction"]), 60);
+    assert_eq!(Template::function_timeout(&functions["AuthFunction"]), 15, "Globals' Timeout");
+    assert_eq!(functions["WorkerFunction"]["Runtime"], "provided.al2023", "Globals reach every function");
+    let sweeper_dlq = &functions["SweeperFunction"]["Events"]["DeadLetters"]["Properties"]["Queue"];
+    assert_eq!(target(sweeper_dlq), Some("TaskDeadLetterQueue"));
+    let resolved = t.resolve(&[("ApiLoginRateLimitPerIp", "100")]);
+    assert!(resolved["Resources"].get("ApiWebAcl").is_some(), "a condition taken the other way");
+    assert!(t.resolve(&[])["Resources"].get("ApiWebAcl").is_none(), "ApiHasWaf is false by default");
+}
