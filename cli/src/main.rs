@@ -13,8 +13,8 @@ use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::db::Connect;
 use reeve_shared::http::app;
-use reeve_shared::http::events::{self, RelayContext};
 use reeve_shared::http::limit::{self, LoginLimits};
+use reeve_shared::http::stream::{self, RelayContext};
 use reeve_shared::settings::{DEFAULT_CATALOG, Needs, QUEUE_URL};
 use reeve_shared::worker::Poller;
 use reeve_shared::{startup, telemetry};
@@ -250,7 +250,7 @@ async fn serve(
     // The relay's routes have no fallback of their own, so they merge into
     // the API's: one listener for everything, as a local stand-in for the
     // API Gateway plus the Fargate service.
-    let routes = events::routes(relay).merge(app(ctx));
+    let routes = stream::routes(relay).merge(app(ctx));
     // Per-client login limits (the envelope outside gives a 429 its request id).
     let routes = routes
         .layer(axum::middleware::from_fn_with_state(Arc::new(LoginLimits::default()), limit::limit))
@@ -295,7 +295,7 @@ async fn relay(bind: SocketAddr, metrics_bind: Option<SocketAddr>) -> anyhow::Re
     let ctx = RelayContext::from_env()?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, "relay serving");
-    let routes = reeve_shared::http::with_cors(events::router(ctx), &reeve_shared::http::CorsOrigins::from_env()?);
+    let routes = reeve_shared::http::with_cors(stream::router(ctx), &reeve_shared::http::CorsOrigins::from_env()?);
     let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
     axum::serve(listener, routes).with_graceful_shutdown(shutdown_signal()).await?;
     Ok(())

@@ -11,7 +11,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use common::{new_session, post_json, send};
-use reeve_shared::http::events::{self, RelayContext};
+use reeve_shared::http::stream::{self, RelayContext};
 use reeve_shared::http::{CorsOrigins, app, with_cors};
 use reeve_shared::relay::Hub;
 use reeve_shared::settings::Env;
@@ -29,7 +29,7 @@ async fn serve_app(pool: PgPool, origins: &str) -> Router {
         hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
         keepalive: Duration::from_secs(15),
     });
-    with_cors(events::routes(relay).merge(app(ctx)), &CorsOrigins::parse(origins).unwrap())
+    with_cors(stream::routes(relay).merge(app(ctx)), &CorsOrigins::parse(origins).unwrap())
 }
 
 fn preflight(uri: &str, origin: &str, method: &str, headers: &str) -> Request<Body> {

@@ -18,9 +18,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use reeve_shared::auth::{self, SpaceIndex};
-use reeve_shared::http::events::router;
+use reeve_shared::http::stream::RelayContext;
+use reeve_shared::http::stream::router;
 use reeve_shared::ids::Id;
-use reeve_shared::relay::{self, Hub, RelayContext};
+use reeve_shared::relay::{self, Hub};
 use reeve_shared::tasks::{EventType, append_event};
 use serde_json::json;
 use sqlx::PgPool;

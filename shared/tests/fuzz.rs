@@ -21,7 +21,7 @@ use proptest::test_runner::TestRunner;
 use reeve_shared::auth::{self, Secret, SpaceIndex};
 use reeve_shared::catalog::Catalog;
 use reeve_shared::http::app;
-use reeve_shared::http::events::{RelayContext, router as relay_router};
+use reeve_shared::http::stream::{RelayContext, router as relay_router};
 use reeve_shared::relay::Hub;
 use reeve_shared::tasks::{EventType, QueueMessage, append_event};
 use serde_json::{Value, json};

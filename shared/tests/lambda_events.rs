@@ -21,7 +21,7 @@ use tower::ServiceExt;
 /// The crates under `functions/` that run `lambda_http`, with the router their
 /// `main.rs` runs; [`app_of`] builds the same.
 const HTTP_FUNCTIONS: &[(&str, &str)] = &[
-    ("auth", "http::spaces::router()"),
+    ("auth", "http::login::router()"),
     ("catalog", "http::catalog::router()"),
     ("presign", "http::uploads::router()"),
     ("task-create", "http::tasks::create_router()"),
@@ -31,7 +31,7 @@ const HTTP_FUNCTIONS: &[(&str, &str)] = &[
 /// The app each HTTP function runs (as in its `main.rs`).
 fn app_of(function: &str, ctx: Ctx) -> Option<Router> {
     let router = match function {
-        "auth" => http::spaces::router(),
+        "auth" => http::login::router(),
         "catalog" => http::catalog::router(),
         "presign" => http::uploads::router(),
         "task-create" => http::tasks::create_router(),

@@ -14,7 +14,7 @@ use common::{TestQueue, test_settings};
 use futures_util::StreamExt;
 use reeve_shared::aws::AwsClients;
 use reeve_shared::executors::{ExecDeps, Job};
-use reeve_shared::http::events::{RelayContext, router as relay_router};
+use reeve_shared::http::stream::{RelayContext, router as relay_router};
 use reeve_shared::ids::Id;
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;

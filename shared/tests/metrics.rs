@@ -23,7 +23,7 @@ use common::{TestQueue, new_session, post_json, send};
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::ExecDeps;
-use reeve_shared::http::events::{self, RelayContext};
+use reeve_shared::http::stream::{self, RelayContext};
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;
@@ -79,7 +79,7 @@ async fn api(pool: &PgPool) -> (Router, String, TestQueue) {
         hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
         keepalive: Duration::from_secs(15),
     });
-    let app = events::routes(relay).merge(app(ctx));
+    let app = stream::routes(relay).merge(app(ctx));
     let (_, token) = new_session(&app).await;
     (app, token, queue)
 }

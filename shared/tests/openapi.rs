@@ -14,7 +14,7 @@ use axum::http::{Method, Request, StatusCode};
 use common::{Reply, TestQueue, get, get_authed, new_session, post_json, send};
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
-use reeve_shared::http::events::{self, RelayContext};
+use reeve_shared::http::stream::{self, RelayContext};
 use reeve_shared::http::{self, ACCESS_TOKEN, ApiContext, BEARER, Ctx, STREAM_PATH, app, finish, openapi};
 use reeve_shared::ids::Id;
 use reeve_shared::redis_client::RedisClient;
@@ -77,7 +77,7 @@ fn doc() -> Value {
 
 /// The relay's context on the given database, with the same token key as
 /// [`common::test_settings`], so one session works on both.
-fn relay_ctx(pool: PgPool) -> http::events::RelayCtx {
+fn relay_ctx(pool: PgPool) -> http::stream::RelayCtx {
     std::sync::Arc::new(RelayContext {
         db: pool,
         token_key: common::test_settings(&common::redis_url()).token_key,
@@ -88,7 +88,7 @@ fn relay_ctx(pool: PgPool) -> http::events::RelayCtx {
 
 /// What `reeve serve` listens with: the relay's routes and every API route.
 fn serve_app(ctx: Ctx, pool: PgPool) -> Router {
-    events::routes(relay_ctx(pool)).merge(app(ctx))
+    stream::routes(relay_ctx(pool)).merge(app(ctx))
 }
 
 fn routes_of(doc: &Value) -> BTreeSet<Route> {
@@ -205,7 +205,7 @@ fn function_routers() -> Vec<FunctionRouter> {
     let creates = expected(&[("POST", "/v1/tasks/digest"), ("POST", "/v1/tasks/fetch"), ("POST", "/v1/tasks/http")]);
     let mut all = vec![];
     let (own, global) = same(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions")]);
-    all.push(("auth", http::spaces::router(), own, global));
+    all.push(("auth", http::login::router(), own, global));
     let (own, global) = same(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")]);
     all.push(("catalog", http::catalog::router(), own, global));
     let (own, global) = same(&[("POST", "/v1/uploads")]);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reeve_shared::auth::{self, SpaceIndex};
-use reeve_shared::http::events::{RelayContext, routes};
+use reeve_shared::http::stream::{RelayContext, routes};
 use reeve_shared::ids::Id;
 use reeve_shared::relay::Hub;
 use reeve_shared::tasks::{EventType, append_event};

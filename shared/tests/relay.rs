@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use reeve_shared::auth::{self, SpaceIndex};
-use reeve_shared::http::events::router;
+use reeve_shared::http::stream::RelayContext;
+use reeve_shared::http::stream::router;
 use reeve_shared::ids::Id;
-use reeve_shared::relay::{self, Hub, RelayContext};
+use reeve_shared::relay::{self, Hub};
 use reeve_shared::tasks::{EventType, append_event};
 use serde_json::{Value, json};
 use sqlx::PgPool;

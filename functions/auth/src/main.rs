@@ -9,5 +9,5 @@ use reeve_shared::{http, startup, telemetry};
 async fn main() -> Result<(), Error> {
     telemetry::init();
     let ctx = startup::lambda_api(Needs::AUTH).await;
-    lambda_http::run(http::finish(http::spaces::router(), ctx)).await
+    lambda_http::run(http::finish(http::login::router(), ctx)).await
 }

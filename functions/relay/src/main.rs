@@ -1,6 +1,6 @@
 //! The relay service (docs/architecture.md#task-events-and-the-sse-relay): one long-lived process per Fargate task,
 //! one Redis Pub/Sub connection shared by all its SSE clients.
-//! Glue only: the routes are `reeve_shared::http::events`'s; the context and
+//! Glue only: the routes are `reeve_shared::http::stream`'s; the context and
 //! both listen addresses come from the one start-up path, which reports
 //! every problem of them at once and exits 1.
 //!
@@ -8,7 +8,7 @@
 //! (`REEVE_METRICS_BIND`), never on the relay's port: the load balancer
 //! forwards every path of that port to the internet.
 
-use reeve_shared::http::events::{RelayContext, router};
+use reeve_shared::http::stream::{RelayContext, router};
 use reeve_shared::http::{CorsOrigins, with_cors};
 use reeve_shared::{metrics, startup, telemetry};
 

@@ -18,15 +18,14 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use time::OffsetDateTime;
 
+use super::error::{self, ApiError, ApiResult, db_error};
 use super::extract::{bearer_token, invalid_token};
 use crate::auth;
-use crate::error::{self, ApiError, ApiResult, db_error};
 use crate::ids::Id;
 use crate::relay::{Delivery, TaskPosition, stream};
 use crate::tasks::{Event, TaskStatus};
 
-pub use crate::relay::context::DEFAULT_KEEPALIVE;
-pub use crate::relay::{RelayContext, RelayCtx};
+pub use super::relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
 
 /// How long a client should wait before reconnecting (the SSE `retry:` hint).
 pub const RETRY_HINT: Duration = Duration::from_secs(2);

@@ -2,13 +2,12 @@
 //! out in-process to every client, each of which gets a gap-free,
 //! duplicate-free stream of domain events replayed from Postgres
 //! ([`stream`]). Postgres is the truth; Redis is only the doorbell. The HTTP
-//! layer (`http::events`) turns the events into SSE frames.
+//! layer (`http::stream`) turns the events into SSE frames, so this module
+//! knows nothing of HTTP: the relay service is that route running over it.
 
-pub mod context;
 pub mod hub;
 pub mod stream;
 
-pub use context::{RelayContext, RelayCtx};
 pub use hub::{Hub, Signal, Subscription};
 pub use stream::{Delivery, TaskPosition};
 

@@ -31,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use crate::error::ApiError;
+use super::error::ApiError;
 
 /// Per client: a burst of 5 new spaces, then one a second.
 pub const SPACES_PER_SECOND: u32 = 1;

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use super::Hub;
 use crate::auth::Secret;
 use crate::db;
+use crate::relay::Hub;
 use crate::settings::{DATABASE_URL, Env, KEEPALIVE, REDIS_URL, StartupError, TOKEN_KEY};
 
 /// The `:` comment interval when `REEVE_KEEPALIVE_SECONDS` is unset.

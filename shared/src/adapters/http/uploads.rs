@@ -25,8 +25,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::Ctx;
+use super::error::{self, ApiError, ApiResult, ErrorEnvelope};
 use super::extract::{JsonBody, Session};
-use crate::error::{self, ApiError, ApiResult, ErrorEnvelope};
 use crate::ids::Id;
 use crate::uploads::{self, CreateError, UploadRequest};
 

@@ -46,13 +46,15 @@ macro_rules! doc_503_db {
 pub mod catalog;
 mod context;
 pub mod cors;
-pub mod events;
+pub mod error;
 pub mod extract;
 pub mod health;
 pub mod limit;
+pub mod login;
 mod openapi;
-pub mod space;
-pub mod spaces;
+mod relay_context;
+pub mod space_view;
+pub mod stream;
 pub mod tasks;
 pub mod uploads;
 
@@ -62,12 +64,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 pub use context::{ApiContext, Ctx};
 pub use cors::{CorsOrigins, with_cors};
-// Where they used to live; they belong to `db` and `startup` now.
-pub use crate::db::Connect;
-pub use crate::startup::StartupError;
 pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, openapi};
-
-use crate::error;
 
 /// Requests carry small JSON documents; files go straight to S3.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -90,7 +87,7 @@ fn routes() -> OpenApiRouter<Ctx> {
     OpenApiRouter::default()
         .merge(health::router())
         .merge(catalog::router())
-        .merge(spaces::router())
+        .merge(login::router())
         .merge(uploads::router())
         .merge(tasks::create_router())
         .merge(tasks::status_router())

@@ -37,8 +37,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::Ctx;
+use super::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use super::extract::{JsonBody, Session};
-use crate::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use crate::ids::Id;
 use crate::payments::{self, PaymentRequired};
 use crate::tasks::events::publish_all_once;
@@ -69,7 +69,7 @@ pub fn status_router() -> OpenApiRouter<Ctx> {
         .routes(routes!(task_status))
         .routes(routes!(list_tasks))
         .routes(routes!(cancel_task))
-        .merge(super::space::router())
+        .merge(super::space_view::router())
 }
 
 /// A task's input.

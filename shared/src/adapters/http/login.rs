@@ -10,8 +10,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::Ctx;
+use super::error::{ApiError, ApiResult, ErrorEnvelope};
 use super::extract::JsonBody;
-use crate::error::{ApiError, ApiResult, ErrorEnvelope};
 use crate::spaces::{self, SpaceError};
 
 pub fn router() -> OpenApiRouter<Ctx> {
@@ -110,7 +110,7 @@ async fn open_session(
 
 fn internal(e: SpaceError) -> ApiError {
     match e {
-        SpaceError::Db(db) => crate::error::db_error(db),
+        SpaceError::Db(db) => super::error::db_error(db),
         other => ApiError::internal(other),
     }
 }

@@ -11,7 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::Ctx;
-use crate::error::{ApiError, ApiResult, ErrorEnvelope};
+use super::error::{ApiError, ApiResult, ErrorEnvelope};
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 

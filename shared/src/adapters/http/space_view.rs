@@ -9,8 +9,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::Ctx;
+use super::error::{ApiResult, ErrorEnvelope, db_error};
 use super::extract::Session;
-use crate::error::{ApiResult, ErrorEnvelope, db_error};
 use crate::payments::ledger::{self, Credit, PaymentRecord};
 
 /// How many payments and credits the answer lists, newest first.

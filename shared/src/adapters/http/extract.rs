@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
 use super::Ctx;
+use super::error::ApiError;
 use crate::auth::{self, SpaceIndex};
-use crate::error::ApiError;
 
 /// A JSON body: `415 unsupported_media_type` unless the request says JSON,
 /// `413 body_too_large` past the body limit, `400 invalid_json` with serde's

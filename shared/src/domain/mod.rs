@@ -1,0 +1,16 @@
+//! The domain floor: what Reeve is about, whoever asks. Spaces and their
+//! sessions, the catalog, uploads, tasks and their events, payments and
+//! credits, the executors that do the work, and the relay's fan-out of a
+//! task's events. Nothing here knows how a request arrived (HTTP, SQS, S3,
+//! a schedule): that is the adapters' job. It uses the infrastructure floor
+//! (Postgres, Redis, S3, the outbound client, metrics) and nothing above.
+
+pub mod auth;
+pub mod catalog;
+pub mod executors;
+pub mod ids;
+pub mod payments;
+pub mod relay;
+pub mod spaces;
+pub mod tasks;
+pub mod uploads;

@@ -1,0 +1,11 @@
+//! The infrastructure floor: the stores and services the domain runs on,
+//! each behind one small module. It knows no domain type.
+
+pub mod aws;
+pub mod db;
+pub mod metrics;
+pub mod outbound;
+pub mod redis_client;
+pub mod settings;
+pub mod storage_policy;
+pub mod telemetry;
