@@ -7,7 +7,11 @@
 #             CloudFormation offline (scripts/lib/sam_translate.py, the SAM
 #             CLI's own translator) and linted there by cfn-lint, which only
 #             then applies rules such as E3505 (an SQS event source's queue
-#             must outlast its function); once per variant (LINT_VARIANTS)
+#             must outlast its function); then checkov on the SAM template,
+#             which must find no failed check (each exception is skipped in
+#             its resource's Metadata, with the reason); once per variant
+#             (LINT_VARIANTS). checkov lives in a virtualenv of its own
+#             (scripts/requirements-checkov.txt), installed here when missing.
 #   build     sam build: every function with cargo lambda + zig, release;
 #             prints the size of every bootstrap
 #   invoke    sam local invoke of every function with its events/ file
@@ -59,7 +63,24 @@ LINT_VARIANTS=(
   "default"
 )
 
+CHECKOV_REQS="$ROOT/scripts/requirements-checkov.txt"
+CHECKOV_VENV="$STACK_DIR/venvs/checkov"
+
 sam_cli() { SAM_CLI_TELEMETRY=0 sam "$@"; }
+
+# checkov's pinned virtualenv, made again when its requirements change.
+ensure_checkov() {
+  local stamp="$CHECKOV_VENV/.reeve-requirements.sha256" want
+  want=$(cat "$CHECKOV_REQS" <(python3 -c 'import sys; print(sys.version)'; echo "$CHECKOV_VENV") | sha256sum | cut -d' ' -f1)
+  [[ -x $CHECKOV_VENV/bin/checkov && -f $stamp && $(cat "$stamp") == "$want" ]] && return 0
+  log "installing checkov into $CHECKOV_VENV (scripts/requirements-checkov.txt)"
+  rm -rf "$CHECKOV_VENV"
+  mkdir -p "$(dirname "$CHECKOV_VENV")"
+  python3 -m venv "$CHECKOV_VENV" &&
+    "$CHECKOV_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-input -r "$CHECKOV_REQS" >&2 ||
+    { log "installing checkov failed"; return 1; }
+  echo "$want" >"$stamp"
+}
 
 phase_validate() {
   sam_cli validate --lint
@@ -69,23 +90,35 @@ phase_validate() {
 # will: `sam validate --lint` checks SAM resources only against their schemas
 # (cfn-lint dropped its SAM transform in 1.54). W1020 (a Sub with nothing to
 # substitute) is the translator's own writing: it resolves LayerName itself.
+#
+# checkov reads the SAM template itself (it knows SAM's resources), with the
+# variant's parameters as defaults, which is how it takes conditions.
 phase_lint() {
   mkdir -p "$WORK_DIR"
+  ensure_checkov || return
   local failed=0 line name params out dir
   dir=$(mktemp -d "$WORK_DIR/lint.XXXXXX")
   for line in "${LINT_VARIANTS[@]}"; do
     read -r name params <<<"$line"
     out="$dir/translated-$name.json"
     # shellcheck disable=SC2086 # params is a list of NAME=VALUE words
-    "$VENV_DIR/bin/python" "$ROOT/scripts/lib/sam_translate.py" template.yaml "$out" $params || return
+    "$VENV_DIR/bin/python" "$ROOT/scripts/lib/sam_translate.py" template.yaml "$out" --defaults-to "$dir/template-$name.json" $params || return
     if "$VENV_DIR/bin/cfn-lint" --non-zero-exit-code error --ignore-checks W1020 -- "$out"; then
       log "ok   cfn-lint on the translated template ($name)"
     else
       log "FAIL cfn-lint on the translated template ($name): $out"
       failed=1
     fi
+    if "$CHECKOV_VENV/bin/checkov" --quiet --compact --skip-download --framework cloudformation \
+          -f "$dir/template-$name.json" >"$dir/checkov-$name.txt" 2>&1; then
+      log "ok   checkov ($name): $(grep -o 'Passed checks: .*' "$dir/checkov-$name.txt")"
+    else
+      log "FAIL checkov ($name): fix each failed check, or skip it in its resource's Metadata with the reason:"
+      cat "$dir/checkov-$name.txt" >&2
+      failed=1
+    fi
   done
-  ((failed == 0)) || die "the translated template breaks AWS's deploy-time rules (translations kept in $dir)"
+  ((failed == 0)) || die "the template breaks AWS's deploy-time rules or a checkov check (files kept in $dir)"
   rm -rf "$dir"
 }
 

@@ -1,6 +1,6 @@
 """template.yaml as plain CloudFormation, translated offline.
 
-    python sam_translate.py TEMPLATE OUT.json [Name=Default ...]
+    python sam_translate.py TEMPLATE OUT.json [--defaults-to SAM.json] [Name=Default ...]
 
 What `sam deploy` has CloudFormation do with the SAM transform, done here
 with aws-sam-translator (the library the SAM CLI itself uses) and no AWS
@@ -18,7 +18,9 @@ was dropped:
   `sam package` would upload them.
 
 Each `Name=Default` argument replaces that parameter's Default, so a variant
-(e.g. the function VPC) is linted with its conditions taken the other way.
+(e.g. the function VPC) is linted with its conditions taken the other way;
+`--defaults-to` also writes that SAM template (as JSON, before translation)
+for checkov, which takes conditions by the parameters' defaults.
 """
 
 import json
@@ -41,7 +43,7 @@ LOCAL_PATHS = {
 }
 
 
-def main(src: str, dst: str, overrides: list[str]) -> None:
+def main(src: str, dst: str, variant_to: str | None, overrides: list[str]) -> None:
     with open(src) as f:
         template = yaml_parse(f.read())
     for override in overrides:
@@ -50,6 +52,9 @@ def main(src: str, dst: str, overrides: list[str]) -> None:
         if parameter is None:
             sys.exit(f"sam_translate: no parameter {name}")
         parameter["Default"] = value
+    if variant_to:
+        with open(variant_to, "w") as f:
+            json.dump(template, f, indent=1)
     globals_function = template.get("Globals", {}).get("Function", {})
     if isinstance(globals_function.get("CodeUri"), str):
         globals_function["CodeUri"] = PLACEHOLDER
@@ -71,6 +76,11 @@ def main(src: str, dst: str, overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
+    args = sys.argv[1:]
+    if len(args) < 2:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    variant = None
+    if len(args) >= 4 and args[2] == "--defaults-to":
+        variant = args[3]
+        del args[2:4]
+    main(args[0], args[1], variant, args[2:])

@@ -172,3 +172,56 @@ fn the_model_reads_what_the_template_says() {
     assert!(resolved["Resources"].get("ApiWebAcl").is_some(), "a condition taken the other way");
     assert!(t.resolve(&[])["Resources"].get("ApiWebAcl").is_none(), "ApiHasWaf is false by default");
 }
+
+/// An SQS event source may run `MaximumConcurrency` batches at once; with
+/// less reserved concurrency than that, Lambda throttles the rest, and the
+/// throttled batches return to the queue and count as receives toward the
+/// dead-letter queue.
+#[test]
+fn every_sqs_event_source_fits_its_function_s_reserved_concurrency() {
+    let t = Template::load();
+    let mut seen = 0;
+    for (name, props) in t.functions() {
+        for (event, e) in events(&props) {
+            let Some(max) = e["Properties"]["ScalingConfig"].get("MaximumConcurrency") else { continue };
+            seen += 1;
+            let max = number(max).unwrap();
+            let reserved = props.get("ReservedConcurrentExecutions").and_then(number);
+            let reserved = reserved.unwrap_or_else(|| panic!("{name}: a literal ReservedConcurrentExecutions"));
+            assert!(reserved >= max, "{name} reserves {reserved}, but {name}.{event} may run {max} batches at once");
+        }
+    }
+    assert!(seen >= 2, "the worker's queue and the sweeper's dead letters both cap their concurrency");
+}
+
+/// Each function reserves concurrency (checkov's CKV_AWS_115), and every
+/// reservation comes out of one account quota of which AWS keeps 100
+/// unreserved: `ApiFunctionConcurrency`'s description, and the operations
+/// guide, say how large the quota must be, so they must add up.
+#[test]
+fn the_reserved_concurrency_the_docs_state_is_what_the_stack_reserves() {
+    let t = Template::load();
+    let (mut per_route, mut fixed) = (0, 0);
+    for (name, props) in t.functions() {
+        let reserved = props.get("ReservedConcurrentExecutions").unwrap_or_else(|| panic!("{name} reserves nothing"));
+        match number(reserved) {
+            Some(n) => fixed += n,
+            None => {
+                assert_eq!(target(reserved), Some("ApiFunctionConcurrency"), "{name}");
+                per_route += 1;
+            }
+        }
+    }
+    let description = t.doc["Parameters"]["ApiFunctionConcurrency"]["Description"].as_str().unwrap();
+    let operations = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations.md")).unwrap();
+    let docs = [
+        ("ApiFunctionConcurrency's description", description, "this"),
+        ("docs/operations.md", &operations, "`ApiFunctionConcurrency`"),
+    ];
+    for (doc, text, name) in docs {
+        let reserves = format!("{per_route} x {name} + {fixed}");
+        let quota = format!("{per_route} x {name} + {}", fixed + 100);
+        let text = text.replace('\n', " ").replace("  ", " ");
+        assert!(text.contains(&reserves) && text.contains(&quota), "{doc} must say `{reserves}` and `{quota}`");
+    }
+}
