@@ -61,6 +61,7 @@ INVOKES=(
 # (NAME PARAMETER=VALUE ...), so conditions are linted both ways.
 LINT_VARIANTS=(
   "default"
+  "vpc FunctionSubnetIds=subnet-0aaaaaaaaaaaaaaaa,subnet-0bbbbbbbbbbbbbbbb FunctionSecurityGroupIds=sg-0aaaaaaaaaaaaaaaa"
 )
 
 CHECKOV_REQS="$ROOT/scripts/requirements-checkov.txt"

@@ -172,7 +172,9 @@ fn sam_check_invokes_every_function_with_every_event() {
     let table: Vec<(String, String, String)> = script
         .lines()
         .map(str::trim)
-        .filter(|l| l.starts_with('"') && l.contains("Function"))
+        .skip_while(|l| *l != "INVOKES=(")
+        .take_while(|l| *l != ")")
+        .filter(|l| l.starts_with('"'))
         .map(|l| {
             let fields: Vec<&str> = l.trim_matches('"').split_whitespace().collect();
             assert_eq!(fields.len(), 3, "bad INVOKES line {l}");

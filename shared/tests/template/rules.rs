@@ -225,3 +225,48 @@ fn the_reserved_concurrency_the_docs_state_is_what_the_stack_reserves() {
         assert!(text.contains(&reserves) && text.contains(&quota), "{doc} must say `{reserves}` and `{quota}`");
     }
 }
+
+/// The VPC variant: with `FunctionSubnetIds` and `FunctionSecurityGroupIds`
+/// set, every function that reaches Postgres (and so Redis: none uses
+/// Redis alone) runs in those subnets with those groups; by default none is
+/// in a VPC. The catalog, which reaches neither, stays out either way: it
+/// would pay for a NAT route it never uses.
+#[test]
+fn the_functions_that_reach_postgres_or_redis_join_the_vpc_when_it_is_given() {
+    let t = Template::load();
+    let reaches_the_stores = |props: &serde_json::Map<String, Value>| {
+        props["Environment"]["Variables"].get("REEVE_DATABASE_URL_SECRET_ARN").is_some()
+    };
+    let functions = t.functions();
+    let outside: Vec<&str> = functions.iter().filter(|(_, p)| !reaches_the_stores(p)).map(|(n, _)| *n).collect();
+    assert_eq!(outside, ["CatalogFunction"], "only the catalog reaches neither Postgres nor Redis");
+
+    let vpc = t.resolve(&[
+        ("FunctionSubnetIds", "subnet-0aaaaaaaaaaaaaaaa,subnet-0bbbbbbbbbbbbbbbb"),
+        ("FunctionSecurityGroupIds", "sg-0aaaaaaaaaaaaaaaa"),
+    ]);
+    let public = t.resolve(&[]);
+    let expected = serde_json::json!({
+        "SubnetIds": { "Ref": "FunctionSubnetIds" },
+        "SecurityGroupIds": { "Ref": "FunctionSecurityGroupIds" },
+    });
+    for (name, props) in &functions {
+        let in_vpc = vpc["Resources"][*name]["Properties"].get("VpcConfig");
+        let by_default = public["Resources"][*name]["Properties"].get("VpcConfig");
+        assert_eq!(by_default, None, "{name} is in a VPC although FunctionSubnetIds is empty");
+        if reaches_the_stores(props) {
+            assert_eq!(in_vpc, Some(&expected), "{name} reaches Postgres and Redis but is not in the VPC");
+        } else {
+            assert_eq!(in_vpc, None, "{name} needs no VPC");
+        }
+    }
+    // Both parameters or neither: Lambda refuses a VpcConfig with one.
+    let rules = t.doc["Rules"].as_object().unwrap();
+    for (subject, needs) in
+        [("FunctionSubnetIds", "FunctionSecurityGroupIds"), ("FunctionSecurityGroupIds", "FunctionSubnetIds")]
+    {
+        let rule = rules.values().find(|r| r["RuleCondition"]["Fn::Not"][0]["Fn::Contains"][0]["Ref"] == subject);
+        let rule = rule.unwrap_or_else(|| panic!("no rule for {subject} set alone"));
+        assert_eq!(rule["Assertions"][0]["Assert"]["Fn::Not"][0]["Fn::Contains"][0]["Ref"], needs);
+    }
+}
