@@ -125,6 +125,7 @@ async fn fetch_cannot_reach_an_operator_allowed_host_directly_or_by_redirect(poo
         outbound: Outbound::with_resolver(policy(vec![format!("public.example:{public}")]), resolver).unwrap(),
         operators: Outbound::with_resolver(policy(vec!["executor.internal".into()]), resolver).unwrap(),
         fetch_max_bytes: 1024 * 1024,
+        output_retention_days: None,
     };
 
     assert_blocked(run(&deps, &spec("fetch"), json!({ "url": format!("{private}/count") })).await, "direct fetch");

@@ -50,6 +50,9 @@ fn policy() -> OutboundPolicy {
     }
 }
 
+/// As the template's default `OutputRetentionDays`.
+const OUTPUT_RETENTION_DAYS: u32 = 30;
+
 async fn deps(pool: PgPool) -> ExecDeps {
     ExecDeps {
         db: pool,
@@ -58,6 +61,7 @@ async fn deps(pool: PgPool) -> ExecDeps {
         outbound: Outbound::new(policy()).expect("the test policy is valid"),
         operators: Outbound::new(policy()).expect("the test policy is valid"),
         fetch_max_bytes: FETCH_MAX,
+        output_retention_days: Some(OUTPUT_RETENTION_DAYS),
     }
 }
 
@@ -451,7 +455,15 @@ async fn fetch_stores_the_body_with_a_working_download_link(pool: PgPool) {
     assert_eq!(result["sha256"], json!(sha256_hex(&bytes)));
     assert_eq!(result["content_type"], "image/png");
     let fields: Vec<&str> = result.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(fields, ["content_type", "key", "sha256", "size", "url", "url_expires_at"]);
+    assert_eq!(fields, ["content_type", "key", "object_expires_at", "sha256", "size", "url", "url_expires_at"]);
+    // The bucket keeps outputs OUTPUT_RETENTION_DAYS: S3 expires them at the
+    // midnight (UTC) after that, and the result says when.
+    let object_expires_at = OffsetDateTime::parse(result["object_expires_at"].as_str().unwrap(), &Rfc3339).unwrap();
+    let kept = object_expires_at - before;
+    let days = i64::from(OUTPUT_RETENTION_DAYS);
+    assert!(kept > time::Duration::days(days) && kept <= time::Duration::days(days + 1), "{object_expires_at}");
+    assert_eq!(object_expires_at.time(), time::Time::MIDNIGHT);
+    assert_eq!(object_expires_at.offset(), time::UtcOffset::UTC);
     assert_progress_runs_0_to_1(&reports);
     assert!(progress(&reports).len() >= 3, "start, downloaded, stored: {reports:?}");
     assert!(!logs(&reports).is_empty());

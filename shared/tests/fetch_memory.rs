@@ -86,6 +86,7 @@ async fn deps(pool: PgPool, max_bytes: u64) -> ExecDeps {
         outbound: Outbound::new(policy.clone()).unwrap(),
         operators: Outbound::new(policy).unwrap(),
         fetch_max_bytes: max_bytes,
+        output_retention_days: None,
     }
 }
 

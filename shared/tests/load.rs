@@ -104,6 +104,7 @@ async fn two_hundred_clients_create_and_watch_and_nothing_is_lost(pool: PgPool) 
         concurrency: 16,
         max_receives: 5,
         fetch_max_bytes: 1024,
+        output_retention_days: None,
     };
     let exec = ExecDeps {
         db: pool.clone(),
@@ -112,6 +113,7 @@ async fn two_hundred_clients_create_and_watch_and_nothing_is_lost(pool: PgPool) 
         outbound: Outbound::new(OutboundPolicy::default()).unwrap(),
         operators: Outbound::new(OutboundPolicy::default()).unwrap(),
         fetch_max_bytes: 1024,
+        output_retention_days: None,
     };
     let mut worker =
         WorkerContext::new(catalog(), pool.clone(), RedisClient::new(&redis_url).unwrap(), exec, worker_settings);

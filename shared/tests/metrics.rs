@@ -47,6 +47,7 @@ fn worker(pool: &PgPool, s3: aws_sdk_s3::Client) -> WorkerContext {
         concurrency: 2,
         max_receives: 5,
         fetch_max_bytes: 1024 * 1024,
+        output_retention_days: None,
     };
     let exec = ExecDeps {
         db: pool.clone(),
@@ -55,6 +56,7 @@ fn worker(pool: &PgPool, s3: aws_sdk_s3::Client) -> WorkerContext {
         outbound: Outbound::new(OutboundPolicy::default()).unwrap(),
         operators: Outbound::new(OutboundPolicy::default()).unwrap(),
         fetch_max_bytes: settings.fetch_max_bytes,
+        output_retention_days: settings.output_retention_days,
     };
     WorkerContext::new(catalog(), pool.clone(), RedisClient::new(&common::redis_url()).unwrap(), exec, settings)
 }

@@ -179,6 +179,7 @@ fn worker(pool: &PgPool, catalog: Catalog, s3: aws_sdk_s3::Client) -> WorkerCont
         concurrency: 1,
         max_receives: 5,
         fetch_max_bytes: 1024 * 1024,
+        output_retention_days: None,
     };
     let policy = OutboundPolicy { allow_http: true, allow: vec!["127.0.0.1".into()], ..OutboundPolicy::default() };
     let exec = ExecDeps {
@@ -188,6 +189,7 @@ fn worker(pool: &PgPool, catalog: Catalog, s3: aws_sdk_s3::Client) -> WorkerCont
         outbound: Outbound::new(policy.clone()).unwrap(),
         operators: Outbound::new(policy).unwrap(),
         fetch_max_bytes: settings.fetch_max_bytes,
+        output_retention_days: settings.output_retention_days,
     };
     WorkerContext::new(catalog, pool.clone(), RedisClient::new(&common::redis_url()).unwrap(), exec, settings)
 }

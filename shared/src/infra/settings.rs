@@ -26,6 +26,9 @@ pub const KEEPALIVE: &str = "REEVE_KEEPALIVE_SECONDS";
 pub const WORKER_CONCURRENCY: &str = "REEVE_WORKER_CONCURRENCY";
 pub const MAX_RECEIVES: &str = "REEVE_MAX_RECEIVES";
 pub const FETCH_MAX_BYTES: &str = "REEVE_FETCH_MAX_BYTES";
+/// Days the bucket keeps `outputs/` (the template's `OutputRetentionDays`,
+/// its lifecycle rule), so a result can say until when its object lives.
+pub const OUTPUT_RETENTION_DAYS: &str = "REEVE_OUTPUT_RETENTION_DAYS";
 /// Where the relay listens (default `0.0.0.0:8080`).
 pub const RELAY_BIND: &str = "REEVE_RELAY_BIND";
 /// Where the relay serves Prometheus `/metrics`: a port of its own, because
@@ -243,6 +246,9 @@ pub struct WorkerSettings {
     pub max_receives: u32,
     /// `REEVE_FETCH_MAX_BYTES` (default 100 MiB): the `fetch` executor's cap.
     pub fetch_max_bytes: u64,
+    /// `REEVE_OUTPUT_RETENTION_DAYS`: how long the bucket keeps `outputs/`;
+    /// unset, no expiry is known (a local bucket without the rule).
+    pub output_retention_days: Option<u32>,
 }
 
 impl WorkerSettings {
@@ -258,11 +264,23 @@ impl WorkerSettings {
         let concurrency = env.number(WORKER_CONCURRENCY, Self::DEFAULT_CONCURRENCY as u64, 1, 256) as usize;
         let max_receives = env.number(MAX_RECEIVES, Self::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32;
         let fetch_max_bytes = env.number(FETCH_MAX_BYTES, Self::DEFAULT_FETCH_MAX_BYTES, 1, 5 * 1024 * 1024 * 1024);
+        // S3's lifecycle rules count whole days; the template allows 1 to 3650.
+        let output_retention_days =
+            env.optional(OUTPUT_RETENTION_DAYS).map(|_| env.number(OUTPUT_RETENTION_DAYS, 0, 1, 3650) as u32);
         let problems = std::mem::take(&mut env.problems);
         let Some(database_url) = database_url.filter(|_| problems.is_empty()) else {
             return Err(SettingsError { problems });
         };
-        Ok(WorkerSettings { database_url, redis_url, bucket, queue_url, concurrency, max_receives, fetch_max_bytes })
+        Ok(WorkerSettings {
+            database_url,
+            redis_url,
+            bucket,
+            queue_url,
+            concurrency,
+            max_receives,
+            fetch_max_bytes,
+            output_retention_days,
+        })
     }
 }
 

@@ -293,6 +293,7 @@ pub async fn worker_with<F: Fn(&str) -> Option<String>>(
         outbound,
         operators,
         fetch_max_bytes: settings.fetch_max_bytes,
+        output_retention_days: settings.output_retention_days,
     };
     Ok(WorkerContext::new(catalog, db, redis, exec, settings))
 }

@@ -45,6 +45,7 @@ pub fn worker_settings(redis_url: &str) -> WorkerSettings {
         concurrency: 4,
         max_receives: 5,
         fetch_max_bytes: 1024 * 1024,
+        output_retention_days: None,
     }
 }
 
@@ -65,6 +66,7 @@ pub fn worker_context(
         outbound: outbound(),
         operators: outbound(),
         fetch_max_bytes: settings.fetch_max_bytes,
+        output_retention_days: settings.output_retention_days,
     };
     let redis = RedisClient::new(&settings.redis_url).unwrap();
     WorkerContext::new(catalog, pool.clone(), redis, exec, settings)

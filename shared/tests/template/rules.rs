@@ -1,7 +1,8 @@
-//! The rules AWS applies when the stack is deployed, not when it is linted:
-//! `sam validate --lint` passes templates that CloudFormation then refuses,
-//! and neither LocalStack nor moto refuses them either. Each rule here is one
-//! that spans resources, read from the template as data ([`Template`]).
+//! Rules that span resources, read from the template as data ([`Template`]).
+//! Most are ones AWS applies when the stack is deployed, not when it is
+//! linted: `sam validate --lint` passes templates that CloudFormation then
+//! refuses, and neither LocalStack nor moto refuses them either. The rest
+//! keep the stack fit to run: nothing stored for ever, a VPC when asked.
 
 use serde_json::Value;
 
@@ -269,4 +270,69 @@ fn the_functions_that_reach_postgres_or_redis_join_the_vpc_when_it_is_given() {
         let rule = rule.unwrap_or_else(|| panic!("no rule for {subject} set alone"));
         assert_eq!(rule["Assertions"][0]["Assert"]["Fn::Not"][0]["Fn::Contains"][0]["Ref"], needs);
     }
+}
+
+/// The S3 key prefixes a function may write (`s3:PutObject`), from its
+/// policy's resources: `${UploadPrefix}*` as the parameter, else the text.
+fn written_prefixes(props: &serde_json::Map<String, Value>) -> Vec<Value> {
+    let mut out = Vec::new();
+    for policy in props.get("Policies").and_then(Value::as_array).into_iter().flatten() {
+        for statement in policy["Statement"].as_array().into_iter().flatten() {
+            let actions = &statement["Action"];
+            let puts =
+                actions == "s3:PutObject" || actions.as_array().is_some_and(|a| a.iter().any(|x| x == "s3:PutObject"));
+            if !puts {
+                continue;
+            }
+            let resource = statement["Resource"]["Fn::Sub"].as_str().expect("a bucket ARN with !Sub");
+            let (_, key) = resource.split_once("}/").expect("arn:…:s3:::bucket/key");
+            let key = key.trim_end_matches('*');
+            out.push(match key.strip_prefix("${").and_then(|k| k.strip_suffix('}')) {
+                Some(parameter) => serde_json::json!({ "Ref": parameter }),
+                None => Value::String(key.to_owned()),
+            });
+        }
+    }
+    out
+}
+
+/// Nothing Reeve writes is billed for ever: every prefix a function may put
+/// objects under has a lifecycle rule that expires them (uploads a day,
+/// outputs `OutputRetentionDays`, which the worker is told so its results
+/// can say when), and parts of multipart uploads nobody finished are
+/// dropped anywhere in the bucket, which the worker may also do itself.
+#[test]
+fn everything_stored_expires() {
+    let t = Template::load();
+    let rules = t.resource("UploadBucket")["Properties"]["LifecycleConfiguration"]["Rules"].as_array().unwrap();
+    let expiring: Vec<&Value> = rules
+        .iter()
+        .filter(|r| r["Status"] == "Enabled" && r.get("ExpirationInDays").is_some())
+        .map(|r| &r["Prefix"])
+        .collect();
+    let functions = t.functions();
+    let mut written = 0;
+    for (name, props) in &functions {
+        for prefix in written_prefixes(props) {
+            written += 1;
+            assert!(expiring.contains(&&prefix), "{name} writes under {prefix}, which no lifecycle rule expires");
+        }
+    }
+    assert!(written >= 2, "presign signs uploads and the worker stores outputs");
+
+    let outputs = rules.iter().find(|r| r["Prefix"] == "outputs/").expect("a rule for outputs/");
+    assert_eq!(outputs["ExpirationInDays"]["Ref"], "OutputRetentionDays");
+    let worker = &functions["WorkerFunction"];
+    assert_eq!(worker["Environment"]["Variables"]["REEVE_OUTPUT_RETENTION_DAYS"]["Ref"], "OutputRetentionDays");
+    assert_eq!(t.doc["Parameters"]["OutputRetentionDays"]["Default"], 30);
+
+    let abort = rules.iter().find(|r| r.get("AbortIncompleteMultipartUpload").is_some()).expect("an abort rule");
+    assert!(abort.get("Prefix").is_none() && abort.get("Filter").is_none(), "the abort rule covers the whole bucket");
+    assert_eq!(abort["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"], 1);
+    let aborts =
+        worker["Policies"].as_array().unwrap().iter().flat_map(|p| p["Statement"].as_array().unwrap()).any(|s| {
+            s["Action"].as_array().is_some_and(|a| a.iter().any(|x| x == "s3:AbortMultipartUpload"))
+                && s["Resource"]["Fn::Sub"].as_str().is_some_and(|r| r.ends_with("/outputs/*"))
+        });
+    assert!(aborts, "the worker may abort its own multipart uploads under outputs/");
 }

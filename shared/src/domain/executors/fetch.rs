@@ -6,7 +6,9 @@
 //! this executor streams what comes back to [`output_key`] with the remote's
 //! content type (a multipart upload of [`PART_SIZE`] parts, so memory stays
 //! at about one part per fetch), and answers with its size, SHA-256 and a
-//! presigned GET.
+//! presigned GET, and until when both live: the link `url_expires_at`, the
+//! object `object_expires_at` (the bucket's lifecycle rule for `outputs/`;
+//! null when the deployment does not say it has one).
 //! A rerun (a redelivered message) overwrites the same key.
 
 use std::time::{Duration, SystemTime};
@@ -87,6 +89,11 @@ impl TaskExecutor for Fetch {
         let expires_at = OffsetDateTime::from(start + URL_EXPIRY)
             .format(&Rfc3339)
             .map_err(|e| ExecError::retryable("formatting the expiry", e))?;
+        let object_expires_at = deps
+            .output_retention_days
+            .map(|days| object_expiry(OffsetDateTime::from(start), days).format(&Rfc3339))
+            .transpose()
+            .map_err(|e| ExecError::retryable("formatting the expiry", e))?;
 
         job.progress(1.0, json!({ "stage": "stored", "bytes": size })).await;
         job.log(format!("stored as {key}")).await;
@@ -97,8 +104,19 @@ impl TaskExecutor for Fetch {
             "content_type": content_type,
             "url": presigned.uri(),
             "url_expires_at": expires_at,
+            "object_expires_at": object_expires_at,
         }))
     }
+}
+
+/// When a lifecycle rule keeping objects `days` days expires one stored at
+/// `stored`: S3 adds the days to the object's creation time and rounds up to
+/// the next midnight UTC. (It deletes the object some time after; it stops
+/// billing for it then, and the object may be gone from then on.)
+pub fn object_expiry(stored: OffsetDateTime, days: u32) -> OffsetDateTime {
+    let due = stored.to_offset(time::UtcOffset::UTC) + time::Duration::days(days.into());
+    let midnight = due.replace_time(time::Time::MIDNIGHT);
+    if midnight == due { due } else { midnight + time::Duration::DAY }
 }
 
 /// What was stored.
@@ -276,5 +294,14 @@ mod tests {
         assert_eq!(usable_content_type("text/plain\r\nx-evil: 1"), None);
         assert_eq!(usable_content_type("tëxt/plain"), None);
         assert_eq!(usable_content_type(&"a".repeat(300)), None);
+    }
+
+    #[test]
+    fn an_object_expires_at_the_midnight_after_its_days() {
+        use time::macros::datetime;
+        // S3's own example: created 2024-01-01 10:00 UTC, kept 30 days.
+        assert_eq!(object_expiry(datetime!(2024-01-01 10:00 UTC), 30), datetime!(2024-02-01 00:00 UTC));
+        assert_eq!(object_expiry(datetime!(2024-01-01 00:00 UTC), 1), datetime!(2024-01-02 00:00 UTC));
+        assert_eq!(object_expiry(datetime!(2024-01-01 23:59:59 +02:00), 1), datetime!(2024-01-03 00:00 UTC));
     }
 }

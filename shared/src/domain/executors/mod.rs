@@ -64,6 +64,9 @@ pub struct ExecDeps {
     pub operators: Outbound,
     /// Cap on what `fetch` downloads.
     pub fetch_max_bytes: u64,
+    /// How many days the bucket keeps what `fetch` stores (its lifecycle
+    /// rule for `outputs/`), if known.
+    pub output_retention_days: Option<u32>,
 }
 
 /// One task to run.
