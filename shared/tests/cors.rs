@@ -28,6 +28,7 @@ async fn serve_app(pool: PgPool, origins: &str) -> Router {
         token_key: common::test_settings(&common::redis_url()).token_key,
         hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
         keepalive: Duration::from_secs(15),
+        api_origin: None,
     });
     with_cors(stream::routes(relay).merge(app(ctx)), &CorsOrigins::parse(origins).unwrap())
 }

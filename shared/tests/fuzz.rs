@@ -201,7 +201,13 @@ async fn last_event_id_of_any_shape_is_a_clear_answer(pool: PgPool) {
         append_event(&mut conn, task, EventType::Status, &json!({ "status": status })).await.unwrap();
     }
     drop(conn);
-    let ctx = Arc::new(RelayContext { db: pool, token_key: key.clone(), hub, keepalive: Duration::from_secs(15) });
+    let ctx = Arc::new(RelayContext {
+        db: pool,
+        token_key: key.clone(),
+        hub,
+        keepalive: Duration::from_secs(15),
+        api_origin: None,
+    });
     let relay = relay_router(ctx);
     let (token, _) = auth::issue_token(&key, &SpaceIndex::from_array(space), OffsetDateTime::now_utc());
     let values = samples(

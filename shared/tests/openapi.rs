@@ -83,6 +83,7 @@ fn relay_ctx(pool: PgPool) -> http::stream::RelayCtx {
         token_key: common::test_settings(&common::redis_url()).token_key,
         hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
         keepalive: std::time::Duration::from_secs(15),
+        api_origin: None,
     })
 }
 

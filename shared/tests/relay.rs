@@ -98,6 +98,7 @@ async fn start_relay(pool: PgPool, redis_url: &str) -> Relay {
         token_key: token_key(),
         hub: hub.clone(),
         keepalive: Duration::from_secs(15),
+        api_origin: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

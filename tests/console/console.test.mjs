@@ -6,6 +6,8 @@
 // A person creates a Space, picks a file, watches the digest run to the end
 // and reads the SHA-256; a priced task shows its payment requirements; the
 // task list shows the task, and a queued task is canceled from the list.
+// A separate relay serves the page calling the API it was configured with,
+// whatever API a link names.
 // With REEVE_CONSOLE_SCREENSHOTS=1 it saves those states as docs/console-*.png.
 
 import { test, before, after } from "node:test";
@@ -13,6 +15,7 @@ import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync, openSync } from "node:fs";
+import { createServer as createHttpServer } from "node:http";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve, dirname } from "node:path";
@@ -20,7 +23,7 @@ import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
-const REEVE = process.env.REEVE_BIN || join(ROOT, "target/debug/reeve");
+const REEVE = process.env.REEVE_BIN || join(process.env.CARGO_TARGET_DIR || join(ROOT, "target"), "debug/reeve");
 const CHROMIUM = process.env.REEVE_CHROMIUM || "/usr/bin/chromium";
 const SHOTS = process.env.REEVE_CONSOLE_SCREENSHOTS === "1";
 const LOGS = join(ROOT, ".stack");
@@ -28,7 +31,7 @@ const LOGS = join(ROOT, ".stack");
 const FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
   "--disable-background-networking", "--disable-component-update", "--disable-sync"];
 
-let serve, worker, base, context, page, profile;
+let serve, worker, relay, base, relayBase, context, page, profile;
 const pageErrors = [];
 
 function freePort() {
@@ -37,19 +40,19 @@ function freePort() {
     s.on("error", fail);
   });
 }
-function run(name, args) {
+function run(name, args, env) {
   const log = openSync(join(LOGS, `console-${name}.log`), "w");
-  return spawn(REEVE, args, { cwd: ROOT, stdio: ["ignore", log, log], env: process.env });
+  return spawn(REEVE, args, { cwd: ROOT, stdio: ["ignore", log, log], env });
 }
 function stop(child) {
   if (!child || child.exitCode !== null) return Promise.resolve();
   return new Promise((ok) => { child.once("exit", ok); child.kill("SIGTERM"); });
 }
-async function healthy(url, within = 60_000) {
+async function healthy(url, child, within = 60_000) {
   const end = Date.now() + within;
   for (;;) {
     try { if ((await fetch(`${url}/healthz`)).ok) return; } catch (_) { /* not up yet */ }
-    if (Date.now() > end || serve.exitCode !== null) throw new Error(`reeve serve is not healthy; see ${LOGS}/console-serve.log`);
+    if (Date.now() > end || child.exitCode !== null) throw new Error(`${url} is not healthy; see ${LOGS}/console-*.log`);
     await new Promise((r) => setTimeout(r, 200));
   }
 }
@@ -59,15 +62,21 @@ async function shot(name) {
 const value = (selector) => page.locator(selector).getAttribute("value");
 
 before(async () => {
-  const port = await freePort();
+  const port = await freePort(), relayPort = await freePort();
   base = `http://127.0.0.1:${port}`;
+  relayBase = `http://127.0.0.1:${relayPort}`;
+  // The relay of its own below serves the page from another origin.
+  const env = { ...process.env, REEVE_CORS_ORIGINS: [process.env.REEVE_CORS_ORIGINS, relayBase].filter(Boolean).join(",") };
   // The worker is a process of its own, so the cancel test can stop it; an
   // all-in-one `reeve serve` is told to run none.
   const help = spawnSync(REEVE, ["serve", "--help"], { encoding: "utf8" }).stdout || "";
   const noWorker = help.includes("--no-worker") ? ["--no-worker"] : [];
-  serve = run("serve", ["serve", "--bind", `127.0.0.1:${port}`, ...noWorker]);
-  worker = run("work", ["work"]);
-  await healthy(base);
+  serve = run("serve", ["serve", "--bind", `127.0.0.1:${port}`, ...noWorker], env);
+  worker = run("work", ["work"], env);
+  // A relay alone, as in AWS: its page calls the API it is configured with.
+  relay = run("relay", ["relay", "--bind", `127.0.0.1:${relayPort}`], { ...env, REEVE_API_ORIGIN: base });
+  await healthy(base, serve);
+  await healthy(relayBase, relay);
   profile = mkdtempSync(join(tmpdir(), "reeve-console-"));
   context = await chromium.launchPersistentContext(profile, {
     executablePath: CHROMIUM, headless: true, args: FLAGS, viewport: { width: 1100, height: 900 },
@@ -80,8 +89,38 @@ after(async () => {
   assert.deepEqual(pageErrors, [], "the page threw no error");
   await context?.close();
   if (profile) rmSync(profile, { recursive: true, force: true });
-  await stop(worker);
-  await stop(serve);
+  await Promise.all([stop(worker), stop(serve), stop(relay)]);
+});
+
+test("the relay's page calls the API it was configured with, not one a link names", async () => {
+  // Another server, as an attacker's would be: it must hear nothing.
+  const heard = [];
+  const attacker = createHttpServer((req, res) => { heard.push(`${req.method} ${req.url}`); res.end(); });
+  await new Promise((ok) => attacker.listen(0, "127.0.0.1", ok));
+  const other = await context.newPage();
+  other.on("pageerror", (e) => pageErrors.push(e));
+  const calls = [];
+  other.on("request", (r) => { if (new URL(r.url()).pathname.startsWith("/v1/")) calls.push(new URL(r.url()).origin); });
+  try {
+    const reached = new Promise((ok) => attacker.once("request", ok));
+    await other.goto(`${relayBase}/#api=http://127.0.0.1:${attacker.address().port}`);
+    await Promise.race([other.waitForSelector("body[data-catalog=loaded]"), reached]);
+    assert.deepEqual(heard, [], "the page asked the server its link named nothing, not even the catalog");
+    // A Space created, closed, and opened again by typing its ID.
+    await other.click("#space-create");
+    await other.waitForSelector("body[data-space=open]");
+    const spaceId = await other.locator("#space-id-shown").textContent();
+    await other.click("#space-close");
+    await other.fill("#space-id", spaceId);
+    await other.click("#space-open button[type=submit]");
+    await other.waitForSelector("body[data-space=open]");
+    assert.deepEqual(heard, [], "the server the link named received nothing");
+    assert.ok(calls.length >= 4, calls.join(" "));
+    assert.deepEqual([...new Set(calls)], [base], "every API call went to the relay's configured API");
+  } finally {
+    await other.close();
+    attacker.close();
+  }
 });
 
 test("a digest task from the file picker to its SHA-256", async () => {

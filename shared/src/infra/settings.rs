@@ -78,6 +78,9 @@ impl Needs {
 
 /// Browser origins allowed to call the API and the relay (comma-separated).
 pub const CORS_ORIGINS: &str = "REEVE_CORS_ORIGINS";
+/// The API the relay's console page calls (`https://<api-host>`); unset, the
+/// page calls the relay's own origin, as under `reeve serve`.
+pub const API_ORIGIN: &str = "REEVE_API_ORIGIN";
 
 /// Where `reeve.toml` is read from when `REEVE_CATALOG` is not set.
 pub const DEFAULT_CATALOG: &str = "reeve.toml";
@@ -156,6 +159,30 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             self.problems.push(format!("{name} must be an address such as 0.0.0.0:8080, got {value:?}"));
             default
         })
+    }
+
+    /// A web origin such as `https://api.example.com`, written as browsers
+    /// write it (lowercase host, no default port), or `None` when unset. A
+    /// URL with nothing after its host but one `/` is taken by its origin,
+    /// so the template's `https://…/` API URL can be given as it is.
+    pub fn origin(&mut self, name: &str) -> Option<String> {
+        let value = self.optional(name)?;
+        let url = reqwest::Url::parse(value.trim()).ok().filter(|url| {
+            matches!(url.scheme(), "http" | "https")
+                && url.has_host()
+                && url.username().is_empty()
+                && url.password().is_none()
+                && url.path() == "/"
+                && url.query().is_none()
+                && url.fragment().is_none()
+        });
+        match url {
+            Some(url) => Some(url.origin().ascii_serialization()),
+            None => {
+                self.problems.push(format!("{name} must be an origin such as https://api.example.com, got {value:?}"));
+                None
+            }
+        }
     }
 
     /// A positive integer in `min..=max`, or `default` when unset.
@@ -411,5 +438,38 @@ mod tests {
         let mut e = env(&[(RELAY_BIND, "127.0.0.1:9000")]);
         assert_eq!(e.socket_addr(RELAY_BIND, default).port(), 9000);
         assert!(e.finish().is_ok());
+    }
+
+    #[test]
+    fn an_origin_is_taken_as_browsers_write_it_and_anything_more_is_a_problem() {
+        for (given, origin) in [
+            (
+                "https://abc123.execute-api.eu-west-1.amazonaws.com/",
+                "https://abc123.execute-api.eu-west-1.amazonaws.com",
+            ),
+            ("https://API.example.com:443", "https://api.example.com"),
+            ("http://127.0.0.1:8080", "http://127.0.0.1:8080"),
+        ] {
+            let vars = [(API_ORIGIN, given)];
+            let mut e = env(&vars);
+            assert_eq!(e.origin(API_ORIGIN).as_deref(), Some(origin), "{given}");
+            assert!(e.finish().is_ok(), "{given}");
+        }
+        let none: &[(&str, &str)] = &[];
+        assert_eq!(env(none).origin(API_ORIGIN), None);
+        for bad in [
+            "api.example.com",
+            "https://api.example.com/v1",
+            "https://api.example.com/?a=1",
+            "ftp://api.example.com",
+            "https://me@api.example.com",
+        ] {
+            let vars = [(API_ORIGIN, bad)];
+            let mut e = env(&vars);
+            assert_eq!(e.origin(API_ORIGIN), None, "{bad}");
+            let problems = e.take_problems();
+            assert_eq!(problems.len(), 1, "{bad}");
+            assert!(problems[0].starts_with("REEVE_API_ORIGIN must be an origin"), "{problems:?}");
+        }
     }
 }

@@ -44,6 +44,7 @@ macro_rules! doc_503_db {
 }
 
 pub mod catalog;
+pub mod console;
 mod context;
 pub mod cors;
 pub mod error;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::routing::get;
@@ -89,8 +89,9 @@ async fn healthz(State(ctx): State<RelayCtx>) -> ApiResult<&'static str> {
     Ok("ok")
 }
 
-async fn watch_page() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], include_str!("assets/watch.html"))
+/// The console page, calling the API the relay was configured with.
+async fn watch_page(State(ctx): State<RelayCtx>) -> axum::response::Response {
+    super::console::page(ctx.api_origin.as_deref())
 }
 
 #[derive(Deserialize)]
