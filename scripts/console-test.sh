@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The browser console in headless Chromium (tests/console/console.test.mjs):
-# a real page on a real `reeve serve` and `reeve work`, on a database and a
-# queue of this run's own. Needs the stack up, Debian's chromium and node.
+# a real page on a real `reeve serve`, `reeve relay` and `reeve work`, on a
+# database and a queue of this run's own, paying on the local chain through a
+# facilitator of its own. Needs the stack up (with scripts/payments.sh's
+# chain), Debian's chromium, node and the project venv (eth-account).
 #   scripts/console-test.sh
 # REEVE_CONSOLE_SCREENSHOTS=1 saves the main states as docs/console-*.png.
 set -euo pipefail
@@ -15,6 +17,7 @@ cd "$ROOT"
 command -v node >/dev/null || die "node is missing: apt-get install nodejs npm"
 [[ -x ${REEVE_CHROMIUM:-/usr/bin/chromium} ]] || die "chromium is missing: apt-get install chromium"
 load_dev_env
+bash scripts/payments.sh status >/dev/null || die "the local payment stack is down: scripts/payments.sh up"
 # The lockfile pins playwright-core; it drives Debian's Chromium and never
 # downloads a browser of its own.
 (cd tests/console && npm ci --no-audit --no-fund --loglevel=error)

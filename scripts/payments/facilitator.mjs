@@ -1,7 +1,11 @@
 // A thin x402 facilitator for the local chain: the official @x402/core
 // facilitator with @x402/evm's exact scheme, settling from anvil's account 0.
 //
-//   node facilitator.mjs <rpc url> <bind host> <port>
+//   node facilitator.mjs <rpc url> <bind host> <port> [account]
+//
+// A test that runs a facilitator of its own (to stop it) names another of
+// anvil's accounts to pay the gas from: two facilitators sending from one
+// account would pick the same transaction nonces.
 //
 // POST /verify and POST /settle take {x402Version, paymentPayload,
 // paymentRequirements}; GET /supported lists what it settles. Everything the
@@ -13,7 +17,7 @@ import { registerExactEvmScheme } from "@x402/evm/exact/facilitator";
 import { createWalletClient, defineChain, http, publicActions } from "viem";
 import { mnemonicToAccount } from "viem/accounts";
 
-const [rpc, host, port] = process.argv.slice(2);
+const [rpc, host, port, accountIndex = "0"] = process.argv.slice(2);
 const NETWORK = "eip155:84532";
 const chain = defineChain({
   id: 84532,
@@ -21,8 +25,9 @@ const chain = defineChain({
   nativeCurrency: { name: "Ether", symbol: "ETH", decimals: 18 },
   rpcUrls: { default: { http: [rpc] } },
 });
-// anvil's development mnemonic; account 0 pays the gas of every settlement.
-const account = mnemonicToAccount("test test test test test test test test test test test junk", { addressIndex: 0 });
+// anvil's development mnemonic; account 0 (unless told otherwise) pays the
+// gas of every settlement.
+const account = mnemonicToAccount("test test test test test test test test test test test junk", { addressIndex: Number(accountIndex) });
 const client = createWalletClient({ account, chain, transport: http(rpc) }).extend(publicActions);
 const signer = toFacilitatorEvmSigner({ ...client, address: account.address });
 
