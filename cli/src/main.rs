@@ -231,14 +231,11 @@ async fn serve(
         let worker = startup::worker(catalog, Connect::Now).await?;
         let queue_url = ctx.settings.queue_url.clone();
         let sqs = ctx.aws.sqs.clone();
-        let sweeping = reeve_shared::sweeper::beside_worker(
-            &worker,
-            sqs.clone(),
-            queue_url.clone(),
+        let sweeping = startup::sweeper_beside(&worker, sqs.clone(), queue_url.clone()).spawn_every(
             sweep.every(),
             sweep.older_than(),
             when(stopped.clone()),
-        )?;
+        );
         let mut poller = Poller::connect(Arc::new(worker), sqs, queue_url).await?;
         // Shutdown waits for a long poll in flight, so a local server polls
         // in short rounds to stop quickly on Ctrl-C.
@@ -315,14 +312,11 @@ async fn work(catalog: &Path, metrics_bind: Option<SocketAddr>, sweep: &sweep::W
     let sqs = AwsClients::from_env().await.sqs;
     let stopped = stop_on_signal();
     // The sweeps find the tasks whose message was lost.
-    let sweeping = reeve_shared::sweeper::beside_worker(
-        &ctx,
-        sqs.clone(),
-        queue_url.clone(),
+    let sweeping = startup::sweeper_beside(&ctx, sqs.clone(), queue_url.clone()).spawn_every(
         sweep.every(),
         sweep.older_than(),
         when(stopped.clone()),
-    )?;
+    );
     let poller = Poller::connect(Arc::new(ctx), sqs, queue_url).await?;
     poller.run(when(stopped)).await;
     let _ = sweeping.await;

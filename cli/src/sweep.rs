@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use clap::Args;
-use reeve_shared::sweeper::{self, Sweeper};
-use reeve_shared::telemetry;
+use reeve_shared::sweeper;
+use reeve_shared::{startup, telemetry};
 
 #[derive(Args)]
 pub struct SweepArgs {
@@ -20,7 +20,7 @@ pub struct SweepArgs {
 
 pub async fn run(args: SweepArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     telemetry::init();
-    let sweeper = Sweeper::from_env().await?;
+    let sweeper = startup::sweeper().await?;
     let older_than = args.older_than.map_or(sweeper.older_than, Duration::from_secs);
     if !args.once {
         sweeper.run_every(sweeper::EVERY, older_than, shutdown).await;

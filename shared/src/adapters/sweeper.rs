@@ -21,7 +21,7 @@
 //! it.
 //!
 //! `reeve sweep` runs one sweep; `reeve work` and `reeve serve`'s worker
-//! sweep every [`EVERY`] ([`beside_worker`]); in AWS the `sweeper` Lambda
+//! sweep every [`EVERY`] ([`Sweeper::spawn_every`]); in AWS the `sweeper` Lambda
 //! runs on a schedule and also drains the dead-letter queue.
 
 use std::time::Duration;
@@ -34,10 +34,10 @@ use sqlx::PgPool;
 use crate::ids::Id;
 use crate::redis_client::RedisClient;
 use crate::settings::{self, Env, SettingsError, StartupError};
+use crate::tasks::RETRIES_EXHAUSTED;
 use crate::tasks::events::Publisher;
 use crate::tasks::queue::{self, QueueMessage};
 use crate::tasks::{self, Change, Fence, TaskStatus, task_error};
-use crate::worker::codes::RETRIES_EXHAUSTED;
 
 /// How often `reeve work` sweeps.
 pub const EVERY: Duration = Duration::from_secs(60);
@@ -54,7 +54,7 @@ const BATCH: i64 = 500;
 pub mod codes {
     /// SQS moved the task's message to the dead-letter queue.
     pub const DEAD_LETTERED: &str = "dead_lettered";
-    pub use crate::worker::codes::RETRIES_EXHAUSTED;
+    pub use crate::tasks::RETRIES_EXHAUSTED;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,11 +131,6 @@ impl SweeperSettings {
 type Candidate = (Id, String, String, i32);
 
 impl Sweeper {
-    /// From the environment, connecting to Postgres on first use.
-    pub async fn from_env() -> Result<Sweeper, StartupError> {
-        crate::startup::sweeper().await
-    }
-
     /// The sweeper over checked settings and an SQS client.
     pub fn with_settings(s: SweeperSettings, sqs: aws_sdk_sqs::Client) -> Result<Sweeper, StartupError> {
         let db = crate::db::connect_lazy(&s.database_url)?;
@@ -148,27 +143,6 @@ impl Sweeper {
             max_attempts: s.max_attempts,
             older_than: s.older_than,
         })
-    }
-
-    /// The sweeper `reeve work` runs beside its poller, on the same stores.
-    pub fn for_worker(
-        ctx: &crate::worker::WorkerContext,
-        sqs: aws_sdk_sqs::Client,
-        queue_url: String,
-    ) -> Result<Sweeper, StartupError> {
-        Ok(Sweeper {
-            db: ctx.db.clone(),
-            sqs,
-            queue_url,
-            events: Publisher::new(RedisClient::new(&ctx.settings.redis_url)?),
-            max_attempts: ctx.settings.max_receives,
-            older_than: DEFAULT_OLDER_THAN,
-        })
-    }
-
-    /// For the sweeper Lambda's `main`: every problem logged, the init failed.
-    pub async fn for_lambda() -> Sweeper {
-        crate::startup::lambda_sweeper().await
     }
 
     /// One sweep over every task left alone for `older_than`.
@@ -367,6 +341,20 @@ impl Sweeper {
         Ok(serde_json::to_value(report?).expect("serialises"))
     }
 
+    /// [`Self::run_every`] as a task of its own: the sweep a long-running
+    /// worker process runs beside its poller (`reeve work`, and `reeve
+    /// serve`'s built-in worker), until `shutdown` resolves (the signal that
+    /// stops the poller, so neither outlives the other). A sweep in progress
+    /// at shutdown finishes first.
+    pub fn spawn_every(
+        self,
+        every: Duration,
+        older_than: Duration,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move { self.run_every(every, older_than, shutdown).await })
+    }
+
     /// Sweeps every [`EVERY`] until `shutdown` resolves; for `reeve work`.
     /// A failed sweep is logged and the next one tries again.
     pub async fn run_every(
@@ -388,22 +376,4 @@ impl Sweeper {
             }
         }
     }
-}
-
-/// The sweep a long-running worker process runs beside its poller (`reeve
-/// work`, and `reeve serve`'s built-in worker): on the worker's own stores,
-/// every `every` over tasks left alone for `older_than`, until `shutdown`
-/// resolves (the signal that stops the poller, so neither outlives the
-/// other). A sweep in progress at shutdown finishes first. Only building
-/// the sweeper can fail, before anything is spawned.
-pub fn beside_worker(
-    ctx: &crate::worker::WorkerContext,
-    sqs: aws_sdk_sqs::Client,
-    queue_url: String,
-    every: Duration,
-    older_than: Duration,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<tokio::task::JoinHandle<()>, StartupError> {
-    let sweeper = Sweeper::for_worker(ctx, sqs, queue_url)?;
-    Ok(tokio::spawn(async move { sweeper.run_every(every, older_than, shutdown).await }))
 }

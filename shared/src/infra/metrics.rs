@@ -27,9 +27,6 @@ use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::Value;
 
-use crate::ids::Id;
-use crate::tasks::events::EventType;
-
 /// The CloudWatch namespace of the EMF lines when `REEVE_METRICS_NAMESPACE`
 /// is not set (a Lambda run locally). A deployment sets `Reeve/<Stage>`, the
 /// namespace its dashboard and alarms read, so two stages in one account
@@ -74,12 +71,10 @@ pub fn http_request(method: &str, route: &str, status: u16, elapsed: Duration) {
 
 // ----------------------------------------------------------------- tasks
 
-/// Called for every appended task event; counts the ones that start or end
-/// a task. `seq` tells a new task's first `queued` from a requeue's.
-pub fn task_event(kind: &str, event: EventType, seq: i64, data: &Value) {
-    if event != EventType::Status {
-        return;
-    }
+/// Called for every appended `status` event (`data` is its data); counts
+/// the ones that start or end a task. `seq` tells a new task's first
+/// `queued` from a requeue's.
+pub fn task_status(kind: &str, seq: i64, data: &Value) {
     let kind = kind.to_owned();
     match data.get("status").and_then(Value::as_str) {
         Some("queued") if seq == 1 => counter!(TASKS_CREATED, "kind" => kind).increment(1),
@@ -105,10 +100,10 @@ pub fn task_run(kind: &str, elapsed: Duration) {
     histogram!(TASK_RUN, "kind" => kind.to_owned()).record(elapsed.as_secs_f64());
 }
 
-/// From create to the first claim: how long work waited for a worker. The
-/// task id is a ULID minted at create, so it carries the create time.
-pub fn queue_wait(kind: &str, task: Id) {
-    let waited = task.ulid().datetime().elapsed().unwrap_or_default();
+/// From create to the first claim: how long work waited for a worker since
+/// `created` (a task id is a ULID minted at create, so it carries the time).
+pub fn queue_wait(kind: &str, created: std::time::SystemTime) {
+    let waited = created.elapsed().unwrap_or_default();
     histogram!(QUEUE_WAIT, "kind" => kind.to_owned()).record(waited.as_secs_f64());
 }
 

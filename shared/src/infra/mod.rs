@@ -2,6 +2,7 @@
 //! each behind one small module. It knows no domain type.
 
 pub mod aws;
+pub mod canonical_json;
 pub mod db;
 pub mod metrics;
 pub mod outbound;

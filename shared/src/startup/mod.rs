@@ -35,6 +35,7 @@ use crate::outbound::{Outbound, OutboundPolicy};
 use crate::payments::facilitator;
 use crate::redis_client::{self, BadRedisUrl, RedisClient};
 use crate::settings::{self, ApiSettings, Env, Needs, WorkerSettings};
+use crate::sweeper::Sweeper;
 use crate::upload_guard::{self, Guard, GuardSettings};
 use crate::worker::WorkerContext;
 
@@ -320,6 +321,19 @@ pub async fn sweeper() -> Result<crate::sweeper::Sweeper, StartupError> {
     };
     let sqs = AwsClients::from_config(&sdk, custom_s3_endpoint(&Env::new(process_var))).sqs;
     crate::sweeper::Sweeper::with_settings(settings, sqs)
+}
+
+/// The sweeper a long-running worker runs beside its poller (`reeve work`,
+/// `reeve serve`), on the worker's own Postgres pool and Redis doorbell.
+pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_url: String) -> Sweeper {
+    Sweeper {
+        db: worker.db.clone(),
+        sqs,
+        queue_url,
+        events: worker.events.clone(),
+        max_attempts: worker.settings.max_receives,
+        older_than: crate::sweeper::DEFAULT_OLDER_THAN,
+    }
 }
 
 pub async fn lambda_guard() -> Guard {

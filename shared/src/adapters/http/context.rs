@@ -2,7 +2,6 @@
 //! by [`crate::startup`] for `reeve serve` and each Lambda's `main`, and by
 //! the tests.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -10,12 +9,10 @@ use sqlx::PgPool;
 
 use crate::aws::AwsClients;
 use crate::catalog::Catalog;
-use crate::db::Connect;
 use crate::outbound::{Outbound, OutboundPolicy};
 use crate::redis_client::RedisClient;
-use crate::settings::{ApiSettings, Needs};
+use crate::settings::ApiSettings;
 use crate::spaces::Argon2Limit;
-use crate::startup::{self, StartupError};
 
 pub struct ApiContext {
     pub catalog: Arc<Catalog>,
@@ -78,11 +75,5 @@ impl ApiContext {
             argon2: Argon2Limit::new(permits),
             operators,
         })
-    }
-
-    /// Every route's context from the environment and `catalog`
-    /// ([`startup::api`] with every secret).
-    pub async fn from_env(catalog: &Path, connect: Connect) -> Result<Ctx, StartupError> {
-        startup::api(Needs::ALL, catalog, connect).await
     }
 }

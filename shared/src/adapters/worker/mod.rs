@@ -37,7 +37,6 @@ pub mod poller;
 pub mod store;
 
 use std::future::Future;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,12 +50,10 @@ pub use batch::{deadline_of, handle_batch, handle_batch_until};
 pub use poller::Poller;
 
 use crate::catalog::{Catalog, TaskSpec};
-use crate::db::Connect;
 use crate::executors::{self, ExecDeps, ExecError, Job, Report};
 use crate::ids::Id;
 use crate::redis_client::RedisClient;
 use crate::settings::WorkerSettings;
-use crate::startup::{self, StartupError};
 use crate::tasks::events::{EventType, Publisher};
 use crate::tasks::{Change, Fence, QueueMessage, task_error, transition};
 
@@ -66,8 +63,7 @@ pub mod codes {
     pub const MALFORMED_MESSAGE: &str = "malformed_message";
     /// The task's kind is no longer in the catalog.
     pub const UNKNOWN_KIND: &str = "unknown_kind";
-    /// Every delivery the queue allows ended in a retryable failure.
-    pub const RETRIES_EXHAUSTED: &str = "retries_exhausted";
+    pub use crate::tasks::RETRIES_EXHAUSTED;
 }
 
 /// What became of one message.
@@ -144,11 +140,6 @@ impl WorkerContext {
             lease_grace: LEASE_GRACE,
             deadline_margin: DEADLINE_MARGIN,
         }
-    }
-
-    /// The context from the environment and `catalog` ([`startup::worker`]).
-    pub async fn from_env(catalog: &Path, connect: Connect) -> Result<WorkerContext, StartupError> {
-        startup::worker(catalog, connect).await
     }
 
     /// The lease a claim takes for a task with this timeout.
@@ -258,7 +249,7 @@ async fn run_task(
     let attempt = claim.attempt;
     tracing::info!(attempt, "claimed");
     if attempt == 1 {
-        crate::metrics::queue_wait(&task.kind, id);
+        crate::metrics::queue_wait(&task.kind, id.ulid().datetime());
     }
     ctx.events.publish_logged(id, &claim.event).await;
 

@@ -133,7 +133,7 @@ pub fn decode(header: &str) -> Result<Payment, String> {
     if let Some(o) = signed.as_object_mut() {
         o.remove("extensions");
     }
-    let hash: [u8; 32] = Sha256::digest(crate::tasks::input::canonical_json(&signed).as_bytes()).into();
+    let hash: [u8; 32] = Sha256::digest(crate::canonical_json::canonical_json(&signed).as_bytes()).into();
     Ok(Payment {
         payer: a.from.to_ascii_lowercase(),
         nonce: a.nonce.to_ascii_lowercase(),

@@ -7,7 +7,7 @@
 //! is the truth: a publish that fails is logged and the event stays, to be
 //! replayed by the relay from Postgres.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -98,7 +98,9 @@ pub async fn append_event(
     .fetch_optional(conn)
     .await?;
     let (seq, at, task_kind) = row.ok_or(sqlx::Error::RowNotFound)?;
-    crate::metrics::task_event(&task_kind, kind, seq, data);
+    if kind == EventType::Status {
+        crate::metrics::task_status(&task_kind, seq, data);
+    }
     Ok(Event { seq, kind, data: data.clone(), at })
 }
 
@@ -143,15 +145,17 @@ pub enum PublishError {
 }
 
 /// Publishes committed events to Redis, with a short timeout and a pause
-/// after a failure (see [`PUBLISH_PAUSE`]). One per process, shared.
+/// after a failure (see [`PUBLISH_PAUSE`]). One per process, shared: a
+/// clone shares the connection and the pause.
+#[derive(Clone)]
 pub struct Publisher {
-    redis: RedisClient,
-    paused_until: Mutex<Option<Instant>>,
+    redis: Arc<RedisClient>,
+    paused_until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Publisher {
     pub fn new(redis: RedisClient) -> Self {
-        Publisher { redis, paused_until: Mutex::new(None) }
+        Publisher { redis: Arc::new(redis), paused_until: Arc::new(Mutex::new(None)) }
     }
 
     pub fn redis(&self) -> &RedisClient {

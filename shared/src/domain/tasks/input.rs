@@ -4,6 +4,7 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::canonical_json::canonical_json;
 use crate::catalog::TaskSpec;
 use crate::ids::Id;
 
@@ -123,46 +124,6 @@ fn push_segment(pointer: &mut String, key: &str) {
             '/' => pointer.push_str("~1"),
             c => pointer.push(c),
         }
-    }
-}
-
-/// A canonical serialisation: object keys sorted (by their UTF-8 bytes), no
-/// insignificant whitespace, strings and numbers as serde_json writes them.
-/// It does not depend on serde_json's `preserve_order` feature, which any
-/// crate in the build could switch on.
-pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
-    write_canonical(value, &mut out);
-    out
-}
-
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push('{');
-            for (i, (key, child)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(child, out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        scalar => out.push_str(&scalar.to_string()),
     }
 }
 

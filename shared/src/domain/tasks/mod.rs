@@ -33,6 +33,11 @@ pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, submit
 use crate::auth::SpaceIndex;
 use crate::ids::Id;
 
+/// Every delivery the queue allows ended in a retryable failure: the worker
+/// fails a task with it on the last delivery, the sweeper one that has been
+/// claimed as often without finishing.
+pub const RETRIES_EXHAUSTED: &str = "retries_exhausted";
+
 /// Where a task is: `queued → running → completed | failed | canceled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]

@@ -87,14 +87,6 @@ impl OutboundPolicy {
         Self::from_vars(OPERATOR_ALLOW, var)
     }
 
-    /// The operators' policy from the process environment. Code that runs
-    /// inside a context should use the context's client instead
-    /// (`ApiContext::operators`, `ExecDeps::operators`).
-    pub fn operators_from_env() -> Self {
-        let env = crate::settings::Env::process();
-        Self::operators(|k| env.optional(k))
-    }
-
     fn from_vars(allow_variable: &str, var: impl Fn(&str) -> Option<String>) -> Self {
         let allow = var(allow_variable)
             .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
