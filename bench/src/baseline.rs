@@ -19,7 +19,7 @@ use axum::routing::get;
 use futures_util::StreamExt;
 use reeve_shared::auth::{self, Secret};
 use reeve_shared::ids::Id;
-use reeve_shared::relay::{self, stream::is_terminal};
+use reeve_shared::relay::{self, is_terminal};
 use reeve_shared::tasks::{Event, events_after};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use reeve_shared::ids::Id;
-use reeve_shared::relay::stream::is_terminal;
+use reeve_shared::relay::is_terminal;
 use reeve_shared::tasks::{Event, TaskStatus};
 
 const MAX_RECONNECTS: u32 = 20;

@@ -13,8 +13,8 @@ use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::db::Connect;
 use reeve_shared::http::app;
-use reeve_shared::http::limit::{self, LoginLimits};
 use reeve_shared::http::stream::{self, RelayContext};
+use reeve_shared::http::{LoginLimits, login_limit};
 use reeve_shared::settings::{DEFAULT_CATALOG, Needs, QUEUE_URL};
 use reeve_shared::worker::Poller;
 use reeve_shared::{startup, telemetry};
@@ -250,8 +250,8 @@ async fn serve(
     let routes = stream::routes(relay).merge(app(ctx));
     // Per-client login limits (the envelope outside gives a 429 its request id).
     let routes = routes
-        .layer(axum::middleware::from_fn_with_state(Arc::new(LoginLimits::default()), limit::limit))
-        .layer(axum::middleware::from_fn(reeve_shared::error::envelope));
+        .layer(axum::middleware::from_fn_with_state(Arc::new(LoginLimits::default()), login_limit))
+        .layer(axum::middleware::from_fn(reeve_shared::http::envelope));
     let routes = reeve_shared::http::with_cors(routes, &reeve_shared::http::CorsOrigins::from_env()?);
     let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;

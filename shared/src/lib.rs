@@ -25,10 +25,10 @@ mod domain;
 mod infra;
 pub mod startup;
 
-pub use adapters::http::error;
 pub use adapters::{http, sweeper, upload_guard, worker};
 pub use domain::{auth, catalog, executors, ids, payments, relay, spaces, tasks, uploads};
-pub use infra::{aws, canonical_json, db, metrics, outbound, redis_client, settings, storage_policy, telemetry};
+pub(crate) use infra::canonical_json;
+pub use infra::{aws, db, metrics, outbound, redis_client, settings, storage_policy, telemetry};
 
 #[cfg(test)]
 mod layers;

@@ -18,7 +18,7 @@ use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
 use reeve_shared::ids::Id;
 use reeve_shared::tasks::{self, CancelOutcome, Change, Event, EventType, Fence, events_after};
-use reeve_shared::worker::{Outcome, RunFuture, Runner, WorkerContext, process, store};
+use reeve_shared::worker::{Outcome, RunFuture, Runner, WorkerContext, claim, process};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -307,7 +307,7 @@ async fn cancel_racing_the_completion_leaves_exactly_one_terminal_state(pool: Pg
         let id = api.create("steps").await;
         // A claim whose lease has already run out: its worker may still
         // complete it, while a cancel takes it as abandoned.
-        let claim = store::claim(&pool, id, Duration::ZERO).await.unwrap().unwrap();
+        let claim = claim(&pool, id, Duration::ZERO).await.unwrap().unwrap();
         let result = json!({"done": true});
         let (completed, canceled) = tokio::join!(
             tasks::transition(&pool, id, Fence::Run(claim.attempt), Change::Complete { result: &result }),

@@ -7,9 +7,8 @@ mod common;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use reeve_shared::error;
 use reeve_shared::http::app;
-use reeve_shared::http::limit::{self, LoginLimits};
+use reeve_shared::http::{LoginLimits, envelope, login_limit};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -18,8 +17,8 @@ async fn serve(pool: PgPool) -> SocketAddr {
     // Three sessions at once per client, then one a second.
     let limits = Arc::new(LoginLimits::new((1, 2), (1, 3)));
     let routes = app(ctx)
-        .layer(axum::middleware::from_fn_with_state(limits, limit::limit))
-        .layer(axum::middleware::from_fn(error::envelope));
+        .layer(axum::middleware::from_fn_with_state(limits, login_limit))
+        .layer(axum::middleware::from_fn(envelope));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

@@ -27,7 +27,7 @@ use reeve_shared::http::stream::{self, RelayContext};
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;
-use reeve_shared::relay::hub::Hub;
+use reeve_shared::relay::Hub;
 use reeve_shared::settings::WorkerSettings;
 use reeve_shared::worker::{Poller, WorkerContext, handle_batch};
 use serde_json::{Value, json};
@@ -287,7 +287,7 @@ async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
         db: pool.clone(),
         sqs: AwsClients::from_env().await.sqs,
         queue_url: queue.url.clone(),
-        events: reeve_shared::tasks::events::Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
+        events: reeve_shared::tasks::Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
         max_attempts: 5,
         older_than: Duration::from_secs(60),
     };

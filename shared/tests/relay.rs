@@ -354,7 +354,7 @@ async fn refusals_come_before_the_stream_as_error_envelopes(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_client_that_falls_behind_is_resynchronised_from_postgres(pool: PgPool) {
-    use reeve_shared::relay::{Delivery, TaskPosition, stream};
+    use reeve_shared::relay::{self, Delivery, TaskPosition};
     let redis_url = common::redis_url();
     let hub = Hub::start(redis::Client::open(redis_url.as_str()).unwrap());
     let task = new_task(&pool).await;
@@ -362,7 +362,7 @@ async fn a_client_that_falls_behind_is_resynchronised_from_postgres(pool: PgPool
     // A client that reads nothing while far more events arrive than the
     // per-task buffer (256) and a replay page (200) hold.
     let position = TaskPosition { last_seq: 0, finished: false };
-    let mut events = Box::pin(stream::events(pool.clone(), hub.clone(), task, 0, position).await);
+    let mut events = Box::pin(relay::events(pool.clone(), hub.clone(), task, 0, position).await);
     progress(&pool, &redis_url, task, 600).await;
     let n = finish(&pool, &redis_url, task).await;
 

@@ -12,7 +12,7 @@ use reeve_shared::aws::AwsClients;
 use reeve_shared::ids::Id;
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::sweeper::{DeadLetter, SweepReport, Sweeper};
-use reeve_shared::tasks::events::Publisher;
+use reeve_shared::tasks::Publisher;
 use reeve_shared::tasks::{EventType, events_after};
 use serde_json::{Value, json};
 use sqlx::PgPool;

@@ -21,8 +21,8 @@ use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
 use reeve_shared::ids::Id;
-use reeve_shared::tasks::events::{Event, EventType, channel};
 use reeve_shared::tasks::events_after;
+use reeve_shared::tasks::{Event, EventType, channel};
 use reeve_shared::worker::{
     Outcome, Poller, RunFuture, Runner, WorkerContext, handle_batch, handle_batch_until, process, process_until,
 };

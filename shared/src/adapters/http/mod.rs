@@ -46,15 +46,15 @@ macro_rules! doc_503_db {
 pub mod catalog;
 pub mod console;
 mod context;
-pub mod cors;
-pub mod error;
-pub mod extract;
-pub mod health;
-pub mod limit;
+pub(crate) mod cors;
+pub(crate) mod error;
+pub(crate) mod extract;
+pub(crate) mod health;
+pub(crate) mod limit;
 pub mod login;
 mod openapi;
 mod relay_context;
-pub mod space_view;
+pub(crate) mod space_view;
 pub mod stream;
 pub mod tasks;
 pub mod uploads;
@@ -65,7 +65,10 @@ use utoipa_axum::router::OpenApiRouter;
 
 pub use context::{ApiContext, Ctx};
 pub use cors::{CorsOrigins, with_cors};
+pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
+pub use limit::{LoginLimits, client_key, limit as login_limit};
 pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, openapi};
+pub use relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
 
 /// Requests carry small JSON documents; files go straight to S3.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;

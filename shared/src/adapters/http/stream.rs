@@ -25,7 +25,7 @@ use crate::ids::Id;
 use crate::relay::{Delivery, TaskPosition, stream};
 use crate::tasks::{Event, TaskStatus};
 
-pub use super::relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
+pub use super::relay_context::{RelayContext, RelayCtx};
 
 /// How long a client should wait before reconnecting (the SSE `retry:` hint).
 pub const RETRY_HINT: Duration = Duration::from_secs(2);

@@ -32,9 +32,9 @@
 //! Trouble with Postgres at any step is `Retry`, never a failed task; Redis
 //! trouble only costs the live doorbell (the events are in Postgres).
 
-pub mod batch;
-pub mod poller;
-pub mod store;
+pub(crate) mod batch;
+pub(crate) mod poller;
+pub(crate) mod store;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -48,6 +48,7 @@ use tracing::Instrument;
 
 pub use batch::{deadline_of, handle_batch, handle_batch_until};
 pub use poller::Poller;
+pub use store::{Claim, claim};
 
 use crate::catalog::{Catalog, TaskSpec};
 use crate::executors::{self, ExecDeps, ExecError, Job, Report};

@@ -13,10 +13,10 @@
 //! The order that keeps "no charge without a task, no task without a
 //! charge" lives in [`crate::tasks::submit`].
 
-pub mod challenge;
-pub mod facilitator;
-pub mod ledger;
-pub mod payload;
+pub(crate) mod challenge;
+pub(crate) mod facilitator;
+pub(crate) mod ledger;
+pub(crate) mod payload;
 
 pub use challenge::{
     PAYMENT_REQUIRED_HEADER, PAYMENT_RESPONSE_HEADER, PAYMENT_SIGNATURE_HEADER, PaymentRequired, PaymentRequirements,

@@ -5,11 +5,11 @@
 //! layer (`http::stream`) turns the events into SSE frames, so this module
 //! knows nothing of HTTP: the relay service is that route running over it.
 
-pub mod hub;
-pub mod stream;
+pub(crate) mod hub;
+pub(crate) mod stream;
 
 pub use hub::{Hub, Signal, Subscription};
-pub use stream::{Delivery, TaskPosition};
+pub use stream::{Delivery, REPLAY_PAGE, TaskPosition, events, is_terminal};
 
 use crate::ids::Id;
 pub use crate::tasks::events::channel;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use time::OffsetDateTime;
 
 use crate::ids::Id;
@@ -223,20 +223,4 @@ pub async fn publish_all_once(redis: &RedisClient, task_id: Id, events: &[Event]
             return;
         }
     }
-}
-
-/// Appends an event on its own (one atomic statement) and then publishes it.
-/// Only the append can fail: a publish failure is logged, never returned.
-pub async fn record(
-    db: &PgPool,
-    publisher: &Publisher,
-    task_id: Id,
-    kind: EventType,
-    data: &Value,
-) -> Result<Event, sqlx::Error> {
-    let mut conn = db.acquire().await?;
-    let event = append_event(&mut conn, task_id, kind, data).await?;
-    drop(conn);
-    publisher.publish_logged(task_id, &event).await;
-    Ok(event)
 }

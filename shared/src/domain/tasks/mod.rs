@@ -15,10 +15,10 @@
 //! Status moves `queued → running → completed | failed | canceled`, and every
 //! transition is a conditional `UPDATE … WHERE status = …`.
 
-pub mod events;
-pub mod input;
-pub mod queue;
-pub mod submit;
+pub(crate) mod events;
+pub(crate) mod input;
+pub(crate) mod queue;
+pub(crate) mod submit;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -26,7 +26,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
 
-pub use events::{Event, EventType, append_event, events_after};
+pub use events::{Event, EventType, Publisher, append_event, channel, events_after};
 pub use queue::{QueueError, QueueMessage, enqueue};
 pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, submit};
 
@@ -104,9 +104,9 @@ macro_rules! task_columns {
 }
 
 // After `task_columns!`, which they use.
-pub mod cancel;
-pub mod list;
-pub mod transition;
+pub(crate) mod cancel;
+pub(crate) mod list;
+pub(crate) mod transition;
 
 pub use cancel::{CancelOutcome, cancel, cancel_requested};
 pub use list::{ListQuery, Page, list};
