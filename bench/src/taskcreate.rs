@@ -17,7 +17,6 @@ use anyhow::{Context, bail};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use reeve_shared::auth::{self, Secret, SpaceIndex};
-use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::http::{ApiContext, Ctx};
 use reeve_shared::redis_client::RedisClient;
@@ -75,7 +74,7 @@ fn secret(name: &'static str) -> anyhow::Result<Secret> {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let db = BenchDb::create("taskcreate").await?;
-    let aws = AwsClients::from_env().await;
+    let aws = reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await;
     let queue_name = format!("reeve-bench-{}", std::process::id());
     let queue_url = aws
         .sqs

@@ -9,15 +9,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::db::Connect;
-use reeve_shared::http::app;
-use reeve_shared::http::stream::{self, RelayContext};
-use reeve_shared::http::{LoginLimits, login_limit};
-use reeve_shared::settings::{DEFAULT_CATALOG, Needs, QUEUE_URL};
+use reeve_shared::http::{LoginLimits, app, login_limit, relay_routes};
+use reeve_shared::settings::{self, Config, DEFAULT_CATALOG, QUEUE_URL};
 use reeve_shared::worker::Poller;
-use reeve_shared::{startup, telemetry};
+use reeve_shared::{aws, startup, telemetry};
 
 mod client;
 mod follow;
@@ -84,14 +81,16 @@ enum Command {
         #[command(subcommand)]
         command: TaskCommand,
     },
-    /// Run the SSE relay alone (what the Fargate service runs).
+    /// Run the SSE relay alone: what the Fargate service runs, started the
+    /// same way.
     Relay {
         /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8081")]
+        #[arg(long, env = "REEVE_RELAY_BIND", default_value = "127.0.0.1:8081")]
         bind: SocketAddr,
-        /// Serve Prometheus `/metrics` here instead of on `--bind`.
-        #[arg(long)]
-        metrics_bind: Option<SocketAddr>,
+        /// Where Prometheus `/metrics` is served: never the relay's port,
+        /// which a load balancer forwards whole.
+        #[arg(long, env = "REEVE_METRICS_BIND", default_value = "127.0.0.1:9090")]
+        metrics_bind: SocketAddr,
     },
     /// Run the worker: long-poll the SQS queue and run its tasks.
     Work {
@@ -223,36 +222,39 @@ async fn serve(
     metrics_bind: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
     telemetry::init();
-    // Both contexts' problems at once.
-    let (ctx, relay) = startup::both(startup::api(Needs::ALL, catalog, Connect::Now).await, RelayContext::from_env())?;
+    let config = Config::from_env().with(settings::CATALOG, catalog.display().to_string());
+    let sdk = startup::sdk().await;
+    // Every context's problems at once, on one Postgres pool.
+    let startup::Serve { api, relay, cors, worker: worker_ctx } =
+        startup::serve(&config, &sdk, worker.is_some()).await?;
     // One signal, seen by the listener, the poller and the sweeps.
     let stopped = stop_on_signal();
-    let poller = if let Some(sweep) = worker {
-        let worker = startup::worker(catalog, Connect::Now).await?;
-        let queue_url = ctx.settings.queue_url.clone();
-        let sqs = ctx.aws.sqs.clone();
-        let sweeping = startup::sweeper_beside(&worker, sqs.clone(), queue_url.clone()).spawn_every(
-            sweep.every(),
-            sweep.older_than(),
-            when(stopped.clone()),
-        );
-        let mut poller = Poller::connect(Arc::new(worker), sqs, queue_url).await?;
-        // Shutdown waits for a long poll in flight, so a local server polls
-        // in short rounds to stop quickly on Ctrl-C.
-        poller.wait_time_seconds = SERVE_POLL_SECONDS;
-        Some((poller, sweeping))
-    } else {
-        None
+    let poller = match (worker, worker_ctx) {
+        (Some(sweep), Some(worker)) => {
+            let queue_url = api.settings.queue_url.clone();
+            let sqs = api.aws.sqs.clone();
+            let sweeping = startup::sweeper_beside(&worker, sqs.clone(), queue_url.clone()).spawn_every(
+                sweep.every(),
+                sweep.older_than(),
+                when(stopped.clone()),
+            );
+            let mut poller = Poller::connect(Arc::new(worker), sqs, queue_url).await?;
+            // Shutdown waits for a long poll in flight, so a local server polls
+            // in short rounds to stop quickly on Ctrl-C.
+            poller.wait_time_seconds = SERVE_POLL_SECONDS;
+            Some((poller, sweeping))
+        }
+        _ => None,
     };
     // The relay's routes have no fallback of their own, so they merge into
     // the API's: one listener for everything, as a local stand-in for the
     // API Gateway plus the Fargate service.
-    let routes = stream::routes(relay).merge(app(ctx));
+    let routes = relay_routes(relay).merge(app(api));
     // Per-client login limits (the envelope outside gives a 429 its request id).
     let routes = routes
         .layer(axum::middleware::from_fn_with_state(Arc::new(LoginLimits::default()), login_limit))
         .layer(axum::middleware::from_fn(reeve_shared::http::envelope));
-    let routes = reeve_shared::http::with_cors(routes, &reeve_shared::http::CorsOrigins::from_env()?);
+    let routes = reeve_shared::http::with_cors(routes, &cors);
     let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, worker = poller.is_some(), "reeve serving");
@@ -287,14 +289,14 @@ async fn serve(
     Ok(())
 }
 
-async fn relay(bind: SocketAddr, metrics_bind: Option<SocketAddr>) -> anyhow::Result<()> {
+/// The relay alone, started as the Fargate service starts it; the flags
+/// stand in for its variables.
+async fn relay(bind: SocketAddr, metrics_bind: SocketAddr) -> anyhow::Result<()> {
     telemetry::init();
-    let ctx = RelayContext::from_env()?;
-    let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
-    tracing::info!(%bind, "relay serving");
-    let routes = reeve_shared::http::with_cors(stream::router(ctx), &reeve_shared::http::CorsOrigins::from_env()?);
-    let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
-    axum::serve(listener, routes).with_graceful_shutdown(shutdown_signal()).await?;
+    let config = Config::from_env()
+        .with(settings::RELAY_BIND, bind.to_string())
+        .with(settings::METRICS_BIND, metrics_bind.to_string());
+    startup::run_relay(startup::relay(&config)?, shutdown_signal()).await?;
     Ok(())
 }
 
@@ -305,11 +307,15 @@ async fn work(catalog: &Path, metrics_bind: Option<SocketAddr>, sweep: &sweep::W
     if let Some(bind) = metrics_bind {
         reeve_shared::metrics::serve(bind, reeve_shared::metrics::install_prometheus()?).await?;
     }
-    let ctx = startup::worker(catalog, Connect::Now).await?;
+    let config = Config::from_env().with(settings::CATALOG, catalog.display().to_string());
+    // The SDK's configuration is loaded once, for the worker's S3 and the
+    // poller's SQS alike.
+    let sdk = startup::sdk().await;
+    let ctx = startup::worker(&config, &sdk, Connect::Now).await?;
     let Some(queue_url) = ctx.settings.queue_url.clone() else {
         anyhow::bail!("bad environment: {QUEUE_URL} is not set");
     };
-    let sqs = AwsClients::from_env().await.sqs;
+    let sqs = aws::sqs(&sdk);
     let stopped = stop_on_signal();
     // The sweeps find the tasks whose message was lost.
     let sweeping = startup::sweeper_beside(&ctx, sqs.clone(), queue_url.clone()).spawn_every(

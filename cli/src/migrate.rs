@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use reeve_shared::db::{self, MIGRATOR, MigrationEntry, MigrationReport, MigrationState};
+use reeve_shared::settings::Config;
 use reeve_shared::{startup, telemetry};
 
 #[derive(Args)]
@@ -51,7 +52,7 @@ pub fn run(args: MigrateArgs) -> ExitCode {
 /// `Ok(false)` when the database and this binary disagree.
 async fn migrate(mode: Mode) -> anyhow::Result<bool> {
     telemetry::init();
-    let url = startup::database_url().await?;
+    let url = startup::database_url(&Config::from_env(), &startup::sdk().await).await?;
     let pool = db::connect(url.expose_str()).await?;
     let report = db::migration_status(&pool, &MIGRATOR).await?;
     match mode {

@@ -4,8 +4,9 @@
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use reeve_shared::aws::AwsClients;
+use reeve_shared::settings::Config;
 use reeve_shared::storage_policy::{self, DEFAULT_OUTPUTS_PREFIX, DEFAULT_UPLOAD_PREFIX, PolicyParams, Rule};
+use reeve_shared::{aws, startup};
 
 #[derive(Subcommand)]
 pub enum StorageCommand {
@@ -59,14 +60,15 @@ async fn policy(args: PolicyArgs) -> anyhow::Result<()> {
     if !args.apply {
         return Ok(());
     }
-    if !args.local && storage_policy::endpoint_is_plain_http() {
+    let config = Config::from_env();
+    if !args.local && storage_policy::endpoint_is_plain_http(config.s3_endpoint().as_deref()) {
         bail!(
             "the S3 endpoint is plain http: the DenyInsecureTransport rule would lock everyone out of {}, \
              the bucket owner included; use --local to leave it out",
             params.bucket
         );
     }
-    let s3 = AwsClients::from_env().await.s3;
+    let s3 = aws::s3(&startup::sdk().await, config.s3_endpoint().is_some());
     storage_policy::apply(&s3, &params.bucket, &document)
         .await
         .map_err(anyhow::Error::msg)

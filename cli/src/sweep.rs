@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use clap::Args;
+use reeve_shared::settings::Config;
 use reeve_shared::sweeper;
 use reeve_shared::{startup, telemetry};
 
@@ -20,7 +21,7 @@ pub struct SweepArgs {
 
 pub async fn run(args: SweepArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     telemetry::init();
-    let sweeper = startup::sweeper().await?;
+    let sweeper = startup::sweeper(&Config::from_env(), &startup::sdk().await).await?;
     let older_than = args.older_than.map_or(sweeper.older_than, Duration::from_secs);
     if !args.once {
         sweeper.run_every(sweeper::EVERY, older_than, shutdown).await;
@@ -47,7 +48,7 @@ pub struct WorkerSweepArgs {
     sweep_every: u64,
     /// What the worker's sweep counts as stranded: tasks left alone for at
     /// least this many seconds.
-    #[arg(long, value_name = "SECONDS", env = sweeper::OLDER_THAN,
+    #[arg(long, value_name = "SECONDS", env = reeve_shared::settings::SWEEP_OLDER_THAN,
           default_value_t = sweeper::DEFAULT_OLDER_THAN.as_secs(),
           value_parser = clap::value_parser!(u64).range(0..=14 * 86_400))]
     sweep_older_than: u64,

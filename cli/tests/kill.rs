@@ -10,7 +10,6 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use reeve_shared::auth::Secret;
-use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::redis_client::RedisClient;
@@ -29,7 +28,7 @@ async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
     let db_url = with_database(&admin_url, &name);
     let pool = reeve_shared::db::connect(&db_url).await.unwrap();
     reeve_shared::db::migrate(&pool).await.unwrap();
-    let aws = AwsClients::from_env().await;
+    let aws = common::aws().await;
     // A short visibility timeout, so the message comes back soon after the kill.
     let queue_name = format!("reeve-kill-{}", ulid::Ulid::new().to_string().to_lowercase());
     let queue = aws
@@ -63,7 +62,7 @@ async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
     };
     let catalog = Catalog::parse(&short).unwrap();
     let redis = RedisClient::new(&settings.redis_url).unwrap();
-    let ctx = ApiContext::new(catalog, pool.clone(), redis, AwsClients::from_env().await, settings);
+    let ctx = ApiContext::new(catalog, pool.clone(), redis, common::aws().await, settings);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app(ctx)).await });

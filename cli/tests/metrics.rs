@@ -1,5 +1,6 @@
-//! `/metrics` on the real `reeve relay` process: on its own address by
-//! default, moved elsewhere by `--metrics-bind`.
+//! `/metrics` on the real `reeve relay` process, which starts as the
+//! Fargate relay does: on a listener of its own (`--metrics-bind`), never on
+//! the relay's port, which a load balancer forwards whole.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -51,21 +52,25 @@ async fn get(url: &str) -> (u16, String) {
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
-#[tokio::test]
-async fn the_relay_serves_metrics_on_its_own_address() {
+#[test]
+fn metrics_on_the_relay_port_are_refused_at_start() {
     let port = free_port();
-    let _relay = relay(&["--bind", &format!("127.0.0.1:{port}")]);
-    wait_for(port).await;
-    let base = format!("http://127.0.0.1:{port}");
-    assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
-    let (status, page) = get(&format!("{base}/metrics")).await;
-    assert_eq!(status, 200);
-    assert!(page.contains(r#"reeve_http_requests_total{method="GET",route="/healthz",status="200"} 1"#), "{page}");
-    assert!(page.contains("# TYPE reeve_http_request_duration_seconds"), "{page}");
+    let bind = format!("127.0.0.1:{port}");
+    let out = Command::new(env!("CARGO_BIN_EXE_reeve"))
+        .current_dir(std::env::temp_dir())
+        .args(["relay", "--bind", &bind, "--metrics-bind", &bind])
+        .env("DATABASE_URL", "postgres://reeve@127.0.0.1:1/reeve")
+        .env("REDIS_URL", "redis://127.0.0.1:1")
+        .env("REEVE_TOKEN_KEY", TOKEN_KEY)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("must not be the relay's port"), "{stderr}");
 }
 
 #[tokio::test]
-async fn metrics_bind_moves_metrics_off_the_relay_address() {
+async fn metrics_are_on_their_own_listener_and_not_on_the_relay_address() {
     let (port, metrics_port) = (free_port(), free_port());
     let _relay =
         relay(&["--bind", &format!("127.0.0.1:{port}"), "--metrics-bind", &format!("127.0.0.1:{metrics_port}")]);

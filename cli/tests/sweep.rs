@@ -53,7 +53,7 @@ impl Stranded {
         let db_url = with_database(&admin_url, &name);
         let pool = reeve_shared::db::connect(&db_url).await.unwrap();
         reeve_shared::db::migrate(&pool).await.unwrap();
-        let aws = AwsClients::from_env().await;
+        let aws = common::aws().await;
         let queue_name = format!("reeve-sweep-{}", ulid::Ulid::new().to_string().to_lowercase());
         let queue = aws.sqs.create_queue().queue_name(queue_name).send().await.unwrap().queue_url().unwrap().to_owned();
 
@@ -68,7 +68,7 @@ impl Stranded {
         };
         let catalog = Catalog::load(&repo("reeve.toml")).unwrap();
         let redis = RedisClient::new(&settings.redis_url).unwrap();
-        let ctx = ApiContext::new(catalog, pool.clone(), redis, AwsClients::from_env().await, settings);
+        let ctx = ApiContext::new(catalog, pool.clone(), redis, common::aws().await, settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let api = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, app(ctx)).await });

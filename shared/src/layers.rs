@@ -12,18 +12,6 @@ use std::path::{Path, PathBuf};
 /// Floors from the bottom: a module may import its own floor and those below.
 const FLOORS: [&str; 4] = ["infra", "domain", "adapters", "startup"];
 
-/// Edges still to go: the start-up path is being gathered into `startup`
-/// (one `Config`), and until then these modules read settings themselves.
-/// Each entry must still exist, so the list only shrinks.
-const NOT_YET: [(&str, &str); 6] = [
-    ("settings", "startup"),
-    ("settings", "auth"),
-    ("telemetry", "startup"),
-    ("aws", "settings"),
-    ("upload_guard", "settings"),
-    ("sweeper", "settings"),
-];
-
 /// `(floor, module)` of a source file; `None` for the crate root and this file.
 fn module_of(path: &Path) -> Option<(&'static str, String)> {
     let mut parts = path.iter().map(|p| p.to_str().expect("UTF-8 paths"));
@@ -140,18 +128,9 @@ fn graph() -> (BTreeMap<String, &'static str>, BTreeMap<String, BTreeSet<String>
     (floors, edges)
 }
 
-/// Drops the [`NOT_YET`] edges, each of which must still be there.
-fn forgive(edges: &mut BTreeMap<String, BTreeSet<String>>) {
-    for (from, to) in NOT_YET {
-        let present = edges.get_mut(from).is_some_and(|targets| targets.remove(to));
-        assert!(present, "{from} no longer imports {to}: remove it from NOT_YET");
-    }
-}
-
 #[test]
 fn no_module_imports_upward_or_a_sibling_adapter() {
-    let (floors, mut edges) = graph();
-    forgive(&mut edges);
+    let (floors, edges) = graph();
     let rank = |floor: &str| FLOORS.iter().position(|f| *f == floor).expect("a floor");
     let mut wrong = Vec::new();
     for (from, targets) in &edges {
@@ -170,8 +149,7 @@ fn no_module_imports_upward_or_a_sibling_adapter() {
 
 #[test]
 fn the_import_graph_has_no_circle() {
-    let (_, mut edges) = graph();
-    forgive(&mut edges);
+    let (_, edges) = graph();
     // Depth-first, reporting the first circle found through each module.
     fn visit<'a>(
         node: &'a str,

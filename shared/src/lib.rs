@@ -28,7 +28,8 @@ pub mod startup;
 pub use adapters::{http, sweeper, upload_guard, worker};
 pub use domain::{auth, catalog, executors, ids, payments, relay, spaces, tasks, uploads};
 pub(crate) use infra::canonical_json;
-pub use infra::{aws, db, metrics, outbound, redis_client, settings, storage_policy, telemetry};
+pub use infra::{aws, db, metrics, outbound, redis_client, storage_policy, telemetry};
+pub use startup::settings;
 
 #[cfg(test)]
 mod layers;

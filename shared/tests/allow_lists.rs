@@ -21,6 +21,7 @@ use reeve_shared::db::Connect;
 use reeve_shared::executors::{self, ExecDeps, ExecError, Job, codes};
 use reeve_shared::ids::Id;
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
+use reeve_shared::settings::{self, Config};
 use reeve_shared::startup;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -119,7 +120,7 @@ async fn fetch_cannot_reach_an_operator_allowed_host_directly_or_by_redirect(poo
     let public = redirector(format!("{private}/count")).await;
     let deps = ExecDeps {
         db: pool,
-        s3: reeve_shared::aws::AwsClients::from_env().await.s3,
+        s3: common::aws().await.s3,
         bucket: "reeve-test".into(),
         // The users' list holds only the stand-in for a public host.
         outbound: Outbound::with_resolver(policy(vec![format!("public.example:{public}")]), resolver).unwrap(),
@@ -151,8 +152,8 @@ async fn the_worker_gives_the_operator_allow_list_to_http_only(_pool: sqlx::PgPo
         ("REEVE_OPERATOR_ALLOW", "127.0.0.1".to_owned()),
         ("REEVE_OUTBOUND_ALLOW_HTTP", "1".to_owned()),
     ];
-    let lookup = move |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone());
-    let worker = startup::worker_with(lookup, &sdk, &catalog, Connect::Lazily).await.unwrap_or_else(|e| panic!("{e}"));
+    let config = Config::from_vars(vars).with(settings::CATALOG, catalog.display().to_string());
+    let worker = startup::worker(&config, &sdk, Connect::Lazily).await.unwrap_or_else(|e| panic!("{e}"));
     assert!(worker.exec.outbound.policy.allow.is_empty(), "the users' list stays empty");
 
     let url = format!("http://127.0.0.1:{port}");

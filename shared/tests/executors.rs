@@ -18,7 +18,6 @@ use axum::http::{Response, StatusCode};
 use axum::routing::{any, get, post};
 use common::{ctx, new_session, post_json, send, shipped_catalog};
 use reeve_shared::auth::{self, SpaceIndex};
-use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::{Executor, TaskSpec};
 use reeve_shared::executors::{self, ExecDeps, ExecError, Job, Report, codes, output_key};
 use reeve_shared::http::app;
@@ -56,7 +55,7 @@ const OUTPUT_RETENTION_DAYS: u32 = 30;
 async fn deps(pool: PgPool) -> ExecDeps {
     ExecDeps {
         db: pool,
-        s3: AwsClients::from_env().await.s3,
+        s3: common::aws().await.s3,
         bucket: bucket(),
         outbound: Outbound::new(policy()).expect("the test policy is valid"),
         operators: Outbound::new(policy()).expect("the test policy is valid"),

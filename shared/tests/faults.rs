@@ -42,7 +42,7 @@ impl Runner for Counting {
 }
 
 async fn worker(pool: &PgPool, runner: Arc<Counting>, redis_url: &str) -> WorkerContext {
-    let s3 = AwsClients::from_env().await.s3;
+    let s3 = common::aws().await.s3;
     let mut ctx = common::worker_context(common::shipped_catalog(), pool, s3, common::worker_settings(redis_url));
     ctx.runner = runner;
     ctx
@@ -326,7 +326,7 @@ async fn with_sqs_stopped_create_answers_503_and_leaves_no_task_queued(pool: PgP
         .spawn()
         .expect("moto_server is on PATH (the project venv)");
     let endpoint = format!("http://127.0.0.1:{port}");
-    let aws = AwsClients::from_env().await;
+    let aws = common::aws().await;
     let sqs = aws_sdk_sqs::Client::from_conf(aws.sqs.config().to_builder().endpoint_url(&endpoint).build());
     let mut queue = None;
     for _ in 0..100 {
@@ -501,7 +501,7 @@ async fn with_postgres_stopped_under_a_running_worker_every_message_is_handed_ba
     // Redelivery below goes on until the cut runs' leases run out; it must
     // not reach the last delivery meanwhile.
     settings.max_receives = 100;
-    let s3 = AwsClients::from_env().await.s3;
+    let s3 = common::aws().await.s3;
     let mut ctx = common::worker_context(catalog, &through, s3, settings);
     ctx.runner = runner.clone();
     // A cut run's lease (timeout + grace) is what redelivery waits out.

@@ -16,7 +16,6 @@ use axum::body::{Body, Bytes};
 use axum::routing::get;
 use futures_util::stream;
 use reeve_shared::auth::SpaceIndex;
-use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{self, ExecDeps, ExecError, Job, codes};
 use reeve_shared::ids::Id;
@@ -81,7 +80,7 @@ async fn deps(pool: PgPool, max_bytes: u64) -> ExecDeps {
     };
     ExecDeps {
         db: pool,
-        s3: AwsClients::from_env().await.s3,
+        s3: reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await.s3,
         bucket: std::env::var("REEVE_BUCKET").expect("REEVE_BUCKET: load the stack's .env"),
         outbound: Outbound::new(policy.clone()).unwrap(),
         operators: Outbound::new(policy).unwrap(),

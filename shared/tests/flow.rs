@@ -7,7 +7,6 @@ mod common;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::{TestQueue, get, get_authed, new_session, post_json, send};
-use reeve_shared::aws::AwsClients;
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::redis_client::RedisClient;
 use serde_json::json;
@@ -22,7 +21,7 @@ async fn a_client_uploads_a_file_and_queues_a_digest_of_it(pool: PgPool) {
         common::shipped_catalog(),
         pool,
         RedisClient::new(&common::redis_url()).unwrap(),
-        AwsClients::from_env().await,
+        common::aws().await,
         settings,
     );
     let app = app(ctx);

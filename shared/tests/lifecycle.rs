@@ -13,7 +13,6 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::QueuedApi as Api;
 use common::{Reply, get_authed, new_session, post_json, send};
-use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
 use reeve_shared::ids::Id;
@@ -210,7 +209,7 @@ async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgP
     assert_eq!(statuses(&events_of(&pool, id).await), ["queued", "canceled"]);
 
     // Its message still arrives; the worker skips it without running anything.
-    let (ctx, stepper) = worker(&pool, AwsClients::from_env().await.s3, 3);
+    let (ctx, stepper) = worker(&pool, common::aws().await.s3, 3);
     assert_eq!(process(&ctx, &body_of(id), 1).await, Outcome::Done);
     assert_eq!(stepper.runs.load(Ordering::SeqCst), 0, "no executor started");
     assert_eq!(status_of(&pool, id).await, "canceled");
@@ -234,7 +233,7 @@ async fn a_running_task_canceled_mid_way_ends_canceled_within_two_seconds(pool: 
     let api = Api::new(&pool, catalog()).await;
     let id = api.create("steps").await;
     // 200 steps of 50 ms: 10 s if nobody stops it.
-    let (ctx, stepper) = worker(&pool, AwsClients::from_env().await.s3, 200);
+    let (ctx, stepper) = worker(&pool, common::aws().await.s3, 200);
     let run = tokio::spawn(async move { process(&ctx, &body_of(id), 1).await });
 
     // Wait for a few steps, then cancel.
@@ -274,7 +273,7 @@ async fn a_running_task_canceled_mid_way_ends_canceled_within_two_seconds(pool: 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn cancel_racing_the_claim_leaves_exactly_one_terminal_state(pool: PgPool) {
     let api = Api::new(&pool, catalog()).await;
-    let (ctx, stepper) = worker(&pool, AwsClients::from_env().await.s3, 2);
+    let (ctx, stepper) = worker(&pool, common::aws().await.s3, 2);
     let ctx = Arc::new(ctx);
     let space = space_of(&pool, api.create("steps").await).await;
     let mut endings = std::collections::HashMap::new();
@@ -365,7 +364,7 @@ async fn a_canceled_run_that_fails_retryably_is_not_retried(pool: PgPool) {
     let api = Api::new(&pool, catalog()).await;
     let space = space_of(&pool, api.create("steps").await).await;
     let id = api.create("steps").await;
-    let (mut ctx, _) = worker(&pool, AwsClients::from_env().await.s3, 1);
+    let (mut ctx, _) = worker(&pool, common::aws().await.s3, 1);
     let flaky = Arc::new(Flaky { runs: AtomicUsize::new(0), after: Duration::from_millis(300) });
     ctx.runner = flaky.clone();
     let ctx = Arc::new(ctx);

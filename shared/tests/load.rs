@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use common::{TestQueue, test_settings};
 use futures_util::StreamExt;
-use reeve_shared::aws::AwsClients;
 use reeve_shared::executors::{ExecDeps, Job};
 use reeve_shared::http::stream::{RelayContext, router as relay_router};
 use reeve_shared::ids::Id;
@@ -82,7 +81,7 @@ async fn two_hundred_clients_create_and_watch_and_nothing_is_lost(pool: PgPool) 
         catalog(),
         pool.clone(),
         RedisClient::new(&redis_url).unwrap(),
-        AwsClients::from_env().await,
+        common::aws().await,
         settings,
     );
     let api = serve(reeve_shared::http::app(api_ctx)).await;
@@ -109,7 +108,7 @@ async fn two_hundred_clients_create_and_watch_and_nothing_is_lost(pool: PgPool) 
     };
     let exec = ExecDeps {
         db: pool.clone(),
-        s3: AwsClients::from_env().await.s3,
+        s3: common::aws().await.s3,
         bucket: worker_settings.bucket.clone(),
         outbound: Outbound::new(OutboundPolicy::default()).unwrap(),
         operators: Outbound::new(OutboundPolicy::default()).unwrap(),
@@ -119,8 +118,7 @@ async fn two_hundred_clients_create_and_watch_and_nothing_is_lost(pool: PgPool) 
     let mut worker =
         WorkerContext::new(catalog(), pool.clone(), RedisClient::new(&redis_url).unwrap(), exec, worker_settings);
     worker.runner = runner.clone();
-    let mut poller =
-        Poller::connect(Arc::new(worker), AwsClients::from_env().await.sqs, queue.url.clone()).await.unwrap();
+    let mut poller = Poller::connect(Arc::new(worker), common::aws().await.sqs, queue.url.clone()).await.unwrap();
     poller.wait_time_seconds = 1;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let polling = tokio::spawn(async move {

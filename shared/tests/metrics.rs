@@ -20,7 +20,6 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::chain::{ChainLock, Payer, TOKEN};
 use common::{TestQueue, new_session, post_json, send};
-use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::ExecDeps;
 use reeve_shared::http::stream::{self, RelayContext};
@@ -72,7 +71,7 @@ async fn api(pool: &PgPool) -> (Router, String, TestQueue) {
         catalog(),
         pool.clone(),
         RedisClient::new(&common::redis_url()).unwrap(),
-        AwsClients::from_env().await,
+        common::aws().await,
         settings,
     );
     let relay = Arc::new(RelayContext {
@@ -144,9 +143,8 @@ async fn prometheus_shows_the_request_task_queue_and_relay_metrics_after_a_task_
     let app = reeve_shared::metrics::mount(app, None).await.unwrap();
 
     let id = queue_digest(&app, &token).await;
-    let sqs = AwsClients::from_env().await.sqs;
-    let mut poller =
-        Poller::connect(Arc::new(worker(&pool, AwsClients::from_env().await.s3)), sqs, &queue.url).await.unwrap();
+    let sqs = common::aws().await.sqs;
+    let mut poller = Poller::connect(Arc::new(worker(&pool, common::aws().await.s3)), sqs, &queue.url).await.unwrap();
     poller.wait_time_seconds = 1;
     assert_eq!(poller.poll_once().await.unwrap().done, 1);
     assert_eq!(status_of(&pool, &id).await, "completed");
@@ -247,7 +245,7 @@ async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
     let mut settings = common::test_settings(&common::redis_url());
     settings.queue_url = queue.url.clone();
     let redis = RedisClient::new(&common::redis_url()).unwrap();
-    let ctx = ApiContext::new(paid_catalog(), pool.clone(), redis, AwsClients::from_env().await, settings);
+    let ctx = ApiContext::new(paid_catalog(), pool.clone(), redis, common::aws().await, settings);
     let app = reeve_shared::metrics::mount(app(ctx), None).await.unwrap();
     let (_, token) = new_session(&app).await;
     let input = json!({"input": {"url": "http://127.0.0.1:1/"}});
@@ -285,7 +283,7 @@ async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
         .unwrap();
     let sweeper = reeve_shared::sweeper::Sweeper {
         db: pool.clone(),
-        sqs: AwsClients::from_env().await.sqs,
+        sqs: common::aws().await.sqs,
         queue_url: queue.url.clone(),
         events: reeve_shared::tasks::Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
         max_attempts: 5,
@@ -345,7 +343,7 @@ async fn emf_child(pool: PgPool) {
         "messageId": "m-1", "body": body, "attributes": {"ApproximateReceiveCount": "1"}, "eventSource": "aws:sqs"
     }]}))
     .unwrap();
-    let response = handle_batch(&worker(&pool, AwsClients::from_env().await.s3), event).await;
+    let response = handle_batch(&worker(&pool, common::aws().await.s3), event).await;
     assert!(response.batch_item_failures.is_empty());
     assert_eq!(status_of(&pool, &id).await, "completed");
     queue.delete().await;

@@ -12,7 +12,6 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use common::{Reply, TestQueue, get, get_authed, new_session, post_json, send};
-use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::http::stream::{self, RelayContext};
 use reeve_shared::http::{self, ACCESS_TOKEN, ApiContext, BEARER, Ctx, STREAM_PATH, app, finish, openapi};
@@ -518,7 +517,7 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     let mut settings = common::test_settings(&common::redis_url());
     settings.queue_url = queue.url.clone();
     let redis = RedisClient::new(&common::redis_url()).unwrap();
-    let ctx = ApiContext::new(common::shipped_catalog(), pool.clone(), redis, AwsClients::from_env().await, settings);
+    let ctx = ApiContext::new(common::shipped_catalog(), pool.clone(), redis, common::aws().await, settings);
     let app = serve_app(ctx, pool);
     let check = |method: &str, template: &str, reply: Reply| {
         assert_conforms(&doc, method, template, &reply);

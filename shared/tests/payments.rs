@@ -18,7 +18,6 @@ use axum::http::{HeaderValue, Request, StatusCode};
 use base64::Engine;
 use common::chain::{ChainLock, Payer, TOKEN, balance, fresh_address, rpc};
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
-use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::ExecDeps;
 use reeve_shared::http::{ApiContext, app};
@@ -124,7 +123,7 @@ impl Shop {
         let redis_url = common::redis_url();
         let mut settings = common::test_settings(&redis_url);
         settings.queue_url = queue.url.clone();
-        let aws = AwsClients::from_env().await;
+        let aws = common::aws().await;
         let ctx = ApiContext::new(catalog.clone(), pool.clone(), RedisClient::new(&redis_url).unwrap(), aws, settings);
         let app = app(ctx);
         let (_, token) = new_session(&app).await;
@@ -248,7 +247,7 @@ async fn a_paid_task_settles_on_chain_then_runs_to_completion(pool: PgPool) {
     // Queued, then run by a worker to completion.
     let queued = shop.queue.drain().await;
     assert_eq!(queued, [json!({"task_id": id.to_string(), "kind": "fetch"})]);
-    let worker = worker(&pool, shop.catalog.clone(), AwsClients::from_env().await.s3);
+    let worker = worker(&pool, shop.catalog.clone(), common::aws().await.s3);
     assert_eq!(process(&worker, &json!({"task_id": id, "kind": "fetch"}).to_string(), 1).await, Outcome::Done);
     assert_eq!(status_of(&pool, id).await.0, "completed");
 
@@ -458,7 +457,7 @@ async fn a_paid_task_that_fails_leaves_a_credit_that_pays_the_next_one(pool: PgP
     let failed = id_of(&reply);
     shop.queue.drain().await;
 
-    let worker = worker(&pool, shop.catalog.clone(), AwsClients::from_env().await.s3);
+    let worker = worker(&pool, shop.catalog.clone(), common::aws().await.s3);
     let body = json!({"task_id": failed, "kind": "fetch"}).to_string();
     assert_eq!(process(&worker, &body, 5).await, Outcome::Failed("retries_exhausted"));
     let space = shop.space().await;

@@ -5,13 +5,12 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use reeve_shared::auth::{self, Secret, SpaceId};
 use reeve_shared::db::Connect;
-use reeve_shared::settings::Needs;
+use reeve_shared::settings::{self, Config, Needs};
 use reeve_shared::startup::{self, StartupError};
 
 const PEPPER: &str = "pepper-from-secrets-manager-0123456789abcdef";
@@ -43,9 +42,13 @@ async fn create_secret(sdk: &SdkConfig, value: &str) -> String {
     created.arn().expect("an ARN").to_owned()
 }
 
-fn lookup(vars: &[(&str, String)]) -> impl Fn(&str) -> Option<String> + use<> {
-    let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-    move |name| map.get(name).cloned()
+/// These variables, and the shipped catalog unless they name another.
+fn config(vars: &[(&str, String)]) -> Config {
+    let config = Config::from_vars(vars.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    match config.get(settings::CATALOG) {
+        Some(_) => config,
+        None => config.with(settings::CATALOG, catalog().display().to_string()),
+    }
 }
 
 /// What every API function has besides its secrets.
@@ -66,9 +69,7 @@ async fn secrets_named_by_arn_are_read_from_secrets_manager() {
     vars.push(("REEVE_TOKEN_KEY_SECRET_ARN", create_secret(&sdk, TOKEN_KEY).await));
     vars.push(("REEVE_DATABASE_URL_SECRET_ARN", create_secret(&sdk, &database_url).await));
 
-    let ctx = startup::api_with(lookup(&vars), &sdk, Needs::AUTH, &catalog(), Connect::Now)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let ctx = startup::api(&config(&vars), &sdk, Needs::AUTH, Connect::Now).await.unwrap_or_else(|e| panic!("{e}"));
     // The values are Secrets Manager's: the same keys derive the same index.
     let id = SpaceId::parse("12345678901234567890").unwrap();
     let pepper = Secret::new("REEVE_PEPPER", PEPPER.as_bytes().to_vec()).unwrap();
@@ -89,7 +90,7 @@ async fn secrets_named_by_arn_are_read_from_secrets_manager() {
 async fn a_function_without_a_secret_cannot_use_it() {
     let sdk = moto();
     // The catalog function: no secret at all, and it starts.
-    let ctx = startup::api_with(lookup(&plain(&common::redis_url())), &sdk, Needs::NONE, &catalog(), Connect::Lazily)
+    let ctx = startup::api(&config(&plain(&common::redis_url())), &sdk, Needs::NONE, Connect::Lazily)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     // Its token key is random: a token made with the real key is refused.
@@ -115,10 +116,8 @@ async fn every_problem_is_reported_at_once() {
         ("REEVE_UPLOAD_MAX_BYTES", "lots".to_owned()),
         ("REEVE_OPERATOR_ALLOW", "*.example.com".to_owned()),
     ];
-    let err = startup::api_with(lookup(&vars), &sdk, Needs::AUTH, Path::new("no-such-catalog.toml"), Connect::Lazily)
-        .await
-        .err()
-        .expect("start-up fails");
+    let config = config(&vars).with(settings::CATALOG, "no-such-catalog.toml");
+    let err = startup::api(&config, &sdk, Needs::AUTH, Connect::Lazily).await.err().expect("start-up fails");
     assert!(matches!(err, StartupError::Config(_)));
     let problems = err.problems();
     let text = problems.join("\n");
@@ -146,7 +145,7 @@ async fn a_secret_given_both_ways_is_refused() {
     vars.push(("DATABASE_URL", std::env::var("DATABASE_URL").unwrap()));
     vars.push(("REEVE_DATABASE_URL_SECRET_ARN", "arn:aws:secretsmanager:us-east-1:1:secret:x".to_owned()));
     vars.push(("REEVE_TOKEN_KEY", TOKEN_KEY.to_owned()));
-    let err = startup::api_with(lookup(&vars), &sdk, Needs::SESSION, &catalog(), Connect::Lazily).await.err().unwrap();
+    let err = startup::api(&config(&vars), &sdk, Needs::SESSION, Connect::Lazily).await.err().unwrap();
     assert_eq!(err.problems(), ["set DATABASE_URL or REEVE_DATABASE_URL_SECRET_ARN, not both"]);
 }
 
@@ -161,10 +160,9 @@ async fn the_worker_and_the_guard_read_the_database_url_by_arn() {
         ("REEVE_BUCKET", "reeve-test".to_owned()),
         ("REEVE_CATALOG", catalog().display().to_string()),
     ];
-    let worker =
-        startup::worker_with(lookup(&vars), &sdk, &catalog(), Connect::Now).await.unwrap_or_else(|e| panic!("{e}"));
+    let worker = startup::worker(&config(&vars), &sdk, Connect::Now).await.unwrap_or_else(|e| panic!("{e}"));
     sqlx::query("SELECT 1").execute(&worker.db).await.expect("connected");
-    let guard = startup::guard_with(lookup(&vars), &sdk).await.unwrap_or_else(|e| panic!("{e}"));
+    let guard = startup::guard(&config(&vars), &sdk).await.unwrap_or_else(|e| panic!("{e}"));
     sqlx::query("SELECT 1").execute(&guard.db).await.expect("connected");
 
     // The worker without its secret, with a bad fetch allow-list: both reported.
@@ -173,7 +171,7 @@ async fn the_worker_and_the_guard_read_the_database_url_by_arn() {
         ("REEVE_BUCKET", "b".to_owned()),
         ("REEVE_FETCH_ALLOW", "*.example.com".to_owned()),
     ];
-    let err = startup::worker_with(lookup(&vars), &sdk, &catalog(), Connect::Lazily).await.err().unwrap();
+    let err = startup::worker(&config(&vars), &sdk, Connect::Lazily).await.err().unwrap();
     let problems = err.problems();
     assert_eq!(problems.len(), 2, "{problems:?}");
     assert!(problems[0].starts_with("DATABASE_URL is not set"), "{problems:?}");

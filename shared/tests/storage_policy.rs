@@ -12,7 +12,6 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
-use reeve_shared::aws::AwsClients;
 use reeve_shared::storage_policy::{self, PolicyParams, Rule};
 
 struct TestBucket {
@@ -22,7 +21,7 @@ struct TestBucket {
 
 impl TestBucket {
     async fn new() -> TestBucket {
-        let s3 = AwsClients::from_env().await.s3;
+        let s3 = reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await.s3;
         let name = format!("reeve-policy-{}", ulid::Ulid::new().to_string().to_lowercase());
         s3.create_bucket().bucket(&name).send().await.expect("SeaweedFS is up (scripts/stack.sh up)");
         TestBucket { s3, name }
@@ -127,7 +126,10 @@ async fn seaweedfs_stores_the_signature_age_rule_but_does_not_enforce_it() {
 #[test]
 fn the_tls_rule_is_left_out_only_where_the_endpoint_is_plain_http() {
     // The stack's endpoint is http://127.0.0.1:8333.
-    assert!(storage_policy::endpoint_is_plain_http(), "the local stack's S3 endpoint is plain http");
+    assert!(
+        storage_policy::endpoint_is_plain_http(reeve_shared::settings::Config::from_env().s3_endpoint().as_deref()),
+        "the local stack's S3 endpoint is plain http"
+    );
     assert!(!Rule::LOCAL.contains(&Rule::DenyInsecureTransport));
     assert!(Rule::ALL.contains(&Rule::DenyInsecureTransport));
 }

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::TestQueue;
-use reeve_shared::aws::AwsClients;
 use reeve_shared::ids::Id;
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::sweeper::{DeadLetter, SweepReport, Sweeper};
@@ -22,7 +21,7 @@ const SAMPLE_TASK_ID: &str = "01JNVX5C7D9F1H3K5M7P9R1T3V";
 async fn sweeper(pool: &PgPool, queue: &TestQueue) -> Sweeper {
     Sweeper {
         db: pool.clone(),
-        sqs: AwsClients::from_env().await.sqs,
+        sqs: common::aws().await.sqs,
         queue_url: queue.url.clone(),
         events: Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
         max_attempts: 5,

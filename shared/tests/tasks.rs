@@ -58,7 +58,7 @@ fn test_catalog() -> Catalog {
 }
 
 async fn ctx_with(catalog: Catalog, pool: PgPool, queue_url: &str) -> Ctx {
-    ctx_with_aws(catalog, pool, queue_url, AwsClients::from_env().await)
+    ctx_with_aws(catalog, pool, queue_url, common::aws().await)
 }
 
 fn ctx_with_aws(catalog: Catalog, pool: PgPool, queue_url: &str, aws: AwsClients) -> Ctx {
@@ -173,7 +173,7 @@ async fn an_unreachable_sqs_endpoint_is_also_queue_unavailable(pool: PgPool) {
     // The SDK sends to its endpoint, whatever host the queue URL names: point
     // the endpoint at port 1, where nothing listens.
     let queue = TestQueue::new().await;
-    let base = AwsClients::from_env().await;
+    let base = common::aws().await;
     let dead = base.sqs.config().to_builder().endpoint_url("http://127.0.0.1:1").build();
     let aws = AwsClients { s3: base.s3, sqs: aws_sdk_sqs::Client::from_conf(dead) };
     let app = app(ctx_with_aws(test_catalog(), pool.clone(), &queue.url, aws));

@@ -288,7 +288,7 @@ fn the_template_sets_exactly_the_variables_the_code_reads() {
 #[test]
 fn the_settings_constants_are_all_set() {
     // settings.rs is the config loader: each of its names must be in the template.
-    let settings = read("shared/src/infra/settings.rs");
+    let settings = read("shared/src/startup/settings.rs");
     let set = names_set_by_the_template();
     for line in settings.lines().filter(|l| l.starts_with("pub const") && l.contains("&str")) {
         let Some(name) = line.split('"').nth(1) else { continue }; // a table of names, not a name

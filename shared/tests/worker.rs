@@ -17,7 +17,6 @@ use axum::http::StatusCode;
 use common::QueuedApi as Api;
 use common::{post_json, send};
 use futures_util::StreamExt;
-use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
 use reeve_shared::ids::Id;
@@ -60,7 +59,7 @@ fn worker_with(pool: &PgPool, s3: aws_sdk_s3::Client, redis_url: &str) -> Worker
 }
 
 async fn worker(pool: &PgPool) -> WorkerContext {
-    worker_with(pool, AwsClients::from_env().await.s3, &common::redis_url())
+    worker_with(pool, common::aws().await.s3, &common::redis_url())
 }
 
 /// An S3 client that cannot connect (nothing listens on port 1), without
@@ -425,7 +424,7 @@ async fn an_upload_replaced_with_another_size_fails_the_task_as_upload_mismatch(
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.digest(b"what was declared").await;
     let key: String = sqlx::query_scalar("SELECT key FROM uploads").fetch_one(&pool).await.unwrap();
-    let s3 = AwsClients::from_env().await.s3;
+    let s3 = common::aws().await.s3;
     s3.put_object()
         .bucket(std::env::var("REEVE_BUCKET").unwrap())
         .key(&key)
@@ -666,7 +665,7 @@ async fn the_lease_is_extended_while_the_executor_runs(pool: PgPool) {
 async fn without_redis_the_task_still_completes_and_every_event_is_stored(pool: PgPool) {
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
-    let ctx = worker_with(&pool, AwsClients::from_env().await.s3, "redis://127.0.0.1:1");
+    let ctx = worker_with(&pool, common::aws().await.s3, "redis://127.0.0.1:1");
     let ctx = with_runner(ctx, Scripted::new(Duration::ZERO, 50));
 
     let started = Instant::now();
@@ -703,7 +702,7 @@ async fn the_poller_runs_real_messages_and_deletes_them_once_done(pool: PgPool) 
     let api = Api::new(&pool, test_catalog()).await;
     let bytes = payload();
     let id = api.digest(&bytes).await;
-    let sqs = AwsClients::from_env().await.sqs;
+    let sqs = common::aws().await.sqs;
     assert_eq!(queue_counts(&sqs, &api.queue.url).await, (1, 0), "task create sent it");
 
     let mut poller = Poller::connect(Arc::new(worker(&pool).await), sqs.clone(), &api.queue.url).await.unwrap();
@@ -722,7 +721,7 @@ async fn the_poller_runs_real_messages_and_deletes_them_once_done(pool: PgPool) 
 async fn the_poller_leaves_a_retry_in_the_queue_and_deletes_a_malformed_message(pool: PgPool) {
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.digest(b"retry me").await;
-    let sqs = AwsClients::from_env().await.sqs;
+    let sqs = common::aws().await.sqs;
     sqs.send_message().queue_url(&api.queue.url).message_body("{not json").send().await.unwrap();
 
     let broken = worker_with(&pool, unreachable_s3().await, &common::redis_url());
@@ -746,7 +745,7 @@ async fn the_poller_leaves_a_retry_in_the_queue_and_deletes_a_malformed_message(
 async fn the_poller_keeps_a_long_task_invisible_while_it_runs(pool: PgPool) {
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
-    let sqs = AwsClients::from_env().await.sqs;
+    let sqs = common::aws().await.sqs;
     sqs.set_queue_attributes()
         .queue_url(&api.queue.url)
         .attributes(QueueAttributeName::VisibilityTimeout, "2")
@@ -776,7 +775,7 @@ async fn the_poller_keeps_a_long_task_invisible_while_it_runs(pool: PgPool) {
 async fn the_poller_run_loop_stops_on_shutdown_after_finishing_in_flight_work(pool: PgPool) {
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
-    let sqs = AwsClients::from_env().await.sqs;
+    let sqs = common::aws().await.sqs;
     let ctx = with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(1500), 1));
     let mut poller = Poller::connect(Arc::new(ctx), sqs.clone(), &api.queue.url).await.unwrap();
     poller.wait_time_seconds = 1;
@@ -798,7 +797,7 @@ async fn the_poller_run_loop_stops_on_shutdown_after_finishing_in_flight_work(po
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_message_that_arrives_during_the_shutdown_long_poll_is_given_back_at_once(pool: PgPool) {
     let api = Api::new(&pool, test_catalog()).await;
-    let sqs = AwsClients::from_env().await.sqs;
+    let sqs = common::aws().await.sqs;
     let mut poller = Poller::connect(Arc::new(worker(&pool).await), sqs.clone(), &api.queue.url).await.unwrap();
     // The queue hides a received message for 30 s; a long poll of 3 s.
     poller.wait_time_seconds = 3;

@@ -80,3 +80,8 @@ pub async fn digest_task(api: &str, filename: &str, content_type: &str, bytes: &
     assert_eq!(created.status().as_u16(), 202);
     json_of(created).await["id"].as_str().unwrap().parse().unwrap()
 }
+
+/// The stack's S3 and SQS, configured as every binary is (`startup`).
+pub async fn aws() -> reeve_shared::aws::AwsClients {
+    reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await
+}

@@ -24,6 +24,11 @@ impl Drop for Relay {
     }
 }
 
+/// A variable of the stack's `.env`, as the relay's start-up reads it.
+fn stack(name: &str) -> String {
+    reeve_shared::settings::Config::from_env().get(name).unwrap_or_else(|| panic!("{name}: load the stack's .env"))
+}
+
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
@@ -92,12 +97,12 @@ async fn scrape(metrics: SocketAddr) -> String {
 async fn metrics_are_on_their_own_port_with_a_watcher_connected(pool: PgPool) {
     let (task, token) = queued_task(&pool).await;
     let database: String = sqlx::query_scalar("SELECT current_database()").fetch_one(&pool).await.unwrap();
-    let database_url = with_database(&std::env::var("DATABASE_URL").expect("load the stack's .env"), &database);
+    let database_url = with_database(&stack("DATABASE_URL"), &database);
     let (relay, metrics) = (free_addr(), free_addr());
     let _relay = Relay(
         Command::new(env!("CARGO_BIN_EXE_relay"))
             .env("DATABASE_URL", database_url)
-            .env("REDIS_URL", std::env::var("REDIS_URL").expect("load the stack's .env"))
+            .env("REDIS_URL", stack("REDIS_URL"))
             .env("REEVE_TOKEN_KEY", TOKEN_KEY)
             .env("REEVE_RELAY_BIND", relay.to_string())
             .env("REEVE_METRICS_BIND", metrics.to_string())

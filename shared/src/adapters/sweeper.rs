@@ -32,8 +32,6 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::ids::Id;
-use crate::redis_client::RedisClient;
-use crate::settings::{self, Env, SettingsError, StartupError};
 use crate::tasks::RETRIES_EXHAUSTED;
 use crate::tasks::events::Publisher;
 use crate::tasks::queue::{self, QueueMessage};
@@ -44,8 +42,6 @@ pub const EVERY: Duration = Duration::from_secs(60);
 /// How long a task must have been left alone before it is swept, unless
 /// told otherwise: far longer than a message waits in a healthy queue.
 pub const DEFAULT_OLDER_THAN: Duration = Duration::from_secs(300);
-/// `REEVE_SWEEP_OLDER_THAN_SECONDS`: the scheduled sweep's threshold.
-pub const OLDER_THAN: &str = "REEVE_SWEEP_OLDER_THAN_SECONDS";
 /// Tasks handled per query, so one sweep of a huge backlog stays bounded
 /// in memory.
 const BATCH: i64 = 500;
@@ -104,47 +100,10 @@ pub struct Sweeper {
     pub older_than: Duration,
 }
 
-/// The sweeper's environment, every problem reported at once.
-#[derive(Debug, Clone)]
-pub struct SweeperSettings {
-    pub database_url: String,
-    pub redis_url: String,
-    pub queue_url: String,
-    pub max_attempts: u32,
-    pub older_than: Duration,
-}
-
-impl SweeperSettings {
-    pub fn read<F: Fn(&str) -> Option<String>>(mut env: Env<F>) -> Result<Self, SettingsError> {
-        let database_url = env.required(settings::DATABASE_URL);
-        let redis_url = env.required(settings::REDIS_URL);
-        let queue_url = env.required(settings::QUEUE_URL);
-        let max_attempts =
-            env.number(settings::MAX_RECEIVES, settings::WorkerSettings::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32;
-        let older_than = Duration::from_secs(env.number(OLDER_THAN, DEFAULT_OLDER_THAN.as_secs(), 0, 86_400 * 14));
-        env.finish()?;
-        Ok(SweeperSettings { database_url, redis_url, queue_url, max_attempts, older_than })
-    }
-}
-
 /// A task row as the sweeper sees it.
 type Candidate = (Id, String, String, i32);
 
 impl Sweeper {
-    /// The sweeper over checked settings and an SQS client.
-    pub fn with_settings(s: SweeperSettings, sqs: aws_sdk_sqs::Client) -> Result<Sweeper, StartupError> {
-        let db = crate::db::connect_lazy(&s.database_url)?;
-        let redis = RedisClient::new(&s.redis_url)?;
-        Ok(Sweeper {
-            db,
-            sqs,
-            queue_url: s.queue_url,
-            events: Publisher::new(redis),
-            max_attempts: s.max_attempts,
-            older_than: s.older_than,
-        })
-    }
-
     /// One sweep over every task left alone for `older_than`.
     pub async fn sweep(&self, older_than: Duration) -> Result<SweepReport, SweepError> {
         let mut report = SweepReport::default();

@@ -23,15 +23,8 @@ use aws_sdk_s3::error::DisplayErrorContext;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
-use crate::auth::Secret;
-use crate::catalog::{self, Catalog};
 use crate::ids::Id;
-use crate::settings::{self, Env, SettingsError};
 use crate::uploads::{self, ObjectState, UploadError, UploadRow, UploadStatus};
-
-/// The template's `UploadMaxBytes`: an upper bound on the catalog's
-/// `uploads.max_bytes`, for presign and the guard alike. Optional.
-pub const UPLOAD_MAX_BYTES: &str = "REEVE_UPLOAD_MAX_BYTES";
 
 /// What the guard did with one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,54 +73,8 @@ pub struct Guard {
     pub s3: aws_sdk_s3::Client,
     pub bucket: String,
     /// The largest object any upload may have (the catalog's `max_bytes`,
-    /// capped by [`UPLOAD_MAX_BYTES`]).
+    /// capped by the deployment's `REEVE_UPLOAD_MAX_BYTES`).
     pub max_bytes: u64,
-}
-
-/// The guard's configuration from the environment and the catalog, with
-/// every problem of both reported together.
-#[derive(Debug, Clone)]
-pub struct GuardSettings {
-    pub database_url: Secret,
-    pub bucket: String,
-    pub max_bytes: u64,
-}
-
-impl GuardSettings {
-    pub fn read<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Result<Self, SettingsError> {
-        let catalog = Catalog::load(&env.catalog_path());
-        let database_url = env.secret_text(settings::DATABASE_URL);
-        let bucket = env.required(settings::BUCKET);
-        let cap = upload_limit_from(env).unwrap_or_else(|e| {
-            env.problem(e);
-            None
-        });
-        if let Err(e) = &catalog {
-            env.problem(e.to_string());
-        }
-        let problems = env.take_problems();
-        match (catalog, database_url) {
-            (Ok(catalog), Some(database_url)) if problems.is_empty() => {
-                Ok(GuardSettings { database_url, bucket, max_bytes: effective_max_bytes(&catalog.uploads, cap) })
-            }
-            _ => Err(SettingsError { problems }),
-        }
-    }
-}
-
-/// [`UPLOAD_MAX_BYTES`] from `env`: `None` when unset, an error naming the
-/// variable when it is not a positive integer.
-pub fn upload_limit_from<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Option<u64>, String> {
-    let Some(raw) = env.optional(UPLOAD_MAX_BYTES) else { return Ok(None) };
-    match raw.trim().parse::<u64>() {
-        Ok(n) if n > 0 => Ok(Some(n)),
-        _ => Err(format!("{UPLOAD_MAX_BYTES} must be a positive integer (bytes), got {raw:?}")),
-    }
-}
-
-/// The catalog's `max_bytes`, lowered to the deployment's cap if it has one.
-pub fn effective_max_bytes(uploads: &catalog::Uploads, cap: Option<u64>) -> u64 {
-    cap.map_or(uploads.max_bytes, |cap| cap.min(uploads.max_bytes))
 }
 
 /// Decodes an S3 event key: S3 sends it URL-encoded, with `+` for a space.
@@ -310,26 +257,5 @@ mod tests {
         assert_eq!(decode_key("50%zz"), "50%zz");
         assert_eq!(decode_key("x%4"), "x%4");
         assert_eq!(decode_key("plain-name_1.bin"), "plain-name_1.bin");
-    }
-
-    #[test]
-    fn the_deployment_cap_only_lowers_the_limit() {
-        let uploads = catalog::Uploads { max_bytes: 1000, ..Default::default() };
-        assert_eq!(effective_max_bytes(&uploads, None), 1000);
-        assert_eq!(effective_max_bytes(&uploads, Some(10)), 10);
-        assert_eq!(effective_max_bytes(&uploads, Some(5000)), 1000);
-    }
-
-    #[test]
-    fn a_bad_cap_is_reported_by_name() {
-        let env = Env::new(|name| (name == UPLOAD_MAX_BYTES).then(|| "lots".to_owned()));
-        let err = upload_limit_from(&env).unwrap_err();
-        assert!(err.contains(UPLOAD_MAX_BYTES), "{err}");
-        let env = Env::new(|name| (name == UPLOAD_MAX_BYTES).then(|| "0".to_owned()));
-        assert!(upload_limit_from(&env).is_err());
-        let env = Env::new(|name| (name == UPLOAD_MAX_BYTES).then(|| " 2048 ".to_owned()));
-        assert_eq!(upload_limit_from(&env), Ok(Some(2048)));
-        let env = Env::new(|_| None);
-        assert_eq!(upload_limit_from(&env), Ok(None));
     }
 }

@@ -7,6 +7,5 @@ pub mod db;
 pub mod metrics;
 pub mod outbound;
 pub mod redis_client;
-pub mod settings;
 pub mod storage_policy;
 pub mod telemetry;

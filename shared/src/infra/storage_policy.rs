@@ -165,14 +165,10 @@ pub async fn apply(s3: &aws_sdk_s3::Client, bucket: &str, policy: &Value) -> Res
         .map_err(|e| format!("put-bucket-policy on {bucket}: {}", DisplayErrorContext(&e)))
 }
 
-/// True when the S3 endpoint from the environment is plain http (a local
-/// server), where [`Rule::DenyInsecureTransport`] would lock everyone out.
-pub fn endpoint_is_plain_http() -> bool {
-    ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"]
-        .iter()
-        .filter_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
-        .next()
-        .is_some_and(|url| url.trim().to_ascii_lowercase().starts_with("http://"))
+/// True when S3 is at a plain http `endpoint` (a local server), where
+/// [`Rule::DenyInsecureTransport`] would lock everyone out.
+pub fn endpoint_is_plain_http(endpoint: Option<&str>) -> bool {
+    endpoint.is_some_and(|url| url.trim().to_ascii_lowercase().starts_with("http://"))
 }
 
 #[cfg(test)]

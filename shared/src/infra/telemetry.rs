@@ -1,21 +1,19 @@
-//! Tracing and, in Lambda, metrics are set up here and nowhere else. Logs are
-//! JSON in Lambda and on Fargate, where CloudWatch indexes the fields (the
-//! request id and task id are span fields); a terminal gets the readable
-//! format unless `REEVE_LOG_FORMAT=json`. Logs go to stderr, so stdout in
-//! Lambda carries only the EMF metric lines (`crate::metrics`).
+//! Tracing, set up here and nowhere else. Logs are JSON in Lambda and on
+//! Fargate, where CloudWatch indexes the fields (the request id and task id
+//! are span fields); a terminal gets the readable format unless
+//! `REEVE_LOG_FORMAT=json`. Logs go to stderr, so stdout in Lambda carries
+//! only the EMF metric lines (`crate::metrics`, installed by `startup`).
+//!
+//! This is the one read of the environment outside `startup`, and on
+//! purpose: it runs first, so that a start-up problem is logged in the
+//! format the platform indexes (`RUST_LOG`, `REEVE_LOG_FORMAT`, and whether
+//! Lambda or ECS runs the process).
 
 use tracing_subscriber::EnvFilter;
 
 pub fn init() {
-    if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() {
-        // Long-lived processes install Prometheus themselves, because they
-        // also serve `/metrics`; a Lambda has nowhere to serve it from.
-        if let Err(e) = crate::metrics::install_emf(&crate::startup::metrics_namespace()) {
-            eprintln!("{e}");
-        }
-    }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let json = std::env::var("REEVE_LOG_FORMAT").map(|v| v == "json").unwrap_or(false)
+    let json = std::env::var("REEVE_LOG_FORMAT").is_ok_and(|v| v == "json")
         || std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some()
         || std::env::var_os("ECS_CONTAINER_METADATA_URI_V4").is_some();
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);

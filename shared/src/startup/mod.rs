@@ -1,6 +1,7 @@
 //! The one start-up path. Every binary's `main` builds its context here —
-//! each Lambda, the relay, `reeve serve`, `reeve work` — and this is the only
-//! module that reads an environment variable ([`Env::process`]).
+//! each Lambda, the relay, `reeve serve`, `reeve work` — from one
+//! [`Config`], the process's environment read once ([`Config::from_env`]);
+//! tests build theirs from a `Config` of their own through the same code.
 //!
 //! Each builder gathers every problem of the catalog and the environment
 //! before it fails, as one [`StartupError`], so an operator fixes a
@@ -10,33 +11,41 @@
 //! unreachable Postgres, which can only be known by trying).
 //!
 //! Secrets: each secret is either a plain variable (`REEVE_PEPPER`; a
-//! development `.env`) or, in a deployment, the ARN of a Secrets Manager
-//! secret (`REEVE_PEPPER_SECRET_ARN`), read here once at init with the SDK,
-//! so the function's configuration holds the ARN, never the value. A
-//! function asks only for the secrets its routes use ([`Needs`]).
+//! development `.env`, or the relay's container, which ECS gives the values)
+//! or, in a Lambda, the ARN of a Secrets Manager secret
+//! (`REEVE_PEPPER_SECRET_ARN`), read here once at init with the SDK, so the
+//! function's configuration holds the ARN, never the value. A function asks
+//! only for the secrets its routes use ([`Needs`]).
 //!
-//! This module sits above the others: it assembles `http`'s, the worker's
-//! and the upload guard's contexts, as a `main` would.
+//! This module sits above the others: it assembles the adapters' contexts
+//! from the domain and the infrastructure, as a `main` would.
+
+pub mod settings;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
 use aws_config::SdkConfig;
 use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata};
+use sqlx::PgPool;
+
+pub use settings::{Config, Env, Needs, SettingsError};
 
 use crate::auth::Secret;
-use crate::aws::{AwsClients, S3_ENDPOINT_VARIABLES};
+use crate::aws::{self, AwsClients};
 use crate::catalog::Catalog;
 use crate::db::{self, Connect, DbError};
 use crate::executors::ExecDeps;
-use crate::http::{ApiContext, Ctx};
+use crate::http::{ApiContext, CorsOrigins, Ctx, DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
 use crate::outbound::{Outbound, OutboundPolicy};
 use crate::payments::facilitator;
 use crate::redis_client::{self, BadRedisUrl, RedisClient};
-use crate::settings::{self, ApiSettings, Env, Needs, WorkerSettings};
+use crate::relay::Hub;
 use crate::sweeper::Sweeper;
-use crate::upload_guard::{self, Guard, GuardSettings};
+use crate::tasks::Publisher;
+use crate::upload_guard::Guard;
 use crate::worker::WorkerContext;
 
 /// Why a process could not start: what every binary's `main` reports.
@@ -89,35 +98,237 @@ pub fn or_exit<T>(result: Result<T, StartupError>) -> T {
     })
 }
 
-impl Env<fn(&str) -> Option<String>> {
-    /// The process's environment: the one place a variable is read.
-    pub fn process() -> Self {
-        Env::new(process_var)
+/// The AWS SDK's configuration, loaded once per process (the SDK reads the
+/// standard AWS variables itself).
+pub async fn sdk() -> SdkConfig {
+    aws_config::load_from_env().await
+}
+
+/// Both AWS clients on `config`'s endpoints, with the SDK's configuration
+/// loaded for them: for tools and tests (each binary builds only the
+/// clients it uses).
+pub async fn aws_clients(config: &Config) -> AwsClients {
+    AwsClients::from_config(&sdk().await, config.s3_endpoint().is_some())
+}
+
+/// A Lambda's configuration: the process's environment, with the EMF
+/// metrics exporter installed when it runs in Lambda (a Lambda has nowhere
+/// to serve Prometheus from; its metrics go to stdout as EMF lines).
+fn lambda_config() -> Config {
+    let config = Config::from_env();
+    if config.in_lambda()
+        && let Err(e) = crate::metrics::install_emf(&config.metrics_namespace())
+    {
+        tracing::error!("{e}");
+    }
+    config
+}
+
+/// Problems collected so far as a result.
+fn checked(problems: Vec<String>) -> Result<(), StartupError> {
+    if problems.is_empty() { Ok(()) } else { Err(StartupError::Config(problems)) }
+}
+
+// ------------------------------------------------------------------- API
+
+/// The API's context for a Lambda with these `needs`: the catalog at
+/// `REEVE_CATALOG`, Postgres on first use. Exits 1 on any problem.
+pub async fn lambda_api(needs: Needs) -> Ctx {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(api(&config, &sdk, needs, Connect::Lazily).await)
+}
+
+/// The API's context: the catalog at `REEVE_CATALOG`, the secrets `needs`
+/// asks for, the stores.
+pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connect) -> Result<Ctx, StartupError> {
+    let (config, problems) = with_secrets(config, sdk, &needs.secrets()).await;
+    let (catalog, settings, operators) = api_parts(&config, needs, problems)?;
+    let db =
+        if needs.database { db::open(settings.database_url.expose_str(), connect).await? } else { db::unconfigured() };
+    let redis = RedisClient::new(&settings.redis_url)?;
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators))
+}
+
+/// The API's catalog, settings and operators' client, every problem at once.
+fn api_parts(
+    config: &Config,
+    needs: Needs,
+    mut problems: Vec<String>,
+) -> Result<(Catalog, crate::http::ApiSettings, Outbound), StartupError> {
+    let mut env = config.env();
+    let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    // The deployment may lower the catalog's upload limit (the template's
+    // `UploadMaxBytes`), for presign and the upload guard alike.
+    let cap = settings::upload_limit(&mut env);
+    let (_, operators) = settings::outbound_policies(&env);
+    let operators = outbound(&mut problems, operators, "REEVE_OPERATOR_ALLOW");
+    check_urls(&mut problems, config, needs.database);
+    let api_settings = settings::api_settings(&mut env, needs).map_err(|e| problems.extend(e.problems)).ok();
+    let catalog = catalog.and_then(|mut catalog| {
+        catalog.uploads = catalog.uploads.capped(cap);
+        // The local stack points payments at its own facilitator.
+        if let Some(payments) = catalog.payments.as_mut() {
+            let url = facilitator::effective_url(&payments.facilitator_url, |k| config.get(k));
+            payments.facilitator_url = url.map_err(|e| problems.push(e)).ok()?;
+        }
+        Some(catalog)
+    });
+    problems.extend(env.take_problems());
+    match (catalog, api_settings, operators) {
+        (Some(catalog), Some(api_settings), Some(operators)) if problems.is_empty() => {
+            Ok((catalog, api_settings, operators))
+        }
+        _ => Err(StartupError::Config(problems)),
     }
 }
 
-fn process_var(name: &str) -> Option<String> {
-    std::env::var(name).ok()
+// ---------------------------------------------------------------- worker
+
+/// The worker Lambda's context: the catalog at `REEVE_CATALOG`, Postgres on
+/// first use. Exits 1 on any problem.
+pub async fn lambda_worker() -> WorkerContext {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(worker(&config, &sdk, Connect::Lazily).await)
 }
+
+/// The worker's context (the `worker` Lambda, `reeve work`).
+pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Result<WorkerContext, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
+    let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    let (catalog, worker_settings, users, operators) = worker_parts(&config, catalog, problems)?;
+    let db = db::open(worker_settings.database_url.expose_str(), connect).await?;
+    let redis = RedisClient::new(&worker_settings.redis_url)?;
+    Ok(worker_on(catalog, db, redis, aws::s3(sdk, config.s3_endpoint().is_some()), worker_settings, users, operators))
+}
+
+type WorkerParts = (Catalog, crate::worker::WorkerSettings, Outbound, Outbound);
+
+/// The worker's settings and clients over `catalog` (`None`: its problems
+/// are in `problems` already), every problem at once.
+fn worker_parts(
+    config: &Config,
+    catalog: Option<Catalog>,
+    mut problems: Vec<String>,
+) -> Result<WorkerParts, StartupError> {
+    let mut env = config.env();
+    let worker_settings = settings::worker_settings(&mut env).map_err(|e| problems.extend(e.problems)).ok();
+    let (users, operators) = settings::outbound_policies(&env);
+    let users = outbound(&mut problems, users, "REEVE_FETCH_ALLOW");
+    let operators = outbound(&mut problems, operators, "REEVE_OPERATOR_ALLOW");
+    check_urls(&mut problems, config, true);
+    problems.extend(env.take_problems());
+    match (catalog, worker_settings, users, operators) {
+        (Some(c), Some(s), Some(u), Some(o)) if problems.is_empty() => Ok((c, s, u, o)),
+        _ => Err(StartupError::Config(problems)),
+    }
+}
+
+fn worker_on(
+    catalog: Catalog,
+    db: PgPool,
+    redis: RedisClient,
+    s3: aws_sdk_s3::Client,
+    worker_settings: crate::worker::WorkerSettings,
+    users: Outbound,
+    operators: Outbound,
+) -> WorkerContext {
+    let exec = ExecDeps {
+        db: db.clone(),
+        s3,
+        bucket: worker_settings.bucket.clone(),
+        outbound: users,
+        operators,
+        fetch_max_bytes: worker_settings.fetch_max_bytes,
+        output_retention_days: worker_settings.output_retention_days,
+    };
+    WorkerContext::new(catalog, db, redis, exec, worker_settings)
+}
+
+// --------------------------------------------------------------- sweeper
+
+/// The sweeper Lambda's context: the database URL (by ARN in a
+/// deployment), Redis, the queue. Exits 1 on any problem.
+pub async fn lambda_sweeper() -> Sweeper {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(sweeper(&config, &sdk).await)
+}
+
+/// The sweeper's context (the `sweeper` Lambda, `reeve sweep`).
+pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
+    let mut env = config.env();
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let redis_url = env.required(settings::REDIS_URL);
+    let queue_url = env.required(settings::QUEUE_URL);
+    let max_attempts = settings::max_receives(&mut env);
+    let older_than = settings::sweep_older_than(&mut env, crate::sweeper::DEFAULT_OLDER_THAN);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    checked(problems)?;
+    let database_url = database_url.expect("reported when missing");
+    Ok(Sweeper {
+        db: db::connect_lazy(database_url.expose_str())?,
+        sqs: aws::sqs(sdk),
+        queue_url,
+        events: Publisher::new(RedisClient::new(&redis_url)?),
+        max_attempts,
+        older_than,
+    })
+}
+
+/// The sweeper a long-running worker runs beside its poller (`reeve work`,
+/// `reeve serve`), on the worker's own Postgres pool and Redis doorbell.
+pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_url: String) -> Sweeper {
+    Sweeper {
+        db: worker.db.clone(),
+        sqs,
+        queue_url,
+        events: worker.events.clone(),
+        max_attempts: worker.settings.max_receives,
+        older_than: crate::sweeper::DEFAULT_OLDER_THAN,
+    }
+}
+
+// ---------------------------------------------------------- upload guard
+
+/// The upload guard Lambda's context. Exits 1 on any problem.
+pub async fn lambda_guard() -> Guard {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(guard(&config, &sdk).await)
+}
+
+/// The upload guard's context: Postgres (on first use), S3, the bucket and
+/// the upload limit (the catalog's, capped by the deployment's).
+pub async fn guard(config: &Config, sdk: &SdkConfig) -> Result<Guard, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
+    let mut env = config.env();
+    let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let bucket = env.required(settings::BUCKET);
+    let cap = settings::upload_limit(&mut env);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let (Some(catalog), Some(database_url), true) = (catalog, database_url, problems.is_empty()) else {
+        return Err(StartupError::Config(problems));
+    };
+    Ok(Guard {
+        db: db::connect_lazy(database_url.expose_str())?,
+        s3: aws::s3(sdk, config.s3_endpoint().is_some()),
+        bucket,
+        max_bytes: catalog.uploads.capped(cap).max_bytes,
+    })
+}
+
+// ----------------------------------------------------------------- relay
 
 /// Where the relay listens when `REEVE_RELAY_BIND` is not set: in a
 /// container it must listen beyond loopback.
 pub const DEFAULT_RELAY_BIND: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 8080);
-
-/// `REEVE_RELAY_BIND`, checked: a bad address is a start-up problem, never
-/// silently the default. Run with `RelayContext::from_env` through [`both`]:
-/// it also checks the shape of the relay's Postgres and Redis URLs, so they
-/// are reported with every other problem whatever the relay's own builder
-/// stops at first (a problem both find is reported once).
-pub fn relay_bind() -> Result<SocketAddr, StartupError> {
-    // The relay's `rediss://` connection needs it, whoever opens the client.
-    redis_client::install_crypto_provider();
-    let mut env = Env::process();
-    let bind = env.socket_addr(settings::RELAY_BIND, DEFAULT_RELAY_BIND);
-    let mut problems = env.take_problems();
-    check_urls(&mut problems, &env, true);
-    if problems.is_empty() { Ok(bind) } else { Err(StartupError::Config(problems)) }
-}
 
 /// Where the relay serves `/metrics` when `REEVE_METRICS_BIND` is not set:
 /// loopback, so a relay started by hand shows its metrics to nobody else.
@@ -134,24 +345,54 @@ pub struct RelayListeners {
     pub metrics: SocketAddr,
 }
 
-/// `REEVE_RELAY_BIND` ([`relay_bind`]) and `REEVE_METRICS_BIND`, checked
-/// together: a bad address, or `/metrics` on the relay's own port, is a
-/// start-up problem.
-pub fn relay_listeners() -> Result<RelayListeners, StartupError> {
-    let relay = relay_bind();
-    let mut env = Env::process();
-    let metrics = env.socket_addr(settings::METRICS_BIND, DEFAULT_RELAY_METRICS_BIND);
-    let mut problems = env.take_problems();
-    if let Ok(relay) = &relay
-        && shares_a_port(*relay, metrics)
-    {
+/// Everything the relay process needs: its context, its listeners and the
+/// browser origins it answers.
+pub struct Relay {
+    pub ctx: RelayCtx,
+    pub listeners: RelayListeners,
+    pub cors: CorsOrigins,
+}
+
+/// The relay (the Fargate service and `reeve relay`): Postgres, Redis and
+/// the token key, both listen addresses and the CORS origins, every problem
+/// of them at once. `REEVE_KEEPALIVE_SECONDS` moves the keep-alive interval.
+/// Its secrets are plain variables: ECS puts their values in its
+/// environment.
+pub fn relay(config: &Config) -> Result<Relay, StartupError> {
+    let mut problems = Vec::new();
+    let mut env = config.env();
+    let token_key = env.secret(settings::TOKEN_KEY);
+    let database_url = env.required(settings::DATABASE_URL);
+    let redis_url = env.required(settings::REDIS_URL);
+    let keepalive = Duration::from_secs(env.number(settings::KEEPALIVE, DEFAULT_KEEPALIVE.as_secs(), 1, 300));
+    let api_origin = env.origin(settings::API_ORIGIN);
+    let relay_bind = env.socket_addr(settings::RELAY_BIND, DEFAULT_RELAY_BIND);
+    let metrics_bind = env.socket_addr(settings::METRICS_BIND, DEFAULT_RELAY_METRICS_BIND);
+    let cors = settings::cors_origins(&mut env);
+    check_urls(&mut problems, config, true);
+    problems.extend(env.take_problems());
+    if shares_a_port(relay_bind, metrics_bind) {
         problems.push(format!(
-            "{} ({metrics}) must not be the relay's port ({relay}): the load balancer forwards every path there",
+            "{} ({metrics_bind}) must not be the relay's port ({relay_bind}): the load balancer forwards every path there",
             settings::METRICS_BIND
         ));
     }
-    let metrics = if problems.is_empty() { Ok(metrics) } else { Err(StartupError::Config(problems)) };
-    both(relay, metrics).map(|(relay, metrics)| RelayListeners { relay, metrics })
+    let (Some(token_key), true) = (token_key, problems.is_empty()) else {
+        return Err(StartupError::Config(problems));
+    };
+    let db = db::connect_lazy(&database_url)?;
+    let ctx = relay_on(db, redis_client::open(&redis_url)?, token_key, keepalive, api_origin);
+    Ok(Relay { ctx, listeners: RelayListeners { relay: relay_bind, metrics: metrics_bind }, cors })
+}
+
+fn relay_on(
+    db: PgPool,
+    redis: redis::Client,
+    token_key: Secret,
+    keepalive: Duration,
+    api_origin: Option<String>,
+) -> RelayCtx {
+    Arc::new(RelayContext { db, token_key, hub: Hub::start(redis), keepalive, api_origin })
 }
 
 /// Whether two listeners would claim the same port on some address.
@@ -159,21 +400,100 @@ fn shares_a_port(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
-/// The CloudWatch namespace of this Lambda's EMF lines:
-/// `REEVE_METRICS_NAMESPACE` (the template sets `Reeve/<Stage>`), else
-/// [`crate::metrics::DEFAULT_NAMESPACE`].
-pub fn metrics_namespace() -> String {
-    Env::process()
-        .optional(settings::METRICS_NAMESPACE)
-        .map(|ns| ns.trim().to_owned())
-        .unwrap_or_else(|| crate::metrics::DEFAULT_NAMESPACE.to_owned())
+/// Why a running relay stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MountError),
+    #[error("cannot listen on {0}: {1}")]
+    Listen(SocketAddr, std::io::Error),
+    #[error("relay stopped: {0}")]
+    Serve(std::io::Error),
 }
 
+/// Runs the relay until `shutdown` resolves: Prometheus `/metrics` on its
+/// own listener, never on the relay's port (the load balancer forwards every
+/// path of that port to the internet), then the SSE routes with `/healthz`.
+/// The Fargate service and `reeve relay` both run it.
+pub async fn run_relay(
+    relay: Relay,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), RelayError> {
+    let Relay { ctx, listeners, cors } = relay;
+    let handle = crate::metrics::install_prometheus().map_err(crate::metrics::MountError::from)?;
+    crate::metrics::serve(listeners.metrics, handle)
+        .await
+        .map_err(|e| crate::metrics::MountError::Bind(listeners.metrics, e))?;
+    let listener =
+        tokio::net::TcpListener::bind(listeners.relay).await.map_err(|e| RelayError::Listen(listeners.relay, e))?;
+    tracing::info!(bind = %listeners.relay, "relay serving");
+    axum::serve(listener, crate::http::with_cors(crate::http::relay_app(ctx), &cors))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(RelayError::Serve)
+}
+
+// ---------------------------------------------------------------- serve
+
+/// Everything `reeve serve` runs in one process: every API route, the
+/// relay's routes and (unless it serves only) a worker, all on one Postgres
+/// pool, one Redis client and one SDK configuration.
+pub struct Serve {
+    pub api: Ctx,
+    pub relay: RelayCtx,
+    pub cors: CorsOrigins,
+    pub worker: Option<WorkerContext>,
+}
+
+/// `reeve serve`'s contexts, every problem of all of them at once.
+pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Result<Serve, StartupError> {
+    let (config, problems) = with_secrets(config, sdk, &Needs::ALL.secrets()).await;
+    let api = api_parts(&config, Needs::ALL, problems);
+    // The worker runs the API's catalog: loaded and checked once.
+    let catalog = api.as_ref().ok().map(|(catalog, ..)| catalog.clone());
+    let worker = match (with_worker, catalog) {
+        (false, _) => Ok(None),
+        (true, Some(catalog)) => worker_parts(&config, Some(catalog), Vec::new()).map(Some),
+        (true, None) => worker_parts(&config, None, vec![]).map(Some).or_else(|e| match e {
+            // The catalog's own problems are the API's to report.
+            StartupError::Config(problems) if problems.is_empty() => Ok(None),
+            other => Err(other),
+        }),
+    };
+    let mut env = config.env();
+    let keepalive = Duration::from_secs(env.number(settings::KEEPALIVE, DEFAULT_KEEPALIVE.as_secs(), 1, 300));
+    let api_origin = env.origin(settings::API_ORIGIN);
+    let cors = settings::cors_origins(&mut env);
+    let rest = checked(env.take_problems());
+    let ((catalog, api_settings, operators), (worker, ())) = both(api, both(worker, rest))?;
+    let db = db::open(api_settings.database_url.expose_str(), Connect::Now).await?;
+    let redis_url = api_settings.redis_url.clone();
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    let relay =
+        relay_on(db.clone(), redis_client::open(&redis_url)?, api_settings.token_key.clone(), keepalive, api_origin);
+    let worker = match worker {
+        Some((catalog, worker_settings, users, operators)) => Some(worker_on(
+            catalog,
+            db.clone(),
+            RedisClient::new(&redis_url)?,
+            aws.s3.clone(),
+            worker_settings,
+            users,
+            operators,
+        )),
+        None => None,
+    };
+    let redis = RedisClient::new(&redis_url)?;
+    let api = ApiContext::with_operators(catalog, db, redis, aws, api_settings, operators);
+    Ok(Serve { api, relay, cors, worker })
+}
+
+// --------------------------------------------------------------- migrate
+
 /// The database URL alone (`reeve migrate`): plain or from Secrets Manager.
-pub async fn database_url() -> Result<Secret, StartupError> {
-    let sdk = aws_config::load_from_env().await;
-    let (fetched, mut problems) = fetch_secrets(&process_var, &sdk, &[settings::DATABASE_URL]).await;
-    let mut env = Env::new(overlay(process_var, fetched));
+pub async fn database_url(config: &Config, sdk: &SdkConfig) -> Result<Secret, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
+    let mut env = config.env();
     let url = env.secret_text(settings::DATABASE_URL);
     problems.extend(env.take_problems());
     if let Some(url) = &url {
@@ -185,203 +505,28 @@ pub async fn database_url() -> Result<Secret, StartupError> {
     }
 }
 
-/// The API's context for a Lambda with these `needs`: the catalog at
-/// `REEVE_CATALOG`, Postgres on first use. Exits 1 on any problem.
-pub async fn lambda_api(needs: Needs) -> Ctx {
-    let catalog = Env::process().catalog_path();
-    or_exit(api(needs, &catalog, Connect::Lazily).await)
+// --------------------------------------------------------------- secrets
+
+/// `config` with the secrets in `wanted` that it names by ARN rather than by
+/// value read from Secrets Manager, all at once, under their plain names.
+/// A secret given both ways is a problem (which one would win is a guess);
+/// a secret given neither way is left to the settings, which report it as
+/// not set.
+async fn with_secrets(config: &Config, sdk: &SdkConfig, wanted: &[&'static str]) -> (Config, Vec<String>) {
+    let (fetched, problems) = fetch_secrets(config, sdk, wanted).await;
+    (config.overlaid(fetched), problems)
 }
 
-/// The API's context from the process environment and `catalog`.
-pub async fn api(needs: Needs, catalog: &Path, connect: Connect) -> Result<Ctx, StartupError> {
-    let sdk = aws_config::load_from_env().await;
-    api_with(process_var, &sdk, needs, catalog, connect).await
-}
-
-/// [`api`] over any variable lookup and SDK configuration (tests).
-pub async fn api_with<F: Fn(&str) -> Option<String>>(
-    lookup: F,
-    sdk: &SdkConfig,
-    needs: Needs,
-    catalog: &Path,
-    connect: Connect,
-) -> Result<Ctx, StartupError> {
-    let mut wanted = Vec::new();
-    if needs.pepper {
-        wanted.push(settings::PEPPER);
-    }
-    if needs.token_key {
-        wanted.push(settings::TOKEN_KEY);
-    }
-    if needs.database {
-        wanted.push(settings::DATABASE_URL);
-    }
-    let (fetched, mut problems) = fetch_secrets(&lookup, sdk, &wanted).await;
-    let (catalog, settings, operators, custom_s3) = {
-        let mut env = Env::new(overlay(lookup, fetched));
-        let catalog = Catalog::load(catalog).map_err(|e| problems.push(e.to_string())).ok();
-        // The deployment may lower the catalog's upload limit (the template's
-        // `UploadMaxBytes`), for presign and the upload guard alike.
-        let cap = upload_guard::upload_limit_from(&env).map_err(|e| problems.push(e)).ok().flatten();
-        let operators = outbound(&mut problems, OutboundPolicy::operators(|k| env.optional(k)), "REEVE_OPERATOR_ALLOW");
-        let custom_s3 = custom_s3_endpoint(&env);
-        check_urls(&mut problems, &env, needs.database);
-        let settings = ApiSettings::read(&mut env, needs).map_err(|e| problems.extend(e.problems)).ok();
-        let catalog = catalog.and_then(|mut catalog| {
-            catalog.uploads.max_bytes = upload_guard::effective_max_bytes(&catalog.uploads, cap);
-            // The local stack points payments at its own facilitator.
-            if let Some(payments) = catalog.payments.as_mut() {
-                let url = facilitator::effective_url(&payments.facilitator_url, |k| env.optional(k));
-                payments.facilitator_url = url.map_err(|e| problems.push(e)).ok()?;
-            }
-            Some(catalog)
-        });
-        (catalog, settings, operators, custom_s3)
-    };
-    let (Some(catalog), Some(settings), Some(operators), true) = (catalog, settings, operators, problems.is_empty())
-    else {
-        return Err(StartupError::Config(problems));
-    };
-    let db =
-        if needs.database { db::open(settings.database_url.expose_str(), connect).await? } else { db::unconfigured() };
-    let redis = RedisClient::new(&settings.redis_url)?;
-    let aws = AwsClients::from_config(sdk, custom_s3);
-    Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators))
-}
-
-/// The worker Lambda's context: the catalog at `REEVE_CATALOG`, Postgres on
-/// first use. Exits 1 on any problem.
-pub async fn lambda_worker() -> WorkerContext {
-    let catalog = Env::process().catalog_path();
-    or_exit(worker(&catalog, Connect::Lazily).await)
-}
-
-/// The worker's context (the `worker` Lambda, `reeve work`).
-pub async fn worker(catalog: &Path, connect: Connect) -> Result<WorkerContext, StartupError> {
-    let sdk = aws_config::load_from_env().await;
-    worker_with(process_var, &sdk, catalog, connect).await
-}
-
-/// [`worker`] over any variable lookup and SDK configuration (tests).
-pub async fn worker_with<F: Fn(&str) -> Option<String>>(
-    lookup: F,
-    sdk: &SdkConfig,
-    catalog: &Path,
-    connect: Connect,
-) -> Result<WorkerContext, StartupError> {
-    let (fetched, mut problems) = fetch_secrets(&lookup, sdk, &[settings::DATABASE_URL]).await;
-    let (catalog, settings, users, operators, custom_s3) = {
-        let mut env = Env::new(overlay(lookup, fetched));
-        let catalog = Catalog::load(catalog).map_err(|e| problems.push(e.to_string())).ok();
-        let settings = WorkerSettings::read(&mut env).map_err(|e| problems.extend(e.problems)).ok();
-        let users = outbound(&mut problems, OutboundPolicy::users(|k| env.optional(k)), "REEVE_FETCH_ALLOW");
-        let operators = outbound(&mut problems, OutboundPolicy::operators(|k| env.optional(k)), "REEVE_OPERATOR_ALLOW");
-        check_urls(&mut problems, &env, true);
-        (catalog, settings, users, operators, custom_s3_endpoint(&env))
-    };
-    let (Some(catalog), Some(settings), Some(outbound), Some(operators), true) =
-        (catalog, settings, users, operators, problems.is_empty())
-    else {
-        return Err(StartupError::Config(problems));
-    };
-    let db = db::open(settings.database_url.expose_str(), connect).await?;
-    let redis = RedisClient::new(&settings.redis_url)?;
-    let aws = AwsClients::from_config(sdk, custom_s3);
-    let exec = ExecDeps {
-        db: db.clone(),
-        s3: aws.s3,
-        bucket: settings.bucket.clone(),
-        outbound,
-        operators,
-        fetch_max_bytes: settings.fetch_max_bytes,
-        output_retention_days: settings.output_retention_days,
-    };
-    Ok(WorkerContext::new(catalog, db, redis, exec, settings))
-}
-
-/// The upload guard Lambda's context. Exits 1 on any problem.
-/// The sweeper Lambda's context: the database URL (by ARN in a
-/// deployment), Redis, the queue. Exits 1 on any problem.
-pub async fn lambda_sweeper() -> crate::sweeper::Sweeper {
-    or_exit(sweeper().await)
-}
-
-/// The sweeper's context from the environment, the database URL read from
-/// Secrets Manager when it is given by ARN.
-pub async fn sweeper() -> Result<crate::sweeper::Sweeper, StartupError> {
-    let sdk = aws_config::load_from_env().await;
-    let (fetched, mut problems) = fetch_secrets(&process_var, &sdk, &[settings::DATABASE_URL]).await;
-    let env = Env::new(overlay(process_var, fetched));
-    if let Some(url) = env.optional(settings::DATABASE_URL) {
-        check_database_url(&mut problems, &url);
-    }
-    let settings = crate::sweeper::SweeperSettings::read(env).map_err(|e| problems.extend(e.problems)).ok();
-    let (Some(settings), true) = (settings, problems.is_empty()) else {
-        return Err(StartupError::Config(problems));
-    };
-    let sqs = AwsClients::from_config(&sdk, custom_s3_endpoint(&Env::new(process_var))).sqs;
-    crate::sweeper::Sweeper::with_settings(settings, sqs)
-}
-
-/// The sweeper a long-running worker runs beside its poller (`reeve work`,
-/// `reeve serve`), on the worker's own Postgres pool and Redis doorbell.
-pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_url: String) -> Sweeper {
-    Sweeper {
-        db: worker.db.clone(),
-        sqs,
-        queue_url,
-        events: worker.events.clone(),
-        max_attempts: worker.settings.max_receives,
-        older_than: crate::sweeper::DEFAULT_OLDER_THAN,
-    }
-}
-
-pub async fn lambda_guard() -> Guard {
-    or_exit(guard().await)
-}
-
-/// The upload guard's context: Postgres (on first use), S3, the bucket and
-/// the upload limit.
-pub async fn guard() -> Result<Guard, StartupError> {
-    let sdk = aws_config::load_from_env().await;
-    guard_with(process_var, &sdk).await
-}
-
-/// [`guard`] over any variable lookup and SDK configuration (tests).
-pub async fn guard_with<F: Fn(&str) -> Option<String>>(lookup: F, sdk: &SdkConfig) -> Result<Guard, StartupError> {
-    let (fetched, mut problems) = fetch_secrets(&lookup, sdk, &[settings::DATABASE_URL]).await;
-    let (settings, custom_s3) = {
-        let mut env = Env::new(overlay(lookup, fetched));
-        if let Some(url) = env.optional(settings::DATABASE_URL) {
-            check_database_url(&mut problems, &url);
-        }
-        let settings = GuardSettings::read(&mut env).map_err(|e| problems.extend(e.problems)).ok();
-        (settings, custom_s3_endpoint(&env))
-    };
-    let (Some(settings), true) = (settings, problems.is_empty()) else {
-        return Err(StartupError::Config(problems));
-    };
-    let db = db::connect_lazy(settings.database_url.expose_str())?;
-    let s3 = AwsClients::from_config(sdk, custom_s3).s3;
-    Ok(Guard { db, s3, bucket: settings.bucket, max_bytes: settings.max_bytes })
-}
-
-/// Reads the secrets in `wanted` that the environment names by ARN rather
-/// than by value, all at once: name → value, and a problem for each one
-/// that cannot be read. A secret given both ways is a problem too (which
-/// one would win is a guess). A secret given neither way is left to the
-/// settings, which report it as not set.
-async fn fetch_secrets<F: Fn(&str) -> Option<String>>(
-    lookup: &F,
+async fn fetch_secrets(
+    config: &Config,
     sdk: &SdkConfig,
     wanted: &[&'static str],
 ) -> (HashMap<&'static str, Secret>, Vec<String>) {
-    let present = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
     let mut problems = Vec::new();
     let mut by_arn = Vec::new();
     for &name in wanted {
         let Some(arn_variable) = settings::arn_variable(name) else { continue };
-        match (present(name), present(arn_variable)) {
+        match (config.get(name), config.get(arn_variable)) {
             (Some(_), Some(_)) => problems.push(format!("set {name} or {arn_variable}, not both")),
             (None, Some(arn)) => by_arn.push((name, arn_variable, arn.trim().to_owned())),
             _ => {}
@@ -432,33 +577,17 @@ fn placeholder(name: &'static str) -> Secret {
     Secret::text(name, "postgres://placeholder.invalid/unread-secret".to_owned())
 }
 
-/// `lookup`, with the secrets read from Secrets Manager under their plain
-/// names.
-fn overlay<F: Fn(&str) -> Option<String>>(
-    lookup: F,
-    fetched: HashMap<&'static str, Secret>,
-) -> impl Fn(&str) -> Option<String> {
-    move |name| match fetched.get(name) {
-        Some(secret) => Some(secret.expose_str().to_owned()),
-        None => lookup(name),
-    }
-}
-
 fn outbound(problems: &mut Vec<String>, policy: OutboundPolicy, variable: &str) -> Option<Outbound> {
     Outbound::new(policy).map_err(|e| problems.push(format!("{variable}: {e}"))).ok()
 }
 
-fn custom_s3_endpoint<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> bool {
-    S3_ENDPOINT_VARIABLES.iter().any(|name| env.optional(name).is_some())
-}
-
 /// The Postgres and Redis URLs, if set, checked without connecting, so a
 /// malformed one is reported with every other problem.
-fn check_urls<F: Fn(&str) -> Option<String>>(problems: &mut Vec<String>, env: &Env<F>, database: bool) {
-    if let Some(url) = env.optional(settings::DATABASE_URL).filter(|_| database) {
+fn check_urls(problems: &mut Vec<String>, config: &Config, database: bool) {
+    if let Some(url) = config.get(settings::DATABASE_URL).filter(|_| database) {
         check_database_url(problems, &url);
     }
-    if let Some(Err(e)) = env.optional(settings::REDIS_URL).map(|url| redis_client::open(&url)) {
+    if let Some(Err(e)) = config.get(settings::REDIS_URL).map(|url| redis_client::open(&url)) {
         problems.push(e.to_string());
     }
 }

@@ -72,6 +72,11 @@ pub fn worker_context(
     WorkerContext::new(catalog, pool.clone(), redis, exec, settings)
 }
 
+/// The stack's S3 and SQS, configured as every binary is (`startup`).
+pub async fn aws() -> AwsClients {
+    reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await
+}
+
 pub fn redis_url() -> String {
     env("REDIS_URL")
 }
@@ -98,7 +103,7 @@ pub async fn ctx(pool: PgPool) -> Ctx {
 }
 
 pub async fn ctx_with_redis(pool: PgPool, redis_url: &str) -> Ctx {
-    let aws = AwsClients::from_env().await;
+    let aws = aws().await;
     ApiContext::new(shipped_catalog(), pool, RedisClient::new(redis_url).unwrap(), aws, test_settings(redis_url))
 }
 
@@ -169,7 +174,7 @@ impl QueuedApi {
         let mut settings = test_settings(&redis_url);
         settings.queue_url = queue.url.clone();
         let redis = reeve_shared::redis_client::RedisClient::new(&redis_url).unwrap();
-        let ctx = ApiContext::new(catalog, pool.clone(), redis, AwsClients::from_env().await, settings);
+        let ctx = ApiContext::new(catalog, pool.clone(), redis, aws().await, settings);
         let app = reeve_shared::http::app(ctx);
         let (_, token) = new_session(&app).await;
         QueuedApi { app, token, queue }
@@ -184,7 +189,7 @@ pub struct TestQueue {
 
 impl TestQueue {
     pub async fn new() -> TestQueue {
-        let sqs = AwsClients::from_env().await.sqs;
+        let sqs = aws().await.sqs;
         let name = format!("reeve-test-{}", ulid::Ulid::new().to_string().to_lowercase());
         let created = sqs.create_queue().queue_name(name).send().await.expect("moto SQS is up");
         TestQueue { url: created.queue_url().expect("a queue url").to_owned(), sqs }

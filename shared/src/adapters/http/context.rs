@@ -7,12 +7,25 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use sqlx::PgPool;
 
+use crate::auth::Secret;
 use crate::aws::AwsClients;
 use crate::catalog::Catalog;
 use crate::outbound::{Outbound, OutboundPolicy};
 use crate::redis_client::RedisClient;
-use crate::settings::ApiSettings;
 use crate::spaces::Argon2Limit;
+
+/// What the HTTP API needs to run: the auth secrets, the stores, the bucket
+/// and the queue.
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    pub pepper: Secret,
+    pub token_key: Secret,
+    /// Empty when the process was not given the database (`Needs::database`).
+    pub database_url: Secret,
+    pub redis_url: String,
+    pub bucket: String,
+    pub queue_url: String,
+}
 
 pub struct ApiContext {
     pub catalog: Arc<Catalog>,

@@ -1,7 +1,7 @@
 //! CORS for browser clients: which other origins may call the API and the
 //! relay from a page, and which answer headers such a page may read.
 //!
-//! Origins are listed in `REEVE_CORS_ORIGINS` (comma-separated, each
+//! Origins are listed in `REEVE_CORS_ORIGINS` (read by `startup`) (comma-separated, each
 //! `scheme://host[:port]`). Unset or empty means no origin is allowed and
 //! no CORS header is ever sent, which is the production default: only the
 //! pages an operator names can use a visitor's token from a browser.
@@ -13,7 +13,6 @@ use axum::http::{HeaderName, HeaderValue, Method, header};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::payments::{PAYMENT_REQUIRED_HEADER, PAYMENT_SIGNATURE_HEADER};
-use crate::settings::{CORS_ORIGINS, Env, StartupError};
 
 /// Answer headers a cross-origin page may read: the x402 challenge and
 /// receipt, the request id every error names, where a new task lives, and
@@ -34,17 +33,6 @@ pub const MAX_AGE: Duration = Duration::from_secs(600);
 pub struct CorsOrigins(Vec<HeaderValue>);
 
 impl CorsOrigins {
-    /// `REEVE_CORS_ORIGINS` from the process environment.
-    pub fn from_env() -> Result<CorsOrigins, StartupError> {
-        Self::read(&Env::process())
-    }
-
-    pub fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<CorsOrigins, StartupError> {
-        Self::parse(&env.optional(CORS_ORIGINS).unwrap_or_default()).map_err(|problems| {
-            StartupError::Config(problems.into_iter().map(|p| format!("{CORS_ORIGINS}: {p}")).collect())
-        })
-    }
-
     /// Comma-separated origins, every bad one reported. An origin is exactly
     /// what a browser sends in `Origin`: a scheme (`http` or `https`), a host
     /// and maybe a port, no path, no trailing slash. `*` is refused: a page

@@ -63,7 +63,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use context::{ApiContext, Ctx};
+pub use context::{ApiContext, ApiSettings, Ctx};
 pub use cors::{CorsOrigins, with_cors};
 pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
 pub use limit::{LoginLimits, client_key, limit as login_limit};
@@ -100,4 +100,15 @@ fn routes() -> OpenApiRouter<Ctx> {
 /// Every route on one router: what `reeve serve` listens with.
 pub fn app(ctx: Ctx) -> Router {
     finish(routes(), ctx)
+}
+
+/// The relay as its own service: the event stream, the watch page and
+/// `/healthz` for the load balancer.
+pub fn relay_app(ctx: RelayCtx) -> Router {
+    stream::router(ctx)
+}
+
+/// The relay's routes without `/healthz`, to merge into `reeve serve`'s app.
+pub fn relay_routes(ctx: RelayCtx) -> Router {
+    stream::routes(ctx)
 }

@@ -50,11 +50,11 @@ pub use batch::{deadline_of, handle_batch, handle_batch_until};
 pub use poller::Poller;
 pub use store::{Claim, claim};
 
+use crate::auth::Secret;
 use crate::catalog::{Catalog, TaskSpec};
 use crate::executors::{self, ExecDeps, ExecError, Job, Report};
 use crate::ids::Id;
 use crate::redis_client::RedisClient;
-use crate::settings::WorkerSettings;
 use crate::tasks::events::{EventType, Publisher};
 use crate::tasks::{Change, Fence, QueueMessage, task_error, transition};
 
@@ -102,6 +102,35 @@ impl Runner for Executors {
     fn run<'a>(&'a self, deps: &'a ExecDeps, job: Job<'a>) -> RunFuture<'a> {
         Box::pin(executors::run(deps, job))
     }
+}
+
+/// What the worker (the `worker` Lambda and `reeve work`) needs: the stores,
+/// the bucket, and how hard to work.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    pub database_url: Secret,
+    pub redis_url: String,
+    pub bucket: String,
+    /// `REEVE_QUEUE_URL`: only `reeve work` polls it; the Lambda is handed
+    /// its batches.
+    pub queue_url: Option<String>,
+    /// `REEVE_WORKER_CONCURRENCY` (default 4): records run at once.
+    pub concurrency: usize,
+    /// `REEVE_MAX_RECEIVES` (default 5): the queue's `maxReceiveCount`. On
+    /// that delivery a retryable failure fails the task for good
+    /// (`retries_exhausted`), since SQS will not deliver it again.
+    pub max_receives: u32,
+    /// `REEVE_FETCH_MAX_BYTES` (default 100 MiB): the `fetch` executor's cap.
+    pub fetch_max_bytes: u64,
+    /// `REEVE_OUTPUT_RETENTION_DAYS`: how long the bucket keeps `outputs/`;
+    /// unset, no expiry is known (a local bucket without the rule).
+    pub output_retention_days: Option<u32>,
+}
+
+impl WorkerSettings {
+    pub const DEFAULT_CONCURRENCY: usize = 4;
+    pub const DEFAULT_MAX_RECEIVES: u32 = 5;
+    pub const DEFAULT_FETCH_MAX_BYTES: u64 = 100 * 1024 * 1024;
 }
 
 /// How long a claim's lease outlasts the task's timeout: time to record the

@@ -152,6 +152,15 @@ impl Default for Uploads {
     }
 }
 
+impl Uploads {
+    /// The limit in force: `max_bytes`, lowered to the deployment's cap
+    /// (`REEVE_UPLOAD_MAX_BYTES`, the template's `UploadMaxBytes`) if it has one.
+    pub fn capped(mut self, cap: Option<u64>) -> Uploads {
+        self.max_bytes = cap.map_or(self.max_bytes, |cap| cap.min(self.max_bytes));
+        self
+    }
+}
+
 impl Catalog {
     /// Reads and validates the catalog at `path`. Errors name the file as given.
     pub fn load(path: &Path) -> Result<Catalog, CatalogError> {
@@ -172,5 +181,18 @@ impl Catalog {
 
     pub fn task(&self, kind: &str) -> Option<&TaskSpec> {
         self.tasks.get(kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deployment_cap_only_lowers_the_limit() {
+        let uploads = Uploads { max_bytes: 1000, ..Default::default() };
+        assert_eq!(uploads.clone().capped(None).max_bytes, 1000);
+        assert_eq!(uploads.clone().capped(Some(10)).max_bytes, 10);
+        assert_eq!(uploads.capped(Some(5000)).max_bytes, 1000);
     }
 }

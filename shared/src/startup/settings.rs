@@ -1,18 +1,24 @@
-//! Secrets and endpoints come from the environment, never from the catalog.
-//! Every missing or bad variable is reported at once, so an operator fixes
-//! the deployment in one round, not one variable at a time.
+//! Every variable a Reeve process reads, by name, and the one read of the
+//! environment ([`Config::from_env`]). Secrets and endpoints come from the
+//! environment, never from the catalog. Each builder in [`crate::startup`]
+//! parses what its binary needs from a [`Config`] and reports every missing
+//! or bad variable at once, so an operator fixes a deployment in one round,
+//! not one variable at a time.
 //!
-//! This module only parses: the variables themselves are read by
-//! [`crate::startup`], which also fetches the secrets a deployment names by
-//! ARN (`REEVE_PEPPER_SECRET_ARN`, …) from Secrets Manager and hands their
-//! values in under the plain names.
+//! The one other read is the log format, before start-up
+//! ([`crate::telemetry::init`]): a problem found here must already be
+//! logged the way the platform indexes it.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::auth::Secret;
-
-pub use crate::startup::StartupError;
+pub use crate::http::ApiSettings;
+use crate::http::CorsOrigins;
+use crate::outbound::OutboundPolicy;
+pub use crate::worker::WorkerSettings;
 
 pub const PEPPER: &str = "REEVE_PEPPER";
 pub const TOKEN_KEY: &str = "REEVE_TOKEN_KEY";
@@ -37,6 +43,16 @@ pub const METRICS_BIND: &str = "REEVE_METRICS_BIND";
 /// The CloudWatch namespace of a Lambda's EMF metric lines (`Reeve/<Stage>`
 /// in a deployment), so stages in one account never mix their series.
 pub const METRICS_NAMESPACE: &str = "REEVE_METRICS_NAMESPACE";
+/// The template's `UploadMaxBytes`: an upper bound on the catalog's
+/// `uploads.max_bytes`, for presign and the upload guard alike. Optional.
+pub const UPLOAD_MAX_BYTES: &str = "REEVE_UPLOAD_MAX_BYTES";
+/// The scheduled sweep's threshold in seconds (default 300).
+pub const SWEEP_OLDER_THAN: &str = "REEVE_SWEEP_OLDER_THAN_SECONDS";
+/// Set by Lambda in every function's environment.
+const LAMBDA_FUNCTION_NAME: &str = "AWS_LAMBDA_FUNCTION_NAME";
+/// The variables that move S3 off AWS (a local server); the SDK reads them
+/// itself, Reeve only to know the addressing is path-style.
+const S3_ENDPOINTS: [&str; 2] = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"];
 
 /// Deployments name each secret by the ARN of a Secrets Manager secret; the
 /// value is read at start-up, so a function's configuration never holds it.
@@ -74,6 +90,14 @@ impl Needs {
     pub const NONE: Needs = Needs { pepper: false, token_key: false, database: false };
     /// `reeve serve`: every route in one process.
     pub const ALL: Needs = Needs::AUTH;
+
+    /// The secrets asked for, by name.
+    pub fn secrets(self) -> Vec<&'static str> {
+        [(self.pepper, PEPPER), (self.token_key, TOKEN_KEY), (self.database, DATABASE_URL)]
+            .into_iter()
+            .filter_map(|(wanted, name)| wanted.then_some(name))
+            .collect()
+    }
 }
 
 /// Browser origins allowed to call the API and the relay (comma-separated).
@@ -207,108 +231,173 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
     pub fn take_problems(&mut self) -> Vec<String> {
         std::mem::take(&mut self.problems)
     }
+}
+
+/// The process's environment, read once. Every builder in
+/// [`crate::startup`] reads its settings from a `Config`, so tests build
+/// their contexts from a `Config` of their own through the same code as a
+/// `main`, and no other module reads a variable.
+#[derive(Clone, Default)]
+pub struct Config {
+    vars: HashMap<String, String>,
+}
+
+impl Config {
+    /// The process's variables (those that are valid UTF-8).
+    pub fn from_env() -> Config {
+        Config::from_vars(
+            std::env::vars_os().filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?))),
+        )
+    }
+
+    pub fn from_vars<K: Into<String>, V: Into<String>>(vars: impl IntoIterator<Item = (K, V)>) -> Config {
+        Config { vars: vars.into_iter().map(|(k, v)| (k.into(), v.into())).collect() }
+    }
+
+    /// The same configuration with `name` set: a command-line flag over the
+    /// environment, or a test's own value.
+    pub fn with(mut self, name: &str, value: impl Into<String>) -> Config {
+        self.vars.insert(name.to_owned(), value.into());
+        self
+    }
+
+    /// The same configuration without `name`.
+    pub fn without(mut self, name: &str) -> Config {
+        self.vars.remove(name);
+        self
+    }
+
+    /// A variable's value; blank counts as unset.
+    pub fn get(&self, name: &str) -> Option<String> {
+        self.vars.get(name).filter(|v| !v.trim().is_empty()).cloned()
+    }
+
+    /// A reader of these variables that collects every problem.
+    pub fn env(&self) -> Env<impl Fn(&str) -> Option<String> + '_> {
+        Env::new(move |name: &str| self.vars.get(name).cloned())
+    }
 
     /// `REEVE_CATALOG`, or `reeve.toml`.
     pub fn catalog_path(&self) -> PathBuf {
-        self.optional(CATALOG).unwrap_or_else(|| DEFAULT_CATALOG.to_owned()).into()
+        self.get(CATALOG).unwrap_or_else(|| DEFAULT_CATALOG.to_owned()).into()
+    }
+
+    /// Inside Lambda.
+    pub fn in_lambda(&self) -> bool {
+        self.get(LAMBDA_FUNCTION_NAME).is_some()
+    }
+
+    /// The S3 endpoint when it is not AWS's (SeaweedFS locally).
+    pub fn s3_endpoint(&self) -> Option<String> {
+        S3_ENDPOINTS.iter().find_map(|name| self.get(name)).map(|url| url.trim().to_owned())
+    }
+
+    /// `REEVE_METRICS_NAMESPACE` (the template sets `Reeve/<Stage>`), else
+    /// [`crate::metrics::DEFAULT_NAMESPACE`].
+    pub fn metrics_namespace(&self) -> String {
+        self.get(METRICS_NAMESPACE)
+            .map(|ns| ns.trim().to_owned())
+            .unwrap_or_else(|| crate::metrics::DEFAULT_NAMESPACE.to_owned())
+    }
+
+    /// These variables with `values` (secrets read from Secrets Manager)
+    /// under their plain names.
+    pub(crate) fn overlaid(&self, values: HashMap<&'static str, Secret>) -> Config {
+        let mut config = self.clone();
+        for (name, secret) in values {
+            config.vars.insert(name.to_owned(), secret.expose_str().to_owned());
+        }
+        config
     }
 }
 
-/// `REEVE_CATALOG`, or `reeve.toml`, from the process environment.
-pub fn catalog_path() -> PathBuf {
-    Env::process().catalog_path()
+/// Every setting `needs` asks for; the secrets it does not are withheld.
+pub fn api_settings<F: Fn(&str) -> Option<String>>(
+    env: &mut Env<F>,
+    needs: Needs,
+) -> Result<ApiSettings, SettingsError> {
+    let pepper = if needs.pepper { env.secret(PEPPER) } else { Some(Secret::withheld(PEPPER)) };
+    let token_key = if needs.token_key { env.secret(TOKEN_KEY) } else { Some(Secret::withheld(TOKEN_KEY)) };
+    let database_url =
+        if needs.database { env.secret_text(DATABASE_URL) } else { Some(Secret::text(DATABASE_URL, String::new())) };
+    let redis_url = env.required(REDIS_URL);
+    let bucket = env.required(BUCKET);
+    let queue_url = env.required(QUEUE_URL);
+    let problems = env.take_problems();
+    match (pepper, token_key, database_url) {
+        (Some(pepper), Some(token_key), Some(database_url)) if problems.is_empty() => {
+            Ok(ApiSettings { pepper, token_key, database_url, redis_url, bucket, queue_url })
+        }
+        _ => Err(SettingsError { problems }),
+    }
 }
 
-/// What the HTTP API needs to run: the auth secrets, the stores, the bucket
-/// and the queue.
-#[derive(Debug, Clone)]
-pub struct ApiSettings {
-    pub pepper: Secret,
-    pub token_key: Secret,
-    /// Empty when the process was not given the database ([`Needs::database`]).
-    pub database_url: Secret,
-    pub redis_url: String,
-    pub bucket: String,
-    pub queue_url: String,
+/// What the worker (the `worker` Lambda and `reeve work`) needs.
+pub fn worker_settings<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Result<WorkerSettings, SettingsError> {
+    let database_url = env.secret_text(DATABASE_URL);
+    let redis_url = env.required(REDIS_URL);
+    let bucket = env.required(BUCKET);
+    let queue_url = env.optional(QUEUE_URL);
+    let concurrency = env.number(WORKER_CONCURRENCY, WorkerSettings::DEFAULT_CONCURRENCY as u64, 1, 256) as usize;
+    let max_receives = max_receives(env);
+    let fetch_max_bytes =
+        env.number(FETCH_MAX_BYTES, WorkerSettings::DEFAULT_FETCH_MAX_BYTES, 1, 5 * 1024 * 1024 * 1024);
+    // S3's lifecycle rules count whole days; the template allows 1 to 3650.
+    let output_retention_days =
+        env.optional(OUTPUT_RETENTION_DAYS).map(|_| env.number(OUTPUT_RETENTION_DAYS, 0, 1, 3650) as u32);
+    let problems = env.take_problems();
+    let Some(database_url) = database_url.filter(|_| problems.is_empty()) else {
+        return Err(SettingsError { problems });
+    };
+    Ok(WorkerSettings {
+        database_url,
+        redis_url,
+        bucket,
+        queue_url,
+        concurrency,
+        max_receives,
+        fetch_max_bytes,
+        output_retention_days,
+    })
 }
 
-impl ApiSettings {
-    /// Every setting `needs` asks for; the secrets it does not are withheld.
-    pub fn read<F: Fn(&str) -> Option<String>>(env: &mut Env<F>, needs: Needs) -> Result<Self, SettingsError> {
-        let pepper = if needs.pepper { env.secret(PEPPER) } else { Some(Secret::withheld(PEPPER)) };
-        let token_key = if needs.token_key { env.secret(TOKEN_KEY) } else { Some(Secret::withheld(TOKEN_KEY)) };
-        let database_url = if needs.database {
-            env.secret_text(DATABASE_URL)
-        } else {
-            Some(Secret::text(DATABASE_URL, String::new()))
-        };
-        let redis_url = env.required(REDIS_URL);
-        let bucket = env.required(BUCKET);
-        let queue_url = env.required(QUEUE_URL);
-        let problems = std::mem::take(&mut env.problems);
-        match (pepper, token_key, database_url) {
-            (Some(pepper), Some(token_key), Some(database_url)) if problems.is_empty() => {
-                Ok(ApiSettings { pepper, token_key, database_url, redis_url, bucket, queue_url })
-            }
-            _ => Err(SettingsError { problems }),
+/// `REEVE_MAX_RECEIVES` (default 5): the queue's `maxReceiveCount`.
+pub fn max_receives<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> u32 {
+    env.number(MAX_RECEIVES, WorkerSettings::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32
+}
+
+/// The sweep's threshold ([`SWEEP_OLDER_THAN`]), `default` when unset.
+pub fn sweep_older_than<F: Fn(&str) -> Option<String>>(env: &mut Env<F>, default: Duration) -> Duration {
+    Duration::from_secs(env.number(SWEEP_OLDER_THAN, default.as_secs(), 0, 86_400 * 14))
+}
+
+/// [`UPLOAD_MAX_BYTES`]: `None` when unset, a problem naming the variable
+/// when it is not a positive integer.
+pub fn upload_limit<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Option<u64> {
+    let raw = env.optional(UPLOAD_MAX_BYTES)?;
+    match raw.trim().parse::<u64>() {
+        Ok(n) if n > 0 => Some(n),
+        _ => {
+            env.problem(format!("{UPLOAD_MAX_BYTES} must be a positive integer (bytes), got {raw:?}"));
+            None
         }
     }
 }
 
-/// What the worker (the `worker` Lambda and `reeve work`) needs: the stores,
-/// the bucket, and how hard to work.
-#[derive(Debug, Clone)]
-pub struct WorkerSettings {
-    pub database_url: Secret,
-    pub redis_url: String,
-    pub bucket: String,
-    /// `REEVE_QUEUE_URL`: only `reeve work` polls it; the Lambda is handed
-    /// its batches.
-    pub queue_url: Option<String>,
-    /// `REEVE_WORKER_CONCURRENCY` (default 4): records run at once.
-    pub concurrency: usize,
-    /// `REEVE_MAX_RECEIVES` (default 5): the queue's `maxReceiveCount`. On
-    /// that delivery a retryable failure fails the task for good
-    /// (`retries_exhausted`), since SQS will not deliver it again.
-    pub max_receives: u32,
-    /// `REEVE_FETCH_MAX_BYTES` (default 100 MiB): the `fetch` executor's cap.
-    pub fetch_max_bytes: u64,
-    /// `REEVE_OUTPUT_RETENTION_DAYS`: how long the bucket keeps `outputs/`;
-    /// unset, no expiry is known (a local bucket without the rule).
-    pub output_retention_days: Option<u32>,
+/// `REEVE_CORS_ORIGINS`, every bad origin a problem.
+pub fn cors_origins<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> CorsOrigins {
+    CorsOrigins::parse(&env.optional(CORS_ORIGINS).unwrap_or_default()).unwrap_or_else(|problems| {
+        for p in problems {
+            env.problem(format!("{CORS_ORIGINS}: {p}"));
+        }
+        CorsOrigins::default()
+    })
 }
 
-impl WorkerSettings {
-    pub const DEFAULT_CONCURRENCY: usize = 4;
-    pub const DEFAULT_MAX_RECEIVES: u32 = 5;
-    pub const DEFAULT_FETCH_MAX_BYTES: u64 = 100 * 1024 * 1024;
-
-    pub fn read<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Result<Self, SettingsError> {
-        let database_url = env.secret_text(DATABASE_URL);
-        let redis_url = env.required(REDIS_URL);
-        let bucket = env.required(BUCKET);
-        let queue_url = env.optional(QUEUE_URL);
-        let concurrency = env.number(WORKER_CONCURRENCY, Self::DEFAULT_CONCURRENCY as u64, 1, 256) as usize;
-        let max_receives = env.number(MAX_RECEIVES, Self::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32;
-        let fetch_max_bytes = env.number(FETCH_MAX_BYTES, Self::DEFAULT_FETCH_MAX_BYTES, 1, 5 * 1024 * 1024 * 1024);
-        // S3's lifecycle rules count whole days; the template allows 1 to 3650.
-        let output_retention_days =
-            env.optional(OUTPUT_RETENTION_DAYS).map(|_| env.number(OUTPUT_RETENTION_DAYS, 0, 1, 3650) as u32);
-        let problems = std::mem::take(&mut env.problems);
-        let Some(database_url) = database_url.filter(|_| problems.is_empty()) else {
-            return Err(SettingsError { problems });
-        };
-        Ok(WorkerSettings {
-            database_url,
-            redis_url,
-            bucket,
-            queue_url,
-            concurrency,
-            max_receives,
-            fetch_max_bytes,
-            output_retention_days,
-        })
-    }
+/// The users' client (`REEVE_FETCH_ALLOW`) and the operators' client
+/// (`REEVE_OPERATOR_ALLOW`); `REEVE_OUTBOUND_ALLOW_HTTP` applies to both.
+pub fn outbound_policies<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> (OutboundPolicy, OutboundPolicy) {
+    (OutboundPolicy::users(|k| env.optional(k)), OutboundPolicy::operators(|k| env.optional(k)))
 }
 
 #[cfg(test)]
@@ -325,7 +414,7 @@ mod tests {
 
     #[test]
     fn complete_environment_is_accepted() {
-        let s = ApiSettings::read(
+        let s = api_settings(
             &mut env(&[
                 (PEPPER, LONG),
                 (TOKEN_KEY, LONG),
@@ -343,7 +432,7 @@ mod tests {
 
     #[test]
     fn every_problem_is_reported_and_no_secret_is_echoed() {
-        let err = ApiSettings::read(
+        let err = api_settings(
             &mut env(&[(PEPPER, "short-pepper"), (REDIS_URL, "redis://x"), (BUCKET, "b"), (QUEUE_URL, "q")]),
             Needs::ALL,
         )
@@ -358,7 +447,7 @@ mod tests {
 
     #[test]
     fn worker_settings_have_defaults_and_check_numbers() {
-        let s = WorkerSettings::read(&mut env(&[
+        let s = worker_settings(&mut env(&[
             (DATABASE_URL, "postgres://localhost/reeve"),
             (REDIS_URL, "redis://localhost"),
             (BUCKET, "reeve"),
@@ -368,7 +457,7 @@ mod tests {
         assert_eq!(s.max_receives, 5);
         assert_eq!(s.queue_url, None);
 
-        let err = WorkerSettings::read(&mut env(&[
+        let err = worker_settings(&mut env(&[
             (REDIS_URL, "redis://localhost"),
             (BUCKET, "reeve"),
             (WORKER_CONCURRENCY, "0"),
@@ -388,7 +477,7 @@ mod tests {
 
     #[test]
     fn blank_counts_as_missing() {
-        let err = ApiSettings::read(
+        let err = api_settings(
             &mut env(&[
                 (PEPPER, LONG),
                 (TOKEN_KEY, LONG),
@@ -412,11 +501,11 @@ mod tests {
     #[test]
     fn a_function_reads_only_the_secrets_it_needs() {
         // The catalog function is given no secret at all, and starts.
-        let s = ApiSettings::read(&mut env(&[(REDIS_URL, "redis://x"), (BUCKET, "b"), (QUEUE_URL, "q")]), Needs::NONE)
-            .unwrap();
+        let s =
+            api_settings(&mut env(&[(REDIS_URL, "redis://x"), (BUCKET, "b"), (QUEUE_URL, "q")]), Needs::NONE).unwrap();
         assert_eq!(s.database_url.expose_str(), "");
         // A session route needs the token key and the database, not the pepper.
-        let err = ApiSettings::read(
+        let err = api_settings(
             &mut env(&[(PEPPER, LONG), (REDIS_URL, "redis://x"), (BUCKET, "b"), (QUEUE_URL, "q")]),
             Needs::SESSION,
         )
