@@ -181,7 +181,7 @@ before(async () => {
   facilitatorPort = await freePort();
   facilitator = await startFacilitator();
 
-  const port = await freePort(), relayPort = await freePort();
+  const [port, relayPort, relayMetricsPort] = [await freePort(), await freePort(), await freePort()];
   base = `http://127.0.0.1:${port}`;
   relayBase = `http://127.0.0.1:${relayPort}`;
   const env = {
@@ -198,7 +198,8 @@ before(async () => {
   serve = run("serve", REEVE, ["serve", "--bind", `127.0.0.1:${port}`, ...noWorker], env);
   worker = run("work", REEVE, ["work"], env);
   // A relay alone, as in AWS: its page calls the API it is configured with.
-  relay = run("relay", REEVE, ["relay", "--bind", `127.0.0.1:${relayPort}`], { ...env, REEVE_API_ORIGIN: base });
+  relay = run("relay", REEVE, ["relay", "--bind", `127.0.0.1:${relayPort}`, "--metrics-bind", `127.0.0.1:${relayMetricsPort}`],
+    { ...env, REEVE_API_ORIGIN: base });
   await until("reeve serve", `${base}/healthz`, serve);
   await until("reeve relay", `${relayBase}/healthz`, relay);
 
