@@ -97,12 +97,12 @@ async fn another_origin_gets_no_permission(pool: PgPool) {
 }
 
 /// A page reads what it needs from an answer: the x402 challenge, the
-/// request id an error names, where a created task lives.
+/// request id an error names, where a created task lives, when to retry.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn answers_expose_the_headers_a_page_reads_errors_included(pool: PgPool) {
     let app = serve_app(pool, PAGE).await;
     let (_, token) = new_session(&app).await;
-    let must_expose = ["payment-required", "payment-response", "x-request-id", "location"];
+    let must_expose = ["payment-required", "payment-response", "x-request-id", "location", "retry-after"];
 
     let challenge = send(
         &app,

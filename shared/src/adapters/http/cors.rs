@@ -15,10 +15,11 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use crate::payments::{PAYMENT_REQUIRED_HEADER, PAYMENT_SIGNATURE_HEADER};
 
 /// Answer headers a cross-origin page may read: the x402 challenge and
-/// receipt, the request id every error names, where a new task lives, and
-/// whether an idempotent create was a replay.
-pub const EXPOSED: [&str; 5] =
-    [PAYMENT_REQUIRED_HEADER, "payment-response", "x-request-id", "location", "idempotent-replayed"];
+/// receipt, the request id every error names, where a new task lives,
+/// whether an idempotent create was a replay, and when to send a refused
+/// request again (`Retry-After` is not one a browser shows a page unasked).
+pub const EXPOSED: [&str; 6] =
+    [PAYMENT_REQUIRED_HEADER, "payment-response", "x-request-id", "location", "idempotent-replayed", "retry-after"];
 
 /// Request headers a cross-origin page may send beyond the CORS-safelisted
 /// ones.
