@@ -21,24 +21,23 @@ use tower::ServiceExt;
 /// The crates under `functions/` that run `lambda_http`, with the router their
 /// `main.rs` runs; [`app_of`] builds the same.
 const HTTP_FUNCTIONS: &[(&str, &str)] = &[
-    ("auth", "http::login::router()"),
-    ("catalog", "http::catalog::router()"),
-    ("presign", "http::uploads::router()"),
-    ("task-create", "http::tasks::create_router()"),
-    ("task-status", "http::tasks::status_router()"),
+    ("auth", "http::auth_app(ctx)"),
+    ("catalog", "http::catalog_app(ctx)"),
+    ("presign", "http::presign_app(ctx)"),
+    ("task-create", "http::task_create_app(ctx)"),
+    ("task-status", "http::task_status_app(ctx)"),
 ];
 
 /// The app each HTTP function runs (as in its `main.rs`).
 fn app_of(function: &str, ctx: Ctx) -> Option<Router> {
-    let router = match function {
-        "auth" => http::login::router(),
-        "catalog" => http::catalog::router(),
-        "presign" => http::uploads::router(),
-        "task-create" => http::tasks::create_router(),
-        "task-status" => http::tasks::status_router(),
+    Some(match function {
+        "auth" => http::auth_app(ctx.auth.clone()),
+        "catalog" => http::catalog_app(ctx.catalog_ctx.clone()),
+        "presign" => http::presign_app(ctx.uploads.clone()),
+        "task-create" => http::task_create_app(ctx.task_create.clone()),
+        "task-status" => http::task_status_app(ctx.task_status.clone()),
         _ => return None,
-    };
-    Some(http::finish(router, ctx))
+    })
 }
 
 /// What each event file must answer, from its function's router:
@@ -100,7 +99,7 @@ fn every_http_function_has_an_event_and_every_event_a_function() {
     assert_eq!(functions, known, "functions/ and HTTP_FUNCTIONS (and app_of) disagree");
     for (function, router) in HTTP_FUNCTIONS {
         let main = fs::read_to_string(root().join(format!("functions/{function}/src/main.rs"))).unwrap();
-        assert!(main.contains(&format!("http::finish({router}, ctx)")), "functions/{function} does not run {router}");
+        assert!(main.contains(&format!("lambda_http::run({router})")), "functions/{function} does not run {router}");
     }
     let events = http_events();
     for function in &functions {

@@ -14,7 +14,7 @@ use axum::http::{Method, Request, StatusCode};
 use common::{Reply, TestQueue, get, get_authed, new_session, post_json, send};
 use reeve_shared::catalog::Catalog;
 use reeve_shared::http::stream::{self, RelayContext};
-use reeve_shared::http::{self, ACCESS_TOKEN, ApiContext, BEARER, Ctx, STREAM_PATH, app, finish, openapi};
+use reeve_shared::http::{self, ACCESS_TOKEN, ApiContext, BEARER, Ctx, STREAM_PATH, app, openapi};
 use reeve_shared::ids::Id;
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::relay::Hub;
@@ -22,7 +22,6 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tower::ServiceExt;
-use utoipa_axum::router::OpenApiRouter;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
@@ -194,30 +193,38 @@ fn assert_conforms(doc: &Value, method: &str, template: &str, reply: &Reply) {
     }
 }
 
-/// Each Lambda's router, the routes it documents itself, and the routes of
-/// the whole document it serves: the same, but for task-create, whose one
-/// route is documented once per kind.
-/// A Lambda's name, its router, the routes it documents, the routes of its whole document.
-type FunctionRouter = (&'static str, OpenApiRouter<Ctx>, BTreeSet<Route>, BTreeSet<Route>);
+/// Each Lambda: its name, the document of its router alone, the routes it
+/// documents, the routes of its whole document (the same, but for
+/// task-create, whose one route is documented once per kind), and the app
+/// its `main` runs on `ctx`.
+type FunctionRouter = (&'static str, utoipa::openapi::OpenApi, BTreeSet<Route>, BTreeSet<Route>, Router);
 
-fn function_routers() -> Vec<FunctionRouter> {
+fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
     let same = |routes: &[(&str, &str)]| (expected(routes), expected(routes));
     let creates = expected(&[("POST", "/v1/tasks/digest"), ("POST", "/v1/tasks/fetch"), ("POST", "/v1/tasks/http")]);
     let mut all = vec![];
     let (own, global) = same(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions")]);
-    all.push(("auth", http::login::router(), own, global));
+    all.push(("auth", http::login::router().into_openapi(), own, global, http::auth_app(ctx.auth.clone())));
     let (own, global) = same(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")]);
-    all.push(("catalog", http::catalog::router(), own, global));
+    let catalog = http::catalog_app(ctx.catalog_ctx.clone());
+    all.push(("catalog", http::catalog::router().into_openapi(), own, global, catalog));
     let (own, global) = same(&[("POST", "/v1/uploads")]);
-    all.push(("presign", http::uploads::router(), own, global));
-    all.push(("task-create", http::tasks::create_router(), expected(&[("POST", CREATE_TEMPLATE)]), creates));
+    all.push(("presign", http::uploads::router().into_openapi(), own, global, http::presign_app(ctx.uploads.clone())));
+    all.push((
+        "task-create",
+        http::tasks::create_router().into_openapi(),
+        expected(&[("POST", CREATE_TEMPLATE)]),
+        creates,
+        http::task_create_app(ctx.task_create.clone()),
+    ));
     let (own, global) = same(&[
         ("GET", "/v1/tasks/{task}"),
         ("GET", "/v1/tasks"),
         ("POST", "/v1/tasks/{task}/cancel"),
         ("GET", "/v1/space"),
     ]);
-    all.push(("task-status", http::tasks::status_router(), own, global));
+    let status = http::task_status_app(ctx.task_status.clone());
+    all.push(("task-status", http::tasks::status_router().into_openapi(), own, global, status));
     all
 }
 
@@ -299,8 +306,8 @@ async fn each_function_router_serves_and_documents_its_own_routes(pool: PgPool) 
     let ctx = common::ctx(pool).await;
     // /healthz is every process's; the stream is the relay's.
     let mut union = expected(&[("GET", "/healthz"), ("GET", STREAM_PATH)]);
-    for (function, router, own_routes, routes) in function_routers() {
-        let own = serde_json::to_value(router.get_openapi()).unwrap();
+    for (function, own, own_routes, routes, served) in function_routers(&ctx) {
+        let own = serde_json::to_value(own).unwrap();
         assert_eq!(routes_of(&own), own_routes, "the {function} router documents other routes");
         for (route, op) in operations(&own) {
             if own_routes == routes {
@@ -314,7 +321,6 @@ async fn each_function_router_serves_and_documents_its_own_routes(pool: PgPool) 
                 }
             }
         }
-        let served = finish(router, ctx.clone());
         for (method, path) in &routes {
             let reply = send(&served, probe(&method.parse().unwrap(), path)).await;
             assert!(is_routed(&reply), "the {function} function does not route {method} {path}: {}", reply.body);
@@ -333,7 +339,7 @@ async fn each_function_router_serves_and_documents_its_own_routes(pool: PgPool) 
 async fn the_document_is_served_at_v1_openapi_json_by_app_and_the_catalog_function() {
     let ctx = ctx_without_db().await;
     let expected = doc();
-    for (who, router) in [("app", app(ctx.clone())), ("catalog", finish(http::catalog::router(), ctx.clone()))] {
+    for (who, router) in [("app", app(ctx.clone())), ("catalog", http::catalog_app(ctx.catalog_ctx.clone()))] {
         let reply = send(&router, get("/v1/openapi.json")).await;
         assert_eq!(reply.status, StatusCode::OK, "{who}: {}", reply.body);
         assert_eq!(reply.headers["content-type"], "application/json", "{who}");

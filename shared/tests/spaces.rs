@@ -122,7 +122,7 @@ async fn argon2_stays_within_its_bound_under_a_flood_of_cancelled_requests(pool:
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let patient = send(&app, post_json("/v1/sessions", None, &json!({ "space_id": "12345678901234567890" }))).await;
     assert_eq!(patient.status, StatusCode::UNAUTHORIZED);
-    let (peak, bound) = (ctx.argon2.peak(), ctx.argon2.bound());
+    let (peak, bound) = (ctx.auth.argon2.peak(), ctx.auth.argon2.bound());
     assert!(peak >= 1, "the flood ran some Argon2");
     assert!(peak <= bound, "{peak} Argon2 runs at once, over the bound of {bound}");
 }

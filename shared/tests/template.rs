@@ -526,11 +526,13 @@ fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
     let crates = lambda_crates();
     for (function, binary) in template_functions() {
         let main = read(&format!("functions/{}/src/main.rs", crates[&binary]));
-        let asks: BTreeSet<&str> = if main.contains("startup::lambda_api(Needs::AUTH)") {
+        // Each start-up builder reads these secrets (shared/src/startup/mod.rs).
+        let session = ["startup::lambda_presign()", "startup::lambda_task_create()", "startup::lambda_task_status()"];
+        let asks: BTreeSet<&str> = if main.contains("startup::lambda_auth()") {
             ["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"].into()
-        } else if main.contains("startup::lambda_api(Needs::SESSION)") {
+        } else if session.iter().any(|c| main.contains(c)) {
             ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()
-        } else if main.contains("startup::lambda_api(Needs::NONE)") {
+        } else if main.contains("startup::lambda_catalog()") {
             BTreeSet::new()
         } else if ["startup::lambda_worker()", "startup::lambda_guard()", "startup::lambda_sweeper()"]
             .iter()

@@ -2,12 +2,11 @@
 //! Glue only: the routes are `reeve_shared::http`'s, the same ones `reeve serve` runs.
 
 use lambda_http::Error;
-use reeve_shared::settings::Needs;
 use reeve_shared::{http, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let ctx = startup::lambda_api(Needs::AUTH).await;
-    lambda_http::run(http::finish(http::login::router(), ctx)).await
+    let ctx = startup::lambda_auth().await;
+    lambda_http::run(http::auth_app(ctx)).await
 }

@@ -2,12 +2,11 @@
 //! Glue only: the routes are `reeve_shared::http`'s, the same ones `reeve serve` runs.
 
 use lambda_http::Error;
-use reeve_shared::settings::Needs;
 use reeve_shared::{http, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let ctx = startup::lambda_api(Needs::NONE).await;
-    lambda_http::run(http::finish(http::catalog::router(), ctx)).await
+    let ctx = startup::lambda_catalog().await;
+    lambda_http::run(http::catalog_app(ctx)).await
 }

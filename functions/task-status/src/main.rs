@@ -3,12 +3,11 @@
 //! Glue only: the routes are `reeve_shared::http`'s, the same ones `reeve serve` runs.
 
 use lambda_http::Error;
-use reeve_shared::settings::Needs;
 use reeve_shared::{http, startup, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let ctx = startup::lambda_api(Needs::SESSION).await;
-    lambda_http::run(http::finish(http::tasks::status_router(), ctx)).await
+    let ctx = startup::lambda_task_status().await;
+    lambda_http::run(http::task_status_app(ctx)).await
 }

@@ -1,14 +1,17 @@
 //! One shared, self-reconnecting Redis connection per process, opened on first
 //! use: a process must start (and report itself unhealthy) while Redis is down.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
+/// Cheap to clone: clones share the connection.
+#[derive(Clone)]
 pub struct RedisClient {
     client: redis::Client,
-    manager: OnceCell<ConnectionManager>,
+    manager: Arc<OnceCell<ConnectionManager>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -32,14 +35,14 @@ pub fn open(url: &str) -> Result<redis::Client, BadRedisUrl> {
 impl RedisClient {
     pub fn new(url: &str) -> Result<Self, BadRedisUrl> {
         let client = open(url)?;
-        Ok(RedisClient { client, manager: OnceCell::new() })
+        Ok(RedisClient { client, manager: Arc::new(OnceCell::new()) })
     }
 
     /// A client built by the caller: e.g. `redis::Client::build_with_tls`
     /// for a server whose certificate a private CA signed.
     pub fn from_client(client: redis::Client) -> Self {
         install_crypto_provider();
-        RedisClient { client, manager: OnceCell::new() }
+        RedisClient { client, manager: Arc::new(OnceCell::new()) }
     }
 
     pub async fn connection(&self) -> redis::RedisResult<ConnectionManager> {

@@ -38,7 +38,10 @@ use crate::aws::{self, AwsClients};
 use crate::catalog::Catalog;
 use crate::db::{self, Connect, DbError};
 use crate::executors::ExecDeps;
-use crate::http::{ApiContext, CorsOrigins, Ctx, DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
+use crate::http::{
+    ApiContext, AuthContext, CatalogContext, CorsOrigins, Ctx, DEFAULT_KEEPALIVE, RelayContext, RelayCtx,
+    TaskCreateContext, TaskStatusContext, UploadsContext,
+};
 use crate::outbound::{Outbound, OutboundPolicy};
 use crate::payments::facilitator;
 use crate::redis_client::{self, BadRedisUrl, RedisClient};
@@ -129,15 +132,166 @@ fn checked(problems: Vec<String>) -> Result<(), StartupError> {
     if problems.is_empty() { Ok(()) } else { Err(StartupError::Config(problems)) }
 }
 
-// ------------------------------------------------------------------- API
+// ------------------------------------------------------- HTTP functions
+//
+// Each function's context holds what its routes use and no more, and its
+// builder reads only the variables and secrets those need: the `catalog`
+// function is given no secret and opens no store; `auth` loads no catalog.
+// Postgres is reached on first use, so a cold start opens nothing.
 
-/// The API's context for a Lambda with these `needs`: the catalog at
-/// `REEVE_CATALOG`, Postgres on first use. Exits 1 on any problem.
-pub async fn lambda_api(needs: Needs) -> Ctx {
+/// The `auth` function's context. Exits 1 on any problem.
+pub async fn lambda_auth() -> Arc<AuthContext> {
+    let config = lambda_config();
+    or_exit(auth(&config, &sdk().await).await)
+}
+
+/// Creating Spaces and opening sessions: the pepper, the token key, Postgres.
+pub async fn auth(config: &Config, sdk: &SdkConfig) -> Result<Arc<AuthContext>, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &Needs::AUTH.secrets()).await;
+    let mut env = config.env();
+    let pepper = env.secret(settings::PEPPER);
+    let token_key = env.secret(settings::TOKEN_KEY);
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let (Some(pepper), Some(token_key), Some(database_url), true) =
+        (pepper, token_key, database_url, problems.is_empty())
+    else {
+        return Err(StartupError::Config(problems));
+    };
+    Ok(AuthContext::new(db::connect_lazy(database_url.expose_str())?, pepper, token_key))
+}
+
+/// The `catalog` function's context. Exits 1 on any problem.
+pub async fn lambda_catalog() -> Arc<CatalogContext> {
+    or_exit(catalog(&lambda_config()))
+}
+
+/// The catalog and its OpenAPI document: the catalog file, nothing else.
+pub fn catalog(config: &Config) -> Result<Arc<CatalogContext>, StartupError> {
+    let mut problems = Vec::new();
+    let catalog = deployed_catalog(config, &mut problems);
+    match catalog {
+        Some(catalog) if problems.is_empty() => Ok(CatalogContext::new(Arc::new(catalog))),
+        _ => Err(StartupError::Config(problems)),
+    }
+}
+
+/// The `presign` function's context. Exits 1 on any problem.
+pub async fn lambda_presign() -> Arc<UploadsContext> {
     let config = lambda_config();
     let sdk = sdk().await;
-    or_exit(api(&config, &sdk, needs, Connect::Lazily).await)
+    or_exit(presign(&config, &sdk).await)
 }
+
+/// Presigned uploads: the token key, Postgres, S3, the bucket and the
+/// upload policy.
+pub async fn presign(config: &Config, sdk: &SdkConfig) -> Result<Arc<UploadsContext>, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
+    let mut env = config.env();
+    let catalog = deployed_catalog(&config, &mut problems);
+    let token_key = env.secret(settings::TOKEN_KEY);
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let bucket = env.required(settings::BUCKET);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let (Some(catalog), Some(token_key), Some(database_url), true) =
+        (catalog, token_key, database_url, problems.is_empty())
+    else {
+        return Err(StartupError::Config(problems));
+    };
+    Ok(Arc::new(UploadsContext {
+        db: db::connect_lazy(database_url.expose_str())?,
+        token_key,
+        s3: aws::s3(sdk, config.s3_endpoint().is_some()),
+        bucket,
+        uploads: catalog.uploads,
+    }))
+}
+
+/// The `task-create` function's context. Exits 1 on any problem.
+pub async fn lambda_task_create() -> Arc<TaskCreateContext> {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(task_create(&config, &sdk).await)
+}
+
+/// Creating tasks: the catalog, the token key, Postgres, S3 (the uploads an
+/// input names), SQS and the facilitator.
+pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCreateContext>, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
+    let mut env = config.env();
+    let catalog = deployed_catalog(&config, &mut problems);
+    let token_key = env.secret(settings::TOKEN_KEY);
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let bucket = env.required(settings::BUCKET);
+    let queue_url = env.required(settings::QUEUE_URL);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let (Some(catalog), Some(token_key), Some(database_url), true) =
+        (catalog, token_key, database_url, problems.is_empty())
+    else {
+        return Err(StartupError::Config(problems));
+    };
+    let db = db::connect_lazy(database_url.expose_str())?;
+    let api_settings = crate::http::ApiSettings {
+        pepper: Secret::withheld(settings::PEPPER),
+        token_key,
+        database_url,
+        redis_url: String::new(),
+        bucket,
+        queue_url,
+    };
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    Ok(TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings))
+}
+
+/// The `task-status` function's context. Exits 1 on any problem.
+pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(task_status(&config, &sdk).await)
+}
+
+/// Reading, listing and canceling tasks, and `GET /v1/space`: the token key,
+/// Postgres and the Redis doorbell.
+pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskStatusContext>, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
+    let mut env = config.env();
+    let token_key = env.secret(settings::TOKEN_KEY);
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let redis_url = env.required(settings::REDIS_URL);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let (Some(token_key), Some(database_url), true) = (token_key, database_url, problems.is_empty()) else {
+        return Err(StartupError::Config(problems));
+    };
+    Ok(Arc::new(TaskStatusContext {
+        db: db::connect_lazy(database_url.expose_str())?,
+        redis: RedisClient::new(&redis_url)?,
+        token_key,
+    }))
+}
+
+/// The catalog as this deployment serves it: `REEVE_CATALOG`, its upload
+/// limit lowered to the template's `UploadMaxBytes`, and its facilitator
+/// moved by `REEVE_FACILITATOR_URL` (the local stack's own). Problems go to
+/// `problems`.
+fn deployed_catalog(config: &Config, problems: &mut Vec<String>) -> Option<Catalog> {
+    let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    let mut env = config.env();
+    let cap = settings::upload_limit(&mut env);
+    problems.extend(env.take_problems());
+    let mut catalog = catalog?;
+    catalog.uploads = catalog.uploads.capped(cap);
+    if let Some(payments) = catalog.payments.as_mut() {
+        let url = facilitator::effective_url(&payments.facilitator_url, |k| config.get(k));
+        payments.facilitator_url = url.map_err(|e| problems.push(e)).ok()?;
+    }
+    Some(catalog)
+}
+
+// ------------------------------------------------------------- whole API
 
 /// The API's context: the catalog at `REEVE_CATALOG`, the secrets `needs`
 /// asks for, the stores.
@@ -157,24 +311,12 @@ fn api_parts(
     needs: Needs,
     mut problems: Vec<String>,
 ) -> Result<(Catalog, crate::http::ApiSettings, Outbound), StartupError> {
+    let catalog = deployed_catalog(config, &mut problems);
     let mut env = config.env();
-    let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
-    // The deployment may lower the catalog's upload limit (the template's
-    // `UploadMaxBytes`), for presign and the upload guard alike.
-    let cap = settings::upload_limit(&mut env);
     let (_, operators) = settings::outbound_policies(&env);
     let operators = outbound(&mut problems, operators, "REEVE_OPERATOR_ALLOW");
     check_urls(&mut problems, config, needs.database);
     let api_settings = settings::api_settings(&mut env, needs).map_err(|e| problems.extend(e.problems)).ok();
-    let catalog = catalog.and_then(|mut catalog| {
-        catalog.uploads = catalog.uploads.capped(cap);
-        // The local stack points payments at its own facilitator.
-        if let Some(payments) = catalog.payments.as_mut() {
-            let url = facilitator::effective_url(&payments.facilitator_url, |k| config.get(k));
-            payments.facilitator_url = url.map_err(|e| problems.push(e)).ok()?;
-        }
-        Some(catalog)
-    });
     problems.extend(env.take_problems());
     match (catalog, api_settings, operators) {
         (Some(catalog), Some(api_settings), Some(operators)) if problems.is_empty() => {

@@ -2,16 +2,18 @@
 //! `GET /v1/catalog`, the validated catalog with prices in atomic units, and
 //! `GET /v1/openapi.json`, the OpenAPI document of the whole API.
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::Ctx;
+use super::context::CatalogContext;
 use crate::catalog::PublicCatalog;
 
-pub fn router() -> OpenApiRouter<Ctx> {
+pub fn router() -> OpenApiRouter<Arc<CatalogContext>> {
     OpenApiRouter::default().routes(routes!(catalog)).routes(routes!(openapi_json))
 }
 
@@ -26,7 +28,7 @@ pub fn router() -> OpenApiRouter<Ctx> {
     tag = "catalog",
     responses((status = 200, description = "The catalog.", body = PublicCatalog)),
 )]
-async fn catalog(State(ctx): State<Ctx>) -> impl IntoResponse {
+async fn catalog(State(ctx): State<Arc<CatalogContext>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], ctx.catalog_json.clone())
 }
 
@@ -41,6 +43,6 @@ async fn catalog(State(ctx): State<Ctx>) -> impl IntoResponse {
     responses((status = 200, description = "An OpenAPI 3.1 document.", content_type = "application/json",
         body = Object)),
 )]
-async fn openapi_json(State(ctx): State<Ctx>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], ctx.openapi_json.clone())
+async fn openapi_json(State(ctx): State<Arc<CatalogContext>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], ctx.openapi_json())
 }

@@ -1,15 +1,18 @@
-//! [`ApiContext`]: what every handler may need, built once per process —
-//! by [`crate::startup`] for `reeve serve` and each Lambda's `main`, and by
-//! the tests.
+//! The contexts of the HTTP routes, one per function, each holding only what
+//! its routes use, so a Lambda builds (and links) nothing more: the `auth`
+//! function has no S3, SQS or catalog; `catalog` has no database, secret or
+//! AWS client. [`ApiContext`] is every route's at once, for `reeve serve`
+//! and the tests; [`app`](super::app) hands each router its part of it.
+//! All are built by [`crate::startup`].
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::body::Bytes;
 use sqlx::PgPool;
 
 use crate::auth::Secret;
 use crate::aws::AwsClients;
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, Uploads};
 use crate::outbound::{Outbound, OutboundPolicy};
 use crate::redis_client::RedisClient;
 use crate::spaces::Argon2Limit;
@@ -27,27 +30,141 @@ pub struct ApiSettings {
     pub queue_url: String,
 }
 
-pub struct ApiContext {
+/// A context whose routes take a session token.
+pub trait SessionKey {
+    /// The key session tokens are signed with.
+    fn token_key(&self) -> &Secret;
+}
+
+/// The `auth` function's: `POST /v1/spaces` and `POST /v1/sessions`.
+pub struct AuthContext {
+    pub db: PgPool,
+    pub settings: AuthSettings,
+    /// Each Argon2id run takes 19 MiB and tens of milliseconds of one core;
+    /// a burst of sessions must queue here rather than exhaust the process.
+    pub argon2: Arc<Argon2Limit>,
+}
+
+/// The two keys of the login routes.
+#[derive(Debug, Clone)]
+pub struct AuthSettings {
+    pub pepper: Secret,
+    pub token_key: Secret,
+}
+
+/// The `catalog` function's: the catalog and the OpenAPI document it makes.
+pub struct CatalogContext {
     pub catalog: Arc<Catalog>,
     /// The catalog's public JSON, rendered once: it cannot change at run time.
     pub catalog_json: Bytes,
-    /// The OpenAPI document this catalog makes, rendered once too.
-    pub openapi_json: Bytes,
+    /// The OpenAPI document, rendered on its first request: most cold starts
+    /// serve the catalog only.
+    openapi_json: OnceLock<Bytes>,
+}
+
+/// The `presign` function's: `POST /v1/uploads`.
+pub struct UploadsContext {
     pub db: PgPool,
-    pub redis: RedisClient,
+    pub token_key: Secret,
+    pub s3: aws_sdk_s3::Client,
+    pub bucket: String,
+    /// The catalog's upload policy, capped by the deployment's limit.
+    pub uploads: Uploads,
+}
+
+/// The `task-create` function's: `POST /v1/tasks/{kind}`.
+pub struct TaskCreateContext {
+    pub catalog: Arc<Catalog>,
+    pub db: PgPool,
     pub aws: AwsClients,
     pub settings: ApiSettings,
     /// The x402 facilitator client, when the catalog sells anything. `None`
     /// also when it could not be built (logged): payments then answer
     /// `503 facilitator_unavailable`.
     pub facilitator: Option<crate::payments::Facilitator>,
-    /// Each Argon2id run takes 19 MiB and tens of milliseconds of one core;
-    /// a burst of sessions must queue here rather than exhaust the process.
-    pub argon2: Arc<Argon2Limit>,
+}
+
+/// The `task-status` function's: a Space reading and stopping its tasks.
+pub struct TaskStatusContext {
+    pub db: PgPool,
+    /// The doorbell a cancel rings.
+    pub redis: RedisClient,
+    pub token_key: Secret,
+}
+
+/// `GET /healthz` of `reeve serve`: both stores.
+pub struct HealthContext {
+    pub db: PgPool,
+    pub redis: RedisClient,
+}
+
+impl SessionKey for UploadsContext {
+    fn token_key(&self) -> &Secret {
+        &self.token_key
+    }
+}
+
+impl SessionKey for TaskCreateContext {
+    fn token_key(&self) -> &Secret {
+        &self.settings.token_key
+    }
+}
+
+impl SessionKey for TaskStatusContext {
+    fn token_key(&self) -> &Secret {
+        &self.token_key
+    }
+}
+
+impl AuthContext {
+    pub fn new(db: PgPool, pepper: Secret, token_key: Secret) -> Arc<AuthContext> {
+        let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Arc::new(AuthContext { db, settings: AuthSettings { pepper, token_key }, argon2: Argon2Limit::new(permits) })
+    }
+}
+
+impl CatalogContext {
+    pub fn new(catalog: Arc<Catalog>) -> Arc<CatalogContext> {
+        let catalog_json = serde_json::to_vec(&catalog.public_view()).expect("JSON values serialise").into();
+        Arc::new(CatalogContext { catalog, catalog_json, openapi_json: OnceLock::new() })
+    }
+
+    /// The OpenAPI document of this deployment, as JSON.
+    pub fn openapi_json(&self) -> Bytes {
+        self.openapi_json
+            .get_or_init(|| serde_json::to_vec(&super::openapi(&self.catalog)).expect("JSON values serialise").into())
+            .clone()
+    }
+}
+
+impl TaskCreateContext {
+    /// The facilitator client, when the catalog sells anything.
+    pub fn new(catalog: Arc<Catalog>, db: PgPool, aws: AwsClients, settings: ApiSettings) -> Arc<TaskCreateContext> {
+        let facilitator = catalog.payments.as_ref().and_then(|p| {
+            crate::payments::Facilitator::new(&p.facilitator_url)
+                .inspect_err(|e| tracing::error!(error = %e, "no facilitator client"))
+                .ok()
+        });
+        Arc::new(TaskCreateContext { catalog, db, aws, settings, facilitator })
+    }
+}
+
+/// Every route's context at once: `reeve serve` and the tests.
+pub struct ApiContext {
+    pub catalog: Arc<Catalog>,
+    pub db: PgPool,
+    pub redis: RedisClient,
+    pub aws: AwsClients,
+    pub settings: ApiSettings,
     /// The operators' SSRF-guarded client (`REEVE_OPERATOR_ALLOW`): for the
-    /// hosts the operator configured, such as the payment facilitator. Never
-    /// for a URL a user chose.
+    /// hosts the operator configured. Never for a URL a user chose.
     pub operators: Outbound,
+    pub auth: Arc<AuthContext>,
+    pub catalog_ctx: Arc<CatalogContext>,
+    pub uploads: Arc<UploadsContext>,
+    pub task_create: Arc<TaskCreateContext>,
+    pub task_status: Arc<TaskStatusContext>,
+    pub health: Arc<HealthContext>,
 }
 
 pub type Ctx = Arc<ApiContext>;
@@ -60,6 +177,8 @@ impl ApiContext {
         Self::with_operators(catalog, db, redis, aws, settings, operators)
     }
 
+    /// Every function's context, on the same pool, Redis client and AWS
+    /// clients.
     pub fn with_operators(
         catalog: Catalog,
         db: PgPool,
@@ -68,25 +187,32 @@ impl ApiContext {
         settings: ApiSettings,
         operators: Outbound,
     ) -> Ctx {
-        let catalog_json = serde_json::to_vec(&catalog.public_view()).expect("JSON values serialise").into();
-        let openapi_json = serde_json::to_vec(&super::openapi(&catalog)).expect("JSON values serialise").into();
-        let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let facilitator = catalog.payments.as_ref().and_then(|p| {
-            crate::payments::Facilitator::new(&p.facilitator_url)
-                .inspect_err(|e| tracing::error!(error = %e, "no facilitator client"))
-                .ok()
+        let catalog = Arc::new(catalog);
+        let auth = AuthContext::new(db.clone(), settings.pepper.clone(), settings.token_key.clone());
+        let uploads = Arc::new(UploadsContext {
+            db: db.clone(),
+            token_key: settings.token_key.clone(),
+            s3: aws.s3.clone(),
+            bucket: settings.bucket.clone(),
+            uploads: catalog.uploads.clone(),
         });
+        let task_create = TaskCreateContext::new(catalog.clone(), db.clone(), aws.clone(), settings.clone());
+        let task_status =
+            Arc::new(TaskStatusContext { db: db.clone(), redis: redis.clone(), token_key: settings.token_key.clone() });
+        let health = Arc::new(HealthContext { db: db.clone(), redis: redis.clone() });
         Arc::new(ApiContext {
-            catalog: Arc::new(catalog),
-            catalog_json,
-            openapi_json,
+            catalog_ctx: CatalogContext::new(catalog.clone()),
+            catalog,
             db,
             redis,
             aws,
             settings,
-            facilitator,
-            argon2: Argon2Limit::new(permits),
             operators,
+            auth,
+            uploads,
+            task_create,
+            task_status,
+            health,
         })
     }
 }

@@ -8,7 +8,9 @@ use axum::http::{HeaderMap, header};
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
-use super::Ctx;
+use std::sync::Arc;
+
+use super::context::SessionKey;
 use super::error::ApiError;
 use crate::auth::{self, SpaceIndex};
 
@@ -63,14 +65,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 #[derive(Debug, Clone, Copy)]
 pub struct Session(pub SpaceIndex);
 
-impl FromRequestParts<Ctx> for Session {
+impl<S: SessionKey + Send + Sync> FromRequestParts<Arc<S>> for Session {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, ctx: &Ctx) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, ctx: &Arc<S>) -> Result<Self, ApiError> {
         let Some(token) = bearer_token(&parts.headers)? else {
             return Err(unauthorized("missing_token", "send Authorization: Bearer <token> from POST /v1/sessions"));
         };
-        auth::verify_token(&ctx.settings.token_key, token, OffsetDateTime::now_utc()).map(Session).map_err(|e| {
+        auth::verify_token(ctx.token_key(), token, OffsetDateTime::now_utc()).map(Session).map_err(|e| {
             tracing::debug!(reason = ?e, "token refused");
             invalid_token()
         })

@@ -1,6 +1,8 @@
 //! `GET /healthz`: is this process able to serve? It checks both stores and
 //! names whichever is down, so an operator knows where to look.
 
+use std::sync::Arc;
+
 use std::time::Duration;
 
 use axum::Json;
@@ -10,12 +12,12 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::Ctx;
+use super::context::HealthContext;
 use super::error::{ApiError, ApiResult, ErrorEnvelope};
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
-pub fn router() -> OpenApiRouter<Ctx> {
+pub fn router() -> OpenApiRouter<Arc<HealthContext>> {
     OpenApiRouter::default().routes(routes!(healthz))
 }
 
@@ -43,7 +45,7 @@ struct Healthy {
             description = "`dependency_unavailable`: the message names what is down, e.g. `redis is unavailable`."),
     ),
 )]
-async fn healthz(State(ctx): State<Ctx>) -> ApiResult<Json<Healthy>> {
+async fn healthz(State(ctx): State<Arc<HealthContext>>) -> ApiResult<Json<Healthy>> {
     let postgres = async { sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&ctx.db).await.map(|_| ()) };
     let (postgres, redis) = tokio::join!(
         tokio::time::timeout(CHECK_TIMEOUT, postgres),

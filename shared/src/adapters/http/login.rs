@@ -1,5 +1,7 @@
 //! `POST /v1/spaces` and `POST /v1/sessions`: the auth function's routes.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -9,12 +11,12 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::Ctx;
+use super::context::AuthContext;
 use super::error::{ApiError, ApiResult, ErrorEnvelope};
 use super::extract::JsonBody;
 use crate::spaces::{self, SpaceError};
 
-pub fn router() -> OpenApiRouter<Ctx> {
+pub fn router() -> OpenApiRouter<Arc<AuthContext>> {
     OpenApiRouter::default().routes(routes!(create_space)).routes(routes!(open_session))
 }
 
@@ -44,7 +46,7 @@ struct SpaceCreated {
     ),
 )]
 
-async fn create_space(State(ctx): State<Ctx>) -> ApiResult<(StatusCode, Json<SpaceCreated>)> {
+async fn create_space(State(ctx): State<Arc<AuthContext>>) -> ApiResult<(StatusCode, Json<SpaceCreated>)> {
     let space = spaces::create(&ctx.db, &ctx.settings.pepper, &ctx.argon2).await.map_err(internal)?;
     Ok((
         StatusCode::CREATED,
@@ -93,7 +95,7 @@ struct SessionCreated {
 )]
 
 async fn open_session(
-    State(ctx): State<Ctx>,
+    State(ctx): State<Arc<AuthContext>>,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> ApiResult<Json<SessionCreated>> {
     let s = &ctx.settings;

@@ -59,11 +59,16 @@ pub mod stream;
 pub mod tasks;
 pub mod uploads;
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use context::{ApiContext, ApiSettings, Ctx};
+pub use context::{
+    ApiContext, ApiSettings, AuthContext, AuthSettings, CatalogContext, Ctx, HealthContext, SessionKey,
+    TaskCreateContext, TaskStatusContext, UploadsContext,
+};
 pub use cors::{CorsOrigins, with_cors};
 pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
 pub use limit::{LoginLimits, client_key, limit as login_limit};
@@ -73,33 +78,70 @@ pub use relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
 /// Requests carry small JSON documents; files go straight to S3.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// Wraps a router with what every route shares: the error envelope with a
-/// request id, the body limit and the JSON 404 for unknown paths. The
-/// router's part of the OpenAPI document is dropped: [`openapi`] is the
-/// whole API's.
-pub fn finish(router: OpenApiRouter<Ctx>, ctx: Ctx) -> Router {
+/// A module's routes on their context. The router's part of the OpenAPI
+/// document is dropped: [`openapi`] is the whole API's, and only the
+/// catalog function serves it.
+fn routed<S: Clone + Send + Sync + 'static>(router: OpenApiRouter<S>, ctx: S) -> Router {
     let (router, _doc) = router.split_for_parts();
-    router
+    router.with_state(ctx)
+}
+
+/// Wraps routes with what every route shares: the error envelope with a
+/// request id, the body limit and the JSON 404 for unknown paths.
+fn finish(routes: Router) -> Router {
+    routes
         .fallback(error::no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(error::envelope))
-        .with_state(ctx)
 }
 
-/// Every module's router, merged: routes and document alike.
-fn routes() -> OpenApiRouter<Ctx> {
-    OpenApiRouter::default()
-        .merge(health::router())
-        .merge(catalog::router())
-        .merge(login::router())
-        .merge(uploads::router())
-        .merge(tasks::create_router())
-        .merge(tasks::status_router())
+/// The `auth` function: `POST /v1/spaces`, `POST /v1/sessions`.
+pub fn auth_app(ctx: Arc<AuthContext>) -> Router {
+    finish(routed(login::router(), ctx))
 }
 
-/// Every route on one router: what `reeve serve` listens with.
+/// The `catalog` function: `GET /v1/catalog`, `GET /v1/openapi.json`.
+pub fn catalog_app(ctx: Arc<CatalogContext>) -> Router {
+    finish(routed(catalog::router(), ctx))
+}
+
+/// The `presign` function: `POST /v1/uploads`.
+pub fn presign_app(ctx: Arc<UploadsContext>) -> Router {
+    finish(routed(uploads::router(), ctx))
+}
+
+/// The `task-create` function: `POST /v1/tasks/{kind}`.
+pub fn task_create_app(ctx: Arc<TaskCreateContext>) -> Router {
+    finish(routed(tasks::create_router(), ctx))
+}
+
+/// The `task-status` function: a task, the list, cancel and `GET /v1/space`.
+pub fn task_status_app(ctx: Arc<TaskStatusContext>) -> Router {
+    finish(routed(tasks::status_router(), ctx))
+}
+
+/// Every API route on one router: what `reeve serve` listens with, each
+/// module's routes on their part of `ctx`.
 pub fn app(ctx: Ctx) -> Router {
-    finish(routes(), ctx)
+    finish(
+        routed(health::router(), ctx.health.clone())
+            .merge(routed(catalog::router(), ctx.catalog_ctx.clone()))
+            .merge(routed(login::router(), ctx.auth.clone()))
+            .merge(routed(uploads::router(), ctx.uploads.clone()))
+            .merge(routed(tasks::create_router(), ctx.task_create.clone()))
+            .merge(routed(tasks::status_router(), ctx.task_status.clone())),
+    )
+}
+
+/// Every module's part of the OpenAPI document, merged.
+fn documented() -> utoipa::openapi::OpenApi {
+    let mut doc = health::router().into_openapi();
+    doc.merge(catalog::router().into_openapi());
+    doc.merge(login::router().into_openapi());
+    doc.merge(uploads::router().into_openapi());
+    doc.merge(tasks::create_router().into_openapi());
+    doc.merge(tasks::status_router().into_openapi());
+    doc
 }
 
 /// The relay as its own service: the event stream, the watch page and

@@ -66,7 +66,7 @@ const TAGS: [(&str, &str); 5] = [
 /// The document for every route of [`super::app`] and the relay's stream,
 /// as this catalog makes them.
 pub fn openapi(catalog: &Catalog) -> Value {
-    let (_, mut doc) = super::routes().split_for_parts();
+    let mut doc = super::documented();
     doc.openapi = OpenApiVersion::Version31;
     doc.info = InfoBuilder::new()
         .title("Reeve")

@@ -1,6 +1,8 @@
 //! `GET /v1/space`: the Space behind the session, with what it paid and the
 //! credits it holds. Served by the task-status function.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::State;
 use serde::Serialize;
@@ -8,7 +10,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::Ctx;
+use super::context::TaskStatusContext;
 use super::error::{ApiResult, ErrorEnvelope, db_error};
 use super::extract::Session;
 use crate::payments::ledger::{self, Credit, PaymentRecord};
@@ -16,7 +18,7 @@ use crate::payments::ledger::{self, Credit, PaymentRecord};
 /// How many payments and credits the answer lists, newest first.
 const LISTED: i64 = 100;
 
-pub fn router() -> OpenApiRouter<Ctx> {
+pub fn router() -> OpenApiRouter<Arc<TaskStatusContext>> {
     OpenApiRouter::default().routes(routes!(read_space))
 }
 
@@ -47,7 +49,7 @@ struct SpaceView {
         (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
     ),
 )]
-async fn read_space(State(ctx): State<Ctx>, Session(space): Session) -> ApiResult<Json<SpaceView>> {
+async fn read_space(State(ctx): State<Arc<TaskStatusContext>>, Session(space): Session) -> ApiResult<Json<SpaceView>> {
     let (payments, credits) = ledger::for_space(&ctx.db, &space, LISTED).await.map_err(db_error)?;
     Ok(Json(SpaceView { payments, credits }))
 }

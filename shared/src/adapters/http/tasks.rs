@@ -24,6 +24,8 @@
 //! 9. store and queue: `202` with `Location` (and `PAYMENT-RESPONSE` when
 //!    paid now), or `503 queue_unavailable`.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{OriginalUri, Path, Query, State};
@@ -36,7 +38,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::Ctx;
+use super::context::{TaskCreateContext, TaskStatusContext};
 use super::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use super::extract::{JsonBody, Session};
 use crate::ids::Id;
@@ -56,7 +58,7 @@ pub const IDEMPOTENT_REPLAYED_HEADER: &str = "idempotent-replayed";
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
 /// `POST /v1/tasks/{kind}`: the task-create function's route.
-pub fn create_router() -> OpenApiRouter<Ctx> {
+pub fn create_router() -> OpenApiRouter<Arc<TaskCreateContext>> {
     OpenApiRouter::default().routes(routes!(create_task))
 }
 
@@ -64,7 +66,7 @@ pub fn create_router() -> OpenApiRouter<Ctx> {
 /// `GET /v1/space`: the task-status function's routes. They share it because
 /// each needs only Postgres and the Redis doorbell, no S3 or SQS: the owner
 /// reading and stopping what their Space owns.
-pub fn status_router() -> OpenApiRouter<Ctx> {
+pub fn status_router() -> OpenApiRouter<Arc<TaskStatusContext>> {
     OpenApiRouter::default()
         .routes(routes!(task_status))
         .routes(routes!(list_tasks))
@@ -219,7 +221,7 @@ impl From<Task> for Snapshot {
     ),
 )]
 async fn create_task(
-    State(ctx): State<Ctx>,
+    State(ctx): State<Arc<TaskCreateContext>>,
     Session(space): Session,
     kind: Result<Path<String>, PathRejection>,
     OriginalUri(uri): OriginalUri,
@@ -412,7 +414,7 @@ impl From<SubmitError> for ApiError {
     ),
 )]
 async fn task_status(
-    State(ctx): State<Ctx>,
+    State(ctx): State<Arc<TaskStatusContext>>,
     Session(space): Session,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Json<Snapshot>> {
@@ -471,7 +473,7 @@ struct TaskPage {
     ),
 )]
 async fn list_tasks(
-    State(ctx): State<Ctx>,
+    State(ctx): State<Arc<TaskStatusContext>>,
     Session(space): Session,
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> ApiResult<Json<TaskPage>> {
@@ -514,7 +516,7 @@ async fn list_tasks(
     ),
 )]
 async fn cancel_task(
-    State(ctx): State<Ctx>,
+    State(ctx): State<Arc<TaskStatusContext>>,
     Session(space): Session,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {

@@ -12,6 +12,8 @@
 //! ones: `401 missing_token`/`invalid_token`, `400 invalid_json`,
 //! `413 body_too_large`, `415 unsupported_media_type`.
 
+use std::sync::Arc;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -24,13 +26,13 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::Ctx;
+use super::context::UploadsContext;
 use super::error::{self, ApiError, ApiResult, ErrorEnvelope};
 use super::extract::{JsonBody, Session};
 use crate::ids::Id;
 use crate::uploads::{self, CreateError, UploadRequest};
 
-pub fn router() -> OpenApiRouter<Ctx> {
+pub fn router() -> OpenApiRouter<Arc<UploadsContext>> {
     OpenApiRouter::default().routes(routes!(create_upload))
 }
 
@@ -100,14 +102,14 @@ struct UploadCreated {
 )]
 
 async fn create_upload(
-    State(ctx): State<Ctx>,
+    State(ctx): State<Arc<UploadsContext>>,
     Session(space): Session,
     JsonBody(body): JsonBody<CreateUpload>,
 ) -> ApiResult<(StatusCode, Json<UploadCreated>)> {
-    let policy = &ctx.catalog.uploads;
+    let policy = &ctx.uploads;
     let request = UploadRequest { filename: body.filename, content_type: body.content_type, size: body.size };
     let expires_in = Duration::from_secs(policy.url_expiry_seconds.into());
-    let presigned = uploads::create(&ctx.db, &ctx.aws.s3, &ctx.settings.bucket, policy, &space, request, expires_in)
+    let presigned = uploads::create(&ctx.db, &ctx.s3, &ctx.bucket, policy, &space, request, expires_in)
         .await
         .map_err(create_error)?;
     Ok((
