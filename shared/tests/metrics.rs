@@ -335,6 +335,8 @@ async fn emf_child(pool: PgPool) {
         return;
     }
     reeve_shared::telemetry::init();
+    // What every Lambda's start-up does: install the EMF exporter.
+    reeve_shared::startup::lambda_config();
     let (app, token, queue) = api(&pool).await;
     let id = queue_digest(&app, &token).await;
     println!("--- batch ---");

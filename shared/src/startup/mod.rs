@@ -116,8 +116,9 @@ pub async fn aws_clients(config: &Config) -> AwsClients {
 
 /// A Lambda's configuration: the process's environment, with the EMF
 /// metrics exporter installed when it runs in Lambda (a Lambda has nowhere
-/// to serve Prometheus from; its metrics go to stdout as EMF lines).
-fn lambda_config() -> Config {
+/// to serve Prometheus from; its metrics go to stdout as EMF lines). Every
+/// `lambda_*` builder starts with it.
+pub fn lambda_config() -> Config {
     let config = Config::from_env();
     if config.in_lambda()
         && let Err(e) = crate::metrics::install_emf(&config.metrics_namespace())
