@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run Reeve locally: start the stack, load .env, migrate, then serve every
 # route, the relay and a worker in one process, and print where it all is.
+# It runs on the development catalog (.env's REEVE_CATALOG, reeve.dev.toml).
 #   scripts/dev.sh [serve args, e.g. --bind 127.0.0.1:8080 or --no-worker]
 set -euo pipefail
 LOG_TAG="dev"

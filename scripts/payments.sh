@@ -8,11 +8,11 @@
 #
 # Parts (npm packages pinned in scripts/payments/package-lock.json):
 #   chain        127.0.0.1:8545  anvil 1.7.1 (@foundry-rs/anvil-linux-amd64), chain id
-#                                84532, so reeve.toml's `eip155:84532` asset is this one.
+#                                84532, so reeve.dev.toml's `eip155:84532` asset is this one.
 #                                In memory: every `up` after a `down` starts a fresh chain.
 #                                A block a second, as on Base: an idle chain's clock would
 #                                stand still, and clients sign validAfter = now - 600.
-#   token        the catalog's usdc-base-sepolia contract address: scripts/payments/Token.sol
+#   token        reeve.dev.toml's usdc-base-sepolia contract address: scripts/payments/Token.sol
 #                (OpenZeppelin 5.7, compiled offline by solc-js 0.8.37), EIP-712 domain
 #                "USDC"/"2", 6 decimals. Accounts 1-9 of anvil's development mnemonic
 #                hold 1,000 tokens each; account 0 pays the facilitator's gas.
@@ -32,7 +32,7 @@ HOST=127.0.0.1
 CHAIN_PORT="${REEVE_STACK_CHAIN_PORT:-8545}"
 FAC_PORT="${REEVE_STACK_FACILITATOR_PORT:-4021}"
 CHAIN_ID=84532
-# reeve.toml's [assets.usdc-base-sepolia] contract.
+# reeve.dev.toml's [assets.usdc-base-sepolia] contract.
 TOKEN_ADDRESS="${REEVE_STACK_TOKEN_ADDRESS:-0x036CbD53842c5426634e7929541eC2318f3dCF7e}"
 PKG="$ROOT/scripts/payments"
 DIR="$STACK_DIR/payments"

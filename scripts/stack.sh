@@ -39,6 +39,9 @@ BUCKET=reeve-local
 QUEUE=reeve-tasks
 DLQ=reeve-tasks-dlq
 REQS="$ROOT/scripts/requirements.txt"
+# The development catalog: the shipped tasks priced on the local chain.
+# reeve.toml, which deployments ship, prices on mainnet.
+DEV_CATALOG=reeve.dev.toml
 
 REDIS_DIR="$STACK_DIR/redis"
 WEED_DIR="$STACK_DIR/seaweedfs"
@@ -250,13 +253,27 @@ AWS_ACCESS_KEY_ID=$S3_ACCESS_KEY
 AWS_SECRET_ACCESS_KEY=$S3_SECRET_KEY
 AWS_REGION=us-east-1
 AWS_DEFAULT_REGION=us-east-1
-REEVE_CATALOG=reeve.toml
+REEVE_CATALOG=$DEV_CATALOG
 REEVE_CORS_ORIGINS=http://127.0.0.1:8080,http://localhost:8080
 EOF
   )
   mv "$tmp" "$ENV_FILE"
   rm -f "$SECRETS"
   log "wrote $ENV_FILE"
+}
+
+# A .env written before reeve.toml became the production catalog names it
+# as the development one: point it at reeve.dev.toml (any other choice of
+# the developer's stays).
+env_use_dev_catalog() {
+  [[ -f $ENV_FILE && $(env_get REEVE_CATALOG) == reeve.toml ]] || return 0
+  # The file itself, if .env is a link to it (a worktree's), not the link.
+  local file tmp
+  file=$(readlink -f "$ENV_FILE")
+  tmp="$file.tmp.$$"
+  (umask 077 && sed "s|^REEVE_CATALOG=reeve\.toml\$|REEVE_CATALOG=$DEV_CATALOG|" "$file" >"$tmp") &&
+    mv "$tmp" "$file" || { rm -f "$tmp"; die "could not update $file"; }
+  log "$file: REEVE_CATALOG is now $DEV_CATALOG (reeve.toml prices on mainnet)"
 }
 
 # ---------------------------------------------------------------- postgres
@@ -533,6 +550,7 @@ cmd_up() {
   local queue_url
   queue_url=$(bootstrap_aws) || die "creating the bucket and queues failed"
   write_env_once "$queue_url"
+  env_use_dev_catalog
   local envq
   envq=$(env_get REEVE_QUEUE_URL)
   [[ $envq == "$queue_url" ]] || log "warning: .env has REEVE_QUEUE_URL=$envq but moto returned $queue_url"

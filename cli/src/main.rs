@@ -195,6 +195,11 @@ fn runtime() -> tokio::runtime::Runtime {
 fn config_check(file: &Path) -> ExitCode {
     match Catalog::load(file) {
         Ok(catalog) => {
+            // Legal but probably a mistake (a testnet price in a catalog for
+            // mainnet): said, but the catalog is still usable.
+            for warning in catalog.warnings() {
+                eprintln!("warning: {}: {warning}", file.display());
+            }
             println!("{}: ok, {}", file.display(), catalog.summary());
             ExitCode::SUCCESS
         }

@@ -23,12 +23,42 @@ fn stderr(out: &Output) -> String {
 }
 
 #[test]
-fn config_check_accepts_the_shipped_catalog() {
-    let out = reeve(&["config", "check", "--file", &repo("reeve.toml")], &[]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("ok"), "{stdout}");
-    assert!(stdout.contains("tasks"), "a summary is printed: {stdout}");
+fn config_check_accepts_both_shipped_catalogs_without_a_warning() {
+    for file in ["reeve.toml", "reeve.dev.toml"] {
+        let out = reeve(&["config", "check", "--file", &repo(file)], &[]);
+        assert!(out.status.success(), "{file}: {}", stderr(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("ok"), "{stdout}");
+        assert!(stdout.contains("tasks"), "a summary is printed: {stdout}");
+        assert_eq!(stderr(&out), "", "{file} prices only what it is for");
+    }
+}
+
+/// The production catalog with a Base Sepolia price added, as an operator
+/// copying from the development catalog might: still valid, but warned
+/// about at that price's TOML path.
+#[test]
+fn config_check_warns_about_a_testnet_price_in_a_production_catalog() {
+    let shipped = std::fs::read_to_string(repo("reeve.toml")).unwrap();
+    assert!(shipped.contains("network_kind = \"mainnet\""));
+    let with_testnet = format!(
+        "{shipped}\n[assets.usdc-base-sepolia]\nnetwork = \"eip155:84532\"\n\
+         contract = \"0x036CbD53842c5426634e7929541eC2318f3dCF7e\"\ndecimals = 6\nusd_peg = true\n\
+         name = \"USDC\"\nversion = \"2\"\n\n[[tasks.fetch.accepts]]\nasset = \"usdc-base-sepolia\"\n\
+         amount_usd = \"0.01\"\n"
+    );
+    let dir = std::env::temp_dir().join(format!("reeve-cli-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("reeve.toml");
+    std::fs::write(&file, with_testnet).unwrap();
+    let out = reeve(&["config", "check", "--file", file.to_str().unwrap()], &[]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(out.status.success(), "a warning, not an error: {}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("warning: "), "{err}");
+    assert!(err.contains("tasks.fetch.accepts[1].asset"), "the offending price's path: {err}");
+    assert!(err.contains("eip155:84532") && err.contains("testnet"), "{err}");
 }
 
 #[test]
@@ -72,7 +102,7 @@ const LONG: &str = "0123456789abcdef0123456789abcdef";
 #[test]
 fn serve_refuses_to_start_with_a_short_secret_and_names_it() {
     let out = reeve(
-        &["serve", "--catalog", &repo("reeve.toml"), "--bind", "127.0.0.1:0"],
+        &["serve", "--catalog", &repo("reeve.dev.toml"), "--bind", "127.0.0.1:0"],
         &[
             ("REEVE_PEPPER", "too-short"),
             ("REEVE_TOKEN_KEY", LONG),
@@ -109,7 +139,7 @@ fn serve_lists_every_missing_variable_and_a_broken_catalog_together() {
 #[test]
 fn serve_names_an_unreachable_postgres_without_its_password() {
     let out = reeve(
-        &["serve", "--catalog", &repo("reeve.toml"), "--bind", "127.0.0.1:0"],
+        &["serve", "--catalog", &repo("reeve.dev.toml"), "--bind", "127.0.0.1:0"],
         &[
             ("REEVE_PEPPER", LONG),
             ("REEVE_TOKEN_KEY", LONG),

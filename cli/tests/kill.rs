@@ -46,9 +46,9 @@ async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
     // runs out within the test.
     let dir = std::env::temp_dir().join(format!("reeve-kill-{}", ulid::Ulid::new()));
     std::fs::create_dir_all(&dir).unwrap();
-    let shipped = std::fs::read_to_string(repo("reeve.toml")).unwrap();
+    let shipped = std::fs::read_to_string(repo("reeve.dev.toml")).unwrap();
     let short = shipped.replacen("\ntimeout_seconds = 300", "\ntimeout_seconds = 5", 1);
-    assert_ne!(short, shipped, "reeve.toml's digest has timeout_seconds = 300");
+    assert_ne!(short, shipped, "reeve.dev.toml's digest has timeout_seconds = 300");
     let catalog_path = dir.join("reeve.toml");
     std::fs::write(&catalog_path, &short).unwrap();
 

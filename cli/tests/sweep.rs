@@ -66,7 +66,7 @@ impl Stranded {
             bucket: env("REEVE_BUCKET"),
             queue_url: queue.clone(),
         };
-        let catalog = Catalog::load(&repo("reeve.toml")).unwrap();
+        let catalog = Catalog::load(&repo("reeve.dev.toml")).unwrap();
         let redis = RedisClient::new(&settings.redis_url).unwrap();
         let ctx = ApiContext::new(catalog, pool.clone(), redis, common::aws().await, settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -132,7 +132,7 @@ async fn a_task_whose_message_was_lost_completes_after_a_sweep_and_a_worker_run(
     let worker = Worker(
         reeve(db_url, queue)
             .args(["work", "--catalog"])
-            .arg(repo("reeve.toml"))
+            .arg(repo("reeve.dev.toml"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -153,7 +153,7 @@ async fn reeve_serve_completes_a_task_whose_message_was_lost_without_a_manual_sw
     let mut serve = Worker(
         reeve(&task.db_url, &task.queue)
             .args(["serve", "--bind", &format!("127.0.0.1:{port}"), "--catalog"])
-            .arg(repo("reeve.toml"))
+            .arg(repo("reeve.dev.toml"))
             // The task is stranded from the start: any threshold above the
             // time since create would wait, 1 s keeps the test short.
             .args(["--sweep-every", "1", "--sweep-older-than", "1"])

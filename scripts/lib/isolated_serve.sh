@@ -40,6 +40,9 @@ isolated_stack_start() {
   export DATABASE_URL="$ISO_SERVER/$ISO_DB"
   ISO_QUEUE_URL=$(iso_sqs create "reeve-$name-$suffix") || die "cannot create a queue"
   export REEVE_QUEUE_URL="$ISO_QUEUE_URL"
+  # The development catalog, whatever .env says: these phases pay on the
+  # local chain, which reeve.toml (mainnet) does not price on.
+  export REEVE_CATALOG="$ROOT/reeve.dev.toml"
   [[ -x $REEVE_BIN ]] || cargo build --locked -q -p reeve-cli --bin reeve
   export REEVE_BIN
   "$REEVE_BIN" migrate >/dev/null || die "reeve migrate failed"

@@ -3,10 +3,13 @@
 
 use std::path::Path;
 
-use reeve_shared::catalog::{Catalog, CatalogError, EXECUTORS, Executor, Problem, Uploads};
+use reeve_shared::catalog::{Catalog, CatalogError, EXECUTORS, Executor, NetworkKind, Problem, Uploads};
 use serde_json::json;
 
+/// What deployments ship (the template's CatalogLayer): mainnet prices only.
 const SHIPPED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../reeve.toml");
+/// What development and the tests run on: the same tasks on the local chain.
+const DEV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../reeve.dev.toml");
 const THREE_MISTAKES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/catalog/three-mistakes.toml");
 
 const PAYMENTS: &str = r#"
@@ -66,30 +69,87 @@ fn shipped_catalog_loads_with_free_and_priced_tasks() {
     assert_eq!(fetch.executor, Executor::Fetch);
     let prices: Vec<(&str, u128, Option<&str>)> =
         fetch.accepts.iter().map(|price| (price.asset.as_str(), price.amount, price.amount_usd.as_deref())).collect();
-    assert_eq!(prices, [("usdc-base", 10_000, Some("0.01")), ("usdc-base-sepolia", 10_000, Some("0.01"))]);
+    assert_eq!(prices, [("usdc-base", 10_000, Some("0.01"))]);
 
     let http = catalog.task("http").expect("http task");
     assert_eq!(http.executor, Executor::Http { endpoint: "https://example.com/reeve/echo".into() });
-    assert_eq!(http.accepts[0].asset, "usdc-base-sepolia");
+    assert_eq!((http.accepts[0].asset.as_str(), http.accepts[0].amount), ("usdc-base", 5_000));
     assert_eq!(http.accepts[0].amount_usd, None);
 
+    // Mainnet only: Base's USDC, nothing with test tokens.
+    let assets: Vec<&str> = catalog.assets.keys().map(String::as_str).collect();
+    assert_eq!(assets, ["usdc-base"]);
     let base = &catalog.assets["usdc-base"];
     assert_eq!(
         (base.network.as_str(), base.contract.as_str(), base.decimals, base.name.as_str(), base.version.as_str()),
         ("eip155:8453", "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913", 6, "USD Coin", "2")
     );
-    let sepolia = &catalog.assets["usdc-base-sepolia"];
-    assert_eq!(
-        (sepolia.network.as_str(), sepolia.contract.as_str(), sepolia.name.as_str()),
-        ("eip155:84532", "0x036CbD53842c5426634e7929541eC2318f3dCF7e", "USDC")
-    );
 
     let payments = catalog.payments.as_ref().expect("payments");
-    assert_eq!(payments.facilitator_url, "https://x402.org/facilitator");
-    assert_eq!(
-        catalog.summary(),
-        "3 tasks (digest free, fetch 2 prices, http 1 price), 2 assets, uploads up to 100 MiB"
-    );
+    assert_eq!(payments.network_kind, NetworkKind::Mainnet);
+    assert_ne!(payments.facilitator_url, "https://x402.org/facilitator", "x402.org settles testnets only");
+    assert!(payments.facilitator_url.starts_with("https://"), "{}", payments.facilitator_url);
+    assert_eq!(catalog.warnings(), [], "the shipped catalog prices no testnet asset");
+    assert_eq!(catalog.summary(), "3 tasks (digest free, fetch 1 price, http 1 price), 1 asset, uploads up to 100 MiB");
+}
+
+/// The development catalog sells what reeve.toml sells, so the tests run the
+/// deployed tasks, but prices them on the local chain only, which the local
+/// facilitator settles.
+#[test]
+fn the_development_catalog_is_the_shipped_one_on_the_local_chain() {
+    let shipped = Catalog::load(Path::new(SHIPPED)).unwrap();
+    let dev = Catalog::load(Path::new(DEV)).unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(dev.tasks.keys().collect::<Vec<_>>(), shipped.tasks.keys().collect::<Vec<_>>());
+    for (kind, task) in &dev.tasks {
+        let deployed = &shipped.tasks[kind];
+        assert_eq!(task.executor, deployed.executor, "{kind}");
+        assert_eq!(task.timeout_seconds, deployed.timeout_seconds, "{kind}");
+        assert_eq!(task.input_schema, deployed.input_schema, "{kind}");
+        let amounts = |t: &reeve_shared::catalog::TaskSpec| t.accepts.iter().map(|p| p.amount).collect::<Vec<_>>();
+        assert_eq!(amounts(task), amounts(deployed), "{kind}: the same prices, in the local token");
+    }
+    assert_eq!(dev.uploads, shipped.uploads);
+    for (id, asset) in &dev.assets {
+        assert_eq!(asset.network, "eip155:84532", "{id}: the local chain's id (scripts/payments.sh)");
+    }
+    let payments = dev.payments.as_ref().unwrap();
+    assert_eq!(payments.network_kind, NetworkKind::Testnet);
+    assert_eq!(payments.facilitator_url, "http://127.0.0.1:4021", "scripts/payments.sh's facilitator");
+    assert_eq!(dev.warnings(), []);
+}
+
+/// A mainnet catalog (the default) that prices in a testnet asset sells work
+/// for tokens without value: legal, but warned about at the price's path.
+#[test]
+fn a_testnet_price_in_a_mainnet_catalog_is_warned_about_at_its_path() {
+    let sepolia = |kind: &str| {
+        catalog_with(
+            "[assets.test-coin]\nnetwork = \"eip155:84532\"\ncontract = \"0x036CbD53842c5426634e7929541eC2318f3dCF7e\"\n\
+             decimals = 6\nusd_peg = true\nname = \"USDC\"\nversion = \"2\"",
+            "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\"\n\
+             [[tasks.t.accepts]]\nasset = \"test-coin\"\namount = \"1\"",
+        )
+        .replace("[payments]\n", &format!("[payments]\n{kind}"))
+    };
+    for declared in ["", "network_kind = \"mainnet\"\n"] {
+        let catalog = parse_ok(&sepolia(declared));
+        let warnings = catalog.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0].path, "tasks.t.accepts[1].asset");
+        assert!(
+            warnings[0].message.contains("eip155:84532") && warnings[0].message.contains("testnet"),
+            "{warnings:?}"
+        );
+    }
+    let testnet = parse_ok(&sepolia("network_kind = \"testnet\"\n"));
+    assert_eq!(testnet.payments.as_ref().unwrap().network_kind, NetworkKind::Testnet);
+    assert_eq!(testnet.warnings(), [], "a catalog for testnets may price in them");
+
+    let wrong = problems(&sepolia("network_kind = \"production\"\n"));
+    assert_eq!(wrong.len(), 1, "{wrong:?}");
+    assert_eq!(wrong[0].path, "payments.network_kind");
+    assert!(wrong[0].message.contains("mainnet") && wrong[0].message.contains("testnet"), "{wrong:?}");
 }
 
 #[test]
@@ -668,14 +728,13 @@ fn public_view_shows_prices_as_strings_and_hides_endpoints() {
         fetch["prices"],
         json!([
             {"asset": "usdc-base", "network": "eip155:8453", "amount": "10000", "amount_usd": "0.01"},
-            {"asset": "usdc-base-sepolia", "network": "eip155:84532", "amount": "10000", "amount_usd": "0.01"},
         ])
     );
     assert_eq!(fetch["input_schema"]["properties"]["url"]["format"], "uri");
     assert_eq!(fetch["timeout_seconds"], 120);
 
     let http = view["tasks"].as_array().unwrap().iter().find(|task| task["kind"] == "http").unwrap();
-    assert_eq!(http["prices"], json!([{"asset": "usdc-base-sepolia", "network": "eip155:84532", "amount": "5000"}]));
+    assert_eq!(http["prices"], json!([{"asset": "usdc-base", "network": "eip155:8453", "amount": "5000"}]));
     let digest = view["tasks"].as_array().unwrap().iter().find(|task| task["kind"] == "digest").unwrap();
     assert_eq!((digest["free"].clone(), digest["prices"].clone()), (json!(true), json!([])));
 

@@ -65,7 +65,7 @@ async fn deps(pool: PgPool) -> ExecDeps {
 }
 
 fn spec(kind: &str) -> TaskSpec {
-    shipped_catalog().tasks.get(kind).unwrap_or_else(|| panic!("reeve.toml has [tasks.{kind}]")).clone()
+    shipped_catalog().tasks.get(kind).unwrap_or_else(|| panic!("reeve.dev.toml has [tasks.{kind}]")).clone()
 }
 
 fn http_spec(endpoint: &str, timeout_seconds: u32) -> TaskSpec {

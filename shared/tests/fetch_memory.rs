@@ -91,7 +91,7 @@ async fn deps(pool: PgPool, max_bytes: u64) -> ExecDeps {
 
 /// Runs `fetch` on `url`; the result and the peak extra memory meanwhile.
 async fn fetch(deps: &ExecDeps, task_id: Id, url: &str) -> (Result<Value, ExecError>, usize) {
-    let catalog = Catalog::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap();
+    let catalog = Catalog::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.dev.toml")).unwrap();
     let spec = catalog.tasks["fetch"].clone();
     let input = json!({ "url": url });
     let (tx, mut rx) = mpsc::channel(64);

@@ -44,7 +44,7 @@ impl Runner for Quick {
 /// The shipped catalog plus `quick`: free, any object input.
 fn catalog() -> reeve_shared::catalog::Catalog {
     let shipped =
-        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap();
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.dev.toml")).unwrap();
     let extra = "[tasks.quick]\ntitle = \"Quick\"\nexecutor = \"digest\"\ntimeout_seconds = 30\ninput_schema = { type = \"object\" }\n";
     reeve_shared::catalog::Catalog::parse(&format!("{shipped}\n{extra}")).unwrap()
 }

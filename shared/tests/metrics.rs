@@ -34,7 +34,7 @@ use sqlx::PgPool;
 use tower::ServiceExt;
 
 fn catalog() -> Catalog {
-    Catalog::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap()
+    Catalog::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.dev.toml")).unwrap()
 }
 
 fn worker(pool: &PgPool, s3: aws_sdk_s3::Client) -> WorkerContext {

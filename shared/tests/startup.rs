@@ -17,7 +17,7 @@ const PEPPER: &str = "pepper-from-secrets-manager-0123456789abcdef";
 const TOKEN_KEY: &str = "token-key-from-secrets-manager-0123456789ab";
 
 fn catalog() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.dev.toml")
 }
 
 /// The stack's moto: `AWS_ENDPOINT_URL_SQS` is its address.

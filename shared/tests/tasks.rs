@@ -336,8 +336,8 @@ async fn a_priced_task_without_payment_answers_the_x402_challenge(pool: PgPool) 
     assert_eq!(c["resource"]["description"], catalog.task("fetch").unwrap().title.as_str());
     assert_eq!(c["resource"]["mimeType"], "application/json");
     let accepts = c["accepts"].as_array().unwrap();
-    assert_eq!(accepts.len(), 2);
-    for (entry, asset_id) in accepts.iter().zip(["usdc-base", "usdc-base-sepolia"]) {
+    assert_eq!(accepts.len(), 1);
+    for (entry, asset_id) in accepts.iter().zip(["usdc-base-sepolia"]) {
         let asset = &catalog.assets[asset_id];
         assert_eq!(entry["scheme"], "exact");
         assert_eq!(entry["amount"], "10000");

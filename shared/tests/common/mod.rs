@@ -23,14 +23,19 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tower::ServiceExt;
 
+/// The development catalog, `reeve.dev.toml`: the shipped tasks, priced on
+/// the local chain, which the stack's facilitator settles. (`reeve.toml`,
+/// what deployments ship, prices on mainnet: tests/catalog.rs reads it.)
+pub const DEV_CATALOG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../reeve.dev.toml");
+
 pub fn shipped_catalog() -> Catalog {
-    Catalog::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).expect("reeve.toml is valid")
+    Catalog::load(Path::new(DEV_CATALOG)).expect("reeve.dev.toml is valid")
 }
 
-/// The shipped catalog plus the test's own kinds (`[tasks.*]` tables),
+/// The development catalog plus the test's own kinds (`[tasks.*]` tables),
 /// which a test's own runner stands in for.
 pub fn catalog_with(extra: &str) -> Catalog {
-    let shipped = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml")).unwrap();
+    let shipped = std::fs::read_to_string(DEV_CATALOG).unwrap();
     Catalog::parse(&format!("{shipped}\n{extra}")).unwrap_or_else(|e| panic!("{e}"))
 }
 

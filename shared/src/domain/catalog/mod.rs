@@ -10,6 +10,8 @@
 //! - [`validate`]: the rules for each section, building a [`Catalog`].
 //! - [`formats`]: ids, CAIP-2 networks, EVM addresses, URLs, media types.
 //! - [`amount`]: atomic amounts and exact USD-to-atomic conversion.
+//! - [`networks`]: what a catalog is for (`network_kind`), and which
+//!   networks are testnets.
 //! - [`schema`]: task input schemas, from TOML to a compiled JSON Schema.
 //! - [`view`]: the public JSON view and the operator's one-line summary.
 //! - [`error`]: [`CatalogError`] and [`Problem`].
@@ -17,6 +19,7 @@
 mod amount;
 mod error;
 mod formats;
+mod networks;
 mod read;
 mod schema;
 mod validate;
@@ -27,6 +30,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use error::{CatalogError, Problem};
+pub use networks::{NetworkKind, testnet_name};
 pub use validate::LEASE_GRACE_SECONDS;
 /// The rule for a facilitator URL: https, or plain http on loopback only.
 pub(crate) use validate::facilitator_url as check_facilitator_url;
@@ -123,6 +127,8 @@ pub struct Payments {
     pub facilitator_url: String,
     /// How long a signed payment stays valid (x402 `maxTimeoutSeconds`).
     pub max_timeout_seconds: u32,
+    /// What the catalog is for: mainnet (the default) or testnet.
+    pub network_kind: NetworkKind,
 }
 
 /// Limits for presigned uploads (`[uploads]`).

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use toml::{Table, Value};
 
 use super::read::{Fields, KeyPath, Problems, bounded};
-use super::{Asset, Catalog, EXECUTORS, Executor, Payments, Price, Problem, TaskSpec, Uploads};
+use super::{Asset, Catalog, EXECUTORS, Executor, NetworkKind, Payments, Price, Problem, TaskSpec, Uploads};
 use super::{amount, formats, schema};
 
 const ROOT_KEYS: &[&str] = &["payments", "uploads", "assets", "tasks"];
@@ -16,7 +16,7 @@ const ASSET_KEYS: &[&str] = &["network", "contract", "decimals", "usd_peg", "nam
 const TASK_KEYS: &[&str] =
     &["title", "description", "executor", "endpoint", "timeout_seconds", "input_schema", "accepts"];
 const PRICE_KEYS: &[&str] = &["asset", "amount", "amount_usd"];
-const PAYMENTS_KEYS: &[&str] = &["pay_to", "facilitator_url", "max_timeout_seconds"];
+const PAYMENTS_KEYS: &[&str] = &["network_kind", "pay_to", "facilitator_url", "max_timeout_seconds"];
 const UPLOADS_KEYS: &[&str] = &["max_bytes", "content_types", "url_expiry_seconds"];
 
 const DEFAULT_TASK_TIMEOUT_SECONDS: u32 = 60;
@@ -277,8 +277,17 @@ fn payments(root: &Fields, priced: &[&str], p: &mut Problems) -> Option<Payments
         .and_then(|url| f.verify("facilitator_url", facilitator_url(url), p).map(|()| url));
     let max_timeout_seconds =
         f.int_in("max_timeout_seconds", 1..=MAX_PAYMENT_TIMEOUT_SECONDS, p).unwrap_or(DEFAULT_PAYMENT_TIMEOUT_SECONDS);
+    let network_kind = match f.optional::<&str>("network_kind", p) {
+        Some(name) => f.verify("network_kind", NetworkKind::parse(name), p)?,
+        None => NetworkKind::default(),
+    };
 
-    Some(Payments { pay_to: pay_to?.to_owned(), facilitator_url: facilitator_url?.to_owned(), max_timeout_seconds })
+    Some(Payments {
+        pay_to: pay_to?.to_owned(),
+        facilitator_url: facilitator_url?.to_owned(),
+        max_timeout_seconds,
+        network_kind,
+    })
 }
 
 /// Payment payloads travel to the facilitator, so they need TLS unless the

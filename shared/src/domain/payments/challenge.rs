@@ -352,12 +352,17 @@ mod tests {
     }
 
     #[test]
-    fn the_shipped_catalog_prices_fetch_at_a_cent_in_both_assets() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.toml");
-        let c = Catalog::load(&path).unwrap();
-        let challenge = payment_required(&c, c.task("fetch").unwrap(), "/v1/tasks/fetch", SIGNATURE_REQUIRED).unwrap();
-        let amounts: Vec<&str> = challenge.accepts.iter().map(|a| a.amount.as_str()).collect();
-        assert_eq!(amounts, ["10000", "10000"]);
-        assert!(challenge.accepts.iter().all(|a| a.scheme == "exact" && a.max_timeout_seconds == 300));
+    fn both_shipped_catalogs_price_fetch_at_a_cent() {
+        // reeve.toml on Base mainnet, reeve.dev.toml on the local chain.
+        for (file, network) in [("reeve.toml", "eip155:8453"), ("reeve.dev.toml", "eip155:84532")] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(file);
+            let c = Catalog::load(&path).unwrap();
+            let challenge =
+                payment_required(&c, c.task("fetch").unwrap(), "/v1/tasks/fetch", SIGNATURE_REQUIRED).unwrap();
+            let offers: Vec<(&str, &str)> =
+                challenge.accepts.iter().map(|a| (a.network.as_str(), a.amount.as_str())).collect();
+            assert_eq!(offers, [(network, "10000")], "{file}");
+            assert!(challenge.accepts.iter().all(|a| a.scheme == "exact" && a.max_timeout_seconds == 300));
+        }
     }
 }
