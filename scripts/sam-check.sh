@@ -50,6 +50,8 @@ INVOKES=(
   "TaskStatusFunction  task-status        401"
   "TaskStatusFunction  task-status-list   401"
   "TaskStatusFunction  task-status-cancel 401"
+  "McpFunction         mcp-initialize     200"
+  "McpFunction         mcp-tools-list     200"
   "WorkerFunction      sqs-digest         ok"
   "WorkerFunction      sqs-malformed      ok"
   "UploadGuardFunction s3-upload-guard    ok"
@@ -182,8 +184,10 @@ with open(sys.argv[1]) as f:
         name, value = line.split("=", 1)
         values[name] = value
 values["REEVE_CATALOG"] = "/opt/reeve.toml"
+# The MCP endpoint answers only its API's Host: the sample events' one.
+mcp = {"REEVE_MCP_ALLOWED_HOSTS": "a1b2c3d4e5.execute-api.eu-west-1.amazonaws.com"}
 with open(sys.argv[2], "w") as f:
-    json.dump({"Parameters": values}, f)
+    json.dump({"Parameters": values, "McpFunction": mcp}, f)
 PY
   )
 }

@@ -230,7 +230,7 @@ async fn serve(
     let config = Config::from_env().with(settings::CATALOG, catalog.display().to_string());
     let sdk = startup::sdk().await;
     // Every context's problems at once, on one Postgres pool.
-    let startup::Serve { api, relay, cors, worker: worker_ctx } =
+    let startup::Serve { api, relay, cors, worker: worker_ctx, mcp } =
         startup::serve(&config, &sdk, worker.is_some()).await?;
     // One signal, seen by the listener, the poller and the sweeps.
     let stopped = stop_on_signal();
@@ -259,6 +259,8 @@ async fn serve(
     let routes = routes
         .layer(axum::middleware::from_fn_with_state(Arc::new(LoginLimits::default()), login_limit))
         .layer(axum::middleware::from_fn(reeve_shared::http::envelope));
+    // `POST /mcp` outside the envelope: its errors are JSON-RPC's, not the API's.
+    let routes = routes.merge(reeve_shared::mcp::router(mcp));
     let routes = reeve_shared::http::with_cors(routes, &cors);
     let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;

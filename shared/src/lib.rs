@@ -5,7 +5,7 @@
 //! - `startup/`: the composition root. It reads the environment and builds
 //!   every binary's context from the floors below.
 //! - `adapters/`: how work arrives. [`http`] (the API functions, the relay's
-//!   stream, `reeve serve`), [`worker`] (SQS messages), [`upload_guard`] (S3
+//!   stream, `reeve serve`), `mcp` (agents' tool calls, feature `mcp`), [`worker`] (SQS messages), [`upload_guard`] (S3
 //!   notifications), [`sweeper`] (a schedule and the dead-letter queue). An
 //!   adapter never imports another.
 //! - `domain/`: what Reeve is about. [`auth`] (Space IDs, the HMAC index,
@@ -25,6 +25,8 @@ mod domain;
 mod infra;
 pub mod startup;
 
+#[cfg(feature = "mcp")]
+pub use adapters::mcp;
 pub use adapters::{http, sweeper, upload_guard, worker};
 pub use domain::{auth, catalog, executors, ids, payments, relay, spaces, tasks, uploads};
 pub(crate) use infra::canonical_json;

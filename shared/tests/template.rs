@@ -440,6 +440,8 @@ const SECRET_READERS: &[(&str, &[&str])] = &[
     ("PresignFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     ("TaskCreateFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     ("TaskStatusFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
+    // create_space and login hash and verify Space IDs.
+    ("McpFunction", &["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"]),
     ("WorkerFunction", &["DatabaseUrlSecretArn"]),
     ("UploadGuardFunction", &["DatabaseUrlSecretArn"]),
     ("SweeperFunction", &["DatabaseUrlSecretArn"]),
@@ -506,7 +508,7 @@ fn each_function_reads_only_its_own_secrets_by_arn() {
     }
     let pepper_readers: Vec<&str> =
         expected.iter().filter(|(_, s)| s.contains("PepperSecretArn")).map(|(n, _)| *n).collect();
-    assert_eq!(pepper_readers, ["AuthFunction"], "only auth reads the pepper");
+    assert_eq!(pepper_readers, ["AuthFunction", "McpFunction"], "only auth and mcp read the pepper");
 
     // The relay's container gets the token key and the database URL, by ARN.
     let task = &resources()["RelayTaskDefinition"];
@@ -528,7 +530,8 @@ fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
         let main = read(&format!("functions/{}/src/main.rs", crates[&binary]));
         // Each start-up builder reads these secrets (shared/src/startup/mod.rs).
         let session = ["startup::lambda_presign()", "startup::lambda_task_create()", "startup::lambda_task_status()"];
-        let asks: BTreeSet<&str> = if main.contains("startup::lambda_auth()") {
+        let asks: BTreeSet<&str> = if main.contains("startup::lambda_auth()") || main.contains("startup::lambda_mcp()")
+        {
             ["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"].into()
         } else if session.iter().any(|c| main.contains(c)) {
             ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()

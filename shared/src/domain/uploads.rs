@@ -314,6 +314,62 @@ pub async fn create(
     })
 }
 
+/// A file sent in a request, for [`store`].
+#[derive(Debug, Clone)]
+pub struct InlineFile {
+    pub filename: String,
+    pub content_type: String,
+    pub bytes: bytes::Bytes,
+}
+
+/// A file stored by the server rather than PUT by the client: for clients
+/// that can send bytes only in the request itself (MCP's inline upload,
+/// whose size the caller bounds). The same declaration checks as [`create`];
+/// the row is recorded `pending` first, so the upload guard, which deletes
+/// an object that matches no pending upload, finds it; then the object is
+/// written with its exact length and type, and the upload is `uploaded`.
+/// `Storage` when the write fails (the row stays `pending` and unusable).
+pub async fn store(
+    db: &PgPool,
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    policy: &catalog::Uploads,
+    space: &SpaceIndex,
+    file: InlineFile,
+) -> Result<Id, CreateError> {
+    let InlineFile { filename, content_type, bytes } = file;
+    let declared =
+        validate(policy, UploadRequest { filename: Some(filename), content_type, size: bytes.len() as u64 })?;
+    let id = Id::new();
+    let key = object_key(space, id, &declared.filename);
+    let size = i64::try_from(declared.size).map_err(|_| CreateError::InvalidSize)?;
+    sqlx::query(
+        "INSERT INTO uploads (id, space_idx, key, filename, content_type, size) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id)
+    .bind(space.as_bytes())
+    .bind(&key)
+    .bind(&declared.filename)
+    .bind(&declared.content_type)
+    .bind(size)
+    .execute(db)
+    .await?;
+    s3.put_object()
+        .bucket(bucket)
+        .key(&key)
+        .content_length(size)
+        .content_type(&declared.content_type)
+        .body(aws_sdk_s3::primitives::ByteStream::from(bytes))
+        .send()
+        .await
+        .map_err(|e| CreateError::Storage(format!("PUT {key}: {}", DisplayErrorContext(&e))))?;
+    sqlx::query("UPDATE uploads SET status = 'uploaded', updated_at = now() WHERE id = $1 AND status = 'pending'")
+        .bind(id)
+        .execute(db)
+        .await?;
+    Ok(id)
+}
+
 /// The `X-Amz-SignedHeaders` of a presigned URL, in lower case.
 pub fn signed_headers(url: &str) -> Vec<String> {
     let query = url.split_once('?').map_or("", |(_, q)| q);

@@ -42,10 +42,14 @@ use crate::http::{
     ApiContext, AuthContext, CatalogContext, CorsOrigins, Ctx, DEFAULT_KEEPALIVE, RelayContext, RelayCtx,
     TaskCreateContext, TaskStatusContext, UploadsContext,
 };
+#[cfg(feature = "mcp")]
+use crate::mcp::{McpContext, McpStores};
 use crate::outbound::{Outbound, OutboundPolicy};
 use crate::payments::facilitator;
 use crate::redis_client::{self, BadRedisUrl, RedisClient};
 use crate::relay::Hub;
+#[cfg(feature = "mcp")]
+use crate::spaces::Argon2Limit;
 use crate::sweeper::Sweeper;
 use crate::tasks::Publisher;
 use crate::upload_guard::Guard;
@@ -586,6 +590,9 @@ pub struct Serve {
     pub relay: RelayCtx,
     pub cors: CorsOrigins,
     pub worker: Option<WorkerContext>,
+    /// `POST /mcp`, beside the API on its stores.
+    #[cfg(feature = "mcp")]
+    pub mcp: Arc<McpContext>,
 }
 
 /// `reeve serve`'s contexts, every problem of all of them at once.
@@ -628,7 +635,75 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     };
     let redis = RedisClient::new(&redis_url)?;
     let api = ApiContext::with_operators(catalog, db, redis, aws, api_settings, operators);
-    Ok(Serve { api, relay, cors, worker })
+    // Its replies stream from here, so waiting tools send progress.
+    #[cfg(feature = "mcp")]
+    let mcp = mcp_beside(&api, settings::mcp_settings(&config.env(), true));
+    Ok(Serve {
+        api,
+        relay,
+        cors,
+        worker,
+        #[cfg(feature = "mcp")]
+        mcp,
+    })
+}
+
+// ------------------------------------------------------------------- MCP
+
+/// The `mcp` function's context. Exits 1 on any problem.
+#[cfg(feature = "mcp")]
+pub async fn lambda_mcp() -> Arc<McpContext> {
+    let config = lambda_config();
+    or_exit(mcp(&config, &sdk().await).await)
+}
+
+/// `POST /mcp` alone: what auth, presign, task-create and task-status use
+/// together (its tools do what they do): both secrets, the catalog, Postgres,
+/// Redis, the bucket and the queue. A Lambda's reply is buffered whole, so
+/// it sends no progress notifications.
+#[cfg(feature = "mcp")]
+pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &Needs::AUTH.secrets()).await;
+    let mut env = config.env();
+    let catalog = deployed_catalog(&config, &mut problems);
+    let pepper = env.secret(settings::PEPPER);
+    let token_key = env.secret(settings::TOKEN_KEY);
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let redis_url = env.required(settings::REDIS_URL);
+    let bucket = env.required(settings::BUCKET);
+    let queue_url = env.required(settings::QUEUE_URL);
+    let mcp_settings = settings::mcp_settings(&env, false);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let (Some(catalog), Some(pepper), Some(token_key), Some(database_url), true) =
+        (catalog, pepper, token_key, database_url, problems.is_empty())
+    else {
+        return Err(StartupError::Config(problems));
+    };
+    let stores = McpStores {
+        db: db::connect_lazy(database_url.expose_str())?,
+        redis: RedisClient::new(&redis_url)?,
+        aws: AwsClients::from_config(sdk, config.s3_endpoint().is_some()),
+        bucket,
+        queue_url,
+    };
+    // One Argon2id run per core at a time, as the auth function allows.
+    let argon2 = Argon2Limit::new(std::thread::available_parallelism().map_or(2, |n| n.get()));
+    Ok(McpContext::new(Arc::new(catalog), stores, (pepper, token_key), argon2, mcp_settings))
+}
+
+/// The MCP endpoint beside the API, on its catalog, secrets and stores.
+#[cfg(feature = "mcp")]
+fn mcp_beside(api: &ApiContext, settings: crate::mcp::McpSettings) -> Arc<McpContext> {
+    let stores = McpStores {
+        db: api.db.clone(),
+        redis: api.redis.clone(),
+        aws: api.aws.clone(),
+        bucket: api.settings.bucket.clone(),
+        queue_url: api.settings.queue_url.clone(),
+    };
+    let secrets = (api.settings.pepper.clone(), api.settings.token_key.clone());
+    McpContext::new(api.catalog.clone(), stores, secrets, api.auth.argon2.clone(), settings)
 }
 
 // --------------------------------------------------------------- migrate

@@ -105,6 +105,10 @@ pub const CORS_ORIGINS: &str = "REEVE_CORS_ORIGINS";
 /// The API the relay's console page calls (`https://<api-host>`); unset, the
 /// page calls the relay's own origin, as under `reeve serve`.
 pub const API_ORIGIN: &str = "REEVE_API_ORIGIN";
+/// The `Host` values `POST /mcp` answers (comma-separated; loopback if unset).
+pub const MCP_ALLOWED_HOSTS: &str = "REEVE_MCP_ALLOWED_HOSTS";
+/// Browser origins allowed to call `POST /mcp` (comma-separated; none if unset).
+pub const MCP_ALLOWED_ORIGINS: &str = "REEVE_MCP_ALLOWED_ORIGINS";
 
 /// Where `reeve.toml` is read from when `REEVE_CATALOG` is not set.
 pub const DEFAULT_CATALOG: &str = "reeve.toml";
@@ -392,6 +396,27 @@ pub fn cors_origins<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> CorsOrig
         }
         CorsOrigins::default()
     })
+}
+
+/// `REEVE_MCP_ALLOWED_HOSTS` and `REEVE_MCP_ALLOWED_ORIGINS`, each a
+/// comma-separated list; hosts default to loopback only. `progress`: whether
+/// the process's replies stream (see [`crate::mcp::McpSettings`]).
+#[cfg(feature = "mcp")]
+pub fn mcp_settings<F: Fn(&str) -> Option<String>>(env: &Env<F>, progress: bool) -> crate::mcp::McpSettings {
+    let list = |name: &str| -> Vec<String> {
+        env.optional(name)
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut allowed_hosts = list(MCP_ALLOWED_HOSTS);
+    if allowed_hosts.is_empty() {
+        allowed_hosts = crate::mcp::McpSettings::LOOPBACK.map(str::to_owned).to_vec();
+    }
+    crate::mcp::McpSettings { allowed_hosts, allowed_origins: list(MCP_ALLOWED_ORIGINS), progress }
 }
 
 /// The users' client (`REEVE_FETCH_ALLOW`) and the operators' client

@@ -1,0 +1,104 @@
+//! [`McpContext`]: what the tools need, built once per process — by the
+//! `mcp` Lambda's `main`, by `reeve serve`, and by the tests.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use super::tools::Tools;
+use crate::auth::Secret;
+use crate::aws::AwsClients;
+use crate::catalog::Catalog;
+use crate::payments::Facilitator;
+use crate::redis_client::RedisClient;
+use crate::spaces::Argon2Limit;
+
+/// How the endpoint is reached and what it may do.
+#[derive(Debug, Clone)]
+pub struct McpSettings {
+    /// The `Host` values requests may carry (`host` or `host:port`): the
+    /// API's own names. rmcp refuses any other with `403`, which stops DNS
+    /// rebinding against a server on a private address.
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins allowed to call the endpoint (`https://app.example`,
+    /// `http://localhost:*`). Empty refuses every request that carries an
+    /// `Origin`; agents send none.
+    pub allowed_origins: Vec<String>,
+    /// Whether a waiting tool sends `notifications/progress`. Only where the
+    /// reply streams to the client as it is written (`reeve serve`): a
+    /// Lambda's reply is buffered whole, so notifications would arrive with
+    /// the result, too late to mean anything.
+    pub progress: bool,
+}
+
+impl McpSettings {
+    /// The loopback names rmcp defaults to: what a local `reeve serve` is
+    /// reached by when nothing else is configured.
+    pub const LOOPBACK: [&'static str; 3] = ["localhost", "127.0.0.1", "::1"];
+}
+
+/// The stores the tools use, and where in them.
+pub struct McpStores {
+    pub db: PgPool,
+    /// The doorbell for the events a cancel writes.
+    pub redis: RedisClient,
+    pub aws: AwsClients,
+    pub bucket: String,
+    pub queue_url: String,
+}
+
+pub struct McpContext {
+    pub catalog: Arc<Catalog>,
+    pub db: PgPool,
+    /// The doorbell for the events a cancel writes.
+    pub redis: RedisClient,
+    pub aws: AwsClients,
+    pub pepper: Secret,
+    pub token_key: Secret,
+    pub bucket: String,
+    pub queue_url: String,
+    /// `None` when the catalog sells nothing, or the client could not be
+    /// built (logged): a payment then gets `facilitator_unavailable`.
+    pub facilitator: Option<Facilitator>,
+    /// The process's bound on Argon2id runs, shared with the HTTP routes
+    /// where they run in the same process.
+    pub argon2: Arc<Argon2Limit>,
+    pub settings: McpSettings,
+    /// The tool list, rendered once: the catalog cannot change at run time.
+    pub(super) tools: Tools,
+}
+
+impl McpContext {
+    /// The context: the facilitator client and the tool list are made from
+    /// the catalog, once. `pepper` and `token_key` are the API's secrets
+    /// (create_space and login need both).
+    pub fn new(
+        catalog: Arc<Catalog>,
+        stores: McpStores,
+        (pepper, token_key): (Secret, Secret),
+        argon2: Arc<Argon2Limit>,
+        settings: McpSettings,
+    ) -> Arc<McpContext> {
+        let facilitator = catalog.payments.as_ref().and_then(|p| {
+            Facilitator::new(&p.facilitator_url)
+                .inspect_err(|e| tracing::error!(error = %e, "no facilitator client"))
+                .ok()
+        });
+        let tools = Tools::new(&catalog);
+        let McpStores { db, redis, aws, bucket, queue_url } = stores;
+        Arc::new(McpContext {
+            catalog,
+            db,
+            redis,
+            aws,
+            pepper,
+            token_key,
+            bucket,
+            queue_url,
+            facilitator,
+            argon2,
+            settings,
+            tools,
+        })
+    }
+}

@@ -1,0 +1,142 @@
+//! Agents' way in: one stateless MCP endpoint, `POST /mcp` (Streamable
+//! HTTP, from the official Rust SDK `rmcp`). Every catalog kind is a tool,
+//! beside the tools an agent needs around it: `create_space`, `login`,
+//! `create_upload`, `get_task`, `list_tasks`, `cancel_task`, `get_result`.
+//! The same code runs in the `mcp` Lambda and in `reeve serve`.
+//!
+//! Like the HTTP routes, every tool is one call into the domain
+//! ([`crate::tasks::submit`], [`crate::spaces`], [`crate::uploads`]); it
+//! never calls a route. This module imports no other adapter.
+//!
+//! Module map:
+//! - [`context`]: what the tools need, and the endpoint's settings.
+//! - [`tools`]: the tool list, built once from the catalog.
+//! - [`server`]: rmcp's `ServerHandler`: dispatch, identity, the tasks extension.
+//! - [`space`], [`upload`], [`task`]: the tools themselves.
+//! - [`payment`]: x402's MCP binding around the one payment path.
+//! - [`wait`]: following a task until it ends, with progress notifications.
+//! - [`failure`]: the boundary's errors, each a stable `code`.
+//!
+//! **Stateless.** No session store: each POST is served on its own (rmcp's
+//! stateless mode), so any Lambda instance answers any request. A reply is
+//! plain JSON unless the tool sends a notification first (progress), when
+//! rmcp switches that one reply to an event stream.
+//!
+//! **What rmcp cannot say (yet).** x402's extension binding answers an unpaid
+//! call with `{resultType: "payment_required", paymentRequired}`. rmcp 3.11's
+//! `call_tool` can only return a complete result, an input-required result or
+//! a task handle, and its HTTP service only serves a `ServerHandler`, so the
+//! endpoint does not advertise `org.x402/payment` and always uses the
+//! tool-result binding (`isError: true` with the `PaymentRequired`), which
+//! the spec requires in that case.
+
+mod context;
+mod failure;
+mod payment;
+mod server;
+mod space;
+mod task;
+mod tools;
+mod upload;
+mod wait;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderValue, Request, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+
+pub use context::{McpContext, McpSettings, McpStores};
+pub use upload::MAX_INLINE_BYTES;
+pub use wait::MAX_WAIT_SECONDS;
+
+/// The endpoint's path.
+pub const PATH: &str = "/mcp";
+
+/// The largest request body, refused before a byte of it is parsed: an
+/// inline upload of [`MAX_INLINE_BYTES`] in base64 (4/3 of it) plus room for
+/// the JSON-RPC envelope. Anything larger is no tool call Reeve serves.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// `POST /mcp` on its own router: the `mcp` Lambda runs it, `reeve serve`
+/// merges it with the API's routes.
+pub fn router(ctx: Arc<McpContext>) -> Router {
+    let config = StreamableHttpServerConfig::default()
+        // No sessions: every request stands alone, whichever instance gets it.
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_sse_keep_alive(None)
+        .with_max_request_body_bytes(MAX_BODY_BYTES)
+        .with_allowed_hosts(ctx.settings.allowed_hosts.clone())
+        .with_allowed_origins(ctx.settings.allowed_origins.clone())
+        // An empty list refuses every browser Origin rather than allowing all.
+        .enforce_origin_validation();
+    let service = StreamableHttpService::new(
+        {
+            let ctx = ctx.clone();
+            move || Ok(server::ReeveMcp::new(ctx.clone()))
+        },
+        Arc::new(NeverSessionManager::default()),
+        config,
+    );
+    Router::new().route_service(PATH, service).layer(axum::middleware::from_fn(as_json_rpc))
+}
+
+/// What reaches a client outside a JSON-RPC reply: a body over the limit
+/// (refused on its `Content-Length` before it is read), and rmcp's own HTTP
+/// refusals (a host or origin not allowed, a wrong `Accept`), which it sends
+/// as plain text. Each becomes a JSON-RPC error with a stable `data.code`,
+/// at the same HTTP status.
+async fn as_json_rpc(request: Request<Body>, next: Next) -> Response {
+    let declared =
+        request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return refusal(StatusCode::PAYLOAD_TOO_LARGE, &too_large());
+    }
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/event-stream"));
+    if !status.is_client_error() || is_json {
+        return response;
+    }
+    // rmcp's refusals are one short line; read no more than that.
+    let text = match axum::body::to_bytes(response.into_body(), 4096).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_owned(),
+        Err(_) => String::new(),
+    };
+    let message = if status == StatusCode::PAYLOAD_TOO_LARGE { too_large() } else { text };
+    refusal(status, &message)
+}
+
+fn too_large() -> String {
+    format!("the request body is over {MAX_BODY_BYTES} bytes; inline uploads take at most {MAX_INLINE_BYTES} bytes")
+}
+
+fn refusal(status: StatusCode, message: &str) -> Response {
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+        StatusCode::FORBIDDEN if message.contains("Origin") => "origin_not_allowed",
+        StatusCode::FORBIDDEN => "host_not_allowed",
+        StatusCode::NOT_ACCEPTABLE => "not_acceptable",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        _ => "invalid_request",
+    };
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": { "code": rmcp::model::ErrorCode::INVALID_REQUEST.0, "message": message, "data": { "code": code } },
+    });
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}

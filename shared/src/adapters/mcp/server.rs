@@ -1,0 +1,288 @@
+//! [`ReeveMcp`]: rmcp's `ServerHandler`, one per request (the endpoint is
+//! stateless). It finds the tool, the caller's Space (from `Authorization:
+//! Bearer`), the payment (from `_meta`), and hands each to its tool module.
+//!
+//! Tasks extension (`io.modelcontextprotocol/tasks`): a client that declares
+//! it gets a task handle from a kind's tool instead of waiting, and
+//! `tasks/get` and `tasks/cancel` read and stop the task. The handle's id is
+//! Reeve's task id and every answer comes from the task's row, so any
+//! instance answers for any task, whoever created it.
+
+use std::sync::Arc;
+
+use axum::http::{header, request::Parts};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CreateTaskResult, DetailedTask,
+    ErrorData, GetTaskParams, GetTaskResult, Implementation, JsonObject, ListToolsResult, MetaObject,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Task as McpTask, TaskPayload, TaskStatus as McpStatus,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData as McpError, ServerHandler};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+use time::OffsetDateTime;
+use tracing::Instrument;
+
+use super::context::McpContext;
+use super::failure::{ToolFailure, ToolResult};
+use super::space::rfc3339;
+use super::tools::{Fixed, Named};
+use super::wait::Progress;
+use super::{payment, space, task, upload};
+use crate::auth::{self, SpaceIndex};
+use crate::tasks::{self, Task, TaskStatus};
+
+/// How often a client holding a task handle should poll `tasks/get`.
+const POLL_INTERVAL_MS: u64 = 1000;
+
+#[derive(Clone)]
+pub struct ReeveMcp {
+    ctx: Arc<McpContext>,
+}
+
+impl ReeveMcp {
+    pub fn new(ctx: Arc<McpContext>) -> ReeveMcp {
+        ReeveMcp { ctx }
+    }
+
+    /// The Space of the request's session token. A missing or expired token
+    /// is a tool error that says which tool gives one, not a transport
+    /// failure: the model reads it and calls `login`.
+    fn session(&self, context: &RequestContext<RoleServer>) -> ToolResult<SpaceIndex> {
+        let headers = context.extensions.get::<Parts>().map(|parts| &parts.headers);
+        let Some(value) = headers.and_then(|h| h.get(header::AUTHORIZATION)) else {
+            return Err(ToolFailure::new(
+                "missing_token",
+                "this tool needs a session: call create_space (a new Space) or login (with your Space ID) for a \
+                 token, and send it as the header `Authorization: Bearer <token>`",
+            ));
+        };
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim_start().split_once(' '))
+            .filter(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty())
+            .map(|(_, token)| token.trim());
+        token
+            .and_then(|token| auth::verify_token(&self.ctx.token_key, token, OffsetDateTime::now_utc()).ok())
+            .ok_or_else(|| {
+                ToolFailure::new(
+                    "invalid_token",
+                    "the session token is invalid or has expired (a token lasts 15 minutes): call login with your \
+                     Space ID for a new one, and send it as `Authorization: Bearer <token>`",
+                )
+            })
+    }
+
+    async fn fixed(
+        &self,
+        tool: Fixed,
+        arguments: Map<String, Value>,
+        context: &RequestContext<RoleServer>,
+    ) -> ToolResult<Value> {
+        let ctx = &*self.ctx;
+        let space = if tool.needs_session() { Some(self.session(context)?) } else { None };
+        let arguments = Value::Object(arguments);
+        ctx.tools.check(tool, &arguments)?;
+        let space = space.as_ref();
+        let signed_in = || space.ok_or_else(|| ToolFailure::internal("a session tool without a session"));
+        match tool {
+            Fixed::CreateSpace => space::create(ctx).await,
+            Fixed::Login => space::login(ctx, parse(tool, arguments)?).await,
+            Fixed::CreateUpload => upload::create(ctx, signed_in()?, parse(tool, arguments)?).await,
+            Fixed::GetTask => task::get(ctx, signed_in()?, parse(tool, arguments)?).await,
+            Fixed::ListTasks => task::list(ctx, signed_in()?, parse(tool, arguments)?).await,
+            Fixed::CancelTask => task::cancel(ctx, signed_in()?, parse(tool, arguments)?).await,
+            Fixed::GetResult => task::result(ctx, signed_in()?, parse(tool, arguments)?).await,
+        }
+    }
+
+    async fn kind(
+        &self,
+        tool: &str,
+        kind: &str,
+        arguments: Map<String, Value>,
+        request_meta: Option<&Value>,
+        context: &RequestContext<RoleServer>,
+    ) -> ToolResult<CallToolResponse> {
+        let space = self.session(context)?;
+        let payment = payment::from_meta(request_meta)?;
+        let as_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
+        let progress = match context.meta.get_progress_token() {
+            Some(token) if self.ctx.settings.progress && !as_task => {
+                Some(Progress { peer: context.peer.clone(), token })
+            }
+            _ => None,
+        };
+        let mut arguments = arguments;
+        if as_task {
+            // A task handle answers at once; the client polls tasks/get.
+            arguments.remove(super::tools::WAIT_SECONDS);
+        }
+        let created = task::run(&self.ctx, &space, tool, kind, arguments, payment.as_deref(), progress).await?;
+        let meta = created.settlement.as_ref().map(|s| meta_object(payment::response_meta(s)));
+        if as_task {
+            let mut handle = CreateTaskResult::new(mcp_task(&created.task));
+            if let Some(meta) = meta {
+                handle = handle.with_meta(meta);
+            }
+            return Ok(CallToolResponse::Task(handle));
+        }
+        Ok(CallToolResponse::Complete(task_result(created.task).with_meta(meta)))
+    }
+}
+
+/// A tool's arguments, past its schema, as its argument type.
+fn parse<T: DeserializeOwned>(tool: Fixed, arguments: Value) -> ToolResult<T> {
+    serde_json::from_value(arguments)
+        .map_err(|e| ToolFailure::new("invalid_arguments", format!("{} arguments: {e}", tool.name())))
+}
+
+fn meta_object(value: Value) -> MetaObject {
+    match value {
+        Value::Object(map) => MetaObject(map),
+        _ => MetaObject::new(),
+    }
+}
+
+/// A task as a tool result: an error when it ended without doing its work.
+fn task_result(task: Task) -> CallToolResult {
+    let failed = matches!(task.status, TaskStatus::Failed | TaskStatus::Canceled);
+    let view = task::view(task);
+    if failed { CallToolResult::structured_error(view) } else { CallToolResult::structured(view) }
+}
+
+/// Reeve's task as the tasks extension's `Task`.
+fn mcp_task(task: &Task) -> McpTask {
+    let status = match task.status {
+        TaskStatus::Queued | TaskStatus::Running => McpStatus::Working,
+        // A task that failed is a tool call that answered isError: `completed`
+        // in the extension's terms; its result says what went wrong.
+        TaskStatus::Completed | TaskStatus::Failed => McpStatus::Completed,
+        TaskStatus::Canceled => McpStatus::Cancelled,
+    };
+    let mut handle = McpTask::new(task.id.to_string(), status, rfc3339(task.created_at), rfc3339(task.updated_at))
+        .with_poll_interval_ms(POLL_INTERVAL_MS);
+    handle.status_message = Some(format!("{} ({:.0}%)", task.status.as_str(), task.progress * 100.0));
+    handle
+}
+
+fn detailed(task: Task) -> DetailedTask {
+    let handle = mcp_task(&task);
+    let payload = match handle.status {
+        McpStatus::Completed => {
+            let result = serde_json::to_value(task_result(task)).expect("results serialise");
+            TaskPayload::Completed { result: as_object(result) }
+        }
+        McpStatus::Cancelled => TaskPayload::Cancelled,
+        _ => TaskPayload::Working,
+    };
+    DetailedTask::new(handle, payload)
+}
+
+fn as_object(value: Value) -> JsonObject {
+    match value {
+        Value::Object(map) => map,
+        _ => JsonObject::new(),
+    }
+}
+
+/// A `tasks/*` failure: the extension's methods answer JSON-RPC errors, with
+/// the tool failure's code in `data`.
+fn task_method_error(failure: ToolFailure) -> McpError {
+    let message = match &failure {
+        ToolFailure::Refused { message, .. } => message.clone(),
+        ToolFailure::Payment(_) => "payment required".to_owned(),
+    };
+    ErrorData::invalid_params(message, Some(json!({ "code": failure.code() })))
+}
+
+impl ServerHandler for ReeveMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build())
+            .with_server_info(Implementation::new("reeve", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Reeve runs jobs and sells them per task, with no account. Call create_space once (keep the \
+                 space_id), then send its token as `Authorization: Bearer <token>`; login renews it. Upload files \
+                 with create_upload, then call a task's tool. Priced tools are paid with x402: an unpaid call \
+                 answers the payment requirements, and the call is repeated with the payment in \
+                 _meta[\"x402/payment\"].",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.ctx.tools.list().to_vec()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let name = request.name.as_ref();
+        // The one call that is not a tool result: there is no tool to answer.
+        let Some(named) = self.ctx.tools.find(name) else {
+            return Err(ErrorData::invalid_params(
+                format!("no tool named {name:?}; tools/list lists them"),
+                Some(json!({ "code": "unknown_tool" })),
+            ));
+        };
+        let arguments = request.arguments.clone().unwrap_or_default();
+        let answer = async {
+            match named {
+                Named::Fixed(tool) => {
+                    self.fixed(tool, arguments, &context).await.map(|v| CallToolResult::structured(v).into())
+                }
+                Named::Kind(kind) => {
+                    // rmcp hands the request's `_meta` over in the context.
+                    let meta = context
+                        .meta
+                        .get(payment::PAYMENT_META)
+                        .or_else(|| request.meta.as_ref().and_then(|m| m.get(payment::PAYMENT_META)));
+                    self.kind(name, kind, arguments, meta, &context).await
+                }
+            }
+        }
+        .instrument(tracing::info_span!("mcp_tool", tool = %name))
+        .await;
+        Ok(answer.unwrap_or_else(|failure| {
+            tracing::info!(tool = %name, code = failure.code(), "tool refused");
+            failure.into_result().into()
+        }))
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let space = self.session(&context).map_err(task_method_error)?;
+        let not_found = || task_method_error(ToolFailure::new("task_not_found", "no such task in this Space"));
+        let id = request.task_id.parse().map_err(|_| not_found())?;
+        let task = tasks::find_for_space(&self.ctx.db, &space, id)
+            .await
+            .map_err(|e| task_method_error(ToolFailure::database(e)))?
+            .ok_or_else(not_found)?;
+        Ok(GetTaskResult::new(detailed(task)))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let space = self.session(&context).map_err(task_method_error)?;
+        let args = json!({ "task_id": request.task_id });
+        let args = serde_json::from_value(args).map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
+        match task::cancel(&self.ctx, &space, args).await {
+            // Cooperative: a finished task has nothing left to cancel.
+            Ok(_) => Ok(()),
+            Err(failure) if failure.code() == "task_finished" => Ok(()),
+            Err(failure) => Err(task_method_error(failure)),
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! The task tools: a kind's tool creates a task (one [`tasks::submit`],
+//! exactly as `POST /v1/tasks/{kind}`), and `get_task`, `list_tasks`,
+//! `cancel_task` and `get_result` read and stop the Space's tasks.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use time::OffsetDateTime;
+
+use super::context::McpContext;
+use super::failure::{ToolFailure, ToolResult};
+use super::payment;
+use super::tools::WAIT_SECONDS;
+use super::wait::{self, MAX_WAIT_SECONDS, Progress};
+use crate::auth::SpaceIndex;
+use crate::ids::Id;
+use crate::payments::PaymentResponse;
+use crate::tasks::{self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, Task, TaskStatus};
+
+/// A task as every task tool answers it: the REST snapshot's fields, and
+/// where its events stream.
+#[derive(Serialize)]
+pub struct TaskView {
+    id: Id,
+    kind: String,
+    status: TaskStatus,
+    progress: f32,
+    result: Option<Value>,
+    error: Option<Value>,
+    attempts: i32,
+    #[serde(with = "time::serde::rfc3339::option")]
+    cancel_requested_at: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    updated_at: OffsetDateTime,
+    events_url: String,
+}
+
+impl From<Task> for TaskView {
+    fn from(t: Task) -> Self {
+        TaskView {
+            events_url: format!("/v1/tasks/{}/events", t.id),
+            id: t.id,
+            kind: t.kind,
+            status: t.status,
+            progress: t.progress,
+            result: t.result,
+            error: t.error,
+            attempts: t.attempts,
+            cancel_requested_at: t.cancel_requested_at,
+            created_at: t.created_at,
+            updated_at: t.updated_at,
+        }
+    }
+}
+
+pub fn view(task: Task) -> Value {
+    serde_json::to_value(TaskView::from(task)).expect("plain fields serialise")
+}
+
+/// What a kind's tool did: the task, and the settlement when this call paid.
+pub struct Created {
+    pub task: Task,
+    pub settlement: Option<PaymentResponse>,
+}
+
+/// A kind's tool: `arguments` is the task's input, plus `wait_seconds`.
+pub async fn run(
+    ctx: &McpContext,
+    space: &SpaceIndex,
+    tool: &str,
+    kind: &str,
+    mut arguments: Map<String, Value>,
+    payment: Option<&str>,
+    progress: Option<Progress>,
+) -> ToolResult<Created> {
+    let spec = ctx.catalog.task(kind).ok_or_else(|| ToolFailure::internal("a tool names no kind"))?;
+    let takes_wait = spec.input_schema.pointer(&format!("/properties/{WAIT_SECONDS}")).is_none();
+    let wait = if takes_wait { wait_seconds(arguments.remove(WAIT_SECONDS))? } else { 0 };
+    let input = Value::Object(arguments);
+    let resource_url = payment::resource_url(tool);
+    let cx = SubmitContext {
+        catalog: &ctx.catalog,
+        db: &ctx.db,
+        s3: &ctx.aws.s3,
+        bucket: &ctx.bucket,
+        sqs: &ctx.aws.sqs,
+        queue_url: &ctx.queue_url,
+        facilitator: ctx.facilitator.as_ref(),
+    };
+    let submission =
+        Submission { space, kind, input: &input, idempotency_key: None, payment, resource_url: &resource_url };
+    let submitted = match tasks::submit(&cx, submission).await {
+        Ok(submitted) => submitted,
+        Err(e) => {
+            return Err(match ToolFailure::from(e) {
+                ToolFailure::Payment(challenge) => {
+                    let schema = ctx.tools.tool(tool).map(|t| Value::Object((*t.input_schema).clone()));
+                    let challenge =
+                        payment::for_tool(*challenge, tool, &schema.unwrap_or_else(|| json!({})), &spec.description);
+                    ToolFailure::Payment(Box::new(challenge))
+                }
+                other => other,
+            });
+        }
+    };
+    let settlement = match submitted.paid {
+        Paid::Payment(settlement) => Some(settlement),
+        Paid::Nothing | Paid::Credit(_) => None,
+    };
+    let mut task = submitted.task;
+    if wait > 0 {
+        let ended = wait::until_done(&ctx.db, space, task.id, Duration::from_secs(wait), progress.as_ref()).await?;
+        if let Some(ended) = ended {
+            task = ended;
+        }
+    }
+    Ok(Created { task, settlement })
+}
+
+fn wait_seconds(value: Option<Value>) -> ToolResult<u64> {
+    match value {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n <= MAX_WAIT_SECONDS) => Ok(n.as_u64().unwrap_or(0)),
+        Some(_) => Err(ToolFailure::new(
+            "invalid_arguments",
+            format!("{WAIT_SECONDS} must be a whole number of seconds from 0 to {MAX_WAIT_SECONDS}"),
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct TaskRef {
+    task_id: String,
+}
+
+impl TaskRef {
+    /// A malformed id names no task: the same answer as a missing one.
+    fn id(&self) -> ToolResult<Id> {
+        self.task_id.parse().map_err(|_| not_found())
+    }
+}
+
+fn not_found() -> ToolFailure {
+    ToolFailure::new("task_not_found", "no such task in this Space")
+}
+
+async fn find(ctx: &McpContext, space: &SpaceIndex, task: &TaskRef) -> ToolResult<Task> {
+    tasks::find_for_space(&ctx.db, space, task.id()?).await?.ok_or_else(not_found)
+}
+
+pub async fn get(ctx: &McpContext, space: &SpaceIndex, task: TaskRef) -> ToolResult<Value> {
+    Ok(view(find(ctx, space, &task).await?))
+}
+
+pub async fn result(ctx: &McpContext, space: &SpaceIndex, task: TaskRef) -> ToolResult<Value> {
+    let task = find(ctx, space, &task).await?;
+    match task.status {
+        TaskStatus::Completed => Ok(json!({ "task_id": task.id, "kind": task.kind, "result": task.result })),
+        TaskStatus::Queued | TaskStatus::Running => Err(ToolFailure::with(
+            "task_not_finished",
+            format!("the task is {}; call again once it has ended, or follow it with get_task", task.status.as_str()),
+            json!({ "task": view(task) }),
+        )),
+        TaskStatus::Failed | TaskStatus::Canceled => Err(ToolFailure::with(
+            "task_not_completed",
+            format!("the task ended {} and has no result", task.status.as_str()),
+            json!({ "task": view(task) }),
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct ListArgs {
+    status: Option<TaskStatus>,
+    kind: Option<String>,
+    limit: Option<u32>,
+    after: Option<String>,
+}
+
+pub async fn list(ctx: &McpContext, space: &SpaceIndex, args: ListArgs) -> ToolResult<Value> {
+    let after = match args.after {
+        None => None,
+        Some(after) => Some(
+            after
+                .parse::<Id>()
+                .map_err(|_| ToolFailure::new("invalid_arguments", "after must be a task id (a page's `next`)"))?,
+        ),
+    };
+    let limit = args.limit.unwrap_or(tasks::list::DEFAULT_LIMIT);
+    let query = ListQuery { status: args.status, kind: args.kind.as_deref(), after, limit };
+    let page = tasks::list(&ctx.db, space, query).await?;
+    Ok(json!({ "tasks": page.tasks.into_iter().map(view).collect::<Vec<_>>(), "next": page.next }))
+}
+
+pub async fn cancel(ctx: &McpContext, space: &SpaceIndex, task: TaskRef) -> ToolResult<Value> {
+    let id = task.id()?;
+    match tasks::cancel(&ctx.db, space, id).await?.ok_or_else(not_found)? {
+        CancelOutcome::Canceled { task, events } => {
+            tasks::events::publish_all_once(&ctx.redis, id, &events).await;
+            tracing::info!(task_id = %id, "task canceled over MCP");
+            Ok(view(task))
+        }
+        CancelOutcome::Requested { task, event } => {
+            tasks::events::publish_all_once(&ctx.redis, id, event.as_slice()).await;
+            tracing::info!(task_id = %id, "cancel requested of a running task over MCP");
+            Ok(view(task))
+        }
+        CancelOutcome::Finished(task) => Err(ToolFailure::with(
+            "task_finished",
+            format!("the task has already ended: it is {}", task.status.as_str()),
+            json!({ "task": view(task) }),
+        )),
+    }
+}

@@ -1,0 +1,388 @@
+//! The tools, built once from the catalog: one per task kind (its
+//! `input_schema` as `inputSchema`, its price in the description and in
+//! `_meta["reeve/price"]`), and the fixed tools around them.
+//!
+//! A kind's tool takes the kind's input itself, so an agent fills in the
+//! same fields as `POST /v1/tasks/{kind}`'s `input`, plus one optional
+//! `wait_seconds`. A kind named like a fixed tool is offered as
+//! `task_<kind>`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rmcp::model::{JsonObject, MetaObject, Tool, ToolAnnotations};
+use serde_json::{Value, json};
+
+use super::failure::{ToolFailure, ToolResult};
+use super::wait::MAX_WAIT_SECONDS;
+use crate::catalog::{Catalog, Executor, PublicPrice, PublicTask};
+
+/// The argument of a kind's tool that is not part of its input.
+pub const WAIT_SECONDS: &str = "wait_seconds";
+/// The `_meta` key of a kind's price.
+pub const PRICE_META: &str = "reeve/price";
+
+/// The tools that are not a kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fixed {
+    CreateSpace,
+    Login,
+    CreateUpload,
+    GetTask,
+    ListTasks,
+    CancelTask,
+    GetResult,
+}
+
+impl Fixed {
+    pub const ALL: [Fixed; 7] = [
+        Fixed::CreateSpace,
+        Fixed::Login,
+        Fixed::CreateUpload,
+        Fixed::GetTask,
+        Fixed::ListTasks,
+        Fixed::CancelTask,
+        Fixed::GetResult,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fixed::CreateSpace => "create_space",
+            Fixed::Login => "login",
+            Fixed::CreateUpload => "create_upload",
+            Fixed::GetTask => "get_task",
+            Fixed::ListTasks => "list_tasks",
+            Fixed::CancelTask => "cancel_task",
+            Fixed::GetResult => "get_result",
+        }
+    }
+
+    /// Whether the tool needs a session token (all but the two that give one).
+    pub fn needs_session(self) -> bool {
+        !matches!(self, Fixed::CreateSpace | Fixed::Login)
+    }
+
+    fn description(self, catalog: &Catalog) -> String {
+        match self {
+            Fixed::CreateSpace => "Create a Space: the account-free identity your tasks, uploads and payments belong \
+                to. Answers a fresh 20-digit space_id, shown once (keep it: it is the only way back in), and a \
+                session token for it. Send the token as `Authorization: Bearer <token>` on every other call."
+                .into(),
+            Fixed::Login => "Open a session on a Space: trade its space_id for a session token (valid 15 minutes), \
+                sent as `Authorization: Bearer <token>`. Call it again when a tool says the token expired."
+                .into(),
+            Fixed::CreateUpload => {
+                let uploads = &catalog.uploads;
+                format!(
+                    "Upload an input file. Either inline: content_base64 holds the file (at most {} bytes decoded), \
+                     and it is stored at once; or declare size and get a presigned URL to PUT the bytes to, sending \
+                     exactly the headers given (any size up to {} bytes). Answers an upload_id to name in a task's \
+                     input. content_type is one of: {}.",
+                    super::upload::MAX_INLINE_BYTES.min(uploads.max_bytes as usize),
+                    uploads.max_bytes,
+                    uploads.content_types.join(", "),
+                )
+            }
+            Fixed::GetTask => "A task as it is now: status, progress (0 to 1), and its result or error once it \
+                has ended."
+                .into(),
+            Fixed::ListTasks => "This Space's tasks, newest first, a page at a time: pass the answer's `next` \
+                as `after` for the next page."
+                .into(),
+            Fixed::CancelTask => "Cancel a task. A queued task is canceled at once; a running one is asked to \
+                stop and ends canceled within a second (see get_task). A paid task canceled before it ran leaves \
+                a credit that pays for the next task of the same price."
+                .into(),
+            Fixed::GetResult => "The result of a completed task. A task that failed or was canceled answers its \
+                error; one still queued or running answers task_not_finished (call again, or get_task)."
+                .into(),
+        }
+    }
+
+    fn input_schema(self) -> Value {
+        let task_id = json!({ "type": "string", "minLength": 26, "maxLength": 26,
+            "description": "The task id, from a task tool or list_tasks." });
+        match self {
+            Fixed::CreateSpace => json!({ "type": "object", "properties": {}, "additionalProperties": false }),
+            Fixed::Login => json!({
+                "type": "object",
+                "properties": { "space_id": { "type": "string", "pattern": "^[0-9]{20}$",
+                    "description": "The 20-digit Space ID from create_space." } },
+                "required": ["space_id"],
+                "additionalProperties": false
+            }),
+            Fixed::CreateUpload => json!({
+                "type": "object",
+                "properties": {
+                    "filename": { "type": "string", "minLength": 1, "maxLength": 255 },
+                    "content_type": { "type": "string" },
+                    "content_base64": { "type": "string",
+                        "description": "The file itself, base64 (standard alphabet): an inline upload." },
+                    "size": { "type": "integer", "minimum": 1,
+                        "description": "The exact size in bytes: a presigned upload (PUT the bytes yourself)." }
+                },
+                "required": ["filename", "content_type"],
+                "additionalProperties": false
+            }),
+            Fixed::GetTask | Fixed::CancelTask | Fixed::GetResult => json!({
+                "type": "object",
+                "properties": { "task_id": task_id },
+                "required": ["task_id"],
+                "additionalProperties": false
+            }),
+            Fixed::ListTasks => json!({
+                "type": "object",
+                "properties": {
+                    "status": { "type": "string", "enum": ["queued", "running", "completed", "failed", "canceled"] },
+                    "kind": { "type": "string" },
+                    "limit": { "type": "integer", "minimum": 1, "maximum": crate::tasks::list::MAX_LIMIT,
+                        "description": "Tasks per page (default 20)." },
+                    "after": { "type": "string", "description": "The `next` of the previous page." }
+                },
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    fn output_schema(self) -> Value {
+        let string = json!({ "type": "string" });
+        match self {
+            Fixed::CreateSpace => json!({
+                "type": "object",
+                "properties": { "space_id": string, "token": string, "token_type": string,
+                    "expires_at": string, "created_at": string },
+                "required": ["space_id", "token", "token_type", "expires_at", "created_at"]
+            }),
+            Fixed::Login => json!({
+                "type": "object",
+                "properties": { "token": string, "token_type": string, "expires_at": string },
+                "required": ["token", "token_type", "expires_at"]
+            }),
+            Fixed::CreateUpload => json!({
+                "type": "object",
+                "properties": {
+                    "upload_id": string,
+                    "uploaded": { "type": "boolean", "description": "True for an inline upload: it is stored." },
+                    "size": { "type": "integer" },
+                    "url": string,
+                    "method": string,
+                    "headers": { "type": "object", "additionalProperties": { "type": "string" } },
+                    "expires_at": string
+                },
+                "required": ["upload_id", "uploaded", "size"]
+            }),
+            Fixed::GetTask | Fixed::CancelTask => task_schema(&json!({})),
+            Fixed::ListTasks => json!({
+                "type": "object",
+                "properties": {
+                    "tasks": { "type": "array", "items": task_schema(&json!({})) },
+                    "next": { "type": ["string", "null"] }
+                },
+                "required": ["tasks", "next"]
+            }),
+            Fixed::GetResult => json!({
+                "type": "object",
+                "properties": { "task_id": string, "kind": string, "result": {} },
+                "required": ["task_id", "kind", "result"]
+            }),
+        }
+    }
+}
+
+/// A task as the tools answer it; `result` as `result` describes it, or
+/// `null` until the task completes.
+pub fn task_schema(result: &Value) -> Value {
+    let string = json!({ "type": "string" });
+    let nullable_result = if result.as_object().is_some_and(|o| o.is_empty()) {
+        json!({})
+    } else {
+        json!({ "anyOf": [result, { "type": "null" }] })
+    };
+    json!({
+        "type": "object",
+        "properties": {
+            "id": string,
+            "kind": string,
+            "status": { "type": "string", "enum": ["queued", "running", "completed", "failed", "canceled"] },
+            "progress": { "type": "number", "minimum": 0, "maximum": 1 },
+            "result": nullable_result,
+            "error": { "type": ["object", "null"] },
+            "attempts": { "type": "integer" },
+            "cancel_requested_at": { "type": ["string", "null"] },
+            "created_at": string,
+            "updated_at": string,
+            "events_url": { "type": "string", "description": "The relay's SSE stream of the task's events." }
+        },
+        "required": ["id", "kind", "status", "progress", "result", "error", "created_at", "updated_at", "events_url"]
+    })
+}
+
+/// What an executor's result looks like, where Reeve knows it (an `http`
+/// task answers whatever its endpoint answers). Loose on purpose: the
+/// fields an agent relies on are required, and more may be added.
+fn executor_output(executor: &Executor) -> Value {
+    match executor {
+        Executor::Digest => json!({
+            "type": "object",
+            "properties": { "sha256": { "type": "string", "pattern": "^[0-9a-f]{64}$" }, "size": { "type": "integer" } },
+            "required": ["sha256", "size"]
+        }),
+        Executor::Fetch => json!({
+            "type": "object",
+            "properties": {
+                "key": { "type": "string" }, "size": { "type": "integer" },
+                "sha256": { "type": "string" }, "url": { "type": "string" }
+            },
+            "required": ["key", "size", "sha256", "url"]
+        }),
+        Executor::Http { .. } => json!({}),
+    }
+}
+
+/// What a tool name names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Named<'a> {
+    Fixed(Fixed),
+    /// A task kind, by its catalog name.
+    Kind(&'a str),
+}
+
+pub struct Tools {
+    list: Vec<Tool>,
+    /// Tool name → kind.
+    kinds: HashMap<String, String>,
+    fixed: HashMap<&'static str, (Fixed, Arc<jsonschema::Validator>)>,
+}
+
+impl Tools {
+    pub fn new(catalog: &Catalog) -> Tools {
+        let mut list = Vec::new();
+        let mut fixed = HashMap::new();
+        for tool in Fixed::ALL {
+            let schema = tool.input_schema();
+            let validator = jsonschema::validator_for(&schema).expect("the fixed schemas are valid");
+            fixed.insert(tool.name(), (tool, Arc::new(validator)));
+            let annotations = match tool {
+                Fixed::GetTask | Fixed::ListTasks | Fixed::GetResult => ToolAnnotations::new().read_only(true),
+                _ => ToolAnnotations::new().read_only(false),
+            };
+            list.push(
+                Tool::new(tool.name(), tool.description(catalog), object(schema))
+                    .with_raw_output_schema(object(tool.output_schema()))
+                    .with_annotations(annotations),
+            );
+        }
+        let mut kinds = HashMap::new();
+        for task in catalog.public().tasks {
+            let name =
+                if fixed.contains_key(task.kind.as_str()) { format!("task_{}", task.kind) } else { task.kind.clone() };
+            let spec = &catalog.tasks[&task.kind];
+            let mut meta = MetaObject::new();
+            meta.insert(PRICE_META.into(), json!({ "free": task.free, "prices": task.prices }));
+            list.push(
+                Tool::new(name.clone(), kind_description(&task), object(kind_input_schema(&task.input_schema)))
+                    .with_title(task.title.clone())
+                    .with_raw_output_schema(object(task_schema(&executor_output(&spec.executor))))
+                    .with_meta(meta),
+            );
+            kinds.insert(name, task.kind);
+        }
+        Tools { list, kinds, fixed }
+    }
+
+    pub fn list(&self) -> &[Tool] {
+        &self.list
+    }
+
+    pub fn find(&self, name: &str) -> Option<Named<'_>> {
+        if let Some((tool, _)) = self.fixed.get(name) {
+            return Some(Named::Fixed(*tool));
+        }
+        self.kinds.get(name).map(|kind| Named::Kind(kind))
+    }
+
+    /// The tool as listed (for its input schema in a discovery entry).
+    pub fn tool(&self, name: &str) -> Option<&Tool> {
+        self.list.iter().find(|t| t.name == name)
+    }
+
+    /// Checks a fixed tool's arguments against its input schema, with each
+    /// violation and its JSON pointer in the message, as `invalid_input` is.
+    pub fn check(&self, tool: Fixed, arguments: &Value) -> ToolResult<()> {
+        let (_, validator) = &self.fixed[tool.name()];
+        let violations: Vec<String> = validator
+            .iter_errors(arguments)
+            .take(10)
+            .map(|e| {
+                let at = e.instance_path().as_str().to_owned();
+                format!("{}: {}", if at.is_empty() { "(root)" } else { &at }, e.masked())
+            })
+            .collect();
+        if violations.is_empty() {
+            return Ok(());
+        }
+        Err(ToolFailure::new("invalid_arguments", format!("{} arguments: {}", tool.name(), violations.join("; "))))
+    }
+}
+
+/// The kind's schema with `wait_seconds` added to its properties (unless
+/// the kind itself takes a field of that name).
+fn kind_input_schema(input_schema: &Value) -> Value {
+    let mut schema = input_schema.clone();
+    let Some(object) = schema.as_object_mut() else {
+        return schema;
+    };
+    let properties = object.entry("properties").or_insert_with(|| json!({}));
+    if let Some(properties) = properties.as_object_mut()
+        && !properties.contains_key(WAIT_SECONDS)
+    {
+        properties.insert(
+            WAIT_SECONDS.into(),
+            json!({
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_WAIT_SECONDS,
+                "description": format!(
+                    "Not part of the task's input. 0 (the default) answers at once with the queued task; up to \
+                     {MAX_WAIT_SECONDS} waits for it to end and answers its result if it ends in time."
+                )
+            }),
+        );
+    }
+    schema
+}
+
+fn kind_description(task: &PublicTask) -> String {
+    let price = if task.free {
+        "Free.".to_owned()
+    } else {
+        let prices: Vec<String> = task.prices.iter().map(price_text).collect();
+        format!(
+            "Price per task: {}. Paid with x402: called without a payment it answers the payment requirements \
+             (isError, with the x402 PaymentRequired); sign one and call again with it in _meta[\"x402/payment\"].",
+            prices.join(", or ")
+        )
+    };
+    format!(
+        "{}: {} {price} Answers the task (id, status, events_url) at once, or, with wait_seconds, its result when \
+         it ends in time; follow it with get_task otherwise.",
+        task.title,
+        task.description.trim_end_matches('.').to_owned() + "."
+    )
+}
+
+fn price_text(price: &PublicPrice) -> String {
+    let network = price.network.as_deref().unwrap_or("an unknown network");
+    match &price.amount_usd {
+        Some(usd) => format!("${usd} in {} on {network} ({} atomic units)", price.asset, price.amount),
+        None => format!("{} atomic units of {} on {network}", price.amount, price.asset),
+    }
+}
+
+fn object(value: Value) -> Arc<JsonObject> {
+    match value {
+        Value::Object(map) => Arc::new(map),
+        // A kind's schema that is not an object (the catalog refuses those).
+        _ => Arc::new(JsonObject::new()),
+    }
+}

@@ -1,0 +1,560 @@
+//! `POST /mcp` driven by the official clients, on the real stack and the
+//! local chain: the MCP Python SDK and x402's MCP session
+//! (tests/mcp/client.py) against the endpoint served on a loopback port,
+//! with a real worker polling the test's own queue. The Python side only
+//! reports what it saw; every expectation is here.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::TestQueue;
+use common::chain::{ChainLock, Payer, TOKEN, balance, fresh_address, python, root};
+use reeve_shared::catalog::Catalog;
+use reeve_shared::mcp::{self, McpContext, McpSettings, McpStores};
+use reeve_shared::redis_client::RedisClient;
+use reeve_shared::spaces::Argon2Limit;
+use reeve_shared::worker::Poller;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use tower::ServiceExt;
+
+/// 0.01 of a 6-decimal token.
+const PRICE: u128 = 10_000;
+/// The priced kind's tool.
+const PAID: &str = "paid_digest";
+
+fn facilitator_url() -> String {
+    std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into())
+}
+
+/// A free digest and a priced one; the mainnet price comes first, so the
+/// SDK must choose the local one.
+fn catalog(pay_to: &str) -> Catalog {
+    let digest = |kind: &str, prices: &str| {
+        format!(
+            r#"
+            [tasks.{kind}]
+            title = "Digest"
+            description = "SHA-256 of an uploaded file"
+            executor = "digest"
+            [tasks.{kind}.input_schema]
+            type = "object"
+            required = ["upload_id"]
+            additionalProperties = false
+            [tasks.{kind}.input_schema.properties.upload_id]
+            type = "string"
+            {prices}
+            "#
+        )
+    };
+    let prices = r#"
+            [[tasks.paid_digest.accepts]]
+            asset = "usdc-base"
+            amount_usd = "0.01"
+            [[tasks.paid_digest.accepts]]
+            asset = "local"
+            amount_usd = "0.01"
+    "#;
+    let text = format!(
+        r#"
+        [payments]
+        pay_to = "{pay_to}"
+        facilitator_url = "{facilitator}"
+        max_timeout_seconds = 300
+
+        [uploads]
+        max_bytes = 8388608
+        content_types = ["text/plain"]
+
+        [assets.usdc-base]
+        network = "eip155:8453"
+        contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+        decimals = 6
+        usd_peg = true
+        name = "USD Coin"
+        version = "2"
+
+        [assets.local]
+        network = "eip155:84532"
+        contract = "{TOKEN}"
+        decimals = 6
+        usd_peg = true
+        name = "USDC"
+        version = "2"
+        {}
+        {}
+        "#,
+        digest("digest", ""),
+        digest(PAID, prices),
+        facilitator = facilitator_url(),
+    );
+    Catalog::parse(&text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The endpoint on a loopback port, on its own queue, with the worker
+/// stoppable.
+struct Endpoint {
+    url: String,
+    router: Router,
+    pay_to: String,
+    pool: PgPool,
+    queue: TestQueue,
+    worker: Option<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)>,
+}
+
+impl Endpoint {
+    /// `progress`: as `reeve serve` runs it (replies stream).
+    async fn start(pool: &PgPool, progress: bool) -> Endpoint {
+        let pay_to = fresh_address();
+        let catalog = catalog(&pay_to);
+        let queue = TestQueue::new().await;
+        let redis_url = common::redis_url();
+        let settings = common::test_settings(&redis_url);
+        let aws = common::aws().await;
+        let stores = McpStores {
+            db: pool.clone(),
+            redis: RedisClient::new(&redis_url).unwrap(),
+            aws: aws.clone(),
+            bucket: settings.bucket.clone(),
+            queue_url: queue.url.clone(),
+        };
+        let mcp_settings = McpSettings {
+            allowed_hosts: McpSettings::LOOPBACK.map(str::to_owned).to_vec(),
+            allowed_origins: vec![],
+            progress,
+        };
+        let secrets = (settings.pepper.clone(), settings.token_key.clone());
+        let ctx = McpContext::new(Arc::new(catalog.clone()), stores, secrets, Argon2Limit::new(2), mcp_settings);
+        let router = mcp::router(ctx);
+        let addr = serve(router.clone()).await;
+
+        let worker = common::worker_context(catalog, pool, aws.s3.clone(), common::worker_settings(&redis_url));
+        let mut poller = Poller::connect(Arc::new(worker), aws.sqs.clone(), queue.url.clone()).await.unwrap();
+        poller.wait_time_seconds = 1;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(async move {
+            poller
+                .run(async move {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Endpoint {
+            url: format!("http://{addr}{}", mcp::PATH),
+            router,
+            pay_to,
+            pool: pool.clone(),
+            queue,
+            worker: Some((stop, running)),
+        }
+    }
+
+    async fn stop_worker(&mut self) {
+        if let Some((stop, running)) = self.worker.take() {
+            let _ = stop.send(());
+            running.await.unwrap();
+        }
+    }
+
+    /// Runs one scenario of tests/mcp/client.py and returns what it saw.
+    async fn client(&self, scenario: &str, env: &[(&str, &str)]) -> Value {
+        let mut command = std::process::Command::new(python());
+        command.arg(root().join("tests/mcp/client.py")).arg(scenario).env("REEVE_MCP_URL", &self.url);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let out = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{}: {e}", python().display()));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "client.py {scenario}: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("client.py {scenario} printed no JSON ({e}): {stdout}"))
+    }
+
+    /// How many tasks, and how many payment attempts, the database holds.
+    async fn counts(&self) -> (i64, i64) {
+        let tasks = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&self.pool).await.unwrap();
+        let attempts = sqlx::query_scalar("SELECT count(*) FROM payment_attempts").fetch_one(&self.pool).await.unwrap();
+        (tasks, attempts)
+    }
+
+    async fn done(mut self) {
+        self.stop_worker().await;
+        self.queue.delete().await;
+    }
+}
+
+async fn serve(router: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+/// A tool result's structured content, asserting the call succeeded.
+fn ok<'a>(answer: &'a Value, what: &str) -> &'a Value {
+    let result = answer.get("result").unwrap_or_else(|| panic!("{what}: no result: {answer}"));
+    assert_ne!(result["isError"], true, "{what}: {answer}");
+    &result["structuredContent"]
+}
+
+/// A tool error's code, asserting it is one.
+fn refused(answer: &Value, what: &str) -> String {
+    let result = answer.get("result").unwrap_or_else(|| panic!("{what}: no tool result: {answer}"));
+    assert_eq!(result["isError"], true, "{what}: {answer}");
+    let structured = &result["structuredContent"];
+    let text: Value = serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(&text, structured, "{what}: content[0].text is the structured content as JSON");
+    structured["error"]["code"]
+        .as_str()
+        .or_else(|| structured["error"].as_str())
+        .unwrap_or_else(|| panic!("{what}: no code: {answer}"))
+        .to_owned()
+}
+
+fn sha256(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+const TEXT: &str = "hello, reeve, from an agent\n";
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_agent_creates_a_space_uploads_and_gets_a_digest_with_the_mcp_sdk(pool: PgPool) {
+    let mut endpoint = Endpoint::start(&pool, false).await;
+    let seen = endpoint.client("journey", &[("REEVE_MCP_TEXT", TEXT)]).await;
+
+    // initialize, then one tool per catalog kind with its schema.
+    assert_eq!(seen["initialize"]["serverInfo"]["name"], "reeve", "{}", seen["initialize"]);
+    let tools: Vec<&Value> = seen["tools"].as_array().unwrap().iter().collect();
+    let tool = |name: &str| *tools.iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("no {name} tool"));
+    for name in ["create_space", "login", "create_upload", "get_task", "list_tasks", "cancel_task", "get_result"] {
+        assert!(tool(name)["inputSchema"]["type"] == "object" && tool(name)["outputSchema"].is_object(), "{name}");
+    }
+    for kind in ["digest", PAID] {
+        let schema = &tool(kind)["inputSchema"];
+        assert_eq!(schema["required"], json!(["upload_id"]), "{kind}: the kind's input_schema");
+        assert_eq!(schema["properties"]["upload_id"], json!({"type": "string"}));
+        assert_eq!(schema["properties"]["wait_seconds"]["maximum"], mcp::MAX_WAIT_SECONDS);
+        assert_eq!(
+            tool(kind)["outputSchema"]["properties"]["result"]["anyOf"][0]["required"],
+            json!(["sha256", "size"])
+        );
+    }
+    assert_eq!(tool("digest")["_meta"]["reeve/price"], json!({"free": true, "prices": []}));
+    let price = &tool(PAID)["_meta"]["reeve/price"];
+    assert_eq!(price["free"], false);
+    assert_eq!(
+        price["prices"][1],
+        json!({"asset": "local", "network": "eip155:84532", "amount": "10000", "amount_usd": "0.01"})
+    );
+    let description = tool(PAID)["description"].as_str().unwrap();
+    assert!(description.contains("$0.01 in local on eip155:84532"), "{description}");
+
+    // No token: a tool error naming the tools that give one.
+    assert_eq!(refused(&seen["anonymous_list_tasks"], "anonymous"), "missing_token");
+    let message = seen["anonymous_list_tasks"]["result"]["structuredContent"]["error"]["message"].as_str().unwrap();
+    assert!(message.contains("create_space") && message.contains("login"), "{message}");
+
+    let space = ok(&seen["create_space"], "create_space");
+    assert!(space["space_id"].as_str().unwrap().len() == 20 && space["token"].is_string(), "{space}");
+    let upload = ok(&seen["upload"], "inline upload");
+    assert_eq!(upload["uploaded"], true);
+    assert_eq!(upload["size"], TEXT.len());
+
+    // digest, waiting: its result within the call.
+    let task = ok(&seen["digest"], "digest");
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["result"]["sha256"], sha256(TEXT));
+    let id = task["id"].as_str().unwrap();
+    assert_eq!(task["events_url"], format!("/v1/tasks/{id}/events"));
+    assert_eq!(ok(&seen["get_task"], "get_task")["id"], id);
+    assert_eq!(ok(&seen["get_result"], "get_result")["result"]["sha256"], sha256(TEXT));
+    let listed = ok(&seen["list_tasks"], "list_tasks");
+    assert_eq!(listed["tasks"].as_array().unwrap().iter().map(|t| &t["id"]).collect::<Vec<_>>(), [id]);
+    assert!(ok(&seen["login"], "login")["token"].is_string());
+
+    // With no worker, a task stays queued and cancel_task cancels it.
+    endpoint.stop_worker().await;
+    let seen = endpoint.client("queued", &[("REEVE_MCP_TEXT", TEXT)]).await;
+    assert_eq!(ok(&seen["created"], "created")["status"], "queued");
+    let canceled = ok(&seen["cancel"], "cancel_task");
+    assert_eq!(canceled["status"], "canceled", "{canceled}");
+    let (status,): (String,) = sqlx::query_as("SELECT status FROM tasks WHERE id = $1")
+        .bind(canceled["id"].as_str().unwrap().parse::<reeve_shared::ids::Id>().unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "canceled");
+    endpoint.done().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn bad_input_gets_a_stable_code_never_a_500_and_charges_nothing(pool: PgPool) {
+    let endpoint = Endpoint::start(&pool, false).await;
+    let seen = endpoint.client("bad", &[("REEVE_MCP_TEXT", TEXT), ("REEVE_MCP_KIND", PAID)]).await;
+
+    let unknown = &seen["unknown_tool"]["error"];
+    assert_eq!((unknown["code"].as_i64(), &unknown["data"]["code"]), (Some(-32602), &json!("unknown_tool")), "{seen}");
+    for (case, code) in [
+        ("schema", "invalid_input"),
+        ("fixed_tool_schema", "invalid_arguments"),
+        ("wait_too_long", "invalid_arguments"),
+        ("payment_not_base64", "invalid_payment"),
+        ("payment_wrong_shape", "invalid_payment"),
+        ("inline_too_large", "upload_too_large"),
+        ("bad_base64", "invalid_base64"),
+        ("bad_token", "invalid_token"),
+    ] {
+        assert_eq!(refused(&seen[case], case), code, "{case}: {}", seen[case]);
+    }
+    // A body over the limit is refused before it is read (the 413 itself is
+    // checked below, in-process): the SDK's call fails, and nothing is stored.
+    assert!(seen["body_too_large"]["exception"].is_string(), "{}", seen["body_too_large"]);
+
+    // Nothing was created or charged; the one upload is the scenario's own.
+    assert_eq!(endpoint.counts().await, (0, 0));
+    let uploads: i64 = sqlx::query_scalar("SELECT count(*) FROM uploads").fetch_one(&pool).await.unwrap();
+    assert_eq!(uploads, 1);
+    endpoint.done().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_wallet_alone_pays_for_a_priced_tool_with_the_x402_mcp_client(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let endpoint = Endpoint::start(&pool, false).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let before = (balance(&payer.address).await, balance(&endpoint.pay_to).await);
+
+    let env = [("REEVE_MCP_TEXT", TEXT), ("REEVE_MCP_KIND", PAID), ("REEVE_WALLET_KEY", payer.key.as_str())];
+    let seen = endpoint.client("pay", &env).await;
+    let paid = &seen["paid"];
+    assert_eq!((paid["payment_made"].as_bool(), paid["is_error"].as_bool()), (Some(true), Some(false)), "{seen}");
+    let settlement = &paid["result"]["_meta"]["x402/payment-response"];
+    assert_eq!(settlement["success"], true, "{paid}");
+    assert_eq!(settlement["network"], "eip155:84532");
+    assert_eq!(paid["payment_response"]["transaction"], settlement["transaction"]);
+    let task = &paid["result"]["structuredContent"];
+    assert_eq!((task["kind"].as_str(), task["status"].as_str()), (Some(PAID), Some("completed")), "{task}");
+    assert_eq!(task["result"]["sha256"], sha256(TEXT));
+    assert_eq!(seen["signed"], 1, "one payment signed");
+    // Exactly the price moved.
+    assert_eq!(balance(&payer.address).await, before.0 - PRICE);
+    assert_eq!(balance(&endpoint.pay_to).await, before.1 + PRICE);
+
+    // The same payment again: refused with the challenge, nothing moves.
+    let replayed = &seen["replayed"]["result"];
+    assert_eq!(replayed["isError"], true, "{replayed}");
+    assert_eq!(replayed["structuredContent"]["error"], "payment_replayed");
+    assert_eq!(replayed["structuredContent"]["x402Version"], 2);
+    assert_eq!(balance(&payer.address).await, before.0 - PRICE);
+    assert_eq!(endpoint.counts().await.0, 1);
+
+    // A payment sent as base64 text is taken too; the challenge it answers is
+    // the MCP one, with the tool's discovery entry.
+    let env = [
+        ("REEVE_MCP_KIND", PAID),
+        ("REEVE_WALLET_KEY", payer.key.as_str()),
+        ("REEVE_MCP_TOKEN", seen["token"].as_str().unwrap()),
+        ("REEVE_MCP_UPLOAD", seen["upload_id"].as_str().unwrap()),
+    ];
+    let seen = endpoint.client("pay-base64", &env).await;
+    let challenge = &seen["unpaid"]["result"]["structuredContent"];
+    assert_eq!(challenge["resource"]["url"], format!("mcp://tool/{PAID}"));
+    let discovery = &challenge["extensions"]["bazaar"]["info"]["input"];
+    assert_eq!((discovery["type"].as_str(), discovery["toolName"].as_str()), (Some("mcp"), Some(PAID)), "{challenge}");
+    assert_eq!(discovery["transport"], "streamable-http");
+    assert_eq!(discovery["inputSchema"]["required"], json!(["upload_id"]));
+    assert!(seen["unpaid"]["result"]["content"][0]["text"].as_str().unwrap().contains("\"x402Version\":2"));
+    assert_eq!(ok(&seen["paid"], "paid with base64")["result"]["sha256"], sha256(TEXT));
+    assert_eq!(balance(&payer.address).await, before.0 - 2 * PRICE);
+    drop(chain);
+    endpoint.done().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn progress_reaches_a_client_that_sent_a_progress_token(pool: PgPool) {
+    // As `reeve serve` serves it: replies stream, so progress goes out.
+    let endpoint = Endpoint::start(&pool, true).await;
+    // Just over 3 MiB: the digest reports progress at each MiB.
+    let (unit, times) = ("0123456789abcdef", 3 * 65536 + 1000);
+    let text = unit.repeat(times);
+    let seen = endpoint.client("progress", &[("REEVE_MCP_TEXT", unit), ("REEVE_MCP_REPEAT", &times.to_string())]).await;
+    assert_eq!(seen["put_status"], 200, "{seen}");
+    assert_eq!(ok(&seen["digest"], "digest")["result"]["sha256"], sha256(&text));
+    let fractions: Vec<f64> =
+        seen["progress"].as_array().unwrap().iter().map(|p| p["progress"].as_f64().unwrap()).collect();
+    // The worker may fold reports that come faster than it writes them, so
+    // only the start and the end are certain.
+    assert!(fractions.len() >= 2, "{seen}");
+    assert!(fractions.windows(2).all(|w| w[0] < w[1]), "increasing: {fractions:?}");
+    assert_eq!(fractions.last(), Some(&1.0));
+    assert!(seen["progress"].as_array().unwrap().iter().all(|p| p["total"] == 1.0));
+    endpoint.done().await;
+}
+
+/// Refusals before any tool runs, each a JSON-RPC error with a stable code:
+/// a `Host` or `Origin` outside the allow-lists (what no MCP client sends,
+/// but a browser page or a DNS rebinding attack would), and a body over the
+/// limit, refused on its `Content-Length` without being read.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn foreign_hosts_origins_and_oversized_bodies_are_refused_unread(pool: PgPool) {
+    let endpoint = Endpoint::start(&pool, false).await;
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    for (host, origin, status, code) in [
+        ("127.0.0.1", None, StatusCode::OK, None),
+        ("reeve.evil.example", None, StatusCode::FORBIDDEN, Some("host_not_allowed")),
+        ("127.0.0.1", Some("https://evil.example"), StatusCode::FORBIDDEN, Some("origin_not_allowed")),
+    ] {
+        let mut request = Request::post(mcp::PATH)
+            .header("host", host)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        let response =
+            endpoint.router.clone().oneshot(request.body(Body::from(initialize.to_string())).unwrap()).await.unwrap();
+        assert_eq!(response.status(), status, "{host} {origin:?}");
+        let body: Value =
+            serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap();
+        match code {
+            Some(code) => assert_eq!(body["error"]["data"]["code"], code, "{body}"),
+            None => assert_eq!(body["result"]["serverInfo"]["name"], "reeve", "{body}"),
+        }
+    }
+    let huge = vec![b' '; mcp::MAX_BODY_BYTES + 1];
+    let request = Request::post(mcp::PATH)
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("content-length", huge.len())
+        .body(Body::from(huge))
+        .unwrap();
+    let response = endpoint.router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: Value =
+        serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap();
+    assert_eq!(
+        (body["error"]["code"].as_i64(), &body["error"]["data"]["code"]),
+        (Some(-32600), &json!("body_too_large"))
+    );
+    endpoint.done().await;
+}
+
+/// The tasks extension, with the official Rust SDK's client (MCP
+/// 2026-07-28, which carries the client's capabilities on every request):
+/// a kind's tool answers a task handle, and `tasks/get` follows it to the
+/// task's result, all read from Reeve's task row.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_client_that_declares_the_tasks_extension_gets_a_task_handle(pool: PgPool) {
+    use rmcp::ClientServiceExt as _;
+    use rmcp::model::{
+        CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig, GetTaskParams,
+        Implementation, ProtocolVersion, TaskPayload,
+    };
+    use rmcp::service::ClientLifecycleMode;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let endpoint = Endpoint::start(&pool, false).await;
+    let connect = |token: Option<String>| {
+        let mut config = StreamableHttpClientTransportConfig::with_uri(endpoint.url.clone());
+        if let Some(token) = token {
+            config = config.auth_header(token);
+        }
+        let client = ClientConfig::new(
+            ClientCapabilities::builder().enable_tasks().build(),
+            Implementation::new("reeve-test", "1"),
+        );
+        client.serve_with_lifecycle(
+            StreamableHttpClientTransport::from_config(config),
+            ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] },
+        )
+    };
+    let call = |name: &str, arguments: Value| {
+        CallToolRequestParams::new(name.to_owned()).with_arguments(arguments.as_object().unwrap().clone())
+    };
+    let structured = |response: CallToolResponse| match response {
+        CallToolResponse::Complete(result) => {
+            assert_ne!(result.is_error, Some(true), "{result:?}");
+            result.structured_content.unwrap()
+        }
+        other => panic!("expected a complete result, got {other:?}"),
+    };
+
+    let anonymous = connect(None).await.unwrap();
+    let space = structured(anonymous.call_tool_once(call("create_space", json!({}))).await.unwrap());
+    anonymous.cancel().await.unwrap();
+    let client = connect(Some(space["token"].as_str().unwrap().to_owned())).await.unwrap();
+    let upload = structured(
+        client
+            .call_tool_once(call(
+                "create_upload",
+                json!({"filename": "a.txt", "content_type": "text/plain",
+                    "content_base64": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, TEXT)}),
+            ))
+            .await
+            .unwrap(),
+    );
+
+    let handle = match client.call_tool_once(call("digest", json!({"upload_id": upload["upload_id"]}))).await.unwrap() {
+        CallToolResponse::Task(handle) => handle,
+        other => panic!("expected a task handle, got {other:?}"),
+    };
+    let id = handle.task.task_id.clone();
+    assert!(id.parse::<reeve_shared::ids::Id>().is_ok(), "the handle is Reeve's task id: {id}");
+    let done = loop {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let got = client.get_task(GetTaskParams::new(id.clone())).await.unwrap();
+        if got.task.status().is_terminal() {
+            break got.task;
+        }
+    };
+    let TaskPayload::Completed { result } = done.payload else { panic!("not completed: {done:?}") };
+    let result: CallToolResult = serde_json::from_value(Value::Object(result)).unwrap();
+    assert_eq!(result.structured_content.unwrap()["result"]["sha256"], sha256(TEXT));
+
+    // Another Space's task is not found.
+    let error = anonymous_get(&endpoint.url, &id).await;
+    assert!(error.contains("task_not_found"), "{error}");
+    client.cancel().await.unwrap();
+    endpoint.done().await;
+}
+
+/// `tasks/get` of `id` from a fresh Space: the error's text.
+async fn anonymous_get(url: &str, id: &str) -> String {
+    use rmcp::ClientServiceExt as _;
+    use rmcp::model::{
+        CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, GetTaskParams, Implementation,
+        ProtocolVersion,
+    };
+    use rmcp::service::ClientLifecycleMode;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let discover = || ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+    let info =
+        || ClientConfig::new(ClientCapabilities::builder().enable_tasks().build(), Implementation::new("t", "1"));
+    let first =
+        info().serve_with_lifecycle(StreamableHttpClientTransport::from_uri(url.to_owned()), discover()).await.unwrap();
+    let CallToolResponse::Complete(space) =
+        first.call_tool_once(CallToolRequestParams::new("create_space")).await.unwrap()
+    else {
+        panic!("create_space")
+    };
+    first.cancel().await.unwrap();
+    let token = space.structured_content.unwrap()["token"].as_str().unwrap().to_owned();
+    let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned()).auth_header(token);
+    let other =
+        info().serve_with_lifecycle(StreamableHttpClientTransport::from_config(config), discover()).await.unwrap();
+    let error = other.get_task(GetTaskParams::new(id.to_owned())).await.expect_err("another Space's task");
+    other.cancel().await.unwrap();
+    format!("{error:?}")
+}
