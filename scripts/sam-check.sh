@@ -184,10 +184,8 @@ with open(sys.argv[1]) as f:
         name, value = line.split("=", 1)
         values[name] = value
 values["REEVE_CATALOG"] = "/opt/reeve.toml"
-# The MCP endpoint answers only its API's Host: the sample events' one.
-mcp = {"REEVE_MCP_ALLOWED_HOSTS": "a1b2c3d4e5.execute-api.eu-west-1.amazonaws.com"}
 with open(sys.argv[2], "w") as f:
-    json.dump({"Parameters": values, "McpFunction": mcp}, f)
+    json.dump({"Parameters": values}, f)
 PY
   )
 }

@@ -105,7 +105,7 @@ pub const CORS_ORIGINS: &str = "REEVE_CORS_ORIGINS";
 /// The API the relay's console page calls (`https://<api-host>`); unset, the
 /// page calls the relay's own origin, as under `reeve serve`.
 pub const API_ORIGIN: &str = "REEVE_API_ORIGIN";
-/// The `Host` values `POST /mcp` answers (comma-separated; loopback if unset).
+/// The `Host` values `POST /mcp` answers (comma-separated; loopback if unset, any for `*`).
 pub const MCP_ALLOWED_HOSTS: &str = "REEVE_MCP_ALLOWED_HOSTS";
 /// Browser origins allowed to call `POST /mcp` (comma-separated; none if unset).
 pub const MCP_ALLOWED_ORIGINS: &str = "REEVE_MCP_ALLOWED_ORIGINS";
@@ -399,8 +399,10 @@ pub fn cors_origins<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> CorsOrig
 }
 
 /// `REEVE_MCP_ALLOWED_HOSTS` and `REEVE_MCP_ALLOWED_ORIGINS`, each a
-/// comma-separated list; hosts default to loopback only. `progress`: whether
-/// the process's replies stream (see [`crate::mcp::McpSettings`]).
+/// comma-separated list. Hosts default to loopback only; `*` allows any
+/// (behind API Gateway, which routes only the API's own names to it).
+/// `progress`: whether the process's replies stream (see
+/// [`crate::mcp::McpSettings`]).
 #[cfg(feature = "mcp")]
 pub fn mcp_settings<F: Fn(&str) -> Option<String>>(env: &Env<F>, progress: bool) -> crate::mcp::McpSettings {
     let list = |name: &str| -> Vec<String> {
@@ -415,6 +417,8 @@ pub fn mcp_settings<F: Fn(&str) -> Option<String>>(env: &Env<F>, progress: bool)
     let mut allowed_hosts = list(MCP_ALLOWED_HOSTS);
     if allowed_hosts.is_empty() {
         allowed_hosts = crate::mcp::McpSettings::LOOPBACK.map(str::to_owned).to_vec();
+    } else if allowed_hosts.iter().any(|h| h == "*") {
+        allowed_hosts.clear();
     }
     crate::mcp::McpSettings { allowed_hosts, allowed_origins: list(MCP_ALLOWED_ORIGINS), progress }
 }

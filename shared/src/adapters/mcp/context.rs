@@ -18,7 +18,9 @@ use crate::spaces::Argon2Limit;
 pub struct McpSettings {
     /// The `Host` values requests may carry (`host` or `host:port`): the
     /// API's own names. rmcp refuses any other with `403`, which stops DNS
-    /// rebinding against a server on a private address.
+    /// rebinding against a server on a private address. Empty allows any
+    /// (`*` in the configuration: behind API Gateway, which only routes
+    /// requests for the API's own names here).
     pub allowed_hosts: Vec<String>,
     /// Browser origins allowed to call the endpoint (`https://app.example`,
     /// `http://localhost:*`). Empty refuses every request that carries an
