@@ -184,8 +184,10 @@ with open(sys.argv[1]) as f:
         name, value = line.split("=", 1)
         values[name] = value
 values["REEVE_CATALOG"] = "/opt/reeve.toml"
+# The MCP endpoint answers the Host of the sample events (their API's).
+mcp = {"REEVE_MCP_ALLOWED_HOSTS": "a1b2c3d4e5.execute-api.eu-west-1.amazonaws.com"}
 with open(sys.argv[2], "w") as f:
-    json.dump({"Parameters": values}, f)
+    json.dump({"Parameters": values, "McpFunction": mcp}, f)
 PY
   )
 }

@@ -26,6 +26,7 @@ const HTTP_FUNCTIONS: &[(&str, &str)] = &[
     ("presign", "http::presign_app(ctx)"),
     ("task-create", "http::task_create_app(ctx)"),
     ("task-status", "http::task_status_app(ctx)"),
+    ("mcp", "mcp::router(ctx)"),
 ];
 
 /// The app each HTTP function runs (as in its `main.rs`).
@@ -36,6 +37,11 @@ fn app_of(function: &str, ctx: Ctx) -> Option<Router> {
         "presign" => http::presign_app(ctx.uploads.clone()),
         "task-create" => http::task_create_app(ctx.task_create.clone()),
         "task-status" => http::task_status_app(ctx.task_status.clone()),
+        // Any Host, as the template's default McpAllowedHosts (`*`) says.
+        "mcp" => reeve_shared::mcp::router(reeve_shared::startup::mcp_beside(
+            &ctx,
+            reeve_shared::mcp::McpSettings { allowed_hosts: vec![], allowed_origins: vec![], progress: false },
+        )),
         _ => return None,
     })
 }
@@ -53,6 +59,9 @@ const EXPECTED: &[(&str, u16, Option<&str>)] = &[
     ("task-status", 401, Some("invalid_token")),
     ("task-status-list", 401, Some("invalid_token")),
     ("task-status-cancel", 401, Some("invalid_token")),
+    // JSON-RPC: `initialize`, then `tools/list` on its own (the endpoint is stateless).
+    ("mcp-initialize", 200, None),
+    ("mcp-tools-list", 200, None),
 ];
 
 fn root() -> PathBuf {
@@ -168,6 +177,13 @@ async fn every_event_gets_its_expected_answer(pool: PgPool) {
             if id.len() != 20 || !id.bytes().all(|b| b.is_ascii_digit()) {
                 failures.push(format!("{stem}: space_id is not 20 digits: {}", answer.body));
             }
+        }
+        if stem == "mcp-initialize" && answer.body["result"]["serverInfo"]["name"] != "reeve" {
+            failures.push(format!("{stem}: not an initialize result: {}", answer.body));
+        }
+        let tools = answer.body["result"]["tools"].as_array();
+        if stem == "mcp-tools-list" && !tools.is_some_and(|t| t.iter().any(|t| t["name"] == "digest")) {
+            failures.push(format!("{stem}: no digest tool in {}", answer.body));
         }
         let tasks = answer.body["tasks"].as_array();
         if stem == "catalog" && !tasks.is_some_and(|t| t.iter().any(|t| t["kind"] == "digest")) {

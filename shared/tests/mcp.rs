@@ -558,3 +558,41 @@ async fn anonymous_get(url: &str, id: &str) -> String {
     other.cancel().await.unwrap();
     format!("{error:?}")
 }
+
+/// The `mcp` Lambda's start-up: its own variables read with the API's, `*`
+/// for any Host (the template's default), loopback when unset, and every
+/// problem at once.
+#[tokio::test]
+async fn the_mcp_function_starts_from_its_configuration() {
+    use reeve_shared::settings::{self, Config};
+    let sdk = reeve_shared::startup::sdk().await;
+    let catalog = root().join("reeve.toml").display().to_string();
+    let vars = |extra: &[(&str, &str)]| {
+        let mut vars: Vec<(String, String)> = [
+            ("REEVE_PEPPER", "test-pepper-test-pepper-test-pepper!"),
+            ("REEVE_TOKEN_KEY", "test-token-key-test-token-key-test!!"),
+            ("DATABASE_URL", "postgres://reeve@127.0.0.1:5432/reeve"),
+            ("REDIS_URL", "redis://127.0.0.1:6379"),
+            ("REEVE_BUCKET", "reeve-test"),
+            ("REEVE_QUEUE_URL", "http://127.0.0.1:5000/000000000000/q"),
+            (settings::CATALOG, catalog.as_str()),
+        ]
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        vars.retain(|(k, _)| !extra.iter().any(|(e, v)| e == k && v.is_empty()));
+        Config::from_vars(vars)
+    };
+    let any = reeve_shared::startup::mcp(&vars(&[(settings::MCP_ALLOWED_HOSTS, "*")]), &sdk).await.unwrap();
+    assert!(any.settings.allowed_hosts.is_empty() && !any.settings.progress, "{:?}", any.settings);
+    let local = reeve_shared::startup::mcp(&vars(&[]), &sdk).await.unwrap();
+    assert_eq!(local.settings.allowed_hosts, McpSettings::LOOPBACK.map(str::to_owned));
+    let pinned = vars(&[(settings::MCP_ALLOWED_HOSTS, "api.example.com, x.execute-api.eu-west-1.amazonaws.com")]);
+    let pinned = reeve_shared::startup::mcp(&pinned, &sdk).await.unwrap();
+    assert_eq!(pinned.settings.allowed_hosts, ["api.example.com", "x.execute-api.eu-west-1.amazonaws.com"]);
+
+    let broken = vars(&[("REEVE_PEPPER", ""), ("REEVE_BUCKET", "")]);
+    let problems = reeve_shared::startup::mcp(&broken, &sdk).await.err().expect("start-up fails").problems().join("\n");
+    assert!(problems.contains("REEVE_PEPPER is not set") && problems.contains("REEVE_BUCKET is not set"), "{problems}");
+}

@@ -692,9 +692,10 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
     Ok(McpContext::new(Arc::new(catalog), stores, (pepper, token_key), argon2, mcp_settings))
 }
 
-/// The MCP endpoint beside the API, on its catalog, secrets and stores.
+/// The MCP endpoint beside the API, on its catalog, secrets and stores
+/// (`reeve serve`, and tests).
 #[cfg(feature = "mcp")]
-fn mcp_beside(api: &ApiContext, settings: crate::mcp::McpSettings) -> Arc<McpContext> {
+pub fn mcp_beside(api: &ApiContext, settings: crate::mcp::McpSettings) -> Arc<McpContext> {
     let stores = McpStores {
         db: api.db.clone(),
         redis: api.redis.clone(),
