@@ -390,9 +390,10 @@ async fn progress_reaches_a_client_that_sent_a_progress_token(pool: PgPool) {
     assert_eq!(ok(&seen["digest"], "digest")["result"]["sha256"], sha256(&text));
     let fractions: Vec<f64> =
         seen["progress"].as_array().unwrap().iter().map(|p| p["progress"].as_f64().unwrap()).collect();
-    // The worker may fold reports that come faster than it writes them, so
-    // only the start and the end are certain.
-    assert!(fractions.len() >= 2, "{seen}");
+    // The worker folds reports that come faster than it writes them (a
+    // loaded machine hashes 3 MiB before the first is written), so only the
+    // last is certain.
+    assert!(!fractions.is_empty(), "{seen}");
     assert!(fractions.windows(2).all(|w| w[0] < w[1]), "increasing: {fractions:?}");
     assert_eq!(fractions.last(), Some(&1.0));
     assert!(seen["progress"].as_array().unwrap().iter().all(|p| p["total"] == 1.0));
@@ -566,7 +567,7 @@ async fn anonymous_get(url: &str, id: &str) -> String {
 async fn the_mcp_function_starts_from_its_configuration() {
     use reeve_shared::settings::{self, Config};
     let sdk = reeve_shared::startup::sdk().await;
-    let catalog = root().join("reeve.toml").display().to_string();
+    let catalog = root().join("reeve.dev.toml").display().to_string();
     let vars = |extra: &[(&str, &str)]| {
         let mut vars: Vec<(String, String)> = [
             ("REEVE_PEPPER", "test-pepper-test-pepper-test-pepper!"),
