@@ -232,6 +232,43 @@ async fn the_first_task_journey_from_a_new_space_to_a_digest() {
     serve.cleanup().await;
 }
 
+/// `reeve serve` serves agents too (`POST /mcp`), and there its replies
+/// stream: an MCP client (the official Python SDK, tests/mcp/client.py) whose
+/// waiting digest carries a `progressToken` gets `notifications/progress`
+/// before the result.
+#[tokio::test]
+async fn an_mcp_client_gets_progress_notifications_from_reeve_serve() {
+    let serve = Serve::start(&[]).await;
+    // Just over 3 MiB: the digest reports progress at each MiB.
+    let (unit, times) = ("0123456789abcdef", 3 * 65536 + 1000);
+    let python = std::env::var_os("REEVE_PAYER_PYTHON").map_or_else(|| repo(".venv/bin/python"), PathBuf::from);
+    let out = Command::new(&python)
+        .arg(repo("tests/mcp/client.py"))
+        .arg("progress")
+        .env("REEVE_MCP_URL", format!("{}/mcp", serve.endpoint))
+        .env("REEVE_MCP_TEXT", unit)
+        .env("REEVE_MCP_REPEAT", times.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "client.py: {}\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr), serve.log());
+    let seen: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(seen["put_status"], 200, "{seen}");
+    let digest = &seen["digest"]["result"];
+    assert_eq!(digest["isError"], false, "{seen}");
+    let sha256 = hex::encode(sha2::Sha256::digest(unit.repeat(times).as_bytes()));
+    assert_eq!(digest["structuredContent"]["result"]["sha256"], sha256.as_str());
+    let progress = seen["progress"].as_array().unwrap();
+    let fractions: Vec<f64> = progress.iter().map(|p| p["progress"].as_f64().unwrap()).collect();
+    // The worker folds reports that come faster than it writes them, so only
+    // the last (1.0) is certain.
+    assert!(!fractions.is_empty(), "no notifications/progress: {seen}");
+    assert!(fractions.windows(2).all(|w| w[0] < w[1]), "increasing: {fractions:?}");
+    assert_eq!(fractions.last(), Some(&1.0));
+    assert!(progress.iter().all(|p| p["total"] == 1.0), "{seen}");
+    serve.cleanup().await;
+}
+
 #[tokio::test]
 async fn each_client_command_answers_in_json_and_with_its_exit_code() {
     // No worker: tasks stay queued until canceled.

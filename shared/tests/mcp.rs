@@ -109,8 +109,9 @@ struct Endpoint {
 }
 
 impl Endpoint {
-    /// `progress`: as `reeve serve` runs it (replies stream).
-    async fn start(pool: &PgPool, progress: bool) -> Endpoint {
+    /// As the Lambda runs it, without progress notifications (their test is
+    /// cli/tests/client.rs's, on a real `reeve serve`).
+    async fn start(pool: &PgPool) -> Endpoint {
         let pay_to = fresh_address();
         let catalog = catalog(&pay_to);
         let queue = TestQueue::new().await;
@@ -127,7 +128,7 @@ impl Endpoint {
         let mcp_settings = McpSettings {
             allowed_hosts: McpSettings::LOOPBACK.map(str::to_owned).to_vec(),
             allowed_origins: vec![],
-            progress,
+            progress: false,
         };
         let secrets = (settings.pepper.clone(), settings.token_key.clone());
         let ctx = McpContext::new(Arc::new(catalog.clone()), stores, secrets, Argon2Limit::new(2), mcp_settings);
@@ -227,7 +228,7 @@ const TEXT: &str = "hello, reeve, from an agent\n";
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_agent_creates_a_space_uploads_and_gets_a_digest_with_the_mcp_sdk(pool: PgPool) {
-    let mut endpoint = Endpoint::start(&pool, false).await;
+    let mut endpoint = Endpoint::start(&pool).await;
     let seen = endpoint.client("journey", &[("REEVE_MCP_TEXT", TEXT)]).await;
 
     // initialize, then one tool per catalog kind with its schema.
@@ -297,7 +298,7 @@ async fn an_agent_creates_a_space_uploads_and_gets_a_digest_with_the_mcp_sdk(poo
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn bad_input_gets_a_stable_code_never_a_500_and_charges_nothing(pool: PgPool) {
-    let endpoint = Endpoint::start(&pool, false).await;
+    let endpoint = Endpoint::start(&pool).await;
     let seen = endpoint.client("bad", &[("REEVE_MCP_TEXT", TEXT), ("REEVE_MCP_KIND", PAID)]).await;
 
     let unknown = &seen["unknown_tool"]["error"];
@@ -328,7 +329,7 @@ async fn bad_input_gets_a_stable_code_never_a_500_and_charges_nothing(pool: PgPo
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_wallet_alone_pays_for_a_priced_tool_with_the_x402_mcp_client(pool: PgPool) {
     let chain = ChainLock::shared().await;
-    let endpoint = Endpoint::start(&pool, false).await;
+    let endpoint = Endpoint::start(&pool).await;
     let payer = Payer::new(&chain, 1_000_000).await;
     let before = (balance(&payer.address).await, balance(&endpoint.pay_to).await);
 
@@ -378,35 +379,13 @@ async fn a_wallet_alone_pays_for_a_priced_tool_with_the_x402_mcp_client(pool: Pg
     endpoint.done().await;
 }
 
-#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn progress_reaches_a_client_that_sent_a_progress_token(pool: PgPool) {
-    // As `reeve serve` serves it: replies stream, so progress goes out.
-    let endpoint = Endpoint::start(&pool, true).await;
-    // Just over 3 MiB: the digest reports progress at each MiB.
-    let (unit, times) = ("0123456789abcdef", 3 * 65536 + 1000);
-    let text = unit.repeat(times);
-    let seen = endpoint.client("progress", &[("REEVE_MCP_TEXT", unit), ("REEVE_MCP_REPEAT", &times.to_string())]).await;
-    assert_eq!(seen["put_status"], 200, "{seen}");
-    assert_eq!(ok(&seen["digest"], "digest")["result"]["sha256"], sha256(&text));
-    let fractions: Vec<f64> =
-        seen["progress"].as_array().unwrap().iter().map(|p| p["progress"].as_f64().unwrap()).collect();
-    // The worker folds reports that come faster than it writes them (a
-    // loaded machine hashes 3 MiB before the first is written), so only the
-    // last is certain.
-    assert!(!fractions.is_empty(), "{seen}");
-    assert!(fractions.windows(2).all(|w| w[0] < w[1]), "increasing: {fractions:?}");
-    assert_eq!(fractions.last(), Some(&1.0));
-    assert!(seen["progress"].as_array().unwrap().iter().all(|p| p["total"] == 1.0));
-    endpoint.done().await;
-}
-
 /// Refusals before any tool runs, each a JSON-RPC error with a stable code:
 /// a `Host` or `Origin` outside the allow-lists (what no MCP client sends,
 /// but a browser page or a DNS rebinding attack would), and a body over the
 /// limit, refused on its `Content-Length` without being read.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn foreign_hosts_origins_and_oversized_bodies_are_refused_unread(pool: PgPool) {
-    let endpoint = Endpoint::start(&pool, false).await;
+    let endpoint = Endpoint::start(&pool).await;
     let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
     for (host, origin, status, code) in [
@@ -465,7 +444,7 @@ async fn a_client_that_declares_the_tasks_extension_gets_a_task_handle(pool: PgP
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 
-    let endpoint = Endpoint::start(&pool, false).await;
+    let endpoint = Endpoint::start(&pool).await;
     let connect = |token: Option<String>| {
         let mut config = StreamableHttpClientTransportConfig::with_uri(endpoint.url.clone());
         if let Some(token) = token {
