@@ -292,17 +292,7 @@ pub async fn create(
     let headers: BTreeMap<String, String> =
         presigned.headers().map(|(name, value)| (name.to_ascii_lowercase(), value.to_owned())).collect();
 
-    sqlx::query(
-        "INSERT INTO uploads (id, space_idx, key, filename, content_type, size) VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(id)
-    .bind(space.as_bytes())
-    .bind(&key)
-    .bind(&declared.filename)
-    .bind(&declared.content_type)
-    .bind(size)
-    .execute(db)
-    .await?;
+    record_pending(db, id, space, &key, &declared).await?;
 
     Ok(PresignedUpload {
         id,
@@ -312,6 +302,29 @@ pub async fn create(
         headers,
         expires_at: OffsetDateTime::from(start + expires_in),
     })
+}
+
+/// Records a declared upload as `pending`.
+async fn record_pending(
+    db: &PgPool,
+    id: Id,
+    space: &SpaceIndex,
+    key: &str,
+    declared: &Declared,
+) -> Result<(), CreateError> {
+    let size = i64::try_from(declared.size).map_err(|_| CreateError::InvalidSize)?;
+    sqlx::query(
+        "INSERT INTO uploads (id, space_idx, key, filename, content_type, size) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id)
+    .bind(space.as_bytes())
+    .bind(key)
+    .bind(&declared.filename)
+    .bind(&declared.content_type)
+    .bind(size)
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// A file sent in a request, for [`store`].
@@ -343,17 +356,7 @@ pub async fn store(
     let id = Id::new();
     let key = object_key(space, id, &declared.filename);
     let size = i64::try_from(declared.size).map_err(|_| CreateError::InvalidSize)?;
-    sqlx::query(
-        "INSERT INTO uploads (id, space_idx, key, filename, content_type, size) VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(id)
-    .bind(space.as_bytes())
-    .bind(&key)
-    .bind(&declared.filename)
-    .bind(&declared.content_type)
-    .bind(size)
-    .execute(db)
-    .await?;
+    record_pending(db, id, space, &key, &declared).await?;
     s3.put_object()
         .bucket(bucket)
         .key(&key)
