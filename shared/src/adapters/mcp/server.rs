@@ -26,6 +26,7 @@ use tracing::Instrument;
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
 use super::space::rfc3339;
+use super::task::Answer;
 use super::tools::{Fixed, Named};
 use super::wait::Progress;
 use super::{payment, space, task, upload};
@@ -108,18 +109,14 @@ impl ReeveMcp {
         let space = self.session(context)?;
         let payment = payment::from_meta(request_meta)?;
         let as_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
-        let progress = match context.meta.get_progress_token() {
-            Some(token) if self.ctx.settings.progress && !as_task => {
-                Some(Progress { peer: context.peer.clone(), token })
-            }
-            _ => None,
-        };
-        let mut arguments = arguments;
-        if as_task {
+        let answer = if as_task {
             // A task handle answers at once; the client polls tasks/get.
-            arguments.remove(super::tools::WAIT_SECONDS);
-        }
-        let created = task::run(&self.ctx, &space, tool, kind, arguments, payment.as_deref(), progress).await?;
+            Answer::Handle
+        } else {
+            let token = context.meta.get_progress_token().filter(|_| self.ctx.settings.progress);
+            Answer::Wait(token.map(|token| Progress { peer: context.peer.clone(), token }))
+        };
+        let created = task::run(&self.ctx, &space, tool, kind, arguments, payment.as_deref(), answer).await?;
         let meta = created.settlement.as_ref().map(|s| meta_object(payment::response_meta(s)));
         if as_task {
             let mut handle = CreateTaskResult::new(mcp_task(&created.task));

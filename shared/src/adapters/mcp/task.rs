@@ -66,6 +66,15 @@ pub struct Created {
     pub settlement: Option<PaymentResponse>,
 }
 
+/// How a kind's tool answers once its task is created.
+pub enum Answer {
+    /// With the task as it is after `wait_seconds` (none: at once), sending
+    /// progress there if given.
+    Wait(Option<Progress>),
+    /// At once, whatever `wait_seconds` says: the tasks extension's handle.
+    Handle,
+}
+
 /// A kind's tool: `arguments` is the task's input, plus `wait_seconds`.
 pub async fn run(
     ctx: &McpContext,
@@ -74,11 +83,12 @@ pub async fn run(
     kind: &str,
     mut arguments: Map<String, Value>,
     payment: Option<&str>,
-    progress: Option<Progress>,
+    answer: Answer,
 ) -> ToolResult<Created> {
     let spec = ctx.catalog.task(kind).ok_or_else(|| ToolFailure::internal("a tool names no kind"))?;
-    let takes_wait = spec.input_schema.pointer(&format!("/properties/{WAIT_SECONDS}")).is_none();
-    let wait = if takes_wait { wait_seconds(arguments.remove(WAIT_SECONDS))? } else { 0 };
+    // A kind whose own input has a `wait_seconds` keeps it: its tool does not wait.
+    let ours = spec.input_schema.pointer(&format!("/properties/{WAIT_SECONDS}")).is_none();
+    let wait = if ours { wait_seconds(arguments.remove(WAIT_SECONDS))? } else { 0 };
     let input = Value::Object(arguments);
     let resource_url = payment::resource_url(tool);
     let cx = SubmitContext {
@@ -111,7 +121,7 @@ pub async fn run(
         Paid::Nothing | Paid::Credit(_) => None,
     };
     let mut task = submitted.task;
-    if wait > 0 {
+    if let (Answer::Wait(progress), 1..) = (answer, wait) {
         let ended = wait::until_done(&ctx.db, space, task.id, Duration::from_secs(wait), progress.as_ref()).await?;
         if let Some(ended) = ended {
             task = ended;
