@@ -846,3 +846,22 @@ async fn one_bearer_extractor_serves_every_route(pool: PgPool) {
         assert_eq!(reply.code(), expected, "{method} {with_query}");
     }
 }
+
+/// `openapi.json` (what the catalog function serves, with the catalog's
+/// part added) is what the routes document. A route or a schema changed:
+/// `REEVE_BLESS=1 cargo test -p reeve-shared --test openapi generated`
+/// writes it again; commit it with the change.
+#[test]
+fn openapi_json_is_the_generated_document() {
+    let generated = http::generated_openapi();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/adapters/http/openapi.json");
+    if std::env::var_os("REEVE_BLESS").is_some() {
+        std::fs::write(&path, serde_json::to_string_pretty(&generated).unwrap() + "\n").unwrap();
+    }
+    let committed: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert!(
+        committed == generated,
+        "shared/src/adapters/http/openapi.json is not what the routes document: run \
+         `REEVE_BLESS=1 cargo test -p reeve-shared --test openapi generated` and commit it"
+    );
+}

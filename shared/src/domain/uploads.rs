@@ -24,8 +24,7 @@ use crate::ids::Id;
 
 /// Every object key of an upload starts with this (the guard's trigger prefix).
 pub const KEY_PREFIX: &str = "incoming/tasks/";
-/// Longest original file name accepted, in bytes (a common file-system limit).
-pub const MAX_FILENAME_BYTES: usize = 255;
+pub use crate::catalog::MAX_FILENAME_BYTES;
 /// Longest sanitised name used in an object key, in characters (all ASCII).
 pub const MAX_KEY_NAME_CHARS: usize = 100;
 

@@ -72,7 +72,7 @@ pub use context::{
 pub use cors::{CorsOrigins, with_cors};
 pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
 pub use limit::{LoginLimits, client_key, limit as login_limit};
-pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, openapi};
+pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, generated as generated_openapi, openapi};
 pub use relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
 
 /// Requests carry small JSON documents; files go straight to S3.

@@ -1,11 +1,16 @@
-//! The OpenAPI 3.1 document of every route, served at `GET /v1/openapi.json`.
+//! The OpenAPI 3.1 document of every route, served at `GET /v1/openapi.json`
+//! by the catalog function (and `reeve serve`).
 //!
 //! Each module router is a utoipa-axum `OpenApiRouter` built with
 //! `routes!(handler)`: the handler's `#[utoipa::path]` gives both the axum
 //! route and its operation, so the document and the routing cannot drift.
-//! [`openapi`] merges every module's router, keeps the document and adds what
-//! no single route owns: the info, the security schemes, the tag list, the
-//! relay's stream, and what the catalog decides.
+//! [`generated`] merges every module's router, keeps the document and adds
+//! what no single route owns: the info, the security schemes, the tag list
+//! and the relay's stream. That document is committed beside this file as
+//! `openapi.json`, and a test keeps it equal to what the routes say: the
+//! catalog function serves it without linking any other function's routes
+//! (their handlers reach Argon2, S3, SQS and the payment client). [`openapi`]
+//! adds what the catalog decides.
 //!
 //! The catalog decides the most useful part for a client: one create
 //! operation per task kind, `POST /v1/tasks/<kind>`, whose request body is
@@ -20,6 +25,12 @@ use utoipa::openapi::{InfoBuilder, LicenseBuilder, OpenApiVersion};
 
 use crate::catalog::{Catalog, TaskSpec};
 use crate::payments as x402;
+
+/// [`generated`], as committed.
+const GENERATED: &str = include_str!("openapi.json");
+
+/// The header an idempotent create sends.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
 /// The name of the bearer security scheme. Operations spell it out as a
 /// literal, `security(("bearer" = []))`: the macro takes nothing else.
@@ -66,6 +77,16 @@ const TAGS: [(&str, &str); 5] = [
 /// The document for every route of [`super::app`] and the relay's stream,
 /// as this catalog makes them.
 pub fn openapi(catalog: &Catalog) -> Value {
+    let mut doc: Value = serde_json::from_str(GENERATED).expect("openapi.json is JSON");
+    per_kind_creates(&mut doc, catalog);
+    upload_policy(&mut doc, catalog);
+    doc
+}
+
+/// The document the routes describe, before the catalog's part: what
+/// `openapi.json` must hold (`REEVE_BLESS=1 cargo test -p reeve-shared --test
+/// openapi generated` writes it).
+pub fn generated() -> Value {
     let mut doc = super::documented();
     doc.openapi = OpenApiVersion::Version31;
     doc.info = InfoBuilder::new()
@@ -92,8 +113,6 @@ pub fn openapi(catalog: &Catalog) -> Value {
             .collect(),
     );
     let mut doc = serde_json::to_value(doc).expect("the OpenAPI document serialises");
-    per_kind_creates(&mut doc, catalog);
-    upload_policy(&mut doc, catalog);
     stream(&mut doc);
     doc
 }
@@ -128,7 +147,7 @@ fn create_operation(template: &Value, catalog: &Catalog, kind: &str, spec: &Task
     for p in params.iter_mut() {
         // Printable ASCII, as the server checks: a schema that allowed more
         // would describe requests it refuses.
-        if p["name"].as_str().is_some_and(|n| n.eq_ignore_ascii_case(super::tasks::IDEMPOTENCY_KEY_HEADER)) {
+        if p["name"].as_str().is_some_and(|n| n.eq_ignore_ascii_case(IDEMPOTENCY_KEY_HEADER)) {
             p["schema"]["pattern"] = json!("^[ -~]+$");
         }
     }
@@ -167,7 +186,7 @@ fn upload_policy(doc: &mut Value, catalog: &Catalog) {
     let policy = &catalog.uploads;
     // What presign checks of a name: not blank, no control character.
     schema["filename"]["minLength"] = json!(1);
-    schema["filename"]["maxLength"] = json!(crate::uploads::MAX_FILENAME_BYTES);
+    schema["filename"]["maxLength"] = json!(crate::catalog::MAX_FILENAME_BYTES);
     schema["filename"]["pattern"] =
         json!("^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$");
     schema["size"]["maximum"] = json!(policy.max_bytes);

@@ -36,6 +36,10 @@ pub use validate::LEASE_GRACE_SECONDS;
 pub(crate) use validate::facilitator_url as check_facilitator_url;
 pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicTask, PublicUploads};
 
+/// The longest original file name an upload may declare, in bytes (a
+/// common file-system limit).
+pub const MAX_FILENAME_BYTES: usize = 255;
+
 /// The executors a task may name, in the order error messages list them.
 pub const EXECUTORS: &[&str] = &["digest", "fetch", "http"];
 
