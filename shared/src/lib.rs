@@ -20,17 +20,43 @@
 //!   SSRF-guarded client), [`metrics`], [`telemetry`], [`settings`],
 //!   [`storage_policy`] (the bucket policy).
 
+//!
+//! Cargo features pick what a binary serves (see `Cargo.toml`): a function
+//! crate enables its own (`api-auth`, `worker`, …) and compiles nothing
+//! more. Dead code is judged on the `full` build (the workspace's clippy):
+//! a function's build leaves out the features of the others, and with them
+//! some callers of what it keeps.
+#![cfg_attr(not(feature = "full"), allow(dead_code, unused_imports, unused_macros))]
+
 mod adapters;
 mod domain;
 mod infra;
 pub mod startup;
 
+pub use adapters::http;
 #[cfg(feature = "mcp")]
 pub use adapters::mcp;
-pub use adapters::{http, sweeper, upload_guard, worker};
-pub use domain::{auth, catalog, executors, ids, payments, relay, spaces, tasks, uploads};
+#[cfg(feature = "sweeper")]
+pub use adapters::sweeper;
+#[cfg(feature = "upload-guard")]
+pub use adapters::upload_guard;
+#[cfg(feature = "worker")]
+pub use adapters::worker;
+#[cfg(feature = "worker")]
+pub use domain::executors;
+#[cfg(feature = "relay")]
+pub use domain::relay;
+#[cfg(feature = "api-auth")]
+pub use domain::spaces;
+#[cfg(feature = "s3")]
+pub use domain::uploads;
+pub use domain::{auth, catalog, ids, payments, tasks};
+#[cfg(feature = "aws")]
+pub use infra::aws;
 pub(crate) use infra::canonical_json;
-pub use infra::{aws, db, metrics, outbound, redis_client, storage_policy, telemetry};
+#[cfg(feature = "outbound")]
+pub use infra::outbound;
+pub use infra::{db, metrics, redis_client, storage_policy, telemetry};
 pub use startup::settings;
 
 #[cfg(test)]

@@ -8,6 +8,9 @@
 pub mod http;
 #[cfg(feature = "mcp")]
 pub mod mcp;
+#[cfg(feature = "sweeper")]
 pub mod sweeper;
+#[cfg(feature = "upload-guard")]
 pub mod upload_guard;
+#[cfg(feature = "worker")]
 pub mod worker;

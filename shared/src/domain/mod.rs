@@ -7,10 +7,14 @@
 
 pub mod auth;
 pub mod catalog;
+#[cfg(feature = "worker")]
 pub mod executors;
 pub mod ids;
 pub mod payments;
+#[cfg(feature = "relay")]
 pub mod relay;
+#[cfg(feature = "api-auth")]
 pub mod spaces;
 pub mod tasks;
+#[cfg(feature = "s3")]
 pub mod uploads;

@@ -3,12 +3,14 @@
 //! `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL_SQS` for SeaweedFS and moto).
 //! A process builds only the clients it uses.
 
+#[cfg(all(feature = "s3", feature = "sqs"))]
 #[derive(Clone, Debug)]
 pub struct AwsClients {
     pub s3: aws_sdk_s3::Client,
     pub sqs: aws_sdk_sqs::Client,
 }
 
+#[cfg(all(feature = "s3", feature = "sqs"))]
 impl AwsClients {
     /// Both clients; `custom_endpoint` as for [`s3`].
     pub fn from_config(config: &aws_config::SdkConfig, custom_endpoint: bool) -> Self {
@@ -16,6 +18,7 @@ impl AwsClients {
     }
 }
 
+#[cfg(feature = "s3")]
 /// `custom_endpoint`: S3 is a local server, which has no per-bucket DNS
 /// names, so addressing is path-style.
 pub fn s3(config: &aws_config::SdkConfig, custom_endpoint: bool) -> aws_sdk_s3::Client {
@@ -23,6 +26,7 @@ pub fn s3(config: &aws_config::SdkConfig, custom_endpoint: bool) -> aws_sdk_s3::
     aws_sdk_s3::Client::from_conf(s3)
 }
 
+#[cfg(feature = "sqs")]
 pub fn sqs(config: &aws_config::SdkConfig) -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::new(config)
 }

@@ -22,8 +22,11 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use ::metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+#[cfg(feature = "prometheus")]
 use axum::Router;
+#[cfg(feature = "prometheus")]
 use axum::routing::get;
+#[cfg(feature = "prometheus")]
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::Value;
 
@@ -211,9 +214,11 @@ fn describe() {
 #[error("cannot install the metrics exporter: another recorder is installed")]
 pub struct InstallError;
 
+#[cfg(feature = "prometheus")]
 static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
 static EMF: OnceLock<&'static metrics_cloudwatch_embedded::Collector> = OnceLock::new();
 
+#[cfg(feature = "prometheus")]
 /// Installs the Prometheus recorder for this process and returns its
 /// handle. Idempotent, so `reeve serve` and an embedded worker can both ask.
 pub fn install_prometheus() -> Result<PrometheusHandle, InstallError> {
@@ -225,6 +230,7 @@ pub fn install_prometheus() -> Result<PrometheusHandle, InstallError> {
     Ok(PROMETHEUS.get_or_init(|| handle).clone())
 }
 
+#[cfg(feature = "prometheus")]
 /// `GET /metrics` in the Prometheus text format. Merged into `reeve serve`
 /// and `reeve relay`, or served on a listener of its own; never part of a
 /// Lambda's router, so API Gateway cannot reach it.
@@ -242,6 +248,7 @@ pub fn router(handle: PrometheusHandle) -> Router {
     )
 }
 
+#[cfg(feature = "prometheus")]
 /// Serves [`router`] alone on `bind` until the process ends: for
 /// `reeve work`, which has no other listener, or a `--metrics-bind` that
 /// moves `/metrics` off the public address.
@@ -291,6 +298,7 @@ fn flush_to(collector: &metrics_cloudwatch_embedded::Collector, mut writer: impl
     }
 }
 
+#[cfg(feature = "prometheus")]
 /// Installs Prometheus and puts `GET /metrics` where the operator asked:
 /// merged into `routes` (the process's own address) when `elsewhere` is
 /// `None`, else on a listener of its own at `elsewhere`.
@@ -305,6 +313,7 @@ pub async fn mount(routes: Router, elsewhere: Option<std::net::SocketAddr>) -> R
     }
 }
 
+#[cfg(feature = "prometheus")]
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
     #[error(transparent)]

@@ -1,10 +1,12 @@
 //! The infrastructure floor: the stores and services the domain runs on,
 //! each behind one small module. It knows no domain type.
 
+#[cfg(feature = "aws")]
 pub mod aws;
 pub mod canonical_json;
 pub mod db;
 pub mod metrics;
+#[cfg(feature = "outbound")]
 pub mod outbound;
 pub mod redis_client;
 pub mod storage_policy;

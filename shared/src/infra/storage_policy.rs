@@ -8,6 +8,7 @@
 //! signed `Content-Length` of each presigned PUT, the upload guard and the
 //! HEAD checks of task create and the worker (see `uploads`).
 
+#[cfg(feature = "storage")]
 use aws_sdk_s3::error::DisplayErrorContext;
 use serde_json::{Value, json};
 
@@ -154,6 +155,7 @@ pub fn document(params: &PolicyParams, rules: &[Rule]) -> Result<Value, PolicyEr
     Ok(json!({ "Version": "2012-10-17", "Statement": statements }))
 }
 
+#[cfg(feature = "storage")]
 /// Puts `policy` on `bucket`, replacing any policy it had.
 pub async fn apply(s3: &aws_sdk_s3::Client, bucket: &str, policy: &Value) -> Result<(), String> {
     s3.put_bucket_policy()

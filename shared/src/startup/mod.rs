@@ -27,32 +27,53 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "aws")]
 use aws_config::SdkConfig;
+#[cfg(feature = "secrets")]
 use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata};
 use sqlx::PgPool;
 
 pub use settings::{Config, Env, Needs, SettingsError};
 
 use crate::auth::Secret;
-use crate::aws::{self, AwsClients};
+#[cfg(feature = "aws")]
+use crate::aws;
+#[cfg(all(feature = "s3", feature = "sqs"))]
+use crate::aws::AwsClients;
+#[cfg(feature = "catalog")]
 use crate::catalog::Catalog;
 use crate::db::{self, Connect, DbError};
+#[cfg(feature = "worker")]
 use crate::executors::ExecDeps;
-use crate::http::{
-    ApiContext, AuthContext, CatalogContext, CorsOrigins, Ctx, DEFAULT_KEEPALIVE, RelayContext, RelayCtx,
-    TaskCreateContext, TaskStatusContext, UploadsContext,
-};
+#[cfg(feature = "api-auth")]
+use crate::http::AuthContext;
+#[cfg(feature = "api-catalog")]
+use crate::http::CatalogContext;
+#[cfg(feature = "api-uploads")]
+use crate::http::UploadsContext;
+#[cfg(feature = "api")]
+use crate::http::{ApiContext, Ctx};
+#[cfg(feature = "relay")]
+use crate::http::{CorsOrigins, DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
+#[cfg(feature = "api-tasks")]
+use crate::http::{TaskCreateContext, TaskStatusContext};
 #[cfg(feature = "mcp")]
 use crate::mcp::{McpContext, McpStores};
+#[cfg(feature = "outbound")]
 use crate::outbound::{Outbound, OutboundPolicy};
+#[cfg(feature = "outbound")]
 use crate::payments::facilitator;
 use crate::redis_client::{self, BadRedisUrl, RedisClient};
+#[cfg(feature = "relay")]
 use crate::relay::Hub;
 #[cfg(feature = "mcp")]
 use crate::spaces::Argon2Limit;
+#[cfg(feature = "sweeper")]
 use crate::sweeper::Sweeper;
 use crate::tasks::Publisher;
+#[cfg(feature = "upload-guard")]
 use crate::upload_guard::Guard;
+#[cfg(feature = "worker")]
 use crate::worker::WorkerContext;
 
 /// Why a process could not start: what every binary's `main` reports.
@@ -105,12 +126,14 @@ pub fn or_exit<T>(result: Result<T, StartupError>) -> T {
     })
 }
 
+#[cfg(feature = "aws")]
 /// The AWS SDK's configuration, loaded once per process (the SDK reads the
 /// standard AWS variables itself).
 pub async fn sdk() -> SdkConfig {
     aws_config::load_from_env().await
 }
 
+#[cfg(all(feature = "s3", feature = "sqs"))]
 /// Both AWS clients on `config`'s endpoints, with the SDK's configuration
 /// loaded for them: for tools and tests (each binary builds only the
 /// clients it uses).
@@ -144,12 +167,14 @@ fn checked(problems: Vec<String>) -> Result<(), StartupError> {
 // function is given no secret and opens no store; `auth` loads no catalog.
 // Postgres is reached on first use, so a cold start opens nothing.
 
+#[cfg(feature = "api-auth")]
 /// The `auth` function's context. Exits 1 on any problem.
 pub async fn lambda_auth() -> Arc<AuthContext> {
     let config = lambda_config();
     or_exit(auth(&config, &sdk().await).await)
 }
 
+#[cfg(feature = "api-auth")]
 /// Creating Spaces and opening sessions: the pepper, the token key, Postgres.
 pub async fn auth(config: &Config, sdk: &SdkConfig) -> Result<Arc<AuthContext>, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &Needs::AUTH.secrets()).await;
@@ -167,11 +192,13 @@ pub async fn auth(config: &Config, sdk: &SdkConfig) -> Result<Arc<AuthContext>, 
     Ok(AuthContext::new(db::connect_lazy(database_url.expose_str())?, pepper, token_key))
 }
 
+#[cfg(feature = "api-catalog")]
 /// The `catalog` function's context. Exits 1 on any problem.
 pub async fn lambda_catalog() -> Arc<CatalogContext> {
     or_exit(catalog(&lambda_config()))
 }
 
+#[cfg(feature = "api-catalog")]
 /// The catalog and its OpenAPI document: the catalog file, nothing else.
 pub fn catalog(config: &Config) -> Result<Arc<CatalogContext>, StartupError> {
     let mut problems = Vec::new();
@@ -182,6 +209,7 @@ pub fn catalog(config: &Config) -> Result<Arc<CatalogContext>, StartupError> {
     }
 }
 
+#[cfg(feature = "api-uploads")]
 /// The `presign` function's context. Exits 1 on any problem.
 pub async fn lambda_presign() -> Arc<UploadsContext> {
     let config = lambda_config();
@@ -189,19 +217,20 @@ pub async fn lambda_presign() -> Arc<UploadsContext> {
     or_exit(presign(&config, &sdk).await)
 }
 
+#[cfg(feature = "api-uploads")]
 /// Presigned uploads: the token key, Postgres, S3, the bucket and the
 /// upload policy.
 pub async fn presign(config: &Config, sdk: &SdkConfig) -> Result<Arc<UploadsContext>, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
     let mut env = config.env();
-    let catalog = deployed_catalog(&config, &mut problems);
+    let uploads = deployed_uploads(&config, &mut problems);
     let token_key = env.secret(settings::TOKEN_KEY);
     let database_url = env.secret_text(settings::DATABASE_URL);
     let bucket = env.required(settings::BUCKET);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
-    let (Some(catalog), Some(token_key), Some(database_url), true) =
-        (catalog, token_key, database_url, problems.is_empty())
+    let (Some(uploads), Some(token_key), Some(database_url), true) =
+        (uploads, token_key, database_url, problems.is_empty())
     else {
         return Err(StartupError::Config(problems));
     };
@@ -210,10 +239,11 @@ pub async fn presign(config: &Config, sdk: &SdkConfig) -> Result<Arc<UploadsCont
         token_key,
         s3: aws::s3(sdk, config.s3_endpoint().is_some()),
         bucket,
-        uploads: catalog.uploads,
+        uploads,
     }))
 }
 
+#[cfg(feature = "api-tasks")]
 /// The `task-create` function's context. Exits 1 on any problem.
 pub async fn lambda_task_create() -> Arc<TaskCreateContext> {
     let config = lambda_config();
@@ -221,6 +251,7 @@ pub async fn lambda_task_create() -> Arc<TaskCreateContext> {
     or_exit(task_create(&config, &sdk).await)
 }
 
+#[cfg(feature = "api-tasks")]
 /// Creating tasks: the catalog, the token key, Postgres, S3 (the uploads an
 /// input names), SQS and the facilitator.
 pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCreateContext>, StartupError> {
@@ -251,6 +282,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
     Ok(TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings))
 }
 
+#[cfg(feature = "api-tasks")]
 /// The `task-status` function's context. Exits 1 on any problem.
 pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
     let config = lambda_config();
@@ -258,6 +290,7 @@ pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
     or_exit(task_status(&config, &sdk).await)
 }
 
+#[cfg(feature = "api-tasks")]
 /// Reading, listing and canceling tasks, and `GET /v1/space`: the token key,
 /// Postgres and the Redis doorbell.
 pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskStatusContext>, StartupError> {
@@ -278,6 +311,17 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
     }))
 }
 
+/// The catalog's upload policy alone (presign, the upload guard), lowered
+/// to the template's `UploadMaxBytes`: read without the task schemas.
+fn deployed_uploads(config: &Config, problems: &mut Vec<String>) -> Option<crate::catalog::Uploads> {
+    let uploads = crate::catalog::Uploads::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    let mut env = config.env();
+    let cap = settings::upload_limit(&mut env);
+    problems.extend(env.take_problems());
+    Some(uploads?.capped(cap))
+}
+
+#[cfg(feature = "catalog")]
 /// The catalog as this deployment serves it: `REEVE_CATALOG`, its upload
 /// limit lowered to the template's `UploadMaxBytes`, and its facilitator
 /// moved by `REEVE_FACILITATOR_URL` (the local stack's own). Problems go to
@@ -289,6 +333,8 @@ fn deployed_catalog(config: &Config, problems: &mut Vec<String>) -> Option<Catal
     problems.extend(env.take_problems());
     let mut catalog = catalog?;
     catalog.uploads = catalog.uploads.capped(cap);
+    // Only the functions that pay (task-create) reach the facilitator.
+    #[cfg(feature = "outbound")]
     if let Some(payments) = catalog.payments.as_mut() {
         let url = facilitator::effective_url(&payments.facilitator_url, |k| config.get(k));
         payments.facilitator_url = url.map_err(|e| problems.push(e)).ok()?;
@@ -298,6 +344,7 @@ fn deployed_catalog(config: &Config, problems: &mut Vec<String>) -> Option<Catal
 
 // ------------------------------------------------------------- whole API
 
+#[cfg(feature = "api")]
 /// The API's context: the catalog at `REEVE_CATALOG`, the secrets `needs`
 /// asks for, the stores.
 pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connect) -> Result<Ctx, StartupError> {
@@ -310,6 +357,7 @@ pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connec
     Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators))
 }
 
+#[cfg(feature = "api")]
 /// The API's catalog, settings and operators' client, every problem at once.
 fn api_parts(
     config: &Config,
@@ -333,6 +381,7 @@ fn api_parts(
 
 // ---------------------------------------------------------------- worker
 
+#[cfg(feature = "worker")]
 /// The worker Lambda's context: the catalog at `REEVE_CATALOG`, Postgres on
 /// first use. Exits 1 on any problem.
 pub async fn lambda_worker() -> WorkerContext {
@@ -341,6 +390,7 @@ pub async fn lambda_worker() -> WorkerContext {
     or_exit(worker(&config, &sdk, Connect::Lazily).await)
 }
 
+#[cfg(feature = "worker")]
 /// The worker's context (the `worker` Lambda, `reeve work`).
 pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Result<WorkerContext, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
@@ -351,8 +401,10 @@ pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Resul
     Ok(worker_on(catalog, db, redis, aws::s3(sdk, config.s3_endpoint().is_some()), worker_settings, users, operators))
 }
 
+#[cfg(feature = "worker")]
 type WorkerParts = (Catalog, crate::worker::WorkerSettings, Outbound, Outbound);
 
+#[cfg(feature = "worker")]
 /// The worker's settings and clients over `catalog` (`None`: its problems
 /// are in `problems` already), every problem at once.
 fn worker_parts(
@@ -373,6 +425,7 @@ fn worker_parts(
     }
 }
 
+#[cfg(feature = "worker")]
 fn worker_on(
     catalog: Catalog,
     db: PgPool,
@@ -396,6 +449,7 @@ fn worker_on(
 
 // --------------------------------------------------------------- sweeper
 
+#[cfg(feature = "sweeper")]
 /// The sweeper Lambda's context: the database URL (by ARN in a
 /// deployment), Redis, the queue. Exits 1 on any problem.
 pub async fn lambda_sweeper() -> Sweeper {
@@ -404,6 +458,7 @@ pub async fn lambda_sweeper() -> Sweeper {
     or_exit(sweeper(&config, &sdk).await)
 }
 
+#[cfg(feature = "sweeper")]
 /// The sweeper's context (the `sweeper` Lambda, `reeve sweep`).
 pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
@@ -427,6 +482,7 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     })
 }
 
+#[cfg(all(feature = "poller", feature = "sweeper"))]
 /// The sweeper a long-running worker runs beside its poller (`reeve work`,
 /// `reeve serve`), on the worker's own Postgres pool and Redis doorbell.
 pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_url: String) -> Sweeper {
@@ -442,6 +498,7 @@ pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_ur
 
 // ---------------------------------------------------------- upload guard
 
+#[cfg(feature = "upload-guard")]
 /// The upload guard Lambda's context. Exits 1 on any problem.
 pub async fn lambda_guard() -> Guard {
     let config = lambda_config();
@@ -449,40 +506,44 @@ pub async fn lambda_guard() -> Guard {
     or_exit(guard(&config, &sdk).await)
 }
 
+#[cfg(feature = "upload-guard")]
 /// The upload guard's context: Postgres (on first use), S3, the bucket and
-/// the upload limit (the catalog's, capped by the deployment's).
+/// the upload limit (the catalog's, capped by the deployment's; the rest of
+/// the catalog is not loaded).
 pub async fn guard(config: &Config, sdk: &SdkConfig) -> Result<Guard, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
     let mut env = config.env();
-    let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    let uploads = deployed_uploads(&config, &mut problems);
     let database_url = env.secret_text(settings::DATABASE_URL);
     let bucket = env.required(settings::BUCKET);
-    let cap = settings::upload_limit(&mut env);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
-    let (Some(catalog), Some(database_url), true) = (catalog, database_url, problems.is_empty()) else {
+    let (Some(uploads), Some(database_url), true) = (uploads, database_url, problems.is_empty()) else {
         return Err(StartupError::Config(problems));
     };
     Ok(Guard {
         db: db::connect_lazy(database_url.expose_str())?,
         s3: aws::s3(sdk, config.s3_endpoint().is_some()),
         bucket,
-        max_bytes: catalog.uploads.capped(cap).max_bytes,
+        max_bytes: uploads.max_bytes,
     })
 }
 
 // ----------------------------------------------------------------- relay
 
+#[cfg(feature = "relay")]
 /// Where the relay listens when `REEVE_RELAY_BIND` is not set: in a
 /// container it must listen beyond loopback.
 pub const DEFAULT_RELAY_BIND: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 8080);
 
+#[cfg(feature = "relay")]
 /// Where the relay serves `/metrics` when `REEVE_METRICS_BIND` is not set:
 /// loopback, so a relay started by hand shows its metrics to nobody else.
 /// The image and the template set `0.0.0.0:9090` for the scraper.
 pub const DEFAULT_RELAY_METRICS_BIND: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9090);
 
+#[cfg(feature = "relay")]
 /// The relay's two listeners: the SSE routes (behind the load balancer) and
 /// Prometheus `/metrics`, which must be on another port, since the load
 /// balancer forwards every path of the first.
@@ -492,6 +553,7 @@ pub struct RelayListeners {
     pub metrics: SocketAddr,
 }
 
+#[cfg(feature = "relay")]
 /// Everything the relay process needs: its context, its listeners and the
 /// browser origins it answers.
 pub struct Relay {
@@ -500,6 +562,7 @@ pub struct Relay {
     pub cors: CorsOrigins,
 }
 
+#[cfg(feature = "relay")]
 /// The relay (the Fargate service and `reeve relay`): Postgres, Redis and
 /// the token key, both listen addresses and the CORS origins, every problem
 /// of them at once. `REEVE_KEEPALIVE_SECONDS` moves the keep-alive interval.
@@ -532,6 +595,7 @@ pub fn relay(config: &Config) -> Result<Relay, StartupError> {
     Ok(Relay { ctx, listeners: RelayListeners { relay: relay_bind, metrics: metrics_bind }, cors })
 }
 
+#[cfg(feature = "relay")]
 fn relay_on(
     db: PgPool,
     redis: redis::Client,
@@ -542,11 +606,13 @@ fn relay_on(
     Arc::new(RelayContext { db, token_key, hub: Hub::start(redis), keepalive, api_origin })
 }
 
+#[cfg(feature = "relay")]
 /// Whether two listeners would claim the same port on some address.
 fn shares_a_port(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
+#[cfg(feature = "relay")]
 /// Why a running relay stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
@@ -558,6 +624,7 @@ pub enum RelayError {
     Serve(std::io::Error),
 }
 
+#[cfg(feature = "relay")]
 /// Runs the relay until `shutdown` resolves: Prometheus `/metrics` on its
 /// own listener, never on the relay's port (the load balancer forwards every
 /// path of that port to the internet), then the SSE routes with `/healthz`.
@@ -582,6 +649,7 @@ pub async fn run_relay(
 
 // ---------------------------------------------------------------- serve
 
+#[cfg(all(feature = "api", feature = "relay", feature = "worker"))]
 /// Everything `reeve serve` runs in one process: every API route, the
 /// relay's routes and (unless it serves only) a worker, all on one Postgres
 /// pool, one Redis client and one SDK configuration.
@@ -595,6 +663,7 @@ pub struct Serve {
     pub mcp: Arc<McpContext>,
 }
 
+#[cfg(all(feature = "api", feature = "relay", feature = "worker"))]
 /// `reeve serve`'s contexts, every problem of all of them at once.
 pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Result<Serve, StartupError> {
     let (config, problems) = with_secrets(config, sdk, &Needs::ALL.secrets()).await;
@@ -694,7 +763,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
 
 /// The MCP endpoint beside the API, on its catalog, secrets and stores
 /// (`reeve serve`, and tests).
-#[cfg(feature = "mcp")]
+#[cfg(all(feature = "mcp", feature = "api"))]
 pub fn mcp_beside(api: &ApiContext, settings: crate::mcp::McpSettings) -> Arc<McpContext> {
     let stores = McpStores {
         db: api.db.clone(),
@@ -709,6 +778,7 @@ pub fn mcp_beside(api: &ApiContext, settings: crate::mcp::McpSettings) -> Arc<Mc
 
 // --------------------------------------------------------------- migrate
 
+#[cfg(feature = "secrets")]
 /// The database URL alone (`reeve migrate`): plain or from Secrets Manager.
 pub async fn database_url(config: &Config, sdk: &SdkConfig) -> Result<Secret, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
@@ -726,6 +796,7 @@ pub async fn database_url(config: &Config, sdk: &SdkConfig) -> Result<Secret, St
 
 // --------------------------------------------------------------- secrets
 
+#[cfg(feature = "secrets")]
 /// `config` with the secrets in `wanted` that it names by ARN rather than by
 /// value read from Secrets Manager, all at once, under their plain names.
 /// A secret given both ways is a problem (which one would win is a guess);
@@ -736,6 +807,7 @@ async fn with_secrets(config: &Config, sdk: &SdkConfig, wanted: &[&'static str])
     (config.overlaid(fetched), problems)
 }
 
+#[cfg(feature = "secrets")]
 async fn fetch_secrets(
     config: &Config,
     sdk: &SdkConfig,
@@ -790,12 +862,14 @@ async fn fetch_secrets(
     (fetched, problems)
 }
 
+#[cfg(feature = "secrets")]
 /// A value long enough to pass the settings' checks; only ever used when a
 /// problem has been recorded, so start-up fails anyway.
 fn placeholder(name: &'static str) -> Secret {
     Secret::text(name, "postgres://placeholder.invalid/unread-secret".to_owned())
 }
 
+#[cfg(feature = "outbound")]
 fn outbound(problems: &mut Vec<String>, policy: OutboundPolicy, variable: &str) -> Option<Outbound> {
     Outbound::new(policy).map_err(|e| problems.push(format!("{variable}: {e}"))).ok()
 }

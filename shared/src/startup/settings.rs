@@ -16,8 +16,11 @@ use std::time::Duration;
 
 use crate::auth::Secret;
 pub use crate::http::ApiSettings;
+#[cfg(feature = "relay")]
 use crate::http::CorsOrigins;
+#[cfg(feature = "outbound")]
 use crate::outbound::OutboundPolicy;
+#[cfg(feature = "worker")]
 pub use crate::worker::WorkerSettings;
 
 pub const PEPPER: &str = "REEVE_PEPPER";
@@ -195,7 +198,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
     /// so the template's `https://…/` API URL can be given as it is.
     pub fn origin(&mut self, name: &str) -> Option<String> {
         let value = self.optional(name)?;
-        let url = reqwest::Url::parse(value.trim()).ok().filter(|url| {
+        let url = url::Url::parse(value.trim()).ok().filter(|url| {
             matches!(url.scheme(), "http" | "https")
                 && url.has_host()
                 && url.username().is_empty()
@@ -337,6 +340,7 @@ pub fn api_settings<F: Fn(&str) -> Option<String>>(
 }
 
 /// What the worker (the `worker` Lambda and `reeve work`) needs.
+#[cfg(feature = "worker")]
 pub fn worker_settings<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Result<WorkerSettings, SettingsError> {
     let database_url = env.secret_text(DATABASE_URL);
     let redis_url = env.required(REDIS_URL);
@@ -367,7 +371,7 @@ pub fn worker_settings<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Resul
 
 /// `REEVE_MAX_RECEIVES` (default 5): the queue's `maxReceiveCount`.
 pub fn max_receives<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> u32 {
-    env.number(MAX_RECEIVES, WorkerSettings::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32
+    env.number(MAX_RECEIVES, crate::tasks::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32
 }
 
 /// The sweep's threshold ([`SWEEP_OLDER_THAN`]), `default` when unset.
@@ -389,6 +393,7 @@ pub fn upload_limit<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Option<u
 }
 
 /// `REEVE_CORS_ORIGINS`, every bad origin a problem.
+#[cfg(feature = "relay")]
 pub fn cors_origins<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> CorsOrigins {
     CorsOrigins::parse(&env.optional(CORS_ORIGINS).unwrap_or_default()).unwrap_or_else(|problems| {
         for p in problems {
@@ -425,6 +430,7 @@ pub fn mcp_settings<F: Fn(&str) -> Option<String>>(env: &Env<F>, progress: bool)
 
 /// The users' client (`REEVE_FETCH_ALLOW`) and the operators' client
 /// (`REEVE_OPERATOR_ALLOW`); `REEVE_OUTBOUND_ALLOW_HTTP` applies to both.
+#[cfg(feature = "outbound")]
 pub fn outbound_policies<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> (OutboundPolicy, OutboundPolicy) {
     (OutboundPolicy::users(|k| env.optional(k)), OutboundPolicy::operators(|k| env.optional(k)))
 }

@@ -11,10 +11,15 @@ use axum::body::Bytes;
 use sqlx::PgPool;
 
 use crate::auth::Secret;
+#[cfg(feature = "api-tasks")]
 use crate::aws::AwsClients;
-use crate::catalog::{Catalog, Uploads};
+#[cfg(feature = "catalog")]
+use crate::catalog::Catalog;
+use crate::catalog::Uploads;
+#[cfg(feature = "api")]
 use crate::outbound::{Outbound, OutboundPolicy};
 use crate::redis_client::RedisClient;
+#[cfg(feature = "api-auth")]
 use crate::spaces::Argon2Limit;
 
 /// What the HTTP API needs to run: the auth secrets, the stores, the bucket
@@ -36,6 +41,7 @@ pub trait SessionKey {
     fn token_key(&self) -> &Secret;
 }
 
+#[cfg(feature = "api-auth")]
 /// The `auth` function's: `POST /v1/spaces` and `POST /v1/sessions`.
 pub struct AuthContext {
     pub db: PgPool,
@@ -45,6 +51,7 @@ pub struct AuthContext {
     pub argon2: Arc<Argon2Limit>,
 }
 
+#[cfg(feature = "api-auth")]
 /// The two keys of the login routes.
 #[derive(Debug, Clone)]
 pub struct AuthSettings {
@@ -52,6 +59,7 @@ pub struct AuthSettings {
     pub token_key: Secret,
 }
 
+#[cfg(feature = "api-catalog")]
 /// The `catalog` function's: the catalog and the OpenAPI document it makes.
 pub struct CatalogContext {
     pub catalog: Arc<Catalog>,
@@ -62,6 +70,7 @@ pub struct CatalogContext {
     openapi_json: OnceLock<Bytes>,
 }
 
+#[cfg(feature = "api-uploads")]
 /// The `presign` function's: `POST /v1/uploads`.
 pub struct UploadsContext {
     pub db: PgPool,
@@ -72,6 +81,7 @@ pub struct UploadsContext {
     pub uploads: Uploads,
 }
 
+#[cfg(feature = "api-tasks")]
 /// The `task-create` function's: `POST /v1/tasks/{kind}`.
 pub struct TaskCreateContext {
     pub catalog: Arc<Catalog>,
@@ -84,6 +94,7 @@ pub struct TaskCreateContext {
     pub facilitator: Option<crate::payments::Facilitator>,
 }
 
+#[cfg(feature = "api-tasks")]
 /// The `task-status` function's: a Space reading and stopping its tasks.
 pub struct TaskStatusContext {
     pub db: PgPool,
@@ -92,30 +103,35 @@ pub struct TaskStatusContext {
     pub token_key: Secret,
 }
 
+#[cfg(feature = "api")]
 /// `GET /healthz` of `reeve serve`: both stores.
 pub struct HealthContext {
     pub db: PgPool,
     pub redis: RedisClient,
 }
 
+#[cfg(feature = "api-uploads")]
 impl SessionKey for UploadsContext {
     fn token_key(&self) -> &Secret {
         &self.token_key
     }
 }
 
+#[cfg(feature = "api-tasks")]
 impl SessionKey for TaskCreateContext {
     fn token_key(&self) -> &Secret {
         &self.settings.token_key
     }
 }
 
+#[cfg(feature = "api-tasks")]
 impl SessionKey for TaskStatusContext {
     fn token_key(&self) -> &Secret {
         &self.token_key
     }
 }
 
+#[cfg(feature = "api-auth")]
 impl AuthContext {
     pub fn new(db: PgPool, pepper: Secret, token_key: Secret) -> Arc<AuthContext> {
         let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -123,6 +139,7 @@ impl AuthContext {
     }
 }
 
+#[cfg(feature = "api-catalog")]
 impl CatalogContext {
     pub fn new(catalog: Arc<Catalog>) -> Arc<CatalogContext> {
         let catalog_json = serde_json::to_vec(&catalog.public_view()).expect("JSON values serialise").into();
@@ -137,6 +154,7 @@ impl CatalogContext {
     }
 }
 
+#[cfg(feature = "api-tasks")]
 impl TaskCreateContext {
     /// The facilitator client, when the catalog sells anything.
     pub fn new(catalog: Arc<Catalog>, db: PgPool, aws: AwsClients, settings: ApiSettings) -> Arc<TaskCreateContext> {
@@ -149,6 +167,7 @@ impl TaskCreateContext {
     }
 }
 
+#[cfg(feature = "api")]
 /// Every route's context at once: `reeve serve` and the tests.
 pub struct ApiContext {
     pub catalog: Arc<Catalog>,
@@ -167,8 +186,10 @@ pub struct ApiContext {
     pub health: Arc<HealthContext>,
 }
 
+#[cfg(feature = "api")]
 pub type Ctx = Arc<ApiContext>;
 
+#[cfg(feature = "api")]
 impl ApiContext {
     /// A context whose operators' client has the default policy (public
     /// HTTPS hosts only): what tests need.

@@ -12,7 +12,10 @@ use axum::Router;
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::payments::{PAYMENT_REQUIRED_HEADER, PAYMENT_SIGNATURE_HEADER};
+/// x402's headers (`crate::payments` names them; the relay, which has no
+/// payments, answers the same CORS as the API).
+const PAYMENT_REQUIRED_HEADER: &str = "payment-required";
+const PAYMENT_SIGNATURE_HEADER: &str = "payment-signature";
 
 /// Answer headers a cross-origin page may read: the x402 challenge and
 /// receipt, the request id every error names, where a new task lives,
@@ -90,4 +93,13 @@ fn origin(item: &str) -> Result<HeaderValue, &'static str> {
 /// origins the router is returned as it is: no CORS header at all.
 pub fn with_cors(router: Router, origins: &CorsOrigins) -> Router {
     if origins.is_empty() { router } else { router.layer(origins.layer()) }
+}
+
+#[cfg(all(test, feature = "catalog"))]
+mod tests {
+    #[test]
+    fn the_payment_headers_are_x402s() {
+        assert_eq!(super::PAYMENT_REQUIRED_HEADER, crate::payments::PAYMENT_REQUIRED_HEADER);
+        assert_eq!(super::PAYMENT_SIGNATURE_HEADER, crate::payments::PAYMENT_SIGNATURE_HEADER);
+    }
 }

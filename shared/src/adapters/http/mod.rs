@@ -43,20 +43,32 @@ macro_rules! doc_503_db {
     };
 }
 
+#[cfg(feature = "api-catalog")]
 pub mod catalog;
+#[cfg(feature = "relay")]
 pub mod console;
 mod context;
+#[cfg(feature = "relay")]
 pub(crate) mod cors;
 pub(crate) mod error;
 pub(crate) mod extract;
+#[cfg(feature = "api")]
 pub(crate) mod health;
+#[cfg(feature = "login-limits")]
 pub(crate) mod limit;
+#[cfg(feature = "api-auth")]
 pub mod login;
+#[cfg(feature = "api-catalog")]
 mod openapi;
+#[cfg(feature = "relay")]
 mod relay_context;
+#[cfg(feature = "api-tasks")]
 pub(crate) mod space_view;
+#[cfg(feature = "relay")]
 pub mod stream;
+#[cfg(feature = "api-tasks")]
 pub mod tasks;
+#[cfg(feature = "api-uploads")]
 pub mod uploads;
 
 use std::sync::Arc;
@@ -65,19 +77,36 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use context::{
-    ApiContext, ApiSettings, AuthContext, AuthSettings, CatalogContext, Ctx, HealthContext, SessionKey,
-    TaskCreateContext, TaskStatusContext, UploadsContext,
-};
+#[cfg(feature = "api-catalog")]
+pub use context::CatalogContext;
+#[cfg(feature = "api-uploads")]
+pub use context::UploadsContext;
+#[cfg(feature = "api")]
+pub use context::{ApiContext, Ctx, HealthContext};
+pub use context::{ApiSettings, SessionKey};
+#[cfg(feature = "api-auth")]
+pub use context::{AuthContext, AuthSettings};
+#[cfg(feature = "api-tasks")]
+pub use context::{TaskCreateContext, TaskStatusContext};
+#[cfg(feature = "relay")]
 pub use cors::{CorsOrigins, with_cors};
 pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
+#[cfg(feature = "login-limits")]
 pub use limit::{LoginLimits, client_key, limit as login_limit};
-pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, generated as generated_openapi, openapi};
+#[cfg(feature = "api")]
+pub use openapi::generated as generated_openapi;
+#[cfg(feature = "api-catalog")]
+pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, openapi};
+#[cfg(feature = "relay")]
 pub use relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
+
+/// The header an idempotent task create sends (the route and the document).
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
 /// Requests carry small JSON documents; files go straight to S3.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
+#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-tasks"))]
 /// A module's routes on their context. The router's part of the OpenAPI
 /// document is dropped: [`openapi`] is the whole API's, and only the
 /// catalog function serves it.
@@ -95,31 +124,37 @@ fn finish(routes: Router) -> Router {
         .layer(axum::middleware::from_fn(error::envelope))
 }
 
+#[cfg(feature = "api-auth")]
 /// The `auth` function: `POST /v1/spaces`, `POST /v1/sessions`.
 pub fn auth_app(ctx: Arc<AuthContext>) -> Router {
     finish(routed(login::router(), ctx))
 }
 
+#[cfg(feature = "api-catalog")]
 /// The `catalog` function: `GET /v1/catalog`, `GET /v1/openapi.json`.
 pub fn catalog_app(ctx: Arc<CatalogContext>) -> Router {
     finish(routed(catalog::router(), ctx))
 }
 
+#[cfg(feature = "api-uploads")]
 /// The `presign` function: `POST /v1/uploads`.
 pub fn presign_app(ctx: Arc<UploadsContext>) -> Router {
     finish(routed(uploads::router(), ctx))
 }
 
+#[cfg(feature = "api-tasks")]
 /// The `task-create` function: `POST /v1/tasks/{kind}`.
 pub fn task_create_app(ctx: Arc<TaskCreateContext>) -> Router {
     finish(routed(tasks::create_router(), ctx))
 }
 
+#[cfg(feature = "api-tasks")]
 /// The `task-status` function: a task, the list, cancel and `GET /v1/space`.
 pub fn task_status_app(ctx: Arc<TaskStatusContext>) -> Router {
     finish(routed(tasks::status_router(), ctx))
 }
 
+#[cfg(feature = "api")]
 /// Every API route on one router: what `reeve serve` listens with, each
 /// module's routes on their part of `ctx`.
 pub fn app(ctx: Ctx) -> Router {
@@ -133,6 +168,7 @@ pub fn app(ctx: Ctx) -> Router {
     )
 }
 
+#[cfg(feature = "api")]
 /// Every module's part of the OpenAPI document, merged.
 fn documented() -> utoipa::openapi::OpenApi {
     let mut doc = health::router().into_openapi();
@@ -144,12 +180,14 @@ fn documented() -> utoipa::openapi::OpenApi {
     doc
 }
 
+#[cfg(feature = "relay")]
 /// The relay as its own service: the event stream, the watch page and
 /// `/healthz` for the load balancer.
 pub fn relay_app(ctx: RelayCtx) -> Router {
     stream::router(ctx)
 }
 
+#[cfg(feature = "relay")]
 /// The relay's routes without `/healthz`, to merge into `reeve serve`'s app.
 pub fn relay_routes(ctx: RelayCtx) -> Router {
     stream::routes(ctx)

@@ -29,9 +29,6 @@ use crate::payments as x402;
 /// [`generated`], as committed.
 const GENERATED: &str = include_str!("openapi.json");
 
-/// The header an idempotent create sends.
-pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
-
 /// The name of the bearer security scheme. Operations spell it out as a
 /// literal, `security(("bearer" = []))`: the macro takes nothing else.
 pub const BEARER: &str = "bearer";
@@ -83,6 +80,7 @@ pub fn openapi(catalog: &Catalog) -> Value {
     doc
 }
 
+#[cfg(feature = "api")]
 /// The document the routes describe, before the catalog's part: what
 /// `openapi.json` must hold (`REEVE_BLESS=1 cargo test -p reeve-shared --test
 /// openapi generated` writes it).
@@ -147,7 +145,7 @@ fn create_operation(template: &Value, catalog: &Catalog, kind: &str, spec: &Task
     for p in params.iter_mut() {
         // Printable ASCII, as the server checks: a schema that allowed more
         // would describe requests it refuses.
-        if p["name"].as_str().is_some_and(|n| n.eq_ignore_ascii_case(IDEMPOTENCY_KEY_HEADER)) {
+        if p["name"].as_str().is_some_and(|n| n.eq_ignore_ascii_case(super::IDEMPOTENCY_KEY_HEADER)) {
             p["schema"]["pattern"] = json!("^[ -~]+$");
         }
     }

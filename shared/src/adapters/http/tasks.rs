@@ -53,7 +53,7 @@ use crate::tasks::{
 /// `POST`, an id for `GET`.
 const TASK_PATH: &str = "/v1/tasks/{task}";
 
-pub use super::openapi::IDEMPOTENCY_KEY_HEADER;
+pub use super::IDEMPOTENCY_KEY_HEADER;
 pub const IDEMPOTENT_REPLAYED_HEADER: &str = "idempotent-replayed";
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 

@@ -33,6 +33,7 @@
 //! trouble only costs the live doorbell (the events are in Postgres).
 
 pub(crate) mod batch;
+#[cfg(feature = "poller")]
 pub(crate) mod poller;
 pub(crate) mod store;
 
@@ -47,6 +48,7 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 pub use batch::{deadline_of, handle_batch, handle_batch_until};
+#[cfg(feature = "poller")]
 pub use poller::Poller;
 pub use store::{Claim, claim};
 
@@ -129,7 +131,7 @@ pub struct WorkerSettings {
 
 impl WorkerSettings {
     pub const DEFAULT_CONCURRENCY: usize = 4;
-    pub const DEFAULT_MAX_RECEIVES: u32 = 5;
+    pub const DEFAULT_MAX_RECEIVES: u32 = crate::tasks::DEFAULT_MAX_RECEIVES;
     pub const DEFAULT_FETCH_MAX_BYTES: u64 = 100 * 1024 * 1024;
 }
 

@@ -10,11 +10,13 @@
 //! Nothing here logs or formats a Space ID or a secret: `Debug` is redacted
 //! and no error message carries them.
 
+#[cfg(feature = "api-auth")]
 mod password;
 mod secret;
 mod space_id;
 mod token;
 
+#[cfg(feature = "api-auth")]
 pub use password::{hash_space_id, verify_space_id};
 pub use secret::Secret;
 pub use space_id::{SpaceId, SpaceIndex, space_index};
@@ -33,6 +35,7 @@ pub enum AuthError {
     SecretTooShort { name: &'static str, len: usize },
     #[error("the OS random number generator failed")]
     Rng(#[source] getrandom::Error),
+    #[cfg(feature = "api-auth")]
     #[error("argon2id hashing failed")]
     Hash(#[source] argon2::password_hash::Error),
 }

@@ -16,13 +16,19 @@
 //! - [`view`]: the public JSON view and the operator's one-line summary.
 //! - [`error`]: [`CatalogError`] and [`Problem`].
 
+#[cfg(feature = "catalog")]
 mod amount;
 mod error;
 mod formats;
+#[cfg(feature = "catalog")]
 mod networks;
 mod read;
+#[cfg(feature = "catalog")]
 mod schema;
+mod uploads;
+#[cfg(feature = "catalog")]
 mod validate;
+#[cfg(feature = "catalog")]
 mod view;
 
 use std::collections::BTreeMap;
@@ -30,19 +36,25 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use error::{CatalogError, Problem};
+#[cfg(feature = "catalog")]
 pub use networks::{NetworkKind, testnet_name};
+#[cfg(feature = "catalog")]
 pub use validate::LEASE_GRACE_SECONDS;
 /// The rule for a facilitator URL: https, or plain http on loopback only.
+#[cfg(feature = "catalog")]
 pub(crate) use validate::facilitator_url as check_facilitator_url;
+#[cfg(feature = "catalog")]
 pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicTask, PublicUploads};
 
 /// The longest original file name an upload may declare, in bytes (a
 /// common file-system limit).
 pub const MAX_FILENAME_BYTES: usize = 255;
 
+#[cfg(feature = "catalog")]
 /// The executors a task may name, in the order error messages list them.
 pub const EXECUTORS: &[&str] = &["digest", "fetch", "http"];
 
+#[cfg(feature = "catalog")]
 /// The validated catalog. Every value in it has passed the checks in
 /// [`validate`], so callers can rely on it without re-checking.
 #[derive(Debug, Clone)]
@@ -54,6 +66,7 @@ pub struct Catalog {
     pub uploads: Uploads,
 }
 
+#[cfg(feature = "catalog")]
 /// A token a task can be paid in (`[assets.<id>]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Asset {
@@ -70,6 +83,7 @@ pub struct Asset {
     pub version: String,
 }
 
+#[cfg(feature = "catalog")]
 /// A kind of task clients can create (`[tasks.<kind>]`).
 #[derive(Debug, Clone)]
 pub struct TaskSpec {
@@ -85,12 +99,14 @@ pub struct TaskSpec {
     pub accepts: Vec<Price>,
 }
 
+#[cfg(feature = "catalog")]
 impl TaskSpec {
     pub fn is_free(&self) -> bool {
         self.accepts.is_empty()
     }
 }
 
+#[cfg(feature = "catalog")]
 /// Which code runs a task. Only `http` carries configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Executor {
@@ -102,6 +118,7 @@ pub enum Executor {
     },
 }
 
+#[cfg(feature = "catalog")]
 impl Executor {
     /// The name used for `executor` in `reeve.toml`; one of [`EXECUTORS`].
     pub fn name(&self) -> &'static str {
@@ -113,6 +130,7 @@ impl Executor {
     }
 }
 
+#[cfg(feature = "catalog")]
 /// One way to pay for a task (`[[tasks.<kind>.accepts]]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Price {
@@ -124,6 +142,7 @@ pub struct Price {
     pub amount_usd: Option<String>,
 }
 
+#[cfg(feature = "catalog")]
 /// Where payments go (`[payments]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Payments {
@@ -171,6 +190,7 @@ impl Uploads {
     }
 }
 
+#[cfg(feature = "catalog")]
 impl Catalog {
     /// Reads and validates the catalog at `path`. Errors name the file as given.
     pub fn load(path: &Path) -> Result<Catalog, CatalogError> {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use toml::{Table, Value};
 
 use super::read::{Fields, KeyPath, Problems, bounded};
-use super::{Asset, Catalog, EXECUTORS, Executor, NetworkKind, Payments, Price, Problem, TaskSpec, Uploads};
+use super::uploads::uploads;
+use super::{Asset, Catalog, EXECUTORS, Executor, NetworkKind, Payments, Price, Problem, TaskSpec};
 use super::{amount, formats, schema};
 
 const ROOT_KEYS: &[&str] = &["payments", "uploads", "assets", "tasks"];
@@ -17,7 +18,6 @@ const TASK_KEYS: &[&str] =
     &["title", "description", "executor", "endpoint", "timeout_seconds", "input_schema", "accepts"];
 const PRICE_KEYS: &[&str] = &["asset", "amount", "amount_usd"];
 const PAYMENTS_KEYS: &[&str] = &["network_kind", "pay_to", "facilitator_url", "max_timeout_seconds"];
-const UPLOADS_KEYS: &[&str] = &["max_bytes", "content_types", "url_expiry_seconds"];
 
 const DEFAULT_TASK_TIMEOUT_SECONDS: u32 = 60;
 /// Lambda's maximum run time; the worker runs tasks inside one invocation.
@@ -46,10 +46,6 @@ const MAX_PAYMENT_TIMEOUT_SECONDS: i64 = 3600;
 /// An ERC-20 token with more decimals than this does not exist in practice,
 /// and 10^36 still leaves room in a `u128`.
 const MAX_DECIMALS: i64 = 36;
-/// The largest object S3 accepts in a single PUT, which is what presigning issues.
-const MAX_UPLOAD_BYTES: i64 = 5 * 1024 * 1024 * 1024;
-/// The longest a SigV4 presigned URL can live.
-const MAX_URL_EXPIRY_SECONDS: i64 = 604_800;
 
 pub fn catalog(table: &Table) -> Result<Catalog, Vec<Problem>> {
     let mut problems = Problems::new();
@@ -299,46 +295,6 @@ pub(crate) fn facilitator_url(url: &str) -> Result<(), String> {
     } else {
         Err(format!("{url:?} must use https (plain http only for 127.0.0.1, localhost or [::1])"))
     }
-}
-
-fn uploads(root: &Fields, p: &mut Problems) -> Uploads {
-    let defaults = Uploads::default();
-    let Some(f) = root.table("uploads", p) else {
-        return defaults;
-    };
-    f.deny_unknown(UPLOADS_KEYS, p);
-    let max_bytes = f
-        .optional("max_bytes", p)
-        .and_then(|n| {
-            let checked = bounded(n, 1..=MAX_UPLOAD_BYTES)
-                .map_err(|message| format!("{message} (5 GiB is S3's limit for a single PUT)"));
-            f.verify("max_bytes", checked, p)
-        })
-        .unwrap_or(defaults.max_bytes);
-    let content_types = f
-        .optional::<&[Value]>("content_types", p)
-        .map(|items| content_types(&f.at("content_types"), items, p))
-        .unwrap_or(defaults.content_types);
-    let url_expiry_seconds =
-        f.int_in("url_expiry_seconds", 1..=MAX_URL_EXPIRY_SECONDS, p).unwrap_or(defaults.url_expiry_seconds);
-
-    Uploads { max_bytes, content_types, url_expiry_seconds }
-}
-
-fn content_types(path: &KeyPath, items: &[Value], p: &mut Problems) -> Vec<String> {
-    if items.is_empty() {
-        path.report(p, "must list at least one content type; uploads would all be refused");
-    }
-    items
-        .iter()
-        .enumerate()
-        .filter_map(|(index, item)| {
-            let path = path.index(index);
-            let media_type: &str = path.read(item, p)?;
-            path.verify(formats::media_type(media_type), p)?;
-            Some(media_type.to_owned())
-        })
-        .collect()
 }
 
 fn required_text(f: &Fields, key: &str, p: &mut Problems) -> Option<String> {

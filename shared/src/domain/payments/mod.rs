@@ -13,15 +13,20 @@
 //! The order that keeps "no charge without a task, no task without a
 //! charge" lives in [`crate::tasks::submit`].
 
+#[cfg(feature = "catalog")]
 pub(crate) mod challenge;
+#[cfg(feature = "outbound")]
 pub(crate) mod facilitator;
 pub(crate) mod ledger;
+#[cfg(feature = "api-tasks")]
 pub(crate) mod payload;
 
+#[cfg(feature = "catalog")]
 pub use challenge::{
     PAYMENT_REQUIRED_HEADER, PAYMENT_RESPONSE_HEADER, PAYMENT_SIGNATURE_HEADER, PaymentRequired, PaymentRequirements,
     SIGNATURE_REQUIRED, payment_required,
 };
+#[cfg(feature = "outbound")]
 pub use facilitator::{Facilitator, FacilitatorError};
 pub use ledger::{Credit, PaymentRecord, credit_if_owed};
 

@@ -16,8 +16,10 @@
 //! transition is a conditional `UPDATE … WHERE status = …`.
 
 pub(crate) mod events;
+#[cfg(feature = "catalog")]
 pub(crate) mod input;
 pub(crate) mod queue;
+#[cfg(feature = "api-tasks")]
 pub(crate) mod submit;
 
 use serde::{Deserialize, Serialize};
@@ -27,7 +29,10 @@ use sqlx::{PgPool, Row};
 use time::OffsetDateTime;
 
 pub use events::{Event, EventType, Publisher, append_event, channel, events_after};
-pub use queue::{QueueError, QueueMessage, enqueue};
+#[cfg(feature = "sqs")]
+pub use queue::enqueue;
+pub use queue::{QueueError, QueueMessage};
+#[cfg(feature = "api-tasks")]
 pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, submit};
 
 use crate::auth::SpaceIndex;
@@ -37,6 +42,11 @@ use crate::ids::Id;
 /// fails a task with it on the last delivery, the sweeper one that has been
 /// claimed as often without finishing.
 pub const RETRIES_EXHAUSTED: &str = "retries_exhausted";
+
+/// The queue's `maxReceiveCount` when `REEVE_MAX_RECEIVES` is unset: the
+/// worker fails a task for good on that delivery, the sweeper one claimed
+/// as often.
+pub const DEFAULT_MAX_RECEIVES: u32 = 5;
 
 /// Where a task is: `queued → running → completed | failed | canceled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -163,6 +173,7 @@ pub enum CreateError {
     Db(#[from] sqlx::Error),
 }
 
+#[cfg(feature = "catalog")]
 /// The task an idempotency key was first used for in this space: `Ok(None)`
 /// if never, `Ok(Some)` if for this same `(kind, input)`, and
 /// `IdempotencyConflict` if for another request.
@@ -187,6 +198,7 @@ pub async fn find_by_idempotency_key(
     Ok(Some(Task::from_row(&row)?))
 }
 
+#[cfg(feature = "catalog")]
 /// Stores a task as `queued` with its first event (`seq` 1,
 /// `{"status":"queued"}`), in one transaction.
 ///
@@ -213,6 +225,7 @@ pub async fn create(db: &PgPool, new: NewTask<'_>) -> Result<Created, CreateErro
     Err(CreateError::Db(sqlx::Error::RowNotFound))
 }
 
+#[cfg(feature = "catalog")]
 /// The insert of [`create`], inside the caller's transaction: the task
 /// `queued` with its first event. `None`: the idempotency key is taken (by a
 /// committed task, or one whose transaction is still open and has now won).

@@ -29,6 +29,7 @@ pub enum QueueError {
 }
 
 /// Sends a task's message to `queue_url`.
+#[cfg(feature = "sqs")]
 pub async fn enqueue(sqs: &aws_sdk_sqs::Client, queue_url: &str, task_id: Id, kind: &str) -> Result<(), QueueError> {
     let body = serde_json::to_string(&QueueMessage { task_id, kind: kind.to_owned() }).expect("strings serialise");
     let send = sqs.send_message().queue_url(queue_url).message_body(body).send();
