@@ -13,6 +13,15 @@ LOG_TAG="test"
 . "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 cd "$ROOT"
 
+# Each function crate alone, with only its own reeve-shared features.
+clippy_each_function() {
+  local dir status=0
+  for dir in functions/*/; do
+    cargo clippy --locked -p "reeve-fn-$(basename "$dir")" -- -D warnings || status=1
+  done
+  return "$status"
+}
+
 REEVE_STACK_BROWSER=1 timed stack bash scripts/stack.sh up
 load_dev_env
 rc=0
@@ -21,6 +30,9 @@ rc=0
 if (($# == 0)); then
   timed fmt cargo fmt --all --check || rc=$?
   timed clippy cargo clippy --workspace --all-targets --locked -- -D warnings || { r=$?; ((rc)) || rc=$r; }
+  # The workspace build unifies every crate's features; `sam build` builds
+  # each function with its own alone, so each must be clean on its own too.
+  timed clippy-functions clippy_each_function || { r=$?; ((rc)) || rc=$r; }
 fi
 timed cargo-test cargo test --workspace --locked "$@" || { r=$?; ((rc)) || rc=$r; }
 # Phases that drive a real `reeve serve` from outside, each on a database and
