@@ -118,6 +118,10 @@ enum ConfigCommand {
     Check {
         #[arg(long, env = "REEVE_CATALOG", default_value = DEFAULT_CATALOG)]
         file: PathBuf,
+        /// Also ask the facilitator (`facilitator_url`, or
+        /// `REEVE_FACILITATOR_URL`) whether it settles every price.
+        #[arg(long)]
+        facilitator: bool,
     },
 }
 
@@ -135,7 +139,9 @@ fn main() -> ExitCode {
     };
     let opts = cli.client;
     let result = match cli.command {
-        Command::Config { command: ConfigCommand::Check { file } } => return config_check(&file),
+        Command::Config { command: ConfigCommand::Check { file, facilitator } } => {
+            return config_check(&file, facilitator);
+        }
         Command::Migrate(args) => return migrate::run(args),
         Command::Serve { bind, catalog, no_worker, metrics_bind, sweep } => {
             runtime().block_on(serve(bind, &catalog, (!no_worker).then_some(sweep), metrics_bind))
@@ -192,19 +198,50 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("the OS gives us threads")
 }
 
-fn config_check(file: &Path) -> ExitCode {
-    match Catalog::load(file) {
-        Ok(catalog) => {
-            // Legal but probably a mistake (a testnet price in a catalog for
-            // mainnet): said, but the catalog is still usable.
-            for warning in catalog.warnings() {
-                eprintln!("warning: {}: {warning}", file.display());
-            }
-            println!("{}: ok, {}", file.display(), catalog.summary());
-            ExitCode::SUCCESS
-        }
+fn config_check(file: &Path, ask_facilitator: bool) -> ExitCode {
+    let catalog = match Catalog::load(file) {
+        Ok(catalog) => catalog,
         Err(e) => {
             eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Legal but probably a mistake (a testnet price in a catalog for
+    // mainnet): said, but the catalog is still usable.
+    for warning in catalog.warnings() {
+        eprintln!("warning: {}: {warning}", file.display());
+    }
+    let ok = || println!("{}: ok, {}", file.display(), catalog.summary());
+    if !ask_facilitator {
+        ok();
+        return ExitCode::SUCCESS;
+    }
+    let facilitator = match startup::facilitator_for(&Config::from_env(), &catalog) {
+        Ok(facilitator) => facilitator,
+        Err(e) => {
+            eprintln!("{}: {e}", file.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime().block_on(startup::check_facilitator(&catalog, facilitator.as_ref())) {
+        startup::FacilitatorCheck::Unpriced => {
+            ok();
+            println!("{}: nothing is priced, so no facilitator is asked", file.display());
+            ExitCode::SUCCESS
+        }
+        startup::FacilitatorCheck::Settles { url, networks } => {
+            ok();
+            println!("{}: the facilitator {url} settles every price ({})", file.display(), networks.join(", "));
+            ExitCode::SUCCESS
+        }
+        startup::FacilitatorCheck::Refuses(problems) => {
+            for problem in problems {
+                eprintln!("{}: {problem}", file.display());
+            }
+            ExitCode::FAILURE
+        }
+        startup::FacilitatorCheck::Unknown { url, error } => {
+            eprintln!("{}: cannot ask {url}/supported: {error}", file.display());
             ExitCode::FAILURE
         }
     }

@@ -61,6 +61,92 @@ fn config_check_warns_about_a_testnet_price_in_a_production_catalog() {
     assert!(err.contains("eip155:84532") && err.contains("testnet"), "{err}");
 }
 
+/// The local facilitator (scripts/payments.sh) settles eip155:84532 only.
+fn local_facilitator() -> String {
+    std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into())
+}
+
+/// `--facilitator` asks the facilitator's `GET /supported`: the production
+/// catalog (Base mainnet) is refused by the local one, each price at its
+/// TOML path; the development catalog passes; a facilitator that does not
+/// answer is an error too, since nothing could be told.
+#[test]
+fn config_check_asks_the_facilitator_whether_it_settles_every_price() {
+    let local = local_facilitator();
+    let out = reeve(
+        &["config", "check", "--facilitator", "--file", &repo("reeve.toml")],
+        &[("REEVE_FACILITATOR_URL", &local)],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    for path in ["tasks.fetch.accepts[0]", "tasks.http.accepts[0]"] {
+        assert!(err.contains(&format!("reeve.toml: {path}: ")), "missing {path} in:\n{err}");
+    }
+    assert!(err.contains("eip155:8453") && err.contains("it lists: eip155:84532"), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ok"), "a refused catalog is not ok");
+
+    let out = reeve(
+        &["config", "check", "--facilitator", "--file", &repo("reeve.dev.toml")],
+        &[("REEVE_FACILITATOR_URL", &local)],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("settles every price (eip155:84532)"), "{stdout}");
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nobody = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let out = reeve(
+        &["config", "check", "--facilitator", "--file", &repo("reeve.dev.toml")],
+        &[("REEVE_FACILITATOR_URL", &nobody)],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains(&format!("cannot ask {nobody}/supported")), "{}", stderr(&out));
+}
+
+/// At start-up `reeve serve` asks too, and names each price it will not
+/// offer; it still starts, for the free tasks.
+#[test]
+fn serve_names_at_start_up_each_price_its_facilitator_does_not_settle() {
+    use std::io::{BufRead, BufReader};
+    let Ok(database_url) = std::env::var("DATABASE_URL") else {
+        panic!("DATABASE_URL: run the tests with scripts/test.sh");
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_reeve"))
+        .current_dir(std::env::temp_dir())
+        .args(["serve", "--no-worker", "--catalog", &repo("reeve.toml"), "--bind", "127.0.0.1:0"])
+        .env("REEVE_FACILITATOR_URL", local_facilitator())
+        .env("DATABASE_URL", database_url)
+        .env("REEVE_LOG_FORMAT", "text")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (sender, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    let mut log = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut named = 0;
+    while named < 2 && std::time::Instant::now() < deadline {
+        let Ok(line) = seen.recv_timeout(std::time::Duration::from_secs(1)) else { continue };
+        if line.contains("tasks.fetch.accepts[0]") || line.contains("tasks.http.accepts[0]") {
+            assert!(line.contains("eip155:8453") && line.contains("not offered"), "{line}");
+            named += 1;
+        }
+        log.push(line);
+    }
+    let still_running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(named, 2, "both prices are named:\n{}", log.join("\n"));
+    assert!(still_running, "serve starts anyway:\n{}", log.join("\n"));
+}
+
 #[test]
 fn config_check_lists_every_mistake_with_its_path_and_exits_1() {
     let out = reeve(&["config", "check", "--file", &repo("shared/tests/fixtures/catalog/three-mistakes.toml")], &[]);

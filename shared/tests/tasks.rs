@@ -734,3 +734,94 @@ async fn append_event_numbers_events_without_gaps_under_concurrency(pool: PgPool
     assert_eq!(event.seq, 22);
     assert!(tasks::mark_failed(&pool, id, &[tasks::TaskStatus::Queued], &error).await.unwrap().is_none());
 }
+
+/// The development catalog with, on top, a kind priced on the local chain
+/// and on Base mainnet, one priced on Base mainnet only, and a free one; its
+/// facilitator `facilitator` (the local one lists eip155:84532 alone).
+fn catalog_on(facilitator: &str) -> Catalog {
+    let dev = std::fs::read_to_string(common::DEV_CATALOG).unwrap();
+    assert!(dev.contains("facilitator_url = \"http://127.0.0.1:4021\""));
+    let dev = dev.replace("facilitator_url = \"http://127.0.0.1:4021\"", &format!("facilitator_url = {facilitator:?}"));
+    let extra = r#"
+        [assets.usdc-base]
+        network = "eip155:8453"
+        contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+        decimals = 6
+        usd_peg = true
+        name = "USD Coin"
+        version = "2"
+
+        [tasks.both]
+        title = "Priced on both"
+        executor = "digest"
+        input_schema = { type = "object" }
+        [[tasks.both.accepts]]
+        asset = "usdc-base"
+        amount = "10000"
+        [[tasks.both.accepts]]
+        asset = "usdc-base-sepolia"
+        amount = "10000"
+
+        [tasks.mainnet-only]
+        title = "Priced on Base mainnet only"
+        executor = "digest"
+        input_schema = { type = "object" }
+        [[tasks.mainnet-only.accepts]]
+        asset = "usdc-base"
+        amount = "10000"
+
+        [tasks.free]
+        title = "Free"
+        executor = "digest"
+        input_schema = { type = "object" }
+    "#;
+    Catalog::parse(&format!("{dev}\n{extra}")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A price in a network the facilitator does not list (its `GET
+/// /supported`) can never settle: it is not offered, and a kind with no
+/// other price answers 503 rather than a challenge nobody can pay (or
+/// looking free). The facilitator is asked on the first priced request,
+/// not when the context is built (a Lambda's init).
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn prices_the_facilitator_does_not_settle_are_not_offered(pool: PgPool) {
+    let queue = TestQueue::new().await;
+    let local = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+    let app = app(ctx_with(catalog_on(&local), pool.clone(), &queue.url).await);
+    let (_, token) = new_session(&app).await;
+
+    let both = send(&app, create("both", &token, &json!({"input": {}}))).await;
+    assert_eq!(both.status, StatusCode::PAYMENT_REQUIRED, "{}", both.body);
+    let offered: Vec<&str> =
+        both.body["accepts"].as_array().unwrap().iter().map(|a| a["network"].as_str().unwrap()).collect();
+    assert_eq!(offered, ["eip155:84532"], "eip155:8453 is not offered: the local facilitator cannot settle it");
+
+    let mainnet = send(&app, create("mainnet-only", &token, &json!({"input": {}}))).await;
+    assert_eq!(mainnet.status, StatusCode::SERVICE_UNAVAILABLE, "{}", mainnet.body);
+    assert_eq!(mainnet.body["error"]["code"], "facilitator_unavailable");
+    assert_eq!(task_count(&pool).await, 0, "nothing stored, and nothing taken for free");
+
+    let free = send(&app, create("free", &token, &json!({"input": {}}))).await;
+    assert_eq!(free.status, StatusCode::ACCEPTED, "{}", free.body);
+    queue.delete().await;
+}
+
+/// A facilitator that cannot be asked neither blocks free tasks nor removes
+/// a price: the challenge offers every price, and a payment then meets the
+/// facilitator's own answer (or `facilitator_unavailable`).
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_unreachable_facilitator_leaves_free_tasks_and_prices_alone(pool: PgPool) {
+    let queue = TestQueue::new().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let app = app(ctx_with(catalog_on(&url), pool.clone(), &queue.url).await);
+    let (_, token) = new_session(&app).await;
+
+    let free = send(&app, create("free", &token, &json!({"input": {}}))).await;
+    assert_eq!(free.status, StatusCode::ACCEPTED, "{}", free.body);
+    let both = send(&app, create("both", &token, &json!({"input": {}}))).await;
+    assert_eq!(both.status, StatusCode::PAYMENT_REQUIRED, "{}", both.body);
+    assert_eq!(both.body["accepts"].as_array().unwrap().len(), 2, "without an answer, nothing is removed");
+    queue.delete().await;
+}

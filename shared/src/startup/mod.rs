@@ -20,6 +20,7 @@
 //! This module sits above the others: it assembles the adapters' contexts
 //! from the domain and the infrastructure, as a `main` would.
 
+mod facilitator_check;
 pub mod settings;
 
 use std::collections::HashMap;
@@ -33,6 +34,7 @@ use aws_config::SdkConfig;
 use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata};
 use sqlx::PgPool;
 
+pub use facilitator_check::{FacilitatorCheck, check_facilitator, facilitator_for};
 pub use settings::{Config, Env, Needs, SettingsError};
 
 use crate::auth::Secret;
@@ -704,6 +706,10 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     };
     let redis = RedisClient::new(&redis_url)?;
     let api = ApiContext::with_operators(catalog, db, redis, aws, api_settings, operators);
+    // A long-lived process may ask the facilitator before it serves; a
+    // Lambda asks on its first priced request instead (payments::supported).
+    let source = config.catalog_path().display().to_string();
+    facilitator_check::announce_unsettled_prices(&api.catalog, api.task_create.facilitator.as_ref(), &source).await;
     // Its replies stream from here, so waiting tools send progress.
     #[cfg(feature = "mcp")]
     let mcp = mcp_beside(&api, settings::mcp_settings(&config.env(), true));

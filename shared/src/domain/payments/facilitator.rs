@@ -14,13 +14,15 @@
 //!   connection, a 5xx, an answer we cannot read). For `/settle` the payment
 //!   may or may not be on chain.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use reqwest::Url;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::challenge::{PaymentRequirements, X402_VERSION};
+use super::supported::{Supported, SupportedKind};
 use crate::outbound::{Outbound, OutboundError, OutboundPolicy};
 
 /// Replaces the catalog's `facilitator_url` for this deployment (the local
@@ -31,11 +33,30 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(15);
 /// A settlement waits for the transaction's receipt: a few blocks on Base.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(45);
 const MAX_ANSWER_BYTES: u64 = 64 * 1024;
+/// `GET /supported` at start-up and in `reeve config check`: a slow
+/// facilitator may not hold `reeve serve`'s start up for longer.
+const SUPPORTED_TIMEOUT: Duration = Duration::from_secs(5);
+/// The same on a Lambda's first priced request, which a client waits for.
+const KNOWN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Facilitators that settle many chains list many kinds.
+const MAX_SUPPORTED_BYTES: u64 = 1024 * 1024;
+/// After `/supported` failed, how long a process goes before asking again.
+const SUPPORTED_RETRY: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug)]
 pub struct Facilitator {
     base: String,
     outbound: Outbound,
+    /// What `/supported` answered, asked once per process (clones share it).
+    known: Arc<Mutex<Known>>,
+}
+
+#[derive(Debug, Default)]
+enum Known {
+    #[default]
+    Unasked,
+    Kinds(Arc<[SupportedKind]>),
+    FailedAt(Instant),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,11 +132,66 @@ impl Facilitator {
     pub fn new(url: &str) -> Result<Facilitator, String> {
         let policy = operator_policy(url)?;
         let outbound = Outbound::new(policy).map_err(|e| format!("facilitator client: {e}"))?;
-        Ok(Facilitator { base: url.trim_end_matches('/').to_owned(), outbound })
+        Ok(Facilitator { base: url.trim_end_matches('/').to_owned(), outbound, known: Arc::default() })
     }
 
     pub fn url(&self) -> &str {
         &self.base
+    }
+
+    /// `GET /supported`: the kinds this facilitator settles.
+    pub async fn supported(&self) -> Result<Vec<SupportedKind>, FacilitatorError> {
+        self.ask_supported(SUPPORTED_TIMEOUT).await
+    }
+
+    async fn ask_supported(&self, timeout: Duration) -> Result<Vec<SupportedKind>, FacilitatorError> {
+        let url = format!("{}/supported", self.base);
+        let asked = tokio::time::timeout(timeout, self.outbound.get(&url, MAX_SUPPORTED_BYTES)).await;
+        let answer = match asked {
+            Err(_) => {
+                let secs = timeout.as_secs();
+                return Err(FacilitatorError::Unreachable(format!("/supported did not answer within {secs} s")));
+            }
+            Ok(Err(e)) => return Err(FacilitatorError::Unreachable(e.to_string())),
+            Ok(Ok(answer)) => answer,
+        };
+        if answer.status != 200 {
+            return Err(FacilitatorError::Unknown(format!("/supported answered {}", answer.status)));
+        }
+        let supported: Supported = serde_json::from_slice(&answer.body)
+            .map_err(|e| FacilitatorError::Unknown(format!("/supported answered an unreadable body: {e}")))?;
+        Ok(supported.kinds)
+    }
+
+    /// What `/supported` answered this process, asking it the first time
+    /// (and again [`SUPPORTED_RETRY`] after a failure). `None` while it
+    /// cannot be known: the caller then goes on as if every network were
+    /// settled, and `/verify` or `/settle` tell.
+    pub async fn known_kinds(&self) -> Option<Arc<[SupportedKind]>> {
+        match &*self.known.lock().expect("never poisoned") {
+            Known::Kinds(kinds) => return Some(kinds.clone()),
+            Known::FailedAt(at) if at.elapsed() < SUPPORTED_RETRY => return None,
+            _ => {}
+        }
+        let answer = self.ask_supported(KNOWN_TIMEOUT).await;
+        let mut known = self.known.lock().expect("never poisoned");
+        match answer {
+            Ok(kinds) => {
+                let kinds: Arc<[SupportedKind]> = kinds.into();
+                *known = Known::Kinds(kinds.clone());
+                Some(kinds)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, facilitator = %self.base, "cannot tell which networks the facilitator settles");
+                *known = Known::FailedAt(Instant::now());
+                None
+            }
+        }
+    }
+
+    /// Keeps an answer to `/supported` got elsewhere (start-up's check).
+    pub fn remember(&self, kinds: Vec<SupportedKind>) {
+        *self.known.lock().expect("never poisoned") = Known::Kinds(kinds.into());
     }
 
     pub async fn verify(

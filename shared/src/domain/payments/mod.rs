@@ -8,6 +8,8 @@
 //! - [`payload`]: the `PAYMENT-SIGNATURE` header, decoded and matched
 //!   against the kind's requirements.
 //! - [`facilitator`]: `/verify` and `/settle` through the SSRF-guarded client.
+//! - [`supported`]: which networks the facilitator settles (`/supported`),
+//!   against the catalog's prices.
 //! - [`ledger`]: attempts (recorded before settling), payments, credits.
 //!
 //! The order that keeps "no charge without a task, no task without a
@@ -20,6 +22,7 @@ pub(crate) mod facilitator;
 pub(crate) mod ledger;
 #[cfg(feature = "api-tasks")]
 pub(crate) mod payload;
+pub(crate) mod supported;
 
 #[cfg(feature = "catalog")]
 pub use challenge::{
@@ -29,6 +32,7 @@ pub use challenge::{
 #[cfg(feature = "outbound")]
 pub use facilitator::{Facilitator, FacilitatorError};
 pub use ledger::{Credit, PaymentRecord, credit_if_owed};
+pub use supported::{SupportedKind, settleable, settles, unsupported_prices};
 
 use base64::Engine;
 use serde::Serialize;

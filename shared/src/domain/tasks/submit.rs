@@ -177,6 +177,16 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
     }
     let challenge = crate::payments::payment_required(cx.catalog, spec, s.resource_url, SIGNATURE_REQUIRED)
         .ok_or_else(|| SubmitError::Internal("a priced task without a payable challenge".into()))?;
+    // Only what the facilitator settles is offered (payments::supported);
+    // it is asked once per process, here rather than at a Lambda's init.
+    let challenge = match cx.facilitator {
+        Some(facilitator) => match facilitator.known_kinds().await {
+            Some(kinds) => crate::payments::settleable(challenge, &kinds, s.kind)
+                .ok_or(SubmitError::FacilitatorUnavailable { outcome_unknown: false })?,
+            None => challenge,
+        },
+        None => challenge,
+    };
     match s.payment {
         Some(header) => pay(cx, &s, spec, challenge, header).await,
         None => with_credit(cx, &s, challenge).await,

@@ -1,0 +1,132 @@
+//! What a facilitator settles (its `GET /supported`), against what the
+//! catalog prices. A price in a network the facilitator does not list can
+//! never be settled: a client would sign it, and every `/settle` would fail.
+//! So Reeve refuses to price in it, naming each such price by its TOML path.
+//!
+//! Where the question is asked:
+//! - `reeve config check --facilitator` asks it and fails on any such price
+//!   ([`unsupported_prices`]), before a deploy;
+//! - `reeve serve` asks it at start-up and names each such price;
+//! - a Lambda asks it on the first priced request of its instance, never at
+//!   init: a cold start makes no network call for it, and free tasks never
+//!   wait on the facilitator ([`Facilitator::known_kinds`](super::Facilitator)).
+//!
+//! Either way the answer is kept for the process, and a price it does not
+//! list is left out of every `402` ([`settleable`]). A facilitator that does
+//! not answer changes nothing: every price stays offered, and a payment
+//! meets `/verify`'s own answer.
+
+use serde::Deserialize;
+
+use super::challenge::{PaymentRequired, SCHEME_EXACT, X402_VERSION};
+use crate::catalog::{Catalog, Problem};
+
+/// One `(x402Version, scheme, network)` a facilitator settles.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct SupportedKind {
+    #[serde(rename = "x402Version")]
+    pub x402_version: u32,
+    pub scheme: String,
+    /// CAIP-2 for x402 v2 (`eip155:8453`); v1 used names (`base`). A
+    /// reference of `*` stands for every network of its namespace.
+    pub network: String,
+}
+
+/// `GET /supported`'s answer; only `kinds` matters here.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Supported {
+    pub kinds: Vec<SupportedKind>,
+}
+
+/// Does a facilitator listing `kinds` settle Reeve's payments (x402 v2, the
+/// exact scheme) on `network`?
+pub fn settles(kinds: &[SupportedKind], network: &str) -> bool {
+    kinds.iter().any(|k| {
+        let network_listed = k.network == network
+            || k.network.strip_suffix(":*").is_some_and(|namespace| network.split(':').next() == Some(namespace));
+        k.x402_version == X402_VERSION && k.scheme == SCHEME_EXACT && network_listed
+    })
+}
+
+/// Every price of `catalog` in a network the facilitator at `url` (listing
+/// `kinds`) does not settle, at its TOML path.
+pub fn unsupported_prices(catalog: &Catalog, kinds: &[SupportedKind], url: &str) -> Vec<Problem> {
+    let mut listed: Vec<&str> = kinds
+        .iter()
+        .filter(|k| k.x402_version == X402_VERSION && k.scheme == SCHEME_EXACT)
+        .map(|k| k.network.as_str())
+        .collect();
+    listed.dedup();
+    let listed = if listed.is_empty() { "none".to_owned() } else { listed.join(", ") };
+    let mut problems = Vec::new();
+    for (kind, task) in &catalog.tasks {
+        for (index, price) in task.accepts.iter().enumerate() {
+            let Some(asset) = catalog.assets.get(&price.asset) else { continue };
+            if !settles(kinds, &asset.network) {
+                problems.push(Problem {
+                    // Kinds are ids (letters, digits, - and _): bare TOML keys.
+                    path: format!("tasks.{kind}.accepts[{index}]"),
+                    message: format!(
+                        "asset {:?} is on {}, which the facilitator {url} does not settle (x402 v{X402_VERSION}, \
+                         scheme {SCHEME_EXACT}; it lists: {listed}): no payment in it could be settled",
+                        price.asset, asset.network
+                    ),
+                });
+            }
+        }
+    }
+    problems
+}
+
+/// `challenge` with only the prices a facilitator listing `kinds` settles:
+/// the others are refused (logged with their TOML path, `tasks.<kind>`'s
+/// accepts in the same order), and a payment in them finds no offer to
+/// match. `None` when no price of the kind is left: the task cannot be paid
+/// for here, and must not look free either.
+pub fn settleable(mut challenge: PaymentRequired, kinds: &[SupportedKind], kind: &str) -> Option<PaymentRequired> {
+    let mut index = 0;
+    challenge.accepts.retain(|offer| {
+        let settled = settles(kinds, &offer.network);
+        if !settled {
+            tracing::error!(
+                price = %format!("tasks.{kind}.accepts[{index}]"),
+                network = %offer.network,
+                "not offered: the facilitator does not settle this network"
+            );
+        }
+        index += 1;
+        settled
+    });
+    (!challenge.accepts.is_empty()).then_some(challenge)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(version: u32, scheme: &str, network: &str) -> SupportedKind {
+        SupportedKind { x402_version: version, scheme: scheme.into(), network: network.into() }
+    }
+
+    #[test]
+    fn a_network_is_settled_in_v2_with_the_exact_scheme_only() {
+        let local = [kind(2, "exact", "eip155:84532"), kind(1, "exact", "base")];
+        assert!(settles(&local, "eip155:84532"));
+        assert!(!settles(&local, "eip155:8453"), "v1's `base` is not v2's eip155:8453");
+        assert!(!settles(&[kind(1, "exact", "eip155:8453")], "eip155:8453"), "v1 only");
+        assert!(!settles(&[kind(2, "upto", "eip155:8453")], "eip155:8453"), "another scheme");
+        let every_evm = [kind(2, "exact", "eip155:*")];
+        assert!(settles(&every_evm, "eip155:8453"));
+        assert!(!settles(&every_evm, "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp"));
+    }
+
+    #[test]
+    fn the_local_facilitator_s_answer_parses() {
+        // As @x402/core's facilitator (scripts/payments/facilitator.mjs) answers.
+        let body = r#"{"kinds":[{"x402Version":2,"scheme":"exact","network":"eip155:84532"},
+            {"x402Version":1,"scheme":"exact","network":"base-sepolia"}],"extensions":[],
+            "signers":{"eip155:*":["0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"]}}"#;
+        let supported: Supported = serde_json::from_str(body).unwrap();
+        assert_eq!(supported.kinds[0], kind(2, "exact", "eip155:84532"));
+    }
+}
