@@ -14,10 +14,15 @@
 #             (scripts/requirements-checkov.txt), installed here when missing.
 #   build     sam build: every function with cargo lambda + zig, release;
 #             prints the size of every bootstrap
+#   deploy    the README's `cargo lambda deploy` of one function (auth, the
+#             bootstrap the build phase made) against the local moto
+#             server's Lambda API, with a role created there first; then
+#             checks the function's handler, runtime, architecture and
+#             environment, and deletes both
 #   invoke    sam local invoke of every function with its events/ file
 #             against the local stack, checking each answer (INVOKES below)
 #
-#   scripts/sam-check.sh [validate|lint|build|invoke ...]    (default: all four)
+#   scripts/sam-check.sh [validate|lint|build|deploy|invoke ...]    (default: all five)
 #
 # `invoke` needs Docker: Debian's docker.io and a dockerd started here
 # (scripts/lib/docker.sh), and the stand-in base image
@@ -137,6 +142,20 @@ phase_build() {
     printf '  %-22s %10s bytes  %6s\n' "$(basename "$(dirname "$f")")" "$n" "$(numfmt --to=iec "$n")" >&2
   done
   printf '  %-22s %10s bytes  %6s\n' total "$total" "$(numfmt --to=iec "$total")" >&2
+}
+
+# The README's "Function by function, with cargo lambda": the same command,
+# but for a function name of this run's own (moto is shared) and the role
+# made for it; cargo lambda finds the build phase's bootstrap in
+# <target>/lambda/auth/, where sam build's cargo lambda left it.
+phase_deploy() {
+  local moto=${AWS_ENDPOINT_URL_SQS:?the local moto server (.env)} name="reeve-check-auth-$$" role target
+  target=$(cargo metadata --format-version 1 --no-deps | "$VENV_DIR/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+  [[ -f $target/lambda/auth/bootstrap ]] || die "no $target/lambda/auth/bootstrap: run the build phase first"
+  role=$(AWS_ENDPOINT_URL=$moto "$VENV_DIR/bin/python" "$ROOT/scripts/lib/moto_lambda.py" role "$name") || return
+  AWS_ENDPOINT_URL=$moto cargo lambda deploy --binary-name auth "$name" --iam-role "$role" \
+    --include reeve.toml --env-var REEVE_CATALOG=/var/task/reeve.toml --merge-env >&2 || return
+  AWS_ENDPOINT_URL=$moto "$VENV_DIR/bin/python" "$ROOT/scripts/lib/moto_lambda.py" check "$name"
 }
 
 # The built template, plus the SDK's endpoint variables: `sam local` passes a
@@ -259,12 +278,12 @@ phase_invoke() {
 main() {
   load_dev_env
   local phases=("$@")
-  ((${#phases[@]})) || phases=(validate lint build invoke)
+  ((${#phases[@]})) || phases=(validate lint build deploy invoke)
   local p
   for p in "${phases[@]}"; do
     case $p in
-      validate | lint | build | invoke) timed "sam-$p" "phase_$p" ;;
-      *) die "unknown phase $p (validate, lint, build, invoke)" ;;
+      validate | lint | build | deploy | invoke) timed "sam-$p" "phase_$p" ;;
+      *) die "unknown phase $p (validate, lint, build, deploy, invoke)" ;;
     esac
   done
 }

@@ -3,7 +3,8 @@
 # clippy (bare runs), run the workspace tests,
 # the API fuzz run (scripts/api-fuzz.sh), the browser console test
 # (scripts/console-test.sh), then the SAM checks (scripts/sam-check.sh:
-# validate, the translated-template lint, build, local invoke).
+# validate, the translated-template lint, build, cargo lambda deploy to moto,
+# local invoke).
 #   scripts/test.sh [extra cargo test args...]
 # With extra arguments (a filtered run) only the cargo tests run;
 # REEVE_SKIP_SAM_CHECK=1 skips the SAM checks. CI runs it without arguments.

@@ -655,3 +655,39 @@ fn the_bucket_takes_browser_uploads_from_the_api_s_origins() {
     assert!(cors.contains("AllowedMethods: [PUT, GET]"), "{cors}");
     assert!(cors.contains("content-type"), "the signed content-type may be sent:\n{cors}");
 }
+
+/// A shell command of `text` that starts with `start`, its `\` continuations
+/// joined, as words.
+fn command_words(text: &str, start: &str) -> Vec<String> {
+    let lines = text.lines().map(str::trim).skip_while(|l| !l.starts_with(start));
+    let mut words = Vec::new();
+    for line in lines {
+        words.extend(line.trim_end_matches('\\').split_whitespace().map(str::to_owned));
+        if !line.ends_with('\\') {
+            break;
+        }
+    }
+    assert!(!words.is_empty(), "no `{start}` command");
+    words
+}
+
+/// CI runs the README's `cargo lambda deploy` (scripts/sam-check.sh's deploy
+/// phase, against moto): every option the README gives, with its value.
+#[test]
+fn sam_check_deploys_with_cargo_lambda_as_the_readme_says() {
+    let readme = command_words(&read("README.md"), "cargo lambda deploy");
+    let script = command_words(&read("scripts/sam-check.sh"), "AWS_ENDPOINT_URL=$moto cargo lambda deploy");
+    let options: Vec<(&String, Option<&String>)> = readme
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.starts_with("--"))
+        .map(|(i, w)| (w, readme.get(i + 1).filter(|v| !v.starts_with("--"))))
+        .collect();
+    assert!(options.len() >= 4, "{readme:?}");
+    for (option, value) in options {
+        let at = script.iter().position(|w| w == option).unwrap_or_else(|| panic!("sam-check.sh lacks {option}"));
+        if let Some(value) = value.filter(|v| !v.starts_with("reeve-")) {
+            assert_eq!(script.get(at + 1), Some(value), "{option}'s value");
+        }
+    }
+}
