@@ -20,7 +20,9 @@
 #                                facilitator with @x402/evm's exact scheme.
 #
 # Reeve finds the facilitator through REEVE_FACILITATOR_URL, which this script
-# adds to .env (it replaces the catalog's facilitator_url for this deployment).
+# adds to .env (it replaces the catalog's facilitator_url for this deployment),
+# and reads the chain for lost settlements through REEVE_CHAIN_RPC_URLS
+# (eip155:84532=<anvil>), added there too.
 # Ports move with REEVE_STACK_CHAIN_PORT and REEVE_STACK_FACILITATOR_PORT.
 set -euo pipefail
 
@@ -165,6 +167,8 @@ cmd_up() {
   facilitator_start
   env_add REEVE_FACILITATOR_URL "$FAC_URL"
   env_add REEVE_CHAIN_RPC_URL "$RPC"
+  # The network the local chain stands in for, for the payments reconciler.
+  env_add REEVE_CHAIN_RPC_URLS "eip155:$CHAIN_ID=$RPC"
   status_table || die "some payment services are down"
 }
 

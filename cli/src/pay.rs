@@ -18,8 +18,9 @@ use alloy_primitives::{Address, B256, U256};
 use alloy_signer::SignerSync;
 use alloy_signer_local::PrivateKeySigner;
 use alloy_sol_types::{Eip712Domain, SolStruct, sol};
-use base64::Engine;
-use serde_json::{Value, json};
+use reeve_shared::payments::{
+    Accepted, Authorization, ExactPayload, PaymentPayload, PaymentRequired, PaymentRequirements,
+};
 
 /// The environment variable holding the payer's private key (hex).
 pub const WALLET_KEY_VAR: &str = "REEVE_WALLET_KEY";
@@ -79,16 +80,12 @@ fn wallet_key_from(file: Option<&Path>, var: impl Fn(&str) -> Option<String>) ->
 
 /// The requirement to pay: the local network's if offered, else the first
 /// `exact` one on an EVM (`eip155:`) network.
-pub fn choose(challenge: &Value) -> Result<&Value, PayError> {
-    let payable: Vec<&Value> = challenge["accepts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|a| a["scheme"] == "exact" && a["network"].as_str().is_some_and(|n| n.starts_with("eip155:")))
-        .collect();
+pub fn choose(challenge: &PaymentRequired) -> Result<&PaymentRequirements, PayError> {
+    let payable: Vec<&PaymentRequirements> =
+        challenge.accepts.iter().filter(|a| a.scheme == "exact" && a.network.starts_with("eip155:")).collect();
     payable
         .iter()
-        .find(|a| a["network"] == LOCAL_NETWORK)
+        .find(|a| a.network == LOCAL_NETWORK)
         .or_else(|| payable.first())
         .copied()
         .ok_or(PayError::NothingPayable)
@@ -97,25 +94,22 @@ pub fn choose(challenge: &Value) -> Result<&Value, PayError> {
 /// The `PAYMENT-SIGNATURE` value paying `challenge` with `key`, valid from
 /// ten minutes before `now` (clock skew) until `now` plus the requirement's
 /// `maxTimeoutSeconds`.
-pub fn payment_header(challenge: &Value, key: &str, now: u64) -> Result<String, PayError> {
+pub fn payment_header(challenge: &PaymentRequired, key: &str, now: u64) -> Result<String, PayError> {
     let signer: PrivateKeySigner = key.parse().map_err(|_| PayError::BadKey)?;
     let req = choose(challenge)?;
-    let text = |field: &'static str| req[field].as_str().ok_or(PayError::BadRequirement(field));
-    let chain_id: u64 = text("network")?
+    let chain_id: u64 = req
+        .network
         .strip_prefix("eip155:")
         .and_then(|id| id.parse().ok())
         .ok_or(PayError::BadRequirement("network"))?;
-    let asset: Address = text("asset")?.parse().map_err(|_| PayError::BadRequirement("asset"))?;
-    let pay_to: Address = text("payTo")?.parse().map_err(|_| PayError::BadRequirement("payTo"))?;
-    let value: U256 = text("amount")?.parse().map_err(|_| PayError::BadRequirement("amount"))?;
-    let timeout = req["maxTimeoutSeconds"].as_u64().ok_or(PayError::BadRequirement("maxTimeoutSeconds"))?;
-    let name = req["extra"]["name"].as_str().ok_or(PayError::BadRequirement("extra.name"))?;
-    let version = req["extra"]["version"].as_str().ok_or(PayError::BadRequirement("extra.version"))?;
+    let asset: Address = req.asset.parse().map_err(|_| PayError::BadRequirement("asset"))?;
+    let pay_to: Address = req.pay_to.parse().map_err(|_| PayError::BadRequirement("payTo"))?;
+    let value: U256 = req.amount.parse().map_err(|_| PayError::BadRequirement("amount"))?;
 
     let mut nonce = [0u8; 32];
     getrandom::fill(&mut nonce).map_err(|e| PayError::Rng(e.to_string()))?;
     let valid_after = now.saturating_sub(600);
-    let valid_before = now + timeout;
+    let valid_before = now + u64::from(req.max_timeout_seconds);
     let message = TransferWithAuthorization {
         from: signer.address(),
         to: pay_to,
@@ -125,8 +119,8 @@ pub fn payment_header(challenge: &Value, key: &str, now: u64) -> Result<String, 
         nonce: B256::from(nonce),
     };
     let domain = Eip712Domain::new(
-        Some(Cow::Owned(name.to_owned())),
-        Some(Cow::Owned(version.to_owned())),
+        Some(Cow::Owned(req.extra.name.clone())),
+        Some(Cow::Owned(req.extra.version.clone())),
         Some(U256::from(chain_id)),
         Some(asset),
         None,
@@ -134,30 +128,31 @@ pub fn payment_header(challenge: &Value, key: &str, now: u64) -> Result<String, 
     let hash = message.eip712_signing_hash(&domain);
     let signature = signer.sign_hash_sync(&hash).map_err(|e| PayError::Sign(e.to_string()))?;
 
-    let mut payment = json!({
-        "x402Version": 2,
-        "accepted": req,
-        "payload": {
-            "signature": format!("0x{}", hex::encode(signature.as_bytes())),
-            "authorization": {
-                "from": signer.address().to_checksum(None),
-                "to": pay_to.to_checksum(None),
-                "value": value.to_string(),
-                "validAfter": valid_after.to_string(),
-                "validBefore": valid_before.to_string(),
-                "nonce": format!("0x{}", hex::encode(nonce)),
-            }
-        }
-    });
-    if let Some(resource) = challenge.get("resource") {
-        payment["resource"] = resource.clone();
-    }
-    Ok(base64::engine::general_purpose::STANDARD.encode(payment.to_string()))
+    let payment = PaymentPayload {
+        x402_version: 2,
+        accepted: Accepted::from(req),
+        payload: ExactPayload {
+            signature: format!("0x{}", hex::encode(signature.as_bytes())),
+            authorization: Authorization {
+                from: signer.address().to_checksum(None),
+                to: pay_to.to_checksum(None),
+                value: value.to_string(),
+                valid_after: valid_after.to_string(),
+                valid_before: valid_before.to_string(),
+                nonce: format!("0x{}", hex::encode(nonce)),
+            },
+        },
+        resource: Some(serde_json::to_value(&challenge.resource).expect("strings serialise")),
+        extensions: None,
+    };
+    Ok(payment.header_value())
 }
 
 #[cfg(test)]
 mod tests {
     use alloy_primitives::Signature;
+    use base64::Engine;
+    use serde_json::{Value, json};
 
     use super::*;
 
@@ -165,7 +160,11 @@ mod tests {
     const KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
     const ADDRESS: &str = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8";
 
-    fn challenge() -> Value {
+    fn challenge() -> PaymentRequired {
+        serde_json::from_value(challenge_json()).unwrap()
+    }
+
+    fn challenge_json() -> Value {
         json!({
             "x402Version": 2,
             "error": "PAYMENT-SIGNATURE header is required",
@@ -189,8 +188,8 @@ mod tests {
         let p: Value =
             serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(&header).unwrap()).unwrap();
         assert_eq!(p["x402Version"], 2);
-        assert_eq!(p["accepted"], challenge()["accepts"][1], "the local requirement, verbatim");
-        assert_eq!(p["resource"], challenge()["resource"]);
+        assert_eq!(p["accepted"], challenge_json()["accepts"][1], "the local requirement, verbatim");
+        assert_eq!(p["resource"], challenge_json()["resource"]);
         let a = &p["payload"]["authorization"];
         assert_eq!(a["from"], ADDRESS);
         assert_eq!(a["to"], "0x209693Bc6afc0C5328bA36FaF03C514EF312287C");
@@ -234,7 +233,7 @@ mod tests {
         let payment: Value =
             serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(&header).unwrap()).unwrap();
         let body =
-            json!({"x402Version": 2, "paymentPayload": payment, "paymentRequirements": challenge()["accepts"][1]});
+            json!({"x402Version": 2, "paymentPayload": payment, "paymentRequirements": challenge_json()["accepts"][1]});
         let answer = reqwest::Client::new()
             .post(format!("{url}/verify"))
             .header("content-type", "application/json")
@@ -250,9 +249,9 @@ mod tests {
     #[test]
     fn without_the_local_network_the_first_evm_requirement_is_paid() {
         let mut c = challenge();
-        c["accepts"].as_array_mut().unwrap().pop();
-        assert_eq!(choose(&c).unwrap()["network"], "eip155:8453");
-        c["accepts"][0]["scheme"] = json!("upto");
+        c.accepts.pop();
+        assert_eq!(choose(&c).unwrap().network, "eip155:8453");
+        c.accepts[0].scheme = "upto".into();
         assert!(matches!(choose(&c), Err(PayError::NothingPayable)));
     }
 

@@ -3,6 +3,7 @@
 //! requirements (one row per way to pay) and the command exits 3; paying
 //! (`--pay`, in `pay.rs`) will start from the same challenge.
 
+use reeve_shared::payments::PaymentRequired;
 use serde_json::Value;
 
 use crate::client::output;
@@ -19,17 +20,15 @@ pub struct Requirement {
 
 /// The requirements of `challenge`; `catalog` is `GET /v1/catalog`'s answer,
 /// for the asset names and decimals (`Value::Null` if it could not be read).
-pub fn requirements(challenge: &Value, catalog: &Value) -> Vec<Requirement> {
+pub fn requirements(challenge: &PaymentRequired, catalog: &Value) -> Vec<Requirement> {
     let assets = catalog["assets"].as_array().cloned().unwrap_or_default();
-    challenge["accepts"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
+    challenge
+        .accepts
         .iter()
         .map(|accept| {
-            let network = accept["network"].as_str().unwrap_or_default().to_owned();
-            let contract = accept["asset"].as_str().unwrap_or_default().to_owned();
-            let amount_atomic = accept["amount"].as_str().unwrap_or_default().to_owned();
+            let network = accept.network.clone();
+            let contract = accept.asset.clone();
+            let amount_atomic = accept.amount.clone();
             let known = assets.iter().find(|a| {
                 a["network"].as_str() == Some(network.as_str())
                     && a["contract"].as_str().is_some_and(|c| c.eq_ignore_ascii_case(&contract))
@@ -42,24 +41,22 @@ pub fn requirements(challenge: &Value, catalog: &Value) -> Vec<Requirement> {
                 }
                 None => (contract.clone(), "?".to_owned()),
             };
-            Requirement {
-                network,
-                asset,
-                amount_atomic,
-                amount_human,
-                pay_to: accept["payTo"].as_str().unwrap_or_default().to_owned(),
-            }
+            Requirement { network, asset, amount_atomic, amount_human, pay_to: accept.pay_to.clone() }
         })
         .collect()
 }
 
-/// What a person sees: why, then the table.
+/// What a person sees: why, then the table (a `402` body that is not a
+/// challenge shows as it came).
 pub fn describe(challenge: &Value, catalog: &Value) -> String {
-    let rows: Vec<Vec<String>> = requirements(challenge, catalog)
+    let Ok(challenge) = serde_json::from_value::<PaymentRequired>(challenge.clone()) else {
+        return format!("error: this task is priced (payment_required): {challenge}");
+    };
+    let rows: Vec<Vec<String>> = requirements(&challenge, catalog)
         .into_iter()
         .map(|r| vec![r.network, r.asset, r.amount_human, r.amount_atomic, r.pay_to])
         .collect();
-    let why = challenge["error"].as_str().unwrap_or("payment required");
+    let why = challenge.error.as_str();
     format!(
         "error: this task is priced: {why} (payment_required); pay with one of:\n{}",
         output::table(&["NETWORK", "ASSET", "AMOUNT", "ATOMIC", "PAY TO"], &rows)

@@ -17,11 +17,19 @@ pub struct SweepArgs {
     /// Sweep once and exit, instead of every minute until stopped.
     #[arg(long)]
     once: bool,
+    /// The catalog: a payment that landed late buys a task only of a kind
+    /// it still offers (else a credit). Default REEVE_CATALOG, else reeve.toml.
+    #[arg(long, value_name = "PATH")]
+    catalog: Option<std::path::PathBuf>,
 }
 
 pub async fn run(args: SweepArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     telemetry::init();
-    let sweeper = startup::sweeper(&Config::from_env(), &startup::sdk().await).await?;
+    let mut config = Config::from_env();
+    if let Some(catalog) = &args.catalog {
+        config = config.with(reeve_shared::settings::CATALOG, catalog.display().to_string());
+    }
+    let sweeper = startup::sweeper(&config, &startup::sdk().await).await?;
     let older_than = args.older_than.map_or(sweeper.older_than, Duration::from_secs);
     if !args.once {
         sweeper.run_every(sweeper::EVERY, older_than, shutdown).await;
@@ -31,6 +39,11 @@ pub async fn run(args: SweepArgs, shutdown: impl Future<Output = ()>) -> anyhow:
     println!(
         "swept: {} queued and {} expired tasks sent again, {} failed as retries_exhausted, {} sends failed",
         report.resent_queued, report.resent_expired, report.exhausted, report.send_errors
+    );
+    let p = &report.payments;
+    println!(
+        "payments: {} landed late (task created), {} credited, {} never landed, {} still open, {} chain errors",
+        p.settled_late, p.credited, p.not_settled, p.open, p.chain_errors
     );
     if report.send_errors > 0 {
         anyhow::bail!("{} tasks could not be sent to the queue", report.send_errors);

@@ -65,6 +65,14 @@ pub async fn watch(
                 &bar,
                 format!("paid with a credit: {} atomic units", event.data["amount"].as_str().unwrap_or_default()),
             ),
+            EventType::PaymentSettledLate => say(
+                &bar,
+                format!(
+                    "payment landed after the request was answered: {} atomic units, transaction {}",
+                    event.data["amount"].as_str().unwrap_or_default(),
+                    event.data["transaction"].as_str().unwrap_or("unknown")
+                ),
+            ),
         }
     })
     .await;

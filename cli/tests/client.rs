@@ -14,6 +14,12 @@ use sha2::Digest as _;
 
 use common::{env, repo, with_database};
 
+/// The local chain harness the shared crate's tests use: its locks hold
+/// across every test process on the machine.
+#[allow(dead_code)]
+#[path = "../../shared/tests/common/chain.rs"]
+mod chain;
+
 /// A `reeve serve` of the test's own, with its database, queue and
 /// credentials directory; killed and cleaned up on drop.
 struct Serve {
@@ -26,6 +32,11 @@ struct Serve {
 
 impl Serve {
     async fn start(args: &[&str]) -> Serve {
+        Self::start_with(args, &[]).await
+    }
+
+    /// [`Serve::start`] with extra environment variables for the server.
+    async fn start_with(args: &[&str], vars: &[(&str, &str)]) -> Serve {
         use sqlx::Connection;
         let name = format!("reeve_client_{}", ulid::Ulid::new().to_string().to_lowercase());
         let mut admin = sqlx::PgConnection::connect(&env("DATABASE_URL")).await.unwrap();
@@ -55,6 +66,7 @@ impl Serve {
             .args(args)
             .env("DATABASE_URL", &database_url)
             .env("REEVE_QUEUE_URL", &queue_url)
+            .envs(vars.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -480,6 +492,7 @@ const PAYER_KEY: &str = "0x7c852118294e51e653712a81e05800f419141751be58f605c371e
 
 #[tokio::test]
 async fn a_priced_task_is_paid_with_pay_and_the_payment_shows_in_reeve_space() {
+    let _chain = chain::ChainLock::shared().await;
     let serve = Serve::start(&["--no-worker"]).await;
     serve.reeve(&["space", "create"]).expect(0);
     let create = ["task", "create", "fetch", "--input", "url=https://example.com/"];
@@ -510,6 +523,88 @@ async fn a_priced_task_is_paid_with_pay_and_the_payment_shows_in_reeve_space() {
     assert_eq!(task["payment"]["network"], "eip155:84532", "{task}");
     let shown = serve.reeve(&["space"]).expect(0).stdout();
     assert!(shown.contains("PAYMENTS") && shown.contains(task["id"].as_str().unwrap()), "{shown}");
+    serve.cleanup().await;
+}
+
+/// Forwards to the stack's facilitator, but loses the answer of the first
+/// `/settle` (a 502 after the real one settled). Every payment document it
+/// was sent is kept.
+async fn lossy_facilitator() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::body::Bytes;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let real = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let lost = Arc::new(AtomicBool::new(false));
+    let forward = move |path: &'static str, body: Bytes, seen: Arc<Mutex<Vec<Value>>>, real: String| async move {
+        let request: Value = serde_json::from_slice(&body).unwrap();
+        seen.lock().unwrap().push(request["paymentPayload"].clone());
+        let answer = reqwest::Client::new()
+            .post(format!("{real}/{path}"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (axum::http::StatusCode::from_u16(answer.status().as_u16()).unwrap(), answer.text().await.unwrap())
+    };
+    let router = axum::Router::new()
+        .route(
+            "/verify",
+            axum::routing::post({
+                let (seen, real) = (seen.clone(), real.clone());
+                move |body: Bytes| forward("verify", body, seen.clone(), real.clone())
+            }),
+        )
+        .route(
+            "/settle",
+            axum::routing::post({
+                let (seen, real) = (seen.clone(), real.clone());
+                move |body: Bytes| {
+                    let (seen, real, lost) = (seen.clone(), real.clone(), lost.clone());
+                    async move {
+                        let answer = forward("settle", body, seen, real).await;
+                        if lost.swap(true, Ordering::SeqCst) {
+                            answer
+                        } else {
+                            (axum::http::StatusCode::BAD_GATEWAY, "lost".to_owned())
+                        }
+                    }
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    (url, seen)
+}
+
+/// A payment whose settlement's answer was lost: the server says it is
+/// pending, and `--pay` waits and sends the same signature again (never a
+/// new one) until the server, reading the chain, answers its one task.
+/// (Multi-threaded: the facilitator proxy answers while a blocking `reeve`
+/// command runs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pay_waits_out_a_pending_payment_with_the_same_signature() {
+    let _chain = chain::ChainLock::shared().await;
+    let (lossy, seen) = lossy_facilitator().await;
+    let rpc = format!("eip155:84532={}", chain::rpc_url());
+    let vars = [("REEVE_FACILITATOR_URL", lossy.as_str()), ("REEVE_CHAIN_RPC_URLS", rpc.as_str())];
+    let serve = Serve::start_with(&["--no-worker"], &vars).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let pay = ["task", "create", "fetch", "--input", "url=https://example.com/", "--pay", "--json"];
+    let paid = serve.reeve_with(&pay, &[("REEVE_WALLET_KEY", PAYER_KEY)]);
+    let task = paid.expect(0).json();
+    assert_eq!(task["status"], "queued", "{task}");
+    assert!(paid.stderr().contains("payment pending"), "{}", paid.stderr());
+
+    // One payment went to the facilitator, however often it was sent.
+    let payloads = seen.lock().unwrap().clone();
+    assert!(!payloads.is_empty());
+    assert!(payloads.iter().all(|p| p == &payloads[0]), "one signature only: {payloads:?}");
+    let space = serve.reeve(&["space", "--json"]).expect(0).json();
+    assert_eq!(space["payments"].as_array().unwrap().len(), 1, "{space}");
+    assert_eq!(space["payments"][0]["task_id"], task["id"]);
     serve.cleanup().await;
 }
 

@@ -123,7 +123,11 @@ impl Stranded {
 async fn a_task_whose_message_was_lost_completes_after_a_sweep_and_a_worker_run() {
     let task = Stranded::new().await;
     let (db_url, queue) = (&task.db_url, &task.queue);
-    let out = reeve(db_url, queue).args(["sweep", "--older-than", "0", "--once"]).output().unwrap();
+    let out = reeve(db_url, queue)
+        .args(["sweep", "--older-than", "0", "--once", "--catalog"])
+        .arg(repo("reeve.dev.toml"))
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("1 queued"), "{stdout}");
@@ -177,4 +181,117 @@ async fn reeve_serve_completes_a_task_whose_message_was_lost_without_a_manual_sw
     };
     assert!(status.success(), "{status}");
     task.cleanup().await;
+}
+
+/// One attempt limit per task: a task whose executor always fails
+/// retryably (its endpoint answers 503) ends `retries_exhausted` after
+/// exactly `REEVE_MAX_RECEIVES` runs, although the sweeper re-sends it a
+/// second after each failure and SQS would redeliver every message too:
+/// the worker counts the task's own attempts, not a message's deliveries.
+#[tokio::test]
+async fn a_task_that_always_fails_retryably_runs_exactly_max_receives_times_under_reeve_serve() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let hits = Arc::new(AtomicUsize::new(0));
+    let endpoint = {
+        let hits = hits.clone();
+        let router = axum::Router::new().route(
+            "/down",
+            axum::routing::post(move || {
+                hits.fetch_add(1, Ordering::SeqCst);
+                async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "down") }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        addr
+    };
+    let admin_url = env("DATABASE_URL");
+    let name = format!("reeve_limit_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
+    let db_url = with_database(&admin_url, &name);
+    let pool = reeve_shared::db::connect(&db_url).await.unwrap();
+    reeve_shared::db::migrate(&pool).await.unwrap();
+    let aws = common::aws().await;
+    let queue = aws.sqs.create_queue().queue_name(name.replace('_', "-")).send().await.unwrap();
+    let queue = queue.queue_url().unwrap().to_owned();
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let catalog = dir.join("reeve.toml");
+    let flaky = format!(
+        "\n[tasks.flaky]\ntitle = \"Flaky\"\ndescription = \"Its endpoint is always down\"\nexecutor = \"http\"\n\
+         endpoint = \"http://{endpoint}/down\"\ntimeout_seconds = 5\ninput_schema = {{ type = \"object\" }}\n"
+    );
+    std::fs::write(&catalog, std::fs::read_to_string(repo("reeve.dev.toml")).unwrap() + &flaky).unwrap();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _serve = Worker(
+        reeve(&db_url, &queue)
+            .args(["serve", "--bind", &format!("127.0.0.1:{port}"), "--catalog"])
+            .arg(&catalog)
+            .args(["--sweep-every", "1", "--sweep-older-than", "1"])
+            .env("REEVE_MAX_RECEIVES", "3")
+            .env("REEVE_OPERATOR_ALLOW", endpoint.to_string())
+            .env("REEVE_OUTBOUND_ALLOW_HTTP", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let api = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(60), "reeve serve did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let http = reqwest::Client::new();
+    let post = |path: String, token: Option<String>, body: Value| {
+        let mut request =
+            http.post(format!("{api}{path}")).header("content-type", "application/json").body(body.to_string());
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    let space = common::json_of(post("/v1/spaces".into(), None, serde_json::json!({})).await.unwrap()).await;
+    let session = common::json_of(
+        post("/v1/sessions".into(), None, serde_json::json!({"space_id": space["space_id"]})).await.unwrap(),
+    )
+    .await;
+    let token = session["token"].as_str().unwrap().to_owned();
+    let created = post("/v1/tasks/flaky".into(), Some(token), serde_json::json!({"input": {}})).await.unwrap();
+    assert_eq!(created.status().as_u16(), 202);
+    let id: reeve_shared::ids::Id = common::json_of(created).await["id"].as_str().unwrap().parse().unwrap();
+
+    let (status, attempts, error) = loop {
+        let row: (String, i32, Option<sqlx::types::Json<Value>>) =
+            sqlx::query_as("SELECT status, attempts, error FROM tasks WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if row.0 == "failed" {
+            break row;
+        }
+        assert!(started.elapsed() < Duration::from_secs(90), "still {} after {} attempts", row.0, row.1);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(status, "failed");
+    assert_eq!(error.unwrap().0["code"], "retries_exhausted");
+    assert_eq!(attempts, 3, "exactly REEVE_MAX_RECEIVES runs");
+    // The sweeps go on every second, and the messages are still around: no
+    // run past the limit.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 3, "the endpoint was called once per attempt");
+    let attempts: i32 =
+        sqlx::query_scalar("SELECT attempts FROM tasks WHERE id = $1").bind(id).fetch_one(&pool).await.unwrap();
+    assert_eq!(attempts, 3);
+
+    pool.close().await;
+    aws.sqs.delete_queue().queue_url(&queue).send().await.unwrap();
+    let drop = format!("DROP DATABASE {name} WITH (FORCE)");
+    sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&mut admin).await.unwrap();
 }

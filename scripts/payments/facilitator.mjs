@@ -1,11 +1,13 @@
 // A thin x402 facilitator for the local chain: the official @x402/core
 // facilitator with @x402/evm's exact scheme, settling from anvil's account 0.
 //
-//   node facilitator.mjs <rpc url> <bind host> <port> [account]
+//   node facilitator.mjs <rpc url> <bind host> <port> [account] [confirmation ms]
 //
 // A test that runs a facilitator of its own (to stop it) names another of
 // anvil's accounts to pay the gas from: two facilitators sending from one
-// account would pick the same transaction nonces.
+// account would pick the same transaction nonces. It may also shorten how
+// long a settle waits for its receipt before it answers `settlement_pending`
+// with the hash it broadcast (@x402/evm's default is 180000 ms).
 //
 // POST /verify and POST /settle take {x402Version, paymentPayload,
 // paymentRequirements}; GET /supported lists what it settles. Everything the
@@ -17,7 +19,7 @@ import { registerExactEvmScheme } from "@x402/evm/exact/facilitator";
 import { createWalletClient, defineChain, http, publicActions } from "viem";
 import { mnemonicToAccount } from "viem/accounts";
 
-const [rpc, host, port, accountIndex = "0"] = process.argv.slice(2);
+const [rpc, host, port, accountIndex = "0", confirmationMs] = process.argv.slice(2);
 const NETWORK = "eip155:84532";
 const chain = defineChain({
   id: 84532,
@@ -29,7 +31,10 @@ const chain = defineChain({
 // gas of every settlement.
 const account = mnemonicToAccount("test test test test test test test test test test test junk", { addressIndex: Number(accountIndex) });
 const client = createWalletClient({ account, chain, transport: http(rpc) }).extend(publicActions);
-const signer = toFacilitatorEvmSigner({ ...client, address: account.address });
+const signer = toFacilitatorEvmSigner(
+  { ...client, address: account.address },
+  confirmationMs ? { confirmationTimeoutMs: Number(confirmationMs) } : {},
+);
 
 const facilitator = new x402Facilitator();
 registerExactEvmScheme(facilitator, { signer, networks: NETWORK });

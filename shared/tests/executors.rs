@@ -454,7 +454,11 @@ async fn fetch_stores_the_body_with_a_working_download_link(pool: PgPool) {
     assert_eq!(result["sha256"], json!(sha256_hex(&bytes)));
     assert_eq!(result["content_type"], "image/png");
     let fields: Vec<&str> = result.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(fields, ["content_type", "key", "object_expires_at", "sha256", "size", "url", "url_expires_at"]);
+    assert_eq!(
+        fields,
+        ["content_type", "key", "object_expires_at", "sha256", "size", "status", "url", "url_expires_at"]
+    );
+    assert_eq!(result["status"], 200, "the URL's status is part of the result");
     // The bucket keeps outputs OUTPUT_RETENTION_DAYS: S3 expires them at the
     // midnight (UTC) after that, and the result says when.
     let object_expires_at = OffsetDateTime::parse(result["object_expires_at"].as_str().unwrap(), &Rfc3339).unwrap();
@@ -496,8 +500,11 @@ async fn fetch_stores_the_body_with_a_working_download_link(pool: PgPool) {
     assert_eq!(result.unwrap()["content_type"], "application/octet-stream");
 }
 
+/// The URL is the owner's: whatever it answers is the fetch's result, and a
+/// target that cannot be reached is the owner's error, never retried (so a
+/// paid fetch of a dead URL is not run five times and never credited).
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn fetch_failures_have_stable_codes(pool: PgPool) {
+async fn a_fetch_completes_with_any_status_and_an_unreachable_target_is_the_owners_error(pool: PgPool) {
     let deps = deps(pool.clone()).await;
     let space = space(&pool).await;
     let (base, _) = server().await;
@@ -506,11 +513,21 @@ async fn fetch_failures_have_stable_codes(pool: PgPool) {
         async move { exec(&deps, space, Id::new(), &spec("fetch"), input).await.0 }
     };
 
-    let message = assert_permanent(&fetch(json!({ "url": format!("{base}/missing") })).await, codes::FETCH_FAILED);
-    assert!(message.contains("404"), "{message}");
-    assert!(!message.contains("nothing here"), "the remote's body is not repeated: {message}");
-    assert_retryable(&fetch(json!({ "url": format!("{base}/boom") })).await);
-    assert_retryable(&fetch(json!({ "url": format!("{base}/busy") })).await);
+    for (path, status, body) in [("/missing", 404, "nothing here"), ("/boom", 500, "boom"), ("/busy", 429, "slow down")]
+    {
+        let result = fetch(json!({ "url": format!("{base}{path}") })).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(result["status"], status, "{path}: {result}");
+        assert_eq!(result["size"], body.len(), "{path}: the body is stored too");
+        assert_eq!(result["sha256"], sha256_hex(body.as_bytes()), "{path}");
+    }
+    let ok = fetch(json!({ "url": format!("{base}/file") })).await.unwrap();
+    assert_eq!(ok["status"], 200);
+
+    // Nothing listens on port 1; `.invalid` never resolves (RFC 2606).
+    for url in ["http://127.0.0.1:1/".to_owned(), "http://no-such-host.invalid/".to_owned()] {
+        let message = assert_permanent(&fetch(json!({ "url": url })).await, codes::FETCH_UNREACHABLE);
+        assert!(message.contains("could not be reached"), "{url}: {message}");
+    }
     assert_permanent(&fetch(json!({ "url": format!("{base}/big") })).await, codes::TOO_LARGE);
     assert_permanent(&fetch(json!({ "url": "not a url" })).await, codes::INVALID_URL);
     assert_permanent(&fetch(json!({})).await, codes::INVALID_INPUT);

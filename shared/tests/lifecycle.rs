@@ -306,7 +306,7 @@ async fn cancel_racing_the_completion_leaves_exactly_one_terminal_state(pool: Pg
         let id = api.create("steps").await;
         // A claim whose lease has already run out: its worker may still
         // complete it, while a cancel takes it as abandoned.
-        let claim = claim(&pool, id, Duration::ZERO).await.unwrap().unwrap();
+        let claim = claim(&pool, id, Duration::ZERO, 5).await.unwrap().unwrap();
         let result = json!({"done": true});
         let (completed, canceled) = tokio::join!(
             tasks::transition(&pool, id, Fence::Run(claim.attempt), Change::Complete { result: &result }),
@@ -389,5 +389,38 @@ async fn a_canceled_run_that_fails_retryably_is_not_retried(pool: PgPool) {
     assert!(runs <= 1, "{runs} runs");
     assert_eq!(process(&ctx, &body_of(id), 2).await, Outcome::Done);
     assert_eq!(flaky.runs.load(Ordering::SeqCst), runs);
+    api.queue.delete().await;
+}
+
+/// One attempt limit per task, whatever the message: two copies of a
+/// task's message (the sweeper's re-send and SQS's redelivery), each on its
+/// first delivery, never run it past `REEVE_MAX_RECEIVES`; the copy that
+/// finds it out of attempts fails it `retries_exhausted` without a run.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_task_out_of_attempts_is_failed_without_a_run_whatever_the_receive_count(pool: PgPool) {
+    let api = Api::new(&pool, catalog()).await;
+    let id = api.create("steps").await;
+    let (mut ctx, _) = worker(&pool, common::aws().await.s3, 1);
+    let flaky = Arc::new(Flaky { runs: AtomicUsize::new(0), after: Duration::ZERO });
+    ctx.runner = flaky.clone();
+    let max = ctx.settings.max_receives;
+    // Each run is its message's first delivery: the receive counts alone
+    // would allow any number of runs.
+    for attempt in 1..max {
+        assert!(process(&ctx, &body_of(id), 1).await.is_retry(), "attempt {attempt} is handed back");
+    }
+    assert_eq!(process(&ctx, &body_of(id), 1).await, Outcome::Failed("retries_exhausted"), "the last attempt");
+    assert_eq!(flaky.runs.load(Ordering::SeqCst), max as usize);
+
+    // A task put back with all its attempts used (a run whose worker died
+    // on the last one, then swept back): not run again.
+    sqlx::query("UPDATE tasks SET status = 'queued', error = NULL WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(process(&ctx, &body_of(id), 1).await, Outcome::Failed("retries_exhausted"));
+    assert_eq!(flaky.runs.load(Ordering::SeqCst), max as usize, "no run past the limit");
+    assert_eq!(status_of(&pool, id).await, "failed");
     api.queue.delete().await;
 }

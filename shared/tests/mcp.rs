@@ -124,6 +124,7 @@ impl Endpoint {
             aws: aws.clone(),
             bucket: settings.bucket.clone(),
             queue_url: queue.url.clone(),
+            chains: reeve_shared::payments::Chains::none(),
         };
         let mcp_settings = McpSettings {
             allowed_hosts: McpSettings::LOOPBACK.map(str::to_owned).to_vec(),

@@ -288,6 +288,8 @@ async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
         events: reeve_shared::tasks::Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
         max_attempts: 5,
         older_than: Duration::from_secs(60),
+        catalog: std::sync::Arc::new(common::shipped_catalog()),
+        chains: reeve_shared::payments::Chains::none(),
     };
     assert_eq!(sweeper.sweep(Duration::from_secs(60)).await.unwrap().exhausted, 1);
 

@@ -5,7 +5,14 @@
 //!
 //! Each test pays from a fresh key (minted tokens by the test) to a fresh
 //! `payTo`, so tests running in parallel on one chain never see each other's
-//! transfers.
+//! transfers, and each ends by joining the chain's `Transfer`s to its
+//! `payTo` with the payments table ([`assert_books_balance`]): every charge
+//! has exactly one task or one credit, every paid task exactly one charge.
+//!
+//! The faults are real: a settlement held pending by pausing the chain's
+//! mining (under the harness's exclusive lock), a facilitator of the test's
+//! own stopped after it broadcast, an authorisation left to expire, a
+//! Lambda deadline shorter than the settle.
 
 mod common;
 
@@ -16,7 +23,10 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
 use base64::Engine;
-use common::chain::{ChainLock, Payer, TOKEN, balance, fresh_address, rpc};
+use common::chain::{
+    ChainLock, OWN_FACILITATOR_ACCOUNT, OwnFacilitator, Payer, TOKEN, balance, chain_time, chains, charges_to,
+    fresh_address, rpc, wait_pending_from,
+};
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::ExecDeps;
@@ -25,6 +35,7 @@ use reeve_shared::ids::Id;
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::settings::WorkerSettings;
+use reeve_shared::sweeper::{SweepReport, Sweeper};
 use reeve_shared::tasks::{EventType, events_after};
 use reeve_shared::worker::{Outcome, WorkerContext, process};
 use serde_json::{Value, json};
@@ -71,6 +82,24 @@ fn catalog(pay_to: &str, facilitator: &str, max_timeout: u32) -> Catalog {
             "#
         )
     };
+    let slow = r#"
+            [tasks.slow]
+            title = "Slow fetch"
+            description = "Fetch a URL within one second"
+            executor = "fetch"
+            timeout_seconds = 1
+            [tasks.slow.input_schema]
+            type = "object"
+            [[tasks.slow.accepts]]
+            asset = "local"
+            amount_usd = "0.01"
+            [tasks.free]
+            title = "Free fetch"
+            description = "Fetch a URL for nothing"
+            executor = "fetch"
+            [tasks.free.input_schema]
+            type = "object"
+        "#;
     let text = format!(
         r#"
         [payments]
@@ -95,6 +124,7 @@ fn catalog(pay_to: &str, facilitator: &str, max_timeout: u32) -> Catalog {
         version = "2"
         {}
         {}
+        {slow}
         "#,
         priced("fetch"),
         priced("fetch2"),
@@ -117,17 +147,56 @@ impl Shop {
     }
 
     async fn with(pool: &PgPool, facilitator: &str, max_timeout: u32) -> Shop {
-        let pay_to = fresh_address();
+        Self::build(pool, fresh_address(), facilitator, max_timeout, None).await
+    }
+
+    /// This shop's space and `payTo`, through another facilitator.
+    async fn through(self, facilitator: &str) -> Shop {
+        let (pool, pay_to, token) = (self.pool.clone(), self.pay_to.clone(), self.token.clone());
+        self.done().await;
+        Self::build(&pool, pay_to, facilitator, 300, Some(token)).await
+    }
+
+    async fn build(pool: &PgPool, pay_to: String, facilitator: &str, max_timeout: u32, token: Option<String>) -> Shop {
         let catalog = catalog(&pay_to, facilitator, max_timeout);
         let queue = TestQueue::new().await;
         let redis_url = common::redis_url();
         let mut settings = common::test_settings(&redis_url);
         settings.queue_url = queue.url.clone();
         let aws = common::aws().await;
-        let ctx = ApiContext::new(catalog.clone(), pool.clone(), RedisClient::new(&redis_url).unwrap(), aws, settings);
+        let redis = RedisClient::new(&redis_url).unwrap();
+        let operators = Outbound::new(OutboundPolicy::default()).unwrap();
+        let ctx = ApiContext::with_operators(catalog.clone(), pool.clone(), redis, aws, settings, operators, chains());
         let app = app(ctx);
-        let (_, token) = new_session(&app).await;
+        let token = match token {
+            Some(token) => token,
+            None => new_session(&app).await.1,
+        };
         Shop { app, token, pay_to, queue, pool: pool.clone(), catalog }
+    }
+
+    /// One sweep, as the sweeper Lambda or `reeve sweep` runs it: the
+    /// reconciler first, on the local chain.
+    async fn sweep(&self) -> SweepReport {
+        let sweeper = Sweeper {
+            db: self.pool.clone(),
+            sqs: common::aws().await.sqs,
+            queue_url: self.queue.url.clone(),
+            events: reeve_shared::tasks::Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
+            max_attempts: 5,
+            older_than: Duration::from_secs(300),
+            catalog: std::sync::Arc::new(self.catalog.clone()),
+            chains: chains(),
+        };
+        sweeper.sweep(Duration::from_secs(300)).await.unwrap()
+    }
+
+    /// The attempts recorded, as `(status, reason)`.
+    async fn attempts(&self) -> Vec<(String, Option<String>)> {
+        sqlx::query_as("SELECT status, reason FROM payment_attempts ORDER BY created_at")
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
     }
 
     fn request(&self, kind: &str, input: &Value, payment: Option<&str>) -> Request<Body> {
@@ -170,10 +239,15 @@ fn id_of(reply: &Reply) -> Id {
 
 /// A worker whose fetches may reach plain-http loopback servers.
 fn worker(pool: &PgPool, catalog: Catalog, s3: aws_sdk_s3::Client) -> WorkerContext {
+    worker_on(pool, catalog, s3, &std::env::var("REEVE_BUCKET").unwrap())
+}
+
+/// [`worker`], storing its results in `bucket`.
+fn worker_on(pool: &PgPool, catalog: Catalog, s3: aws_sdk_s3::Client, bucket: &str) -> WorkerContext {
     let settings = WorkerSettings {
         database_url: reeve_shared::auth::Secret::text("DATABASE_URL", String::new()),
         redis_url: common::redis_url(),
-        bucket: std::env::var("REEVE_BUCKET").unwrap(),
+        bucket: bucket.to_owned(),
         queue_url: None,
         concurrency: 1,
         max_receives: 5,
@@ -358,21 +432,24 @@ async fn an_expired_authorization_is_refused_without_a_task(pool: PgPool) {
     shop.done().await;
 }
 
+/// Sends a facilitator call on to the stack's real facilitator, as the
+/// test facilitators below do for what they do not change.
+async fn forward(path: &str, body: axum::body::Bytes) -> (StatusCode, String) {
+    let answer = reqwest::Client::new()
+        .post(format!("{}/{path}", facilitator_url()))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (StatusCode::from_u16(answer.status().as_u16()).unwrap(), answer.text().await.unwrap())
+}
+
 /// Forwards to the real facilitator, but answers the first `/settle` with a
 /// 502 after the real one has settled: the outcome a client sees as unknown.
 async fn lossy_facilitator() -> SocketAddr {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    async fn forward(path: &str, body: axum::body::Bytes) -> (StatusCode, String) {
-        let answer = reqwest::Client::new()
-            .post(format!("{}/{path}", facilitator_url()))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        (StatusCode::from_u16(answer.status().as_u16()).unwrap(), answer.text().await.unwrap())
-    }
     let lost = Arc::new(AtomicBool::new(false));
     let router = Router::new()
         .route("/verify", axum::routing::post(|body: axum::body::Bytes| async move { forward("verify", body).await }))
@@ -387,7 +464,7 @@ async fn lossy_facilitator() -> SocketAddr {
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn a_settle_with_an_unknown_outcome_resolves_on_retry_to_exactly_one_task(pool: PgPool) {
+async fn a_settle_whose_answer_is_lost_is_pending_and_a_retry_learns_its_one_task_from_the_chain(pool: PgPool) {
     let chain = ChainLock::shared().await;
     let lossy = lossy_facilitator().await;
     let shop = Shop::with(&pool, &format!("http://{lossy}"), 300).await;
@@ -395,24 +472,34 @@ async fn a_settle_with_an_unknown_outcome_resolves_on_retry_to_exactly_one_task(
     let input = json!({"url": "http://127.0.0.1:1/"});
     let signature = payer.sign(&shop.challenge("fetch").await).await;
 
+    // The settle went through; its answer did not: pending, never "nothing
+    // was charged".
     let reply = shop.create("fetch", &input, Some(&signature)).await;
-    assert_eq!((reply.status, reply.code()), (StatusCode::SERVICE_UNAVAILABLE, "facilitator_unavailable"));
+    assert_eq!((reply.status, reply.code()), (StatusCode::CONFLICT, "payment_pending"), "{}", reply.body);
+    assert_eq!(reply.headers["retry-after"], "5");
     assert!(reply.body["error"]["message"].as_str().unwrap().contains("same PAYMENT-SIGNATURE"));
     assert_eq!(shop.tasks().await, 0);
     assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "the settle went through");
 
-    // The retry learns the authorisation is spent: the task it paid for.
+    // The retry reads the authorisation's state on chain: used, so the
+    // task it paid for.
     let reply = shop.create("fetch", &input, Some(&signature)).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
     let id = id_of(&reply);
     assert_eq!(shop.tasks().await, 1);
-    // And from then on it is a replay like any other.
+    let mut conn = pool.acquire().await.unwrap();
+    let events = events_after(&mut conn, id, 0).await.unwrap();
+    assert!(events.iter().any(|e| e.kind == EventType::PaymentSettledLate), "{events:?}");
+    // It was told its payment was pending, so the same signature keeps
+    // answering that one task, and settles nothing more.
     let reply = shop.create("fetch", &input, Some(&signature)).await;
-    assert_eq!(reply.code(), "payment_replayed");
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert_eq!(id_of(&reply), id);
     assert_eq!(shop.tasks().await, 1);
     assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "charged once");
     let space = shop.space().await;
     assert_eq!(space["payments"][0]["task_id"], id.to_string());
+    assert_books_balance(&pool, &shop.pay_to).await;
     shop.done().await;
 }
 
@@ -451,15 +538,20 @@ async fn a_paid_task_that_fails_leaves_a_credit_that_pays_the_next_one(pool: PgP
     let chain = ChainLock::shared().await;
     let shop = Shop::new(&pool).await;
     let payer = Payer::new(&chain, 1_000_000).await;
-    // Nothing listens on port 1: every attempt fails, retryably.
-    let input = json!({"url": "http://127.0.0.1:1/"});
+    let site = serve(Router::new().route("/page", axum::routing::get(|| async { "fetched" }))).await;
+    let input = json!({"url": format!("http://{site}/page")});
     let signature = payer.sign(&shop.challenge("fetch").await).await;
     let reply = shop.create("fetch", &input, Some(&signature)).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
     let failed = id_of(&reply);
     shop.queue.drain().await;
 
-    let worker = worker(&pool, shop.catalog.clone(), common::aws().await.s3);
+    // Reeve's own failure: its storage is down (nothing listens on port 1),
+    // on every delivery, until the last.
+    let config = aws_config::load_from_env().await;
+    let dead_s3 =
+        aws_sdk_s3::config::Builder::from(&config).endpoint_url("http://127.0.0.1:1").force_path_style(true).build();
+    let worker = worker(&pool, shop.catalog.clone(), aws_sdk_s3::Client::from_conf(dead_s3));
     let body = json!({"task_id": failed, "kind": "fetch"}).to_string();
     assert_eq!(process(&worker, &body, 5).await, Outcome::Failed("retries_exhausted"));
     let space = shop.space().await;
@@ -498,6 +590,7 @@ async fn a_paid_task_that_fails_leaves_a_credit_that_pays_the_next_one(pool: PgP
     let (_, error) = status_of(&pool, bad).await;
     assert_ne!(error.unwrap()["code"], "retries_exhausted");
     assert_eq!(shop.space().await["credits"].as_array().unwrap().len(), 1, "no credit for an input error");
+    assert_books_balance(&pool, &shop.pay_to).await;
     shop.done().await;
 }
 
@@ -578,4 +671,453 @@ async fn a_test_that_pauses_the_chain_holds_it_alone_and_mining_resumes_even_if_
     let chain = ChainLock::shared().await;
     let payer = Payer::new(&chain, 5).await;
     assert_eq!(balance(&payer.address).await, 5);
+}
+
+// ------------------------------------------------------------------ the books
+
+/// "No charge without a task, no task without a charge", from the chain's
+/// side: every `Transfer` to `pay_to` used one authorisation, whose attempt
+/// is settled with exactly one task (and its payments row) or one credit;
+/// and every payment recorded for `pay_to` is exactly one of those charges.
+async fn assert_books_balance(pool: &PgPool, pay_to: &str) {
+    let charges = charges_to(pay_to).await;
+    for charge in &charges {
+        let (payer, nonce) = charge.authorization.clone().unwrap_or_else(|| panic!("{charge:?}: no authorisation"));
+        let attempts: Vec<(Id, String, Option<Id>)> =
+            sqlx::query_as("SELECT id, status, task_id FROM payment_attempts WHERE payer = $1 AND nonce = $2")
+                .bind(&payer)
+                .bind(&nonce)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        assert_eq!(attempts.len(), 1, "{charge:?}: one attempt per authorisation");
+        let (attempt, status, task) = &attempts[0];
+        assert_eq!(status, "settled", "{charge:?}: charged, so settled");
+        let paid_tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM payments WHERE task_id = $1")
+            .bind(task)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        let credits: i64 = sqlx::query_scalar("SELECT count(*) FROM credits WHERE source_attempt = $1")
+            .bind(attempt)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(paid_tasks + credits, 1, "{charge:?}: exactly one task or one credit");
+        assert_eq!(charge.value, PRICE, "{charge:?}");
+    }
+    let paid: Vec<(String, String)> = sqlx::query_as(
+        "SELECT a.payer, a.nonce FROM payments p JOIN payment_attempts a ON a.task_id = p.task_id
+          WHERE lower(p.pay_to) = lower($1)",
+    )
+    .bind(pay_to)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for (payer, nonce) in &paid {
+        let matching = charges.iter().filter(|c| c.authorization.as_ref() == Some(&(payer.clone(), nonce.clone())));
+        assert_eq!(matching.count(), 1, "the paid task of {payer}/{nonce} has exactly one charge");
+    }
+    let settled: i64 = sqlx::query_scalar("SELECT count(*) FROM payment_attempts WHERE status = 'settled'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(settled as usize, charges.len(), "every settled attempt is one charge on chain");
+}
+
+/// The one event of `kind` in the task's log.
+async fn has_event(pool: &PgPool, id: Id, kind: EventType) -> bool {
+    let mut conn = pool.acquire().await.unwrap();
+    events_after(&mut conn, id, 0).await.unwrap().iter().any(|e| e.kind == kind)
+}
+
+/// The one task there is now.
+async fn only_task(pool: &PgPool) -> Id {
+    let ids: Vec<Id> = sqlx::query_scalar("SELECT id FROM tasks").fetch_all(pool).await.unwrap();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    ids[0]
+}
+
+// ------------------------------------------------------------------ faults
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_settlement_held_pending_is_answered_at_once_and_one_sweep_makes_its_one_task(pool: PgPool) {
+    let chain = ChainLock::exclusive().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    // It waits a second for the receipt, then answers `settlement_pending`
+    // with the hash it broadcast, as @x402/evm does on a slow chain.
+    let facilitator = OwnFacilitator::start(Duration::from_secs(1)).await;
+    let shop = Shop::with(&pool, &facilitator.url, 300).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+
+    chain.pause().await;
+    let reply = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::CONFLICT, "payment_pending"), "{}", reply.body);
+    assert!(reply.headers.contains_key("retry-after"));
+    assert_eq!(shop.tasks().await, 0);
+    assert_eq!(shop.attempts().await[0].0, "settling", "kept open, with its request");
+    // Still pending: the retry says so again, and settles nothing new.
+    let again = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!(again.code(), "payment_pending", "{}", again.body);
+
+    chain.mine().await;
+    chain.resume().await;
+    let report = shop.sweep().await;
+    assert_eq!(report.payments.settled_late, 1, "{report:?}");
+    let id = only_task(&pool).await;
+    assert!(has_event(&pool, id, EventType::PaymentSettledLate).await);
+    assert_eq!(shop.queue.drain().await, [json!({"task_id": id.to_string(), "kind": "fetch"})], "queued by the sweep");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "charged exactly once");
+
+    // The client's retry of the same signature answers that task.
+    let reply = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert_eq!(id_of(&reply), id);
+    let space = shop.space().await;
+    assert!(space["payments"][0]["transaction"].as_str().is_some_and(|t| t.starts_with("0x")), "{space}");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    drop(facilitator);
+    shop.done().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_facilitator_stopped_after_broadcasting_is_reconciled_to_one_task_and_no_second_charge(pool: PgPool) {
+    let chain = ChainLock::exclusive().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let mut facilitator = OwnFacilitator::start(Duration::from_secs(120)).await;
+    let shop = Shop::with(&pool, &facilitator.url, 300).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+
+    chain.pause().await;
+    let create = tokio::spawn({
+        let request = shop.request("fetch", &input, Some(&signature));
+        let app = shop.app.clone();
+        async move { send(&app, request).await }
+    });
+    // Broadcast, not mined: the facilitator dies waiting for the receipt.
+    wait_pending_from(OWN_FACILITATOR_ACCOUNT).await;
+    facilitator.stop();
+    let reply = create.await.unwrap();
+    assert_eq!((reply.status, reply.code()), (StatusCode::CONFLICT, "payment_pending"), "{}", reply.body);
+    assert_eq!(shop.tasks().await, 0);
+
+    chain.mine().await;
+    chain.resume().await;
+    assert_eq!(shop.sweep().await.payments.settled_late, 1);
+    let id = only_task(&pool).await;
+    assert!(has_event(&pool, id, EventType::PaymentSettledLate).await);
+    // A second sweep finds nothing left to do, and charges nothing.
+    assert_eq!(shop.sweep().await.payments, Default::default());
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "one charge");
+    assert_eq!(shop.tasks().await, 1);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// Forwards `/verify` to the real facilitator, and answers every `/settle`
+/// with a 502 without sending it anywhere: an unknown outcome whose
+/// authorisation is in truth never used.
+async fn blackhole_facilitator() -> SocketAddr {
+    let router = Router::new()
+        .route("/verify", axum::routing::post(|body: axum::body::Bytes| async move { forward("verify", body).await }))
+        .route("/settle", axum::routing::post(|| async { (StatusCode::BAD_GATEWAY, "lost") }));
+    serve(router).await
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_unknown_outcome_whose_authorisation_expires_unused_fails_with_nothing_charged(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let blackhole = blackhole_facilitator().await;
+    // validBefore = now + 10: the facilitator verifies only with 6 s left.
+    let shop = Shop::with(&pool, &format!("http://{blackhole}"), 10).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+    let valid_before: u64 =
+        decode(&signature)["payload"]["authorization"]["validBefore"].as_str().unwrap().parse().unwrap();
+
+    let reply = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!(reply.code(), "payment_pending", "{}", reply.body);
+    // Still valid: it could land, so it stays open.
+    let report = shop.sweep().await;
+    assert_eq!((report.payments.open, report.payments.not_settled), (1, 0), "{report:?}");
+
+    while chain_time().await < valid_before {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let report = shop.sweep().await;
+    assert_eq!(report.payments.not_settled, 1, "{report:?}");
+    assert_eq!(shop.attempts().await, [("failed".to_owned(), Some("not_settled".to_owned()))]);
+    assert_eq!(shop.tasks().await, 0);
+    assert_eq!(balance(&payer.address).await, 1_000_000, "nothing was charged");
+
+    // The same signature again: it never landed, and now never can.
+    let reply = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::PAYMENT_REQUIRED, "payment_not_settled"), "{}", reply.body);
+    assert!(reply.headers.contains_key("payment-required"), "a new payment can be signed at once");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn two_identical_paid_requests_at_once_buy_one_task(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+
+    let (a, b) = tokio::join!(
+        send(&shop.app, shop.request("fetch", &input, Some(&signature))),
+        send(&shop.app, shop.request("fetch", &input, Some(&signature))),
+    );
+    let (won, lost) = if a.status == StatusCode::ACCEPTED { (a, b) } else { (b, a) };
+    assert_eq!(won.status, StatusCode::ACCEPTED, "{}", won.body);
+    // The other waited for it (in flight) or came after it (a replay).
+    assert!(["payment_in_progress", "payment_replayed"].contains(&lost.code()), "{} {}", lost.status, lost.body);
+    assert_eq!(shop.tasks().await, 1, "one task");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "one charge");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn two_fresh_signatures_with_one_idempotency_key_buy_one_task(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let challenge = shop.challenge("fetch").await;
+    let (first, second) = (payer.sign(&challenge).await, payer.sign(&challenge).await);
+    let keyed = |signature: &str| {
+        let mut r = shop.request("fetch", &input, Some(signature));
+        r.headers_mut().insert("idempotency-key", HeaderValue::from_static("one-key"));
+        r
+    };
+
+    let (a, b) = tokio::join!(send(&shop.app, keyed(&first)), send(&shop.app, keyed(&second)));
+    let (won, lost) = if a.status == StatusCode::ACCEPTED { (a, b) } else { (b, a) };
+    assert_eq!(won.status, StatusCode::ACCEPTED, "{}", won.body);
+    // The loser either waited for the key (in flight) or, if it came
+    // second, was answered the same task; it never settled its own.
+    match lost.status {
+        StatusCode::CONFLICT => assert_eq!(lost.code(), "request_in_progress", "{}", lost.body),
+        StatusCode::ACCEPTED => assert_eq!(id_of(&lost), id_of(&won)),
+        other => panic!("{other}: {}", lost.body),
+    }
+    // Afterwards, the second signature with the key is that same task.
+    let again = send(&shop.app, keyed(&second)).await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.body);
+    assert_eq!(id_of(&again), id_of(&won));
+    assert_eq!(shop.tasks().await, 1, "one task");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "one charge");
+
+    // The key with another request is a conflict, and charges nothing.
+    let mut other = shop.request("fetch", &json!({"url": "http://127.0.0.1:2/"}), Some(&second));
+    other.headers_mut().insert("idempotency-key", HeaderValue::from_static("one-key"));
+    assert_eq!(send(&shop.app, other).await.code(), "idempotency_conflict");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_lambda_deadline_shorter_than_the_settle_ends_pending_and_is_reconciled(pool: PgPool) {
+    let chain = ChainLock::exclusive().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    // It would wait two minutes for the receipt.
+    let facilitator = OwnFacilitator::start(Duration::from_secs(120)).await;
+    let shop = Shop::with(&pool, &facilitator.url, 300).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+
+    // The task-create function's app, as its `main` runs it, with the
+    // invocation's context that lambda_http puts in the request: three
+    // seconds beyond the margin kept for storing and queueing.
+    let mut settings = common::test_settings(&common::redis_url());
+    settings.queue_url = shop.queue.url.clone();
+    let ctx = reeve_shared::http::TaskCreateContext::new(
+        std::sync::Arc::new(shop.catalog.clone()),
+        pool.clone(),
+        common::aws().await,
+        settings,
+        chains(),
+    );
+    let lambda = reeve_shared::http::task_create_app(ctx);
+    let mut invocation = lambda_http::Context::default();
+    let deadline = std::time::SystemTime::now() + reeve_shared::payments::STORE_MARGIN + Duration::from_secs(3);
+    invocation.deadline = deadline.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let mut request = shop.request("fetch", &input, Some(&signature));
+    request.extensions_mut().insert(invocation);
+
+    chain.pause().await;
+    let started = std::time::Instant::now();
+    let reply = send(&lambda, request).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::CONFLICT, "payment_pending"), "{}", reply.body);
+    assert!(
+        std::time::SystemTime::now() < deadline,
+        "answered before the invocation's deadline, after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(shop.tasks().await, 0);
+
+    chain.mine().await;
+    chain.resume().await;
+    assert_eq!(shop.sweep().await.payments.settled_late, 1);
+    only_task(&pool).await;
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    drop(facilitator);
+    shop.done().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_nul_in_the_input_is_refused_with_its_pointer_before_any_payment(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+    let nested = json!({"url": "http://127.0.0.1:1/", "meta": {"tags": ["ok", "a\u{0}b"]}});
+    for (kind, payment) in [("fetch", Some(signature.as_str())), ("free", None)] {
+        let reply = shop.create(kind, &nested, payment).await;
+        assert_eq!((reply.status, reply.code()), (StatusCode::BAD_REQUEST, "invalid_input"), "{kind}: {}", reply.body);
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("input/meta/tags/1"), "{kind}: {message}");
+    }
+    assert_eq!(shop.attempts().await, [], "no attempt recorded");
+    assert_eq!(shop.tasks().await, 0);
+    assert_eq!(balance(&payer.address).await, 1_000_000, "nothing charged");
+    // The list's kind filter, which reaches SQL too.
+    let reply = send(&shop.app, get_authed("/v1/tasks?kind=fe%00tch", &shop.token)).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::BAD_REQUEST, "invalid_query"), "{}", reply.body);
+    // The signature is still good for a clean input.
+    let reply = shop.create("fetch", &json!({"url": "http://127.0.0.1:1/"}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// Credits are for Reeve's own failures only. A `fetch` is its owner's URL:
+/// a 503 is a completed fetch with that status, and a name that does not
+/// resolve is the owner's error, failed at once; neither earns a credit or
+/// a second attempt. A run cut off by the worker's timeout does.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn only_reeves_own_failures_earn_a_credit(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let site = serve(
+        Router::new()
+            .route("/busy", axum::routing::get(|| async { (StatusCode::SERVICE_UNAVAILABLE, "try later") }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    "too late"
+                }),
+            ),
+    )
+    .await;
+    let worker = worker(&pool, shop.catalog.clone(), common::aws().await.s3);
+    let challenge = shop.challenge("fetch").await;
+    let paid = |kind: &'static str, url: String| {
+        let (shop, payer, challenge) = (&shop, &payer, &challenge);
+        async move {
+            let signature = payer.sign(challenge).await;
+            let reply = shop.create(kind, &json!({ "url": url }), Some(&signature)).await;
+            assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+            id_of(&reply)
+        }
+    };
+    let run = |id: Id, kind: &'static str| {
+        let worker = &worker;
+        async move { process(worker, &json!({"task_id": id, "kind": kind}).to_string(), 1).await }
+    };
+
+    let busy = paid("fetch", format!("http://{site}/busy")).await;
+    assert_eq!(run(busy, "fetch").await, Outcome::Done);
+    let snapshot = send(&shop.app, get_authed(&format!("/v1/tasks/{busy}"), &shop.token)).await.body;
+    assert_eq!((snapshot["status"].as_str(), snapshot["result"]["status"].as_u64()), (Some("completed"), Some(503)));
+
+    let nowhere = paid("fetch", "http://no-such-host.invalid/".into()).await;
+    assert_eq!(run(nowhere, "fetch").await, Outcome::Failed("fetch_unreachable"));
+    let snapshot = send(&shop.app, get_authed(&format!("/v1/tasks/{nowhere}"), &shop.token)).await.body;
+    assert_eq!(snapshot["attempts"], 1, "not retried: {snapshot}");
+
+    // `slow` allows one second; the site takes five. One delivery allowed.
+    let slow_challenge = shop.challenge("slow").await;
+    let signature = payer.sign(&slow_challenge).await;
+    let reply = shop.create("slow", &json!({ "url": format!("http://{site}/slow") }), Some(&signature)).await;
+    let slow = id_of(&reply);
+    let one_try = WorkerContext {
+        settings: WorkerSettings { max_receives: 1, ..worker.settings.clone() },
+        ..worker_on(&pool, shop.catalog.clone(), common::aws().await.s3, &std::env::var("REEVE_BUCKET").unwrap())
+    };
+    let outcome = process(&one_try, &json!({"task_id": slow, "kind": "slow"}).to_string(), 1).await;
+    assert_eq!(outcome, Outcome::Failed("retries_exhausted"));
+
+    let credits = shop.space().await["credits"].as_array().unwrap().clone();
+    assert_eq!(credits.len(), 1, "{credits:?}");
+    assert_eq!(credits[0]["source_task"], slow.to_string(), "only the timeout earned one");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// Forwards to the real facilitator, but before each `/settle` the payer
+/// spends its whole balance elsewhere (anvil impersonates it): the payment
+/// verified, and the real facilitator then refuses to settle it.
+async fn spent_before_settle_facilitator() -> SocketAddr {
+    let router = Router::new()
+        .route("/verify", axum::routing::post(|body: axum::body::Bytes| async move { forward("verify", body).await }))
+        .route(
+            "/settle",
+            axum::routing::post(|body: axum::body::Bytes| async move {
+                let request: Value = serde_json::from_slice(&body).unwrap();
+                let payer = request["paymentPayload"]["payload"]["authorization"]["from"].as_str().unwrap().to_owned();
+                let held = balance(&payer).await;
+                rpc("anvil_setBalance", json!([payer, "0xDE0B6B3A7640000"])).await;
+                rpc("anvil_impersonateAccount", json!([payer])).await;
+                let data = format!("0xa9059cbb{}{:064x}", common::chain::word(&fresh_address()), held);
+                let hash = rpc("eth_sendTransaction", json!([{"from": payer, "to": TOKEN, "data": data}])).await;
+                common::chain::wait_mined(&hash).await;
+                rpc("anvil_stopImpersonatingAccount", json!([payer])).await;
+                forward("settle", body).await
+            }),
+        );
+    serve(router).await
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_settle_refusal_sends_payment_response_with_its_reason_and_the_identifier_may_be_reused(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let spender = spent_before_settle_facilitator().await;
+    let shop = Shop::with(&pool, &format!("http://{spender}"), 300).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let challenge = shop.challenge("fetch").await;
+    let named = |signature: &str| {
+        let mut p = decode(signature);
+        p["extensions"] =
+            json!({"payment-identifier": {"info": {"required": false, "id": "pay_reused_after_a_refusal"}}});
+        encode(&p)
+    };
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let refused = shop.create("fetch", &input, Some(&named(&payer.sign(&challenge).await))).await;
+    assert_eq!((refused.status, refused.code()), (StatusCode::PAYMENT_REQUIRED, "payment_failed"), "{}", refused.body);
+    let response = decode(refused.headers["payment-response"].to_str().unwrap());
+    assert_eq!(response["success"], false, "{response}");
+    assert!(response["errorReason"].as_str().is_some_and(|r| !r.is_empty()), "{response}");
+    assert_eq!(response["network"], "eip155:84532");
+    assert_eq!(shop.attempts().await[0].0, "failed");
+    assert_eq!(shop.tasks().await, 0);
+
+    // Nothing was charged by that one: its payment-identifier may name a
+    // new payment, through a facilitator that settles it.
+    let shop = shop.through(&facilitator_url()).await;
+    let funded = Payer::new(&chain, 1_000_000).await;
+    let reply = shop.create("fetch", &input, Some(&named(&funded.sign(&challenge).await))).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
 }

@@ -26,6 +26,8 @@ async fn sweeper(pool: &PgPool, queue: &TestQueue) -> Sweeper {
         events: Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
         max_attempts: 5,
         older_than: Duration::from_secs(300),
+        catalog: std::sync::Arc::new(common::shipped_catalog()),
+        chains: reeve_shared::payments::Chains::none(),
     }
 }
 
@@ -81,7 +83,7 @@ async fn lost_and_expired_tasks_are_sent_again_once_and_live_ones_are_left_alone
     let done = task(&pool, "completed", 1, 600.0, None).await;
 
     let report = sweeper.sweep(Duration::from_secs(300)).await.unwrap();
-    assert_eq!(report, SweepReport { resent_queued: 1, resent_expired: 1, exhausted: 0, send_errors: 0 });
+    assert_eq!(report, SweepReport { resent_queued: 1, resent_expired: 1, ..SweepReport::default() });
     assert_eq!(sent_ids(&queue).await, sorted(vec![lost, expired]));
     assert_eq!(status_and_error(&pool, expired).await.0, "running", "a re-send changes no status");
 

@@ -691,3 +691,20 @@ fn sam_check_deploys_with_cargo_lambda_as_the_readme_says() {
         }
     }
 }
+
+/// Task create verifies and settles a payment before it answers. Its
+/// `Timeout` ends the invocation a second before API Gateway's 30 s, so the
+/// client always gets the function's own answer (`payment_pending` at
+/// worst, which a retry resolves) rather than the gateway's bare 503 that
+/// would make it sign again; and after the margin kept for storing and
+/// queueing, verify plus settle still get at least 20 s.
+#[test]
+fn task_create_fits_verify_and_settle_inside_api_gateway_s_30_seconds() {
+    let timeout: u64 = value_of(&resources()["TaskCreateFunction"], "Timeout").unwrap().parse().unwrap();
+    assert_eq!(timeout, 29, "TaskCreateFunction's Timeout");
+    let for_the_facilitator = std::time::Duration::from_secs(timeout) - reeve_shared::payments::STORE_MARGIN;
+    assert!(
+        for_the_facilitator >= std::time::Duration::from_secs(20),
+        "{for_the_facilitator:?} for verify plus settle"
+    );
+}

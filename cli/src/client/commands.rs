@@ -510,10 +510,13 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
             let pay_error = |e: crate::pay::PayError| ClientError::Usage(format!("--pay: {e}"));
             let key = crate::pay::wallet_key(args.wallet_key_file.as_deref()).map_err(pay_error)?;
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            let challenge: reeve_shared::payments::PaymentRequired = serde_json::from_value(challenge)
+                .map_err(|e| ClientError::Usage(format!("--pay: the server's 402 is not an x402 v2 challenge: {e}")))?;
             let signature = crate::pay::payment_header(&challenge, &key, now).map_err(pay_error)?;
+            let timeout = crate::pay::choose(&challenge).map_or(300, |r| u64::from(r.max_timeout_seconds));
             let mut paid = headers.clone();
             paid.push(("payment-signature", signature));
-            let answer = client.authed(Method::POST, &path, Some(&body), &paid).await?;
+            let answer = pay_until_settled(client, &path, &body, &paid, timeout).await?;
             let mut accepted = answer.body;
             // The settlement receipt is the user's proof of what was paid.
             if let Some(receipt) = settlement(&answer.headers) {
@@ -551,13 +554,57 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
     watch_to_end(client, opts, id, &token).await
 }
 
+/// Sends the paid create, and while the server says the payment is
+/// pending (`409 payment_pending`, or another request holds it), waits its
+/// `Retry-After` and sends the very same signature again: a new one could
+/// be charged too. The server resolves the payment from the chain, so this
+/// ends in its one task or `payment_not_settled`, by the time the
+/// authorisation expires (`max_timeout` seconds) plus a little; past that
+/// it stops waiting and says where the outcome will show.
+async fn pay_until_settled(
+    client: &mut Client,
+    path: &str,
+    body: &Value,
+    paid: &[(&str, String)],
+    max_timeout: u64,
+) -> Result<crate::client::Answer, ClientError> {
+    const PENDING: &[&str] = &["payment_pending", "payment_in_progress", "request_in_progress"];
+    let give_up = std::time::Instant::now() + Duration::from_secs(max_timeout + 120);
+    loop {
+        let answer = client.authed_raw(Method::POST, path, Some(body), paid).await?;
+        let pending =
+            answer.status == reqwest::StatusCode::CONFLICT && answer.code().is_some_and(|c| PENDING.contains(&c));
+        if !pending {
+            return answer.checked();
+        }
+        let wait = answer
+            .headers
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(5)
+            .clamp(1, 60);
+        if std::time::Instant::now() + Duration::from_secs(wait) > give_up {
+            return Err(ClientError::Refused {
+                status: 409,
+                code: "payment_pending".into(),
+                message: "the payment's outcome is still not known; it may yet be charged, and if it is, its task \
+                          appears in `reeve task list` (and the payment in `reeve space`). Do not pay again for it"
+                    .into(),
+            });
+        }
+        // On stderr even with --json: stdout stays the one JSON document.
+        eprintln!("payment pending: sending the same signature again in {wait}s (never a new one)");
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+    }
+}
+
 /// The decoded `PAYMENT-RESPONSE` (base64 JSON: success, transaction,
 /// network, payer) of a paid create, when the server sent one.
 fn settlement(headers: &reqwest::header::HeaderMap) -> Option<Value> {
-    use base64::Engine;
-    let raw = headers.get("payment-response")?.to_str().ok()?;
-    let bytes = base64::engine::general_purpose::STANDARD.decode(raw.trim()).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    let raw = headers.get(reeve_shared::payments::PAYMENT_RESPONSE_HEADER)?.to_str().ok()?;
+    let response = reeve_shared::payments::PaymentResponse::from_header(raw)?;
+    serde_json::to_value(response).ok()
 }
 
 /// Follows the task to its end. With `--json`, prints the final task; the

@@ -87,6 +87,30 @@ pub struct Answer {
     pub body: Value,
 }
 
+impl Answer {
+    /// A success as it is; anything else as the server's refusal.
+    pub fn checked(self) -> Result<Answer, ClientError> {
+        let Answer { status, body, .. } = &self;
+        if status.is_success() {
+            return Ok(self);
+        }
+        if *status == StatusCode::PAYMENT_REQUIRED && body.get("accepts").is_some() {
+            return Err(ClientError::PaymentRequired(self.body));
+        }
+        let code = body["error"]["code"].as_str().map_or_else(|| format!("http_{}", status.as_u16()), str::to_owned);
+        let message = body["error"]["message"]
+            .as_str()
+            .or(body.as_str())
+            .map_or_else(|| format!("HTTP {}", status.as_u16()), str::to_owned);
+        Err(ClientError::Refused { status: status.as_u16(), code, message })
+    }
+
+    /// The error code of a refusal, if it has one.
+    pub fn code(&self) -> Option<&str> {
+        self.body["error"]["code"].as_str()
+    }
+}
+
 pub struct Client {
     pub http: reqwest::Client,
     pub endpoint: String,
@@ -152,23 +176,23 @@ impl Client {
     /// Sends a request; a transport failure is `Unreachable`, any status but
     /// a success is the server's refusal.
     pub async fn send(&self, request: reqwest::RequestBuilder) -> Result<Answer, ClientError> {
+        self.send_raw(request).await?.checked()
+    }
+
+    /// Sends a request and hands back whatever the server answered, for a
+    /// caller that acts on a refusal's headers (`Retry-After`).
+    pub async fn send_raw(&self, request: reqwest::RequestBuilder) -> Result<Answer, ClientError> {
         let response = request.send().await.map_err(|e| self.unreachable(&e))?;
         let status = response.status();
         let headers = response.headers().clone();
         let bytes = response.bytes().await.map_err(|e| self.unreachable(&e))?;
-        let body: Value =
-            if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
-        if status.is_success() {
-            return Ok(Answer { status, headers, body });
-        }
-        if status == StatusCode::PAYMENT_REQUIRED && body.get("accepts").is_some() {
-            return Err(ClientError::PaymentRequired(body));
-        }
-        let code = body["error"]["code"].as_str().map_or_else(|| format!("http_{}", status.as_u16()), str::to_owned);
-        let message = body["error"]["message"]
-            .as_str()
-            .map_or_else(|| String::from_utf8_lossy(&bytes).chars().take(200).collect(), str::to_owned);
-        Err(ClientError::Refused { status: status.as_u16(), code, message })
+        // A refusal that is not JSON keeps its first words, for its message.
+        let body: Value = match serde_json::from_slice(&bytes) {
+            Ok(body) => body,
+            Err(_) if bytes.is_empty() || status.is_success() => Value::Null,
+            Err(_) => Value::String(String::from_utf8_lossy(&bytes).chars().take(200).collect()),
+        };
+        Ok(Answer { status, headers, body })
     }
 
     /// A request without a token.
@@ -218,6 +242,18 @@ impl Client {
         body: Option<&Value>,
         headers: &[(&str, String)],
     ) -> Result<Answer, ClientError> {
+        self.authed_raw(method, path, body, headers).await?.checked()
+    }
+
+    /// [`Client::authed`], handing back a refusal as it came (see
+    /// [`Client::send_raw`]).
+    pub async fn authed_raw(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, String)],
+    ) -> Result<Answer, ClientError> {
         for attempt in 0..2 {
             let token = self.token().await?;
             let mut request = self.http.request(method.clone(), self.url(path)).bearer_auth(&token);
@@ -227,8 +263,8 @@ impl Client {
             if let Some(body) = body {
                 request = request.header("content-type", "application/json").body(body.to_string());
             }
-            match self.send(request).await {
-                Err(ClientError::Refused { status: 401, .. }) if attempt == 0 => {
+            match self.send_raw(request).await {
+                Ok(answer) if answer.status == StatusCode::UNAUTHORIZED && attempt == 0 => {
                     self.update_profile(|p| p.token_expires_at = None)?;
                 }
                 other => return other,

@@ -16,6 +16,11 @@
 //! piling up copies. Duplicate messages are harmless: every claim is a
 //! conditional update, so a task runs once however often it is delivered.
 //!
+//! Every sweep also runs the payments reconciler ([`crate::payments::reconcile`]):
+//! a payment whose settlement's outcome was never learnt is resolved from
+//! the chain, its task created (and queued here) if the charge landed, or
+//! the attempt failed if it never can.
+//!
 //! The dead-letter queue's consumer ([`Sweeper::dead_lettered`]) fails each
 //! task SQS gave up on as `dead_lettered`, unless a live worker still holds
 //! it.
@@ -24,6 +29,7 @@
 //! sweep every [`EVERY`] ([`Sweeper::spawn_every`]); in AWS the `sweeper` Lambda
 //! runs on a schedule and also drains the dead-letter queue.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
@@ -31,7 +37,9 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
 
+use crate::catalog::Catalog;
 use crate::ids::Id;
+use crate::payments::{self, Chains};
 use crate::tasks::RETRIES_EXHAUSTED;
 use crate::tasks::events::Publisher;
 use crate::tasks::queue::{self, QueueMessage};
@@ -60,7 +68,7 @@ pub enum SweepError {
 }
 
 /// What one sweep did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
 pub struct SweepReport {
     /// `queued` tasks whose message was sent again.
     pub resent_queued: usize,
@@ -70,6 +78,8 @@ pub struct SweepReport {
     pub exhausted: usize,
     /// Sends that failed; those tasks are tried again a threshold later.
     pub send_errors: usize,
+    /// Payments whose unknown outcome was resolved from the chain.
+    pub payments: payments::Reconciled,
 }
 
 /// What became of one dead-lettered message.
@@ -98,6 +108,10 @@ pub struct Sweeper {
     pub max_attempts: u32,
     /// The scheduled sweep's threshold.
     pub older_than: Duration,
+    /// Whether a task's kind is still offered, for a payment that lands late.
+    pub catalog: Arc<Catalog>,
+    /// Each payment network's JSON-RPC endpoint, for the reconciler.
+    pub chains: Chains,
 }
 
 /// A task row as the sweeper sees it.
@@ -107,12 +121,30 @@ impl Sweeper {
     /// One sweep over every task left alone for `older_than`.
     pub async fn sweep(&self, older_than: Duration) -> Result<SweepReport, SweepError> {
         let mut report = SweepReport::default();
+        self.reconcile(&mut report).await?;
         self.fail_exhausted(older_than, &mut report).await?;
         self.resend(older_than, &mut report).await?;
         if report != SweepReport::default() {
             tracing::info!(?report, "swept");
         }
         Ok(report)
+    }
+
+    /// Resolves the payments whose settlement's outcome is unknown, and
+    /// queues the tasks that the charges found on chain paid for.
+    async fn reconcile(&self, report: &mut SweepReport) -> Result<(), SweepError> {
+        let shelf = tasks::Shelf { catalog: &self.catalog };
+        report.payments = payments::reconcile(&self.db, &self.chains, &shelf).await?;
+        for (id, kind) in std::mem::take(&mut report.payments.created) {
+            // Not sent: the task is `queued`, and the re-send below (after
+            // its threshold) finds it.
+            if let Err(e) = queue::enqueue(&self.sqs, &self.queue_url, id, &kind).await {
+                tracing::error!(task_id = %id, error = %e, "could not queue a task whose payment landed late");
+                report.send_errors += 1;
+                crate::metrics::sweeper_action("send_failed", 1);
+            }
+        }
+        Ok(())
     }
 
     /// Fails the stranded tasks that have had all their attempts.

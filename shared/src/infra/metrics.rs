@@ -127,7 +127,9 @@ pub fn sqs_deleted(n: usize) {
 /// worker's lease ran out), `failed_exhausted` (every attempt used),
 /// `send_failed` (the queue refused a resend), `failed_dead_lettered` and
 /// `dropped_unreadable` (a dead letter failed its task, or was not a task
-/// message).
+/// message); and the payments reconciler's `payment_settled_late`,
+/// `payment_credited`, `payment_not_settled`, `payment_still_open` and
+/// `chain_error`.
 pub fn sweeper_action(action: &'static str, n: u64) {
     counter!(SWEEPER_ACTIONS, "action" => action).increment(n);
 }

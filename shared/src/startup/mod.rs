@@ -63,6 +63,8 @@ use crate::http::{TaskCreateContext, TaskStatusContext};
 use crate::mcp::{McpContext, McpStores};
 #[cfg(feature = "outbound")]
 use crate::outbound::{Outbound, OutboundPolicy};
+#[cfg(feature = "chain")]
+use crate::payments::Chains;
 #[cfg(feature = "outbound")]
 use crate::payments::facilitator;
 use crate::redis_client::{self, BadRedisUrl, RedisClient};
@@ -266,6 +268,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
     let queue_url = env.required(settings::QUEUE_URL);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
+    let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
     let (Some(catalog), Some(token_key), Some(database_url), true) =
         (catalog, token_key, database_url, problems.is_empty())
     else {
@@ -281,7 +284,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
         queue_url,
     };
     let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
-    Ok(TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings))
+    Ok(TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains))
 }
 
 #[cfg(feature = "api-tasks")]
@@ -323,6 +326,20 @@ fn deployed_uploads(config: &Config, problems: &mut Vec<String>) -> Option<crate
     Some(uploads?.capped(cap))
 }
 
+#[cfg(feature = "chain")]
+/// `REEVE_CHAIN_RPC_URLS`, each payment network's JSON-RPC endpoint, for
+/// resolving a settlement whose outcome was lost (task create, the sweeps).
+/// A malformed value is a problem; a priced network without one is logged.
+fn chain_endpoints(config: &Config, catalog: Option<&Catalog>, problems: &mut Vec<String>) -> Chains {
+    let mut env = config.env();
+    let chains = Chains::read(&mut env);
+    problems.extend(env.take_problems());
+    if let Some(catalog) = catalog {
+        chains.warn_missing(catalog);
+    }
+    chains
+}
+
 #[cfg(feature = "catalog")]
 /// The catalog as this deployment serves it: `REEVE_CATALOG`, its upload
 /// limit lowered to the template's `UploadMaxBytes`, and its facilitator
@@ -351,22 +368,24 @@ fn deployed_catalog(config: &Config, problems: &mut Vec<String>) -> Option<Catal
 /// asks for, the stores.
 pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connect) -> Result<Ctx, StartupError> {
     let (config, problems) = with_secrets(config, sdk, &needs.secrets()).await;
-    let (catalog, settings, operators) = api_parts(&config, needs, problems)?;
+    let (catalog, settings, operators, chains) = api_parts(&config, needs, problems)?;
     let db =
         if needs.database { db::open(settings.database_url.expose_str(), connect).await? } else { db::unconfigured() };
     let redis = RedisClient::new(&settings.redis_url)?;
     let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
-    Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators))
+    Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators, chains))
 }
 
 #[cfg(feature = "api")]
-/// The API's catalog, settings and operators' client, every problem at once.
+/// The API's catalog, settings, operators' client and chain endpoints, every
+/// problem at once.
 fn api_parts(
     config: &Config,
     needs: Needs,
     mut problems: Vec<String>,
-) -> Result<(Catalog, crate::http::ApiSettings, Outbound), StartupError> {
+) -> Result<(Catalog, crate::http::ApiSettings, Outbound, Chains), StartupError> {
     let catalog = deployed_catalog(config, &mut problems);
+    let chains = chain_endpoints(config, catalog.as_ref(), &mut problems);
     let mut env = config.env();
     let (_, operators) = settings::outbound_policies(&env);
     let operators = outbound(&mut problems, operators, "REEVE_OPERATOR_ALLOW");
@@ -375,7 +394,7 @@ fn api_parts(
     problems.extend(env.take_problems());
     match (catalog, api_settings, operators) {
         (Some(catalog), Some(api_settings), Some(operators)) if problems.is_empty() => {
-            Ok((catalog, api_settings, operators))
+            Ok((catalog, api_settings, operators, chains))
         }
         _ => Err(StartupError::Config(problems)),
     }
@@ -397,10 +416,20 @@ pub async fn lambda_worker() -> WorkerContext {
 pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Result<WorkerContext, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
     let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    // For the sweep that runs beside a long-lived worker.
+    #[cfg(feature = "chain")]
+    let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
     let (catalog, worker_settings, users, operators) = worker_parts(&config, catalog, problems)?;
     let db = db::open(worker_settings.database_url.expose_str(), connect).await?;
     let redis = RedisClient::new(&worker_settings.redis_url)?;
-    Ok(worker_on(catalog, db, redis, aws::s3(sdk, config.s3_endpoint().is_some()), worker_settings, users, operators))
+    let s3 = aws::s3(sdk, config.s3_endpoint().is_some());
+    #[allow(unused_mut)]
+    let mut ctx = worker_on(catalog, db, redis, s3, worker_settings, users, operators);
+    #[cfg(feature = "chain")]
+    {
+        ctx.chains = chains;
+    }
+    Ok(ctx)
 }
 
 #[cfg(feature = "worker")]
@@ -472,6 +501,10 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     let older_than = settings::sweep_older_than(&mut env, crate::sweeper::DEFAULT_OLDER_THAN);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
+    // The reconciler creates the task of a payment that landed late, if its
+    // kind is still offered.
+    let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
     checked(problems)?;
     let database_url = database_url.expect("reported when missing");
     Ok(Sweeper {
@@ -481,6 +514,8 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
         events: Publisher::new(RedisClient::new(&redis_url)?),
         max_attempts,
         older_than,
+        catalog: Arc::new(catalog.expect("reported when unreadable")),
+        chains,
     })
 }
 
@@ -495,6 +530,8 @@ pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_ur
         events: worker.events.clone(),
         max_attempts: worker.settings.max_receives,
         older_than: crate::sweeper::DEFAULT_OLDER_THAN,
+        catalog: worker.catalog.clone(),
+        chains: worker.chains.clone(),
     }
 }
 
@@ -686,26 +723,23 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     let api_origin = env.origin(settings::API_ORIGIN);
     let cors = settings::cors_origins(&mut env);
     let rest = checked(env.take_problems());
-    let ((catalog, api_settings, operators), (worker, ())) = both(api, both(worker, rest))?;
+    let ((catalog, api_settings, operators, chains), (worker, ())) = both(api, both(worker, rest))?;
     let db = db::open(api_settings.database_url.expose_str(), Connect::Now).await?;
     let redis_url = api_settings.redis_url.clone();
     let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
     let relay =
         relay_on(db.clone(), redis_client::open(&redis_url)?, api_settings.token_key.clone(), keepalive, api_origin);
     let worker = match worker {
-        Some((catalog, worker_settings, users, operators)) => Some(worker_on(
-            catalog,
-            db.clone(),
-            RedisClient::new(&redis_url)?,
-            aws.s3.clone(),
-            worker_settings,
-            users,
-            operators,
-        )),
+        Some((catalog, worker_settings, users, operators)) => {
+            let redis = RedisClient::new(&redis_url)?;
+            let mut ctx = worker_on(catalog, db.clone(), redis, aws.s3.clone(), worker_settings, users, operators);
+            ctx.chains = chains.clone();
+            Some(ctx)
+        }
         None => None,
     };
     let redis = RedisClient::new(&redis_url)?;
-    let api = ApiContext::with_operators(catalog, db, redis, aws, api_settings, operators);
+    let api = ApiContext::with_operators(catalog, db, redis, aws, api_settings, operators, chains);
     // A long-lived process may ask the facilitator before it serves; a
     // Lambda asks on its first priced request instead (payments::supported).
     let source = config.catalog_path().display().to_string();
@@ -750,6 +784,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
     let mcp_settings = settings::mcp_settings(&env, false);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
+    let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
     let (Some(catalog), Some(pepper), Some(token_key), Some(database_url), true) =
         (catalog, pepper, token_key, database_url, problems.is_empty())
     else {
@@ -761,6 +796,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
         aws: AwsClients::from_config(sdk, config.s3_endpoint().is_some()),
         bucket,
         queue_url,
+        chains,
     };
     // One Argon2id run per core at a time, as the auth function allows.
     let argon2 = Argon2Limit::new(std::thread::available_parallelism().map_or(2, |n| n.get()));
@@ -777,6 +813,7 @@ pub fn mcp_beside(api: &ApiContext, settings: crate::mcp::McpSettings) -> Arc<Mc
         aws: api.aws.clone(),
         bucket: api.settings.bucket.clone(),
         queue_url: api.settings.queue_url.clone(),
+        chains: api.task_create.chains.clone(),
     };
     let secrets = (api.settings.pepper.clone(), api.settings.token_key.clone());
     McpContext::new(api.catalog.clone(), stores, secrets, api.auth.argon2.clone(), settings)

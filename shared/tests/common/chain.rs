@@ -260,3 +260,118 @@ impl Payer {
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
     }
 }
+
+/// The local chain as Reeve reaches it: its one network's JSON-RPC endpoint
+/// (`REEVE_CHAIN_RPC_URLS` in a deployment).
+pub fn chains() -> reeve_shared::payments::Chains {
+    reeve_shared::payments::Chains::parse(&format!("eip155:84532={}", rpc_url())).unwrap()
+}
+
+/// The latest block's timestamp (unix seconds).
+pub async fn chain_time() -> u64 {
+    let block = rpc("eth_getBlockByNumber", json!(["latest", false])).await;
+    u64::from_str_radix(block["timestamp"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+}
+
+/// The development mnemonic's account 8: it pays the gas of a test's own
+/// facilitator, so that it never races the shared one's account 0 (nor the
+/// console test's account 2) for a nonce.
+pub const OWN_FACILITATOR_ACCOUNT: &str = "0x23618e81E3f5cdF7f54C3d65f7FBc0aBf5B21E8f";
+
+/// A facilitator of the test's own (`scripts/payments/facilitator.mjs`, the
+/// same code as the shared one on 4021), on a port of its own, so the test
+/// may stop it or make it wait for receipts. Killed when dropped.
+pub struct OwnFacilitator {
+    child: Option<std::process::Child>,
+    pub url: String,
+}
+
+impl OwnFacilitator {
+    /// Started and answering; a settle waits `confirmation` for its receipt
+    /// before it answers `settlement_pending` with the broadcast hash.
+    pub async fn start(confirmation: Duration) -> OwnFacilitator {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = std::process::Command::new("node")
+            .arg(root().join("scripts/payments/facilitator.mjs"))
+            .args([rpc_url(), "127.0.0.1".to_owned(), port.to_string(), "8".to_owned()])
+            .arg(confirmation.as_millis().to_string())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("node: {e}; run scripts/payments.sh up"));
+        let own = OwnFacilitator { child: Some(child), url: format!("http://127.0.0.1:{port}") };
+        for _ in 0..200 {
+            if let Ok(answer) = reqwest::get(format!("{}/supported", own.url)).await
+                && answer.status().is_success()
+            {
+                return own;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the test's own facilitator did not start in 20 s");
+    }
+
+    /// Kills it at once (no answer to whatever it is doing).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnFacilitator {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Waits until a transaction from `from` is in the pool (sent, not mined).
+pub async fn wait_pending_from(from: &str) -> String {
+    for _ in 0..200 {
+        let pool = rpc("txpool_content", json!([])).await;
+        let by_sender = pool["pending"].as_object().cloned().unwrap_or_default();
+        if let Some((_, txs)) = by_sender.iter().find(|(a, _)| a.eq_ignore_ascii_case(from))
+            && let Some((_, tx)) = txs.as_object().and_then(|t| t.iter().next())
+        {
+            return tx["hash"].as_str().unwrap().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no transaction from {from} reached the pool in 20 s");
+}
+
+const TRANSFER: &str = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef";
+const AUTHORIZATION_USED: &str = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5";
+
+/// One transfer of the token to an address, as the chain has it.
+#[derive(Debug, Clone)]
+pub struct Charge {
+    pub transaction: String,
+    pub value: u128,
+    /// The EIP-3009 authorisation it used: `(authorizer, nonce)`, lowercase.
+    pub authorization: Option<(String, String)>,
+}
+
+/// Every `Transfer` of the token to `to`, with the authorisation each used
+/// (its `AuthorizationUsed` event, in the same transaction).
+pub async fn charges_to(to: &str) -> Vec<Charge> {
+    let topic = format!("0x{}", word(to));
+    let logs = rpc(
+        "eth_getLogs",
+        json!([{"address": TOKEN, "fromBlock": "0x0", "toBlock": "latest", "topics": [TRANSFER, null, topic]}]),
+    )
+    .await;
+    let mut charges = Vec::new();
+    for log in logs.as_array().unwrap() {
+        let transaction = log["transactionHash"].as_str().unwrap().to_owned();
+        let value = u128::from_str_radix(log["data"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+        let receipt = rpc("eth_getTransactionReceipt", json!([transaction])).await;
+        let authorization =
+            receipt["logs"].as_array().unwrap().iter().find(|l| l["topics"][0] == AUTHORIZATION_USED).map(|l| {
+                let authorizer = format!("0x{}", &l["topics"][1].as_str().unwrap()[26..]);
+                (authorizer.to_ascii_lowercase(), l["topics"][2].as_str().unwrap().to_ascii_lowercase())
+            });
+        charges.push(Charge { transaction, value, authorization });
+    }
+    charges
+}

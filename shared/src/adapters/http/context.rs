@@ -92,6 +92,10 @@ pub struct TaskCreateContext {
     /// also when it could not be built (logged): payments then answer
     /// `503 facilitator_unavailable`.
     pub facilitator: Option<crate::payments::Facilitator>,
+    /// Each payment network's JSON-RPC endpoint (`REEVE_CHAIN_RPC_URLS`): a
+    /// retried payment whose settlement's outcome was lost is resolved from
+    /// the chain.
+    pub chains: crate::payments::Chains,
 }
 
 #[cfg(feature = "api-tasks")]
@@ -157,13 +161,19 @@ impl CatalogContext {
 #[cfg(feature = "api-tasks")]
 impl TaskCreateContext {
     /// The facilitator client, when the catalog sells anything.
-    pub fn new(catalog: Arc<Catalog>, db: PgPool, aws: AwsClients, settings: ApiSettings) -> Arc<TaskCreateContext> {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        db: PgPool,
+        aws: AwsClients,
+        settings: ApiSettings,
+        chains: crate::payments::Chains,
+    ) -> Arc<TaskCreateContext> {
         let facilitator = catalog.payments.as_ref().and_then(|p| {
             crate::payments::Facilitator::new(&p.facilitator_url)
                 .inspect_err(|e| tracing::error!(error = %e, "no facilitator client"))
                 .ok()
         });
-        Arc::new(TaskCreateContext { catalog, db, aws, settings, facilitator })
+        Arc::new(TaskCreateContext { catalog, db, aws, settings, facilitator, chains })
     }
 }
 
@@ -192,10 +202,10 @@ pub type Ctx = Arc<ApiContext>;
 #[cfg(feature = "api")]
 impl ApiContext {
     /// A context whose operators' client has the default policy (public
-    /// HTTPS hosts only): what tests need.
+    /// HTTPS hosts only), and no chain endpoints: what tests need.
     pub fn new(catalog: Catalog, db: PgPool, redis: RedisClient, aws: AwsClients, settings: ApiSettings) -> Ctx {
         let operators = Outbound::new(OutboundPolicy::default()).expect("the default policy is valid");
-        Self::with_operators(catalog, db, redis, aws, settings, operators)
+        Self::with_operators(catalog, db, redis, aws, settings, operators, crate::payments::Chains::none())
     }
 
     /// Every function's context, on the same pool, Redis client and AWS
@@ -207,6 +217,7 @@ impl ApiContext {
         aws: AwsClients,
         settings: ApiSettings,
         operators: Outbound,
+        chains: crate::payments::Chains,
     ) -> Ctx {
         let catalog = Arc::new(catalog);
         let auth = AuthContext::new(db.clone(), settings.pepper.clone(), settings.token_key.clone());
@@ -217,7 +228,7 @@ impl ApiContext {
             bucket: settings.bucket.clone(),
             uploads: catalog.uploads.clone(),
         });
-        let task_create = TaskCreateContext::new(catalog.clone(), db.clone(), aws.clone(), settings.clone());
+        let task_create = TaskCreateContext::new(catalog.clone(), db.clone(), aws.clone(), settings.clone(), chains);
         let task_status =
             Arc::new(TaskStatusContext { db: db.clone(), redis: redis.clone(), token_key: settings.token_key.clone() });
         let health = Arc::new(HealthContext { db: db.clone(), redis: redis.clone() });

@@ -146,12 +146,17 @@ pub async fn envelope(mut request: Request, next: Next) -> Response {
         // payment repeats the x402 challenge in a header of its own.
         let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
         let challenge = response.headers_mut().remove("payment-required");
+        // A refused settle says why in x402's own header too.
+        let settlement = response.headers_mut().remove("payment-response");
         response = render(error.status, error.code, &error.message, &request_id);
         if let Some(retry_after) = retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, retry_after);
         }
         if let Some(challenge) = challenge {
             response.headers_mut().insert("payment-required", challenge);
+        }
+        if let Some(settlement) = settlement {
+            response.headers_mut().insert("payment-response", settlement);
         }
         span.in_scope(|| tracing::info!(status = status.as_u16(), code = error.code, "request failed"));
     } else if (status.is_client_error() || status.is_server_error())

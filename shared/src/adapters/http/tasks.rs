@@ -10,7 +10,8 @@
 //! 3. the kind is in the catalog: `404 unknown_task`;
 //! 4. the `Idempotency-Key` header, if any, is 1..=255 printable ASCII:
 //!    `400 invalid_idempotency_key`;
-//! 5. the input matches the task's schema: `422 invalid_input`;
+//! 5. the input holds no NUL (`400 invalid_input` with its pointer) and
+//!    matches the task's schema: `422 invalid_input`;
 //! 6. a key used before: the same request answers its task again (`202`,
 //!    `Idempotent-Replayed: true`), another is `409 idempotency_conflict`;
 //! 7. the uploads the input names: `422 unknown_upload`,
@@ -18,19 +19,22 @@
 //! 8. a priced task: no `PAYMENT-SIGNATURE` and no credit → `402` whose body
 //!    is the x402 challenge; a payment → `400 invalid_payment`,
 //!    `402 payment_mismatch`, `402 payment_replayed`, `402 payment_invalid`,
-//!    `402 payment_failed` (those carry the challenge in `PAYMENT-REQUIRED`),
-//!    `409 payment_in_progress`, `409 payment_identifier_conflict`,
-//!    `503 facilitator_unavailable`;
+//!    `402 payment_failed` (with `PAYMENT-RESPONSE` `success: false`),
+//!    `402 payment_not_settled` (those carry the challenge in
+//!    `PAYMENT-REQUIRED`), `409 payment_pending` (`Retry-After`; the chain
+//!    may still charge it), `409 payment_in_progress`,
+//!    `409 request_in_progress`, `409 payment_identifier_conflict`,
+//!    `503 facilitator_unavailable` (nothing charged);
 //! 9. store and queue: `202` with `Location` (and `PAYMENT-RESPONSE` when
 //!    paid now), or `503 queue_unavailable`.
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{OriginalUri, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -42,7 +46,7 @@ use super::context::{TaskCreateContext, TaskStatusContext};
 use super::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use super::extract::{JsonBody, Session};
 use crate::ids::Id;
-use crate::payments::{self, PaymentRequired};
+use crate::payments::{self, PayError, PaymentInput, PaymentRequired, PaymentResponse};
 use crate::tasks::events::publish_all_once;
 use crate::tasks::{
     self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, SubmitError, Submitted, Task, TaskStatus,
@@ -182,7 +186,9 @@ impl From<Task> for Snapshot {
             doc_400_json!(),
             " An `input` that is not an object is `invalid_request` too. ",
             "`invalid_idempotency_key`: not one header of 1 to 255 printable ASCII characters; ",
-            "`invalid_payment`: a `PAYMENT-SIGNATURE` that is not base64 JSON of an x402 v2 `exact` payment.")),
+            "`invalid_payment`: a `PAYMENT-SIGNATURE` that is not base64 JSON of an x402 v2 `exact` payment; ",
+            "`invalid_input`: a string (or key) anywhere in the input holds a NUL character, which cannot be ",
+            "stored; the message names its JSON pointer. Checked before any upload or payment.")),
         (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
         (status = 402, body = PaymentRequired,
             description = "A priced task: x402 v2 payment requirements, one `accepts` entry per price, with the \
@@ -191,16 +197,26 @@ impl From<Task> for Snapshot {
                 `PAYMENT-REQUIRED`: `payment_mismatch` (`accepted` is not one of this kind's requirements), \
                 `payment_replayed` (the payment already paid for a task, of any kind or Space), \
                 `payment_invalid` (the facilitator's verification refused it), `payment_failed` (settling it \
-                failed). None of them charges anything or creates a task.",
+                failed; `PAYMENT-RESPONSE` carries `{success: false, errorReason}` too), `payment_not_settled` (an \
+                earlier answer was `payment_pending`, and the payment's `validBefore` has since passed without it \
+                being used on chain). None of them charges anything or creates a task.",
             headers(
                 ("PAYMENT-REQUIRED" = String,
                     description = "The same JSON as the body, base64 (standard alphabet, padded)."),
             )),
         (status = 404, description = "`unknown_task`: no such kind in the catalog.", body = ErrorEnvelope),
         (status = 409, body = ErrorEnvelope,
-            description = "`idempotency_conflict`: the `Idempotency-Key` was used with a different kind or input; \
+            description = "`payment_pending`: the payment was sent to be settled and its outcome is not known \
+                yet (the facilitator answered `settlement_pending`, timed out, failed, or the invocation ran out of \
+                time): it may still be charged. The server resolves it from the chain on its own; send the same \
+                request with the same `PAYMENT-SIGNATURE` after `Retry-After` seconds to get its one task \
+                (`202`) or `402 payment_not_settled`. Never sign a new payment for it meanwhile. \
+                `idempotency_conflict`: the `Idempotency-Key` was used with a different kind or input; \
+                `request_in_progress`: another request with this `Idempotency-Key` is being paid for; \
                 `payment_identifier_conflict`: the payment-identifier id was used with another payment or request; \
-                `payment_in_progress`: another request is settling this payment; retry shortly."),
+                `payment_in_progress`: another request is settling this payment. `payment_pending`, \
+                `request_in_progress` and `payment_in_progress` carry `Retry-After`: the seconds to wait before \
+                sending the same request again."),
         (status = 413, description = doc_413!(), body = ErrorEnvelope),
         (status = 415, description = doc_415!(), body = ErrorEnvelope),
         (status = 422, body = ErrorEnvelope, description = concat!(
@@ -214,9 +230,9 @@ impl From<Task> for Snapshot {
             "`queue_unavailable`: the task could not be queued and is marked failed; ",
             "retry with a new `Idempotency-Key`; ",
             "`storage_unavailable`: uploads could not be checked; ",
-            "`facilitator_unavailable`: the payment facilitator is unreachable or failing; nothing was charged, ",
-            "or, if its settlement's outcome is unknown, the same request with the same `PAYMENT-SIGNATURE` ",
-            "resolves it to exactly one task or a refusal; ",
+            "`facilitator_unavailable`: the payment facilitator could not be reached (or too little time was ",
+            "left to ask it) before anything was settled: nothing was charged (an outcome that is not known is ",
+            "`409 payment_pending` instead); ",
             doc_503_db!())),
     ),
 )]
@@ -226,6 +242,7 @@ async fn create_task(
     kind: Result<Path<String>, PathRejection>,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
+    invocation: Option<Extension<lambda_http::Context>>,
     JsonBody(request): JsonBody<CreateRequest>,
 ) -> Result<Response, SubmitFailure> {
     let kind = kind.map(|Path(k)| k).unwrap_or_default();
@@ -243,20 +260,30 @@ async fn create_task(
         sqs: &ctx.aws.sqs,
         queue_url: &ctx.settings.queue_url,
         facilitator: ctx.facilitator.as_ref(),
+        chains: &ctx.chains,
     };
     let submission = Submission {
         space: &space,
         kind: &kind,
         input: &request.input,
         idempotency_key: key,
-        payment,
+        payment: payment.map(PaymentInput::Header),
         resource_url: &url,
+        // In Lambda, the invocation ends at its context's deadline.
+        deadline: invocation.map(|Extension(c)| deadline_of(c.deadline())),
     };
     match tasks::submit(&cx, submission).await {
         Ok(submitted) => Ok(accepted(submitted)),
-        Err(SubmitError::PaymentRequired(challenge)) => Ok(challenge_response(&challenge)),
+        Err(SubmitError::Payment(PayError::Required(challenge))) => Ok(challenge_response(&challenge)),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A Lambda invocation's deadline (wall-clock time, from its context) on
+/// tokio's clock, which bounds the payment's facilitator calls.
+fn deadline_of(deadline: std::time::SystemTime) -> tokio::time::Instant {
+    let left = deadline.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+    tokio::time::Instant::now() + left
 }
 
 /// A header that must be visible ASCII if present (`400 invalid_payment`
@@ -267,59 +294,79 @@ fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(SubmitError::InvalidPayment(format!("send one {name} header")).into());
+        return Err(SubmitError::Payment(PayError::Malformed(format!("send one {name} header"))).into());
     }
-    value.to_str().map(Some).map_err(|_| SubmitError::InvalidPayment(format!("{name} must be base64 text")).into())
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| SubmitError::Payment(PayError::Malformed(format!("{name} must be base64 text"))).into())
 }
 
-/// A create that ended without a task: the envelope, and for a refused
+/// A create that ended without a task: the envelope; for a refused
 /// payment the challenge again in `PAYMENT-REQUIRED`, so an x402 client can
-/// pay afresh.
+/// pay afresh, and for a refused settle the `PAYMENT-RESPONSE` saying why;
+/// `Retry-After` when the same request should be sent again.
 pub struct SubmitFailure {
     error: ApiError,
     // Boxed: the challenge is large, and every create's `Result` carries it.
     challenge: Option<Box<PaymentRequired>>,
+    settlement: Option<Box<PaymentResponse>>,
+    retry_after: Option<std::time::Duration>,
 }
 
 impl From<SubmitError> for SubmitFailure {
     fn from(e: SubmitError) -> Self {
-        let challenge = match &e {
-            SubmitError::PaymentRequired(c)
-            | SubmitError::PaymentMismatch(c)
-            | SubmitError::PaymentReplayed(c)
-            | SubmitError::PaymentInvalid { challenge: c, .. }
-            | SubmitError::PaymentFailed { challenge: c, .. } => Some(Box::new(c.clone())),
-            _ => None,
+        let (challenge, settlement, retry_after) = match &e {
+            SubmitError::Payment(p) => match p {
+                PayError::Required(c) | PayError::Mismatch(c) | PayError::Replayed(c) | PayError::NotSettled(c) => {
+                    (Some(c.clone()), None, None)
+                }
+                PayError::Invalid { challenge, .. } => (Some(challenge.clone()), None, None),
+                PayError::Failed { challenge, settlement, .. } => {
+                    (Some(challenge.clone()), Some(settlement.clone()), None)
+                }
+                PayError::Pending { retry_after } => (None, None, Some(*retry_after)),
+                PayError::InProgress | PayError::RequestInProgress => (None, None, Some(payments::RETRY_AFTER)),
+                _ => (None, None, None),
+            },
+            _ => (None, None, None),
         };
         // Refusals decided here, before any facilitator call; the ledger
         // counts those that come back from the facilitator.
         let refused_early = matches!(
             e,
-            SubmitError::InvalidPayment(_)
-                | SubmitError::PaymentMismatch(_)
-                | SubmitError::PaymentReplayed(_)
-                | SubmitError::PaymentIdentifierConflict
+            SubmitError::Payment(
+                PayError::Malformed(_) | PayError::Mismatch(_) | PayError::Replayed(_) | PayError::IdentifierConflict
+            )
         );
         let error: ApiError = e.into();
         if refused_early {
             crate::metrics::payment_failed(error.code);
         }
-        SubmitFailure { error, challenge }
+        SubmitFailure { error, challenge, settlement, retry_after }
     }
 }
 
 impl From<ApiError> for SubmitFailure {
     fn from(error: ApiError) -> Self {
-        SubmitFailure { error, challenge: None }
+        SubmitFailure { error, challenge: None, settlement: None, retry_after: None }
     }
 }
 
 impl IntoResponse for SubmitFailure {
     fn into_response(self) -> Response {
         let mut response = self.error.into_response();
+        let headers = response.headers_mut();
         if let Some(challenge) = self.challenge {
             let value = HeaderValue::from_str(&challenge.header_value()).expect("base64 is a valid header value");
-            response.headers_mut().insert(payments::PAYMENT_REQUIRED_HEADER, value);
+            headers.insert(payments::PAYMENT_REQUIRED_HEADER, value);
+        }
+        if let Some(settlement) = self.settlement {
+            let value = HeaderValue::from_str(&settlement.header_value()).expect("base64 is a valid header value");
+            headers.insert(payments::PAYMENT_RESPONSE_HEADER, value);
+        }
+        if let Some(after) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
         }
         response
     }
@@ -328,10 +375,13 @@ impl IntoResponse for SubmitFailure {
 /// The one mapping from create's domain errors to the API's codes.
 impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
-        let payment = |code: &'static str, message: String| ApiError::new(StatusCode::PAYMENT_REQUIRED, code, message);
         match e {
             SubmitError::UnknownTask(kind) => unknown_task(&kind),
             SubmitError::InputNotObject => ApiError::bad_request("invalid_request", "`input` must be a JSON object"),
+            SubmitError::InputNul(pointer) => ApiError::bad_request(
+                "invalid_input",
+                format!("{} holds a NUL character (\\u0000), which cannot be stored", shown_pointer(&pointer)),
+            ),
             SubmitError::InvalidInput(message) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
             }
@@ -344,50 +394,79 @@ impl From<SubmitError> for ApiError {
             SubmitError::StorageUnavailable => {
                 ApiError::unavailable("storage_unavailable", "object storage is unavailable; try again")
             }
-            SubmitError::PaymentRequired(_) => {
-                payment("payment_required", "this task has a price; pay with PAYMENT-SIGNATURE".into())
-            }
-            SubmitError::InvalidPayment(why) => ApiError::bad_request("invalid_payment", why),
-            SubmitError::PaymentMismatch(_) => payment(
-                "payment_mismatch",
-                "the payment's `accepted` is none of this task's requirements; pay one of PAYMENT-REQUIRED's accepts"
-                    .into(),
-            ),
-            SubmitError::PaymentReplayed(_) => {
-                payment("payment_replayed", "this payment was already used; sign a new one".into())
-            }
-            SubmitError::PaymentInvalid { reason, .. } => {
-                payment("payment_invalid", format!("the facilitator refused the payment: {reason}"))
-            }
-            SubmitError::PaymentFailed { reason, .. } => payment(
-                "payment_failed",
-                format!("the payment could not be settled ({reason}); nothing was charged and no task was created"),
-            ),
-            SubmitError::PaymentInProgress => ApiError::new(
-                StatusCode::CONFLICT,
-                "payment_in_progress",
-                "this payment is being settled by another request; retry in a minute",
-            ),
-            SubmitError::PaymentIdentifierConflict => ApiError::new(
-                StatusCode::CONFLICT,
-                "payment_identifier_conflict",
-                "this payment-identifier was already used with a different payment or request",
-            ),
-            SubmitError::FacilitatorUnavailable { outcome_unknown: false } => ApiError::unavailable(
-                "facilitator_unavailable",
-                "the payment facilitator is unavailable; nothing was charged; try again",
-            ),
-            SubmitError::FacilitatorUnavailable { outcome_unknown: true } => ApiError::unavailable(
-                "facilitator_unavailable",
-                "the payment facilitator did not answer; send the same request with the same PAYMENT-SIGNATURE \
-                 again to learn whether it went through (you will get exactly one task, or a refusal)",
-            ),
+            SubmitError::Payment(e) => e.into(),
             SubmitError::QueueUnavailable => ApiError::unavailable(
                 "queue_unavailable",
                 "the task could not be queued and was marked failed; try again with a new Idempotency-Key",
             ),
             SubmitError::Db(e) => db_error(e),
             SubmitError::Internal(why) => ApiError::internal(why),
+        }
+    }
+}
+
+/// A JSON pointer in a message: `(root)` for the input itself.
+fn shown_pointer(pointer: &str) -> String {
+    if pointer.is_empty() { "(root)".to_owned() } else { format!("input{pointer}") }
+}
+
+/// The one mapping from the payment call's refusals to the API's codes.
+impl From<PayError> for ApiError {
+    fn from(e: PayError) -> Self {
+        let payment = |code: &'static str, message: String| ApiError::new(StatusCode::PAYMENT_REQUIRED, code, message);
+        let conflict = |code: &'static str, message: &str| ApiError::new(StatusCode::CONFLICT, code, message);
+        match e {
+            PayError::Required(_) => {
+                payment("payment_required", "this task has a price; pay with PAYMENT-SIGNATURE".into())
+            }
+            PayError::Malformed(why) => ApiError::bad_request("invalid_payment", why),
+            PayError::Mismatch(_) => payment(
+                "payment_mismatch",
+                "the payment's `accepted` is none of this task's requirements; pay one of PAYMENT-REQUIRED's accepts"
+                    .into(),
+            ),
+            PayError::Replayed(_) => {
+                payment("payment_replayed", "this payment was already used; sign a new one".into())
+            }
+            PayError::Invalid { reason, .. } => {
+                payment("payment_invalid", format!("the facilitator refused the payment: {reason}"))
+            }
+            PayError::Failed { reason, .. } => payment(
+                "payment_failed",
+                format!("the payment could not be settled ({reason}); nothing was charged and no task was created"),
+            ),
+            PayError::NotSettled(_) => payment(
+                "payment_not_settled",
+                "this payment never landed on chain and now never can (its authorisation expired); nothing was \
+                 charged and no task was created; sign a new one"
+                    .into(),
+            ),
+            PayError::Pending { .. } => conflict(
+                "payment_pending",
+                "the payment was sent to be settled and its outcome is not known yet; it may still be charged. Send \
+                 the same request with the same PAYMENT-SIGNATURE again after Retry-After seconds: you will get \
+                 its one task, or payment_not_settled. Do not sign a new payment for it meanwhile",
+            ),
+            PayError::InProgress => conflict(
+                "payment_in_progress",
+                "this payment is being settled by another request; retry after Retry-After seconds",
+            ),
+            PayError::RequestInProgress => conflict(
+                "request_in_progress",
+                "a request with this Idempotency-Key is being paid for right now; retry after Retry-After seconds",
+            ),
+            PayError::IdentifierConflict => conflict(
+                "payment_identifier_conflict",
+                "this payment-identifier was already used with a different payment or request",
+            ),
+            PayError::IdempotencyConflict => {
+                conflict("idempotency_conflict", "this Idempotency-Key was already used with a different kind or input")
+            }
+            PayError::FacilitatorUnavailable => ApiError::unavailable(
+                "facilitator_unavailable",
+                "the payment facilitator is unavailable; nothing was charged; try again",
+            ),
+            PayError::Db(e) => db_error(e),
         }
     }
 }
@@ -466,7 +545,7 @@ struct TaskPage {
     responses(
         (status = 200, description = "A page of tasks.", body = TaskPage),
         (status = 400, body = ErrorEnvelope, description =
-            "`invalid_query`: an unknown `status`, a `limit` outside 1 to 100, or an `after` that is not a task id."),
+            "`invalid_query`: an unknown `status`, a `limit` outside 1 to 100, an `after` that is not a task id, or a `kind` holding a NUL."),
         (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),
         (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
@@ -478,6 +557,11 @@ async fn list_tasks(
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> ApiResult<Json<TaskPage>> {
     let Query(params) = params.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    // Postgres cannot hold a NUL in a text parameter: the client's error,
+    // not a server fault.
+    if params.kind.as_deref().is_some_and(tasks::input::has_nul) {
+        return Err(ApiError::bad_request("invalid_query", "kind holds a NUL character (%00)"));
+    }
     let limit = params.limit.unwrap_or(tasks::list::DEFAULT_LIMIT);
     if !(1..=tasks::list::MAX_LIMIT).contains(&limit) {
         return Err(ApiError::bad_request(

@@ -47,6 +47,9 @@ pub struct McpStores {
     pub aws: AwsClients,
     pub bucket: String,
     pub queue_url: String,
+    /// Each payment network's JSON-RPC endpoint: a paid call whose
+    /// settlement's outcome was lost is resolved from the chain.
+    pub chains: crate::payments::Chains,
 }
 
 pub struct McpContext {
@@ -62,6 +65,7 @@ pub struct McpContext {
     /// `None` when the catalog sells nothing, or the client could not be
     /// built (logged): a payment then gets `facilitator_unavailable`.
     pub facilitator: Option<Facilitator>,
+    pub chains: crate::payments::Chains,
     /// The process's bound on Argon2id runs, shared with the HTTP routes
     /// where they run in the same process.
     pub argon2: Arc<Argon2Limit>,
@@ -87,7 +91,7 @@ impl McpContext {
                 .ok()
         });
         let tools = Tools::new(&catalog);
-        let McpStores { db, redis, aws, bucket, queue_url } = stores;
+        let McpStores { db, redis, aws, bucket, queue_url, chains } = stores;
         Arc::new(McpContext {
             catalog,
             db,
@@ -98,6 +102,7 @@ impl McpContext {
             bucket,
             queue_url,
             facilitator,
+            chains,
             argon2,
             settings,
             tools,

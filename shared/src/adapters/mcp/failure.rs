@@ -11,7 +11,7 @@
 use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
 
-use crate::payments::PaymentRequired;
+use crate::payments::{PayError, PaymentRequired};
 use crate::spaces::SpaceError;
 use crate::tasks::SubmitError;
 use crate::uploads::CreateError;
@@ -120,13 +120,13 @@ impl From<CreateError> for ToolFailure {
 impl From<SubmitError> for ToolFailure {
     fn from(e: SubmitError) -> Self {
         match e {
-            SubmitError::PaymentRequired(challenge)
-            | SubmitError::PaymentMismatch(challenge)
-            | SubmitError::PaymentReplayed(challenge)
-            | SubmitError::PaymentInvalid { challenge, .. }
-            | SubmitError::PaymentFailed { challenge, .. } => ToolFailure::Payment(Box::new(challenge)),
+            SubmitError::Payment(p) => p.into(),
             SubmitError::UnknownTask(kind) => ToolFailure::new("unknown_task", format!("no task kind {kind:?}")),
             SubmitError::InputNotObject => ToolFailure::new("invalid_input", "the arguments must be a JSON object"),
+            SubmitError::InputNul(pointer) => ToolFailure::new(
+                "invalid_input",
+                format!("input{pointer} holds a NUL character, which cannot be stored"),
+            ),
             SubmitError::InvalidInput(message) => ToolFailure::new("invalid_input", message),
             SubmitError::IdempotencyConflict => {
                 ToolFailure::new("idempotency_conflict", "this idempotency key was used with a different input")
@@ -135,34 +135,57 @@ impl From<SubmitError> for ToolFailure {
             SubmitError::StorageUnavailable => {
                 ToolFailure::new("storage_unavailable", "object storage is unavailable; try again")
             }
-            SubmitError::InvalidPayment(why) => ToolFailure::new(
-                "invalid_payment",
-                format!("{why}; send an x402 PaymentPayload (or its base64) in _meta[\"x402/payment\"]"),
-            ),
-            SubmitError::PaymentInProgress => ToolFailure::new(
-                "payment_in_progress",
-                "this payment is being settled by another request; retry the same call in a minute",
-            ),
-            SubmitError::PaymentIdentifierConflict => ToolFailure::new(
-                "payment_identifier_conflict",
-                "this payment-identifier was already used with a different payment or input",
-            ),
-            SubmitError::FacilitatorUnavailable { outcome_unknown: false } => ToolFailure::new(
-                "facilitator_unavailable",
-                "the payment facilitator is unavailable; nothing was charged; try again",
-            ),
-            SubmitError::FacilitatorUnavailable { outcome_unknown: true } => ToolFailure::with(
-                "payment_pending",
-                "the payment facilitator did not say whether the payment went through; call the tool again \
-                 with the same arguments and the same _meta[\"x402/payment\"] after retry_after_seconds to learn \
-                 it (you get exactly one task, or a refusal); do not sign a new payment",
-                json!({ "retry_after_seconds": PAYMENT_PENDING_RETRY_SECONDS }),
-            ),
             SubmitError::QueueUnavailable => {
                 ToolFailure::new("queue_unavailable", "the task could not be queued and was marked failed; try again")
             }
             SubmitError::Db(e) => ToolFailure::database(e),
             SubmitError::Internal(why) => ToolFailure::internal(why),
+        }
+    }
+}
+
+/// The payment call's refusals. A refused payment carries the challenge
+/// again, so an x402 client can pay afresh; its `error` names what was wrong.
+impl From<PayError> for ToolFailure {
+    fn from(e: PayError) -> Self {
+        match e {
+            PayError::Required(challenge)
+            | PayError::Mismatch(challenge)
+            | PayError::Replayed(challenge)
+            | PayError::NotSettled(challenge)
+            | PayError::Invalid { challenge, .. }
+            | PayError::Failed { challenge, .. } => ToolFailure::Payment(challenge),
+            PayError::Malformed(why) => ToolFailure::new(
+                "invalid_payment",
+                format!("{why}; send an x402 PaymentPayload (or its base64) in _meta[\"x402/payment\"]"),
+            ),
+            PayError::Pending { retry_after } => ToolFailure::with(
+                "payment_pending",
+                "the payment was sent to be settled and its outcome is not known yet; it may still be charged. Call \
+                 the tool again with the same arguments and the same _meta[\"x402/payment\"] after \
+                 retry_after_seconds: you get its one task, or payment_not_settled. Do not sign a new payment",
+                json!({ "retry_after_seconds": retry_after.as_secs().max(PAYMENT_PENDING_RETRY_SECONDS) }),
+            ),
+            PayError::InProgress => ToolFailure::new(
+                "payment_in_progress",
+                "this payment is being settled by another request; retry the same call shortly",
+            ),
+            PayError::RequestInProgress => ToolFailure::new(
+                "request_in_progress",
+                "a request with this idempotency key is being paid for; retry the same call shortly",
+            ),
+            PayError::IdentifierConflict => ToolFailure::new(
+                "payment_identifier_conflict",
+                "this payment-identifier was already used with a different payment or input",
+            ),
+            PayError::IdempotencyConflict => {
+                ToolFailure::new("idempotency_conflict", "this idempotency key was used with a different input")
+            }
+            PayError::FacilitatorUnavailable => ToolFailure::new(
+                "facilitator_unavailable",
+                "the payment facilitator is unavailable; nothing was charged; try again",
+            ),
+            PayError::Db(e) => ToolFailure::database(e),
         }
     }
 }

@@ -99,9 +99,19 @@ pub async fn run(
         sqs: &ctx.aws.sqs,
         queue_url: &ctx.queue_url,
         facilitator: ctx.facilitator.as_ref(),
+        chains: &ctx.chains,
     };
-    let submission =
-        Submission { space, kind, input: &input, idempotency_key: None, payment, resource_url: &resource_url };
+    let submission = Submission {
+        space,
+        kind,
+        input: &input,
+        idempotency_key: None,
+        payment: payment.map(crate::payments::PaymentInput::Header),
+        resource_url: &resource_url,
+        // Task create's own deadline bounds the payment: an MCP call is one
+        // HTTP request like it.
+        deadline: None,
+    };
     let submitted = match tasks::submit(&cx, submission).await {
         Ok(submitted) => submitted,
         Err(e) => {

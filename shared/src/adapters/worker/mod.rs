@@ -25,9 +25,15 @@
 //! - a cancel asked for by the owner (checked every [`CANCEL_POLL`]) → the
 //!   executor is stopped → `canceled` (`status`) → `Done`;
 //! - a retryable error or a timeout → back to `queued` (`log`, `status`) →
-//!   `Retry`; on the queue's last delivery (`REEVE_MAX_RECEIVES`) → `failed`
-//!   with `retries_exhausted` instead, so nothing stays queued once SQS gives
-//!   up.
+//!   `Retry`; on the task's last attempt or the queue's last delivery
+//!   (`REEVE_MAX_RECEIVES` both) → `failed` with `retries_exhausted` instead,
+//!   so nothing stays queued once SQS gives up.
+//!
+//! **One attempt limit per task.** The limit counts the task's own runs
+//! (`attempts`), not a message's deliveries: the sweeper's re-send and a
+//! redelivery are two messages with two receive counts, but one task. A
+//! claim never starts run `REEVE_MAX_RECEIVES + 1`; a task found out of
+//! attempts is failed `retries_exhausted` without running.
 //!
 //! Trouble with Postgres at any step is `Retry`, never a failed task; Redis
 //! trouble only costs the live doorbell (the events are in Postgres).
@@ -157,6 +163,11 @@ pub struct WorkerContext {
     pub lease_grace: Duration,
     /// How long before an invocation's deadline its runs are stopped.
     pub deadline_margin: Duration,
+    /// Each payment network's JSON-RPC endpoint: not the worker's, but the
+    /// sweep that runs beside it (`reeve work`, `reeve serve`) reconciles
+    /// payments with them.
+    #[cfg(feature = "chain")]
+    pub chains: crate::payments::Chains,
 }
 
 impl WorkerContext {
@@ -171,6 +182,8 @@ impl WorkerContext {
             settings,
             lease_grace: LEASE_GRACE,
             deadline_margin: DEADLINE_MARGIN,
+            #[cfg(feature = "chain")]
+            chains: crate::payments::Chains::none(),
         }
     }
 
@@ -259,21 +272,26 @@ async fn run_task(
         // Claiming now would only hand the task straight back.
         return Outcome::Retry("too close to the invocation's deadline to start".into());
     }
+    let max_attempts = ctx.settings.max_receives;
+    if task.attempts >= max_attempts as i32 {
+        return exhausted(ctx, &task).await;
+    }
 
-    let claim = match store::claim(&ctx.db, id, lease).await {
+    let claim = match store::claim(&ctx.db, id, lease, max_attempts).await {
         Ok(Some(claim)) => claim,
         Ok(None) => {
-            return match store::status(&ctx.db, id).await {
+            return match store::load(&ctx.db, id).await {
                 Ok(None) => Outcome::Done,
-                Ok(Some(status)) if status.is_terminal() => {
-                    tracing::info!(status = status.as_str(), "finished meanwhile; skipping");
+                Ok(Some(now)) if now.status.is_terminal() => {
+                    tracing::info!(status = now.status.as_str(), "finished meanwhile; skipping");
                     Outcome::Done
                 }
-                Ok(Some(status)) => {
-                    tracing::info!(status = status.as_str(), "another worker holds a live lease");
+                Ok(Some(now)) if now.attempts >= max_attempts as i32 => exhausted(ctx, &now).await,
+                Ok(Some(now)) => {
+                    tracing::info!(status = now.status.as_str(), "another worker holds a live lease");
                     Outcome::Retry("held by another worker's live lease".into())
                 }
-                Err(e) => retry("reading the task's status", e),
+                Err(e) => retry("reading the task", e),
             };
         }
         Err(e) => return retry("claiming the task", e),
@@ -325,6 +343,37 @@ async fn run_task(
             retry_later(ctx, id, attempt, receive_count, Retryable::Exec(reason)).await
         }
         Err(Err(why)) => retry_later(ctx, id, attempt, receive_count, why).await,
+    }
+}
+
+/// A task that has had every run it may have, found queued (or running
+/// under an expired lease): failed `retries_exhausted` without another run,
+/// fenced on where it was found, so a run that claimed it meanwhile wins.
+async fn exhausted(ctx: &WorkerContext, task: &store::TaskRow) -> Outcome {
+    let fence = match task.status {
+        // Its last run is still going: this message is a duplicate, and
+        // that run ends the task (or, if its worker dies, the sweeper does).
+        crate::tasks::TaskStatus::Running if task.lease_live => {
+            tracing::info!(attempts = task.attempts, "the last attempt is running elsewhere; dropping this message");
+            return Outcome::Done;
+        }
+        crate::tasks::TaskStatus::Running => Fence::Run(task.attempts),
+        crate::tasks::TaskStatus::Queued => Fence::From(&[crate::tasks::TaskStatus::Queued]),
+        // Terminal: nothing to do.
+        _ => return Outcome::Done,
+    };
+    let message = format!("gave up after {} attempts, none of which finished", task.attempts);
+    let error = task_error(codes::RETRIES_EXHAUSTED, &message);
+    match transition(&ctx.db, task.id, fence, Change::Fail { error: &error }).await {
+        Ok(Some(events)) => {
+            ctx.events.publish_all(task.id, &events).await;
+            tracing::warn!(attempts = task.attempts, "out of attempts; failed without another run");
+            Outcome::Failed(codes::RETRIES_EXHAUSTED)
+        }
+        // Claimed or finished by someone else meanwhile: theirs now. A live
+        // run elsewhere keeps its message; this one is done.
+        Ok(None) => Outcome::Done,
+        Err(e) => retry("failing the exhausted task", e),
     }
 }
 
@@ -394,8 +443,8 @@ async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u
     if matches!(crate::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
         return cancel(ctx, id, attempt).await;
     }
-    if receive_count >= ctx.settings.max_receives {
-        let message = format!("gave up after {receive_count} deliveries; the last attempt failed: {shown}");
+    if attempt >= ctx.settings.max_receives as i32 || receive_count >= ctx.settings.max_receives {
+        let message = format!("gave up after {attempt} attempts; the last one failed: {shown}");
         return fail(ctx, id, attempt, codes::RETRIES_EXHAUSTED, &message).await;
     }
     let line = format!("attempt {attempt} did not finish ({shown}); it will be retried");

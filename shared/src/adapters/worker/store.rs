@@ -27,15 +27,22 @@ pub struct TaskRow {
     pub kind: String,
     pub input: Value,
     pub status: TaskStatus,
+    /// Runs started so far (the last run's fencing token).
+    pub attempts: i32,
+    /// A run holds it under a lease that has not expired.
+    pub lease_live: bool,
 }
 
 pub async fn load(db: &PgPool, id: Id) -> Result<Option<TaskRow>, sqlx::Error> {
-    let row: Option<(Vec<u8>, String, sqlx::types::Json<Value>, String)> =
-        sqlx::query_as("SELECT space_idx, kind, input, status FROM tasks WHERE id = $1")
-            .bind(id)
-            .fetch_optional(db)
-            .await?;
-    let Some((space, kind, input, status)) = row else {
+    type Row = (Vec<u8>, String, sqlx::types::Json<Value>, String, i32, bool);
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT space_idx, kind, input, status, attempts, (lease_until IS NOT NULL AND lease_until >= now())
+           FROM tasks WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    let Some((space, kind, input, status, attempts, lease_live)) = row else {
         return Ok(None);
     };
     let decode = |what: &str| sqlx::Error::Decode(format!("tasks row {id}: bad {what}").into());
@@ -45,14 +52,9 @@ pub async fn load(db: &PgPool, id: Id) -> Result<Option<TaskRow>, sqlx::Error> {
         kind,
         input: input.0,
         status: TaskStatus::parse(&status).ok_or_else(|| decode("status"))?,
+        attempts,
+        lease_live,
     }))
-}
-
-/// The task's status now; `None` if it is gone.
-pub async fn status(db: &PgPool, id: Id) -> Result<Option<TaskStatus>, sqlx::Error> {
-    let status: Option<String> =
-        sqlx::query_scalar("SELECT status FROM tasks WHERE id = $1").bind(id).fetch_optional(db).await?;
-    Ok(status.and_then(|s| TaskStatus::parse(&s)))
 }
 
 /// A successful claim: the run's fencing token and its `status: running` event.
@@ -67,21 +69,23 @@ fn secs(lease: Duration) -> f64 {
 }
 
 /// `queued`, or `running` with an expired (or missing) lease, becomes
-/// `running` with a lease of `lease` from now. `None` when the task is in
-/// neither state: terminal, gone, or held by a live lease.
-pub async fn claim(db: &PgPool, id: Id, lease: Duration) -> Result<Option<Claim>, sqlx::Error> {
+/// `running` with a lease of `lease` from now, if it has had fewer than
+/// `max_attempts` runs. `None` when the task is in neither state (terminal,
+/// gone, or held by a live lease) or out of attempts.
+pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> Result<Option<Claim>, sqlx::Error> {
     let mut tx = db.begin().await?;
     let attempt: Option<i32> = sqlx::query_scalar(
         "UPDATE tasks
             SET status = 'running', attempts = attempts + 1,
                 lease_until = now() + make_interval(secs => $2), updated_at = now()
-          WHERE id = $1
+          WHERE id = $1 AND attempts < $3
             AND (status = 'queued'
                  OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
          RETURNING attempts",
     )
     .bind(id)
     .bind(secs(lease))
+    .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
     .fetch_optional(&mut *tx)
     .await?;
     let Some(attempt) = attempt else {

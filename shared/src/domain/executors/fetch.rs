@@ -10,6 +10,14 @@
 //! object `object_expires_at` (the bucket's lifecycle rule for `outputs/`;
 //! null when the deployment does not say it has one).
 //! A rerun (a redelivered message) overwrites the same key.
+//!
+//! The URL is the task owner's choice, so what it answers is the task's
+//! result, whatever the status: a 404 or a 503 is a completed fetch with
+//! `status` in its result (and the body stored). A target that does not
+//! resolve, refuses the connection, breaks it or does not answer in time is
+//! `fetch_unreachable`: the owner's input, failed at once, never retried and
+//! never credited. Only Reeve's own trouble (storing the body, presigning)
+//! is retryable, and so credited if it never goes away.
 
 use std::time::{Duration, SystemTime};
 
@@ -49,17 +57,7 @@ impl TaskExecutor for Fetch {
         let url = input_str(job.input, "url")?;
         job.progress(0.0, json!({ "stage": "downloading" })).await;
 
-        let mut response =
-            deps.outbound.get_stream(url, deps.fetch_max_bytes).await.map_err(|e| outbound_error("the URL", e))?;
-        match response.status {
-            200..=299 => {}
-            429 | 500..=599 => {
-                return Err(ExecError::Retryable(format!("fetch: the remote answered HTTP {}", response.status)));
-            }
-            status => {
-                return Err(ExecError::permanent(codes::FETCH_FAILED, format!("the URL answered HTTP {status}")));
-            }
-        }
+        let mut response = deps.outbound.get_stream(url, deps.fetch_max_bytes).await.map_err(target_error)?;
         let content_type =
             response.content_type.as_deref().and_then(usable_content_type).unwrap_or(DEFAULT_CONTENT_TYPE).to_owned();
         let key = output_key(&job.space, job.task_id);
@@ -98,6 +96,7 @@ impl TaskExecutor for Fetch {
         job.progress(1.0, json!({ "stage": "stored", "bytes": size })).await;
         job.log(format!("stored as {key}")).await;
         Ok(json!({
+            "status": response.status,
             "key": key,
             "size": size,
             "sha256": sha256,
@@ -117,6 +116,20 @@ pub fn object_expiry(stored: OffsetDateTime, days: u32) -> OffsetDateTime {
     let due = stored.to_offset(time::UtcOffset::UTC) + time::Duration::days(days.into());
     let midnight = due.replace_time(time::Time::MIDNIGHT);
     if midnight == due { due } else { midnight + time::Duration::DAY }
+}
+
+/// The target's failures are the owner's: the network ones too, which
+/// would be retryable for a host Reeve runs.
+fn target_error(e: crate::outbound::OutboundError) -> ExecError {
+    if e.is_retryable() {
+        tracing::info!(error = %e, "fetch: the URL could not be reached");
+        return ExecError::permanent(
+            codes::FETCH_UNREACHABLE,
+            "the URL could not be reached: its name did not resolve, or it refused, broke or did not answer the \
+             connection in time",
+        );
+    }
+    outbound_error("the URL", e)
 }
 
 /// What was stored.
@@ -147,7 +160,7 @@ async fn store_streaming(
                 if let Some(upload) = upload {
                     upload.abort(deps).await;
                 }
-                return Err(outbound_error("the URL", e));
+                return Err(target_error(e));
             }
         };
         hasher.update(&chunk);

@@ -5,9 +5,13 @@
 //! runs, an executor reports progress and log lines through [`Job::reports`];
 //! the worker turns each [`Report`] into a durable event.
 //!
-//! Failures are [`ExecError`]s: `Retryable` for infrastructure trouble (the
-//! worker lets SQS redeliver), `Permanent` with a stable code from [`codes`]
-//! for a task that can never succeed as given. A permanent error's message is
+//! Failures are [`ExecError`]s: `Retryable` for Reeve's own trouble (the
+//! worker lets SQS redeliver, and a paid task that never gets past it is
+//! credited), `Permanent` with a stable code from [`codes`] for a task that
+//! can never succeed as given, which is never credited. Which is which
+//! follows whose the failing part is: the task owner's (`fetch`'s URL, an
+//! upload), or Reeve's and its operator's (S3, Postgres, the `http`
+//! executor's endpoint). A permanent error's message is
 //! shown to the task's owner, so it names only what the owner supplied (their
 //! upload id, their URL) and never an internal host, key or credential; the
 //! detail goes to the logs instead.
@@ -146,8 +150,9 @@ pub mod codes {
     pub const INVALID_URL: &str = "invalid_url";
     /// `fetch`/`http`: the response is larger than the cap.
     pub const TOO_LARGE: &str = "too_large";
-    /// `fetch`: the remote answered a non-2xx status other than 429 or 5xx.
-    pub const FETCH_FAILED: &str = "fetch_failed";
+    /// `fetch`: the URL did not resolve, refused or broke the connection, or
+    /// did not answer in time. The owner's target, so never credited.
+    pub const FETCH_UNREACHABLE: &str = "fetch_unreachable";
     /// `http`: the endpoint answered 4xx (other than 429).
     pub const EXECUTOR_REJECTED: &str = "executor_rejected";
     /// `http`: the endpoint answered 2xx without a JSON body, or an

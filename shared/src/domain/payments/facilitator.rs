@@ -128,6 +128,11 @@ pub fn effective_url(catalog_url: &str, var: impl Fn(&str) -> Option<String>) ->
     }
 }
 
+/// The smaller of a call's own timeout and the time the caller has left.
+fn bounded(timeout: Duration, budget: Option<Duration>) -> Duration {
+    budget.map_or(timeout, |budget| budget.min(timeout))
+}
+
 impl Facilitator {
     pub fn new(url: &str) -> Result<Facilitator, String> {
         let policy = operator_policy(url)?;
@@ -194,20 +199,25 @@ impl Facilitator {
         *self.known.lock().expect("never poisoned") = Known::Kinds(kinds.into());
     }
 
+    /// `/verify`, within `budget` if given (else its own timeout). It moves
+    /// no money, whatever becomes of it.
     pub async fn verify(
         &self,
         payment: &Value,
         requirements: &PaymentRequirements,
+        budget: Option<Duration>,
     ) -> Result<Verified, FacilitatorError> {
-        self.call("verify", payment, requirements, VERIFY_TIMEOUT).await
+        self.call("verify", payment, requirements, bounded(VERIFY_TIMEOUT, budget)).await
     }
 
+    /// `/settle`, within `budget` if given. Cut off, its outcome is unknown.
     pub async fn settle(
         &self,
         payment: &Value,
         requirements: &PaymentRequirements,
+        budget: Option<Duration>,
     ) -> Result<Settled, FacilitatorError> {
-        self.call("settle", payment, requirements, SETTLE_TIMEOUT).await
+        self.call("settle", payment, requirements, bounded(SETTLE_TIMEOUT, budget)).await
     }
 
     async fn call<T: serde::de::DeserializeOwned>(

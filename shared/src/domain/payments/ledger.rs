@@ -3,6 +3,7 @@
 //! paid tasks leave when they end without doing their work.
 
 use serde::Serialize;
+use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Row};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -19,10 +20,12 @@ pub const CLAIM_SECONDS: i32 = 75;
 /// An attempt's state, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttemptStatus {
-    /// Being settled now, or settled with an outcome nobody learnt.
+    /// Being settled now (claimed), or settled with an outcome nobody has
+    /// learnt yet (unclaimed): the chain may still charge it.
     Settling,
+    /// Charged: `task_id` is the one task it bought, or it left a credit.
     Settled,
-    /// The facilitator refused it: nothing was charged.
+    /// Nothing was charged, and nothing can be any more by this attempt.
     Failed,
 }
 
@@ -35,22 +38,56 @@ impl AttemptStatus {
             _ => return None,
         })
     }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            AttemptStatus::Settling => "settling",
+            AttemptStatus::Settled => "settled",
+            AttemptStatus::Failed => "failed",
+        }
+    }
 }
 
+/// The reason of an attempt the reconciler failed: its authorisation's
+/// `validBefore` passed with its nonce unused, so it can never be charged.
+pub const NOT_SETTLED: &str = "not_settled";
+
+/// One attempt, with the request it pays for.
 #[derive(Debug, Clone)]
 pub struct Attempt {
     pub id: Id,
     pub status: AttemptStatus,
+    pub network: String,
+    pub payer: String,
+    pub nonce: String,
     pub space: Vec<u8>,
+    pub kind: String,
     pub request_hash: Vec<u8>,
     pub payload_hash: Vec<u8>,
     pub payment_id: Option<String>,
+    /// `None` for an attempt recorded before attempts kept their request.
+    pub input: Option<Value>,
+    pub idempotency_key: Option<String>,
+    pub asset: String,
+    pub amount: String,
+    pub pay_to: Option<String>,
+    /// Decimal unix seconds.
+    pub valid_before: Option<String>,
+    pub reason: Option<String>,
+    /// The settlement's hash, once known (a `settlement_pending` answer
+    /// carries it before it is mined).
+    pub transaction: Option<String>,
     pub task_id: Option<Id>,
+    /// Its client never got its task: it was answered `payment_pending`,
+    /// or its request died.
+    pub told_pending: bool,
     /// Someone holds it right now.
     pub claimed: bool,
 }
 
-/// What a new attempt records.
+/// What a new attempt records: the authorisation, and the request it pays
+/// for, whole, so that its task can still be created if the settlement's
+/// outcome is learnt only later.
 pub struct NewAttempt<'a> {
     pub network: &'a str,
     pub payer: &'a str,
@@ -58,18 +95,23 @@ pub struct NewAttempt<'a> {
     pub payload_hash: &'a [u8; 32],
     pub space: &'a SpaceIndex,
     pub kind: &'a str,
+    pub input: &'a Value,
+    pub idempotency_key: Option<&'a str>,
     pub request_hash: &'a [u8; 32],
     pub payment_id: Option<&'a str>,
     pub asset: &'a str,
     pub amount: &'a str,
+    pub pay_to: &'a str,
+    pub valid_before: &'a str,
 }
 
 /// The columns [`attempt_from_row`] reads, as a literal for `concat!`
 /// (sqlx takes only `'static` SQL).
 macro_rules! attempt_columns {
     () => {
-        "id, status, space_idx, request_hash, payload_hash, payment_id, task_id, \
-         (claimed_until IS NOT NULL AND claimed_until > now()) AS claimed"
+        "id, status, network, payer, nonce, space_idx, kind, request_hash, payload_hash, payment_id, input, \
+         idempotency_key, asset, amount, pay_to, valid_before::text AS valid_before, reason, transaction, task_id, \
+         told_pending, (claimed_until IS NOT NULL AND claimed_until > now()) AS claimed"
     };
 }
 
@@ -79,26 +121,42 @@ fn attempt_from_row(row: &sqlx::postgres::PgRow) -> Result<Attempt, sqlx::Error>
         id: row.try_get("id")?,
         status: AttemptStatus::parse(&status)
             .ok_or_else(|| sqlx::Error::Decode(format!("unknown attempt status {status:?}").into()))?,
+        network: row.try_get("network")?,
+        payer: row.try_get("payer")?,
+        nonce: row.try_get("nonce")?,
         space: row.try_get("space_idx")?,
+        kind: row.try_get("kind")?,
         request_hash: row.try_get("request_hash")?,
         payload_hash: row.try_get("payload_hash")?,
         payment_id: row.try_get("payment_id")?,
+        input: row.try_get::<Option<sqlx::types::Json<Value>>, _>("input")?.map(|j| j.0),
+        idempotency_key: row.try_get("idempotency_key")?,
+        asset: row.try_get("asset")?,
+        amount: row.try_get("amount")?,
+        pay_to: row.try_get("pay_to")?,
+        valid_before: row.try_get("valid_before")?,
+        reason: row.try_get("reason")?,
+        transaction: row.try_get("transaction")?,
         task_id: row.try_get("task_id")?,
+        told_pending: row.try_get("told_pending")?,
         claimed: row.try_get("claimed")?,
     })
 }
 
-/// Records a new attempt, claimed by the caller. `None`: this authorisation
-/// (network, payer, nonce) was presented before; [`find_attempt`] says how
-/// that went.
+/// Records a new attempt, claimed by the caller. `None`: it collides with
+/// an earlier attempt: the same authorisation (network, payer, nonce), the
+/// same `Idempotency-Key` still open or paid, or the same
+/// `payment-identifier` id; [`find_attempt`], [`find_by_idempotency_key`]
+/// and [`find_by_payment_id`] say which.
 pub async fn insert_attempt(db: &PgPool, new: &NewAttempt<'_>) -> Result<Option<Id>, sqlx::Error> {
     let id = Id::new();
     let inserted = sqlx::query(
         "INSERT INTO payment_attempts
              (id, network, payer, nonce, payload_hash, space_idx, kind, request_hash, payment_id, asset, amount,
-              claimed_until)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now() + make_interval(secs => $12))
-         ON CONFLICT (network, payer, nonce) DO NOTHING",
+              input, idempotency_key, pay_to, valid_before, claimed_until)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::numeric,
+                 now() + make_interval(secs => $16))
+         ON CONFLICT DO NOTHING",
     )
     .bind(id)
     .bind(new.network)
@@ -111,6 +169,10 @@ pub async fn insert_attempt(db: &PgPool, new: &NewAttempt<'_>) -> Result<Option<
     .bind(new.payment_id)
     .bind(new.asset)
     .bind(new.amount)
+    .bind(sqlx::types::Json(new.input))
+    .bind(new.idempotency_key)
+    .bind(new.pay_to)
+    .bind(new.valid_before)
     .bind(f64::from(CLAIM_SECONDS))
     .execute(db)
     .await?
@@ -144,23 +206,51 @@ pub async fn find_by_payment_id(
     row.as_ref().map(attempt_from_row).transpose()
 }
 
+/// The attempt that holds a space's `Idempotency-Key`: one that may still
+/// charge, or has. A failed attempt holds nothing.
+pub async fn find_by_idempotency_key(
+    db: &PgPool,
+    space: &SpaceIndex,
+    key: &str,
+) -> Result<Option<Attempt>, sqlx::Error> {
+    let sql = concat!(
+        "SELECT ",
+        attempt_columns!(),
+        " FROM payment_attempts WHERE space_idx = $1 AND idempotency_key = $2 AND status <> 'failed'"
+    );
+    let row = sqlx::query(sql).bind(space.as_bytes()).bind(key).fetch_optional(db).await?;
+    row.as_ref().map(attempt_from_row).transpose()
+}
+
+/// A `payment-identifier` id whose attempt charged nothing may name a new
+/// payment: the failed attempt lets go of it. `false`: it is not failed
+/// (any more).
+pub async fn release_payment_id(db: &PgPool, id: Id) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE payment_attempts SET payment_id = NULL, updated_at = now() WHERE id = $1 AND status = 'failed'",
+    )
+    .bind(id)
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(moved == 1)
+}
+
 /// Takes over an attempt in `from` that nobody holds: the retry of a request
 /// that failed, or whose settlement's outcome was never learnt. `false`:
 /// someone else holds it, or it moved on.
 pub async fn claim_attempt(db: &PgPool, id: Id, from: AttemptStatus) -> Result<bool, sqlx::Error> {
-    let from = match from {
-        AttemptStatus::Settling => "settling",
-        AttemptStatus::Failed => "failed",
-        AttemptStatus::Settled => return Ok(false),
-    };
+    if from == AttemptStatus::Settled {
+        return Ok(false);
+    }
     let moved = sqlx::query(
         "UPDATE payment_attempts
-            SET status = 'settling', reason = NULL, updated_at = now(),
+            SET status = 'settling', updated_at = now(),
                 claimed_until = now() + make_interval(secs => $3)
           WHERE id = $1 AND status = $2 AND (claimed_until IS NULL OR claimed_until <= now())",
     )
     .bind(id)
-    .bind(from)
+    .bind(from.as_str())
     .bind(f64::from(CLAIM_SECONDS))
     .execute(db)
     .await?
@@ -168,35 +258,60 @@ pub async fn claim_attempt(db: &PgPool, id: Id, from: AttemptStatus) -> Result<b
     Ok(moved == 1)
 }
 
-/// The facilitator refused the payment (nothing was charged): the attempt
-/// is `failed` with the reason, and free for a later retry.
-pub async fn fail_attempt(db: &PgPool, id: Id, reason: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(
+/// Nothing was charged and nothing can be by this attempt (the facilitator
+/// refused it, or its `validBefore` passed unused): `failed` with the
+/// reason. `false`: it had moved on.
+pub async fn fail_attempt(db: &PgPool, id: Id, reason: &str) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
         "UPDATE payment_attempts SET status = 'failed', reason = $2, claimed_until = NULL, updated_at = now()
           WHERE id = $1 AND status = 'settling'",
     )
     .bind(id)
     .bind(reason)
     .execute(db)
-    .await?;
-    // Every refusal the facilitator decides, or its being unreachable,
-    // ends here with the reason the client is given.
-    crate::metrics::payment_failed(reason);
-    Ok(())
+    .await?
+    .rows_affected();
+    if moved == 1 {
+        // Every refusal the facilitator decides, or its being unreachable,
+        // ends here with the reason the client is given.
+        crate::metrics::payment_failed(reason);
+    }
+    Ok(moved == 1)
 }
 
-/// The settlement's outcome is unknown: the attempt stays `settling`, and is
-/// released at once so the client's retry can resolve it.
-pub async fn release_attempt(db: &PgPool, id: Id, reason: &str) -> Result<(), sqlx::Error> {
+/// The settlement's outcome is unknown: the attempt stays `settling` with
+/// the transaction hash if one is known, and is released at once so the
+/// reconciler (or the client's retry) can resolve it from the chain. Its
+/// client is told it is pending.
+pub async fn release_attempt(db: &PgPool, id: Id, reason: &str, transaction: Option<&str>) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE payment_attempts SET claimed_until = NULL, reason = $2, updated_at = now()
+        "UPDATE payment_attempts
+            SET claimed_until = NULL, reason = $2, transaction = COALESCE($3, transaction), told_pending = true,
+                updated_at = now()
           WHERE id = $1 AND status = 'settling'",
     )
     .bind(id)
     .bind(reason)
+    .bind(transaction)
     .execute(db)
     .await?;
     Ok(())
+}
+
+/// Claims up to `limit` attempts whose outcome is open and that nobody
+/// holds, oldest look first, for the reconciler: each is held for
+/// [`CLAIM_SECONDS`], and a look that resolves nothing releases it.
+pub async fn claim_unresolved(db: &PgPool, limit: i64) -> Result<Vec<Attempt>, sqlx::Error> {
+    let sql = concat!(
+        "UPDATE payment_attempts SET claimed_until = now() + make_interval(secs => $2), updated_at = now()
+          WHERE id IN (SELECT id FROM payment_attempts
+                        WHERE status = 'settling' AND (claimed_until IS NULL OR claimed_until <= now())
+                        ORDER BY updated_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+         RETURNING ",
+        attempt_columns!()
+    );
+    let rows = sqlx::query(sql).bind(limit).bind(f64::from(CLAIM_SECONDS)).fetch_all(db).await?;
+    rows.iter().map(attempt_from_row).collect()
 }
 
 /// A settled payment, recorded with the one task it bought, in the task's
@@ -252,6 +367,47 @@ pub async fn record_settled(conn: &mut PgConnection, p: &SettledPayment<'_>) -> 
     Ok(true)
 }
 
+/// A charge whose task can no longer be created: the attempt is `settled`
+/// without a task, and its space holds a credit for the amount instead, in
+/// one transaction. `None`: the attempt had moved on.
+pub async fn credit_attempt(
+    conn: &mut PgConnection,
+    attempt: &Attempt,
+    reason: &str,
+) -> Result<Option<Credit>, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE payment_attempts SET status = 'settled', claimed_until = NULL, reason = $2, updated_at = now()
+          WHERE id = $1 AND status = 'settling' AND task_id IS NULL",
+    )
+    .bind(attempt.id)
+    .bind(reason)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if moved == 0 {
+        return Ok(None);
+    }
+    crate::metrics::payment_settled(&attempt.network, &attempt.asset);
+    let row = sqlx::query(
+        "INSERT INTO credits (id, space_idx, network, asset, amount, source_attempt, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         RETURNING id, network, asset, amount, source_task, reason, spent_by, created_at",
+    )
+    .bind(Id::new())
+    .bind(&attempt.space)
+    .bind(&attempt.network)
+    .bind(&attempt.asset)
+    .bind(&attempt.amount)
+    .bind(attempt.id)
+    .bind(reason)
+    .fetch_one(&mut *conn)
+    .await?;
+    let credit = credit_from_row(&row)?;
+    crate::metrics::credit_issued(&credit.asset, reason);
+    tracing::info!(attempt = %attempt.id, credit_id = %credit.id, amount = %credit.amount, reason, "credit left for a charge without a task");
+    Ok(Some(credit))
+}
+
 /// A credit a space holds (or held) for a paid task that did no work.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Credit {
@@ -262,8 +418,10 @@ pub struct Credit {
     pub asset: String,
     /// Atomic units, as a decimal string.
     pub amount: String,
-    /// The paid task that ended without doing its work.
-    pub source_task: Id,
+    /// The paid task that ended without doing its work; `null` for a
+    /// payment that landed after its request was answered but whose task
+    /// could no longer be created (its kind was withdrawn).
+    pub source_task: Option<Id>,
     /// Why it ended: its error code.
     pub reason: String,
     /// The task this credit paid for, once spent.

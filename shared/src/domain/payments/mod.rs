@@ -1,54 +1,114 @@
 //! Pay-per-task with x402 v2: the challenge a priced task answers with, the
-//! client's payment, the facilitator that verifies and settles it, and the
-//! ledger of attempts, payments and credits.
+//! client's payment, the facilitator that verifies and settles it, the
+//! chain that says what became of a settlement nobody heard back from, and
+//! the ledger of attempts, payments and credits.
 //!
 //! Module map:
+//! - [`checkout`]: [`pay`], the one call that pays for a request or refuses:
+//!   attempt, verify, settle, resolve, credit, in the order that keeps "no
+//!   charge without a task, no task without a charge".
+//! - [`reconcile`]: every sweep resolves unknown settlements from the chain.
 //! - [`challenge`]: the `402` document (`PAYMENT-REQUIRED`), with the
 //!   `payment-identifier` and `bazaar` extensions.
-//! - [`payload`]: the `PAYMENT-SIGNATURE` header, decoded and matched
-//!   against the kind's requirements.
+//! - [`payload`]: the payment (a `PAYMENT-SIGNATURE` header or an MCP
+//!   call's document), decoded and matched against the kind's requirements.
 //! - [`facilitator`]: `/verify` and `/settle` through the SSRF-guarded client.
 //! - [`supported`]: which networks the facilitator settles (`/supported`),
 //!   against the catalog's prices.
+//! - [`chain`]: EIP-3009 authorisation states over each network's JSON-RPC.
 //! - [`ledger`]: attempts (recorded before settling), payments, credits.
 //!
-//! The order that keeps "no charge without a task, no task without a
-//! charge" lives in [`crate::tasks::submit`].
+//! - [`counter`]: the [`Counter`] through which the caller stores a task.
+//!
+//! Nothing here names a task: the caller stores one through a [`Counter`].
 
+#[cfg(feature = "chain")]
+pub(crate) mod chain;
 #[cfg(feature = "catalog")]
 pub(crate) mod challenge;
+#[cfg(feature = "api-tasks")]
+pub(crate) mod checkout;
+pub(crate) mod counter;
 #[cfg(feature = "outbound")]
 pub(crate) mod facilitator;
 pub(crate) mod ledger;
 #[cfg(feature = "api-tasks")]
 pub(crate) mod payload;
+#[cfg(feature = "chain")]
+pub(crate) mod reconcile;
 pub(crate) mod supported;
 
+#[cfg(feature = "chain")]
+pub use chain::{CHAIN_RPC_URLS, Chains};
 #[cfg(feature = "catalog")]
 pub use challenge::{
     PAYMENT_REQUIRED_HEADER, PAYMENT_RESPONSE_HEADER, PAYMENT_SIGNATURE_HEADER, PaymentRequired, PaymentRequirements,
     SIGNATURE_REQUIRED, payment_required,
 };
+#[cfg(feature = "api-tasks")]
+pub use checkout::{Bought, Checkout, Order, PayError, RETRY_AFTER, STORE_MARGIN, pay};
+pub use counter::{Counter, Note, Purchase};
 #[cfg(feature = "outbound")]
 pub use facilitator::{Facilitator, FacilitatorError};
 pub use ledger::{Credit, PaymentRecord, credit_if_owed};
+#[cfg(feature = "api-tasks")]
+pub use payload::{Accepted, Authorization, ExactPayload, PaymentInput, PaymentPayload};
+#[cfg(feature = "chain")]
+pub use reconcile::{Reconciled, reconcile};
 pub use supported::{SupportedKind, settleable, settles, unsupported_prices};
 
 use base64::Engine;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// The `PAYMENT-RESPONSE` header of a paid `202`: base64 JSON of the
-/// settlement, as x402 clients read it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// The `PAYMENT-RESPONSE` header: base64 JSON of the settlement, as x402
+/// clients read it. Sent with a paid `202`, and with `success: false` and
+/// the facilitator's reason when a settle was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PaymentResponse {
     pub success: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_reason: Option<String>,
+    /// The settlement's transaction hash; empty when none is known (a
+    /// refusal, or a settlement whose answer was lost).
+    #[serde(default)]
     pub transaction: String,
     pub network: String,
+    #[serde(default)]
     pub payer: String,
 }
 
 impl PaymentResponse {
+    /// A settlement that went through (`transaction` unknown when an
+    /// earlier call's answer was lost).
+    pub fn settled(transaction: Option<&str>, network: &str, payer: &str) -> Self {
+        PaymentResponse {
+            success: true,
+            error_reason: None,
+            transaction: transaction.unwrap_or_default().to_owned(),
+            network: network.to_owned(),
+            payer: payer.to_owned(),
+        }
+    }
+
+    /// A settle the facilitator refused: nothing was charged.
+    pub fn refused(reason: &str, network: &str, payer: &str) -> Self {
+        PaymentResponse {
+            success: false,
+            error_reason: Some(reason.to_owned()),
+            transaction: String::new(),
+            network: network.to_owned(),
+            payer: payer.to_owned(),
+        }
+    }
+
     pub fn header_value(&self) -> String {
         base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(self).expect("plain strings"))
+    }
+
+    /// Decodes a `PAYMENT-RESPONSE` header value.
+    pub fn from_header(value: &str) -> Option<Self> {
+        let bytes = base64::engine::general_purpose::STANDARD.decode(value.trim()).ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
 }

@@ -6,11 +6,11 @@
 //! facilitator verbatim, so fields this parser does not know survive.
 
 use base64::Engine;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::challenge::{PAYMENT_IDENTIFIER, PaymentRequirements, X402_VERSION};
+use super::challenge::{Extra, PAYMENT_IDENTIFIER, PaymentRequirements, X402_VERSION};
 
 /// The longest header we decode: a real payment is well under 2 KiB.
 const MAX_HEADER_BYTES: usize = 16 * 1024;
@@ -29,10 +29,31 @@ pub struct Payment {
     pub nonce: String,
     /// The `payment-identifier` extension's id, if the client sent one.
     pub payment_id: Option<String>,
+    /// `authorization.validBefore` (unix seconds, as signed): after it, an
+    /// authorisation never used can never be.
+    pub valid_before: String,
 }
 
-/// The requirement the client says it paid (`accepted`).
-#[derive(Debug, Clone, Deserialize)]
+/// A payment as a client sent it: the `PAYMENT-SIGNATURE` header of an HTTP
+/// request, or the decoded document an MCP tool call carries in its `_meta`.
+#[derive(Debug, Clone, Copy)]
+pub enum PaymentInput<'a> {
+    Header(&'a str),
+    Document(&'a Value),
+}
+
+impl PaymentInput<'_> {
+    pub fn decode(self) -> Result<Payment, String> {
+        match self {
+            PaymentInput::Header(header) => decode(header),
+            PaymentInput::Document(document) => from_document(document.clone()),
+        }
+    }
+}
+
+/// The requirement the client says it paid (`accepted`): one of the
+/// challenge's `accepts`, as sent back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Accepted {
     pub scheme: String,
@@ -41,33 +62,65 @@ pub struct Accepted {
     pub asset: String,
     pub pay_to: String,
     pub max_timeout_seconds: u64,
+    /// The token's EIP-712 domain; clients repeat it, Reeve does not need it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<Extra>,
 }
 
-#[derive(Deserialize)]
+impl From<&PaymentRequirements> for Accepted {
+    fn from(r: &PaymentRequirements) -> Self {
+        Accepted {
+            scheme: r.scheme.clone(),
+            network: r.network.clone(),
+            amount: r.amount.clone(),
+            asset: r.asset.clone(),
+            pay_to: r.pay_to.clone(),
+            max_timeout_seconds: u64::from(r.max_timeout_seconds),
+            extra: Some(r.extra.clone()),
+        }
+    }
+}
+
+/// An x402 v2 `exact` payment (what `PAYMENT-SIGNATURE` holds, base64): the
+/// one representation of it, which the server decodes and the CLI signs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Document {
-    x402_version: u32,
-    accepted: Accepted,
-    payload: ExactPayload,
-    #[serde(default)]
-    extensions: Option<serde_json::Map<String, Value>>,
+pub struct PaymentPayload {
+    pub x402_version: u32,
+    pub accepted: Accepted,
+    pub payload: ExactPayload,
+    /// The challenge's `resource`, repeated; unchecked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extensions: Option<serde_json::Map<String, Value>>,
 }
 
-#[derive(Deserialize)]
-struct ExactPayload {
-    signature: String,
-    authorization: Authorization,
+/// The scheme's payload: an EIP-3009 authorisation and its signature.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExactPayload {
+    pub signature: String,
+    pub authorization: Authorization,
 }
 
-#[derive(Deserialize)]
+/// EIP-3009's `transferWithAuthorization` fields, as decimal and hex
+/// strings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Authorization {
-    from: String,
-    to: String,
-    value: String,
-    valid_after: String,
-    valid_before: String,
-    nonce: String,
+pub struct Authorization {
+    pub from: String,
+    pub to: String,
+    pub value: String,
+    pub valid_after: String,
+    pub valid_before: String,
+    pub nonce: String,
+}
+
+impl PaymentPayload {
+    /// The `PAYMENT-SIGNATURE` header value: base64 (standard) of its JSON.
+    pub fn header_value(&self) -> String {
+        base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(self).expect("plain strings"))
+    }
 }
 
 fn hex_of_len(s: &str, digits: usize) -> bool {
@@ -88,8 +141,16 @@ pub fn decode(header: &str) -> Result<Payment, String> {
         .map_err(|_| "PAYMENT-SIGNATURE is not base64".to_owned())?;
     let document: Value =
         serde_json::from_slice(&bytes).map_err(|_| "PAYMENT-SIGNATURE does not decode to JSON".to_owned())?;
-    let parsed: Document = serde_json::from_value(document.clone())
-        .map_err(|e| format!("PAYMENT-SIGNATURE is not an x402 v2 exact payment: {e}"))?;
+    from_document(document)
+}
+
+/// Checks a decoded payment document (what the header's base64 holds).
+pub fn from_document(document: Value) -> Result<Payment, String> {
+    if serde_json::to_vec(&document).map_or(true, |b| b.len() > MAX_HEADER_BYTES) {
+        return Err(format!("the payment must be at most {MAX_HEADER_BYTES} bytes of JSON"));
+    }
+    let parsed: PaymentPayload = serde_json::from_value(document.clone())
+        .map_err(|e| format!("the payment is not an x402 v2 exact payment: {e}"))?;
     if parsed.x402_version != X402_VERSION {
         return Err(format!("x402Version must be {X402_VERSION}"));
     }
@@ -135,6 +196,7 @@ pub fn decode(header: &str) -> Result<Payment, String> {
     }
     let hash: [u8; 32] = Sha256::digest(crate::canonical_json::canonical_json(&signed).as_bytes()).into();
     Ok(Payment {
+        valid_before: a.valid_before.clone(),
         payer: a.from.to_ascii_lowercase(),
         nonce: a.nonce.to_ascii_lowercase(),
         accepted: parsed.accepted,

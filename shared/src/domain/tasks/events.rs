@@ -20,7 +20,7 @@ use crate::redis_client::RedisClient;
 
 /// What an event says; stored as its lower-case name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum EventType {
     Status,
     Progress,
@@ -29,6 +29,9 @@ pub enum EventType {
     Error,
     /// The task was paid with a credit a failed paid task left on the space.
     CreditUsed,
+    /// The task's payment landed on chain after its request was answered
+    /// `payment_pending`: the server created the task once it saw the charge.
+    PaymentSettledLate,
 }
 
 impl EventType {
@@ -40,6 +43,7 @@ impl EventType {
             EventType::Result => "result",
             EventType::Error => "error",
             EventType::CreditUsed => "credit_used",
+            EventType::PaymentSettledLate => "payment_settled_late",
         }
     }
 
@@ -51,6 +55,7 @@ impl EventType {
             "result" => EventType::Result,
             "error" => EventType::Error,
             "credit_used" => EventType::CreditUsed,
+            "payment_settled_late" => EventType::PaymentSettledLate,
             _ => return None,
         })
     }

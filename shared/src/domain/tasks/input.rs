@@ -2,9 +2,7 @@
 //! uploads it names, and the hash that makes idempotent retries comparable.
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
-use crate::canonical_json::canonical_json;
 use crate::catalog::TaskSpec;
 use crate::ids::Id;
 
@@ -54,6 +52,44 @@ pub fn describe_violations(listed: &[Violation], total: usize) -> String {
         parts.push(format!("and {} more", total - listed.len()));
     }
     format!("input does not match the task's input_schema (see GET /v1/catalog): {}", parts.join("; "))
+}
+
+/// The JSON pointer of the first string (a value or an object key) holding
+/// a NUL character, which Postgres cannot store in `jsonb` or `text`:
+/// `None` when there is none. Such an input is the client's error, found
+/// before anything is looked up or paid.
+pub fn nul_pointer(input: &Value) -> Option<String> {
+    fn walk(value: &Value, pointer: &mut String) -> bool {
+        let len = pointer.len();
+        match value {
+            Value::String(s) => s.contains('\0'),
+            Value::Object(map) => map.iter().any(|(key, child)| {
+                push_segment(pointer, key);
+                let found = key.contains('\0') || walk(child, pointer);
+                if !found {
+                    pointer.truncate(len);
+                }
+                found
+            }),
+            Value::Array(items) => items.iter().enumerate().any(|(i, item)| {
+                pointer.push('/');
+                pointer.push_str(&i.to_string());
+                let found = walk(item, pointer);
+                if !found {
+                    pointer.truncate(len);
+                }
+                found
+            }),
+            _ => false,
+        }
+    }
+    let mut pointer = String::new();
+    walk(input, &mut pointer).then_some(pointer)
+}
+
+/// Whether `text` (a query filter, a header) can reach SQL as it is.
+pub fn has_nul(text: &str) -> bool {
+    text.contains('\0')
 }
 
 /// An upload an input refers to, with where it was found.
@@ -127,44 +163,13 @@ fn push_segment(pointer: &mut String, key: &str) {
     }
 }
 
-/// SHA-256 of the canonical form of `(kind, input)`: what an idempotency key
-/// is bound to, so the same key with another request is a conflict.
-pub fn request_hash(kind: &str, input: &Value) -> [u8; 32] {
-    let canonical = canonical_json(&serde_json::json!({ "kind": kind, "input": input }));
-    Sha256::digest(canonical.as_bytes()).into()
-}
+pub use crate::canonical_json::request_hash;
 
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
-
-    #[test]
-    fn canonical_json_sorts_keys_at_every_depth() {
-        let a: Value = serde_json::from_str(r#"{"b":1,"a":{"y":[{"d":1,"c":2}],"x":"s"}}"#).unwrap();
-        let b: Value = serde_json::from_str(r#"{ "a": {"x": "s", "y": [{"c": 2, "d": 1}]}, "b": 1 }"#).unwrap();
-        assert_eq!(canonical_json(&a), r#"{"a":{"x":"s","y":[{"c":2,"d":1}]},"b":1}"#);
-        assert_eq!(canonical_json(&a), canonical_json(&b));
-        assert_eq!(request_hash("k", &a), request_hash("k", &b));
-    }
-
-    #[test]
-    fn the_hash_covers_kind_and_input() {
-        let input = json!({"a": 1});
-        assert_ne!(request_hash("k", &input), request_hash("j", &input));
-        assert_ne!(request_hash("k", &input), request_hash("k", &json!({"a": 2})));
-        assert_ne!(request_hash("k", &json!({"a": "1"})), request_hash("k", &json!({"a": 1})));
-        // Array order is significant.
-        assert_ne!(request_hash("k", &json!([1, 2])), request_hash("k", &json!([2, 1])));
-    }
-
-    #[test]
-    fn canonical_json_escapes_strings_and_keys() {
-        let v = json!({"q\"uote": "line\nbreak", "é": "\u{1}"});
-        let text = canonical_json(&v);
-        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), v);
-    }
 
     #[test]
     fn upload_refs_are_found_at_any_depth_with_their_pointers() {
@@ -190,6 +195,20 @@ mod tests {
                 ("/x~1y/upload_id", Some(c)),
             ]
         );
+    }
+
+    #[test]
+    fn a_nul_anywhere_is_found_with_its_pointer() {
+        let cases = [
+            (json!({"text": "a\u{0}b"}), Some("/text")),
+            (json!({"a": {"b": ["ok", {"c/d": "x\u{0}"}]}}), Some("/a/b/1/c~1d")),
+            (json!({"k\u{0}ey": 1}), Some("/k\u{0}ey")),
+            (json!({"a": ["x", "y"], "b": {"c": 1}}), None),
+        ];
+        for (input, want) in cases {
+            assert_eq!(nul_pointer(&input).as_deref(), want, "{input}");
+        }
+        assert!(has_nul("fe\u{0}tch") && !has_nul("fetch"));
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub(crate) mod events;
 #[cfg(feature = "catalog")]
 pub(crate) mod input;
 pub(crate) mod queue;
+#[cfg(feature = "catalog")]
+pub(crate) mod shelf;
 #[cfg(feature = "api-tasks")]
 pub(crate) mod submit;
 
@@ -32,6 +34,8 @@ pub use events::{Event, EventType, Publisher, append_event, channel, events_afte
 #[cfg(feature = "sqs")]
 pub use queue::enqueue;
 pub use queue::{QueueError, QueueMessage};
+#[cfg(feature = "catalog")]
+pub use shelf::Shelf;
 #[cfg(feature = "api-tasks")]
 pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, submit};
 

@@ -13,6 +13,10 @@ use crate::ids::Id;
 /// worker skips.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The error code of a task whose message SQS refused at create: it is
+/// failed (and, if paid, credited) rather than left queued with no message.
+pub const QUEUE_UNAVAILABLE: &str = "queue_unavailable";
+
 /// The message body the worker reads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueMessage {

@@ -203,6 +203,15 @@ impl Outbound {
         Ok(url)
     }
 
+    /// The guarded reqwest client itself, for a library that sends its own
+    /// requests (alloy's JSON-RPC transport) to one fixed URL. Every name it
+    /// resolves still goes through the address filter, but the policy's URL
+    /// checks do not run per request: check that URL with
+    /// [`Outbound::check_url`] first.
+    pub fn reqwest_client(&self) -> reqwest::Client {
+        self.client.clone()
+    }
+
     /// What the client's resolver answers for `host`, after filtering
     /// (never connects). `Blocked` when only blocked addresses are left.
     pub async fn resolve(&self, host: &str) -> Result<Vec<std::net::IpAddr>, OutboundError> {

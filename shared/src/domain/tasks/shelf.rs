@@ -1,0 +1,42 @@
+//! [`Shelf`]: where payments put what they sold. `payments` never names a
+//! task; it stores one through its `Counter` trait, which this implements
+//! with the task store's own insert, for task create and for the
+//! reconciler that creates the task of a payment that landed late.
+
+use sqlx::PgConnection;
+
+use super::{EventType, NewTask, Task, append_event, insert_queued};
+use crate::catalog::Catalog;
+use crate::ids::Id;
+use crate::payments::{Counter, Note, Purchase};
+
+/// Where payments store what they sold: a queued task, with the event that
+/// says how it was paid. The reconciler stores through it too.
+pub struct Shelf<'a> {
+    pub catalog: &'a Catalog,
+}
+
+impl Counter for Shelf<'_> {
+    type Task = Task;
+
+    fn task_id(task: &Task) -> Id {
+        task.id
+    }
+
+    fn offers(&self, kind: &str) -> bool {
+        self.catalog.task(kind).is_some()
+    }
+
+    async fn store(&self, conn: &mut PgConnection, p: &Purchase<'_>) -> Result<Option<Task>, sqlx::Error> {
+        let new = NewTask { space: p.space, kind: p.kind, input: p.input, idempotency_key: p.idempotency_key };
+        insert_queued(conn, new).await
+    }
+
+    async fn note(&self, conn: &mut PgConnection, task: &Task, note: &Note<'_>) -> Result<(), sqlx::Error> {
+        let kind = match note {
+            Note::Credit(_) => EventType::CreditUsed,
+            Note::SettledLate { .. } => EventType::PaymentSettledLate,
+        };
+        append_event(conn, task.id, kind, &note.data()).await.map(|_| ())
+    }
+}
