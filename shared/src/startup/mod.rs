@@ -20,6 +20,7 @@
 //! This module sits above the others: it assembles the adapters' contexts
 //! from the domain and the infrastructure, as a `main` would.
 
+#[cfg(all(feature = "catalog", feature = "outbound"))]
 mod facilitator_check;
 pub mod settings;
 
@@ -34,6 +35,7 @@ use aws_config::SdkConfig;
 use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata};
 use sqlx::PgPool;
 
+#[cfg(all(feature = "catalog", feature = "outbound"))]
 pub use facilitator_check::{FacilitatorCheck, check_facilitator, facilitator_for};
 pub use settings::{Config, Env, Needs, SettingsError};
 

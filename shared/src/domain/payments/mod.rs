@@ -36,6 +36,7 @@ pub(crate) mod ledger;
 pub(crate) mod payload;
 #[cfg(feature = "chain")]
 pub(crate) mod reconcile;
+#[cfg(feature = "catalog")]
 pub(crate) mod supported;
 
 #[cfg(feature = "chain")]
@@ -55,6 +56,7 @@ pub use ledger::{Credit, PaymentRecord, credit_if_owed};
 pub use payload::{Accepted, Authorization, ExactPayload, PaymentInput, PaymentPayload};
 #[cfg(feature = "chain")]
 pub use reconcile::{Reconciled, reconcile};
+#[cfg(feature = "catalog")]
 pub use supported::{SupportedKind, settleable, settles, unsupported_prices};
 
 use base64::Engine;
