@@ -270,20 +270,13 @@ async fn create_task(
         payment: payment.map(PaymentInput::Header),
         resource_url: &url,
         // In Lambda, the invocation ends at its context's deadline.
-        deadline: invocation.map(|Extension(c)| deadline_of(c.deadline())),
+        deadline: invocation.map(|Extension(c)| tasks::deadline_of(&c)),
     };
     match tasks::submit(&cx, submission).await {
         Ok(submitted) => Ok(accepted(submitted)),
         Err(SubmitError::Payment(PayError::Required(challenge))) => Ok(challenge_response(&challenge)),
         Err(e) => Err(e.into()),
     }
-}
-
-/// A Lambda invocation's deadline (wall-clock time, from its context) on
-/// tokio's clock, which bounds the payment's facilitator calls.
-fn deadline_of(deadline: std::time::SystemTime) -> tokio::time::Instant {
-    let left = deadline.duration_since(std::time::SystemTime::now()).unwrap_or_default();
-    tokio::time::Instant::now() + left
 }
 
 /// A header that must be visible ASCII if present (`400 invalid_payment`

@@ -116,7 +116,11 @@ impl ReeveMcp {
             let token = context.meta.get_progress_token().filter(|_| self.ctx.settings.progress);
             Answer::Wait(token.map(|token| Progress { peer: context.peer.clone(), token }))
         };
-        let created = task::run(&self.ctx, &space, tool, kind, arguments, payment.as_deref(), answer).await?;
+        let invocation =
+            context.extensions.get::<Parts>().and_then(|parts| parts.extensions.get::<lambda_http::Context>());
+        let deadline = invocation.map(crate::tasks::deadline_of);
+        let call = task::KindCall { tool, kind, arguments };
+        let created = task::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
         let meta = created.settlement.as_ref().map(|s| meta_object(payment::response_meta(s)));
         if as_task {
             let mut handle = CreateTaskResult::new(mcp_task(&created.task));

@@ -75,16 +75,25 @@ pub enum Answer {
     Handle,
 }
 
-/// A kind's tool: `arguments` is the task's input, plus `wait_seconds`.
+/// A call of a kind's tool: `arguments` is the task's input, plus
+/// `wait_seconds`.
+pub struct KindCall<'a> {
+    pub tool: &'a str,
+    pub kind: &'a str,
+    pub arguments: Map<String, Value>,
+}
+
+/// A kind's tool. `deadline` is the Lambda invocation's, which bounds the
+/// payment as for the REST create.
 pub async fn run(
     ctx: &McpContext,
     space: &SpaceIndex,
-    tool: &str,
-    kind: &str,
-    mut arguments: Map<String, Value>,
+    call: KindCall<'_>,
     payment: Option<&str>,
+    deadline: Option<tokio::time::Instant>,
     answer: Answer,
 ) -> ToolResult<Created> {
+    let KindCall { tool, kind, mut arguments } = call;
     let spec = ctx.catalog.task(kind).ok_or_else(|| ToolFailure::internal("a tool names no kind"))?;
     // A kind whose own input has a `wait_seconds` keeps it: its tool does not wait.
     let ours = spec.input_schema.pointer(&format!("/properties/{WAIT_SECONDS}")).is_none();
@@ -108,9 +117,7 @@ pub async fn run(
         idempotency_key: None,
         payment: payment.map(crate::payments::PaymentInput::Header),
         resource_url: &resource_url,
-        // Task create's own deadline bounds the payment: an MCP call is one
-        // HTTP request like it.
-        deadline: None,
+        deadline,
     };
     let submitted = match tasks::submit(&cx, submission).await {
         Ok(submitted) => submitted,

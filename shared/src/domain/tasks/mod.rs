@@ -37,7 +37,7 @@ pub use queue::{QueueError, QueueMessage};
 #[cfg(feature = "catalog")]
 pub use shelf::Shelf;
 #[cfg(feature = "api-tasks")]
-pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, submit};
+pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, deadline_of, submit};
 
 use crate::auth::SpaceIndex;
 use crate::ids::Id;

@@ -60,6 +60,13 @@ pub struct Submission<'a> {
     pub deadline: Option<Instant>,
 }
 
+/// A Lambda invocation's deadline (wall-clock time, from its context) on
+/// tokio's clock, for [`Submission::deadline`]: REST and MCP creates alike.
+pub fn deadline_of(invocation: &lambda_http::Context) -> Instant {
+    let left = invocation.deadline().duration_since(std::time::SystemTime::now()).unwrap_or_default();
+    Instant::now() + left
+}
+
 #[derive(Debug)]
 pub struct Submitted {
     pub task: Task,
