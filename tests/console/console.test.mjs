@@ -486,6 +486,39 @@ test("with the facilitator stopped, Pay shows facilitator_unavailable and charge
   await page.waitForSelector("body[data-finished=completed]", { timeout: 30_000 });
 });
 
+test("a settlement still pending is said so (payment_pending), and the page resends the same signature until it has its one task", async () => {
+  // A facilitator that waits a second for the receipt, then answers
+  // settlement_pending with the transaction it broadcast, on a chain that
+  // mines nothing meanwhile (held exclusive, so no other test is stalled
+  // midway: they wait for it).
+  await stop(facilitator);
+  facilitator = await startFacilitator(1000);
+  let paused = false;
+  try {
+    wallet.reset(); wallet.chainId = 84532;
+    const before = await balance(payer);
+    await priced("pending.bin");
+    const signatures = wallet.signed.length, payments = (await space()).payments.length;
+    await signer.ask({ op: "pause" });
+    paused = true;
+    await payLocal();
+    await page.waitForSelector("#pay-status[data-code=payment_pending][data-resending=true]", { timeout: 30_000 });
+    assert.match(await text("#pay-status"),
+      /^The payment was sent to be settled and whether it went through is not known yet: it may still be charged\. Do not pay again.* payment_pending: .*Retry-After.* The page sends it again by itself in \d+ s\.$/);
+    assert.equal((await space()).payments.length, payments, "no payment recorded while its outcome is unknown");
+    await signer.ask({ op: "resume" });
+    paused = false;
+    await page.waitForSelector("#receipt[data-paid=payment]", { timeout: 60_000 });
+    assert.equal(wallet.signed.length, signatures + 1, "one signature, sent again as it was");
+    assert.equal(await balance(payer), before - PRICE, "charged once");
+    await page.waitForSelector("body[data-finished=completed]", { timeout: 30_000 });
+  } finally {
+    if (paused) await signer.ask({ op: "resume" });
+    await stop(facilitator);
+    facilitator = await startFacilitator();
+  }
+});
+
 test("the task list shows the Space's tasks, and a queued one is canceled", async () => {
   await page.click("#tasks-refresh");
   await page.waitForSelector("#tasks tbody tr[data-status=completed]");

@@ -9,6 +9,10 @@ JSON request per line on stdin with one JSON line on stdout:
         -> {"signature": "0x…"}        eth-account's sign_typed_data
     {"op": "account"}
         -> {"key": "0x…", "address": "0x…"}   a fresh key, holding nothing
+    {"op": "pause"}
+        -> {"paused": true}   the chain held exclusive, mining stopped
+    {"op": "resume"}
+        -> {"paused": false}  a block mined, mining again, the chain shared
 
 "payer" is anvil's account 2 of its development mnemonic, which the stack
 funds and which no other test pays from, so its balance moves only by what
@@ -17,8 +21,10 @@ this test pays.
 The lock is the chain harness's (shared/tests/common/chain.rs): a flock on
 files in the temp directory named after the chain's RPC address, taken
 shared through a writer-first turnstile, so a test that pauses mining waits
-until this one is done instead of stalling its payments midway. It is
-released when this process exits, however it exits.
+until this one is done instead of stalling its payments midway. To pause
+mining itself, it trades its shared hold for the exclusive one, and back.
+It is released when this process exits, however it exits, and mining is
+restored first if this process stopped it.
 """
 
 import fcntl
@@ -50,34 +56,70 @@ def rpc(method, params):
         return json.load(answer).get("result")
 
 
-def main():
+def hold(mode):
+    """The chain lock in `mode`, through the turnstile."""
     turnstile = lock("turnstile", fcntl.LOCK_EX)
-    held = lock("chain", fcntl.LOCK_SH)
+    held = lock("chain", mode)
     turnstile.close()
+    return held
+
+
+def mining():
+    rpc("evm_setIntervalMining", [BLOCK_SECONDS])
+
+
+def main():
+    chain = {"lock": hold(fcntl.LOCK_SH), "paused": False}
     # Nobody holds the chain exclusive now, so it must be mining; a holder
     # killed before it restored mining would have left it paused.
     if rpc("anvil_getIntervalMining", []) != BLOCK_SECONDS:
-        rpc("evm_setIntervalMining", [BLOCK_SECONDS])
+        mining()
+    try:
+        answer_requests(chain)
+    finally:
+        if chain["paused"]:
+            mining()
+        chain["lock"].close()
 
+
+def answer_requests(chain):
     Account.enable_unaudited_hdwallet_features()
     payer = Account.from_mnemonic(MNEMONIC, account_path="m/44'/60'/0'/0/2")
     print(json.dumps({"ready": True, "payer": payer.address}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            if request["op"] == "sign":
-                key = payer.key if request["key"] == "payer" else request["key"]
-                signed = Account.sign_typed_data(key, full_message=request["typed"])
-                answer = {"signature": "0x" + signed.signature.hex().removeprefix("0x")}
-            elif request["op"] == "account":
-                fresh = Account.create()
-                answer = {"key": "0x" + fresh.key.hex().removeprefix("0x"), "address": fresh.address}
-            else:
-                answer = {"error": f"unknown op {request['op']!r}"}
+            answer = answer_one(chain, payer, request)
         except Exception as e:  # the test reads the reason
             answer = {"error": f"{type(e).__name__}: {e}"}
         print(json.dumps(answer), flush=True)
-    held.close()
+
+
+def answer_one(chain, payer, request):
+    op = request["op"]
+    if op == "sign":
+        key = payer.key if request["key"] == "payer" else request["key"]
+        signed = Account.sign_typed_data(key, full_message=request["typed"])
+        return {"signature": "0x" + signed.signature.hex().removeprefix("0x")}
+    if op == "account":
+        fresh = Account.create()
+        return {"key": "0x" + fresh.key.hex().removeprefix("0x"), "address": fresh.address}
+    if op == "pause" and not chain["paused"]:
+        # Shared for exclusive: never both, or it would wait for itself.
+        chain["lock"].close()
+        chain["lock"] = hold(fcntl.LOCK_EX)
+        chain["paused"] = True
+        rpc("evm_setIntervalMining", [0])
+        rpc("evm_setAutomine", [False])
+        return {"paused": True}
+    if op == "resume" and chain["paused"]:
+        rpc("evm_mine", [])
+        mining()
+        chain["paused"] = False
+        chain["lock"].close()
+        chain["lock"] = hold(fcntl.LOCK_SH)
+        return {"paused": False}
+    return {"error": f"cannot {op!r} now"}
 
 
 if __name__ == "__main__":
