@@ -11,7 +11,7 @@
 //!
 //! The faults are real: a settlement held pending by pausing the chain's
 //! mining (under the harness's exclusive lock), a facilitator of the test's
-//! own stopped after it broadcast, an authorisation left to expire, a
+//! own stopped after it broadcast, an authorization left to expire, a
 //! Lambda deadline shorter than the settle.
 
 mod common;
@@ -481,7 +481,7 @@ async fn a_settle_whose_answer_is_lost_is_pending_and_a_retry_learns_its_one_tas
     assert_eq!(shop.tasks().await, 0);
     assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "the settle went through");
 
-    // The retry reads the authorisation's state on chain: used, so the
+    // The retry reads the authorization's state on chain: used, so the
     // task it paid for.
     let reply = shop.create("fetch", &input, Some(&signature)).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
@@ -676,13 +676,13 @@ async fn a_test_that_pauses_the_chain_holds_it_alone_and_mining_resumes_even_if_
 // ------------------------------------------------------------------ the books
 
 /// "No charge without a task, no task without a charge", from the chain's
-/// side: every `Transfer` to `pay_to` used one authorisation, whose attempt
+/// side: every `Transfer` to `pay_to` used one authorization, whose attempt
 /// is settled with exactly one task (and its payments row) or one credit;
 /// and every payment recorded for `pay_to` is exactly one of those charges.
 async fn assert_books_balance(pool: &PgPool, pay_to: &str) {
     let charges = charges_to(pay_to).await;
     for charge in &charges {
-        let (payer, nonce) = charge.authorization.clone().unwrap_or_else(|| panic!("{charge:?}: no authorisation"));
+        let (payer, nonce) = charge.authorization.clone().unwrap_or_else(|| panic!("{charge:?}: no authorization"));
         let attempts: Vec<(Id, String, Option<Id>)> =
             sqlx::query_as("SELECT id, status, task_id FROM payment_attempts WHERE payer = $1 AND nonce = $2")
                 .bind(&payer)
@@ -690,7 +690,7 @@ async fn assert_books_balance(pool: &PgPool, pay_to: &str) {
                 .fetch_all(pool)
                 .await
                 .unwrap();
-        assert_eq!(attempts.len(), 1, "{charge:?}: one attempt per authorisation");
+        assert_eq!(attempts.len(), 1, "{charge:?}: one attempt per authorization");
         let (attempt, status, task) = &attempts[0];
         assert_eq!(status, "settled", "{charge:?}: charged, so settled");
         let paid_tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM payments WHERE task_id = $1")
@@ -818,7 +818,7 @@ async fn a_facilitator_stopped_after_broadcasting_is_reconciled_to_one_task_and_
 
 /// Forwards `/verify` to the real facilitator, and answers every `/settle`
 /// with a 502 without sending it anywhere: an unknown outcome whose
-/// authorisation is in truth never used.
+/// authorization is in truth never used.
 async fn blackhole_facilitator() -> SocketAddr {
     let router = Router::new()
         .route("/verify", axum::routing::post(|body: axum::body::Bytes| async move { forward("verify", body).await }))
@@ -827,7 +827,7 @@ async fn blackhole_facilitator() -> SocketAddr {
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn an_unknown_outcome_whose_authorisation_expires_unused_fails_with_nothing_charged(pool: PgPool) {
+async fn an_unknown_outcome_whose_authorization_expires_unused_fails_with_nothing_charged(pool: PgPool) {
     let chain = ChainLock::shared().await;
     let payer = Payer::new(&chain, 1_000_000).await;
     let blackhole = blackhole_facilitator().await;

@@ -559,7 +559,7 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
 /// `Retry-After` and sends the very same signature again: a new one could
 /// be charged too. The server resolves the payment from the chain, so this
 /// ends in its one task or `payment_not_settled`, by the time the
-/// authorisation expires (`max_timeout` seconds) plus a little; past that
+/// authorization expires (`max_timeout` seconds) plus a little; past that
 /// it stops waiting and says where the outcome will show.
 async fn pay_until_settled(
     client: &mut Client,

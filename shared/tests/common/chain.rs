@@ -348,11 +348,11 @@ const AUTHORIZATION_USED: &str = "0x98de503528ee59b575ef0c0a2576a82497bfc029a568
 pub struct Charge {
     pub transaction: String,
     pub value: u128,
-    /// The EIP-3009 authorisation it used: `(authorizer, nonce)`, lowercase.
+    /// The EIP-3009 authorization it used: `(authorizer, nonce)`, lowercase.
     pub authorization: Option<(String, String)>,
 }
 
-/// Every `Transfer` of the token to `to`, with the authorisation each used
+/// Every `Transfer` of the token to `to`, with the authorization each used
 /// (its `AuthorizationUsed` event, in the same transaction).
 pub async fn charges_to(to: &str) -> Vec<Charge> {
     let topic = format!("0x{}", word(to));

@@ -430,7 +430,7 @@ impl From<PayError> for ApiError {
             ),
             PayError::NotSettled(_) => payment(
                 "payment_not_settled",
-                "this payment never landed on chain and now never can (its authorisation expired); nothing was \
+                "this payment never landed on chain and now never can (its authorization expired); nothing was \
                  charged and no task was created; sign a new one"
                     .into(),
             ),

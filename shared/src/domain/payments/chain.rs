@@ -9,9 +9,9 @@
 //! outbound policy with the endpoint's own host as the only allow-list
 //! entry: never through the users' client, which task inputs steer.
 //!
-//! An authorisation can land only in a block whose timestamp is before its
+//! An authorization can land only in a block whose timestamp is before its
 //! `validBefore`. So a nonce still unused at a block at or past
-//! `validBefore` can never be used by that authorisation: the read pins the
+//! `validBefore` can never be used by that authorization: the read pins the
 //! state to the block whose time it compares.
 
 use std::collections::BTreeMap;
@@ -69,7 +69,7 @@ impl std::fmt::Debug for Chain {
     }
 }
 
-/// An authorisation as the chain has it at one block.
+/// An authorization as the chain has it at one block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seen {
     pub used: bool,
@@ -209,7 +209,7 @@ fn rpc_error(shown: &str, e: impl std::fmt::Display) -> ChainError {
     ChainError::Rpc(format!("{shown}: {e}"))
 }
 
-/// Whether an authorisation valid before `valid_before` (decimal unix
+/// Whether an authorization valid before `valid_before` (decimal unix
 /// seconds) can still land, seen at a block of `timestamp`.
 pub fn can_still_land(valid_before: &str, timestamp: u64) -> bool {
     match valid_before.parse::<U256>() {
@@ -241,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn an_authorisation_lands_only_in_a_block_before_valid_before() {
+    fn an_authorization_lands_only_in_a_block_before_valid_before() {
         assert!(can_still_land("1000", 999));
         assert!(!can_still_land("1000", 1000));
         assert!(!can_still_land("1000", 1001));

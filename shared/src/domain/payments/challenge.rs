@@ -36,7 +36,7 @@ pub const PAYMENT_IDENTIFIER: &str = "payment-identifier";
 pub const BAZAAR: &str = "bazaar";
 
 /// The only scheme Reeve offers: a fixed amount, paid with an EIP-3009
-/// authorisation.
+/// authorization.
 pub const SCHEME_EXACT: &str = "exact";
 
 /// The body of a `402` and, base64-encoded, its `PAYMENT-REQUIRED` header.
@@ -69,7 +69,7 @@ pub struct Resource {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PaymentRequirements {
-    /// Always `exact`: a fixed amount, paid with an EIP-3009 authorisation.
+    /// Always `exact`: a fixed amount, paid with an EIP-3009 authorization.
     pub scheme: String,
     /// CAIP-2, e.g. `eip155:8453`.
     pub network: String,

@@ -6,9 +6,9 @@
 //! 1. The payment is decoded and must be one of the kind's requirements.
 //! 2. The attempt is recorded, claimed by this request, with the whole
 //!    request it pays for (kind, input, `Idempotency-Key`, space), before
-//!    the facilitator is asked anything. It is unique on the authorisation
+//!    the facilitator is asked anything. It is unique on the authorization
 //!    (network, payer, nonce), on an open `Idempotency-Key` and on a
-//!    `payment-identifier` id, so one authorisation, one key and one id each
+//!    `payment-identifier` id, so one authorization, one key and one id each
 //!    buy at most one task, whoever sends them and however often.
 //! 3. `/verify`, then `/settle`, each bounded by the request's deadline.
 //! 4. Settled: the task is stored in the transaction that moves the attempt
@@ -110,7 +110,7 @@ pub enum PayError {
     /// `accepted` is none of this kind's requirements.
     #[error("payment does not match")]
     Mismatch(Box<PaymentRequired>),
-    /// This authorisation already paid for a task, or is another request's.
+    /// This authorization already paid for a task, or is another request's.
     #[error("payment replayed")]
     Replayed(Box<PaymentRequired>),
     /// The facilitator's `/verify` refused it; nothing was charged.
@@ -121,7 +121,7 @@ pub enum PayError {
     #[error("payment failed: {reason}")]
     Failed { challenge: Box<PaymentRequired>, reason: String, settlement: Box<PaymentResponse> },
     /// An earlier unknown outcome of this payment was resolved from the
-    /// chain: its authorisation expired unused, so nothing was charged.
+    /// chain: its authorization expired unused, so nothing was charged.
     #[error("payment not settled")]
     NotSettled(Box<PaymentRequired>),
     /// The chain may still charge this payment (or this key's): the
@@ -269,7 +269,7 @@ enum Resume<T> {
     Answer(Box<Result<Bought<T>, PayError>>),
 }
 
-/// The new attempt collided with an earlier one: the same authorisation, an
+/// The new attempt collided with an earlier one: the same authorization, an
 /// open attempt with the same `Idempotency-Key`, or (raced) the same
 /// `payment-identifier` id.
 async fn collision<C: Counter>(
@@ -321,7 +321,7 @@ async fn collision<C: Counter>(
                     Resolution::NeverLanded => {
                         answer(Err(PayError::NotSettled(with_error(challenge, "payment_not_settled"))))
                     }
-                    // Still open: settling again is safe (one authorisation
+                    // Still open: settling again is safe (one authorization
                     // moves money once) and may learn the outcome now.
                     Resolution::Open { .. } => Ok(Resume::Claimed { attempt: earlier.id, resuming: true }),
                 }
@@ -371,12 +371,12 @@ fn outcome_open(settled: &Settled) -> bool {
         || settled.error_reason.as_deref().is_some_and(|r| r.contains("settlement_pending") || r.contains("pending"))
 }
 
-/// Does a facilitator's reason say the authorisation's nonce is spent?
+/// Does a facilitator's reason say the authorization's nonce is spent?
 fn nonce_already_used(reason: Option<&str>) -> bool {
     reason.is_some_and(|r| r.contains("nonce_already_used") || r.contains("authorization_used"))
 }
 
-/// Verifies (unless resuming an unknown outcome: that authorisation may be
+/// Verifies (unless resuming an unknown outcome: that authorization may be
 /// spent already) and settles. `Ok(Some(hash))` settled now; `Ok(None)`
 /// settled by an earlier call whose answer was lost.
 #[allow(clippy::too_many_arguments)]

@@ -48,7 +48,7 @@ impl AttemptStatus {
     }
 }
 
-/// The reason of an attempt the reconciler failed: its authorisation's
+/// The reason of an attempt the reconciler failed: its authorization's
 /// `validBefore` passed with its nonce unused, so it can never be charged.
 pub const NOT_SETTLED: &str = "not_settled";
 
@@ -85,7 +85,7 @@ pub struct Attempt {
     pub claimed: bool,
 }
 
-/// What a new attempt records: the authorisation, and the request it pays
+/// What a new attempt records: the authorization, and the request it pays
 /// for, whole, so that its task can still be created if the settlement's
 /// outcome is learnt only later.
 pub struct NewAttempt<'a> {
@@ -144,7 +144,7 @@ fn attempt_from_row(row: &sqlx::postgres::PgRow) -> Result<Attempt, sqlx::Error>
 }
 
 /// Records a new attempt, claimed by the caller. `None`: it collides with
-/// an earlier attempt: the same authorisation (network, payer, nonce), the
+/// an earlier attempt: the same authorization (network, payer, nonce), the
 /// same `Idempotency-Key` still open or paid, or the same
 /// `payment-identifier` id; [`find_attempt`], [`find_by_idempotency_key`]
 /// and [`find_by_payment_id`] say which.

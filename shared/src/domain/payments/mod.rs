@@ -15,7 +15,7 @@
 //! - [`facilitator`]: `/verify` and `/settle` through the SSRF-guarded client.
 //! - [`supported`]: which networks the facilitator settles (`/supported`),
 //!   against the catalog's prices.
-//! - [`chain`]: EIP-3009 authorisation states over each network's JSON-RPC.
+//! - [`chain`]: EIP-3009 authorization states over each network's JSON-RPC.
 //! - [`ledger`]: attempts (recorded before settling), payments, credits.
 //!
 //! - [`counter`]: the [`Counter`] through which the caller stores a task.

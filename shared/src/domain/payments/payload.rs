@@ -1,7 +1,7 @@
 //! The client's payment: the `PAYMENT-SIGNATURE` header, decoded and checked
 //! against what this task kind offers.
 //!
-//! Only the `exact` scheme with an EIP-3009 authorisation is accepted (the
+//! Only the `exact` scheme with an EIP-3009 authorization is accepted (the
 //! only one Reeve offers). The document itself is kept as sent: it goes to the
 //! facilitator verbatim, so fields this parser does not know survive.
 
@@ -30,7 +30,7 @@ pub struct Payment {
     /// The `payment-identifier` extension's id, if the client sent one.
     pub payment_id: Option<String>,
     /// `authorization.validBefore` (unix seconds, as signed): after it, an
-    /// authorisation never used can never be.
+    /// authorization never used can never be.
     pub valid_before: String,
 }
 
@@ -96,7 +96,7 @@ pub struct PaymentPayload {
     pub extensions: Option<serde_json::Map<String, Value>>,
 }
 
-/// The scheme's payload: an EIP-3009 authorisation and its signature.
+/// The scheme's payload: an EIP-3009 authorization and its signature.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExactPayload {
     pub signature: String,

@@ -40,7 +40,7 @@ pub struct Reconciled {
     pub settled_late: usize,
     /// Charges found on chain that left a credit instead of a task.
     pub credited: usize,
-    /// Authorisations past `validBefore` and never used: failed, nothing
+    /// Authorizations past `validBefore` and never used: failed, nothing
     /// charged.
     pub not_settled: usize,
     /// Still undecided (unused and valid, or the chain unreadable).
@@ -126,7 +126,7 @@ pub(super) async fn resolve_claimed<C: Counter>(
     }
     let expired = attempt.valid_before.as_deref().is_some_and(|v| !super::chain::can_still_land(v, seen.timestamp));
     if expired && ledger::fail_attempt(db, attempt.id, ledger::NOT_SETTLED).await? {
-        tracing::info!(attempt = %attempt.id, block = seen.block, "authorisation expired unused; nothing was charged");
+        tracing::info!(attempt = %attempt.id, block = seen.block, "authorization expired unused; nothing was charged");
         return Ok(Resolution::NeverLanded);
     }
     Ok(Resolution::Open { chain_error: false })
