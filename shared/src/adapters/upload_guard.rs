@@ -77,37 +77,10 @@ pub struct Guard {
     pub max_bytes: u64,
 }
 
-/// Decodes an S3 event key: S3 sends it URL-encoded, with `+` for a space.
-/// Invalid escapes are kept as they are.
+/// Decodes an S3 event key: S3 sends it URL-encoded, with `+` for a space
+/// (so `%2B` is a plus). Invalid escapes are kept as they are.
 pub fn decode_key(raw: &str) -> String {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => match (hex_val(bytes.get(i + 1)), hex_val(bytes.get(i + 2))) {
-                (Some(high), Some(low)) => {
-                    out.push(high << 4 | low);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex_val(b: Option<&u8>) -> Option<u8> {
-    match *b? {
-        c @ b'0'..=b'9' => Some(c - b'0'),
-        c @ b'a'..=b'f' => Some(c - b'a' + 10),
-        c @ b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
+    percent_encoding::percent_decode_str(&raw.replace('+', " ")).decode_utf8_lossy().into_owned()
 }
 
 type RawRow = (Id, Vec<u8>, String, String, String, i64, String, OffsetDateTime);
@@ -252,6 +225,7 @@ mod tests {
         assert_eq!(decode_key("incoming/tasks/ab/01J/my+file%281%29.txt"), "incoming/tasks/ab/01J/my file(1).txt");
         assert_eq!(decode_key("a%2Fb%3Dc"), "a/b=c");
         assert_eq!(decode_key("caf%C3%A9"), "café");
+        assert_eq!(decode_key("a%2Bb+c"), "a+b c");
         // Broken escapes are kept, not dropped.
         assert_eq!(decode_key("50%"), "50%");
         assert_eq!(decode_key("50%zz"), "50%zz");
