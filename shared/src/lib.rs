@@ -56,6 +56,8 @@ pub use infra::aws;
 pub(crate) use infra::canonical_json;
 #[cfg(feature = "outbound")]
 pub use infra::outbound;
+#[cfg(any(feature = "aws", feature = "outbound"))]
+pub(crate) use infra::tls;
 pub use infra::{db, metrics, redis_client, storage_policy, telemetry};
 pub use startup::settings;
 

@@ -11,3 +11,5 @@ pub mod outbound;
 pub mod redis_client;
 pub mod storage_policy;
 pub mod telemetry;
+#[cfg(any(feature = "aws", feature = "outbound"))]
+pub mod tls;

@@ -132,11 +132,19 @@ pub fn or_exit<T>(result: Result<T, StartupError>) -> T {
     })
 }
 
-#[cfg(feature = "aws")]
 /// The AWS SDK's configuration, loaded once per process (the SDK reads the
-/// standard AWS variables itself).
+/// standard AWS variables itself), with an HTTPS client that trusts the
+/// process's roots (`crate::tls`) instead of loading the system's store.
+#[cfg(feature = "aws")]
 pub async fn sdk() -> SdkConfig {
-    aws_config::load_from_env().await
+    use aws_smithy_http_client::tls::{self, TlsContext, TrustStore, rustls_provider::CryptoMode};
+    let trust = TrustStore::empty().with_native_roots(false).with_pem_certificate(crate::tls::roots_pem());
+    let context = TlsContext::builder().with_trust_store(trust).build().expect("a trust store is a valid TLS context");
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
+        .tls_context(context)
+        .build_https();
+    aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http).load().await
 }
 
 #[cfg(all(feature = "s3", feature = "sqs"))]
