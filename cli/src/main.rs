@@ -64,7 +64,6 @@ enum Command {
         #[command(flatten)]
         sweep: sweep::WorkerSweepArgs,
     },
-    /// Create a Space (client).
     /// Create a Space, or show its payments and credits (client).
     Space {
         #[command(subcommand)]

@@ -34,6 +34,27 @@ fn config_check_accepts_both_shipped_catalogs_without_a_warning() {
     }
 }
 
+/// `reeve --help` names each command once, each with one sentence: a
+/// command whose doc comment had two lines showed both run together.
+#[test]
+fn help_lists_each_command_once_with_one_sentence() {
+    let out = reeve(&["--help"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let help = String::from_utf8_lossy(&out.stdout);
+    let commands: Vec<&str> =
+        help.lines().skip_while(|l| !l.starts_with("Commands:")).skip(1).take_while(|l| l.starts_with("  ")).collect();
+    assert!(commands.iter().any(|l| l.trim_start().starts_with("space ")), "{help}");
+    for line in &commands {
+        let about = line.trim_start().split_once(' ').map_or("", |(_, about)| about.trim());
+        assert_eq!(about.matches(". ").count(), 0, "one sentence per command: {line}");
+    }
+    let mut names: Vec<&str> = commands.iter().filter_map(|l| l.split_whitespace().next()).collect();
+    let count = names.len();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), count, "a command listed twice:\n{help}");
+}
+
 /// The production catalog with a Base Sepolia price added, as an operator
 /// copying from the development catalog might: still valid, but warned
 /// about at that price's TOML path.
