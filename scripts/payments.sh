@@ -42,51 +42,6 @@ ANVIL="$PKG/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil"
 RPC="http://$HOST:$CHAIN_PORT"
 FAC_URL="http://$HOST:$FAC_PORT"
 
-pid_alive() { kill -0 "$1" 2>/dev/null && [[ $(sed -n 's/^[0-9]* (.*) \([A-Za-z]\).*/\1/p' "/proc/$1/stat" 2>/dev/null) != Z ]]; }
-
-# pid from a pid file if that process is alive and its command line contains $2.
-live_pid() {
-  local file=$1 pat=$2 pid
-  [[ -s $file ]] || return 1
-  pid=$(head -n1 "$file" | tr -dc 0-9)
-  [[ -n $pid ]] && pid_alive "$pid" || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$pat" || return 1
-  echo "$pid"
-}
-
-port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
-
-wait_for() {
-  local name=$1 timeout=$2 logf=$3; shift 3
-  local end=$((SECONDS + timeout))
-  until "$@" >/dev/null 2>&1; do
-    if ((SECONDS >= end)); then
-      log "$name did not become ready within ${timeout}s; last lines of $logf:"
-      tail -n 40 "$logf" >&2 2>/dev/null || true
-      die "$name failed to start"
-    fi
-    sleep 0.3
-  done
-}
-
-stop_pid() {
-  local pid=$1 end
-  kill "$pid" 2>/dev/null || return 0
-  end=$((SECONDS + 10))
-  while pid_alive "$pid"; do
-    if ((SECONDS >= end)); then kill -9 "$pid" 2>/dev/null || true; break; fi
-    sleep 0.2
-  done
-}
-
-# The daemons must not inherit the locks (fd 8 here, fd 9 from stack.sh):
-# a lock held by a running anvil made every later `up` wait and fail.
-start_bg() {
-  local pidfile=$1 logf=$2; shift 2
-  setsid "$@" </dev/null >>"$logf" 2>&1 8>&- 9>&- &
-  echo $! >"$pidfile"
-}
-
 chain_ready() {
   curl -sf -H 'content-type: application/json' \
     -d '{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}' "$RPC" | grep -q '"0x14a34"'
@@ -174,8 +129,8 @@ cmd_up() {
 
 cmd_down() {
   local pid
-  if pid=$(live_pid "$DIR/facilitator.pid" facilitator.mjs); then log "stopping the facilitator"; stop_pid "$pid"; fi
-  if pid=$(live_pid "$DIR/anvil.pid" anvil); then log "stopping anvil"; stop_pid "$pid"; fi
+  if pid=$(live_pid "$DIR/facilitator.pid" facilitator.mjs); then log "stopping the facilitator"; stop_pid "$pid" 10; fi
+  if pid=$(live_pid "$DIR/anvil.pid" anvil); then log "stopping anvil"; stop_pid "$pid" 10; fi
   return 0
 }
 

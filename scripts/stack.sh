@@ -57,59 +57,6 @@ is_root() { [[ $EUID -eq 0 ]]; }
 # Random lowercase hex, $1 bytes.
 rand_hex() { od -An -tx1 -N"$1" /dev/urandom | tr -d ' \n'; }
 
-# Is something accepting TCP connections on 127.0.0.1:$1?
-port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
-
-# Is process $1 alive? (A zombie is not: PID 1 here may be slow to reap.)
-pid_alive() {
-  local st
-  kill -0 "$1" 2>/dev/null || return 1
-  st=$(sed -n 's/^[0-9]* (.*) \([A-Za-z]\).*/\1/p' "/proc/$1/stat" 2>/dev/null || true)
-  [[ $st != Z ]]
-}
-
-# pid from a pid file if that process is alive and its command line contains $2.
-live_pid() {
-  local file=$1 pat=$2 pid
-  [[ -s $file ]] || return 1
-  pid=$(head -n1 "$file" | tr -dc 0-9)
-  [[ -n $pid ]] && pid_alive "$pid" || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$pat" || return 1
-  echo "$pid"
-}
-
-# wait_for NAME TIMEOUT LOGFILE CMD...: poll CMD until it succeeds or time runs out.
-wait_for() {
-  local name=$1 timeout=$2 logf=$3; shift 3
-  local end=$((SECONDS + timeout))
-  until "$@" >/dev/null 2>&1; do
-    if ((SECONDS >= end)); then
-      log "$name did not become ready within ${timeout}s; last lines of $logf:"
-      tail -n 40 "$logf" >&2 2>/dev/null || true
-      die "$name failed to start"
-    fi
-    sleep 0.3
-  done
-}
-
-# Stop pid $1 with TERM, then KILL after $2 seconds.
-stop_pid() {
-  local pid=$1 grace=${2:-15} end
-  kill "$pid" 2>/dev/null || return 0
-  end=$((SECONDS + grace))
-  while pid_alive "$pid"; do
-    if ((SECONDS >= end)); then kill -9 "$pid" 2>/dev/null || true; break; fi
-    sleep 0.2
-  done
-}
-
-# Start a long-running command detached (own session, no stdio tied to ours).
-start_bg() {
-  local pidfile=$1 logf=$2; shift 2
-  setsid "$@" </dev/null >>"$logf" 2>&1 9>&- &
-  echo $! >"$pidfile"
-}
-
 port_taken() {
   local who
   who=$(ss -ltnpH "sport = :$1" 2>/dev/null | grep -o 'users:.*' | head -n1 || true)

@@ -30,3 +30,61 @@ timed() {
   log "phase '$name' took $((SECONDS - t0))s (exit $rc)"
   return "$rc"
 }
+
+# ------------------------------------------------- processes (stack.sh, payments.sh)
+# Each script sets HOST (127.0.0.1) before using port_open.
+
+# Is something accepting TCP connections on $HOST:$1?
+port_open() { (exec 3<>"/dev/tcp/${HOST:-127.0.0.1}/$1") 2>/dev/null; }
+
+# Is process $1 alive? (A zombie is not: PID 1 here may be slow to reap.)
+pid_alive() {
+  local st
+  kill -0 "$1" 2>/dev/null || return 1
+  st=$(sed -n 's/^[0-9]* (.*) \([A-Za-z]\).*/\1/p' "/proc/$1/stat" 2>/dev/null || true)
+  [[ $st != Z ]]
+}
+
+# pid from a pid file if that process is alive and its command line contains $2.
+live_pid() {
+  local file=$1 pat=$2 pid
+  [[ -s $file ]] || return 1
+  pid=$(head -n1 "$file" | tr -dc 0-9)
+  [[ -n $pid ]] && pid_alive "$pid" || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$pat" || return 1
+  echo "$pid"
+}
+
+# wait_for NAME TIMEOUT LOGFILE CMD...: poll CMD until it succeeds or time runs out.
+wait_for() {
+  local name=$1 timeout=$2 logf=$3; shift 3
+  local end=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= end)); then
+      log "$name did not become ready within ${timeout}s; last lines of $logf:"
+      tail -n 40 "$logf" >&2 2>/dev/null || true
+      die "$name failed to start"
+    fi
+    sleep 0.3
+  done
+}
+
+# Stop pid $1 with TERM, then KILL after $2 seconds (15 by default).
+stop_pid() {
+  local pid=$1 grace=${2:-15} end
+  kill "$pid" 2>/dev/null || return 0
+  end=$((SECONDS + grace))
+  while pid_alive "$pid"; do
+    if ((SECONDS >= end)); then kill -9 "$pid" 2>/dev/null || true; break; fi
+    sleep 0.2
+  done
+}
+
+# Start a long-running command detached (own session, no stdio tied to ours).
+# It must not inherit the scripts' locks (fd 8: payments.sh, fd 9: stack.sh):
+# a lock held by a running daemon made every later `up` wait and fail.
+start_bg() {
+  local pidfile=$1 logf=$2; shift 2
+  setsid "$@" </dev/null >>"$logf" 2>&1 8>&- 9>&- &
+  echo $! >"$pidfile"
+}
