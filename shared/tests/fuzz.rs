@@ -19,14 +19,16 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 use reeve_shared::auth::{self, Secret, SpaceIndex};
-use reeve_shared::catalog::Catalog;
+use reeve_shared::catalog::{Catalog, CatalogError};
 use reeve_shared::http::app;
 use reeve_shared::http::stream::{RelayContext, router as relay_router};
+use reeve_shared::ids::Id;
 use reeve_shared::relay::Hub;
 use reeve_shared::tasks::{EventType, QueueMessage, append_event};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use time::OffsetDateTime;
+use ulid::Ulid;
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(256)
@@ -80,12 +82,31 @@ fn samples<S: Strategy>(strategy: S, n: u32) -> Vec<S::Value> {
     (0..n).map(|_| strategy.new_tree(&mut runner).unwrap().current()).collect()
 }
 
+/// Whether a catalog error says where a reader must go: a syntax error's
+/// line and column within the text (the line one past the end for an
+/// unexpected end) with a one-line message, or problems each naming a TOML
+/// path with a one-line message.
+fn says_where(error: &CatalogError, text: &str) -> bool {
+    let one_line = |m: &str| !m.trim().is_empty() && !m.contains('\n');
+    match error {
+        CatalogError::Syntax { line, column, message, .. } => {
+            *line >= 1 && *line <= text.split('\n').count() + 1 && *column >= 1 && one_line(message)
+        }
+        CatalogError::Invalid { problems, .. } => {
+            !problems.is_empty() && problems.iter().all(|p| !p.path.is_empty() && one_line(&p.message))
+        }
+        CatalogError::Read { .. } => false,
+    }
+}
+
 proptest! {
     #![proptest_config(config())]
 
     #[test]
-    fn any_text_as_reeve_toml_is_an_error_or_a_catalog(text in ".{0,400}") {
-        let _ = Catalog::parse(&text);
+    fn any_text_as_reeve_toml_is_a_catalog_or_an_error_naming_where(text in ".{0,400}") {
+        if let Err(error) = Catalog::parse(&text) {
+            prop_assert!(says_where(&error, &text), "{error:?}");
+        }
     }
 
     #[test]
@@ -106,7 +127,15 @@ proptest! {
         let mut lines: Vec<&str> = text.lines().collect();
         let at = line % lines.len();
         lines[at] = &replacement;
-        let _ = Catalog::parse(&lines.join("\n"));
+        let changed = lines.join("\n");
+        if let Err(error) = Catalog::parse(&changed) {
+            prop_assert!(says_where(&error, &changed), "{error:?}");
+            // A syntax error is found at the changed line or after it, never
+            // in the untouched lines before it.
+            if let CatalogError::Syntax { line, .. } = error {
+                prop_assert!(line > at, "line {} changed, error at line {line}", at + 1);
+            }
+        }
     }
 
     #[test]
@@ -130,12 +159,26 @@ proptest! {
     }
 
     #[test]
-    fn sqs_bodies_parse_or_are_refused(body in prop_oneof![
+    fn an_sqs_body_parses_only_as_what_it_says(body in prop_oneof![
         ".{0,80}",
         json_value().prop_map(|v| v.to_string()),
         ("[0-9A-Za-z]{0,30}", ".{0,10}").prop_map(|(id, kind)| json!({"task_id": id, "kind": kind}).to_string()),
     ]) {
-        let _ = serde_json::from_str::<QueueMessage>(&body);
+        // What parses is an object whose task_id is that id's text: the
+        // worker never runs a task the body did not name.
+        if let Ok(message) = serde_json::from_str::<QueueMessage>(&body) {
+            let value: Value = serde_json::from_str(&body).unwrap();
+            let id = message.task_id.to_string();
+            prop_assert_eq!(value["task_id"].as_str(), Some(id.as_str()));
+            prop_assert_eq!(value["kind"].as_str(), Some(message.kind.as_str()));
+        }
+    }
+
+    #[test]
+    fn every_queued_message_reads_back_as_sent(id in any::<u128>(), kind in ".{0,20}") {
+        let sent = QueueMessage { task_id: Id::from(Ulid(id)), kind };
+        let read: QueueMessage = serde_json::from_str(&serde_json::to_string(&sent).unwrap()).unwrap();
+        prop_assert_eq!(read, sent);
     }
 }
 
