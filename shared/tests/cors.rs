@@ -29,6 +29,7 @@ async fn serve_app(pool: PgPool, origins: &str) -> Router {
         hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
         keepalive: Duration::from_secs(15),
         api_origin: None,
+        limits: reeve_shared::http::RelayLimits::default(),
     });
     with_cors(stream::routes(relay).merge(app(ctx)), &CorsOrigins::parse(origins).unwrap())
 }

@@ -136,6 +136,7 @@ async fn stalled_and_slow_sse_clients_on_a_busy_task_do_not_grow_relay_memory(po
         hub,
         keepalive: Duration::from_secs(15),
         api_origin: None,
+        limits: reeve_shared::http::RelayLimits::NONE,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

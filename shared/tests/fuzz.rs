@@ -250,6 +250,7 @@ async fn last_event_id_of_any_shape_is_a_clear_answer(pool: PgPool) {
         hub,
         keepalive: Duration::from_secs(15),
         api_origin: None,
+        limits: reeve_shared::http::RelayLimits::default(),
     });
     let relay = relay_router(ctx);
     let (token, _) = auth::issue_token(&key, &SpaceIndex::from_array(space), OffsetDateTime::now_utc());

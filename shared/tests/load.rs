@@ -91,6 +91,7 @@ async fn two_hundred_clients_create_and_watch_and_nothing_is_lost(pool: PgPool) 
         hub: Hub::start(redis::Client::open(redis_url.as_str()).unwrap()),
         keepalive: Duration::from_secs(15),
         api_origin: None,
+        limits: reeve_shared::http::RelayLimits::default(),
     });
     let relay = serve(relay_router(relay_ctx)).await;
 

@@ -80,6 +80,7 @@ async fn api(pool: &PgPool) -> (Router, String, TestQueue) {
         hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
         keepalive: Duration::from_secs(15),
         api_origin: None,
+        limits: reeve_shared::http::RelayLimits::default(),
     });
     let app = stream::routes(relay).merge(app(ctx));
     let (_, token) = new_session(&app).await;

@@ -82,6 +82,7 @@ fn relay_ctx(pool: PgPool) -> http::stream::RelayCtx {
         hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
         keepalive: std::time::Duration::from_secs(15),
         api_origin: None,
+        limits: reeve_shared::http::RelayLimits::default(),
     })
 }
 

@@ -48,6 +48,7 @@ async fn the_page_shows_a_task_reach_completed_with_a_full_bar(pool: PgPool) {
         hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
         keepalive: Duration::from_secs(15),
         api_origin: None,
+        limits: reeve_shared::http::RelayLimits::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/#task={task}&token={token}", listener.local_addr().unwrap());

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use reeve_shared::auth::{self, SpaceIndex};
-use reeve_shared::http::stream::RelayContext;
 use reeve_shared::http::stream::router;
+use reeve_shared::http::stream::{RelayContext, RelayLimits};
 use reeve_shared::ids::Id;
-use reeve_shared::relay::{self, Hub};
+use reeve_shared::relay::{self, Hub, StreamCaps};
 use reeve_shared::tasks::{EventType, append_event};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -92,6 +92,12 @@ fn relay_pool(pool: &PgPool) -> PgPool {
 }
 
 async fn start_relay(pool: PgPool, redis_url: &str) -> Relay {
+    start_relay_with(pool, redis_url, RelayLimits::NONE).await
+}
+
+/// A relay with these limits, served as the binaries serve it: with the TCP
+/// peer's address known.
+async fn start_relay_with(pool: PgPool, redis_url: &str, limits: RelayLimits) -> Relay {
     let hub = Hub::start(redis::Client::open(redis_url).unwrap());
     let ctx = Arc::new(RelayContext {
         db: pool,
@@ -99,10 +105,12 @@ async fn start_relay(pool: PgPool, redis_url: &str) -> Relay {
         hub: hub.clone(),
         keepalive: Duration::from_secs(15),
         api_origin: None,
+        limits,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router(ctx)).await.unwrap() });
+    let service = router(ctx).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, service).await.unwrap() });
     let (token, _) = auth::issue_token(&token_key(), &SpaceIndex::from_array(SPACE), OffsetDateTime::now_utc());
     Relay { base, token, hub }
 }
@@ -231,8 +239,14 @@ async fn a_client_resuming_after_event_k_gets_exactly_the_rest_in_order(pool: Pg
         assert_eq!(frames.last().unwrap().event, "status");
         assert_eq!(frames.last().unwrap().data["data"]["status"], "completed");
     }
-    // A client that has everything of a finished task is closed at once.
-    assert!(read_all(connect(&relay, task, Some(n)).await).await.is_empty());
+    // A client that has everything of a finished task, or claims more, is
+    // sent its terminal status again and closed: an EventSource that were
+    // only closed on would reconnect for ever.
+    for last in [n, n + 1, 10_000] {
+        let frames = read_all(connect(&relay, task, Some(last)).await).await;
+        assert_eq!(seqs(&frames), [n], "after {last}");
+        assert_eq!(frames[0].data["data"]["status"], "completed");
+    }
     // The same resume point works as a query parameter, for EventSource.
     let url = format!("{}/v1/tasks/{task}/events?access_token={}&last_event_id=5", relay.base, relay.token);
     let frames = read_all(reqwest::get(url).await.unwrap()).await;
@@ -362,7 +376,8 @@ async fn a_client_that_falls_behind_is_resynchronised_from_postgres(pool: PgPool
     // A client that reads nothing while far more events arrive than the
     // per-task buffer (256) and a replay page (200) hold.
     let position = TaskPosition { last_seq: 0, finished: false };
-    let mut events = Box::pin(relay::events(pool.clone(), hub.clone(), task, 0, position).await);
+    let slot = hub.open_stream(StreamCaps::NONE, SpaceIndex::from_array(SPACE), None).unwrap();
+    let mut events = Box::pin(relay::events(pool.clone(), hub.clone(), slot, task, 0, position).await);
     progress(&pool, &redis_url, task, 600).await;
     let n = finish(&pool, &redis_url, task).await;
 
@@ -443,9 +458,29 @@ async fn a_subscribe_abandoned_while_redis_hangs_leaves_nothing_behind(pool: PgP
     assert_eq!(hub.task_count(), 0);
 }
 
+/// `/healthz` as the load balancer reads it: status and body.
+async fn health(relay: &Relay) -> (u16, Value) {
+    let response = reqwest::get(format!("{}/healthz", relay.base)).await.unwrap();
+    let status = response.status().as_u16();
+    (status, serde_json::from_slice(&response.bytes().await.unwrap()).unwrap())
+}
+
+/// Polls `/healthz` until its `status` is `want` (within 5 s).
+async fn health_becomes(relay: &Relay, want: &str) -> (u16, Value) {
+    let mut last = (0, Value::Null);
+    for _ in 0..100 {
+        last = health(relay).await;
+        if last.1["status"] == want {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("/healthz never said {want}: {last:?}");
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn healthz_reports_a_hub_that_cannot_reach_redis(pool: PgPool) {
-    let health = |relay: &Relay| reqwest::get(format!("{}/healthz", relay.base));
+async fn healthz_keeps_a_relay_without_redis_as_degraded(pool: PgPool) {
+    let degraded = json!({"status": "degraded", "postgres": "ok", "redis": "unavailable"});
     let (_hole, hanging) = black_hole();
     let closed = {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -453,28 +488,76 @@ async fn healthz_reports_a_hub_that_cannot_reach_redis(pool: PgPool) {
     };
     for url in [closed, hanging] {
         let relay = start_relay(pool.clone(), &url).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let response = health(&relay).await.unwrap();
-        assert_eq!(response.status(), 503, "{url}");
-        let body: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-        assert_eq!(body["error"]["code"], "dependency_unavailable");
-        assert_eq!(body["error"]["message"], "redis is unavailable");
+        // 200: the load balancer keeps a relay that still serves from Postgres.
+        assert_eq!(health(&relay).await, (200, degraded.clone()), "{url}");
     }
 
     let mut redis = OwnRedis::start();
     let relay = start_relay(pool.clone(), &redis.url()).await;
-    let mut status = 0;
-    for _ in 0..40 {
-        status = health(&relay).await.unwrap().status().as_u16();
-        if status == 200 {
+    let ok = health_becomes(&relay, "ok").await;
+    assert_eq!(ok, (200, json!({"status": "ok", "postgres": "ok", "redis": "ok"})));
+    redis.stop();
+    assert_eq!(health_becomes(&relay, "degraded").await, (200, degraded), "a lost connection is reported");
+    redis.restart();
+    health_becomes(&relay, "ok").await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn healthz_fails_without_postgres(pool: PgPool) {
+    let dead = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_lazy("postgres://reeve:x@127.0.0.1:1/reeve")
+        .unwrap();
+    drop(pool);
+    let relay = start_relay(dead, &common::redis_url()).await;
+    let (status, body) = health(&relay).await;
+    assert_eq!(status, 503);
+    assert_eq!(body["error"]["code"], "dependency_unavailable");
+    assert_eq!(body["error"]["message"], "postgres is unavailable");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn with_redis_stopped_streams_still_get_every_event_from_postgres(pool: PgPool) {
+    let mut redis = OwnRedis::start();
+    let relay = start_relay(pool.clone(), &redis.url()).await;
+    health_becomes(&relay, "ok").await;
+    let task = new_task(&pool).await;
+    progress(&pool, &redis.url(), task, 2).await;
+    // One stream from before Redis went away, one from after.
+    let before = tokio::spawn(read_all(connect(&relay, task, None).await));
+    redis.stop();
+    health_becomes(&relay, "degraded").await;
+    let after = tokio::spawn(read_all(connect(&relay, task, Some(1)).await));
+
+    // Every publish fails now: only Postgres has these.
+    progress(&pool, &redis.url(), task, 3).await;
+    let n = finish(&pool, &redis.url(), task).await;
+    assert_eq!(seqs(&before.await.unwrap()), (1..=n).collect::<Vec<_>>());
+    assert_eq!(seqs(&after.await.unwrap()), (2..=n).collect::<Vec<_>>());
+    assert_eq!(health(&relay).await.1["status"], "degraded", "redis is still down");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_stream_past_the_end_of_a_running_task_ends_with_it(pool: PgPool) {
+    let redis_url = common::redis_url();
+    let relay = start_relay(pool.clone(), &redis_url).await;
+    let task = new_task(&pool).await;
+    progress(&pool, &redis_url, task, 2).await;
+    // Events 3.. do not exist yet, so the client cannot have seen them: it
+    // gets them as they come, and the stream ends with the terminal status
+    // instead of waiting for a seq 50 that never comes.
+    let reader = tokio::spawn(read_all_within(connect(&relay, task, Some(50)).await, Duration::from_secs(10)));
+    for _ in 0..100 {
+        if relay.hub.task_count() == 1 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(status, 200);
-    redis.stop();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(health(&relay).await.unwrap().status(), 503, "a lost connection is reported");
+    progress(&pool, &redis_url, task, 1).await;
+    let n = finish(&pool, &redis_url, task).await;
+    let frames = reader.await.unwrap();
+    assert_eq!(seqs(&frames), [3, n]);
+    assert_eq!(frames.last().unwrap().data["data"]["status"], "completed");
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
@@ -640,4 +723,156 @@ async fn five_thousand_watchers_over_five_hundred_tasks_survive_a_redis_restart(
     assert_eq!(connected.load(std::sync::atomic::Ordering::Relaxed), TASKS * PER_TASK);
     assert_eq!(reconnects, 0, "no stream had to be cut short");
     hub_forgets_everything(&relay.hub).await;
+}
+
+/// A stream request from a client of the given space, sent as it would
+/// reach the relay: `forwarded` is the `X-Forwarded-For` the load balancer
+/// passes on (what the client sent, with the address it saw appended).
+async fn open_stream(relay: &Relay, from: &str, token: &str, task: Id, forwarded: Option<&str>) -> reqwest::Response {
+    let client = reqwest::Client::builder().local_address(from.parse::<std::net::IpAddr>().unwrap()).build().unwrap();
+    let mut request = client.get(format!("{}/v1/tasks/{task}/events", relay.base)).bearer_auth(token);
+    if let Some(forwarded) = forwarded {
+        request = request.header("x-forwarded-for", forwarded);
+    }
+    request.send().await.unwrap()
+}
+
+async fn assert_refused(response: reqwest::Response, message: &str) {
+    assert_eq!(response.status(), 429, "{message}");
+    let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry_after >= 1, "{retry_after}");
+    let body: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "too_many_streams", "{message}: {body}");
+    assert!(!body["error"]["request_id"].as_str().unwrap().is_empty());
+}
+
+/// Polls until `space` has `n` streams open on the relay (within 3 s).
+async fn streams_become(relay: &Relay, space: [u8; 16], n: usize) {
+    let space = SpaceIndex::from_array(space);
+    for _ in 0..150 {
+        if relay.hub.stream_count(&space) == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the space has {} streams open, not {n}", relay.hub.stream_count(&space));
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_space_over_its_stream_cap_is_refused_until_a_stream_closes(pool: PgPool) {
+    let caps = StreamCaps { per_space: 2, per_ip: 100 };
+    let relay = start_relay_with(pool.clone(), &common::redis_url(), RelayLimits { caps, proxy_hops: 0 }).await;
+    let task = new_task(&pool).await;
+    let first = open_stream(&relay, "127.0.0.1", &relay.token, task, None).await;
+    let second = open_stream(&relay, "127.0.0.2", &relay.token, task, None).await;
+    assert_eq!((first.status().as_u16(), second.status().as_u16()), (200, 200));
+    // From another address too: the cap is the space's.
+    assert_refused(open_stream(&relay, "127.0.0.3", &relay.token, task, None).await, "a third stream").await;
+    // Another space is not this one.
+    let other = auth::issue_token(&token_key(), &SpaceIndex::from_array([1; 16]), OffsetDateTime::now_utc()).0;
+    assert_eq!(open_stream(&relay, "127.0.0.1", &other, Id::new(), None).await.status(), 404);
+
+    // The client leaves: the cap lifts.
+    drop(first);
+    streams_become(&relay, SPACE, 1).await;
+    let again = open_stream(&relay, "127.0.0.3", &relay.token, task, None).await;
+    assert_eq!(again.status(), 200);
+    // A stream that ends by itself (its task finished) lifts it too.
+    let n = finish(&pool, &common::redis_url(), task).await;
+    assert_eq!(seqs(&read_all(again).await), [n]);
+    assert_eq!(seqs(&read_all(second).await), [n]);
+    streams_become(&relay, SPACE, 0).await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_address_cap_counts_the_address_the_load_balancer_saw(pool: PgPool) {
+    // Behind one proxy (the template's load balancer, which appends the
+    // address it saw to X-Forwarded-For), three streams per address.
+    let caps = StreamCaps { per_space: 100, per_ip: 3 };
+    let relay = start_relay_with(pool.clone(), &common::redis_url(), RelayLimits { caps, proxy_hops: 1 }).await;
+    let task = new_task(&pool).await;
+    // The attacker writes an X-Forwarded-For of its own, new each time, in
+    // one line or several; the load balancer appends 203.0.113.7 after it.
+    let forged = [
+        "198.51.100.1, 203.0.113.7",
+        "198.51.100.2, 10.0.0.1, 203.0.113.7",
+        "2001:db8::1, 203.0.113.7",
+        "garbage, 203.0.113.7",
+    ];
+    let mut held = Vec::new();
+    for (i, xff) in forged.iter().take(3).enumerate() {
+        let response = open_stream(&relay, "127.0.0.1", &relay.token, task, Some(xff)).await;
+        assert_eq!(response.status(), 200, "stream {i}");
+        held.push(response);
+    }
+    assert_refused(open_stream(&relay, "127.0.0.1", &relay.token, task, Some(forged[3])).await, "forged left").await;
+    let two_lines = {
+        let client = reqwest::Client::new();
+        client
+            .get(format!("{}/v1/tasks/{task}/events", relay.base))
+            .bearer_auth(&relay.token)
+            .header("x-forwarded-for", "198.51.100.9")
+            .header("x-forwarded-for", "203.0.113.7")
+            .send()
+            .await
+            .unwrap()
+    };
+    assert_refused(two_lines, "a second header line").await;
+    // The TCP peer is the load balancer, so it is no client: another
+    // address behind it is served.
+    let other = open_stream(&relay, "127.0.0.1", &relay.token, task, Some("203.0.113.7, 203.0.113.8")).await;
+    assert_eq!(other.status(), 200, "203.0.113.8 is another client");
+
+    drop(held.pop());
+    streams_become(&relay, SPACE, 3).await;
+    let again = open_stream(&relay, "127.0.0.1", &relay.token, task, Some("203.0.113.7")).await;
+    assert_eq!(again.status(), 200, "a closed stream lifts the address's cap");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn without_a_trusted_proxy_the_forwarded_header_is_ignored(pool: PgPool) {
+    let caps = StreamCaps { per_space: 100, per_ip: 2 };
+    let relay = start_relay_with(pool.clone(), &common::redis_url(), RelayLimits { caps, proxy_hops: 0 }).await;
+    let task = new_task(&pool).await;
+    let mut held = Vec::new();
+    for i in 0..2 {
+        let xff = format!("198.51.100.{i}");
+        held.push(open_stream(&relay, "127.0.0.1", &relay.token, task, Some(&xff)).await);
+        assert_eq!(held.last().unwrap().status(), 200);
+    }
+    // Reached directly, the client is its TCP peer, whatever it writes.
+    let forged = open_stream(&relay, "127.0.0.1", &relay.token, task, Some("198.51.100.77")).await;
+    assert_refused(forged, "a forged header from a capped peer").await;
+    let other_peer = open_stream(&relay, "127.0.0.2", &relay.token, task, None).await;
+    assert_eq!(other_peer.status(), 200);
+}
+
+#[tokio::test]
+async fn one_space_cannot_hold_every_postgres_read_turn() {
+    use reeve_shared::relay::{READS_IN_FLIGHT, SPACE_READS_IN_FLIGHT};
+    let hub = Hub::start(redis::Client::open(common::redis_url().as_str()).unwrap());
+    let busy = SpaceIndex::from_array([1; 16]);
+    let slots: Vec<_> = (0..READS_IN_FLIGHT).map(|_| hub.open_stream(StreamCaps::NONE, busy, None).unwrap()).collect();
+    // Every stream of the busy space asks for a turn at once (a replay of
+    // thousands of events does so page after page); only its share is given.
+    let mut turns = Vec::new();
+    for slot in &slots {
+        if let Ok(turn) = tokio::time::timeout(Duration::from_millis(100), slot.read_turn()).await {
+            turns.push(turn);
+        }
+    }
+    assert_eq!(turns.len(), SPACE_READS_IN_FLIGHT, "the busy space holds its share, not every turn");
+    // Another space's stream reads at once.
+    let quiet = hub.open_stream(StreamCaps::NONE, SpaceIndex::from_array([2; 16]), None).unwrap();
+    let turn = tokio::time::timeout(Duration::from_secs(1), quiet.read_turn()).await;
+    assert!(turn.is_ok(), "another space gets a turn while the busy one waits for its own");
+    // The busy space's next stream is served as soon as one of its turns ends.
+    let waiting = tokio::spawn({
+        let next = hub.open_stream(StreamCaps::NONE, busy, None).unwrap();
+        async move {
+            let _turn = next.read_turn().await;
+        }
+    });
+    drop(turns.pop());
+    tokio::time::timeout(Duration::from_secs(1), waiting).await.expect("a freed turn is handed on").unwrap();
 }

@@ -58,6 +58,8 @@ pub const RELAY_WATCHERS: &str = "reeve_relay_watchers";
 pub const RELAY_TASKS: &str = "reeve_relay_subscribed_tasks";
 pub const RELAY_RESYNCS: &str = "reeve_relay_resyncs_total";
 pub const RELAY_RECONNECTS: &str = "reeve_relay_redis_reconnects_total";
+pub const RELAY_REDIS_CONNECTED: &str = "reeve_relay_redis_connected";
+pub const RELAY_STREAMS_REFUSED: &str = "reeve_relay_streams_refused_total";
 pub const ARGON2_IN_FLIGHT: &str = "reeve_argon2_verifies_in_flight";
 
 // ------------------------------------------------------------------ HTTP
@@ -179,6 +181,16 @@ pub fn relay_redis_reconnect() {
     counter!(RELAY_RECONNECTS).increment(1);
 }
 
+/// Whether the hub's Pub/Sub connection is up: 0 is the relay's `degraded`.
+pub fn relay_redis_connected(up: bool) {
+    gauge!(RELAY_REDIS_CONNECTED).set(if up { 1.0 } else { 0.0 });
+}
+
+/// A stream refused at a cap: `reason` is `space` or `ip`.
+pub fn relay_stream_refused(reason: &'static str) {
+    counter!(RELAY_STREAMS_REFUSED, "reason" => reason).increment(1);
+}
+
 // ---------------------------------------------------------------- Argon2
 
 /// Argon2 verifies holding a permit now (`+1` on acquire, `-1` on release).
@@ -209,6 +221,8 @@ fn describe() {
     describe_gauge!(RELAY_TASKS, "tasks this relay is subscribed to");
     describe_counter!(RELAY_RESYNCS, "clients resynchronised from Postgres");
     describe_counter!(RELAY_RECONNECTS, "Redis Pub/Sub reconnects");
+    describe_gauge!(RELAY_REDIS_CONNECTED, "1 while the relay's Pub/Sub connection is up, 0 while it is degraded");
+    describe_counter!(RELAY_STREAMS_REFUSED, "streams refused at a cap, by reason (space, ip)");
     describe_gauge!(ARGON2_IN_FLIGHT, "Argon2 verifies running now");
 }
 

@@ -58,7 +58,7 @@ use crate::http::UploadsContext;
 #[cfg(feature = "api")]
 use crate::http::{ApiContext, Ctx};
 #[cfg(feature = "relay")]
-use crate::http::{CorsOrigins, DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
+use crate::http::{CorsOrigins, DEFAULT_KEEPALIVE, RelayContext, RelayCtx, RelayLimits};
 #[cfg(feature = "api-tasks")]
 use crate::http::{TaskCreateContext, TaskStatusContext};
 #[cfg(feature = "mcp")]
@@ -71,7 +71,7 @@ use crate::payments::Chains;
 use crate::payments::facilitator;
 use crate::redis_client::{self, BadRedisUrl, RedisClient};
 #[cfg(feature = "relay")]
-use crate::relay::Hub;
+use crate::relay::{Hub, StreamCaps};
 #[cfg(feature = "mcp")]
 use crate::spaces::Argon2Limit;
 #[cfg(feature = "sweeper")]
@@ -614,7 +614,8 @@ pub struct Relay {
 #[cfg(feature = "relay")]
 /// The relay (the Fargate service and `reeve relay`): Postgres, Redis and
 /// the token key, both listen addresses and the CORS origins, every problem
-/// of them at once. `REEVE_KEEPALIVE_SECONDS` moves the keep-alive interval.
+/// of them at once. `REEVE_KEEPALIVE_SECONDS` moves the keep-alive interval,
+/// and [`relay_limits`] reads the caps.
 /// Its secrets are plain variables: ECS puts their values in its
 /// environment.
 pub fn relay(config: &Config) -> Result<Relay, StartupError> {
@@ -625,6 +626,7 @@ pub fn relay(config: &Config) -> Result<Relay, StartupError> {
     let redis_url = env.required(settings::REDIS_URL);
     let keepalive = Duration::from_secs(env.number(settings::KEEPALIVE, DEFAULT_KEEPALIVE.as_secs(), 1, 300));
     let api_origin = env.origin(settings::API_ORIGIN);
+    let limits = relay_limits(&mut env);
     let relay_bind = env.socket_addr(settings::RELAY_BIND, DEFAULT_RELAY_BIND);
     let metrics_bind = env.socket_addr(settings::METRICS_BIND, DEFAULT_RELAY_METRICS_BIND);
     let cors = settings::cors_origins(&mut env);
@@ -640,8 +642,22 @@ pub fn relay(config: &Config) -> Result<Relay, StartupError> {
         return Err(StartupError::Config(problems));
     };
     let db = db::connect_lazy(&database_url)?;
-    let ctx = relay_on(db, redis_client::open(&redis_url)?, token_key, keepalive, api_origin);
+    let ctx = relay_on(db, redis_client::open(&redis_url)?, token_key, keepalive, api_origin, limits);
     Ok(Relay { ctx, listeners: RelayListeners { relay: relay_bind, metrics: metrics_bind }, cors })
+}
+
+#[cfg(feature = "relay")]
+/// The relay's caps on open streams (`REEVE_RELAY_STREAMS_PER_SPACE`,
+/// `REEVE_RELAY_STREAMS_PER_IP`) and how many proxies in front of it append
+/// the client's address to `X-Forwarded-For` (`REEVE_TRUSTED_PROXY_HOPS`;
+/// the template's load balancer is 1; unset, the TCP peer is the client).
+fn relay_limits<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> RelayLimits {
+    let caps = StreamCaps {
+        per_space: env.number(settings::RELAY_STREAMS_PER_SPACE, StreamCaps::DEFAULT_PER_SPACE as u64, 1, 1_000_000)
+            as usize,
+        per_ip: env.number(settings::RELAY_STREAMS_PER_IP, StreamCaps::DEFAULT_PER_IP as u64, 1, 1_000_000) as usize,
+    };
+    RelayLimits { caps, proxy_hops: env.number(settings::TRUSTED_PROXY_HOPS, 0, 0, 10) as usize }
 }
 
 #[cfg(feature = "relay")]
@@ -651,8 +667,9 @@ fn relay_on(
     token_key: Secret,
     keepalive: Duration,
     api_origin: Option<String>,
+    limits: RelayLimits,
 ) -> RelayCtx {
-    Arc::new(RelayContext { db, token_key, hub: Hub::start(redis), keepalive, api_origin })
+    Arc::new(RelayContext { db, token_key, hub: Hub::start(redis), keepalive, api_origin, limits })
 }
 
 #[cfg(feature = "relay")]
@@ -690,10 +707,11 @@ pub async fn run_relay(
     let listener =
         tokio::net::TcpListener::bind(listeners.relay).await.map_err(|e| RelayError::Listen(listeners.relay, e))?;
     tracing::info!(bind = %listeners.relay, "relay serving");
-    axum::serve(listener, crate::http::with_cors(crate::http::relay_app(ctx), &cors))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(RelayError::Serve)
+    // The peer address is the client when no proxy is trusted: the
+    // per-address stream cap counts by it.
+    let service =
+        crate::http::with_cors(crate::http::relay_app(ctx), &cors).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, service).with_graceful_shutdown(shutdown).await.map_err(RelayError::Serve)
 }
 
 // ---------------------------------------------------------------- serve
@@ -731,14 +749,21 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     let mut env = config.env();
     let keepalive = Duration::from_secs(env.number(settings::KEEPALIVE, DEFAULT_KEEPALIVE.as_secs(), 1, 300));
     let api_origin = env.origin(settings::API_ORIGIN);
+    let limits = relay_limits(&mut env);
     let cors = settings::cors_origins(&mut env);
     let rest = checked(env.take_problems());
     let ((catalog, api_settings, operators, chains), (worker, ())) = both(api, both(worker, rest))?;
     let db = db::open(api_settings.database_url.expose_str(), Connect::Now).await?;
     let redis_url = api_settings.redis_url.clone();
     let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
-    let relay =
-        relay_on(db.clone(), redis_client::open(&redis_url)?, api_settings.token_key.clone(), keepalive, api_origin);
+    let relay = relay_on(
+        db.clone(),
+        redis_client::open(&redis_url)?,
+        api_settings.token_key.clone(),
+        keepalive,
+        api_origin,
+        limits,
+    );
     let worker = match worker {
         Some((catalog, worker_settings, users, operators)) => {
             let redis = RedisClient::new(&redis_url)?;

@@ -32,6 +32,14 @@ pub const QUEUE_URL: &str = "REEVE_QUEUE_URL";
 pub const CATALOG: &str = "REEVE_CATALOG";
 /// The relay's SSE keep-alive interval in seconds (default 15).
 pub const KEEPALIVE: &str = "REEVE_KEEPALIVE_SECONDS";
+/// Streams one space may hold open on one relay process (default 32).
+pub const RELAY_STREAMS_PER_SPACE: &str = "REEVE_RELAY_STREAMS_PER_SPACE";
+/// Streams one client address may hold open on one relay process (default 128).
+pub const RELAY_STREAMS_PER_IP: &str = "REEVE_RELAY_STREAMS_PER_IP";
+/// Proxies in front of the relay that append the address they saw to
+/// `X-Forwarded-For` (default 0: the TCP peer is the client; the template's
+/// load balancer makes it 1).
+pub const TRUSTED_PROXY_HOPS: &str = "REEVE_TRUSTED_PROXY_HOPS";
 pub const WORKER_CONCURRENCY: &str = "REEVE_WORKER_CONCURRENCY";
 pub const MAX_RECEIVES: &str = "REEVE_MAX_RECEIVES";
 pub const FETCH_MAX_BYTES: &str = "REEVE_FETCH_MAX_BYTES";

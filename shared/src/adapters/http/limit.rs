@@ -20,7 +20,7 @@
 //! The state lives in this process only; several `reeve serve` processes
 //! each count on their own.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
@@ -31,6 +31,7 @@ use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
+use super::client_addr::client_key;
 use super::error::ApiError;
 
 /// Per client: a burst of 5 new spaces, then one a second.
@@ -77,21 +78,6 @@ impl LoginLimits {
     }
 }
 
-/// The client an address belongs to: an IPv4 address (an IPv4-mapped IPv6
-/// address counts as its IPv4 address), or an IPv6 /64.
-pub fn client_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(v4) => IpAddr::V4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
-                IpAddr::V6(Ipv6Addr::from(prefix))
-            }
-        },
-    }
-}
-
 /// The layer: `router.layer(axum::middleware::from_fn_with_state(limits, limit))`,
 /// served with `into_make_service_with_connect_info::<SocketAddr>()` so the
 /// peer address is known. Without it (a test's `oneshot`), nothing is limited.
@@ -115,23 +101,4 @@ pub async fn limit(State(limits): State<Arc<LoginLimits>>, request: Request, nex
         }
     }
     next.run(request).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_ipv6_slash_64_is_one_client() {
-        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
-        let b: IpAddr = "2001:db8:1:2:ffff:1:2:3".parse().unwrap();
-        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert_eq!(client_key(a), client_key(b));
-        assert_ne!(client_key(a), client_key(c));
-        assert_eq!(client_key(a), "2001:db8:1:2::".parse::<IpAddr>().unwrap());
-        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
-        assert_eq!(client_key(mapped), "192.0.2.7".parse::<IpAddr>().unwrap());
-        let v4: IpAddr = "192.0.2.8".parse().unwrap();
-        assert_eq!(client_key(v4), v4);
-    }
 }

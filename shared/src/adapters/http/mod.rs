@@ -45,6 +45,7 @@ macro_rules! doc_503_db {
 
 #[cfg(feature = "api-catalog")]
 pub mod catalog;
+mod client_addr;
 #[cfg(feature = "relay")]
 pub mod console;
 mod context;
@@ -52,7 +53,8 @@ mod context;
 pub(crate) mod cors;
 pub(crate) mod error;
 pub(crate) mod extract;
-#[cfg(feature = "api")]
+// The relay answers its own `/healthz` with the API's `Health`.
+#[cfg(any(feature = "api", feature = "relay"))]
 pub(crate) mod health;
 #[cfg(feature = "login-limits")]
 pub(crate) mod limit;
@@ -77,6 +79,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
+pub use client_addr::{client_ip, client_key};
 #[cfg(feature = "api-catalog")]
 pub use context::CatalogContext;
 #[cfg(feature = "api-uploads")]
@@ -92,13 +95,13 @@ pub use context::{TaskCreateContext, TaskStatusContext};
 pub use cors::{CorsOrigins, with_cors};
 pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
 #[cfg(feature = "login-limits")]
-pub use limit::{LoginLimits, client_key, limit as login_limit};
+pub use limit::{LoginLimits, limit as login_limit};
 #[cfg(feature = "api")]
 pub use openapi::generated as generated_openapi;
 #[cfg(feature = "api-catalog")]
 pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, openapi};
 #[cfg(feature = "relay")]
-pub use relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx};
+pub use relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx, RelayLimits};
 
 /// The header an idempotent task create sends (the route and the document).
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";

@@ -211,7 +211,9 @@ fn stream(doc: &mut Value) {
             after the resume point, then live ones until the task ends, when the stream closes. Each \
             message has `id: <seq>`, `event: <type>` and `data: <TaskEvent JSON>`; a `:` comment keeps \
             the connection alive every 15 s. EventSource cannot send headers, so the token may come as \
-            the `access_token` query parameter instead, and the resume point as `last_event_id`.",
+            the `access_token` query parameter instead, and the resume point as `last_event_id`. A resume \
+            point at or past a finished task's last event gets its terminal status again, then the end. \
+            Each relay process caps the streams a Space and a client address hold open at once.",
         "security": [{ BEARER: [] }, { ACCESS_TOKEN: [] }],
         "parameters": [
             {"name": "task", "in": "path", "required": true, "description": "The task id.",
@@ -236,6 +238,14 @@ fn stream(doc: &mut Value) {
             "401": error("`missing_token`: neither an `Authorization: Bearer` header nor `access_token`; \
                 `invalid_token`: the token is malformed, tampered with or expired."),
             "404": error("`task_not_found`: no such task in this Space (or not a task id at all)."),
+            "429": {
+                "description": "`too_many_streams`: this Space or this client address already holds as \
+                    many streams open on this relay as it may; close one, or try again after `Retry-After` \
+                    seconds.",
+                "headers": {"Retry-After": {"description": "Seconds to wait before trying again.",
+                    "schema": {"type": "integer", "minimum": 1}}},
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}},
+            },
             "500": error("`internal`: an unexpected failure, logged under the request id."),
             "503": error("`database_unavailable`: the database is out of reach; try again."),
         },

@@ -8,24 +8,28 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::response::sse::{self, KeepAlive, Sse};
 use axum::routing::get;
+use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use time::OffsetDateTime;
 
+use super::client_addr::{client_ip, client_key};
 use super::error::{self, ApiError, ApiResult, db_error};
 use super::extract::{bearer_token, invalid_token};
+use super::health::{self, Health};
 use crate::auth;
 use crate::ids::Id;
-use crate::relay::{Delivery, TaskPosition, stream};
+use crate::relay::{self, Delivery, StreamRefused, TaskPosition};
 use crate::tasks::{Event, TaskStatus};
 
-pub use super::relay_context::{RelayContext, RelayCtx};
+pub use super::relay_context::{RelayContext, RelayCtx, RelayLimits};
 
 /// How long a client should wait before reconnecting (the SSE `retry:` hint).
 pub const RETRY_HINT: Duration = Duration::from_secs(2);
@@ -76,18 +80,17 @@ pub fn router(ctx: RelayCtx) -> Router {
     routes(ctx).merge(health)
 }
 
-/// The load balancer's check: the relay is useless without Postgres, and
-/// without its Redis connection it only hears of events slowly.
-async fn healthz(State(ctx): State<RelayCtx>) -> ApiResult<&'static str> {
-    sqlx::query("SELECT 1")
-        .execute(&ctx.db)
-        .await
-        .map_err(|_| ApiError::unavailable("dependency_unavailable", "postgres is unavailable"))?;
-    if !ctx.hub.is_connected() {
-        return Err(ApiError::unavailable("dependency_unavailable", "redis is unavailable"));
-    }
-    Ok("ok")
+/// The load balancer's check: the relay is useless without Postgres
+/// (`503`), but without its Redis connection it still serves every stream
+/// from Postgres, a few seconds late: `200`, `degraded`, so the relay is kept
+/// and its streams with it.
+async fn healthz(State(ctx): State<RelayCtx>) -> ApiResult<Json<Health>> {
+    let postgres = tokio::time::timeout(HEALTH_TIMEOUT, sqlx::query("SELECT 1").execute(&ctx.db)).await;
+    health::answer(matches!(postgres, Ok(Ok(_))), ctx.hub.is_connected())
 }
+
+/// Under the load balancer's health check timeout.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The console page, calling the API the relay was configured with.
 async fn watch_page(State(ctx): State<RelayCtx>) -> axum::response::Response {
@@ -104,15 +107,17 @@ async fn task_events(
     State(ctx): State<RelayCtx>,
     Path(task): Path<String>,
     Query(query): Query<StreamQuery>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
-) -> ApiResult<impl IntoResponse> {
+) -> Result<impl IntoResponse, StreamFailure> {
     let bearer = bearer_token(&headers)?;
     let Some(token) = bearer.or(query.access_token.as_deref()) else {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "missing_token",
             "send Authorization: Bearer <token> or ?access_token=<token>",
-        ));
+        )
+        .into());
     };
     let space = auth::verify_token(&ctx.token_key, token, OffsetDateTime::now_utc()).map_err(|_| invalid_token())?;
 
@@ -126,8 +131,16 @@ async fn task_events(
 
     // A malformed id, a missing task and another space's task look the same.
     let task: Id = task.parse().map_err(|_| ApiError::task_not_found())?;
+
+    // The caps come before any read: a refused stream costs no Postgres.
+    let ip =
+        client_ip(&headers, peer.map(|Extension(ConnectInfo(addr))| addr.ip()), ctx.limits.proxy_hops).map(client_key);
+    let slot = ctx.hub.open_stream(ctx.limits.caps, space, ip).map_err(|refused| {
+        crate::metrics::relay_stream_refused(refused.label());
+        StreamFailure::Refused(refused)
+    })?;
     let row: Option<(String, i64)> = {
-        let _turn = ctx.hub.read_permit().await;
+        let _turn = slot.read_turn().await;
         sqlx::query_as("SELECT status, last_seq FROM tasks WHERE id = $1 AND space_idx = $2")
             .bind(task)
             .bind(space.as_bytes())
@@ -136,10 +149,39 @@ async fn task_events(
             .map_err(db_error)?
     };
     let Some((status, last_seq)) = row else {
-        return Err(ApiError::task_not_found());
+        return Err(ApiError::task_not_found().into());
     };
     let position = TaskPosition { last_seq, finished: TaskStatus::parse(&status).is_some_and(TaskStatus::is_terminal) };
 
-    let deliveries = stream::events(ctx.db.clone(), ctx.hub.clone(), task, after, position).await;
+    let deliveries = relay::events(ctx.db.clone(), ctx.hub.clone(), slot, task, after, position).await;
     Ok(Sse::new(frames(deliveries)).keep_alive(KeepAlive::new().interval(ctx.keepalive)))
+}
+
+/// Why a stream did not start: an error envelope, or a cap (`429
+/// too_many_streams` with `Retry-After`).
+enum StreamFailure {
+    Api(ApiError),
+    Refused(StreamRefused),
+}
+
+impl From<ApiError> for StreamFailure {
+    fn from(error: ApiError) -> Self {
+        StreamFailure::Api(error)
+    }
+}
+
+impl IntoResponse for StreamFailure {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            StreamFailure::Api(error) => error.into_response(),
+            StreamFailure::Refused(refused) => {
+                let wait = relay::RETRY_AFTER.as_secs();
+                let message = format!("{refused} on this relay; close one, or try again in {wait} s");
+                let mut response =
+                    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", message).into_response();
+                response.headers_mut().insert(header::RETRY_AFTER, wait.into());
+                response
+            }
+        }
+    }
 }

@@ -12,20 +12,23 @@
 //! when Postgres has events Redis never delivered — a failed or skipped
 //! PUBLISH cannot leave a stream waiting for ever. After a reconnect every
 //! task is checked the same way at once, so only the clients that really
-//! missed something read Postgres, and never more than [`READS_IN_FLIGHT`]
-//! reads run at a time.
+//! missed something read Postgres, within the read turns of
+//! [`super::streams`].
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use sqlx::PgPool;
-use tokio::sync::{Notify, Semaphore, SemaphorePermit, broadcast, mpsc, watch};
+use tokio::sync::{Notify, broadcast, mpsc, watch};
 use tokio::time::timeout;
 
+use super::streams::{OpenStreams, StreamCaps, StreamRefused, StreamSlot};
 use super::{channel, task_of_channel};
+use crate::auth::SpaceIndex;
 use crate::ids::Id;
 use crate::tasks::Event;
 
@@ -48,10 +51,6 @@ pub const QUIET: Duration = Duration::from_secs(2);
 const CHECK_TICK: Duration = Duration::from_millis(500);
 /// Tasks per batched check query.
 const CHECK_BATCH: usize = 1000;
-/// Postgres reads the relay runs at once (replays and checks), well under the
-/// pool's eight connections so the ownership check of a new stream still
-/// finds one.
-pub const READS_IN_FLIGHT: usize = 4;
 
 #[derive(Debug, Clone)]
 pub enum Signal {
@@ -85,7 +84,8 @@ struct Shared {
     tasks: Mutex<HashMap<Id, Entry>>,
     commands: mpsc::UnboundedSender<Command>,
     connected: AtomicBool,
-    reads: Semaphore,
+    /// Every stream's slot under the caps, and the read turns.
+    streams: Arc<OpenStreams>,
     /// The Postgres watch, started by the first stream (it brings the pool).
     watching: OnceLock<()>,
     wake_checker: Arc<Notify>,
@@ -113,7 +113,6 @@ impl Drop for Subscription {
                 let _ = self.shared.commands.send(Command::Unsubscribe(self.task));
             }
         }
-        crate::metrics::relay_watchers(-1.0);
         crate::metrics::relay_subscribed_tasks(tasks.len());
     }
 }
@@ -126,11 +125,6 @@ impl Subscription {
             entry.known = entry.known.max(seq);
         }
     }
-
-    /// A turn to read Postgres: at most [`READS_IN_FLIGHT`] per process.
-    pub async fn read_permit(&self) -> SemaphorePermit<'_> {
-        self.shared.reads.acquire().await.expect("the semaphore is never closed")
-    }
 }
 
 impl Hub {
@@ -141,10 +135,14 @@ impl Hub {
             tasks: Mutex::new(HashMap::new()),
             commands,
             connected: AtomicBool::new(false),
-            reads: Semaphore::new(READS_IN_FLIGHT),
+            streams: Arc::default(),
             watching: OnceLock::new(),
             wake_checker: Arc::new(Notify::new()),
         });
+        crate::metrics::relay_redis_connected(false);
+        // From the start, so the series exists before the first live stream
+        // (a finished task's stream never subscribes).
+        crate::metrics::relay_subscribed_tasks(0);
         tokio::spawn(run(client, Arc::downgrade(&shared), receiver));
         Hub { shared }
     }
@@ -178,7 +176,6 @@ impl Hub {
             });
             entry.clients += 1;
             let handles = (entry.sender.subscribe(), entry.ready.subscribe(), first);
-            crate::metrics::relay_watchers(1.0);
             crate::metrics::relay_subscribed_tasks(tasks.len());
             handles
         };
@@ -190,11 +187,21 @@ impl Hub {
         subscription
     }
 
-    /// A turn to read Postgres for the relay (a stream's opening check):
-    /// at most [`READS_IN_FLIGHT`] per process, so a burst of connecting
-    /// clients queues here instead of timing out on the pool.
-    pub async fn read_permit(&self) -> SemaphorePermit<'_> {
-        self.shared.reads.acquire().await.expect("the semaphore is never closed")
+    /// A place for one more stream of `space` from `ip` under `caps`; the
+    /// stream keeps it until it is dropped, and reads Postgres with its
+    /// [`StreamSlot::read_turn`].
+    pub fn open_stream(
+        &self,
+        caps: StreamCaps,
+        space: SpaceIndex,
+        ip: Option<IpAddr>,
+    ) -> Result<StreamSlot, StreamRefused> {
+        self.shared.streams.open(caps, space, ip)
+    }
+
+    /// Streams open now for `space` on this process.
+    pub fn stream_count(&self, space: &SpaceIndex) -> usize {
+        self.shared.streams.space_count(space)
     }
 
     /// Tasks with at least one client.
@@ -272,6 +279,7 @@ async fn run(client: redis::Client, shared: Weak<Shared>, mut commands: mpsc::Un
             if resubscribed {
                 tracing::info!(channels = channels.len(), "relay subscribed to redis");
                 hub.connected.store(true, Ordering::Relaxed);
+                crate::metrics::relay_redis_connected(true);
                 hub.set_ready(None);
                 hub.after_reconnect();
                 backoff = Duration::from_millis(100);
@@ -316,6 +324,7 @@ async fn run(client: redis::Client, shared: Weak<Shared>, mut commands: mpsc::Un
         }
         let Some(hub) = shared.upgrade() else { return };
         hub.connected.store(false, Ordering::Relaxed);
+        crate::metrics::relay_redis_connected(false);
         // While disconnected, subscribers go on at once: the check after
         // reconnecting covers whatever they miss until then.
         hub.set_ready(None);
@@ -363,7 +372,7 @@ async fn check_quiet_tasks(db: PgPool, shared: Weak<Shared>, wake: Arc<Notify>) 
         for batch in due.chunks(CHECK_BATCH) {
             let ids: Vec<Vec<u8>> = batch.iter().map(|(id, _)| id.to_bytes().to_vec()).collect();
             let rows = {
-                let _permit = hub.reads.acquire().await.expect("the semaphore is never closed");
+                let _permit = hub.streams.read_permit().await;
                 sqlx::query_as::<_, (Id, i64)>("SELECT id, last_seq FROM tasks WHERE id = ANY($1)")
                     .bind(ids)
                     .fetch_all(&db)

@@ -1,15 +1,18 @@
 //! The SSE relay: one Redis Pub/Sub connection per process ([`hub`]), fanned
 //! out in-process to every client, each of which gets a gap-free,
 //! duplicate-free stream of domain events replayed from Postgres
-//! ([`stream`]). Postgres is the truth; Redis is only the doorbell. The HTTP
-//! layer (`http::stream`) turns the events into SSE frames, so this module
-//! knows nothing of HTTP: the relay service is that route running over it.
+//! ([`stream`]), within the caps and read turns of [`streams`]. Postgres is
+//! the truth; Redis is only the doorbell. The HTTP layer (`http::stream`)
+//! turns the events into SSE frames, so this module knows nothing of HTTP:
+//! the relay service is that route running over it.
 
 pub(crate) mod hub;
 pub(crate) mod stream;
+pub(crate) mod streams;
 
 pub use hub::{Hub, Signal, Subscription};
-pub use stream::{Delivery, REPLAY_PAGE, TaskPosition, events, is_terminal};
+pub use stream::{Delivery, REPLAY_PAGE, TaskPosition, events, is_terminal, resume_after};
+pub use streams::{READS_IN_FLIGHT, RETRY_AFTER, SPACE_READS_IN_FLIGHT, StreamCaps, StreamRefused, StreamSlot};
 
 use crate::ids::Id;
 pub use crate::tasks::events::channel;

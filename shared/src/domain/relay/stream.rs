@@ -17,6 +17,7 @@ use time::OffsetDateTime;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::hub::{Hub, Signal, Subscription};
+use super::streams::StreamSlot;
 use crate::ids::Id;
 use crate::tasks::{Event, EventType, TaskStatus};
 
@@ -47,35 +48,58 @@ pub struct TaskPosition {
     pub finished: bool,
 }
 
-/// The events of `task` after `after` (the client's last seen seq).
+/// Where a stream resumes: after the client's last seen seq, but never past
+/// what the task holds.
+///
+/// - A finished task's last event is its terminal status (every writer is
+///   fenced on the task's status, so nothing is appended after it). A client
+///   that has it, or claims to be past it, is sent it again and the stream
+///   ends: an EventSource that was only closed on would reconnect for ever.
+/// - An unfinished task's events past `last_seq` do not exist yet, so a
+///   client cannot have seen them: waiting for the seq it names would skip
+///   the task's real events, its terminal status among them, and never end.
+pub fn resume_after(after: i64, position: TaskPosition) -> i64 {
+    if position.finished { after.min(position.last_seq - 1).max(0) } else { after.min(position.last_seq) }
+}
+
+/// The events of `task` after `after` (the client's last seen seq). The
+/// stream holds `slot` (its place under the relay's caps) until it is
+/// dropped, and reads Postgres with its turns.
 pub async fn events(
     db: PgPool,
     hub: Hub,
+    slot: StreamSlot,
     task: Id,
     after: i64,
     position: TaskPosition,
 ) -> impl Stream<Item = Delivery> + Send + 'static {
-    // A finished task whose events the client has all: nothing will come.
-    let watch = if position.finished && after >= position.last_seq {
-        None
-    } else {
-        hub.watch_postgres(&db);
-        // Subscribe before reading Postgres: an event published in between
-        // is then in one or the other, never in neither.
-        let subscription = hub.subscribe(task).await;
-        Some(Watch { db, task, subscription, last: after, page: Vec::new().into_iter(), replay: true, done: false })
+    hub.watch_postgres(&db);
+    // A finished task has everything in Postgres: nothing to subscribe to.
+    // Otherwise subscribe before reading Postgres: an event published in
+    // between is then in one or the other, never in neither.
+    let subscription = if position.finished { None } else { Some(hub.subscribe(task).await) };
+    let watch = Watch {
+        db,
+        slot,
+        task,
+        subscription,
+        last: resume_after(after, position),
+        page: Vec::new().into_iter(),
+        replay: true,
+        done: false,
     };
-    futures_util::stream::unfold(watch, |watch| async move {
-        let mut watch = watch?;
+    futures_util::stream::unfold(watch, |mut watch| async move {
         let delivery = watch.next().await?;
-        Some((delivery, Some(watch)))
+        Some((delivery, watch))
     })
 }
 
 struct Watch {
     db: PgPool,
+    slot: StreamSlot,
     task: Id,
-    subscription: Subscription,
+    /// `None` for a finished task: its replay is all there is.
+    subscription: Option<Subscription>,
     last: i64,
     /// The rest of the current replay page.
     page: std::vec::IntoIter<Arc<Event>>,
@@ -103,8 +127,8 @@ impl Watch {
                     Ok(page) => {
                         // A short page is the end of what Postgres holds.
                         self.replay = page.len() as i64 == REPLAY_PAGE;
-                        if let Some(last) = page.last() {
-                            self.subscription.observe(last.seq);
+                        if let (Some(last), Some(subscription)) = (page.last(), &self.subscription) {
+                            subscription.observe(last.seq);
                         }
                         self.page = page.into_iter();
                     }
@@ -116,7 +140,13 @@ impl Watch {
                 }
                 continue;
             }
-            match self.subscription.receiver.recv().await {
+            // A finished task's replay ended short of its terminal status:
+            // there is nothing more to wait for.
+            let Some(subscription) = self.subscription.as_mut() else {
+                self.done = true;
+                return None;
+            };
+            match subscription.receiver.recv().await {
                 Ok(Signal::Event(event)) if event.seq <= self.last => {}
                 Ok(Signal::Event(event)) if event.seq == self.last + 1 => return Some(self.deliver(event)),
                 Ok(Signal::Behind(seq)) if seq <= self.last => {}
@@ -142,7 +172,7 @@ impl Watch {
     }
 
     async fn read_page(&self) -> Result<Vec<Arc<Event>>, sqlx::Error> {
-        let _permit = self.subscription.read_permit().await;
+        let _turn = self.slot.read_turn().await;
         let rows: Vec<(i64, String, sqlx::types::Json<Value>, OffsetDateTime)> = sqlx::query_as(
             "SELECT seq, type, data, at FROM task_events WHERE task_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         )
