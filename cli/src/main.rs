@@ -64,7 +64,7 @@ enum Command {
         #[command(flatten)]
         sweep: sweep::WorkerSweepArgs,
     },
-    /// Create a Space, or show its payments and credits (client).
+    /// Create a Space, or show its payments, credits and free-task quotas (client).
     Space {
         #[command(subcommand)]
         command: Option<SpaceCommand>,

@@ -1,11 +1,12 @@
-//! `reeve space`: the Space's payments and credits (`GET /v1/space`).
+//! `reeve space`: the Space's payments, credits and free-task quotas
+//! (`GET /v1/space`).
 //!
 //! `reeve space` fetches the document and prints [`render`]; `--json`
 //! prints it as is.
 
 use serde_json::Value;
 
-/// The two tables, for people.
+/// The three tables, for people.
 pub fn render(space: &Value) -> String {
     let list = |k: &str| space[k].as_array().cloned().unwrap_or_default();
     let s = |v: &Value, k: &str| match &v[k] {
@@ -27,14 +28,25 @@ pub fn render(space: &Value) -> String {
     let credits = list("credits");
     if credits.is_empty() {
         out.push_str("  none\n");
+    } else {
+        let mut rows = vec![["NETWORK", "AMOUNT", "REASON", "FROM TASK", "SPENT BY"].map(String::from).to_vec()];
+        rows.extend(
+            credits
+                .iter()
+                .map(|c| vec![s(c, "network"), s(c, "amount"), s(c, "reason"), s(c, "source_task"), s(c, "spent_by")]),
+        );
+        out.push_str(&table(&rows));
+    }
+    // Free kinds only: a priced kind's limit is its payment.
+    out.push_str("FREE TASK QUOTAS\n");
+    let quotas = list("quotas");
+    if quotas.is_empty() {
+        out.push_str("  none\n");
         return out;
     }
-    let mut rows = vec![["NETWORK", "AMOUNT", "REASON", "FROM TASK", "SPENT BY"].map(String::from).to_vec()];
-    rows.extend(
-        credits
-            .iter()
-            .map(|c| vec![s(c, "network"), s(c, "amount"), s(c, "reason"), s(c, "source_task"), s(c, "spent_by")]),
-    );
+    let used = |q: &Value, k: &str| format!("{} of {}", s(&q[k], "used"), s(&q[k], "limit"));
+    let mut rows = vec![["KIND", "LAST HOUR", "QUEUED OR RUNNING"].map(String::from).to_vec()];
+    rows.extend(quotas.iter().map(|q| vec![s(q, "kind"), used(q, "per_hour"), used(q, "at_once")]));
     out.push_str(&table(&rows));
     out
 }
@@ -70,6 +82,21 @@ mod tests {
         assert!(lines[2].contains("01A") && lines[2].contains("0xabc"));
         assert_eq!(lines[3], "CREDITS");
         assert!(lines[5].contains("retries_exhausted") && lines[5].ends_with('-'), "{text}");
-        assert_eq!(render(&json!({"payments": [], "credits": []})), "PAYMENTS\n  none\nCREDITS\n  none\n");
+        assert_eq!(
+            render(&json!({"payments": [], "credits": [], "quotas": []})),
+            "PAYMENTS\n  none\nCREDITS\n  none\nFREE TASK QUOTAS\n  none\n"
+        );
+    }
+
+    #[test]
+    fn quotas_show_use_of_limit() {
+        let text = render(&json!({
+            "payments": [], "credits": [],
+            "quotas": [{"kind": "digest", "per_hour": {"limit": 100, "used": 3}, "at_once": {"limit": 10, "used": 1}}]
+        }));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[4], "FREE TASK QUOTAS");
+        assert_eq!(lines[5], "  KIND    LAST HOUR  QUEUED OR RUNNING");
+        assert_eq!(lines[6], "  digest  3 of 100   1 of 10");
     }
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use reeve_shared::catalog::{Catalog, CatalogError, EXECUTORS, Executor, NetworkKind, Problem, Uploads};
+use reeve_shared::catalog::{Catalog, CatalogError, EXECUTORS, Executor, NetworkKind, Problem, Quota, Uploads};
 use serde_json::json;
 
 /// What deployments ship (the template's CatalogLayer): mainnet prices only.
@@ -362,7 +362,7 @@ fn each_rule_reports_one_problem_at_its_path() {
             "typo in an optional key",
             task("executor = \"fetch\"\ntimout_seconds = 30"),
             "tasks.t.timout_seconds",
-            "unknown key (expected one of: title, description, executor, endpoint, timeout_seconds, input_schema, accepts)",
+            "unknown key (expected one of: title, description, executor, endpoint, timeout_seconds, input_schema, accepts, quota)",
         ),
         (
             "timeout zero",
@@ -590,6 +590,43 @@ fn each_rule_reports_one_problem_at_its_path() {
             "uploads",
             "expected a table, found integer 5",
         ),
+        // quotas: a free task's ceiling per space
+        (
+            "quota per_hour zero",
+            task("executor = \"fetch\"\n[tasks.t.quota]\nper_hour = 0"),
+            "tasks.t.quota.per_hour",
+            "must be from 1 to 1000000, got 0",
+        ),
+        (
+            "quota at_once too large",
+            task("executor = \"fetch\"\n[tasks.t.quota]\nat_once = 10001"),
+            "tasks.t.quota.at_once",
+            "must be from 1 to 10000, got 10001",
+        ),
+        (
+            "quota per_hour a string",
+            task("executor = \"fetch\"\n[tasks.t.quota]\nper_hour = \"10\""),
+            "tasks.t.quota.per_hour",
+            "expected an integer, found string \"10\"",
+        ),
+        (
+            "quota key typo",
+            task("executor = \"fetch\"\n[tasks.t.quota]\nper_hours = 10"),
+            "tasks.t.quota.per_hours",
+            "unknown key (expected one of: per_hour, at_once)",
+        ),
+        (
+            "quota not a table",
+            task("executor = \"fetch\"\nquota = 5"),
+            "tasks.t.quota",
+            "expected a table, found integer 5",
+        ),
+        (
+            "quota on a priced task",
+            catalog_with("", &format!("{PRICED}\n[tasks.t.quota]\nper_hour = 5")),
+            "tasks.t.quota",
+            "only a free task has a quota; a priced task is limited by its payment",
+        ),
         // the file as a whole
         (
             "top-level typo",
@@ -661,8 +698,14 @@ input_schema = { type = "object" }
     assert_eq!(task.description, "");
     assert!(catalog.assets.is_empty());
 
+    // Free work always has a ceiling, written or not.
+    assert_eq!(task.quota, Some(Quota { per_hour: 100, at_once: 10 }));
+    let set = parse_ok(&format!("{free_only}\n[tasks.t.quota]\nper_hour = 7"));
+    assert_eq!(set.task("t").unwrap().quota, Some(Quota { per_hour: 7, at_once: 10 }), "each key defaults alone");
+
     let priced =
         parse_ok(&catalog_with("", "executor = \"fetch\"\n[[tasks.t.accepts]]\nasset = \"coin\"\namount = \"1\""));
+    assert_eq!(priced.task("t").unwrap().quota, None, "payment is a priced task's limit");
     assert_eq!(priced.payments.unwrap().max_timeout_seconds, 300);
 }
 
@@ -737,6 +780,8 @@ fn public_view_shows_prices_as_strings_and_hides_endpoints() {
     assert_eq!(http["prices"], json!([{"asset": "usdc-base", "network": "eip155:8453", "amount": "5000"}]));
     let digest = view["tasks"].as_array().unwrap().iter().find(|task| task["kind"] == "digest").unwrap();
     assert_eq!((digest["free"].clone(), digest["prices"].clone()), (json!(true), json!([])));
+    assert_eq!(digest["quota"], json!({"per_hour": 100, "at_once": 10}), "a free task shows its quota");
+    assert!(fetch.get("quota").is_none(), "a priced one has none: {fetch}");
 
     assert_eq!(
         view["assets"][0],

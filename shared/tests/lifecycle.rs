@@ -21,7 +21,9 @@ use reeve_shared::worker::{Outcome, RunFuture, Runner, WorkerContext, claim, pro
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-/// The shipped catalog plus `steps`, run by the test's own runner.
+/// The shipped catalog plus `steps`, run by the test's own runner. Both
+/// kinds are free, and the listing test keeps 20 of one queued, past the
+/// default quota's 10 at once (tests/quota.rs tests the quota itself).
 fn catalog() -> Catalog {
     common::catalog_with(
         r#"
@@ -31,6 +33,7 @@ fn catalog() -> Catalog {
         executor = "digest"
         timeout_seconds = 30
         input_schema = { type = "object" }
+        quota = { per_hour = 100, at_once = 100 }
 
         [tasks.other]
         title = "Other"
@@ -38,6 +41,7 @@ fn catalog() -> Catalog {
         executor = "digest"
         timeout_seconds = 30
         input_schema = { type = "object" }
+        quota = { per_hour = 100, at_once = 100 }
     "#,
     )
 }

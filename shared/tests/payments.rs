@@ -599,7 +599,13 @@ async fn the_space_route_needs_a_session_and_is_in_the_openapi_document(pool: Pg
     let shop = Shop::new(&pool).await;
     let reply = send(&shop.app, Request::get("/v1/space").body(Body::empty()).unwrap()).await;
     assert_eq!((reply.status, reply.code()), (StatusCode::UNAUTHORIZED, "missing_token"));
-    assert_eq!(shop.space().await, json!({"payments": [], "credits": []}));
+    // A new Space has paid nothing, and has used none of its free kind's quota.
+    assert_eq!(
+        shop.space().await,
+        json!({"payments": [], "credits": [], "quotas": [
+            {"kind": "free", "per_hour": {"limit": 100, "used": 0}, "at_once": {"limit": 10, "used": 0}}
+        ]})
+    );
     let doc = send(&shop.app, Request::get("/v1/openapi.json").body(Body::empty()).unwrap()).await;
     assert!(doc.body["paths"]["/v1/space"]["get"].is_object(), "{}", doc.body["paths"]);
     shop.done().await;

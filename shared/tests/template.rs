@@ -622,6 +622,20 @@ fn the_optional_waf_limits_login_per_ip() {
     assert!(outputs["ApiUrl"].contains("${ApiDistribution.DomainName}"), "clients are pointed at the WAF'd URL");
 }
 
+#[test]
+fn the_optional_waf_limits_space_creation_per_ip_apart() {
+    let text = template();
+    let parameters = entries(&section(&text, "Parameters"));
+    assert_eq!(value_of(&parameters["ApiSpacesPerIp"], "MinValue"), Some("10"), "WAF's floor for a rate rule");
+    let acl = &resources()["ApiWebAcl"];
+    let rule = acl.split("- Name: SpacesPerIp").nth(1).expect("a rule of its own for space creation");
+    let rule = rule.split("\n        - Name:").next().unwrap();
+    assert_eq!(value_of(rule, "Limit"), Some("!Ref ApiSpacesPerIp"));
+    assert_eq!(value_of(rule, "AggregateKeyType"), Some("IP"), "per source, not global");
+    assert_eq!(value_of(rule, "ResponseCode"), Some("429"));
+    assert!(rule.contains("SearchString: /v1/spaces") && !rule.contains("/v1/sessions"), "{rule}");
+}
+
 /// Lambda kills the worker at its `Timeout`. A task's own timeout must fire
 /// first, with the lease grace left to record the outcome; otherwise every
 /// run is killed mid-way and the task is never handed back.

@@ -37,7 +37,7 @@ pub struct ClientOpts {
 pub enum SpaceCommand {
     /// Create a Space; prints its ID once and keeps it in the credentials file.
     Create,
-    /// The Space's payments and credits (also what bare `reeve space` shows).
+    /// The Space's payments, credits and free-task quotas (also what bare `reeve space` shows).
     Show,
 }
 

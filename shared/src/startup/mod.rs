@@ -307,22 +307,26 @@ pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
 
 #[cfg(feature = "api-tasks")]
 /// Reading, listing and canceling tasks, and `GET /v1/space`: the token key,
-/// Postgres and the Redis doorbell.
+/// Postgres, the Redis doorbell, and the catalog for the free kinds' quotas.
 pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskStatusContext>, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
+    let catalog = deployed_catalog(&config, &mut problems);
     let mut env = config.env();
     let token_key = env.secret(settings::TOKEN_KEY);
     let database_url = env.secret_text(settings::DATABASE_URL);
     let redis_url = env.required(settings::REDIS_URL);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
-    let (Some(token_key), Some(database_url), true) = (token_key, database_url, problems.is_empty()) else {
+    let (Some(token_key), Some(database_url), Some(catalog), true) =
+        (token_key, database_url, catalog, problems.is_empty())
+    else {
         return Err(StartupError::Config(problems));
     };
     Ok(Arc::new(TaskStatusContext {
         db: db::connect_lazy(database_url.expose_str())?,
         redis: RedisClient::new(&redis_url)?,
         token_key,
+        catalog: Arc::new(catalog),
     }))
 }
 

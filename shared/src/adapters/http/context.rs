@@ -105,6 +105,8 @@ pub struct TaskStatusContext {
     /// The doorbell a cancel rings.
     pub redis: RedisClient,
     pub token_key: Secret,
+    /// The free kinds' quotas, which `GET /v1/space` reports on.
+    pub catalog: Arc<Catalog>,
 }
 
 #[cfg(feature = "api")]
@@ -229,8 +231,12 @@ impl ApiContext {
             uploads: catalog.uploads.clone(),
         });
         let task_create = TaskCreateContext::new(catalog.clone(), db.clone(), aws.clone(), settings.clone(), chains);
-        let task_status =
-            Arc::new(TaskStatusContext { db: db.clone(), redis: redis.clone(), token_key: settings.token_key.clone() });
+        let task_status = Arc::new(TaskStatusContext {
+            db: db.clone(),
+            redis: redis.clone(),
+            token_key: settings.token_key.clone(),
+            catalog: catalog.clone(),
+        });
         let health = Arc::new(HealthContext { db: db.clone(), redis: redis.clone() });
         Arc::new(ApiContext {
             catalog_ctx: CatalogContext::new(catalog.clone()),

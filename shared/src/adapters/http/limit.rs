@@ -6,6 +6,11 @@
 //! the `governor` crate), and a client over it gets `429 rate_limited` with
 //! `Retry-After`, while other clients are unaffected.
 //!
+//! Spaces are also what free work is counted by: each has its own quota of
+//! every free task kind (`tasks::quota`). So a client gets few of them, a
+//! burst of 10 and then one a minute (70 in a first hour), which bounds the
+//! free work one address can have done.
+//!
 //! A client is its IP address, as the TCP peer: `reeve serve` is meant to
 //! be reached directly. The limits of that choice:
 //! - every IPv6 address in one /64 is one client, since a single host is
@@ -23,6 +28,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
@@ -34,12 +40,18 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use super::client_addr::client_key;
 use super::error::ApiError;
 
-/// Per client: a burst of 5 new spaces, then one a second.
-pub const SPACES_PER_SECOND: u32 = 1;
-pub const SPACES_BURST: u32 = 5;
+/// One route's budget per client: `burst` at once, then one more each
+/// `every`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub burst: u32,
+    pub every: Duration,
+}
+
+/// Per client: a burst of 10 new spaces, then one a minute.
+pub const SPACES: Budget = Budget { burst: 10, every: Duration::from_secs(60) };
 /// Per client: a burst of 10 sessions, then two a second.
-pub const SESSIONS_PER_SECOND: u32 = 2;
-pub const SESSIONS_BURST: u32 = 10;
+pub const SESSIONS: Budget = Budget { burst: 10, every: Duration::from_millis(500) };
 
 /// Keys remembered before idle ones are dropped.
 const MAX_TRACKED: usize = 100_000;
@@ -52,16 +64,16 @@ pub struct LoginLimits {
 
 impl Default for LoginLimits {
     fn default() -> Self {
-        Self::new((SPACES_PER_SECOND, SPACES_BURST), (SESSIONS_PER_SECOND, SESSIONS_BURST))
+        Self::new(SPACES, SESSIONS)
     }
 }
 
 impl LoginLimits {
-    /// `(per second, burst)` for each route.
-    pub fn new(spaces: (u32, u32), sessions: (u32, u32)) -> Self {
-        let quota = |(rate, burst): (u32, u32)| {
-            Quota::per_second(NonZeroU32::new(rate).expect("rate > 0"))
-                .allow_burst(NonZeroU32::new(burst).expect("burst > 0"))
+    pub fn new(spaces: Budget, sessions: Budget) -> Self {
+        let quota = |budget: Budget| {
+            Quota::with_period(budget.every)
+                .expect("a budget refills after some time")
+                .allow_burst(NonZeroU32::new(budget.burst).expect("burst > 0"))
         };
         LoginLimits { spaces: RateLimiter::keyed(quota(spaces)), sessions: RateLimiter::keyed(quota(sessions)) }
     }

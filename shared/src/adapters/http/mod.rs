@@ -95,7 +95,7 @@ pub use context::{TaskCreateContext, TaskStatusContext};
 pub use cors::{CorsOrigins, with_cors};
 pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
 #[cfg(feature = "login-limits")]
-pub use limit::{LoginLimits, limit as login_limit};
+pub use limit::{Budget, LoginLimits, SESSIONS, SPACES, limit as login_limit};
 #[cfg(feature = "api")]
 pub use openapi::generated as generated_openapi;
 #[cfg(feature = "api-catalog")]

@@ -117,7 +117,8 @@ pub fn generated() -> Value {
 
 /// Replaces the one routed `POST /v1/tasks/{task}` with an operation per
 /// kind: its body is `{"input": <the kind's input_schema>}`, a free kind
-/// has no `402` and no payment header, a priced one shows its challenge.
+/// has no `402` and no payment header, a priced one shows its challenge and
+/// has no quota (`429`).
 fn per_kind_creates(doc: &mut Value, catalog: &Catalog) {
     let paths = doc["paths"].as_object_mut().expect("paths is an object");
     let template = paths
@@ -167,6 +168,8 @@ fn create_operation(template: &Value, catalog: &Catalog, kind: &str, spec: &Task
             responses.remove("402");
         }
         Some(challenge) => {
+            // Payment is a priced kind's limit: no quota.
+            responses.remove("429");
             let example = serde_json::to_value(&challenge).expect("the challenge serialises");
             if let Some(content) = responses.get_mut("402").and_then(|r| r.pointer_mut("/content/application~1json")) {
                 content["example"] = example;

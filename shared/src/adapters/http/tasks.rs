@@ -26,7 +26,8 @@
 //!    `409 request_in_progress`, `409 payment_identifier_conflict`,
 //!    `503 facilitator_unavailable` (nothing charged);
 //! 9. store and queue: `202` with `Location` (and `PAYMENT-RESPONSE` when
-//!    paid now), or `503 queue_unavailable`.
+//!    paid now), `429 quota_exceeded` with `Retry-After` for a free task over
+//!    its Space's quota, or `503 queue_unavailable`.
 
 use std::sync::Arc;
 
@@ -225,6 +226,12 @@ impl From<Task> for Snapshot {
             "`unknown_upload`: an upload id that is unknown, another Space's, or not an id; ",
             "`upload_not_ready`: the file has not been `PUT` yet; ",
             "`upload_rejected`: the file did not match its declared size or type.")),
+        (status = 429, body = ErrorEnvelope,
+            description = "`quota_exceeded`: a free kind only: this Space already created its `quota.per_hour` \
+                tasks of the kind in the last 60 minutes, or has its `quota.at_once` of them queued or running \
+                (`GET /v1/catalog` lists the quotas, `GET /v1/space` the Space's use). Nothing was stored; \
+                try again after `Retry-After` seconds. Priced kinds have no quota.",
+            headers(("Retry-After" = u64, description = "Seconds until a create may succeed again."))),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),
         (status = 503, body = ErrorEnvelope, description = concat!(
             "`queue_unavailable`: the task could not be queued and is marked failed; ",
@@ -322,6 +329,7 @@ impl From<SubmitError> for SubmitFailure {
                 PayError::InProgress | PayError::RequestInProgress => (None, None, Some(payments::RETRY_AFTER)),
                 _ => (None, None, None),
             },
+            SubmitError::QuotaExceeded(exceeded) => (None, None, Some(exceeded.retry_after)),
             _ => (None, None, None),
         };
         // Refusals decided here, before any facilitator call; the ledger
@@ -388,6 +396,9 @@ impl From<SubmitError> for ApiError {
                 ApiError::unavailable("storage_unavailable", "object storage is unavailable; try again")
             }
             SubmitError::Payment(e) => e.into(),
+            SubmitError::QuotaExceeded(exceeded) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", exceeded.message())
+            }
             SubmitError::QueueUnavailable => ApiError::unavailable(
                 "queue_unavailable",
                 "the task could not be queued and was marked failed; try again with a new Idempotency-Key",

@@ -135,6 +135,11 @@ impl From<SubmitError> for ToolFailure {
             SubmitError::StorageUnavailable => {
                 ToolFailure::new("storage_unavailable", "object storage is unavailable; try again")
             }
+            SubmitError::QuotaExceeded(exceeded) => ToolFailure::with(
+                "quota_exceeded",
+                exceeded.message(),
+                json!({ "retry_after_seconds": exceeded.retry_after_seconds() }),
+            ),
             SubmitError::QueueUnavailable => {
                 ToolFailure::new("queue_unavailable", "the task could not be queued and was marked failed; try again")
             }

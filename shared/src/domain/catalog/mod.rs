@@ -44,7 +44,7 @@ pub use validate::LEASE_GRACE_SECONDS;
 #[cfg(feature = "catalog")]
 pub(crate) use validate::facilitator_url as check_facilitator_url;
 #[cfg(feature = "catalog")]
-pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicTask, PublicUploads};
+pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicQuota, PublicTask, PublicUploads};
 
 /// The longest original file name an upload may declare, in bytes (a
 /// common file-system limit).
@@ -97,12 +97,33 @@ pub struct TaskSpec {
     pub input_validator: Arc<jsonschema::Validator>,
     /// Empty for a free task.
     pub accepts: Vec<Price>,
+    /// What one space may do with a free task (`[tasks.<kind>.quota]`, or
+    /// its defaults); `None` for a priced one, whose limit is its payment.
+    pub quota: Option<Quota>,
 }
 
 #[cfg(feature = "catalog")]
 impl TaskSpec {
     pub fn is_free(&self) -> bool {
         self.accepts.is_empty()
+    }
+}
+
+#[cfg(feature = "catalog")]
+/// The ceiling on a free task, per space (`[tasks.<kind>.quota]`): the
+/// operator pays for every run of it, and spaces cost nothing to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Tasks of the kind a space may create in any 60 minutes.
+    pub per_hour: u32,
+    /// Tasks of the kind a space may have queued or running at once.
+    pub at_once: u32,
+}
+
+#[cfg(feature = "catalog")]
+impl Default for Quota {
+    fn default() -> Self {
+        Quota { per_hour: 100, at_once: 10 }
     }
 }
 

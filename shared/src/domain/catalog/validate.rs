@@ -9,13 +9,17 @@ use toml::{Table, Value};
 
 use super::read::{Fields, KeyPath, Problems, bounded};
 use super::uploads::uploads;
-use super::{Asset, Catalog, EXECUTORS, Executor, NetworkKind, Payments, Price, Problem, TaskSpec};
+use super::{Asset, Catalog, EXECUTORS, Executor, NetworkKind, Payments, Price, Problem, Quota, TaskSpec};
 use super::{amount, formats, schema};
 
 const ROOT_KEYS: &[&str] = &["payments", "uploads", "assets", "tasks"];
 const ASSET_KEYS: &[&str] = &["network", "contract", "decimals", "usd_peg", "name", "version"];
 const TASK_KEYS: &[&str] =
-    &["title", "description", "executor", "endpoint", "timeout_seconds", "input_schema", "accepts"];
+    &["title", "description", "executor", "endpoint", "timeout_seconds", "input_schema", "accepts", "quota"];
+const QUOTA_KEYS: &[&str] = &["per_hour", "at_once"];
+/// A quota is a ceiling: one no space could reach is a typo, not a setting.
+const MAX_QUOTA_PER_HOUR: i64 = 1_000_000;
+const MAX_QUOTA_AT_ONCE: i64 = 10_000;
 const PRICE_KEYS: &[&str] = &["asset", "amount", "amount_usd"];
 const PAYMENTS_KEYS: &[&str] = &["network_kind", "pay_to", "facilitator_url", "max_timeout_seconds"];
 
@@ -126,10 +130,12 @@ fn task(kind: &str, f: &Fields, assets: &Assets, p: &mut Problems) -> Option<Tas
         .and_then(|secs: u32| f.verify("timeout_seconds", fits_one_invocation(secs), p))
         .unwrap_or(DEFAULT_TASK_TIMEOUT_SECONDS);
     let schema = f.required("input_schema", p).and_then(|schema| f.verify("input_schema", schema::compile(schema), p));
-    let accepts = match f.optional::<&[Value]>("accepts", p) {
+    let listed = f.optional::<&[Value]>("accepts", p);
+    let accepts = match listed {
         Some(items) => prices(&f.at("accepts"), items, assets, p),
         None => Some(Vec::new()),
     };
+    let quota = quota(f, listed.is_some_and(|items| !items.is_empty()), p);
 
     kind?;
     let (input_schema, validator) = schema?;
@@ -141,6 +147,25 @@ fn task(kind: &str, f: &Fields, assets: &Assets, p: &mut Problems) -> Option<Tas
         input_schema,
         input_validator: Arc::new(validator),
         accepts: accepts?,
+        quota,
+    })
+}
+
+/// `[tasks.<kind>.quota]`: only a free task has one, and it always does
+/// (the defaults when the table is left out); `None` for a priced task.
+fn quota(f: &Fields, priced: bool, p: &mut Problems) -> Option<Quota> {
+    let Some(q) = f.table("quota", p) else {
+        return (!priced).then(Quota::default);
+    };
+    if priced {
+        q.path.report(p, "only a free task has a quota; a priced task is limited by its payment");
+        return None;
+    }
+    q.deny_unknown(QUOTA_KEYS, p);
+    let defaults = Quota::default();
+    Some(Quota {
+        per_hour: q.int_in("per_hour", 1..=MAX_QUOTA_PER_HOUR, p).unwrap_or(defaults.per_hour),
+        at_once: q.int_in("at_once", 1..=MAX_QUOTA_AT_ONCE, p).unwrap_or(defaults.at_once),
     })
 }
 

@@ -55,6 +55,21 @@ pub struct PublicTask {
     pub free: bool,
     /// One entry per way to pay; empty when free.
     pub prices: Vec<PublicPrice>,
+    /// For a free task, what one Space may do with it; absent when priced
+    /// (payment is the limit). `GET /v1/space` shows how much is used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<PublicQuota>,
+}
+
+/// A free task's ceiling, per Space. Over it, `POST /v1/tasks/{kind}`
+/// answers `429 quota_exceeded` with `Retry-After`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[schema(as = Quota)]
+pub struct PublicQuota {
+    /// Tasks of this kind a Space may create in any 60 minutes.
+    pub per_hour: u32,
+    /// Tasks of this kind a Space may have queued or running at once.
+    pub at_once: u32,
 }
 
 /// One way to pay for a task.
@@ -114,6 +129,7 @@ impl Catalog {
                 timeout_seconds: task.timeout_seconds,
                 free: task.is_free(),
                 prices: task.accepts.iter().map(|price| self.price_view(price)).collect(),
+                quota: task.quota.map(|q| PublicQuota { per_hour: q.per_hour, at_once: q.at_once }),
             })
             .collect();
         PublicCatalog {

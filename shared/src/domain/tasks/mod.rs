@@ -11,6 +11,7 @@
 //! - [`list`]: a space's tasks, newest first, with a cursor.
 //! - [`submit`]: creating a task end to end: input, uploads, payment or
 //!   credit, store, queue.
+//! - [`quota`]: the ceilings on a free task per space, checked as it is stored.
 //!
 //! Status moves `queued → running → completed | failed | canceled`, and every
 //! transition is a conditional `UPDATE … WHERE status = …`.
@@ -19,6 +20,8 @@ pub(crate) mod events;
 #[cfg(feature = "catalog")]
 pub(crate) mod input;
 pub(crate) mod queue;
+#[cfg(feature = "api-tasks")]
+pub(crate) mod quota;
 #[cfg(feature = "catalog")]
 pub(crate) mod shelf;
 #[cfg(feature = "api-tasks")]
@@ -34,6 +37,8 @@ pub use events::{Event, EventType, Publisher, append_event, channel, events_afte
 #[cfg(feature = "sqs")]
 pub use queue::enqueue;
 pub use queue::{QueueError, QueueMessage};
+#[cfg(feature = "api-tasks")]
+pub use quota::{AT_ONCE_RETRY, Limit, QuotaExceeded, QuotaUse, Used};
 #[cfg(feature = "catalog")]
 pub use shelf::Shelf;
 #[cfg(feature = "api-tasks")]

@@ -11,7 +11,9 @@
 //! 4. a priced task is paid, or refused: [`payments::pay`] owns that whole
 //!    order (attempt, verify, settle, resolve, credit) and stores the task
 //!    through [`Shelf`](super::Shelf) inside the payment's transaction;
-//! 5. the task is queued.
+//! 5. a free task is stored, within its space's quota ([`super::quota`]:
+//!    refused with nothing stored, and never anything to charge), and the
+//!    task is queued.
 
 use std::collections::HashSet;
 
@@ -22,7 +24,7 @@ use tokio::time::Instant;
 use super::input::{self, MAX_UPLOADS};
 use super::{NewTask, Shelf, Task, TaskStatus, find_by_idempotency_key};
 use crate::auth::SpaceIndex;
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, TaskSpec};
 use crate::payments::{
     self, Bought, Checkout, Credit, Order, PayError, PaymentInput, PaymentResponse, Purchase, SIGNATURE_REQUIRED,
 };
@@ -111,6 +113,9 @@ pub enum SubmitError {
     /// paid, credited).
     #[error("queue unavailable")]
     QueueUnavailable,
+    /// A free task over its space's quota (`[tasks.<kind>.quota]`).
+    #[error("quota exceeded: {0}")]
+    QuotaExceeded(#[from] super::quota::QuotaExceeded),
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
     #[error("internal: {0}")]
@@ -152,7 +157,7 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
     check_uploads(cx, s.space, s.input).await?;
 
     if spec.is_free() {
-        return match store(cx.db, &s).await? {
+        return match store(cx.db, &s, spec).await? {
             (task, false) => queue(cx, task, Paid::Nothing).await,
             (task, true) => Ok(replay(cx, task).await),
         };
@@ -209,9 +214,9 @@ async fn replay(cx: &SubmitContext<'_>, task: Task) -> Submitted {
 
 /// Inserts the task in its own transaction. `true`: a key taken meanwhile by
 /// the same request answers that task (the caller's replay check raced it).
-async fn store(db: &PgPool, s: &Submission<'_>) -> Result<(Task, bool), SubmitError> {
+async fn store(db: &PgPool, s: &Submission<'_>, spec: &TaskSpec) -> Result<(Task, bool), SubmitError> {
     let new = NewTask { space: s.space, kind: s.kind, input: s.input, idempotency_key: s.idempotency_key };
-    match super::create(db, new).await {
+    match super::quota::create(db, new, spec).await? {
         Ok(super::Created::New(task)) => Ok((task, false)),
         Ok(super::Created::Replayed(task)) => Ok((task, true)),
         Err(super::CreateError::IdempotencyConflict) => Err(SubmitError::IdempotencyConflict),

@@ -1,0 +1,221 @@
+//! Quotas for what is free: how many tasks of a free kind one space may
+//! create per hour, and have queued or running at once (the catalog's
+//! `[tasks.<kind>.quota]`).
+//!
+//! Spaces cost nothing to make, and the operator pays for every run of a
+//! free task, so free work needs a ceiling of its own; a priced task's
+//! ceiling is its payment, and it is never counted here.
+//!
+//! The check and the insert are one transaction that first takes a lock on
+//! (space, kind), so concurrent creates of one space queue up and each one
+//! counts the tasks the others stored: a burst of parallel requests cannot
+//! slip past the quota together. Other spaces, and other kinds, never wait
+//! for it.
+//!
+//! The hour is a sliding one: a task counts for the 60 minutes after it was
+//! created, whatever became of it (failed and canceled ones too: they ran,
+//! or could have). "At once" counts the space's `queued` and `running`
+//! tasks of the kind.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
+use utoipa::ToSchema;
+
+use super::{CreateError, Created, NewTask, insert_queued};
+use crate::auth::SpaceIndex;
+use crate::catalog::{Catalog, Quota, TaskSpec};
+
+/// What a client over the at-once cap is told to wait: a free task's run
+/// is short, and its stream says when it ends.
+pub const AT_ONCE_RETRY: Duration = Duration::from_secs(5);
+
+/// A create refused by a quota.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {limit}")]
+pub struct QuotaExceeded {
+    pub kind: String,
+    pub limit: Limit,
+    /// When a create may succeed again: when the oldest task of the hour
+    /// leaves it, or [`AT_ONCE_RETRY`].
+    pub retry_after: Duration,
+}
+
+impl QuotaExceeded {
+    /// Whole seconds until a create may succeed again (at least 1).
+    pub fn retry_after_seconds(&self) -> u64 {
+        self.retry_after.as_secs().max(1)
+    }
+
+    /// What the client is told, for people.
+    pub fn message(&self) -> String {
+        let kind = &self.kind;
+        match self.limit {
+            Limit::PerHour(n) => format!(
+                "this Space created {n} {kind} tasks in the last hour, as many as it may; the next may come in {} s",
+                self.retry_after_seconds()
+            ),
+            Limit::AtOnce(n) => {
+                format!("this Space has {n} {kind} tasks queued or running, as many as it may; wait for one to end")
+            }
+        }
+    }
+}
+
+/// Which ceiling was reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Limit {
+    #[error("{0} tasks per hour")]
+    PerHour(u32),
+    #[error("{0} tasks at once")]
+    AtOnce(u32),
+}
+
+/// One ceiling and how much of it a space has used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Used {
+    pub limit: u32,
+    pub used: u32,
+}
+
+/// A space's use of one free kind's quota.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[schema(as = QuotaUse)]
+pub struct QuotaUse {
+    pub kind: String,
+    /// Tasks created in the last 60 minutes.
+    pub per_hour: Used,
+    /// Tasks queued or running now.
+    pub at_once: Used,
+}
+
+/// Stores `new` as [`super::create`] does, unless `spec`'s quota refuses
+/// it (`Err`; nothing is stored). The create's own outcome is the `Ok`: a
+/// new task, one an idempotency key named before, or its error. A task
+/// without a quota (a priced one) is stored as is.
+pub async fn create(
+    db: &PgPool,
+    new: NewTask<'_>,
+    spec: &TaskSpec,
+) -> Result<Result<Created, CreateError>, QuotaExceeded> {
+    let Some(quota) = spec.quota else {
+        return Ok(super::create(db, new).await);
+    };
+    match create_within(db, new, quota).await {
+        Ok(Admitted::Stored(created)) => Ok(Ok(created)),
+        Ok(Admitted::Refused(exceeded)) => Err(exceeded),
+        Err(e) => Ok(Err(e)),
+    }
+}
+
+enum Admitted {
+    Stored(Created),
+    Refused(QuotaExceeded),
+}
+
+async fn create_within(db: &PgPool, new: NewTask<'_>, quota: Quota) -> Result<Admitted, CreateError> {
+    let mut tx = db.begin().await?;
+    // Held until commit or rollback: the next create of this space and kind
+    // counts after this one is stored or given up.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("reeve.quota:{}:{}", new.space.to_hex(), new.kind))
+        .execute(&mut *tx)
+        .await?;
+    let (this_hour, unfinished) = counts(&mut tx, new.space, new.kind).await?;
+    let limit = if this_hour >= i64::from(quota.per_hour) {
+        Some(Limit::PerHour(quota.per_hour))
+    } else if unfinished >= i64::from(quota.at_once) {
+        Some(Limit::AtOnce(quota.at_once))
+    } else {
+        None
+    };
+    if let Some(limit) = limit {
+        let retry_after = match limit {
+            Limit::PerHour(n) => hour_frees_in(&mut tx, new.space, new.kind, n).await?,
+            Limit::AtOnce(_) => AT_ONCE_RETRY,
+        };
+        tx.rollback().await?;
+        tracing::info!(kind = new.kind, %limit, "free task refused: quota exceeded");
+        return Ok(Admitted::Refused(QuotaExceeded { kind: new.kind.to_owned(), limit, retry_after }));
+    }
+    let Some(task) = insert_queued(&mut tx, new).await? else {
+        // The idempotency key is taken: by this same request (its task is
+        // answered again) or by another one (a conflict). Create tells which.
+        tx.rollback().await?;
+        return Ok(Admitted::Stored(super::create(db, new).await?));
+    };
+    tx.commit().await?;
+    Ok(Admitted::Stored(Created::New(task)))
+}
+
+/// The space's tasks of `kind` created in the last hour, and those queued
+/// or running.
+async fn counts(conn: &mut PgConnection, space: &SpaceIndex, kind: &str) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE created_at > now() - interval '1 hour'),
+                count(*) FILTER (WHERE status IN ('queued', 'running'))
+           FROM tasks
+          WHERE space_idx = $1 AND kind = $2
+            AND (created_at > now() - interval '1 hour' OR status IN ('queued', 'running'))",
+    )
+    .bind(space.as_bytes())
+    .bind(kind)
+    .fetch_one(conn)
+    .await
+}
+
+/// How long until the hour holds fewer than `per_hour` tasks: until the
+/// `per_hour`-th newest of them is an hour old.
+async fn hour_frees_in(
+    conn: &mut PgConnection,
+    space: &SpaceIndex,
+    kind: &str,
+    per_hour: u32,
+) -> Result<Duration, sqlx::Error> {
+    let seconds: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM created_at + interval '1 hour' - now())::float8
+           FROM tasks
+          WHERE space_idx = $1 AND kind = $2 AND created_at > now() - interval '1 hour'
+          ORDER BY created_at DESC
+          OFFSET $3 - 1 LIMIT 1",
+    )
+    .bind(space.as_bytes())
+    .bind(kind)
+    .bind(i64::from(per_hour))
+    .fetch_optional(conn)
+    .await?;
+    Ok(Duration::from_secs(seconds.map_or(1.0, f64::ceil).max(1.0) as u64))
+}
+
+/// The space's use of every free kind's quota, in the catalog's order.
+pub async fn usage(db: &PgPool, catalog: &Catalog, space: &SpaceIndex) -> Result<Vec<QuotaUse>, sqlx::Error> {
+    let free: Vec<(&String, Quota)> =
+        catalog.tasks.iter().filter_map(|(kind, spec)| Some((kind, spec.quota?))).collect();
+    let kinds: Vec<&str> = free.iter().map(|(kind, _)| kind.as_str()).collect();
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT kind,
+                count(*) FILTER (WHERE created_at > now() - interval '1 hour'),
+                count(*) FILTER (WHERE status IN ('queued', 'running'))
+           FROM tasks
+          WHERE space_idx = $1 AND kind = ANY($2)
+            AND (created_at > now() - interval '1 hour' OR status IN ('queued', 'running'))
+          GROUP BY kind",
+    )
+    .bind(space.as_bytes())
+    .bind(&kinds)
+    .fetch_all(db)
+    .await?;
+    let used = |kind: &str| rows.iter().find(|(k, _, _)| k == kind).map_or((0, 0), |(_, hour, now)| (*hour, *now));
+    Ok(free
+        .into_iter()
+        .map(|(kind, quota)| {
+            let (hour, now) = used(kind);
+            QuotaUse {
+                kind: kind.clone(),
+                per_hour: Used { limit: quota.per_hour, used: u32::try_from(hour).unwrap_or(u32::MAX) },
+                at_once: Used { limit: quota.at_once, used: u32::try_from(now).unwrap_or(u32::MAX) },
+            }
+        })
+        .collect())
+}
