@@ -184,7 +184,8 @@ async fn with_redis_stopped_mid_run_tasks_complete_and_nothing_is_lost(pool: PgP
     };
     let mut redis = spawn();
     let url = format!("redis://127.0.0.1:{port}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let addr = format!("127.0.0.1:{port}");
+    common::wait_until("redis-server listens", Duration::from_secs(10), || common::listening(&addr)).await;
     let runner = Arc::new(Counting::default());
     let ctx = worker(&pool, runner.clone(), &url).await;
     let ids = queued_tasks(&pool, 40).await;
@@ -202,7 +203,7 @@ async fn with_redis_stopped_mid_run_tasks_complete_and_nothing_is_lost(pool: PgP
     let elapsed = down.elapsed();
     assert!(elapsed < Duration::from_secs(30), "a missing Redis must not stall the worker: {elapsed:?}");
     let mut redis = spawn();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::wait_until("redis-server listens again", Duration::from_secs(10), || common::listening(&addr)).await;
     assert_all_completed_once(&pool, &ids).await;
     // What a watcher replays from Postgres after the outage.
     let mut conn = pool.acquire().await.unwrap();

@@ -117,9 +117,14 @@ async fn argon2_stays_within_its_bound_under_a_flood_of_cancelled_requests(pool:
     for request in flood {
         request.await.unwrap();
     }
-    // Let every hash that was started run to its end; one patient client
-    // makes sure Argon2 ran at all.
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    // Wait for every hash that was started to run to its end (each holds a
+    // permit until then); one patient client makes sure Argon2 ran at all.
+    let argon2 = ctx.auth.argon2.clone();
+    common::wait_until("every started hash ends", std::time::Duration::from_secs(30), || {
+        let argon2 = argon2.clone();
+        async move { argon2.busy() == 0 }
+    })
+    .await;
     let patient = send(&app, post_json("/v1/sessions", None, &json!({ "space_id": "12345678901234567890" }))).await;
     assert_eq!(patient.status, StatusCode::UNAUTHORIZED);
     let (peak, bound) = (ctx.auth.argon2.peak(), ctx.auth.argon2.bound());

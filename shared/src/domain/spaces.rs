@@ -61,6 +61,11 @@ impl Argon2Limit {
         self.bound
     }
 
+    /// How many runs hold a permit now: executing, or started and about to.
+    pub fn busy(&self) -> usize {
+        self.bound - self.permits.available_permits()
+    }
+
     /// The most Argon2 runs that were ever executing at once in this process.
     pub fn peak(&self) -> usize {
         self.peak.load(Ordering::Relaxed)

@@ -6,6 +6,7 @@
 pub mod chain;
 
 use std::path::Path;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -228,4 +229,19 @@ impl TestQueue {
     pub async fn delete(self) {
         self.sqs.delete_queue().queue_url(&self.url).send().await.unwrap();
     }
+}
+
+/// Waits until `check` holds, asking every 20 ms: a test waits for the state
+/// it needs, not for a fixed time. Panics naming `what` after `within`.
+pub async fn wait_until<F: Future<Output = bool>>(what: &str, within: Duration, mut check: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "{what} did not happen within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether something accepts TCP connections at `addr` (a server the test started).
+pub async fn listening(addr: &str) -> bool {
+    tokio::net::TcpStream::connect(addr).await.is_ok()
 }
