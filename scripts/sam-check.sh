@@ -44,7 +44,7 @@ BASE_IMAGE="reeve/lambda-base:local"
 
 # Every function of template.yaml, its event file (events/<name>.json) and
 # what it must answer: an HTTP status code, or `ok` for an event function
-# that must finish without an error. shared/tests/template.rs checks that
+# that must finish without an error. shared/tests/suite/template.rs checks that
 # this table covers every function and every event file.
 INVOKES=(
   "AuthFunction        auth-create-space  201"

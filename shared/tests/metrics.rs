@@ -8,6 +8,7 @@
 //! process of this test binary, as a Lambda would (`AWS_LAMBDA_FUNCTION_NAME`
 //! set), and the parent reads the child's stdout.
 
+#[allow(dead_code)] // the suite uses all of the harness, this binary a part
 mod common;
 
 use std::path::Path;

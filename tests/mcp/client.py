@@ -6,7 +6,7 @@ MCP session (`x402[mcp]`), which pays priced tools on the local chain.
 
 Each scenario prints one JSON document: what the client saw, call by call
 (a tool result as the SDK parsed it, a JSON-RPC error, or the exception the
-SDK raised). The Rust test that starts the server (shared/tests/mcp.rs)
+SDK raised). The Rust test that starts the server (shared/tests/suite/mcp.rs)
 asserts on it, so this file holds no expectations of its own. Inputs come
 from the environment: REEVE_MCP_TEXT (the file to upload), REEVE_MCP_KIND (a
 priced tool), REEVE_WALLET_KEY (the payer's key; never an argument), and for

@@ -1,6 +1,5 @@
 //! Helpers the CLI's process tests share: the stack's environment, a
 //! database of the test's own, and `reeve` processes that die with the test.
-#![allow(dead_code)] // each test binary uses its own part of the harness
 
 use std::path::PathBuf;
 use std::process::Command;

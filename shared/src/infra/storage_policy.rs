@@ -1,5 +1,5 @@
 //! The bucket policy (docs/architecture.md#the-bucket-policy), generated from the same parameters the
-//! SAM template's `AWS::S3::BucketPolicy` uses. `shared/tests/template.rs`
+//! SAM template's `AWS::S3::BucketPolicy` uses. `shared/tests/suite/template.rs`
 //! checks that the template holds exactly [`document`]'s statements.
 //!
 //! Only condition keys that S3 supports are used. There is no

@@ -346,7 +346,6 @@ const AUTHORIZATION_USED: &str = "0x98de503528ee59b575ef0c0a2576a82497bfc029a568
 /// One transfer of the token to an address, as the chain has it.
 #[derive(Debug, Clone)]
 pub struct Charge {
-    pub transaction: String,
     pub value: u128,
     /// The EIP-3009 authorization it used: `(authorizer, nonce)`, lowercase.
     pub authorization: Option<(String, String)>,
@@ -371,7 +370,7 @@ pub async fn charges_to(to: &str) -> Vec<Charge> {
                 let authorizer = format!("0x{}", &l["topics"][1].as_str().unwrap()[26..]);
                 (authorizer.to_ascii_lowercase(), l["topics"][2].as_str().unwrap().to_ascii_lowercase())
             });
-        charges.push(Charge { transaction, value, authorization });
+        charges.push(Charge { value, authorization });
     }
     charges
 }

@@ -1,7 +1,6 @@
 //! Test harness shared by the integration tests: a context on a fresh
 //! database (sqlx::test makes one per test) and the stack's real Redis, and a
 //! way to send a request through a router in-process.
-#![allow(dead_code)] // each test binary uses its own part of the harness
 
 pub mod chain;
 
@@ -16,17 +15,18 @@ use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::ExecDeps;
 use reeve_shared::http::{ApiContext, Ctx};
+use reeve_shared::ids::Id;
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::settings::{ApiSettings, WorkerSettings};
 use reeve_shared::worker::WorkerContext;
-use serde_json::Value;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 use tower::ServiceExt;
 
 /// The development catalog, `reeve.dev.toml`: the shipped tasks, priced on
 /// the local chain, which the stack's facilitator settles. (`reeve.toml`,
-/// what deployments ship, prices on mainnet: tests/catalog.rs reads it.)
+/// what deployments ship, prices on mainnet: tests/suite/catalog.rs reads it.)
 pub const DEV_CATALOG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../reeve.dev.toml");
 
 pub fn shipped_catalog() -> Catalog {
@@ -184,6 +184,15 @@ impl QueuedApi {
         let app = reeve_shared::http::app(ctx);
         let (_, token) = new_session(&app).await;
         QueuedApi { app, token, queue }
+    }
+
+    /// Creates a task of `kind` with `input`: its id.
+    pub async fn create(&self, kind: &str, input: Value) -> Id {
+        let created =
+            send(&self.app, post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({ "input": input })))
+                .await;
+        assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
+        created.body["id"].as_str().unwrap().parse().unwrap()
     }
 }
 

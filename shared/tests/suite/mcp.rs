@@ -4,7 +4,7 @@
 //! with a real worker polling the test's own queue. The Python side only
 //! reports what it saw; every expectation is here.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -110,7 +110,7 @@ struct Endpoint {
 
 impl Endpoint {
     /// As the Lambda runs it, without progress notifications (their test is
-    /// cli/tests/client.rs's, on a real `reeve serve`).
+    /// cli/tests/suite/client.rs's, on a real `reeve serve`).
     async fn start(pool: &PgPool) -> Endpoint {
         let pay_to = fresh_address();
         let catalog = catalog(&pay_to);

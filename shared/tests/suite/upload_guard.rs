@@ -2,7 +2,7 @@
 //! by `events/s3-upload-guard.json` with the key and bucket substituted, as
 //! S3 would send it: the key URL-encoded.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use reeve_shared::uploads::{self, PresignedUpload, UploadRequest, UploadStatus};
 use serde_json::Value;
 use sqlx::PgPool;
 
-const EVENT: &str = include_str!("../../events/s3-upload-guard.json");
+const EVENT: &str = include_str!("../../../events/s3-upload-guard.json");
 
 /// S3's encoding of a key in an event: URL-encoded, a space as `+`.
 fn s3_encode(key: &str) -> String {

@@ -3,7 +3,7 @@
 //! `ensure_uploaded` trusts an object only after a HEAD shows the
 //! declaration, and deletes one that differs.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

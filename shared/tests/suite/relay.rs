@@ -5,7 +5,7 @@
 //! Tests that count or restart Redis connections run their own
 //! `redis-server` on a free loopback port, so they disturb nobody else.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! GET; `http` returns an endpoint's JSON. Every failure has its stable code,
 //! or is retryable when trying again could help.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

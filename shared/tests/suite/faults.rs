@@ -1,9 +1,9 @@
 //! Faults with real services: duplicate deliveries at volume, Redis gone
 //! mid-run, Postgres gone under requests and under a running worker, SQS
-//! gone under create. (Process kills are `cli/tests/kill.rs`; see
+//! gone under create. (Process kills are `cli/tests/suite/kill.rs`; see
 //! RELIABILITY.md.)
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,7 +4,7 @@
 //! events in `events/sqs-*.json`), by `process` directly, or by the poller
 //! on a queue of the test's own.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -96,14 +96,6 @@ impl Api {
         let put = request.send().await.unwrap();
         assert_eq!(put.status(), reqwest::StatusCode::OK, "{:?}", put.text().await);
         upload.body["upload_id"].as_str().unwrap().to_owned()
-    }
-
-    async fn create(&self, kind: &str, input: Value) -> Id {
-        let created =
-            send(&self.app, post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({ "input": input })))
-                .await;
-        assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
-        created.body["id"].as_str().unwrap().parse().unwrap()
     }
 
     /// A queued digest of `bytes`.

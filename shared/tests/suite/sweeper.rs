@@ -2,7 +2,7 @@
 //! moto SQS (a queue of each test's own). Tasks are put in the states a lost
 //! message, a killed worker or an exhausted retry leave behind.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

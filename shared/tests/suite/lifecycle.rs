@@ -2,7 +2,7 @@
 //! and canceling one, queued or running, against the worker racing them.
 //! Real Postgres, Redis and SQS; the router in-process.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,7 +12,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::QueuedApi as Api;
-use common::{Reply, get_authed, new_session, post_json, send};
+use common::{Reply, get_authed, new_session, send};
 use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
 use reeve_shared::ids::Id;
@@ -47,13 +47,6 @@ fn catalog() -> Catalog {
 }
 
 impl Api {
-    async fn create(&self, kind: &str) -> Id {
-        let created =
-            send(&self.app, post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({"input": {}}))).await;
-        assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
-        created.body["id"].as_str().unwrap().parse().unwrap()
-    }
-
     async fn list(&self, query: &str) -> Reply {
         send(&self.app, get_authed(&format!("/v1/tasks{query}"), &self.token)).await
     }
@@ -143,7 +136,7 @@ async fn the_list_pages_newest_first_with_a_cursor_and_filters(pool: PgPool) {
     let api = Api::new(&pool, catalog()).await;
     let mut created = Vec::new();
     for i in 0..25 {
-        created.push(api.create(if i % 5 == 0 { "steps" } else { "other" }).await);
+        created.push(api.create(if i % 5 == 0 { "steps" } else { "other" }, json!({})).await);
     }
     let newest_first: Vec<String> = created.iter().rev().map(Id::to_string).collect();
 
@@ -204,7 +197,7 @@ async fn the_list_pages_newest_first_with_a_cursor_and_filters(pool: PgPool) {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgPool) {
     let api = Api::new(&pool, catalog()).await;
-    let id = api.create("steps").await;
+    let id = api.create("steps", json!({})).await;
 
     let reply = api.cancel(&id.to_string()).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
@@ -222,7 +215,7 @@ async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgP
     let again = api.cancel(&id.to_string()).await;
     assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "task_finished"));
     let (_, other) = new_session(&api.app).await;
-    let fresh = api.create("steps").await;
+    let fresh = api.create("steps", json!({})).await;
     for (token, task) in [(&api.token, Id::new().to_string()), (&other, fresh.to_string()), (&api.token, "nope".into())]
     {
         let reply = cancel_as(&api.app, token, &task).await;
@@ -235,7 +228,7 @@ async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgP
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_running_task_canceled_mid_way_ends_canceled_within_two_seconds(pool: PgPool) {
     let api = Api::new(&pool, catalog()).await;
-    let id = api.create("steps").await;
+    let id = api.create("steps", json!({})).await;
     // 200 steps of 50 ms: 10 s if nobody stops it.
     let (ctx, stepper) = worker(&pool, common::aws().await.s3, 200);
     let run = tokio::spawn(async move { process(&ctx, &body_of(id), 1).await });
@@ -279,10 +272,10 @@ async fn cancel_racing_the_claim_leaves_exactly_one_terminal_state(pool: PgPool)
     let api = Api::new(&pool, catalog()).await;
     let (ctx, stepper) = worker(&pool, common::aws().await.s3, 2);
     let ctx = Arc::new(ctx);
-    let space = space_of(&pool, api.create("steps").await).await;
+    let space = space_of(&pool, api.create("steps", json!({})).await).await;
     let mut endings = std::collections::HashMap::new();
     for _ in 0..20 {
-        let id = api.create("steps").await;
+        let id = api.create("steps", json!({})).await;
         let worker = ctx.clone();
         let (outcome, canceled) =
             tokio::join!(async { process(&worker, &body_of(id), 1).await }, tasks::cancel(&pool, &space, id));
@@ -304,10 +297,10 @@ async fn cancel_racing_the_claim_leaves_exactly_one_terminal_state(pool: PgPool)
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn cancel_racing_the_completion_leaves_exactly_one_terminal_state(pool: PgPool) {
     let api = Api::new(&pool, catalog()).await;
-    let space = space_of(&pool, api.create("steps").await).await;
+    let space = space_of(&pool, api.create("steps", json!({})).await).await;
     let mut won = (0, 0);
     for _ in 0..30 {
-        let id = api.create("steps").await;
+        let id = api.create("steps", json!({})).await;
         // A claim whose lease has already run out: its worker may still
         // complete it, while a cancel takes it as abandoned.
         let claim = claim(&pool, id, Duration::ZERO, 5).await.unwrap().unwrap();
@@ -336,7 +329,7 @@ async fn space_of(pool: &PgPool, id: Id) -> reeve_shared::auth::SpaceIndex {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_task_that_could_not_be_queued_shows_why_in_its_events(pool: PgPool) {
     let api = Api::new(&pool, catalog()).await;
-    let id = api.create("steps").await;
+    let id = api.create("steps", json!({})).await;
     let error = tasks::task_error("queue_unavailable", "the task could not be queued");
     let status = tasks::mark_failed(&pool, id, &[tasks::TaskStatus::Queued], &error).await.unwrap().unwrap();
     let events = events_of(&pool, id).await;
@@ -366,8 +359,8 @@ impl Runner for Flaky {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_canceled_run_that_fails_retryably_is_not_retried(pool: PgPool) {
     let api = Api::new(&pool, catalog()).await;
-    let space = space_of(&pool, api.create("steps").await).await;
-    let id = api.create("steps").await;
+    let space = space_of(&pool, api.create("steps", json!({})).await).await;
+    let id = api.create("steps", json!({})).await;
     let (mut ctx, _) = worker(&pool, common::aws().await.s3, 1);
     let flaky = Arc::new(Flaky { runs: AtomicUsize::new(0), after: Duration::from_millis(300) });
     ctx.runner = flaky.clone();
@@ -403,7 +396,7 @@ async fn a_canceled_run_that_fails_retryably_is_not_retried(pool: PgPool) {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_task_out_of_attempts_is_failed_without_a_run_whatever_the_receive_count(pool: PgPool) {
     let api = Api::new(&pool, catalog()).await;
-    let id = api.create("steps").await;
+    let id = api.create("steps", json!({})).await;
     let (mut ctx, _) = worker(&pool, common::aws().await.s3, 1);
     let flaky = Arc::new(Flaky { runs: AtomicUsize::new(0), after: Duration::ZERO });
     ctx.runner = flaky.clone();

@@ -4,7 +4,7 @@
 //! the answer back into what API Gateway receives. Each event's expected
 //! status and error code is listed in [`EXPECTED`].
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::fs;

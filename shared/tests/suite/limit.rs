@@ -4,7 +4,7 @@
 //! Space creation has the tightest budget, since every Space brings its own
 //! quota of free work.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -18,10 +18,8 @@ use reeve_shared::storage_policy::{self, PolicyParams, Rule};
 use serde_json::Value;
 
 /// The template parsed as YAML, for the rules that span resources.
-#[path = "template/model.rs"]
 mod model;
 /// AWS's deploy-time rules.
-#[path = "template/rules.rs"]
 mod rules;
 
 fn root() -> PathBuf {

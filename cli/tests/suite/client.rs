@@ -3,7 +3,7 @@
 //! each command, its `--json` output and its exit code, and the journey a
 //! new user takes from a Space to a finished digest.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -17,7 +17,7 @@ use common::{env, repo, with_database};
 /// The local chain harness the shared crate's tests use: its locks hold
 /// across every test process on the machine.
 #[allow(dead_code)]
-#[path = "../../shared/tests/common/chain.rs"]
+#[path = "../../../shared/tests/common/chain.rs"]
 mod chain;
 
 /// A `reeve serve` of the test's own, with its database, queue and

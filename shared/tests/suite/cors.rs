@@ -2,7 +2,7 @@
 //! real preflight requests and real cross-origin answers, for the API and
 //! the relay's stream alike.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! `fetch` — not directly, not through a redirect — while the `http`
 //! executor reaches it.
 
-mod common;
+use crate::common;
 
 use std::net::IpAddr;
 use std::path::Path;

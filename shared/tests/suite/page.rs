@@ -5,7 +5,7 @@
 //! console, from a file picker to a result, is tests/console (run by
 //! scripts/console-test.sh).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::sync::Arc;

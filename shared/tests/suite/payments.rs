@@ -14,7 +14,7 @@
 //! own stopped after it broadcast, an authorization left to expire, a
 //! Lambda deadline shorter than the settle.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

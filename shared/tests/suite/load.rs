@@ -4,7 +4,7 @@
 //! must see its task's whole event sequence. The executor is a stand-in
 //! (tens of milliseconds of "work"), so the figure measures Reeve itself.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,7 +4,7 @@
 //! create operation per task kind, with that kind's input schema); and the
 //! answers of the real routes conform to it.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -515,7 +515,7 @@ fn the_document_is_structurally_sound() {
     }
 }
 
-/// The journey of `tests/flow.rs` and its errors, every answer checked
+/// The journey of `tests/suite/flow.rs` and its errors, every answer checked
 /// against the document: statuses, bodies, codes and headers.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_real_answers_conform_to_the_document(pool: PgPool) {
@@ -850,7 +850,7 @@ async fn one_bearer_extractor_serves_every_route(pool: PgPool) {
 
 /// `openapi.json` (what the catalog function serves, with the catalog's
 /// part added) is what the routes document. A route or a schema changed:
-/// `REEVE_BLESS=1 cargo test -p reeve-shared --test openapi generated`
+/// `REEVE_BLESS=1 cargo test -p reeve-shared --test suite generated`
 /// writes it again; commit it with the change.
 #[test]
 fn openapi_json_is_the_generated_document() {
@@ -863,6 +863,6 @@ fn openapi_json_is_the_generated_document() {
     assert!(
         committed == generated,
         "shared/src/adapters/http/openapi.json is not what the routes document: run \
-         `REEVE_BLESS=1 cargo test -p reeve-shared --test openapi generated` and commit it"
+         `REEVE_BLESS=1 cargo test -p reeve-shared --test suite generated` and commit it"
     );
 }

@@ -4,7 +4,7 @@
 //! the dead one's lease runs out. Real processes on a database, an S3
 //! object and a moto SQS queue of the test's own.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

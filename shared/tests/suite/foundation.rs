@@ -1,7 +1,7 @@
 //! The foundation against the real stack: ids through Postgres, migrations,
 //! `/healthz` naming what is down, `/v1/catalog`, and the error envelope.
 
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};

@@ -3,7 +3,7 @@
 //! one port), a function is given only the secrets it asks for, and every
 //! problem of a deployment is reported at once.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

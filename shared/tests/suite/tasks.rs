@@ -1,7 +1,7 @@
 //! Task create and status against the real stack: Postgres, moto SQS and
 //! SeaweedFS S3. Each test that reads the queue makes a queue of its own.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! worker does it by itself. Real processes on a database and a moto SQS
 //! queue of the test's own.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

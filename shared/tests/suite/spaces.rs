@@ -1,6 +1,6 @@
 //! Spaces and sessions through the router, against real Postgres.
 
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

@@ -2,7 +2,7 @@
 //! space → session → catalog → presign → PUT to S3 → create a digest task →
 //! 202, the task is in the queue and its snapshot says `queued`.
 
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

@@ -4,7 +4,7 @@
 //! past them, a priced kind is not limited by them, and `GET /v1/space` shows
 //! the use and the limits.
 
-mod common;
+use crate::common;
 
 use axum::Router;
 use axum::http::StatusCode;

@@ -6,7 +6,7 @@
 //! request JSON for every route with any `PAYMENT-SIGNATURE` (x402) and
 //! `Idempotency-Key` header, `Last-Event-ID`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,0 +1,37 @@
+//! Every integration test of this crate, one module per concern, linked
+//! into one binary (one link instead of one per file). Run one module
+//! with `cargo test -p <crate> --test suite <module>::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod allow_lists;
+mod catalog;
+mod cors;
+mod executors;
+mod faults;
+mod flow;
+mod foundation;
+mod fuzz;
+mod lambda_events;
+mod lifecycle;
+mod limit;
+mod load;
+mod mcp;
+mod openapi;
+mod page;
+mod payments;
+mod quota;
+mod redis_tls;
+mod relay;
+mod spaces;
+mod ssrf;
+mod startup;
+mod storage_policy;
+mod sweeper;
+mod tasks;
+mod template;
+mod template_monitoring;
+mod upload_guard;
+mod uploads;
+mod worker;
