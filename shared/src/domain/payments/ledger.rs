@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
@@ -48,18 +48,30 @@ impl AttemptStatus {
     }
 }
 
+/// The `status` column as stored: a row with any other text is corrupt.
+impl TryFrom<String> for AttemptStatus {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        AttemptStatus::parse(&s).ok_or_else(|| format!("unknown attempt status {s:?}"))
+    }
+}
+
 /// The reason of an attempt the reconciler failed: its authorization's
 /// `validBefore` passed with its nonce unused, so it can never be charged.
 pub const NOT_SETTLED: &str = "not_settled";
 
-/// One attempt, with the request it pays for.
-#[derive(Debug, Clone)]
+/// One attempt, with the request it pays for, read from the columns of
+/// `attempt_columns!`.
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Attempt {
     pub id: Id,
+    #[sqlx(try_from = "String")]
     pub status: AttemptStatus,
     pub network: String,
     pub payer: String,
     pub nonce: String,
+    #[sqlx(rename = "space_idx")]
     pub space: Vec<u8>,
     pub kind: String,
     pub request_hash: Vec<u8>,
@@ -105,7 +117,7 @@ pub struct NewAttempt<'a> {
     pub valid_before: &'a str,
 }
 
-/// The columns [`attempt_from_row`] reads, as a literal for `concat!`
+/// The columns an [`Attempt`] is read from, as a literal for `concat!`
 /// (sqlx takes only `'static` SQL).
 macro_rules! attempt_columns {
     () => {
@@ -115,32 +127,11 @@ macro_rules! attempt_columns {
     };
 }
 
-fn attempt_from_row(row: &sqlx::postgres::PgRow) -> Result<Attempt, sqlx::Error> {
-    let status: String = row.try_get("status")?;
-    Ok(Attempt {
-        id: row.try_get("id")?,
-        status: AttemptStatus::parse(&status)
-            .ok_or_else(|| sqlx::Error::Decode(format!("unknown attempt status {status:?}").into()))?,
-        network: row.try_get("network")?,
-        payer: row.try_get("payer")?,
-        nonce: row.try_get("nonce")?,
-        space: row.try_get("space_idx")?,
-        kind: row.try_get("kind")?,
-        request_hash: row.try_get("request_hash")?,
-        payload_hash: row.try_get("payload_hash")?,
-        payment_id: row.try_get("payment_id")?,
-        input: row.try_get::<Option<sqlx::types::Json<Value>>, _>("input")?.map(|j| j.0),
-        idempotency_key: row.try_get("idempotency_key")?,
-        asset: row.try_get("asset")?,
-        amount: row.try_get("amount")?,
-        pay_to: row.try_get("pay_to")?,
-        valid_before: row.try_get("valid_before")?,
-        reason: row.try_get("reason")?,
-        transaction: row.try_get("transaction")?,
-        task_id: row.try_get("task_id")?,
-        told_pending: row.try_get("told_pending")?,
-        claimed: row.try_get("claimed")?,
-    })
+/// The columns a [`Credit`] is read from, as a literal for `concat!`.
+macro_rules! credit_columns {
+    () => {
+        "id, network, asset, amount, source_task, reason, spent_by, created_at"
+    };
 }
 
 /// Records a new attempt, claimed by the caller. `None`: it collides with
@@ -191,8 +182,7 @@ pub async fn find_attempt(
         attempt_columns!(),
         " FROM payment_attempts WHERE network = $1 AND payer = $2 AND nonce = $3"
     );
-    let row = sqlx::query(sql).bind(network).bind(payer).bind(nonce).fetch_optional(db).await?;
-    row.as_ref().map(attempt_from_row).transpose()
+    sqlx::query_as(sql).bind(network).bind(payer).bind(nonce).fetch_optional(db).await
 }
 
 /// The attempt a space's `payment-identifier` id was first used with.
@@ -202,8 +192,7 @@ pub async fn find_by_payment_id(
     payment_id: &str,
 ) -> Result<Option<Attempt>, sqlx::Error> {
     let sql = concat!("SELECT ", attempt_columns!(), " FROM payment_attempts WHERE space_idx = $1 AND payment_id = $2");
-    let row = sqlx::query(sql).bind(space.as_bytes()).bind(payment_id).fetch_optional(db).await?;
-    row.as_ref().map(attempt_from_row).transpose()
+    sqlx::query_as(sql).bind(space.as_bytes()).bind(payment_id).fetch_optional(db).await
 }
 
 /// The attempt that holds a space's `Idempotency-Key`: one that may still
@@ -218,8 +207,7 @@ pub async fn find_by_idempotency_key(
         attempt_columns!(),
         " FROM payment_attempts WHERE space_idx = $1 AND idempotency_key = $2 AND status <> 'failed'"
     );
-    let row = sqlx::query(sql).bind(space.as_bytes()).bind(key).fetch_optional(db).await?;
-    row.as_ref().map(attempt_from_row).transpose()
+    sqlx::query_as(sql).bind(space.as_bytes()).bind(key).fetch_optional(db).await
 }
 
 /// A `payment-identifier` id whose attempt charged nothing may name a new
@@ -310,8 +298,7 @@ pub async fn claim_unresolved(db: &PgPool, limit: i64) -> Result<Vec<Attempt>, s
          RETURNING ",
         attempt_columns!()
     );
-    let rows = sqlx::query(sql).bind(limit).bind(f64::from(CLAIM_SECONDS)).fetch_all(db).await?;
-    rows.iter().map(attempt_from_row).collect()
+    sqlx::query_as(sql).bind(limit).bind(f64::from(CLAIM_SECONDS)).fetch_all(db).await
 }
 
 /// A settled payment, recorded with the one task it bought, in the task's
@@ -388,11 +375,12 @@ pub async fn credit_attempt(
         return Ok(None);
     }
     crate::metrics::payment_settled(&attempt.network, &attempt.asset);
-    let row = sqlx::query(
+    let credit: Credit = sqlx::query_as(concat!(
         "INSERT INTO credits (id, space_idx, network, asset, amount, source_attempt, reason)
          VALUES ($1, $2, $3, $4, $5, $6, $7)
-         RETURNING id, network, asset, amount, source_task, reason, spent_by, created_at",
-    )
+         RETURNING ",
+        credit_columns!()
+    ))
     .bind(Id::new())
     .bind(&attempt.space)
     .bind(&attempt.network)
@@ -402,14 +390,13 @@ pub async fn credit_attempt(
     .bind(reason)
     .fetch_one(&mut *conn)
     .await?;
-    let credit = credit_from_row(&row)?;
     crate::metrics::credit_issued(&credit.asset, reason);
     tracing::info!(attempt = %attempt.id, credit_id = %credit.id, amount = %credit.amount, reason, "credit left for a charge without a task");
     Ok(Some(credit))
 }
 
 /// A credit a space holds (or held) for a paid task that did no work.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema, sqlx::FromRow)]
 pub struct Credit {
     pub id: Id,
     /// CAIP-2, e.g. `eip155:84532`.
@@ -440,14 +427,15 @@ pub async fn spend_credit(
     task_id: Id,
 ) -> Result<Option<Credit>, sqlx::Error> {
     for (network, asset, amount) in prices {
-        let row = sqlx::query(
+        let credit: Option<Credit> = sqlx::query_as(concat!(
             "UPDATE credits SET spent_by = $5, spent_at = now()
               WHERE id = (SELECT id FROM credits
                            WHERE space_idx = $1 AND network = $2 AND lower(asset) = lower($3) AND amount = $4
                              AND spent_at IS NULL
                            ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED)
-          RETURNING id, network, asset, amount, source_task, reason, spent_by, created_at",
-        )
+          RETURNING ",
+            credit_columns!()
+        ))
         .bind(space.as_bytes())
         .bind(network)
         .bind(asset)
@@ -455,26 +443,12 @@ pub async fn spend_credit(
         .bind(task_id)
         .fetch_optional(&mut *conn)
         .await?;
-        if let Some(row) = row {
-            let credit = credit_from_row(&row)?;
+        if let Some(credit) = credit {
             crate::metrics::credit_spent(&credit.asset);
             return Ok(Some(credit));
         }
     }
     Ok(None)
-}
-
-fn credit_from_row(row: &sqlx::postgres::PgRow) -> Result<Credit, sqlx::Error> {
-    Ok(Credit {
-        id: row.try_get("id")?,
-        network: row.try_get("network")?,
-        asset: row.try_get("asset")?,
-        amount: row.try_get("amount")?,
-        source_task: row.try_get("source_task")?,
-        reason: row.try_get("reason")?,
-        spent_by: row.try_get("spent_by")?,
-        created_at: row.try_get("created_at")?,
-    })
 }
 
 /// Error codes of a task that ended without doing its work through no fault
@@ -504,7 +478,7 @@ pub async fn credit_if_owed(conn: &mut PgConnection, task_id: Id, code: &str) ->
     if !CREDITED_CODES.contains(&code) {
         return Ok(None);
     }
-    let row = sqlx::query(
+    let credit: Option<Credit> = sqlx::query_as(concat!(
         "INSERT INTO credits (id, space_idx, network, asset, amount, source_task, reason)
          SELECT $1, t.space_idx, paid.network, paid.asset, paid.amount, t.id, $3
            FROM tasks t
@@ -515,14 +489,14 @@ pub async fn credit_if_owed(conn: &mut PgConnection, task_id: Id, code: &str) ->
                 LIMIT 1) paid ON true
           WHERE t.id = $2
          ON CONFLICT (source_task) DO NOTHING
-         RETURNING id, network, asset, amount, source_task, reason, spent_by, created_at",
-    )
+         RETURNING ",
+        credit_columns!()
+    ))
     .bind(Id::new())
     .bind(task_id)
     .bind(code)
     .fetch_optional(&mut *conn)
     .await?;
-    let credit = row.as_ref().map(credit_from_row).transpose()?;
     if let Some(c) = &credit {
         crate::metrics::credit_issued(&c.asset, code);
         tracing::info!(task_id = %task_id, credit_id = %c.id, amount = %c.amount, reason = code, "credit left for a paid task");
@@ -531,7 +505,7 @@ pub async fn credit_if_owed(conn: &mut PgConnection, task_id: Id, code: &str) ->
 }
 
 /// A settled payment as its space sees it.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema, sqlx::FromRow)]
 #[schema(as = SpacePayment)]
 pub struct PaymentRecord {
     /// The settlement's transaction hash; `null` when the facilitator's
@@ -554,7 +528,7 @@ pub async fn for_space(
     space: &SpaceIndex,
     limit: i64,
 ) -> Result<(Vec<PaymentRecord>, Vec<Credit>), sqlx::Error> {
-    let rows = sqlx::query(
+    let payments = sqlx::query_as(
         "SELECT transaction, network, asset, amount, payer, task_id, created_at FROM payments
           WHERE space_idx = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
     )
@@ -562,28 +536,14 @@ pub async fn for_space(
     .bind(limit)
     .fetch_all(db)
     .await?;
-    let payments = rows
-        .iter()
-        .map(|r| {
-            Ok(PaymentRecord {
-                transaction: r.try_get("transaction")?,
-                network: r.try_get("network")?,
-                asset: r.try_get("asset")?,
-                amount: r.try_get("amount")?,
-                payer: r.try_get("payer")?,
-                task_id: r.try_get("task_id")?,
-                created_at: r.try_get("created_at")?,
-            })
-        })
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    let rows = sqlx::query(
-        "SELECT id, network, asset, amount, source_task, reason, spent_by, created_at FROM credits
-          WHERE space_idx = $1 ORDER BY created_at DESC, id DESC LIMIT $2",
-    )
+    let credits = sqlx::query_as(concat!(
+        "SELECT ",
+        credit_columns!(),
+        " FROM credits WHERE space_idx = $1 ORDER BY created_at DESC, id DESC LIMIT $2"
+    ))
     .bind(space.as_bytes())
     .bind(limit)
     .fetch_all(db)
     .await?;
-    let credits = rows.iter().map(credit_from_row).collect::<Result<Vec<_>, _>>()?;
     Ok((payments, credits))
 }

@@ -61,11 +61,22 @@ impl EventType {
     }
 }
 
-/// One event, serialised as `{"seq","type","data","at"}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The `type` column as stored: a row with any other text is corrupt.
+impl TryFrom<String> for EventType {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        EventType::parse(&s).ok_or_else(|| format!("unknown event type {s:?}"))
+    }
+}
+
+/// One event, serialised as `{"seq","type","data","at"}`, and read from
+/// the columns of the same names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Event {
     pub seq: i64,
     #[serde(rename = "type")]
+    #[sqlx(rename = "type", try_from = "String")]
     pub kind: EventType,
     pub data: Value,
     #[serde(with = "time::serde::rfc3339")]
@@ -111,19 +122,11 @@ pub async fn append_event(
 
 /// A task's events after `after_seq`, in order: what a watcher replays.
 pub async fn events_after(conn: &mut PgConnection, task_id: Id, after_seq: i64) -> Result<Vec<Event>, sqlx::Error> {
-    let rows: Vec<(i64, String, sqlx::types::Json<Value>, OffsetDateTime)> =
-        sqlx::query_as("SELECT seq, type, data, at FROM task_events WHERE task_id = $1 AND seq > $2 ORDER BY seq")
-            .bind(task_id)
-            .bind(after_seq)
-            .fetch_all(conn)
-            .await?;
-    rows.into_iter()
-        .map(|(seq, kind, data, at)| {
-            let kind = EventType::parse(&kind)
-                .ok_or_else(|| sqlx::Error::Decode(format!("unknown event type {kind:?}").into()))?;
-            Ok(Event { seq, kind, data: data.0, at })
-        })
-        .collect()
+    sqlx::query_as("SELECT seq, type, data, at FROM task_events WHERE task_id = $1 AND seq > $2 ORDER BY seq")
+        .bind(task_id)
+        .bind(after_seq)
+        .fetch_all(conn)
+        .await
 }
 
 /// The Redis channel a task's events are published on: `task:<ulid>:events`.

@@ -43,7 +43,7 @@ pub async fn list(db: &PgPool, space: &SpaceIndex, query: ListQuery<'_>) -> Resu
           LIMIT $5"
     );
     // One row more than asked tells whether there is a next page.
-    let rows = sqlx::query(sql)
+    let mut tasks: Vec<Task> = sqlx::query_as(sql)
         .bind(space.as_bytes())
         .bind(query.after)
         .bind(query.status.map(TaskStatus::as_str))
@@ -51,7 +51,6 @@ pub async fn list(db: &PgPool, space: &SpaceIndex, query: ListQuery<'_>) -> Resu
         .bind(i64::from(limit) + 1)
         .fetch_all(db)
         .await?;
-    let mut tasks = rows.iter().map(Task::from_row).collect::<Result<Vec<_>, _>>()?;
     let next = if tasks.len() > limit as usize {
         tasks.truncate(limit as usize);
         tasks.last().map(|t| t.id)

@@ -29,8 +29,7 @@ pub(crate) mod submit;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use time::OffsetDateTime;
 
 pub use events::{Event, EventType, Publisher, append_event, channel, events_after};
@@ -96,11 +95,22 @@ impl TaskStatus {
     }
 }
 
-/// A task as its owner may see it (its input is not repeated).
-#[derive(Debug, Clone, PartialEq)]
+/// The `status` column as stored: a row with any other text is corrupt.
+impl TryFrom<String> for TaskStatus {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        TaskStatus::parse(&s).ok_or_else(|| format!("unknown task status {s:?}"))
+    }
+}
+
+/// A task as its owner may see it (its input is not repeated), read from
+/// the columns of `task_columns!`.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct Task {
     pub id: Id,
     pub kind: String,
+    #[sqlx(try_from = "String")]
     pub status: TaskStatus,
     /// 0.0 ..= 1.0
     pub progress: f32,
@@ -114,7 +124,7 @@ pub struct Task {
     pub updated_at: OffsetDateTime,
 }
 
-/// The columns [`Task::from_row`] reads, as a literal for `concat!`: sqlx
+/// The columns a [`Task`] is read from, as a literal for `concat!`: sqlx
 /// takes only `'static` SQL, never a string built at run time.
 macro_rules! task_columns {
     () => {
@@ -130,29 +140,6 @@ pub(crate) mod transition;
 pub use cancel::{CancelOutcome, cancel, cancel_requested};
 pub use list::{ListQuery, Page, list};
 pub use transition::{Change, Fence, transition};
-
-impl Task {
-    fn from_row(row: &PgRow) -> Result<Task, sqlx::Error> {
-        let status: String = row.try_get("status")?;
-        let status = TaskStatus::parse(&status)
-            .ok_or_else(|| sqlx::Error::Decode(format!("unknown task status {status:?}").into()))?;
-        let json = |name: &str| -> Result<Option<Value>, sqlx::Error> {
-            Ok(row.try_get::<Option<sqlx::types::Json<Value>>, _>(name)?.map(|j| j.0))
-        };
-        Ok(Task {
-            id: row.try_get("id")?,
-            kind: row.try_get("kind")?,
-            status,
-            progress: row.try_get("progress")?,
-            result: json("result")?,
-            error: json("error")?,
-            attempts: row.try_get("attempts")?,
-            cancel_requested_at: row.try_get("cancel_requested_at")?,
-            created_at: row.try_get("created_at")?,
-            updated_at: row.try_get("updated_at")?,
-        })
-    }
-}
 
 /// What [`create`] is asked to store. The input has already passed the
 /// task's schema and its uploads have been checked.
@@ -193,18 +180,24 @@ pub async fn find_by_idempotency_key(
     kind: &str,
     input: &Value,
 ) -> Result<Option<Task>, CreateError> {
+    /// The task with the hash of the request that made it.
+    #[derive(sqlx::FromRow)]
+    struct Keyed {
+        #[sqlx(flatten)]
+        task: Task,
+        request_hash: Option<Vec<u8>>,
+    }
     let sql =
         concat!("SELECT ", task_columns!(), ", request_hash FROM tasks WHERE space_idx = $1 AND idempotency_key = $2");
-    let Some(row) = sqlx::query(sql).bind(space.as_bytes()).bind(key).fetch_optional(db).await? else {
+    let Some(found) = sqlx::query_as::<_, Keyed>(sql).bind(space.as_bytes()).bind(key).fetch_optional(db).await? else {
         return Ok(None);
     };
-    let stored: Option<Vec<u8>> = row.try_get("request_hash")?;
     let hash = input::request_hash(kind, input);
     // Not secret material: the hash of the caller's own request.
-    if stored.as_deref() != Some(hash.as_slice()) {
+    if found.request_hash.as_deref() != Some(hash.as_slice()) {
         return Err(CreateError::IdempotencyConflict);
     }
-    Ok(Some(Task::from_row(&row)?))
+    Ok(Some(found.task))
 }
 
 #[cfg(feature = "catalog")]
@@ -247,7 +240,7 @@ pub async fn insert_queued(conn: &mut sqlx::PgConnection, new: NewTask<'_>) -> R
          RETURNING ",
         task_columns!()
     );
-    let inserted = sqlx::query(sql)
+    let inserted = sqlx::query_as::<_, Task>(sql)
         .bind(Id::new())
         .bind(new.space.as_bytes())
         .bind(new.kind)
@@ -256,10 +249,9 @@ pub async fn insert_queued(conn: &mut sqlx::PgConnection, new: NewTask<'_>) -> R
         .bind(hash.as_slice())
         .fetch_optional(&mut *conn)
         .await?;
-    let Some(row) = inserted else {
+    let Some(task) = inserted else {
         return Ok(None);
     };
-    let task = Task::from_row(&row)?;
     append_event(conn, task.id, EventType::Status, &json!({ "status": "queued" })).await?;
     Ok(Some(task))
 }
@@ -268,8 +260,7 @@ pub async fn insert_queued(conn: &mut sqlx::PgConnection, new: NewTask<'_>) -> R
 /// exactly like a missing one, so ids cannot be probed.
 pub async fn find_for_space(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<Task>, sqlx::Error> {
     let sql = concat!("SELECT ", task_columns!(), " FROM tasks WHERE id = $1 AND space_idx = $2");
-    let row = sqlx::query(sql).bind(id).bind(space.as_bytes()).fetch_optional(db).await?;
-    row.as_ref().map(Task::from_row).transpose()
+    sqlx::query_as(sql).bind(id).bind(space.as_bytes()).fetch_optional(db).await
 }
 
 /// The `error` of a failed task.
