@@ -176,7 +176,7 @@ fn run_client(
     command: impl for<'a> FnOnce(&'a mut client::Client, &'a ClientOpts) -> ClientFuture<'a>,
 ) -> ExitCode {
     runtime().block_on(async {
-        let mut client = match client::Client::open(opts.endpoint.clone(), opts.profile.clone()) {
+        let mut client = match client::Client::open(&opts) {
             Ok(client) => client,
             Err(e) => {
                 commands::report(None, &opts, &e).await;

@@ -3,8 +3,10 @@
 //! payment: an EIP-3009 `transferWithAuthorization` signed as EIP-712 typed
 //! data with alloy's local signer).
 //!
-//! The key comes from `REEVE_WALLET_KEY` or a file (`--wallet-key-file`),
-//! never from an argument: arguments show up in `ps` and shell history.
+//! The key comes from `REEVE_WALLET_KEY` (read by clap, as [`WalletKey`],
+//! which refuses the same value as an argument) or a file
+//! (`--wallet-key-file`), never from an argument: arguments show up in `ps`
+//! and shell history.
 //!
 //! `reeve task create … --pay` takes the `402`'s challenge, calls
 //! [`wallet_key`] and [`payment_header`], and sends the same request again
@@ -12,12 +14,16 @@
 //! are shown by `payment_required` and the command exits 3.
 
 use std::borrow::Cow;
+use std::ffi::OsStr;
 use std::path::Path;
 
 use alloy_primitives::{Address, B256, U256};
 use alloy_signer::SignerSync;
 use alloy_signer_local::PrivateKeySigner;
 use alloy_sol_types::{Eip712Domain, SolStruct, sol};
+use clap::builder::TypedValueParser;
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
 use reeve_shared::payments::{
     Accepted, Authorization, ExactPayload, PaymentPayload, PaymentRequired, PaymentRequirements,
 };
@@ -59,17 +65,61 @@ pub enum PayError {
     Rng(String),
 }
 
-/// The payer's key: the file's contents when `file` is given, else
-/// `REEVE_WALLET_KEY`.
-pub fn wallet_key(file: Option<&Path>) -> Result<String, PayError> {
-    wallet_key_from(file, |k| std::env::var(k).ok())
+/// The key in `REEVE_WALLET_KEY`, as clap read it. Its `Debug` never shows
+/// the key, so no derived `Debug` of the arguments can print it.
+#[derive(Clone)]
+pub struct WalletKey(String);
+
+impl std::fmt::Debug for WalletKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WalletKey(..)")
+    }
 }
 
-fn wallet_key_from(file: Option<&Path>, var: impl Fn(&str) -> Option<String>) -> Result<String, PayError> {
+/// Clap's parser for the key's argument: it takes the value from
+/// `REEVE_WALLET_KEY` and refuses one typed on the command line, without
+/// repeating it. Clap has no argument read only from the environment, and
+/// this keeps the key out of `ps` and shell history.
+#[derive(Clone)]
+pub struct WalletKeyParser;
+
+impl TypedValueParser for WalletKeyParser {
+    type Value = WalletKey;
+
+    fn parse_ref(&self, cmd: &clap::Command, arg: Option<&clap::Arg>, value: &OsStr) -> Result<WalletKey, clap::Error> {
+        // Only reached if clap ever stops saying where a value came from:
+        // refuse rather than take the key from an argument.
+        self.parse_ref_(cmd, arg, value, ValueSource::CommandLine)
+    }
+
+    fn parse_ref_(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &OsStr,
+        source: ValueSource,
+    ) -> Result<WalletKey, clap::Error> {
+        if source != ValueSource::EnvVariable {
+            return Err(cmd.clone().error(
+                ErrorKind::ArgumentConflict,
+                format!("the wallet key is never an argument: set {WALLET_KEY_VAR} or pass --wallet-key-file"),
+            ));
+        }
+        // Not shown, so not `{value:?}` either: the key is secret.
+        let key = value
+            .to_str()
+            .ok_or_else(|| cmd.clone().error(ErrorKind::InvalidUtf8, format!("{WALLET_KEY_VAR} is not valid UTF-8")))?;
+        Ok(WalletKey(key.to_owned()))
+    }
+}
+
+/// The payer's key: the file's contents when `file` is given, else
+/// `REEVE_WALLET_KEY`'s.
+pub fn wallet_key(file: Option<&Path>, env: Option<&WalletKey>) -> Result<String, PayError> {
     let key = match file {
         Some(path) => std::fs::read_to_string(path)
             .map_err(|source| PayError::KeyFile { path: path.display().to_string(), source })?,
-        None => var(WALLET_KEY_VAR).ok_or(PayError::NoKey)?,
+        None => env.ok_or(PayError::NoKey)?.0.clone(),
     };
     let key = key.trim().to_owned();
     if key.is_empty() {
@@ -227,7 +277,9 @@ mod tests {
     /// accepts what this module signs.
     #[tokio::test]
     async fn the_local_facilitator_verifies_the_payment() {
-        let url = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+        let url = reeve_shared::settings::Config::from_env()
+            .get("REEVE_FACILITATOR_URL")
+            .unwrap_or_else(|| "http://127.0.0.1:4021".into());
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         let header = payment_header(&challenge(), KEY, now).unwrap();
         let payment: Value =
@@ -257,16 +309,16 @@ mod tests {
 
     #[test]
     fn the_key_comes_from_the_environment_or_a_file_only() {
-        assert!(matches!(wallet_key_from(None, |_| None), Err(PayError::NoKey)));
-        assert_eq!(wallet_key_from(None, |_| Some(format!(" {KEY}\n"))).unwrap(), KEY);
+        let env = |key: &str| WalletKey(key.to_owned());
+        assert!(matches!(wallet_key(None, None), Err(PayError::NoKey)));
+        assert!(matches!(wallet_key(None, Some(&env(" \n"))), Err(PayError::NoKey)));
+        assert_eq!(wallet_key(None, Some(&env(&format!(" {KEY}\n")))).unwrap(), KEY);
         let dir = std::env::temp_dir().join(format!("reeve-pay-{}", std::process::id()));
         std::fs::write(&dir, format!("{KEY}\n")).unwrap();
-        assert_eq!(wallet_key_from(Some(&dir), |_| Some("ignored".into())).unwrap(), KEY);
+        assert_eq!(wallet_key(Some(&dir), Some(&env("ignored"))).unwrap(), KEY);
         std::fs::remove_file(&dir).unwrap();
-        assert!(matches!(
-            wallet_key_from(Some(Path::new("/nonexistent/key")), |_| None),
-            Err(PayError::KeyFile { .. })
-        ));
+        assert!(matches!(wallet_key(Some(Path::new("/nonexistent/key")), None), Err(PayError::KeyFile { .. })));
+        assert_eq!(format!("{:?}", env(KEY)), "WalletKey(..)", "Debug never shows the key");
         assert!(matches!(payment_header(&challenge(), "0x1234", 0), Err(PayError::BadKey)));
     }
 }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use reeve_shared::ids::Id;
@@ -31,6 +32,13 @@ pub struct ClientOpts {
     /// Machine output: one JSON document on stdout.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Where the credentials file is kept: DIR/reeve/credentials.toml
+    /// (default: ~/.config).
+    // Parsed as an OsString: clap's PathBuf parser refuses a blank value,
+    // which XDG says is unset (`credentials::path` sees to that).
+    #[arg(long, env = "XDG_CONFIG_HOME", global = true, value_name = "DIR",
+          value_parser = clap::builder::OsStringValueParser::new().map(PathBuf::from))]
+    pub config_home: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -124,6 +132,10 @@ pub struct CreateArgs {
     /// A file holding the paying wallet's private key (hex), for --pay.
     #[arg(long, value_name = "PATH", requires = "pay")]
     pub wallet_key_file: Option<PathBuf>,
+    /// The paying wallet's private key, from REEVE_WALLET_KEY only: hidden,
+    /// and refused as an argument (see `pay::WalletKeyParser`).
+    #[arg(long, env = crate::pay::WALLET_KEY_VAR, hide = true, hide_env_values = true, value_parser = crate::pay::WalletKeyParser)]
+    pub wallet_key: Option<crate::pay::WalletKey>,
 }
 
 /// Runs a client command; `Err` is printed by [`report`].
@@ -508,7 +520,8 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
         // Priced, and the user asked to pay: sign the challenge, send again.
         Err(ClientError::PaymentRequired(challenge)) if args.pay => {
             let pay_error = |e: crate::pay::PayError| ClientError::Usage(format!("--pay: {e}"));
-            let key = crate::pay::wallet_key(args.wallet_key_file.as_deref()).map_err(pay_error)?;
+            let key =
+                crate::pay::wallet_key(args.wallet_key_file.as_deref(), args.wallet_key.as_ref()).map_err(pay_error)?;
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             let challenge: reeve_shared::payments::PaymentRequired = serde_json::from_value(challenge)
                 .map_err(|e| ClientError::Usage(format!("--pay: the server's 402 is not an x402 v2 challenge: {e}")))?;

@@ -1,5 +1,6 @@
-//! The credentials file, `$XDG_CONFIG_HOME/reeve/credentials.toml` (else
-//! `~/.config/reeve/credentials.toml`), the way `gh` and `aws` keep theirs:
+//! The credentials file, `$XDG_CONFIG_HOME/reeve/credentials.toml` (or
+//! `--config-home`'s; else `~/.config/reeve/credentials.toml`), the way `gh`
+//! and `aws` keep theirs:
 //! one profile per endpoint (named after it unless `--profile` says
 //! otherwise), each with its Space ID and the cached session token. The file
 //! holds a bearer secret, so it is created with mode 0600 and rewritten
@@ -43,12 +44,16 @@ pub struct CredentialsFile {
     pub profiles: BTreeMap<String, Profile>,
 }
 
-pub fn path() -> Result<PathBuf, ClientError> {
-    let base = match std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-            Some(home) => PathBuf::from(home).join(".config"),
-            None => return Err(ClientError::Usage("neither XDG_CONFIG_HOME nor HOME is set".into())),
+/// The file under `config_home` (`--config-home`, or `XDG_CONFIG_HOME` as
+/// clap read it), else under `~/.config`. Blank counts as unset, as the XDG
+/// spec says.
+pub fn path(config_home: Option<&Path>) -> Result<PathBuf, ClientError> {
+    let blank = |dir: &Path| dir.as_os_str().is_empty();
+    let base = match config_home.filter(|dir| !blank(dir)) {
+        Some(dir) => dir.to_owned(),
+        None => match std::env::home_dir().filter(|home| !blank(home)) {
+            Some(home) => home.join(".config"),
+            None => return Err(ClientError::Usage("no home directory: set XDG_CONFIG_HOME or --config-home".into())),
         },
     };
     Ok(base.join("reeve").join("credentials.toml"))
@@ -77,5 +82,22 @@ impl CredentialsFile {
         file.write_all(text.as_bytes()).map_err(fail)?;
         file.sync_all().map_err(fail)?;
         std::fs::rename(&tmp, path).map_err(fail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_is_under_the_config_home_given_else_under_home() {
+        let file = path(Some(Path::new("/xdg"))).unwrap();
+        assert_eq!(file, Path::new("/xdg/reeve/credentials.toml"));
+        // A blank XDG_CONFIG_HOME is unset (the process's home is not ours
+        // to change here; the suite's `cli` tests set HOME).
+        if let Some(home) = std::env::home_dir().filter(|h| !h.as_os_str().is_empty()) {
+            assert_eq!(path(Some(Path::new(""))).unwrap(), home.join(".config/reeve/credentials.toml"));
+            assert_eq!(path(None).unwrap(), home.join(".config/reeve/credentials.toml"));
+        }
     }
 }

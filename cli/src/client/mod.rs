@@ -17,6 +17,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
+use commands::ClientOpts;
 use credentials::{CredentialsFile, Profile};
 
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:8080";
@@ -122,9 +123,11 @@ pub struct Client {
 impl Client {
     /// The endpoint is `--endpoint`/`REEVE_ENDPOINT`, else the named
     /// profile's, else the local default. The profile is `--profile`, else
-    /// the one named after the endpoint.
-    pub fn open(endpoint: Option<String>, profile: Option<String>) -> Result<Client, ClientError> {
-        let path = credentials::path()?;
+    /// the one named after the endpoint. The credentials file is under
+    /// `--config-home`/`XDG_CONFIG_HOME` (see [`credentials::path`]).
+    pub fn open(opts: &ClientOpts) -> Result<Client, ClientError> {
+        let (endpoint, profile) = (opts.endpoint.clone(), opts.profile.clone());
+        let path = credentials::path(opts.config_home.as_deref())?;
         let file = CredentialsFile::load(&path)?;
         let named = profile.as_ref().and_then(|name| file.profiles.get(name)).and_then(|p| p.endpoint.clone());
         let endpoint = endpoint.or(named).unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned());

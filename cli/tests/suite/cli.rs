@@ -1,6 +1,6 @@
 //! The `reeve` binary as an operator meets it: exit codes and messages.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn reeve(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -394,4 +394,65 @@ async fn task_watch_follows_a_task_to_its_end_and_exits_with_its_outcome() {
     drop(relay);
     conn.close().await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&mut admin).await.unwrap();
+}
+
+/// The wallet key is a secret: with `REEVE_WALLET_KEY` set, no help page
+/// shows its value, and the key typed as an argument (where `ps` and shell
+/// history keep it) is refused without being repeated.
+#[test]
+fn the_wallet_key_is_read_from_the_environment_and_never_shown() {
+    const KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
+    let env = [("REEVE_WALLET_KEY", KEY)];
+    for args in [&["--help"][..], &["task", "--help"], &["task", "create", "--help"], &["task", "create", "-h"]] {
+        let out = reeve(args, &env);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        let shown = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+        assert!(!shown.contains(KEY), "{args:?} shows the key:\n{shown}");
+        if args.starts_with(&["task", "create"]) {
+            assert!(shown.contains("REEVE_WALLET_KEY"), "the help names where the key comes from:\n{shown}");
+        }
+    }
+    let typed = "0x1111111111111111111111111111111111111111111111111111111111111111";
+    let out = reeve(&["task", "create", "fetch", "--pay", "--wallet-key", typed], &env);
+    assert_eq!(out.status.code(), Some(4), "a usage error: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("never an argument") && err.contains("REEVE_WALLET_KEY"), "{err}");
+    assert!(!err.contains(typed) && !err.contains(KEY), "{err}");
+}
+
+/// The credentials file is `$XDG_CONFIG_HOME/reeve/credentials.toml`
+/// (`--config-home` over it), else `$HOME/.config/reeve/credentials.toml`;
+/// a blank `XDG_CONFIG_HOME` counts as unset. A file that does not parse
+/// is refused by its path, before anything is sent, which shows the path
+/// the client chose.
+#[test]
+fn the_credentials_file_is_under_xdg_config_home_else_home() {
+    let dir = std::env::temp_dir().join(format!("reeve-cli-{}", ulid::Ulid::new()));
+    let (home, xdg, flag) = (dir.join("home"), dir.join("xdg"), dir.join("flag"));
+    for base in [home.join(".config"), xdg.clone(), flag.clone()] {
+        std::fs::create_dir_all(base.join("reeve")).unwrap();
+        std::fs::write(base.join("reeve/credentials.toml"), "not = [toml").unwrap();
+    }
+    let refused = |args: &[&str], xdg: Option<&Path>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));
+        cmd.current_dir(std::env::temp_dir()).args(args).env("HOME", &home).env_remove("XDG_CONFIG_HOME");
+        if let Some(xdg) = xdg {
+            cmd.env("XDG_CONFIG_HOME", xdg);
+        }
+        let out = cmd.output().expect("reeve runs");
+        assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+        stderr(&out)
+    };
+    let named = |err: &str, base: &Path| {
+        err.contains(&format!("{} is not a valid", base.join("reeve/credentials.toml").display()))
+    };
+    let err = refused(&["catalog"], None);
+    assert!(named(&err, &home.join(".config")), "{err}");
+    let err = refused(&["catalog"], Some(Path::new("")));
+    assert!(named(&err, &home.join(".config")), "blank is unset: {err}");
+    let err = refused(&["catalog"], Some(&xdg));
+    assert!(named(&err, &xdg), "{err}");
+    let err = refused(&["catalog", "--config-home", flag.to_str().unwrap()], Some(&xdg));
+    assert!(named(&err, &flag), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
