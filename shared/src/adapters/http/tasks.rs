@@ -103,49 +103,6 @@ struct Accepted {
     created_at: OffsetDateTime,
 }
 
-/// A task as it is now.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Task)]
-struct Snapshot {
-    id: Id,
-    kind: String,
-    status: TaskStatus,
-    /// From 0 to 1.
-    #[schema(minimum = 0, maximum = 1)]
-    progress: f32,
-    /// The executor's output, once `completed`.
-    result: Option<Value>,
-    /// What went wrong, once `failed`: `{"code", "message"}`.
-    error: Option<Value>,
-    /// How many times a worker has started the task.
-    attempts: i32,
-    /// When `POST /v1/tasks/{id}/cancel` asked a running task to stop;
-    /// `null` otherwise. Its worker ends it `canceled` within a second.
-    #[serde(with = "time::serde::rfc3339::option")]
-    cancel_requested_at: Option<OffsetDateTime>,
-    #[serde(with = "time::serde::rfc3339")]
-    created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339")]
-    updated_at: OffsetDateTime,
-}
-
-impl From<Task> for Snapshot {
-    fn from(t: Task) -> Self {
-        Snapshot {
-            id: t.id,
-            kind: t.kind,
-            status: t.status,
-            progress: t.progress,
-            result: t.result,
-            error: t.error,
-            attempts: t.attempts,
-            cancel_requested_at: t.cancel_requested_at,
-            created_at: t.created_at,
-            updated_at: t.updated_at,
-        }
-    }
-}
-
 /// Create a task
 ///
 /// Checks, in order, and answers with the first failure: the token; the
@@ -488,7 +445,7 @@ impl From<PayError> for ApiError {
         ("task" = Id, Path, description = "The task id, from `POST /v1/tasks/{kind}`."),
     ),
     responses(
-        (status = 200, description = "The task.", body = Snapshot),
+        (status = 200, description = "The task.", body = Task),
         (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope,
             description = "`task_not_found`: no such task in this Space (or not a task id at all)."),
@@ -500,13 +457,13 @@ async fn task_status(
     State(ctx): State<Arc<TaskStatusContext>>,
     Session(space): Session,
     id: Result<Path<String>, PathRejection>,
-) -> ApiResult<Json<Snapshot>> {
+) -> ApiResult<Json<Task>> {
     // A malformed id cannot name a task: the same 404 as a missing one.
     let Some(id) = id.ok().and_then(|Path(id)| id.parse::<Id>().ok()) else {
         return Err(ApiError::task_not_found());
     };
     match tasks::find_for_space(&ctx.db, &space, id).await.map_err(db_error)? {
-        Some(task) => Ok(Json(task.into())),
+        Some(task) => Ok(Json(task)),
         None => Err(ApiError::task_not_found()),
     }
 }
@@ -531,7 +488,7 @@ struct ListParams {
 #[schema(as = TaskPage)]
 struct TaskPage {
     /// Newest first.
-    tasks: Vec<Snapshot>,
+    tasks: Vec<Task>,
     /// Pass as `after` for the next page; `null` on the last one.
     next: Option<Id>,
 }
@@ -575,7 +532,7 @@ async fn list_tasks(
     }
     let query = ListQuery { status: params.status, kind: params.kind.as_deref(), after: params.after, limit };
     let page = tasks::list(&ctx.db, &space, query).await.map_err(db_error)?;
-    Ok(Json(TaskPage { tasks: page.tasks.into_iter().map(Snapshot::from).collect(), next: page.next }))
+    Ok(Json(TaskPage { tasks: page.tasks, next: page.next }))
 }
 
 /// Cancel a task
@@ -593,8 +550,8 @@ async fn list_tasks(
         ("task" = Id, Path, description = "The task id, from `POST /v1/tasks/{kind}`."),
     ),
     responses(
-        (status = 200, description = "The task was queued and is `canceled` now.", body = Snapshot),
-        (status = 202, description = "The task is `running`; its worker has been asked to stop it.", body = Snapshot),
+        (status = 200, description = "The task was queued and is `canceled` now.", body = Task),
+        (status = 202, description = "The task is `running`; its worker has been asked to stop it.", body = Task),
         (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope,
             description = "`task_not_found`: no such task in this Space (or not a task id at all)."),
@@ -616,12 +573,12 @@ async fn cancel_task(
         CancelOutcome::Canceled { task, events } => {
             publish_all_once(&ctx.redis, id, &events).await;
             tracing::info!(task_id = %id, "task canceled");
-            Ok((StatusCode::OK, Json(Snapshot::from(task))).into_response())
+            Ok((StatusCode::OK, Json(task)).into_response())
         }
         CancelOutcome::Requested { task, event } => {
             publish_all_once(&ctx.redis, id, event.as_slice()).await;
             tracing::info!(task_id = %id, "cancel requested of a running task");
-            Ok((StatusCode::ACCEPTED, Json(Snapshot::from(task))).into_response())
+            Ok((StatusCode::ACCEPTED, Json(task)).into_response())
         }
         CancelOutcome::Finished(task) => Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use time::OffsetDateTime;
 
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
@@ -18,46 +17,18 @@ use crate::ids::Id;
 use crate::payments::PaymentResponse;
 use crate::tasks::{self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, Task, TaskStatus};
 
-/// A task as every task tool answers it: the REST snapshot's fields, and
-/// where its events stream.
+/// A task as every task tool answers it: the REST answer's fields
+/// ([`Task`]), and where its events stream.
 #[derive(Serialize)]
-pub struct TaskView {
-    id: Id,
-    kind: String,
-    status: TaskStatus,
-    progress: f32,
-    result: Option<Value>,
-    error: Option<Value>,
-    attempts: i32,
-    #[serde(with = "time::serde::rfc3339::option")]
-    cancel_requested_at: Option<OffsetDateTime>,
-    #[serde(with = "time::serde::rfc3339")]
-    created_at: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339")]
-    updated_at: OffsetDateTime,
+struct TaskView {
+    #[serde(flatten)]
+    task: Task,
     events_url: String,
 }
 
-impl From<Task> for TaskView {
-    fn from(t: Task) -> Self {
-        TaskView {
-            events_url: format!("/v1/tasks/{}/events", t.id),
-            id: t.id,
-            kind: t.kind,
-            status: t.status,
-            progress: t.progress,
-            result: t.result,
-            error: t.error,
-            attempts: t.attempts,
-            cancel_requested_at: t.cancel_requested_at,
-            created_at: t.created_at,
-            updated_at: t.updated_at,
-        }
-    }
-}
-
 pub fn view(task: Task) -> Value {
-    serde_json::to_value(TaskView::from(task)).expect("plain fields serialise")
+    let events_url = format!("/v1/tasks/{}/events", task.id);
+    serde_json::to_value(TaskView { task, events_url }).expect("plain fields serialise")
 }
 
 /// What a kind's tool did: the task, and the settlement when this call paid.

@@ -104,23 +104,33 @@ impl TryFrom<String> for TaskStatus {
     }
 }
 
-/// A task as its owner may see it (its input is not repeated), read from
-/// the columns of `task_columns!`.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+/// A task as it is now.
+// Its owner's view, and the one every client gets: `GET /v1/tasks/{id}`
+// and the MCP task tools serialise it as is (the input is never repeated).
+// Read from the columns of `task_columns!`. The field docs are the OpenAPI
+// document's.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema, sqlx::FromRow)]
 pub struct Task {
     pub id: Id,
     pub kind: String,
     #[sqlx(try_from = "String")]
     pub status: TaskStatus,
-    /// 0.0 ..= 1.0
+    /// From 0 to 1.
+    #[schema(minimum = 0, maximum = 1)]
     pub progress: f32,
+    /// The executor's output, once `completed`.
     pub result: Option<Value>,
-    /// `{"code","message"}` once failed.
+    /// What went wrong, once `failed`: `{"code", "message"}`.
     pub error: Option<Value>,
+    /// How many times a worker has started the task.
     pub attempts: i32,
-    /// Set when a cancel reached the task while it ran; the worker stops it.
+    /// When `POST /v1/tasks/{id}/cancel` asked a running task to stop;
+    /// `null` otherwise. Its worker ends it `canceled` within a second.
+    #[serde(with = "time::serde::rfc3339::option")]
     pub cancel_requested_at: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
 }
 
