@@ -26,6 +26,54 @@ pub fn with_database(url: &str, name: &str) -> String {
     }
 }
 
+/// A database of the test's own on the stack's Postgres, named
+/// `<prefix>_<ulid>`. `admin` is a connection to `DATABASE_URL`'s database,
+/// kept to drop this one at the end ([`FreshDb::drop`]).
+pub struct FreshDb {
+    pub admin: sqlx::PgConnection,
+    pub url: String,
+    pub name: String,
+}
+
+impl FreshDb {
+    /// Created and empty: not even sqlx's bookkeeping table.
+    pub async fn empty(prefix: &str) -> FreshDb {
+        use sqlx::Connection;
+        let admin_url = env("DATABASE_URL");
+        let name = format!("{prefix}_{}", ulid::Ulid::new().to_string().to_lowercase());
+        let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
+        FreshDb { admin, url: with_database(&admin_url, &name), name }
+    }
+
+    /// Migrated by the `reeve migrate` binary, as an operator does it.
+    pub async fn migrated(prefix: &str) -> FreshDb {
+        let db = FreshDb::empty(prefix).await;
+        let out = Command::new(env!("CARGO_BIN_EXE_reeve"))
+            .current_dir(std::env::temp_dir())
+            .arg("migrate")
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "reeve migrate: {}", String::from_utf8_lossy(&out.stderr));
+        db
+    }
+
+    /// A pool on it, migrated by the library's migrator (as the functions'
+    /// start-up does).
+    pub async fn pool(&self) -> sqlx::PgPool {
+        let pool = reeve_shared::db::connect(&self.url).await.unwrap();
+        reeve_shared::db::migrate(&pool).await.unwrap();
+        pool
+    }
+
+    /// Dropped, even with connections still open on it.
+    pub async fn drop(mut self) {
+        let drop = format!("DROP DATABASE {} WITH (FORCE)", self.name);
+        sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&mut self.admin).await.unwrap();
+    }
+}
+
 /// `reeve` with the stack's environment, this test's database and queue.
 pub fn reeve(db: &str, queue: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));

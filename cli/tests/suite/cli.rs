@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::common::FreshDb;
+
 fn reeve(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));
     // Run where no `.env` can be picked up, so each test controls the
@@ -260,35 +262,21 @@ fn serve_names_an_unreachable_postgres_without_its_password() {
     assert!(!err.contains("hunter2"), "{err}");
 }
 
-/// `DATABASE_URL` with its database name swapped: the test's own database.
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
-    let base = &base[..base.rfind('/').expect("a database in DATABASE_URL")];
-    match query {
-        Some(q) => format!("{base}/{name}?{q}"),
-        None => format!("{base}/{name}"),
-    }
-}
-
 #[tokio::test]
 async fn migrate_creates_the_schema_and_is_safe_to_run_twice() {
     use sqlx::Connection;
-    let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL: run the tests with scripts/test.sh");
-    let name = format!("reeve_cli_{}", ulid::Ulid::new().to_string().to_lowercase());
-    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
-    let url = with_database(&admin_url, &name);
+    let db = FreshDb::empty("reeve_cli").await;
 
     for run in 1..=2 {
-        let out = reeve(&["migrate"], &[("DATABASE_URL", &url)]);
+        let out = reeve(&["migrate"], &[("DATABASE_URL", &db.url)]);
         assert!(out.status.success(), "run {run}: {}", stderr(&out));
     }
-    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let applied: i64 =
         sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success").fetch_one(&mut conn).await.unwrap();
     assert_eq!(applied, reeve_migration_count());
     conn.close().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}"))).execute(&mut admin).await.unwrap();
+    db.drop().await;
 }
 
 fn reeve_migration_count() -> i64 {
@@ -296,19 +284,6 @@ fn reeve_migration_count() -> i64 {
         .unwrap()
         .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "sql"))
         .count() as i64
-}
-
-/// A fresh, migrated database of this test's own: `(admin connection, url, name)`.
-async fn fresh_database() -> (sqlx::PgConnection, String, String) {
-    use sqlx::Connection;
-    let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL: run the tests with scripts/test.sh");
-    let name = format!("reeve_cli_{}", ulid::Ulid::new().to_string().to_lowercase());
-    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
-    let url = with_database(&admin_url, &name);
-    let out = reeve(&["migrate"], &[("DATABASE_URL", &url)]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    (admin, url, name)
 }
 
 /// A `reeve relay` process, killed on drop.
@@ -350,8 +325,8 @@ async fn task_watch_follows_a_task_to_its_end_and_exits_with_its_outcome() {
     use reeve_shared::tasks::{EventType, append_event};
     use sqlx::Connection;
 
-    let (mut admin, url, name) = fresh_database().await;
-    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let db = FreshDb::migrated("reeve_cli").await;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let space = [3u8; 16];
     sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')").bind(space).execute(&mut conn).await.unwrap();
     let mut tasks = Vec::new();
@@ -370,7 +345,7 @@ async fn task_watch_follows_a_task_to_its_end_and_exits_with_its_outcome() {
         append_event(&mut conn, id, EventType::Status, &serde_json::json!({"status": outcome})).await.unwrap();
         tasks.push((id, outcome));
     }
-    let relay = start_relay(&url);
+    let relay = start_relay(&db.url);
     let key = Secret::new("REEVE_TOKEN_KEY", LONG.as_bytes().to_vec()).unwrap();
     let (token, _) = issue_token(&key, &SpaceIndex::from_array(space), time::OffsetDateTime::now_utc());
 
@@ -393,7 +368,7 @@ async fn task_watch_follows_a_task_to_its_end_and_exits_with_its_outcome() {
 
     drop(relay);
     conn.close().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&mut admin).await.unwrap();
+    db.drop().await;
 }
 
 /// The wallet key is a secret: with `REEVE_WALLET_KEY` set, no help page

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::Digest as _;
 
-use common::{env, repo, with_database};
+use common::repo;
 
 /// The local chain harness the shared crate's tests use: its locks hold
 /// across every test process on the machine.
@@ -26,7 +26,7 @@ struct Serve {
     child: Option<Child>,
     endpoint: String,
     home: PathBuf,
-    database: String,
+    db: Option<common::FreshDb>,
     queue_url: String,
 }
 
@@ -37,25 +37,14 @@ impl Serve {
 
     /// [`Serve::start`] with extra environment variables for the server.
     async fn start_with(args: &[&str], vars: &[(&str, &str)]) -> Serve {
-        use sqlx::Connection;
-        let name = format!("reeve_client_{}", ulid::Ulid::new().to_string().to_lowercase());
-        let mut admin = sqlx::PgConnection::connect(&env("DATABASE_URL")).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
-        let database_url = with_database(&env("DATABASE_URL"), &name);
+        let db = common::FreshDb::migrated("reeve_client").await;
+        let (name, database_url) = (db.name.clone(), db.url.clone());
         let sqs = sqs().await;
         let queue =
             sqs.create_queue().queue_name(format!("reeve-cli-{}", name.replace('_', "-"))).send().await.unwrap();
         let queue_url = queue.queue_url().unwrap().to_owned();
         let home = std::env::temp_dir().join(&name);
         std::fs::create_dir_all(&home).unwrap();
-
-        let migrate = Command::new(env!("CARGO_BIN_EXE_reeve"))
-            .current_dir(&home)
-            .arg("migrate")
-            .env("DATABASE_URL", &database_url)
-            .output()
-            .unwrap();
-        assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
 
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = std::fs::File::create(home.join("serve.log")).unwrap();
@@ -72,7 +61,7 @@ impl Serve {
             .spawn()
             .unwrap();
         let serve =
-            Serve { child: Some(child), endpoint: format!("http://127.0.0.1:{port}"), home, database: name, queue_url };
+            Serve { child: Some(child), endpoint: format!("http://127.0.0.1:{port}"), home, db: Some(db), queue_url };
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "reeve serve did not start: {}", serve.log());
@@ -129,15 +118,14 @@ impl Serve {
     }
 
     async fn cleanup(mut self) {
-        use sqlx::Connection;
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
         sqs().await.delete_queue().queue_url(&self.queue_url).send().await.unwrap();
-        let mut admin = sqlx::PgConnection::connect(&env("DATABASE_URL")).await.unwrap();
-        let drop = format!("DROP DATABASE {} WITH (FORCE)", self.database);
-        sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&mut admin).await.unwrap();
+        if let Some(db) = self.db.take() {
+            db.drop().await;
+        }
         let _ = std::fs::remove_dir_all(&self.home);
     }
 }

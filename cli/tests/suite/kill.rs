@@ -15,19 +15,14 @@ use reeve_shared::http::{ApiContext, app};
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::settings::ApiSettings;
 use serde_json::Value;
-use sqlx::Connection;
 
-use common::{Worker, digest_task, env, reeve, repo, with_database};
+use common::{Worker, digest_task, env, reeve, repo};
 
 #[tokio::test]
 async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
-    let admin_url = env("DATABASE_URL");
-    let name = format!("reeve_kill_{}", ulid::Ulid::new().to_string().to_lowercase());
-    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
-    let db_url = with_database(&admin_url, &name);
-    let pool = reeve_shared::db::connect(&db_url).await.unwrap();
-    reeve_shared::db::migrate(&pool).await.unwrap();
+    let db = common::FreshDb::empty("reeve_kill").await;
+    let pool = db.pool().await;
+    let db_url = db.url.clone();
     let aws = common::aws().await;
     // A short visibility timeout, so the message comes back soon after the kill.
     let queue_name = format!("reeve-kill-{}", ulid::Ulid::new().to_string().to_lowercase());
@@ -148,5 +143,5 @@ async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
     pool.close().await;
     std::fs::remove_dir_all(&dir).unwrap();
     aws.sqs.delete_queue().queue_url(&queue).send().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&mut admin).await.unwrap();
+    db.drop().await;
 }

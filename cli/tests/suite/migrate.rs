@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 
 use sqlx::{Connection, PgConnection};
 
+use crate::common::FreshDb;
+
 fn reeve(args: &[&str], database_url: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_reeve"))
         // No `.env` here, so the URL below is the only database it knows.
@@ -37,32 +39,23 @@ fn shipped() -> Vec<(i64, String)> {
     out
 }
 
-struct Db {
-    admin: PgConnection,
-    url: String,
-    name: String,
+/// A database of the test's own, with what these tests ask of it.
+struct Db(FreshDb);
+
+impl std::ops::Deref for Db {
+    type Target = FreshDb;
+    fn deref(&self) -> &FreshDb {
+        &self.0
+    }
 }
 
 impl Db {
     async fn empty() -> Db {
-        let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL: load the stack's .env");
-        let name = format!("reeve_migrate_{}", ulid::Ulid::new().to_string().to_lowercase());
-        let mut admin = PgConnection::connect(&admin_url).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
-        let (base, query) = admin_url.split_once('?').map_or((admin_url.as_str(), None), |(b, q)| (b, Some(q)));
-        let base = &base[..base.rfind('/').unwrap()];
-        let url = match query {
-            Some(q) => format!("{base}/{name}?{q}"),
-            None => format!("{base}/{name}"),
-        };
-        Db { admin, url, name }
+        Db(FreshDb::empty("reeve_migrate").await)
     }
 
     async fn migrated() -> Db {
-        let db = Db::empty().await;
-        let out = reeve(&["migrate"], &db.url);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        db
+        Db(FreshDb::migrated("reeve_migrate").await)
     }
 
     async fn exec(&self, sql: &str) {
@@ -78,11 +71,8 @@ impl Db {
         n
     }
 
-    async fn drop(mut self) {
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {} WITH (FORCE)", self.name)))
-            .execute(&mut self.admin)
-            .await
-            .unwrap();
+    async fn drop(self) {
+        self.0.drop().await;
     }
 }
 

@@ -16,9 +16,8 @@ use reeve_shared::http::{ApiContext, app};
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::settings::ApiSettings;
 use serde_json::Value;
-use sqlx::Connection;
 
-use common::{Worker, digest_task, env, reeve, repo, with_database};
+use common::{Worker, digest_task, env, reeve, repo};
 
 /// Messages waiting in `url` (moto counts exactly).
 async fn queue_depth(aws: &AwsClients, url: &str) -> u64 {
@@ -34,8 +33,7 @@ async fn queue_depth(aws: &AwsClients, url: &str) -> u64 {
 /// through the API and then stranded: its message purged before any worker
 /// saw it.
 struct Stranded {
-    admin: sqlx::PgConnection,
-    name: String,
+    db: common::FreshDb,
     db_url: String,
     pool: sqlx::PgPool,
     aws: AwsClients,
@@ -46,13 +44,9 @@ struct Stranded {
 
 impl Stranded {
     async fn new() -> Stranded {
-        let admin_url = env("DATABASE_URL");
-        let name = format!("reeve_sweep_{}", ulid::Ulid::new().to_string().to_lowercase());
-        let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
-        let db_url = with_database(&admin_url, &name);
-        let pool = reeve_shared::db::connect(&db_url).await.unwrap();
-        reeve_shared::db::migrate(&pool).await.unwrap();
+        let db = common::FreshDb::empty("reeve_sweep").await;
+        let pool = db.pool().await;
+        let db_url = db.url.clone();
         let aws = common::aws().await;
         let queue_name = format!("reeve-sweep-{}", ulid::Ulid::new().to_string().to_lowercase());
         let queue = aws.sqs.create_queue().queue_name(queue_name).send().await.unwrap().queue_url().unwrap().to_owned();
@@ -80,7 +74,7 @@ impl Stranded {
         // The message is lost before any worker saw it.
         aws.sqs.purge_queue().queue_url(&queue).send().await.unwrap();
         assert_eq!(queue_depth(&aws, &queue).await, 0);
-        let stranded = Stranded { admin, name, db_url, pool, aws, queue, id, size: bytes.len() };
+        let stranded = Stranded { db, db_url, pool, aws, queue, id, size: bytes.len() };
         assert_eq!(stranded.status().await, "queued", "stranded: queued with no message");
         stranded
     }
@@ -111,11 +105,10 @@ impl Stranded {
         took
     }
 
-    async fn cleanup(mut self) {
+    async fn cleanup(self) {
         self.pool.close().await;
         self.aws.sqs.delete_queue().queue_url(&self.queue).send().await.unwrap();
-        let drop = format!("DROP DATABASE {} WITH (FORCE)", self.name);
-        sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&mut self.admin).await.unwrap();
+        self.db.drop().await;
     }
 }
 
@@ -208,13 +201,9 @@ async fn a_task_that_always_fails_retryably_runs_exactly_max_receives_times_unde
         tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
         addr
     };
-    let admin_url = env("DATABASE_URL");
-    let name = format!("reeve_limit_{}", ulid::Ulid::new().to_string().to_lowercase());
-    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut admin).await.unwrap();
-    let db_url = with_database(&admin_url, &name);
-    let pool = reeve_shared::db::connect(&db_url).await.unwrap();
-    reeve_shared::db::migrate(&pool).await.unwrap();
+    let db = common::FreshDb::empty("reeve_limit").await;
+    let pool = db.pool().await;
+    let (name, db_url) = (db.name.clone(), db.url.clone());
     let aws = common::aws().await;
     let queue = aws.sqs.create_queue().queue_name(name.replace('_', "-")).send().await.unwrap();
     let queue = queue.queue_url().unwrap().to_owned();
@@ -292,6 +281,5 @@ async fn a_task_that_always_fails_retryably_runs_exactly_max_receives_times_unde
 
     pool.close().await;
     aws.sqs.delete_queue().queue_url(&queue).send().await.unwrap();
-    let drop = format!("DROP DATABASE {name} WITH (FORCE)");
-    sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&mut admin).await.unwrap();
+    db.drop().await;
 }
