@@ -5,6 +5,7 @@
 pub mod chain;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -19,7 +20,7 @@ use reeve_shared::ids::Id;
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::settings::{ApiSettings, WorkerSettings};
-use reeve_shared::worker::WorkerContext;
+use reeve_shared::worker::{Runner, WorkerContext};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tower::ServiceExt;
@@ -38,6 +39,60 @@ pub fn shipped_catalog() -> Catalog {
 pub fn catalog_with(extra: &str) -> Catalog {
     let shipped = std::fs::read_to_string(DEV_CATALOG).unwrap();
     Catalog::parse(&format!("{shipped}\n{extra}")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Base mainnet's USDC as a catalog asset, `usdc-base`: a price no local
+/// client can pay, beside one on the local chain.
+pub const USDC_BASE: &str = r#"
+[assets.usdc-base]
+network = "eip155:8453"
+contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+decimals = 6
+usd_peg = true
+name = "USD Coin"
+version = "2"
+"#;
+
+/// A catalog of the test's own that pays `pay_to` through `facilitator`:
+/// two USD-pegged assets, Base mainnet's USDC (`usdc-base`) and the local
+/// chain's test token (`local`), then `tasks` (TOML tables).
+pub fn paid_catalog(pay_to: &str, facilitator: &str, max_timeout_seconds: u32, tasks: &str) -> Catalog {
+    let token = chain::TOKEN;
+    let text = format!(
+        r#"
+        [payments]
+        pay_to = "{pay_to}"
+        facilitator_url = "{facilitator}"
+        max_timeout_seconds = {max_timeout_seconds}
+
+        {USDC_BASE}
+
+        [assets.local]
+        network = "eip155:84532"
+        contract = "{token}"
+        decimals = 6
+        usd_peg = true
+        name = "USDC"
+        version = "2"
+        {tasks}
+        "#
+    );
+    Catalog::parse(&text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `kind`'s prices in a [`paid_catalog`]: a cent on Base mainnet first, then
+/// a cent on the local chain, so a client has to choose the local one.
+pub fn cent_on_mainnet_then_local(kind: &str) -> String {
+    format!(
+        r#"
+        [[tasks.{kind}.accepts]]
+        asset = "usdc-base"
+        amount_usd = "0.01"
+        [[tasks.{kind}.accepts]]
+        asset = "local"
+        amount_usd = "0.01"
+        "#
+    )
 }
 
 /// Worker settings on the stack's bucket and the given Redis: 4 runs at
@@ -64,7 +119,19 @@ pub fn worker_context(
     s3: aws_sdk_s3::Client,
     settings: WorkerSettings,
 ) -> WorkerContext {
-    let outbound = || Outbound::new(OutboundPolicy::default()).unwrap();
+    worker_context_with_policy(catalog, pool, s3, settings, OutboundPolicy::default())
+}
+
+/// [`worker_context`] whose fetches and operator calls go by `policy`
+/// (to reach a test's loopback servers, say).
+pub fn worker_context_with_policy(
+    catalog: Catalog,
+    pool: &PgPool,
+    s3: aws_sdk_s3::Client,
+    settings: WorkerSettings,
+    policy: OutboundPolicy,
+) -> WorkerContext {
+    let outbound = || Outbound::new(policy.clone()).unwrap();
     let exec = ExecDeps {
         db: pool.clone(),
         s3,
@@ -76,6 +143,11 @@ pub fn worker_context(
     };
     let redis = RedisClient::new(&settings.redis_url).unwrap();
     WorkerContext::new(catalog, pool.clone(), redis, exec, settings)
+}
+
+/// `ctx` with the test's `runner` in place of the catalog's executors.
+pub fn with_runner(ctx: WorkerContext, runner: Arc<dyn Runner>) -> WorkerContext {
+    WorkerContext { runner, ..ctx }
 }
 
 /// The stack's S3 and SQS, configured as every binary is (`startup`).

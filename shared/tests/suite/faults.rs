@@ -43,9 +43,8 @@ impl Runner for Counting {
 
 async fn worker(pool: &PgPool, runner: Arc<Counting>, redis_url: &str) -> WorkerContext {
     let s3 = common::aws().await.s3;
-    let mut ctx = common::worker_context(common::shipped_catalog(), pool, s3, common::worker_settings(redis_url));
-    ctx.runner = runner;
-    ctx
+    let ctx = common::worker_context(common::shipped_catalog(), pool, s3, common::worker_settings(redis_url));
+    common::with_runner(ctx, runner)
 }
 
 /// `n` queued digest tasks with their first event, as create leaves them.
@@ -503,8 +502,7 @@ async fn with_postgres_stopped_under_a_running_worker_every_message_is_handed_ba
     // not reach the last delivery meanwhile.
     settings.max_receives = 100;
     let s3 = common::aws().await.s3;
-    let mut ctx = common::worker_context(catalog, &through, s3, settings);
-    ctx.runner = runner.clone();
+    let mut ctx = common::with_runner(common::worker_context(catalog, &through, s3, settings), runner.clone());
     // A cut run's lease (timeout + grace) is what redelivery waits out.
     ctx.lease_grace = Duration::from_secs(1);
     let ctx = Arc::new(ctx);

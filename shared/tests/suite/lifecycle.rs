@@ -84,10 +84,9 @@ impl Runner for Stepper {
 }
 
 fn worker(pool: &PgPool, s3: aws_sdk_s3::Client, steps: usize) -> (WorkerContext, Arc<Stepper>) {
-    let mut ctx = common::worker_context(catalog(), pool, s3, common::worker_settings(&common::redis_url()));
+    let ctx = common::worker_context(catalog(), pool, s3, common::worker_settings(&common::redis_url()));
     let stepper = Arc::new(Stepper { runs: AtomicUsize::new(0), steps });
-    ctx.runner = stepper.clone();
-    (ctx, stepper)
+    (common::with_runner(ctx, stepper.clone()), stepper)
 }
 
 fn body_of(id: Id) -> String {
@@ -361,10 +360,9 @@ async fn a_canceled_run_that_fails_retryably_is_not_retried(pool: PgPool) {
     let api = Api::new(&pool, catalog()).await;
     let space = space_of(&pool, api.create("steps", json!({})).await).await;
     let id = api.create("steps", json!({})).await;
-    let (mut ctx, _) = worker(&pool, common::aws().await.s3, 1);
+    let (ctx, _) = worker(&pool, common::aws().await.s3, 1);
     let flaky = Arc::new(Flaky { runs: AtomicUsize::new(0), after: Duration::from_millis(300) });
-    ctx.runner = flaky.clone();
-    let ctx = Arc::new(ctx);
+    let ctx = Arc::new(common::with_runner(ctx, flaky.clone()));
     let worker = ctx.clone();
     let run = tokio::spawn(async move { process(&worker, &body_of(id), 1).await });
     let deadline = Instant::now() + Duration::from_secs(10);

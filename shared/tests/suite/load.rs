@@ -15,11 +15,10 @@ use futures_util::StreamExt;
 use reeve_shared::executors::{ExecDeps, Job};
 use reeve_shared::http::stream::{RelayContext, router as relay_router};
 use reeve_shared::ids::Id;
-use reeve_shared::outbound::{Outbound, OutboundPolicy};
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::relay::Hub;
 use reeve_shared::settings::WorkerSettings;
-use reeve_shared::worker::{Poller, RunFuture, Runner, WorkerContext};
+use reeve_shared::worker::{Poller, RunFuture, Runner};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -98,27 +97,13 @@ async fn two_hundred_clients_create_and_watch_and_nothing_is_lost(pool: PgPool) 
     // The worker: `reeve work`'s poller, 16 at once.
     let runner = Arc::new(Quick(AtomicUsize::new(0)));
     let worker_settings = WorkerSettings {
-        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", String::new()),
-        redis_url: redis_url.clone(),
-        bucket: std::env::var("REEVE_BUCKET").unwrap(),
         queue_url: Some(queue.url.clone()),
         concurrency: 16,
-        max_receives: 5,
         fetch_max_bytes: 1024,
-        output_retention_days: None,
+        ..common::worker_settings(&redis_url)
     };
-    let exec = ExecDeps {
-        db: pool.clone(),
-        s3: common::aws().await.s3,
-        bucket: worker_settings.bucket.clone(),
-        outbound: Outbound::new(OutboundPolicy::default()).unwrap(),
-        operators: Outbound::new(OutboundPolicy::default()).unwrap(),
-        fetch_max_bytes: 1024,
-        output_retention_days: None,
-    };
-    let mut worker =
-        WorkerContext::new(catalog(), pool.clone(), RedisClient::new(&redis_url).unwrap(), exec, worker_settings);
-    worker.runner = runner.clone();
+    let worker = common::worker_context(catalog(), &pool, common::aws().await.s3, worker_settings);
+    let worker = common::with_runner(worker, runner.clone());
     let mut poller = Poller::connect(Arc::new(worker), common::aws().await.sqs, queue.url.clone()).await.unwrap();
     poller.wait_time_seconds = 1;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -13,7 +13,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::TestQueue;
-use common::chain::{ChainLock, Payer, TOKEN, balance, fresh_address, python, root};
+use common::chain::{ChainLock, Payer, balance, fresh_address, python, root};
 use reeve_shared::catalog::Catalog;
 use reeve_shared::mcp::{self, McpContext, McpSettings, McpStores};
 use reeve_shared::redis_client::RedisClient;
@@ -53,48 +53,18 @@ fn catalog(pay_to: &str) -> Catalog {
             "#
         )
     };
-    let prices = r#"
-            [[tasks.paid_digest.accepts]]
-            asset = "usdc-base"
-            amount_usd = "0.01"
-            [[tasks.paid_digest.accepts]]
-            asset = "local"
-            amount_usd = "0.01"
-    "#;
-    let text = format!(
+    let tasks = format!(
         r#"
-        [payments]
-        pay_to = "{pay_to}"
-        facilitator_url = "{facilitator}"
-        max_timeout_seconds = 300
-
         [uploads]
         max_bytes = 8388608
         content_types = ["text/plain"]
-
-        [assets.usdc-base]
-        network = "eip155:8453"
-        contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
-        decimals = 6
-        usd_peg = true
-        name = "USD Coin"
-        version = "2"
-
-        [assets.local]
-        network = "eip155:84532"
-        contract = "{TOKEN}"
-        decimals = 6
-        usd_peg = true
-        name = "USDC"
-        version = "2"
         {}
         {}
         "#,
         digest("digest", ""),
-        digest(PAID, prices),
-        facilitator = facilitator_url(),
+        digest(PAID, &common::cent_on_mainnet_then_local(PAID)),
     );
-    Catalog::parse(&text).unwrap_or_else(|e| panic!("{e}"))
+    common::paid_catalog(pay_to, &facilitator_url(), 300, &tasks)
 }
 
 /// The endpoint on a loopback port, on its own queue, with the worker

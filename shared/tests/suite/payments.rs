@@ -29,7 +29,6 @@ use common::chain::{
 };
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::catalog::Catalog;
-use reeve_shared::executors::ExecDeps;
 use reeve_shared::http::{ApiContext, app};
 use reeve_shared::ids::Id;
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
@@ -73,13 +72,9 @@ fn catalog(pay_to: &str, facilitator: &str, max_timeout: u32) -> Catalog {
             required = ["url"]
             [tasks.{kind}.input_schema.properties.url]
             type = "string"
-            [[tasks.{kind}.accepts]]
-            asset = "usdc-base"
-            amount_usd = "0.01"
-            [[tasks.{kind}.accepts]]
-            asset = "local"
-            amount_usd = "0.01"
-            "#
+            {}
+            "#,
+            common::cent_on_mainnet_then_local(kind)
         )
     };
     let slow = r#"
@@ -100,36 +95,8 @@ fn catalog(pay_to: &str, facilitator: &str, max_timeout: u32) -> Catalog {
             [tasks.free.input_schema]
             type = "object"
         "#;
-    let text = format!(
-        r#"
-        [payments]
-        pay_to = "{pay_to}"
-        facilitator_url = "{facilitator}"
-        max_timeout_seconds = {max_timeout}
-
-        [assets.usdc-base]
-        network = "eip155:8453"
-        contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
-        decimals = 6
-        usd_peg = true
-        name = "USD Coin"
-        version = "2"
-
-        [assets.local]
-        network = "eip155:84532"
-        contract = "{TOKEN}"
-        decimals = 6
-        usd_peg = true
-        name = "USDC"
-        version = "2"
-        {}
-        {}
-        {slow}
-        "#,
-        priced("fetch"),
-        priced("fetch2"),
-    );
-    Catalog::parse(&text).unwrap_or_else(|e| panic!("{e}"))
+    let tasks = format!("{}\n{}\n{slow}", priced("fetch"), priced("fetch2"));
+    common::paid_catalog(pay_to, facilitator, max_timeout, &tasks)
 }
 
 struct Shop {
@@ -237,34 +204,12 @@ fn id_of(reply: &Reply) -> Id {
     reply.body["id"].as_str().unwrap_or_else(|| panic!("no id in {}", reply.body)).parse().unwrap()
 }
 
-/// A worker whose fetches may reach plain-http loopback servers.
-fn worker(pool: &PgPool, catalog: Catalog, s3: aws_sdk_s3::Client) -> WorkerContext {
-    worker_on(pool, catalog, s3, &std::env::var("REEVE_BUCKET").unwrap())
-}
-
-/// [`worker`], storing its results in `bucket`.
-fn worker_on(pool: &PgPool, catalog: Catalog, s3: aws_sdk_s3::Client, bucket: &str) -> WorkerContext {
-    let settings = WorkerSettings {
-        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", String::new()),
-        redis_url: common::redis_url(),
-        bucket: bucket.to_owned(),
-        queue_url: None,
-        concurrency: 1,
-        max_receives: 5,
-        fetch_max_bytes: 1024 * 1024,
-        output_retention_days: None,
-    };
+/// A worker, one run at once, whose fetches may reach plain-http loopback
+/// servers.
+fn loopback_worker(pool: &PgPool, catalog: Catalog, s3: aws_sdk_s3::Client) -> WorkerContext {
+    let settings = WorkerSettings { concurrency: 1, ..common::worker_settings(&common::redis_url()) };
     let policy = OutboundPolicy { allow_http: true, allow: vec!["127.0.0.1".into()], ..OutboundPolicy::default() };
-    let exec = ExecDeps {
-        db: pool.clone(),
-        s3,
-        bucket: settings.bucket.clone(),
-        outbound: Outbound::new(policy.clone()).unwrap(),
-        operators: Outbound::new(policy).unwrap(),
-        fetch_max_bytes: settings.fetch_max_bytes,
-        output_retention_days: settings.output_retention_days,
-    };
-    WorkerContext::new(catalog, pool.clone(), RedisClient::new(&common::redis_url()).unwrap(), exec, settings)
+    common::worker_context_with_policy(catalog, pool, s3, settings, policy)
 }
 
 /// Serves `router` on a loopback port of its own.
@@ -323,7 +268,7 @@ async fn a_paid_task_settles_on_chain_then_runs_to_completion(pool: PgPool) {
     // Queued, then run by a worker to completion.
     let queued = shop.queue.drain().await;
     assert_eq!(queued, [json!({"task_id": id.to_string(), "kind": "fetch"})]);
-    let worker = worker(&pool, shop.catalog.clone(), common::aws().await.s3);
+    let worker = loopback_worker(&pool, shop.catalog.clone(), common::aws().await.s3);
     assert_eq!(process(&worker, &json!({"task_id": id, "kind": "fetch"}).to_string(), 1).await, Outcome::Done);
     assert_eq!(status_of(&pool, id).await.0, "completed");
 
@@ -551,7 +496,7 @@ async fn a_paid_task_that_fails_leaves_a_credit_that_pays_the_next_one(pool: PgP
     let config = aws_config::load_from_env().await;
     let dead_s3 =
         aws_sdk_s3::config::Builder::from(&config).endpoint_url("http://127.0.0.1:1").force_path_style(true).build();
-    let worker = worker(&pool, shop.catalog.clone(), aws_sdk_s3::Client::from_conf(dead_s3));
+    let worker = loopback_worker(&pool, shop.catalog.clone(), aws_sdk_s3::Client::from_conf(dead_s3));
     let body = json!({"task_id": failed, "kind": "fetch"}).to_string();
     assert_eq!(process(&worker, &body, 5).await, Outcome::Failed("retries_exhausted"));
     let space = shop.space().await;
@@ -1026,7 +971,7 @@ async fn only_reeves_own_failures_earn_a_credit(pool: PgPool) {
             ),
     )
     .await;
-    let worker = worker(&pool, shop.catalog.clone(), common::aws().await.s3);
+    let worker = loopback_worker(&pool, shop.catalog.clone(), common::aws().await.s3);
     let challenge = shop.challenge("fetch").await;
     let paid = |kind: &'static str, url: String| {
         let (shop, payer, challenge) = (&shop, &payer, &challenge);
@@ -1059,7 +1004,7 @@ async fn only_reeves_own_failures_earn_a_credit(pool: PgPool) {
     let slow = id_of(&reply);
     let one_try = WorkerContext {
         settings: WorkerSettings { max_receives: 1, ..worker.settings.clone() },
-        ..worker_on(&pool, shop.catalog.clone(), common::aws().await.s3, &std::env::var("REEVE_BUCKET").unwrap())
+        ..loopback_worker(&pool, shop.catalog.clone(), common::aws().await.s3)
     };
     let outcome = process(&one_try, &json!({"task_id": slow, "kind": "slow"}).to_string(), 1).await;
     assert_eq!(outcome, Outcome::Failed("retries_exhausted"));

@@ -742,15 +742,7 @@ fn catalog_on(facilitator: &str) -> Catalog {
     let dev = std::fs::read_to_string(common::DEV_CATALOG).unwrap();
     assert!(dev.contains("facilitator_url = \"http://127.0.0.1:4021\""));
     let dev = dev.replace("facilitator_url = \"http://127.0.0.1:4021\"", &format!("facilitator_url = {facilitator:?}"));
-    let extra = r#"
-        [assets.usdc-base]
-        network = "eip155:8453"
-        contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
-        decimals = 6
-        usd_peg = true
-        name = "USD Coin"
-        version = "2"
-
+    let kinds = r#"
         [tasks.both]
         title = "Priced on both"
         executor = "digest"
@@ -775,7 +767,7 @@ fn catalog_on(facilitator: &str) -> Catalog {
         executor = "digest"
         input_schema = { type = "object" }
     "#;
-    Catalog::parse(&format!("{dev}\n{extra}")).unwrap_or_else(|e| panic!("{e}"))
+    Catalog::parse(&format!("{dev}\n{}\n{kinds}", common::USDC_BASE)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A price in a network the facilitator does not list (its `GET

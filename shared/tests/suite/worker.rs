@@ -535,17 +535,12 @@ async fn wait_for_status(pool: &PgPool, id: Id, status: &str) {
     }
 }
 
-fn with_runner(mut ctx: WorkerContext, runner: Arc<Scripted>) -> WorkerContext {
-    ctx.runner = runner;
-    ctx
-}
-
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn reports_become_events_and_the_task_progress_is_kept(pool: PgPool) {
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let runner = Scripted::new(Duration::from_millis(10), 200);
-    let ctx = with_runner(worker(&pool).await, runner.clone());
+    let ctx = common::with_runner(worker(&pool).await, runner.clone());
 
     assert_eq!(process(&ctx, &body_of(id, "slow"), 1).await, Outcome::Done);
     assert_eq!(runner.runs.load(Ordering::SeqCst), 1);
@@ -578,7 +573,7 @@ async fn a_run_past_its_timeout_is_retried_and_then_fails_for_good(pool: PgPool)
     let id = api.create("slow", json!({})).await;
     // `slow` has timeout_seconds = 3.
     let runner = Scripted::new(Duration::from_secs(30), 1);
-    let ctx = with_runner(worker(&pool).await, runner.clone());
+    let ctx = common::with_runner(worker(&pool).await, runner.clone());
 
     let started = Instant::now();
     let outcome = process(&ctx, &body_of(id, "slow"), 1).await;
@@ -606,7 +601,7 @@ async fn a_run_past_its_timeout_is_retried_and_then_fails_for_good(pool: PgPool)
 async fn a_run_that_loses_its_lease_stops_and_writes_nothing(pool: PgPool) {
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
-    let ctx = with_runner(worker(&pool).await, Scripted::new(Duration::from_secs(2), 1));
+    let ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_secs(2), 1));
 
     let body = body_of(id, "slow");
     let run = process(&ctx, &body, 1);
@@ -630,7 +625,7 @@ async fn the_lease_is_extended_while_the_executor_runs(pool: PgPool) {
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     // A run of 2.5 s against a 3 s timeout: the lease is pushed every second.
-    let mut ctx = with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(2500), 1));
+    let mut ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(2500), 1));
     ctx.lease_grace = Duration::ZERO;
 
     let lease = |pool: PgPool| async move {
@@ -658,7 +653,7 @@ async fn without_redis_the_task_still_completes_and_every_event_is_stored(pool: 
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let ctx = worker_with(&pool, common::aws().await.s3, "redis://127.0.0.1:1");
-    let ctx = with_runner(ctx, Scripted::new(Duration::ZERO, 50));
+    let ctx = common::with_runner(ctx, Scripted::new(Duration::ZERO, 50));
 
     let started = Instant::now();
     assert_eq!(process(&ctx, &body_of(id, "slow"), 1).await, Outcome::Done);
@@ -744,7 +739,7 @@ async fn the_poller_keeps_a_long_task_invisible_while_it_runs(pool: PgPool) {
         .send()
         .await
         .unwrap();
-    let ctx = with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(2500), 1));
+    let ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(2500), 1));
     let mut poller = Poller::connect(Arc::new(ctx), sqs.clone(), &api.queue.url).await.unwrap();
     assert_eq!(poller.visibility_timeout, Duration::from_secs(2));
     poller.wait_time_seconds = 1;
@@ -768,7 +763,7 @@ async fn the_poller_run_loop_stops_on_shutdown_after_finishing_in_flight_work(po
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let sqs = common::aws().await.sqs;
-    let ctx = with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(1500), 1));
+    let ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(1500), 1));
     let mut poller = Poller::connect(Arc::new(ctx), sqs.clone(), &api.queue.url).await.unwrap();
     poller.wait_time_seconds = 1;
 
@@ -824,7 +819,7 @@ async fn a_run_still_going_at_the_invocation_deadline_is_stopped_and_handed_back
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("long", json!({})).await;
     let runner = Scripted::new(Duration::from_secs(120), 1);
-    let mut ctx = with_runner(worker(&pool).await, runner.clone());
+    let mut ctx = common::with_runner(worker(&pool).await, runner.clone());
     ctx.deadline_margin = Duration::from_secs(1);
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
