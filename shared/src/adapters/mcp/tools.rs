@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use super::failure::{ToolFailure, ToolResult};
 use super::wait::MAX_WAIT_SECONDS;
 use crate::catalog::{Catalog, Executor, PublicPrice, PublicTask};
+use crate::tasks::Task;
 
 /// The argument of a kind's tool that is not part of its input.
 pub const WAIT_SECONDS: &str = "wait_seconds";
@@ -189,32 +190,46 @@ impl Fixed {
     }
 }
 
-/// A task as the tools answer it; `result` as `result` describes it, or
-/// `null` until the task completes.
+/// A task as the tools answer it: [`Task`]'s own schema, the one the
+/// OpenAPI document has (so the two cannot drift), with its references
+/// inlined (an outputSchema stands alone), `result` as `result` describes
+/// it or `null` until the task completes, and the relay's `events_url`.
 pub fn task_schema(result: &Value) -> Value {
-    let string = json!({ "type": "string" });
-    let nullable_result = if result.as_object().is_some_and(|o| o.is_empty()) {
-        json!({})
-    } else {
-        json!({ "anyOf": [result, { "type": "null" }] })
-    };
-    json!({
-        "type": "object",
-        "properties": {
-            "id": string,
-            "kind": string,
-            "status": { "type": "string", "enum": ["queued", "running", "completed", "failed", "canceled"] },
-            "progress": { "type": "number", "minimum": 0, "maximum": 1 },
-            "result": nullable_result,
-            "error": { "type": ["object", "null"] },
-            "attempts": { "type": "integer" },
-            "cancel_requested_at": { "type": ["string", "null"] },
-            "created_at": string,
-            "updated_at": string,
-            "events_url": { "type": "string", "description": "The relay's SSE stream of the task's events." }
-        },
-        "required": ["id", "kind", "status", "progress", "result", "error", "created_at", "updated_at", "events_url"]
-    })
+    let mut named = Vec::new();
+    <Task as utoipa::ToSchema>::schemas(&mut named);
+    let named: HashMap<String, Value> =
+        named.into_iter().map(|(name, schema)| (format!("#/components/schemas/{name}"), to_json(&schema))).collect();
+    let mut schema = to_json(&<Task as utoipa::PartialSchema>::schema());
+    inline_refs(&mut schema, &named);
+    if !result.as_object().is_some_and(|o| o.is_empty()) {
+        schema["properties"]["result"] = json!({ "anyOf": [result, { "type": "null" }] });
+    }
+    schema["properties"]["events_url"] =
+        json!({ "type": "string", "description": "The relay's SSE stream of the task's events." });
+    schema["required"].as_array_mut().expect("Task has required fields").push("events_url".into());
+    schema
+}
+
+fn to_json(schema: &utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>) -> Value {
+    serde_json::to_value(schema).expect("a schema serialises")
+}
+
+/// Every `{"$ref": …}` in `schema` replaced by the schema it names.
+fn inline_refs(schema: &mut Value, named: &HashMap<String, Value>) {
+    match schema {
+        Value::Object(map) => {
+            if let Some(Value::String(target)) = map.get("$ref") {
+                let mut found =
+                    named.get(target).unwrap_or_else(|| panic!("{target} is not among Task's schemas")).clone();
+                inline_refs(&mut found, named);
+                *schema = found;
+            } else {
+                map.values_mut().for_each(|v| inline_refs(v, named));
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| inline_refs(v, named)),
+        _ => {}
+    }
 }
 
 /// What an executor's result looks like, where Reeve knows it (an `http`
@@ -384,5 +399,45 @@ fn object(value: Value) -> Arc<JsonObject> {
         Value::Object(map) => Arc::new(map),
         // A kind's schema that is not an object (the catalog refuses those).
         _ => Arc::new(JsonObject::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The outputSchema names every field a task tool answers with, no more,
+    /// and stands alone: an MCP client has no components to resolve.
+    #[test]
+    fn the_task_schema_is_task_s_own_fields_and_events_url_with_no_references() {
+        let now = time::OffsetDateTime::now_utc();
+        let task = Task {
+            id: crate::ids::Id::new(),
+            kind: "digest".into(),
+            status: crate::tasks::TaskStatus::Queued,
+            progress: 0.0,
+            result: None,
+            error: None,
+            attempts: 0,
+            cancel_requested_at: None,
+            created_at: now,
+            updated_at: now,
+        };
+        let mut fields: Vec<String> =
+            serde_json::to_value(&task).unwrap().as_object().unwrap().keys().cloned().collect();
+        fields.push("events_url".into());
+        fields.sort();
+        let schema = task_schema(&json!({}));
+        let mut properties: Vec<String> = schema["properties"].as_object().unwrap().keys().cloned().collect();
+        properties.sort();
+        assert_eq!(properties, fields);
+        assert!(!schema.to_string().contains("$ref"), "{schema}");
+        assert_eq!(
+            schema["properties"]["status"]["enum"],
+            json!(["queued", "running", "completed", "failed", "canceled"])
+        );
+        assert_eq!(schema["properties"]["id"]["type"], "string");
+        let typed = task_schema(&json!({ "type": "object" }));
+        assert_eq!(typed["properties"]["result"]["anyOf"][1], json!({ "type": "null" }));
     }
 }
