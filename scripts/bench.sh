@@ -5,8 +5,9 @@
 #   scripts/bench.sh [fanout|auth|taskcreate|coldstart ...]   (default: all four)
 #   scripts/bench.sh --stitch    (rewrite BENCHMARKS.md from the last run)
 #
-# Builds the relay, the seven function binaries and the harness (bench/)
-# with the release profile, then runs the harness, which makes its own
+# Builds the relay, the nine function binaries (each alone, with only its
+# own features), the hello-world baseline (bench/hello) and the harness
+# (bench/) with the release profile, then runs the harness, which makes its own
 # database, redis-server and SQS queue for each measurement, spreads its
 # clients over loopback source addresses, raises the open-file limit
 # itself, and prints one Markdown section per benchmark. BENCHMARKS.md is
@@ -15,7 +16,7 @@
 # kept in target/bench/, so `--stitch` can take in an edited NOTES.md
 # without measuring again.
 # Bounded in time: once built, a full run takes about 5 minutes on 2 cores
-# (fan-out and its ceiling are most of it); a release build from cold, ~15.
+# (fan-out and its ceiling are most of it); the release builds from cold, ~25.
 # BENCH_CEILING=<watchers> moves the ceiling attempt (0 skips it).
 set -euo pipefail
 LOG_TAG="bench"
@@ -31,7 +32,7 @@ command -v redis-server >/dev/null || die "redis-server is missing (scripts/stac
 
 all_phases=(fanout auth taskcreate coldstart)
 SECTIONS="$ROOT/target/bench"
-BIN="$ROOT/target/release"
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 
 # BENCHMARKS.md from the saved sections (in the order of all_phases) and
 # bench/NOTES.md.
@@ -63,9 +64,19 @@ for phase in "${phases[@]}"; do
 done
 
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-1}"
-functions=(-p reeve-fn-auth -p reeve-fn-catalog -p reeve-fn-presign -p reeve-fn-task-create
-           -p reeve-fn-task-status -p reeve-fn-upload-guard -p reeve-fn-worker)
-timed build cargo build --release --locked -p reeve-bench -p reeve-fn-relay "${functions[@]}"
+# One cargo invocation per function and for the baseline: cargo unifies the
+# features of every package it builds at once, so a function built beside
+# another would link the other's features too. Alone, each gets what
+# `sam build` gives it.
+build_each() {
+  local p
+  cargo build --release --locked -p reeve-bench -p reeve-fn-relay || return
+  for p in reeve-bench-hello reeve-fn-auth reeve-fn-catalog reeve-fn-presign reeve-fn-task-create \
+           reeve-fn-task-status reeve-fn-worker reeve-fn-upload-guard reeve-fn-sweeper reeve-fn-mcp; do
+    cargo build --release --locked -p "$p" || return
+  done
+}
+timed build build_each
 
 # A fresh run: sections of an earlier run must not mix into this one.
 rm -rf "$SECTIONS"
