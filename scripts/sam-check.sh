@@ -130,11 +130,29 @@ phase_lint() {
   rm -rf "$dir"
 }
 
+# SAM_CHECK_PROFILE=quick (what scripts/test.sh asks for) builds every
+# function exactly as `sam build` does, alone and with its own features,
+# through cargo lambda and zig, but with the release profile's optimisation
+# turned off (opt-level 0, no LTO, many codegen units): the invocations that
+# follow test behaviour, not speed, and the deploy profile's nine fat-LTO
+# links are most of a CI run. The sizes printed are then not the deployed
+# ones; the default (`deploy`) builds with Cargo.toml's release profile, as
+# a plain `sam build` does, and scripts/bench.sh measures those sizes.
+# Either way a warning in any function's own build is an error: the
+# workspace's clippy sees every feature at once, this build each function's.
 phase_build() {
-  # Heavy (a release build of the workspace): keep it from starving the rest.
+  local profile=()
+  case ${SAM_CHECK_PROFILE:-deploy} in
+    deploy) ;;
+    quick) profile=(CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_LTO=off
+                    CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_INCREMENTAL=false) ;;
+    *) die "SAM_CHECK_PROFILE is deploy or quick, not '$SAM_CHECK_PROFILE'" ;;
+  esac
+  log "sam build (${SAM_CHECK_PROFILE:-deploy} profile)"
+  # Heavy (a release build of each function): keep it from starving the rest.
   # `timed` runs phases where `set -e` does not apply: fail explicitly.
-  nice -n 19 env SAM_CLI_TELEMETRY=0 sam build || return
-  log "built bootstraps:"
+  nice -n 19 env SAM_CLI_TELEMETRY=0 RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-D warnings" "${profile[@]}" sam build || return
+  log "built bootstraps (${SAM_CHECK_PROFILE:-deploy} profile):"
   local f n total=0
   for f in "$BUILD_DIR"/*/bootstrap; do
     n=$(stat -c %s "$f")
@@ -243,7 +261,8 @@ phase_invoke() {
   timed docker ensure_docker || return
   timed base-image bash "$ROOT/scripts/lambda-base-image.sh" "$BASE_IMAGE" || return
   # The functions use the stack's database: it needs the schema.
-  timed migrate cargo run -q --locked -p reeve-cli --bin reeve -- migrate >&2 || return
+  reeve_bin
+  timed migrate "$REEVE_BIN" migrate >&2 || return
   write_local_template || return
   write_env_vars || return
   local failed=0 line fn event expect out err verdict t0

@@ -22,6 +22,17 @@ load_dev_env() {
   export SAM_CLI_TELEMETRY=0
 }
 
+# The `reeve` binary the script phases run (migrate, serve): the one the
+# workspace's `cargo test` just built, so no phase rebuilds it with other
+# features (`cargo build -p reeve-cli` alone resolves features differently
+# from the workspace build, and would rebuild half of it); built when
+# missing. REEVE_BIN overrides it.
+reeve_bin() {
+  REEVE_BIN="${REEVE_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/reeve}"
+  [[ -x $REEVE_BIN ]] || cargo build --locked -q -p reeve-cli --bin reeve || die "cannot build reeve"
+  export REEVE_BIN
+}
+
 # Run "$@" and print how long it took, tagged with a phase name.
 timed() {
   local name=$1; shift

@@ -14,7 +14,6 @@ ISO_PIDS=()
 ISO_DB=""
 ISO_QUEUE_URL=""
 ISO_SERVER=""
-REEVE_BIN="${REEVE_BIN:-$ROOT/target/debug/reeve}"
 
 iso_free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -43,8 +42,7 @@ isolated_stack_start() {
   # The development catalog, whatever .env says: these phases pay on the
   # local chain, which reeve.toml (mainnet) does not price on.
   export REEVE_CATALOG="$ROOT/reeve.dev.toml"
-  [[ -x $REEVE_BIN ]] || cargo build --locked -q -p reeve-cli --bin reeve
-  export REEVE_BIN
+  reeve_bin
   "$REEVE_BIN" migrate >/dev/null || die "reeve migrate failed"
   mkdir -p "$STACK_DIR"
 }
