@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt, future};
+use sse_stream::SseStream;
 
 use reeve_shared::ids::Id;
 use reeve_shared::relay::is_terminal;
@@ -48,23 +50,17 @@ pub async fn follow(
                 return Err(FollowError::Refused { status, code, message });
             }
             Ok(response) if response.status().is_success() => {
-                let mut body = response.bytes_stream();
-                let mut buffer = String::new();
-                while let Some(Ok(chunk)) = body.next().await {
-                    buffer.push_str(&String::from_utf8_lossy(&chunk));
-                    while let Some(end) = buffer.find("\n\n") {
-                        let block: String = buffer.drain(..end + 2).collect();
-                        let Some(event) = parse_block(&block) else { continue };
-                        if event.seq <= last {
-                            continue;
-                        }
-                        last = event.seq;
-                        progressed = true;
-                        on_event(&event);
-                        if is_terminal(&event) {
-                            let status = event.data["status"].as_str().and_then(TaskStatus::parse);
-                            return Ok(status.expect("is_terminal checked it"));
-                        }
+                let mut events = std::pin::pin!(events(response.bytes_stream()));
+                while let Some(event) = events.next().await {
+                    if event.seq <= last {
+                        continue;
+                    }
+                    last = event.seq;
+                    progressed = true;
+                    on_event(&event);
+                    if is_terminal(&event) {
+                        let status = event.data["status"].as_str().and_then(TaskStatus::parse);
+                        return Ok(status.expect("is_terminal checked it"));
                     }
                 }
             }
@@ -79,23 +75,65 @@ pub async fn follow(
     }
 }
 
-/// One SSE message block to an event; comments and partial blocks are None.
-fn parse_block(block: &str) -> Option<Event> {
-    let data: String = block.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect();
-    serde_json::from_str(&data).ok()
+/// The task events of an SSE body, in the order sent. Lines are decoded
+/// whole, whatever the network's chunks: a character split between two
+/// chunks arrives intact. A message that is no event (a comment, a `retry:`
+/// hint) is skipped; the stream ends at the body's end, at a transport error
+/// or at a line that is not SSE, and the caller resumes from the last event.
+fn events<E>(body: impl Stream<Item = Result<Bytes, E>>) -> impl Stream<Item = Event>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    SseStream::from_bytes_stream(body).take_while(|message| future::ready(message.is_ok())).filter_map(|message| {
+        let data = message.ok().and_then(|message| message.data);
+        future::ready(data.and_then(|data| serde_json::from_str(&data).ok()))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn blocks_parse_to_events_and_comments_are_skipped() {
-        let block = "retry: 2000\nid: 3\nevent: progress\ndata: {\"seq\":3,\"type\":\"progress\",\"data\":{\"fraction\":0.5},\"at\":\"2026-11-30T00:00:00Z\"}\n\n";
-        let event = parse_block(block).unwrap();
-        assert_eq!(event.seq, 3);
-        assert_eq!(event.data["fraction"], 0.5);
-        assert!(parse_block(":\n\n").is_none());
-        assert!(parse_block("data: {\"seq\":\n\n").is_none());
+    fn chunks(parts: &[&[u8]]) -> impl Stream<Item = Result<Bytes, std::io::Error>> + use<> {
+        let parts: Vec<_> = parts.iter().map(|part| Ok(Bytes::copy_from_slice(part))).collect();
+        futures_util::stream::iter(parts)
+    }
+
+    async fn collect(parts: &[&[u8]]) -> Vec<Event> {
+        events(chunks(parts)).collect().await
+    }
+
+    const PROGRESS: &str = "id: 3\nevent: progress\ndata: {\"seq\":3,\"type\":\"progress\",\"data\":{\"message\":\"caf\u{e9} \u{1f600}\"},\"at\":\"2026-11-30T00:00:00Z\"}\n\n";
+
+    #[tokio::test]
+    async fn a_character_split_between_chunks_arrives_whole() {
+        let bytes = PROGRESS.as_bytes();
+        let whole = collect(&[bytes]).await;
+        assert_eq!(whole.len(), 1);
+        assert_eq!(whole[0].data["message"], "caf\u{e9} \u{1f600}");
+        // Every cut, including inside the two- and four-byte characters.
+        for cut in 1..bytes.len() {
+            let split = collect(&[&bytes[..cut], &bytes[cut..]]).await;
+            assert_eq!(split.len(), 1, "cut at byte {cut}");
+            assert_eq!(split[0].data, whole[0].data, "cut at byte {cut}");
+        }
+    }
+
+    #[tokio::test]
+    async fn comments_and_hints_are_skipped_and_events_keep_their_order() {
+        let hint = b"retry: 2000\n\n: keep-alive\n\n";
+        let second = PROGRESS.replace("id: 3", "id: 4").replace("\"seq\":3", "\"seq\":4");
+        let seen = collect(&[hint, PROGRESS.as_bytes(), second.as_bytes()]).await;
+        assert_eq!(seen.iter().map(|event| event.seq).collect::<Vec<_>>(), [3, 4]);
+    }
+
+    #[tokio::test]
+    async fn a_broken_message_ends_the_stream_before_anything_after_it() {
+        let broken = b"data: {\"seq\":\n\nnot a field\n\n";
+        let after = PROGRESS.replace("id: 3", "id: 9").replace("\"seq\":3", "\"seq\":9");
+        let seen = collect(&[PROGRESS.as_bytes(), broken, after.as_bytes()]).await;
+        // Unparsable data is skipped; a line that is not SSE ends the read (the
+        // caller reconnects from seq 3), so seq 9 is not taken from this body.
+        assert_eq!(seen.iter().map(|event| event.seq).collect::<Vec<_>>(), [3]);
     }
 }

@@ -25,6 +25,18 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tower::ServiceExt;
 
+/// The messages of an SSE response until its body ends, decoded as the CLI
+/// decodes them (sse-stream); comments and bare `retry:` hints carry no data
+/// and are left out.
+pub async fn sse_messages(response: reqwest::Response) -> Vec<sse_stream::Sse> {
+    use futures_util::StreamExt;
+    sse_stream::SseStream::from_bytes_stream(response.bytes_stream())
+        .map(|message| message.expect("the relay writes valid SSE"))
+        .filter(|message| std::future::ready(message.data.is_some()))
+        .collect()
+        .await
+}
+
 /// The development catalog, `reeve.dev.toml`: the shipped tasks, priced on
 /// the local chain, which the stack's facilitator settles. (`reeve.toml`,
 /// what deployments ship, prices on mainnet: tests/suite/catalog.rs reads it.)

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{TestQueue, test_settings};
-use futures_util::StreamExt;
 use reeve_shared::executors::{ExecDeps, Job};
 use reeve_shared::http::stream::{RelayContext, router as relay_router};
 use reeve_shared::ids::Id;
@@ -59,13 +58,9 @@ async fn serve(router: axum::Router) -> String {
 async fn watch(http: &reqwest::Client, relay: &str, token: &str, id: &str) -> (Vec<i64>, Vec<String>) {
     let response = http.get(format!("{relay}/v1/tasks/{id}/events")).bearer_auth(token).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 200);
-    let mut body = response.bytes_stream();
-    let mut text = String::new();
-    while let Some(chunk) = body.next().await {
-        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-    }
-    let ids = text.lines().filter_map(|l| l.strip_prefix("id:")).map(|n| n.trim().parse().unwrap()).collect();
-    let kinds = text.lines().filter_map(|l| l.strip_prefix("event:")).map(|k| k.trim().to_owned()).collect();
+    let messages = common::sse_messages(response).await;
+    let ids = messages.iter().filter_map(|m| m.id.as_deref()).map(|n| n.parse().unwrap()).collect();
+    let kinds = messages.iter().filter_map(|m| m.event.clone()).collect();
     (ids, kinds)
 }
 

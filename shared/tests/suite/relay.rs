@@ -179,32 +179,19 @@ async fn read_all(response: reqwest::Response) -> Vec<Frame> {
 }
 
 async fn read_all_within(response: reqwest::Response, limit: Duration) -> Vec<Frame> {
-    let mut frames = Vec::new();
-    let mut buffer = String::new();
-    let mut body = response.bytes_stream();
-    let read = async {
-        while let Some(chunk) = body.next().await {
-            buffer.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-            while let Some(end) = buffer.find("\n\n") {
-                let block: String = buffer.drain(..end + 2).collect();
-                let (mut id, mut event, mut data) = (None, None, None);
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("id:") {
-                        id = Some(v.trim().parse::<i64>().unwrap());
-                    } else if let Some(v) = line.strip_prefix("event:") {
-                        event = Some(v.trim().to_owned());
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data = Some(serde_json::from_str::<Value>(v.trim()).unwrap());
-                    }
-                }
-                if let (Some(id), Some(event), Some(data)) = (id, event, data) {
-                    frames.push(Frame { id, event, data });
-                }
-            }
-        }
-    };
-    tokio::time::timeout(limit, read).await.expect("the stream ends after the terminal status");
-    frames
+    let messages = tokio::time::timeout(limit, common::sse_messages(response))
+        .await
+        .expect("the stream ends after the terminal status");
+    messages
+        .into_iter()
+        .filter_map(|message| {
+            Some(Frame {
+                id: message.id?.parse().expect("an event id is its seq"),
+                event: message.event?,
+                data: serde_json::from_str(&message.data?).expect("an event's data is JSON"),
+            })
+        })
+        .collect()
 }
 
 fn seqs(frames: &[Frame]) -> Vec<i64> {
@@ -312,12 +299,16 @@ async fn a_redis_restart_mid_stream_loses_no_event(pool: PgPool) {
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     redis.stop();
+    common::wait_until("the relay notices Redis is gone", Duration::from_secs(10), || async {
+        !relay.hub.is_connected()
+    })
+    .await;
     // Written while Redis is gone: the publishes fail, Postgres keeps them.
     progress(&pool, &redis.url(), task, 4).await;
     redis.restart();
     // Nothing new is published after the restart until the end: the relay
     // must find the missed events in Postgres when it reconnects.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    common::wait_until("the relay reconnects", Duration::from_secs(15), || async { relay.hub.is_connected() }).await;
     let n = finish(&pool, &redis.url(), task).await;
 
     for reader in readers {
@@ -416,8 +407,10 @@ async fn a_client_that_leaves_before_any_event_releases_its_task(pool: PgPool) {
 
     // Resuming past the last event of a running task: nothing will come.
     let response = connect(&relay, task, Some(50)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(relay.hub.task_count(), 1);
+    common::wait_until("the stream subscribes to its task", Duration::from_secs(5), || async {
+        relay.hub.task_count() == 1
+    })
+    .await;
     drop(response);
     hub_forgets_everything(&relay.hub).await;
 
@@ -703,12 +696,16 @@ async fn five_thousand_watchers_over_five_hundred_tasks_survive_a_redis_restart(
         progress(&pool, &redis.url(), *task, 2).await;
     }
     redis.stop();
+    common::wait_until("the relay notices Redis is gone", Duration::from_secs(10), || async {
+        !relay.hub.is_connected()
+    })
+    .await;
     // Written while Redis is gone: the publishes fail, Postgres keeps them.
     for task in &tasks {
         progress(&pool, &redis.url(), *task, 2).await;
     }
     redis.restart();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    common::wait_until("the relay reconnects", Duration::from_secs(15), || async { relay.hub.is_connected() }).await;
     let mut last = 0;
     for task in &tasks {
         last = finish(&pool, &redis.url(), *task).await;
