@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The test command: start the local stack, load .env, check formatting and
-# clippy (bare runs, while the stack comes up), run the workspace tests,
-# the API fuzz run (scripts/api-fuzz.sh), the browser console test
-# (scripts/console-test.sh), then the SAM checks (scripts/sam-check.sh:
-# validate, the translated-template lint, build with the quick profile,
-# cargo lambda deploy to moto, local invoke).
+# The test command: start the local stack (while the bare run's lint gates,
+# fmt and clippy, run), load .env, build and run the workspace tests, the
+# API fuzz run (scripts/api-fuzz.sh), the browser console test
+# (scripts/console-test.sh), and the SAM checks (scripts/sam-check.sh:
+# validate, the translated-template lint and `sam build` with the quick
+# profile, in the background while the tests run; then cargo lambda deploy
+# to moto and local invoke).
 #   scripts/test.sh [extra cargo test args...]
 # With extra arguments (a filtered run) only the cargo tests run;
 # REEVE_SKIP_SAM_CHECK=1 skips the SAM checks. CI runs it without arguments.
@@ -34,6 +35,20 @@ else
   REEVE_STACK_BROWSER=1 timed stack bash scripts/stack.sh up
 fi
 load_dev_env
+sam_check=0
+if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then sam_check=1; fi
+if ((sam_check)); then
+  # The SAM checks' first half (validate, lint, and `sam build` of each
+  # function alone with its own features, so it also stands for a
+  # per-function clippy run; quick profile, see scripts/sam-check.sh) runs
+  # while the tests run: at nice 19 it takes only the CPU the tests leave
+  # idle (they mostly wait on the chain, the queue and the browser). The
+  # test binaries are built first, so the two builds do not share the CPU.
+  timed cargo-build cargo test --workspace --locked --no-run || { r=$?; ((rc)) || rc=$r; }
+  sam_log=$(mktemp)
+  (export SAM_CHECK_PROFILE=quick; timed sam-check-build nice -n 19 bash scripts/sam-check.sh validate lint build) >"$sam_log" 2>&1 &
+  sam_pid=$!
+fi
 timed cargo-test cargo test --workspace --locked "$@" || { r=$?; ((rc)) || rc=$r; }
 # Phases that drive a real `reeve serve` from outside, each on a database and
 # a queue of its own: schemathesis against the OpenAPI document, and the
@@ -42,11 +57,18 @@ if (($# == 0)); then
   timed api-fuzz bash scripts/api-fuzz.sh || { r=$?; ((rc)) || rc=$r; }
   timed console bash scripts/console-test.sh || { r=$?; ((rc)) || rc=$r; }
 fi
-# The SAM checks build each function alone with its own features (so they
-# also stand for a per-function clippy run), with the quick profile: see
-# scripts/sam-check.sh.
-if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then
-  timed sam-check env SAM_CHECK_PROFILE=quick bash scripts/sam-check.sh || { r=$?; ((rc)) || rc=$r; }
+if ((sam_check)); then
+  sam_rc=0
+  wait "$sam_pid" || sam_rc=$?
+  cat "$sam_log" >&2
+  rm -f "$sam_log"
+  if ((sam_rc == 0)); then
+    # The second half needs the bootstraps: cargo lambda deploy to moto, and
+    # sam local invoke of every function.
+    timed sam-check-invoke bash scripts/sam-check.sh deploy invoke || { r=$?; ((rc)) || rc=$r; }
+  else
+    ((rc)) || rc=$sam_rc
+  fi
 else
   log "skipping scripts/sam-check.sh (filtered run or REEVE_SKIP_SAM_CHECK=1)"
 fi
