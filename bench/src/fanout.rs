@@ -294,6 +294,12 @@ async fn scenario(
         .env("BENCH_REDIS_URLS", redis.urls())
         .env("REEVE_TOKEN_KEY", key_text)
         .env("REEVE_RELAY_BIND", format!("127.0.0.1:{port}"))
+        // Every watcher is of one Space, from a few loopback addresses: the
+        // relay's caps on open streams (32 per Space, 128 per address by
+        // default) would refuse all but the first few, so they go to their
+        // largest here. The bench measures the fan-out, not the caps.
+        .env("REEVE_RELAY_STREAMS_PER_SPACE", "1000000")
+        .env("REEVE_RELAY_STREAMS_PER_IP", "1000000")
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
         .kill_on_drop(true)
