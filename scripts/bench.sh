@@ -69,11 +69,13 @@ export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-1}"
 # another would link the other's features too. Alone, each gets what
 # `sam build` gives it.
 build_each() {
-  local p
+  local p dir
   cargo build --release --locked -p reeve-bench -p reeve-fn-relay || return
-  for p in reeve-bench-hello reeve-fn-auth reeve-fn-catalog reeve-fn-presign reeve-fn-task-create \
-           reeve-fn-task-status reeve-fn-worker reeve-fn-upload-guard reeve-fn-sweeper reeve-fn-mcp; do
-    cargo build --release --locked -p "$p" || return
+  cargo build --release --locked -p reeve-bench-hello || return
+  # Every Lambda under functions/ (the relay is the Fargate service, built above).
+  for dir in functions/*/; do
+    p="reeve-fn-$(basename "$dir")"
+    [[ $p == reeve-fn-relay ]] || cargo build --release --locked -p "$p" || return
   done
 }
 timed build build_each
