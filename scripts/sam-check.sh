@@ -12,7 +12,9 @@
 #             its resource's Metadata, with the reason); once per variant
 #             (LINT_VARIANTS). checkov lives in a virtualenv of its own
 #             (scripts/requirements-checkov.txt), installed here when missing.
-#   build     sam build: every function with cargo lambda + zig, release;
+#   build     sam build: every function alone, with cargo lambda + zig,
+#             every warning an error; the deploy profile, or the quick one
+#             with SAM_CHECK_PROFILE=quick (scripts/test.sh: see phase_build);
 #             prints the size of every bootstrap
 #   deploy    the README's `cargo lambda deploy` of one function (auth, the
 #             bootstrap the build phase made) against the local moto
