@@ -94,12 +94,6 @@ facilitator_start() {
   wait_for facilitator 30 "$DIR/facilitator.log" facilitator_ready
 }
 
-# Point this checkout's .env at the local facilitator and chain (once).
-env_add() {
-  [[ -f $ENV_FILE ]] || return 0
-  grep -q "^$1=" "$ENV_FILE" || printf '%s=%s\n' "$1" "$2" >>"$ENV_FILE"
-}
-
 status_table() {
   local down=0 pid st
   printf '%-12s %-22s %-8s %s\n' SERVICE ADDRESS PID STATE
@@ -120,6 +114,7 @@ cmd_up() {
   chain_start
   token_deploy
   facilitator_start
+  # Point this checkout's .env at the local facilitator and chain (once).
   env_add REEVE_FACILITATOR_URL "$FAC_URL"
   env_add REEVE_CHAIN_RPC_URL "$RPC"
   # The network the local chain stands in for, for the payments reconciler.

@@ -214,14 +214,9 @@ PY
 write_env_vars() {
   (umask 077 && "$VENV_DIR/bin/python" - "$ENV_FILE" "$WORK_DIR/env.json" <<'PY'
 import json, sys
-values = {}
-with open(sys.argv[1]) as f:
-    for line in f:
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        name, value = line.split("=", 1)
-        values[name] = value
+from dotenv import dotenv_values
+# As the shell reads it: quotes removed, nothing expanded in a quoted value.
+values = {k: v for k, v in dotenv_values(sys.argv[1], interpolate=False).items() if v is not None}
 values["REEVE_CATALOG"] = "/opt/reeve.toml"
 # The MCP endpoint answers the Host of the sample events (their API's).
 mcp = {"REEVE_MCP_ALLOWED_HOSTS": "a1b2c3d4e5.execute-api.eu-west-1.amazonaws.com"}

@@ -63,9 +63,6 @@ port_taken() {
   die "127.0.0.1:$1 is already in use ${who:+($who) }but not by this stack's pid files; stop that process or set $2"
 }
 
-# Value of KEY in .env (last occurrence), or empty.
-env_get() { if [[ -f $ENV_FILE ]]; then sed -n "s/^$1=//p" "$ENV_FILE" | tail -n1; fi; }
-
 # ---------------------------------------------------------------- installs
 
 pg_bindir() {
@@ -184,29 +181,59 @@ write_env_once() {
   local tmp="$ENV_FILE.tmp.$$"
   (
     umask 077
-    cat >"$tmp" <<EOF
-# Development only: these values are random local secrets, never use them in production.
-# Written once by scripts/stack.sh up; delete this file to regenerate.
-REEVE_PEPPER=$REEVE_PEPPER
-REEVE_TOKEN_KEY=$REEVE_TOKEN_KEY
-DATABASE_URL=postgres://reeve:$PG_PASSWORD@$HOST:$PG_PORT/reeve
-REDIS_URL=redis://$HOST:$REDIS_PORT
-REEVE_BUCKET=$BUCKET
-REEVE_QUEUE_URL=$queue_url
-AWS_ENDPOINT_URL=http://$HOST:$S3_PORT
-AWS_ENDPOINT_URL_S3=http://$HOST:$S3_PORT
-AWS_ENDPOINT_URL_SQS=http://$HOST:$SQS_PORT
-AWS_ACCESS_KEY_ID=$S3_ACCESS_KEY
-AWS_SECRET_ACCESS_KEY=$S3_SECRET_KEY
-AWS_REGION=us-east-1
-AWS_DEFAULT_REGION=us-east-1
-REEVE_CATALOG=$DEV_CATALOG
-REEVE_CORS_ORIGINS=http://127.0.0.1:8080,http://localhost:8080
-EOF
-  )
+    {
+      echo "# Development only: these values are random local secrets, never use them in production."
+      echo "# Written once by scripts/stack.sh up; delete this file to regenerate."
+      env_line REEVE_PEPPER "$REEVE_PEPPER"
+      env_line REEVE_TOKEN_KEY "$REEVE_TOKEN_KEY"
+      env_line DATABASE_URL "postgres://reeve:$PG_PASSWORD@$HOST:$PG_PORT/reeve"
+      env_line REDIS_URL "redis://$HOST:$REDIS_PORT"
+      env_line REEVE_BUCKET "$BUCKET"
+      env_line REEVE_QUEUE_URL "$queue_url"
+      env_line AWS_ENDPOINT_URL "http://$HOST:$S3_PORT"
+      env_line AWS_ENDPOINT_URL_S3 "http://$HOST:$S3_PORT"
+      env_line AWS_ENDPOINT_URL_SQS "http://$HOST:$SQS_PORT"
+      env_line AWS_ACCESS_KEY_ID "$S3_ACCESS_KEY"
+      env_line AWS_SECRET_ACCESS_KEY "$S3_SECRET_KEY"
+      env_line AWS_REGION us-east-1
+      env_line AWS_DEFAULT_REGION us-east-1
+      env_line REEVE_CATALOG "$DEV_CATALOG"
+      env_line REEVE_CORS_ORIGINS "http://127.0.0.1:8080,http://localhost:8080"
+    } >"$tmp"
+  ) || { rm -f "$tmp"; die "could not write $ENV_FILE"; }
   mv "$tmp" "$ENV_FILE"
   rm -f "$SECRETS"
   log "wrote $ENV_FILE"
+}
+
+# A .env written before values were quoted (see env_line) has
+# `REEVE_CHAIN_RPC_URLS=eip155:84532=http://…` bare, which `cargo lambda
+# watch --env-file .env` refuses: quote every bare value that needs it, and
+# leave the rest of the file as it is.
+env_quote_values() {
+  [[ -f $ENV_FILE ]] || return 0
+  # The file itself, if .env is a link to it (a worktree's), not the link.
+  local file tmp line key value changed=()
+  file=$(readlink -f "$ENV_FILE")
+  tmp="$file.tmp.$$"
+  (
+    umask 077
+    while IFS= read -r line || [[ -n $line ]]; do
+      if [[ $line =~ ^([A-Za-z_][A-Za-z0-9_]*)=([^\'\"].*)$ ]]; then
+        key=${BASH_REMATCH[1]} value=${BASH_REMATCH[2]}
+        env_line "$key" "$value"
+      else
+        printf '%s\n' "$line"
+      fi
+    done <"$file" >"$tmp"
+  ) || { rm -f "$tmp"; die "could not update $file"; }
+  if cmp -s "$file" "$tmp"; then
+    rm -f "$tmp"
+    return 0
+  fi
+  mapfile -t changed < <(diff "$file" "$tmp" | sed -n 's/^> \([A-Za-z0-9_]*\)=.*/\1/p')
+  mv "$tmp" "$file"
+  log "$file: quoted ${changed[*]} (cargo lambda's --env-file refuses them bare)"
 }
 
 # A .env written before reeve.toml became the production catalog names it
@@ -498,6 +525,7 @@ cmd_up() {
   queue_url=$(bootstrap_aws) || die "creating the bucket and queues failed"
   write_env_once "$queue_url"
   env_use_dev_catalog
+  env_quote_values
   local envq
   envq=$(env_get REEVE_QUEUE_URL)
   [[ $envq == "$queue_url" ]] || log "warning: .env has REEVE_QUEUE_URL=$envq but moto returned $queue_url"

@@ -9,7 +9,44 @@ ENV_FILE="$ROOT/.env"
 log()  { printf '%s: %s\n' "${LOG_TAG:-reeve}" "$*" >&2; }
 die()  { printf '%s: error: %s\n' "${LOG_TAG:-reeve}" "$*" >&2; exit 1; }
 
-# Load the development .env into the environment (plain KEY=value lines) and put
+# ------------------------------------------------- .env (stack.sh, payments.sh)
+# .env has four readers: the shell (`. .env`, load_dev_env below), dotenvy
+# (`reeve`), cargo lambda's `--env-file` (the README's `cargo lambda watch`)
+# and python-dotenv (sam-check.sh's `--env-vars` file for `sam local
+# invoke`). cargo lambda refuses an unquoted value holding `=` (a chain's
+# `eip155:84532=http://…`), and the shell would expand `$` or split on
+# spaces; all four take a single-quoted value literally. So a value with
+# anything beyond [A-Za-z0-9_.,:/@+-] is written single-quoted.
+ENV_PLAIN='^[A-Za-z0-9_.,:/@+-]*$'
+
+# The .env line for KEY ($1) and VALUE ($2).
+env_line() {
+  if [[ $2 =~ $ENV_PLAIN ]]; then
+    printf '%s=%s\n' "$1" "$2"
+  elif [[ $2 != *"'"* ]]; then
+    printf "%s='%s'\n" "$1" "$2"
+  else
+    die "$1: a .env value cannot hold a single quote"
+  fi
+}
+
+# The value of KEY ($1) in .env (its last line), unquoted; empty if absent.
+env_get() {
+  [[ -f $ENV_FILE ]] || return 0
+  local value
+  value=$(sed -n "s/^$1=//p" "$ENV_FILE" | tail -n1)
+  if [[ $value =~ ^\'(.*)\'$ || $value =~ ^\"(.*)\"$ ]]; then value=${BASH_REMATCH[1]}; fi
+  printf '%s\n' "$value"
+}
+
+# Appends KEY=VALUE to .env unless KEY is there already (a developer's
+# own value stays).
+env_add() {
+  [[ -f $ENV_FILE ]] || return 0
+  grep -q "^$1=" "$ENV_FILE" || env_line "$1" "$2" >>"$ENV_FILE"
+}
+
+# Load the development .env into the environment (KEY=value lines) and put
 # the project virtualenv first on PATH, so `cargo lambda` finds zig, and `sam`,
 # `weed`, `moto_server` come from the pinned venv.
 load_dev_env() {
