@@ -4,17 +4,23 @@
 //!
 //! - a `queued` task whose message was lost (create committed, then the
 //!   send never happened: a disconnect, a Lambda timeout) is sent again;
-//! - a `running` task whose lease expired (its worker was killed, or a
-//!   Postgres outage hit its last delivery) is sent again, and the next
-//!   worker claims it over the expired lease;
+//! - a `running` task whose lease lapsed (its worker was killed, or lost
+//!   Postgres for longer than its lease) is sent again, and the next worker
+//!   claims it over the lapsed lease;
 //! - a task that has been claimed as often as the queue would deliver it
 //!   (`REEVE_MAX_RECEIVES`) is failed as `retries_exhausted` instead, since
 //!   sending it again would only run it past its limit.
 //!
-//! Each only after the task has not changed for `older_than`; a re-send
-//! touches `updated_at`, so the next sweep waits that long again rather than
-//! piling up copies. Duplicate messages are harmless: every claim is a
-//! conditional update, so a task runs once however often it is delivered.
+//! A lapsed lease is acted on at the first sweep after it lapsed, whatever
+//! `older_than` says: a lease is short and renewed every few seconds, so
+//! one that ran out means its worker is gone, and waiting longer only
+//! delays the task. Anything else waits until the task has not changed for
+//! `older_than`, since a queued task's message may simply still be on its
+//! way. A re-send touches `updated_at`, which then lies after the lapse, so
+//! the next sweep does not send it again at once; if that message is lost
+//! too, `older_than` later it is. Duplicate messages are harmless: every
+//! claim is a conditional update, so a task runs once however often it is
+//! delivered.
 //!
 //! Every sweep also runs the payments reconciler ([`crate::payments::reconcile`]):
 //! a payment whose settlement's outcome was never learnt is resolved from
@@ -117,6 +123,23 @@ pub struct Sweeper {
 /// A task row as the sweeper sees it.
 type Candidate = (Id, String, String, i32);
 
+/// The tasks no worker is on: `running` under a lease that lapsed since
+/// the task last changed (a re-send is a change, so each lapse is acted on
+/// once), or `queued` or `running` without a live lease and left alone for
+/// `older_than` (the parameter named, in seconds).
+macro_rules! stranded {
+    ($older_than:literal) => {
+        concat!(
+            "((status = 'running' AND lease_until < now() AND updated_at <= lease_until)
+              OR (updated_at < now() - make_interval(secs => ",
+            $older_than,
+            ")
+                  AND (status = 'queued'
+                       OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))))"
+        )
+    };
+}
+
 impl Sweeper {
     /// One sweep over every task left alone for `older_than`.
     pub async fn sweep(&self, older_than: Duration) -> Result<SweepReport, SweepError> {
@@ -151,14 +174,13 @@ impl Sweeper {
     async fn fail_exhausted(&self, older_than: Duration, report: &mut SweepReport) -> Result<(), SweepError> {
         let mut after = Id::from(ulid::Ulid::nil());
         loop {
-            let batch: Vec<Candidate> = sqlx::query_as(
-                "SELECT id, kind, status, attempts FROM tasks
-                  WHERE id > $1 AND attempts >= $2
-                    AND updated_at < now() - make_interval(secs => $3)
-                    AND (status = 'queued'
-                         OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
-                  ORDER BY id LIMIT $4",
-            )
+            let batch: Vec<Candidate> = sqlx::query_as(concat!(
+                r#"SELECT id, kind, status, attempts FROM tasks
+                  WHERE id > $1 AND attempts >= $2 AND "#,
+                stranded!("$3"),
+                r#"
+                  ORDER BY id LIMIT $4"#
+            ))
             .bind(after)
             .bind(self.max_attempts as i32)
             .bind(older_than.as_secs_f64())
@@ -186,18 +208,17 @@ impl Sweeper {
     /// two sweepers (the scheduled one and `reeve work`'s) never both do.
     async fn resend(&self, older_than: Duration, report: &mut SweepReport) -> Result<(), SweepError> {
         loop {
-            let batch: Vec<(Id, String, String)> = sqlx::query_as(
-                "UPDATE tasks SET updated_at = now()
+            let batch: Vec<(Id, String, String)> = sqlx::query_as(concat!(
+                r#"UPDATE tasks SET updated_at = now()
                   WHERE id IN (
                         SELECT id FROM tasks
-                         WHERE attempts < $1
-                           AND updated_at < now() - make_interval(secs => $2)
-                           AND (status = 'queued'
-                                OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
+                         WHERE attempts < $1 AND "#,
+                stranded!("$2"),
+                r#"
                          ORDER BY id LIMIT $3
                            FOR UPDATE SKIP LOCKED)
-                RETURNING id, kind, status",
-            )
+                RETURNING id, kind, status"#
+            ))
             .bind(self.max_attempts as i32)
             .bind(older_than.as_secs_f64())
             .bind(BATCH)

@@ -102,6 +102,38 @@ async fn lost_and_expired_tasks_are_sent_again_once_and_live_ones_are_left_alone
     queue.delete().await;
 }
 
+/// A lease that lapsed is acted on at the next sweep, however recently the
+/// task changed: its worker is gone, and the threshold is only for a queued
+/// task whose message may still be on its way. Once per lapse: the re-send
+/// is a change after it.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_lapsed_lease_is_sent_again_at_the_next_sweep_whatever_the_threshold(pool: PgPool) {
+    let queue = TestQueue::new().await;
+    let sweeper = sweeper(&pool, &queue).await;
+    // Last changed 5 s ago, lease lapsed 1 s ago: its worker died mid-run.
+    let lapsed = task(&pool, "running", 1, 5.0, Some(-1.0)).await;
+    // The same, but on its last attempt: failed, not sent.
+    let last = task(&pool, "running", 5, 5.0, Some(-1.0)).await;
+    // Changed after its lease lapsed (re-sent by an earlier sweep): the
+    // message is on its way, so it waits for the threshold.
+    let resent = task(&pool, "running", 1, 1.0, Some(-3.0)).await;
+    let live = task(&pool, "running", 1, 5.0, Some(15.0)).await;
+    let queued = task(&pool, "queued", 0, 5.0, None).await;
+
+    let report = sweeper.sweep(Duration::from_secs(300)).await.unwrap();
+    assert_eq!(report, SweepReport { resent_expired: 1, exhausted: 1, ..SweepReport::default() });
+    assert_eq!(sent_ids(&queue).await, vec![lapsed]);
+    assert_eq!(status_and_error(&pool, last).await.1.unwrap()["code"], "retries_exhausted");
+    for (id, status) in [(lapsed, "running"), (resent, "running"), (live, "running"), (queued, "queued")] {
+        assert_eq!(status_and_error(&pool, id).await.0, status);
+    }
+
+    let again = sweeper.sweep(Duration::from_secs(300)).await.unwrap();
+    assert_eq!(again, SweepReport::default(), "one re-send per lapse");
+    assert!(queue.drain().await.is_empty());
+    queue.delete().await;
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn tasks_out_of_attempts_fail_as_retries_exhausted_with_their_events(pool: PgPool) {
     let queue = TestQueue::new().await;
