@@ -53,11 +53,8 @@ pub use domain::uploads;
 pub use domain::{auth, catalog, ids, payments, tasks};
 #[cfg(feature = "aws")]
 pub use infra::aws;
-pub(crate) use infra::canonical_json;
 #[cfg(feature = "outbound")]
 pub use infra::outbound;
-#[cfg(any(feature = "aws", feature = "outbound"))]
-pub(crate) use infra::tls;
 pub use infra::{db, metrics, redis_client, storage_policy, telemetry};
 pub use startup::settings;
 

@@ -22,7 +22,7 @@
 //! claim is a conditional update, so a task runs once however often it is
 //! delivered.
 //!
-//! Every sweep also runs the payments reconciler ([`crate::payments::reconcile`]):
+//! Every sweep also runs the payments reconciler ([`crate::domain::payments::reconcile`]):
 //! a payment whose settlement's outcome was never learnt is resolved from
 //! the chain, its task created (and queued here) if the charge landed, or
 //! the attempt failed if it never can.
@@ -43,13 +43,13 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::catalog::Catalog;
-use crate::ids::Id;
-use crate::payments::{self, Chains};
-use crate::tasks::RETRIES_EXHAUSTED;
-use crate::tasks::events::Publisher;
-use crate::tasks::queue::{self, QueueMessage};
-use crate::tasks::{self, Change, Fence, TaskStatus, task_error};
+use crate::domain::catalog::Catalog;
+use crate::domain::ids::Id;
+use crate::domain::payments::{self, Chains};
+use crate::domain::tasks::RETRIES_EXHAUSTED;
+use crate::domain::tasks::events::Publisher;
+use crate::domain::tasks::queue::{self, QueueMessage};
+use crate::domain::tasks::{self, Change, Fence, TaskStatus, task_error};
 
 /// How often `reeve work` sweeps.
 pub const EVERY: Duration = Duration::from_secs(60);
@@ -64,7 +64,7 @@ const BATCH: i64 = 500;
 pub mod codes {
     /// SQS moved the task's message to the dead-letter queue.
     pub const DEAD_LETTERED: &str = "dead_lettered";
-    pub use crate::tasks::RETRIES_EXHAUSTED;
+    pub use crate::domain::tasks::RETRIES_EXHAUSTED;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,7 +164,7 @@ impl Sweeper {
             if let Err(e) = queue::enqueue(&self.sqs, &self.queue_url, id, &kind).await {
                 tracing::error!(task_id = %id, error = %e, "could not queue a task whose payment landed late");
                 report.send_errors += 1;
-                crate::metrics::sweeper_action("send_failed", 1);
+                crate::infra::metrics::sweeper_action("send_failed", 1);
             }
         }
         Ok(())
@@ -195,7 +195,7 @@ impl Sweeper {
                 if self.fail(id, &status, attempts, RETRIES_EXHAUSTED, &message).await? {
                     tracing::warn!(task_id = %id, attempts, "retries exhausted; failed");
                     report.exhausted += 1;
-                    crate::metrics::sweeper_action("failed_exhausted", 1);
+                    crate::infra::metrics::sweeper_action("failed_exhausted", 1);
                 }
             }
             if !full {
@@ -229,18 +229,18 @@ impl Sweeper {
                 match queue::enqueue(&self.sqs, &self.queue_url, id, &kind).await {
                     Ok(()) if status == "queued" => {
                         report.resent_queued += 1;
-                        crate::metrics::sweeper_action("resent_queued", 1);
+                        crate::infra::metrics::sweeper_action("resent_queued", 1);
                     }
                     Ok(()) => {
                         report.resent_expired += 1;
-                        crate::metrics::sweeper_action("resent_lease_expired", 1);
+                        crate::infra::metrics::sweeper_action("resent_lease_expired", 1);
                     }
                     Err(e) => {
                         // Touched but not sent: the next sweep after the
                         // threshold tries again.
                         tracing::error!(task_id = %id, error = %e, "could not send a swept task again");
                         report.send_errors += 1;
-                        crate::metrics::sweeper_action("send_failed", 1);
+                        crate::infra::metrics::sweeper_action("send_failed", 1);
                     }
                 }
             }
@@ -280,7 +280,7 @@ impl Sweeper {
         let Ok(message) = serde_json::from_str::<QueueMessage>(body) else {
             let shown: String = body.chars().take(200).collect();
             tracing::error!(body = %shown, "dead-lettered message is not {{task_id, kind}}; dropping it");
-            crate::metrics::sweeper_action("dropped_unreadable", 1);
+            crate::infra::metrics::sweeper_action("dropped_unreadable", 1);
             return Ok(DeadLetter::Unreadable);
         };
         let id = message.task_id;
@@ -300,7 +300,7 @@ impl Sweeper {
                 Some(TaskStatus::Queued | TaskStatus::Running) => {
                     if self.fail(id, &status, attempts, codes::DEAD_LETTERED, message).await? {
                         tracing::warn!(task_id = %id, attempts, "dead-lettered; failed");
-                        crate::metrics::sweeper_action("failed_dead_lettered", 1);
+                        crate::infra::metrics::sweeper_action("failed_dead_lettered", 1);
                         return Ok(DeadLetter::Failed);
                     }
                 }
@@ -336,7 +336,7 @@ impl Sweeper {
                 Ok(event) => {
                     let response = self.handle_dead_letters(event).await;
                     // In Lambda, the batch's EMF lines go out with it.
-                    crate::metrics::flush();
+                    crate::infra::metrics::flush();
                     Ok(serde_json::to_value(response).expect("serialises"))
                 }
                 Err(e) => {
@@ -349,7 +349,7 @@ impl Sweeper {
             payload.get("older_than_seconds").and_then(Value::as_u64).map_or(self.older_than, Duration::from_secs);
         let report = self.sweep(older_than).await;
         // What a failed sweep did before its error is counted too.
-        crate::metrics::flush();
+        crate::infra::metrics::flush();
         Ok(serde_json::to_value(report?).expect("serialises"))
     }
 

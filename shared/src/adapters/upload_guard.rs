@@ -23,8 +23,8 @@ use aws_sdk_s3::error::DisplayErrorContext;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
-use crate::ids::Id;
-use crate::uploads::{self, ObjectState, UploadError, UploadRow, UploadStatus};
+use crate::domain::ids::Id;
+use crate::domain::uploads::{self, ObjectState, UploadError, UploadRow, UploadStatus};
 
 /// What the guard did with one object.
 #[derive(Debug, Clone, PartialEq, Eq)]

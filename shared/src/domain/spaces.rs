@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use time::OffsetDateTime;
 use tokio::sync::Semaphore;
 
-use crate::auth::{self, AuthError, Secret, SpaceId};
+use crate::domain::auth::{self, AuthError, Secret, SpaceId};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpaceError {
@@ -79,9 +79,9 @@ impl Argon2Limit {
             let _permit = permit;
             let now = me.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
             me.peak.fetch_max(now, Ordering::Relaxed);
-            crate::metrics::argon2_in_flight(1.0);
+            crate::infra::metrics::argon2_in_flight(1.0);
             let out = work();
-            crate::metrics::argon2_in_flight(-1.0);
+            crate::infra::metrics::argon2_in_flight(-1.0);
             me.in_flight.fetch_sub(1, Ordering::Relaxed);
             out
         })

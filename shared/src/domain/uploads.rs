@@ -18,13 +18,13 @@ use aws_sdk_s3::presigning::PresigningConfig;
 use sqlx::{PgExecutor, PgPool};
 use time::OffsetDateTime;
 
-use crate::auth::SpaceIndex;
-use crate::catalog;
-use crate::ids::Id;
+use crate::domain::auth::SpaceIndex;
+use crate::domain::catalog;
+use crate::domain::ids::Id;
 
 /// Every object key of an upload starts with this (the guard's trigger prefix).
 pub const KEY_PREFIX: &str = "incoming/tasks/";
-pub use crate::catalog::MAX_FILENAME_BYTES;
+pub use crate::domain::catalog::MAX_FILENAME_BYTES;
 /// Longest sanitised name used in an object key, in characters (all ASCII).
 pub const MAX_KEY_NAME_CHARS: usize = 100;
 

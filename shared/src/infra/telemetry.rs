@@ -2,7 +2,7 @@
 //! Fargate, where CloudWatch indexes the fields (the request id and task id
 //! are span fields); a terminal gets the readable format unless
 //! `REEVE_LOG_FORMAT=json`. Logs go to stderr, so stdout in Lambda carries
-//! only the EMF metric lines (`crate::metrics`, installed by `startup`).
+//! only the EMF metric lines (`crate::infra::metrics`, installed by `startup`).
 //!
 //! This is the one read of the environment outside `startup`, and on
 //! purpose: it runs first, so that a start-up problem is logged in the

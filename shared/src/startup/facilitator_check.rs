@@ -3,8 +3,8 @@
 //! asks on its first priced request instead (see `payments::supported`).
 
 use super::Config;
-use crate::catalog::{Catalog, Problem};
-use crate::payments::{self, Facilitator, FacilitatorError, facilitator};
+use crate::domain::catalog::{Catalog, Problem};
+use crate::domain::payments::{self, Facilitator, FacilitatorError, facilitator};
 
 /// What the facilitator's `GET /supported` says about the catalog's prices.
 #[derive(Debug)]

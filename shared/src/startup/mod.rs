@@ -39,48 +39,48 @@ use sqlx::PgPool;
 pub use facilitator_check::{FacilitatorCheck, check_facilitator, facilitator_for};
 pub use settings::{Config, Env, Needs, SettingsError};
 
-use crate::auth::Secret;
-#[cfg(feature = "aws")]
-use crate::aws;
-#[cfg(all(feature = "s3", feature = "sqs"))]
-use crate::aws::AwsClients;
-#[cfg(feature = "catalog")]
-use crate::catalog::Catalog;
-use crate::db::{self, Connect, DbError};
-#[cfg(feature = "worker")]
-use crate::executors::ExecDeps;
 #[cfg(feature = "api-auth")]
-use crate::http::AuthContext;
+use crate::adapters::http::AuthContext;
 #[cfg(feature = "api-catalog")]
-use crate::http::CatalogContext;
+use crate::adapters::http::CatalogContext;
 #[cfg(feature = "api-uploads")]
-use crate::http::UploadsContext;
+use crate::adapters::http::UploadsContext;
 #[cfg(feature = "api")]
-use crate::http::{ApiContext, Ctx};
+use crate::adapters::http::{ApiContext, Ctx};
 #[cfg(feature = "relay")]
-use crate::http::{CorsOrigins, DEFAULT_KEEPALIVE, RelayContext, RelayCtx, RelayLimits};
+use crate::adapters::http::{CorsOrigins, DEFAULT_KEEPALIVE, RelayContext, RelayCtx, RelayLimits};
 #[cfg(feature = "api-tasks")]
-use crate::http::{TaskCreateContext, TaskStatusContext};
+use crate::adapters::http::{TaskCreateContext, TaskStatusContext};
 #[cfg(feature = "mcp")]
-use crate::mcp::{McpContext, McpStores};
-#[cfg(feature = "outbound")]
-use crate::outbound::{Outbound, OutboundPolicy};
-#[cfg(feature = "chain")]
-use crate::payments::Chains;
-#[cfg(feature = "outbound")]
-use crate::payments::facilitator;
-use crate::redis_client::{self, BadRedisUrl, RedisClient};
-#[cfg(feature = "relay")]
-use crate::relay::{Hub, StreamCaps};
-#[cfg(feature = "mcp")]
-use crate::spaces::Argon2Limit;
+use crate::adapters::mcp::{McpContext, McpStores};
 #[cfg(feature = "sweeper")]
-use crate::sweeper::Sweeper;
-use crate::tasks::Publisher;
+use crate::adapters::sweeper::Sweeper;
 #[cfg(feature = "upload-guard")]
-use crate::upload_guard::Guard;
+use crate::adapters::upload_guard::Guard;
 #[cfg(feature = "worker")]
-use crate::worker::WorkerContext;
+use crate::adapters::worker::WorkerContext;
+use crate::domain::auth::Secret;
+#[cfg(feature = "catalog")]
+use crate::domain::catalog::Catalog;
+#[cfg(feature = "worker")]
+use crate::domain::executors::ExecDeps;
+#[cfg(feature = "chain")]
+use crate::domain::payments::Chains;
+#[cfg(feature = "outbound")]
+use crate::domain::payments::facilitator;
+#[cfg(feature = "relay")]
+use crate::domain::relay::{Hub, StreamCaps};
+#[cfg(feature = "mcp")]
+use crate::domain::spaces::Argon2Limit;
+use crate::domain::tasks::Publisher;
+#[cfg(feature = "aws")]
+use crate::infra::aws;
+#[cfg(all(feature = "s3", feature = "sqs"))]
+use crate::infra::aws::AwsClients;
+use crate::infra::db::{self, Connect, DbError};
+#[cfg(feature = "outbound")]
+use crate::infra::outbound::{Outbound, OutboundPolicy};
+use crate::infra::redis_client::{self, BadRedisUrl, RedisClient};
 
 /// Why a process could not start: what every binary's `main` reports.
 #[derive(Debug, thiserror::Error)]
@@ -134,11 +134,11 @@ pub fn or_exit<T>(result: Result<T, StartupError>) -> T {
 
 /// The AWS SDK's configuration, loaded once per process (the SDK reads the
 /// standard AWS variables itself), with an HTTPS client that trusts the
-/// process's roots (`crate::tls`) instead of loading the system's store.
+/// process's roots (`crate::infra::tls`) instead of loading the system's store.
 #[cfg(feature = "aws")]
 pub async fn sdk() -> SdkConfig {
     use aws_smithy_http_client::tls::{self, TlsContext, TrustStore, rustls_provider::CryptoMode};
-    let trust = TrustStore::empty().with_native_roots(false).with_pem_certificate(crate::tls::roots_pem());
+    let trust = TrustStore::empty().with_native_roots(false).with_pem_certificate(crate::infra::tls::roots_pem());
     let context = TlsContext::builder().with_trust_store(trust).build().expect("a trust store is a valid TLS context");
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
@@ -162,7 +162,7 @@ pub async fn aws_clients(config: &Config) -> AwsClients {
 pub fn lambda_config() -> Config {
     let config = Config::from_env();
     if config.in_lambda()
-        && let Err(e) = crate::metrics::install_emf(&config.metrics_namespace())
+        && let Err(e) = crate::infra::metrics::install_emf(&config.metrics_namespace())
     {
         tracing::error!("{e}");
     }
@@ -285,7 +285,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
         return Err(StartupError::Config(problems));
     };
     let db = db::connect_lazy(database_url.expose_str())?;
-    let api_settings = crate::http::ApiSettings {
+    let api_settings = crate::adapters::http::ApiSettings {
         pepper: Secret::withheld(settings::PEPPER),
         token_key,
         database_url,
@@ -332,8 +332,9 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
 
 /// The catalog's upload policy alone (presign, the upload guard), lowered
 /// to the template's `UploadMaxBytes`: read without the task schemas.
-fn deployed_uploads(config: &Config, problems: &mut Vec<String>) -> Option<crate::catalog::Uploads> {
-    let uploads = crate::catalog::Uploads::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+fn deployed_uploads(config: &Config, problems: &mut Vec<String>) -> Option<crate::domain::catalog::Uploads> {
+    let uploads =
+        crate::domain::catalog::Uploads::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
     let mut env = config.env();
     let cap = settings::upload_limit(&mut env);
     problems.extend(env.take_problems());
@@ -345,9 +346,13 @@ fn deployed_uploads(config: &Config, problems: &mut Vec<String>) -> Option<crate
 /// resolving a settlement whose outcome was lost (task create, the sweeps).
 /// A malformed value is a problem; a priced network without one is logged.
 fn chain_endpoints(config: &Config, catalog: Option<&Catalog>, problems: &mut Vec<String>) -> Chains {
-    let mut env = config.env();
-    let chains = Chains::read(&mut env);
-    problems.extend(env.take_problems());
+    let chains = match config.get(crate::domain::payments::CHAIN_RPC_URLS) {
+        None => Chains::none(),
+        Some(text) => Chains::parse(&text).unwrap_or_else(|found| {
+            problems.extend(found);
+            Chains::none()
+        }),
+    };
     if let Some(catalog) = catalog {
         chains.warn_missing(catalog);
     }
@@ -397,7 +402,7 @@ fn api_parts(
     config: &Config,
     needs: Needs,
     mut problems: Vec<String>,
-) -> Result<(Catalog, crate::http::ApiSettings, Outbound, Chains), StartupError> {
+) -> Result<(Catalog, crate::adapters::http::ApiSettings, Outbound, Chains), StartupError> {
     let catalog = deployed_catalog(config, &mut problems);
     let chains = chain_endpoints(config, catalog.as_ref(), &mut problems);
     let mut env = config.env();
@@ -447,7 +452,7 @@ pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Resul
 }
 
 #[cfg(feature = "worker")]
-type WorkerParts = (Catalog, crate::worker::WorkerSettings, Outbound, Outbound);
+type WorkerParts = (Catalog, crate::adapters::worker::WorkerSettings, Outbound, Outbound);
 
 #[cfg(feature = "worker")]
 /// The worker's settings and clients over `catalog` (`None`: its problems
@@ -476,7 +481,7 @@ fn worker_on(
     db: PgPool,
     redis: RedisClient,
     s3: aws_sdk_s3::Client,
-    worker_settings: crate::worker::WorkerSettings,
+    worker_settings: crate::adapters::worker::WorkerSettings,
     users: Outbound,
     operators: Outbound,
 ) -> WorkerContext {
@@ -512,7 +517,7 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     let redis_url = env.required(settings::REDIS_URL);
     let queue_url = env.required(settings::QUEUE_URL);
     let max_attempts = settings::max_receives(&mut env);
-    let older_than = settings::sweep_older_than(&mut env, crate::sweeper::DEFAULT_OLDER_THAN);
+    let older_than = settings::sweep_older_than(&mut env, crate::adapters::sweeper::DEFAULT_OLDER_THAN);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
     // The reconciler creates the task of a payment that landed late, if its
@@ -543,7 +548,7 @@ pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_ur
         queue_url,
         events: worker.events.clone(),
         max_attempts: worker.settings.max_receives,
-        older_than: crate::sweeper::DEFAULT_OLDER_THAN,
+        older_than: crate::adapters::sweeper::DEFAULT_OLDER_THAN,
         catalog: worker.catalog.clone(),
         chains: worker.chains.clone(),
     }
@@ -687,7 +692,7 @@ fn shares_a_port(a: SocketAddr, b: SocketAddr) -> bool {
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error(transparent)]
-    Metrics(#[from] crate::metrics::MountError),
+    Metrics(#[from] crate::infra::metrics::MountError),
     #[error("cannot listen on {0}: {1}")]
     Listen(SocketAddr, std::io::Error),
     #[error("relay stopped: {0}")]
@@ -704,17 +709,17 @@ pub async fn run_relay(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RelayError> {
     let Relay { ctx, listeners, cors } = relay;
-    let handle = crate::metrics::install_prometheus().map_err(crate::metrics::MountError::from)?;
-    crate::metrics::serve(listeners.metrics, handle)
+    let handle = crate::infra::metrics::install_prometheus().map_err(crate::infra::metrics::MountError::from)?;
+    crate::infra::metrics::serve(listeners.metrics, handle)
         .await
-        .map_err(|e| crate::metrics::MountError::Bind(listeners.metrics, e))?;
+        .map_err(|e| crate::infra::metrics::MountError::Bind(listeners.metrics, e))?;
     let listener =
         tokio::net::TcpListener::bind(listeners.relay).await.map_err(|e| RelayError::Listen(listeners.relay, e))?;
     tracing::info!(bind = %listeners.relay, "relay serving");
     // The peer address is the client when no proxy is trusted: the
     // per-address stream cap counts by it.
-    let service =
-        crate::http::with_cors(crate::http::relay_app(ctx), &cors).into_make_service_with_connect_info::<SocketAddr>();
+    let service = crate::adapters::http::with_cors(crate::adapters::http::relay_app(ctx), &cors)
+        .into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, service).with_graceful_shutdown(shutdown).await.map_err(RelayError::Serve)
 }
 
@@ -845,7 +850,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
 /// The MCP endpoint beside the API, on its catalog, secrets and stores
 /// (`reeve serve`, and tests).
 #[cfg(all(feature = "mcp", feature = "api"))]
-pub fn mcp_beside(api: &ApiContext, settings: crate::mcp::McpSettings) -> Arc<McpContext> {
+pub fn mcp_beside(api: &ApiContext, settings: crate::adapters::mcp::McpSettings) -> Arc<McpContext> {
     let stores = McpStores {
         db: api.db.clone(),
         redis: api.redis.clone(),

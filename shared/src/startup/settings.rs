@@ -6,7 +6,7 @@
 //! not one variable at a time.
 //!
 //! The one other read is the log format, before start-up
-//! ([`crate::telemetry::init`]): a problem found here must already be
+//! ([`crate::infra::telemetry::init`]): a problem found here must already be
 //! logged the way the platform indexes it.
 
 use std::collections::HashMap;
@@ -14,14 +14,14 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::auth::Secret;
-pub use crate::http::ApiSettings;
+pub use crate::adapters::http::ApiSettings;
 #[cfg(feature = "relay")]
-use crate::http::CorsOrigins;
-#[cfg(feature = "outbound")]
-use crate::outbound::OutboundPolicy;
+use crate::adapters::http::CorsOrigins;
 #[cfg(feature = "worker")]
-pub use crate::worker::WorkerSettings;
+pub use crate::adapters::worker::WorkerSettings;
+use crate::domain::auth::Secret;
+#[cfg(feature = "outbound")]
+use crate::infra::outbound::OutboundPolicy;
 
 pub const PEPPER: &str = "REEVE_PEPPER";
 pub const TOKEN_KEY: &str = "REEVE_TOKEN_KEY";
@@ -308,11 +308,11 @@ impl Config {
     }
 
     /// `REEVE_METRICS_NAMESPACE` (the template sets `Reeve/<Stage>`), else
-    /// [`crate::metrics::DEFAULT_NAMESPACE`].
+    /// [`crate::infra::metrics::DEFAULT_NAMESPACE`].
     pub fn metrics_namespace(&self) -> String {
         self.get(METRICS_NAMESPACE)
             .map(|ns| ns.trim().to_owned())
-            .unwrap_or_else(|| crate::metrics::DEFAULT_NAMESPACE.to_owned())
+            .unwrap_or_else(|| crate::infra::metrics::DEFAULT_NAMESPACE.to_owned())
     }
 
     /// These variables with `values` (secrets read from Secrets Manager)
@@ -379,7 +379,7 @@ pub fn worker_settings<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Resul
 
 /// `REEVE_MAX_RECEIVES` (default 5): the queue's `maxReceiveCount`.
 pub fn max_receives<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> u32 {
-    env.number(MAX_RECEIVES, crate::tasks::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32
+    env.number(MAX_RECEIVES, crate::domain::tasks::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32
 }
 
 /// The sweep's threshold ([`SWEEP_OLDER_THAN`]), `default` when unset.
@@ -415,9 +415,9 @@ pub fn cors_origins<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> CorsOrig
 /// comma-separated list. Hosts default to loopback only; `*` allows any
 /// (behind API Gateway, which routes only the API's own names to it).
 /// `progress`: whether the process's replies stream (see
-/// [`crate::mcp::McpSettings`]).
+/// [`crate::adapters::mcp::McpSettings`]).
 #[cfg(feature = "mcp")]
-pub fn mcp_settings<F: Fn(&str) -> Option<String>>(env: &Env<F>, progress: bool) -> crate::mcp::McpSettings {
+pub fn mcp_settings<F: Fn(&str) -> Option<String>>(env: &Env<F>, progress: bool) -> crate::adapters::mcp::McpSettings {
     let list = |name: &str| -> Vec<String> {
         env.optional(name)
             .unwrap_or_default()
@@ -429,11 +429,11 @@ pub fn mcp_settings<F: Fn(&str) -> Option<String>>(env: &Env<F>, progress: bool)
     };
     let mut allowed_hosts = list(MCP_ALLOWED_HOSTS);
     if allowed_hosts.is_empty() {
-        allowed_hosts = crate::mcp::McpSettings::LOOPBACK.map(str::to_owned).to_vec();
+        allowed_hosts = crate::adapters::mcp::McpSettings::LOOPBACK.map(str::to_owned).to_vec();
     } else if allowed_hosts.iter().any(|h| h == "*") {
         allowed_hosts.clear();
     }
-    crate::mcp::McpSettings { allowed_hosts, allowed_origins: list(MCP_ALLOWED_ORIGINS), progress }
+    crate::adapters::mcp::McpSettings { allowed_hosts, allowed_origins: list(MCP_ALLOWED_ORIGINS), progress }
 }
 
 /// The users' client (`REEVE_FETCH_ALLOW`) and the operators' client

@@ -11,7 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::context::CatalogContext;
-use crate::catalog::PublicCatalog;
+use crate::domain::catalog::PublicCatalog;
 
 pub fn router() -> OpenApiRouter<Arc<CatalogContext>> {
     OpenApiRouter::default().routes(routes!(catalog)).routes(routes!(openapi_json))

@@ -10,17 +10,17 @@ use std::sync::{Arc, OnceLock};
 use axum::body::Bytes;
 use sqlx::PgPool;
 
-use crate::auth::Secret;
-#[cfg(feature = "api-tasks")]
-use crate::aws::AwsClients;
+use crate::domain::auth::Secret;
 #[cfg(feature = "catalog")]
-use crate::catalog::Catalog;
-use crate::catalog::Uploads;
-#[cfg(feature = "api")]
-use crate::outbound::{Outbound, OutboundPolicy};
-use crate::redis_client::RedisClient;
+use crate::domain::catalog::Catalog;
+use crate::domain::catalog::Uploads;
 #[cfg(feature = "api-auth")]
-use crate::spaces::Argon2Limit;
+use crate::domain::spaces::Argon2Limit;
+#[cfg(feature = "api-tasks")]
+use crate::infra::aws::AwsClients;
+#[cfg(feature = "api")]
+use crate::infra::outbound::{Outbound, OutboundPolicy};
+use crate::infra::redis_client::RedisClient;
 
 /// What the HTTP API needs to run: the auth secrets, the stores, the bucket
 /// and the queue.
@@ -91,11 +91,11 @@ pub struct TaskCreateContext {
     /// The x402 facilitator client, when the catalog sells anything. `None`
     /// also when it could not be built (logged): payments then answer
     /// `503 facilitator_unavailable`.
-    pub facilitator: Option<crate::payments::Facilitator>,
+    pub facilitator: Option<crate::domain::payments::Facilitator>,
     /// Each payment network's JSON-RPC endpoint (`REEVE_CHAIN_RPC_URLS`): a
     /// retried payment whose settlement's outcome was lost is resolved from
     /// the chain.
-    pub chains: crate::payments::Chains,
+    pub chains: crate::domain::payments::Chains,
 }
 
 #[cfg(feature = "api-tasks")]
@@ -168,10 +168,10 @@ impl TaskCreateContext {
         db: PgPool,
         aws: AwsClients,
         settings: ApiSettings,
-        chains: crate::payments::Chains,
+        chains: crate::domain::payments::Chains,
     ) -> Arc<TaskCreateContext> {
         let facilitator = catalog.payments.as_ref().and_then(|p| {
-            crate::payments::Facilitator::new(&p.facilitator_url)
+            crate::domain::payments::Facilitator::new(&p.facilitator_url)
                 .inspect_err(|e| tracing::error!(error = %e, "no facilitator client"))
                 .ok()
         });
@@ -207,7 +207,7 @@ impl ApiContext {
     /// HTTPS hosts only), and no chain endpoints: what tests need.
     pub fn new(catalog: Catalog, db: PgPool, redis: RedisClient, aws: AwsClients, settings: ApiSettings) -> Ctx {
         let operators = Outbound::new(OutboundPolicy::default()).expect("the default policy is valid");
-        Self::with_operators(catalog, db, redis, aws, settings, operators, crate::payments::Chains::none())
+        Self::with_operators(catalog, db, redis, aws, settings, operators, crate::domain::payments::Chains::none())
     }
 
     /// Every function's context, on the same pool, Redis client and AWS
@@ -219,7 +219,7 @@ impl ApiContext {
         aws: AwsClients,
         settings: ApiSettings,
         operators: Outbound,
-        chains: crate::payments::Chains,
+        chains: crate::domain::payments::Chains,
     ) -> Ctx {
         let catalog = Arc::new(catalog);
         let auth = AuthContext::new(db.clone(), settings.pepper.clone(), settings.token_key.clone());

@@ -12,7 +12,7 @@ use axum::Router;
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-/// x402's headers (`crate::payments` names them; the relay, which has no
+/// x402's headers (`crate::domain::payments` names them; the relay, which has no
 /// payments, answers the same CORS as the API).
 const PAYMENT_REQUIRED_HEADER: &str = "payment-required";
 const PAYMENT_SIGNATURE_HEADER: &str = "payment-signature";
@@ -99,7 +99,7 @@ pub fn with_cors(router: Router, origins: &CorsOrigins) -> Router {
 mod tests {
     #[test]
     fn the_payment_headers_are_x402s() {
-        assert_eq!(super::PAYMENT_REQUIRED_HEADER, crate::payments::PAYMENT_REQUIRED_HEADER);
-        assert_eq!(super::PAYMENT_SIGNATURE_HEADER, crate::payments::PAYMENT_SIGNATURE_HEADER);
+        assert_eq!(super::PAYMENT_REQUIRED_HEADER, crate::domain::payments::PAYMENT_REQUIRED_HEADER);
+        assert_eq!(super::PAYMENT_SIGNATURE_HEADER, crate::domain::payments::PAYMENT_SIGNATURE_HEADER);
     }
 }

@@ -172,8 +172,8 @@ pub async fn envelope(mut request: Request, next: Next) -> Response {
         }
     }
     response.headers_mut().insert(REQUEST_ID_HEADER, header_value);
-    crate::metrics::http_request(method.as_str(), &route, response.status().as_u16(), started.elapsed());
-    crate::metrics::flush();
+    crate::infra::metrics::http_request(method.as_str(), &route, response.status().as_u16(), started.elapsed());
+    crate::infra::metrics::flush();
     response
 }
 

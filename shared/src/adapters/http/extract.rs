@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::context::SessionKey;
 use super::error::ApiError;
-use crate::auth::{self, SpaceIndex};
+use crate::domain::auth::{self, SpaceIndex};
 
 /// A JSON body: `415 unsupported_media_type` unless the request says JSON,
 /// `413 body_too_large` past the body limit, `400 invalid_json` with serde's

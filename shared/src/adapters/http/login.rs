@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use super::context::AuthContext;
 use super::error::{ApiError, ApiResult, ErrorEnvelope};
 use super::extract::JsonBody;
-use crate::spaces::{self, SpaceError};
+use crate::domain::spaces::{self, SpaceError};
 
 pub fn router() -> OpenApiRouter<Arc<AuthContext>> {
     OpenApiRouter::default().routes(routes!(create_space)).routes(routes!(open_session))

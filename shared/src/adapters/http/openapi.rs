@@ -23,8 +23,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::tag::TagBuilder;
 use utoipa::openapi::{InfoBuilder, LicenseBuilder, OpenApiVersion};
 
-use crate::catalog::{Catalog, TaskSpec};
-use crate::payments as x402;
+use crate::domain::catalog::{Catalog, TaskSpec};
+use crate::domain::payments as x402;
 
 /// [`generated`], as committed.
 const GENERATED: &str = include_str!("openapi.json");
@@ -187,7 +187,7 @@ fn upload_policy(doc: &mut Value, catalog: &Catalog) {
     let policy = &catalog.uploads;
     // What presign checks of a name: not blank, no control character.
     schema["filename"]["minLength"] = json!(1);
-    schema["filename"]["maxLength"] = json!(crate::catalog::MAX_FILENAME_BYTES);
+    schema["filename"]["maxLength"] = json!(crate::domain::catalog::MAX_FILENAME_BYTES);
     schema["filename"]["pattern"] =
         json!("^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f][^\\x00-\\x1f\\x7f-\\x9f]*$");
     schema["size"]["maximum"] = json!(policy.max_bytes);

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::auth::Secret;
-use crate::relay::{Hub, StreamCaps};
+use crate::domain::auth::Secret;
+use crate::domain::relay::{Hub, StreamCaps};
 
 /// The `:` comment interval when `REEVE_KEEPALIVE_SECONDS` is unset.
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);

@@ -14,8 +14,8 @@ use utoipa_axum::routes;
 use super::context::TaskStatusContext;
 use super::error::{ApiResult, ErrorEnvelope, db_error};
 use super::extract::Session;
-use crate::payments::ledger::{self, Credit, PaymentRecord};
-use crate::tasks::quota::{self, QuotaUse};
+use crate::domain::payments::ledger::{self, Credit, PaymentRecord};
+use crate::domain::tasks::quota::{self, QuotaUse};
 
 /// How many payments and credits the answer lists, newest first.
 const LISTED: i64 = 100;

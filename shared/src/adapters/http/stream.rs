@@ -24,10 +24,10 @@ use super::client_addr::{client_ip, client_key};
 use super::error::{self, ApiError, ApiResult, db_error};
 use super::extract::{bearer_token, invalid_token};
 use super::health::{self, Health};
-use crate::auth;
-use crate::ids::Id;
-use crate::relay::{self, Delivery, StreamRefused, TaskPosition};
-use crate::tasks::{Event, TaskStatus};
+use crate::domain::auth;
+use crate::domain::ids::Id;
+use crate::domain::relay::{self, Delivery, StreamRefused, TaskPosition};
+use crate::domain::tasks::{Event, TaskStatus};
 
 pub use super::relay_context::{RelayContext, RelayCtx, RelayLimits};
 
@@ -136,7 +136,7 @@ async fn task_events(
     let ip =
         client_ip(&headers, peer.map(|Extension(ConnectInfo(addr))| addr.ip()), ctx.limits.proxy_hops).map(client_key);
     let slot = ctx.hub.open_stream(ctx.limits.caps, space, ip).map_err(|refused| {
-        crate::metrics::relay_stream_refused(refused.label());
+        crate::infra::metrics::relay_stream_refused(refused.label());
         StreamFailure::Refused(refused)
     })?;
     let row: Option<(String, i64)> = {

@@ -1,6 +1,6 @@
 //! `POST /v1/tasks/{kind}` (the task-create function), and `GET
 //! /v1/tasks/{id}`, `GET /v1/tasks` and `POST /v1/tasks/{id}/cancel` (the
-//! task-status function). The domain logic is in [`crate::tasks`].
+//! task-status function). The domain logic is in [`crate::domain::tasks`].
 //!
 //! Create is one call to [`tasks::submit`]; this file only turns HTTP into
 //! its arguments and its result into a response. Its answers, in order:
@@ -46,10 +46,10 @@ use utoipa_axum::routes;
 use super::context::{TaskCreateContext, TaskStatusContext};
 use super::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use super::extract::{JsonBody, Session};
-use crate::ids::Id;
-use crate::payments::{self, PayError, PaymentInput, PaymentRequired, PaymentResponse};
-use crate::tasks::events::publish_all_once;
-use crate::tasks::{
+use crate::domain::ids::Id;
+use crate::domain::payments::{self, PayError, PaymentInput, PaymentRequired, PaymentResponse};
+use crate::domain::tasks::events::publish_all_once;
+use crate::domain::tasks::{
     self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, SubmitError, Submitted, Task, TaskStatus,
 };
 
@@ -299,7 +299,7 @@ impl From<SubmitError> for SubmitFailure {
         );
         let error: ApiError = e.into();
         if refused_early {
-            crate::metrics::payment_failed(error.code);
+            crate::infra::metrics::payment_failed(error.code);
         }
         SubmitFailure { error, challenge, settlement, retry_after }
     }

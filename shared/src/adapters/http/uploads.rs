@@ -29,8 +29,8 @@ use utoipa_axum::routes;
 use super::context::UploadsContext;
 use super::error::{self, ApiError, ApiResult, ErrorEnvelope};
 use super::extract::{JsonBody, Session};
-use crate::ids::Id;
-use crate::uploads::{self, CreateError, UploadRequest};
+use crate::domain::ids::Id;
+use crate::domain::uploads::{self, CreateError, UploadRequest};
 
 pub fn router() -> OpenApiRouter<Arc<UploadsContext>> {
     OpenApiRouter::default().routes(routes!(create_upload))

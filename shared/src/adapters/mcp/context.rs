@@ -6,12 +6,12 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 use super::tools::Tools;
-use crate::auth::Secret;
-use crate::aws::AwsClients;
-use crate::catalog::Catalog;
-use crate::payments::Facilitator;
-use crate::redis_client::RedisClient;
-use crate::spaces::Argon2Limit;
+use crate::domain::auth::Secret;
+use crate::domain::catalog::Catalog;
+use crate::domain::payments::Facilitator;
+use crate::domain::spaces::Argon2Limit;
+use crate::infra::aws::AwsClients;
+use crate::infra::redis_client::RedisClient;
 
 /// How the endpoint is reached and what it may do.
 #[derive(Debug, Clone)]
@@ -49,7 +49,7 @@ pub struct McpStores {
     pub queue_url: String,
     /// Each payment network's JSON-RPC endpoint: a paid call whose
     /// settlement's outcome was lost is resolved from the chain.
-    pub chains: crate::payments::Chains,
+    pub chains: crate::domain::payments::Chains,
 }
 
 pub struct McpContext {
@@ -65,7 +65,7 @@ pub struct McpContext {
     /// `None` when the catalog sells nothing, or the client could not be
     /// built (logged): a payment then gets `facilitator_unavailable`.
     pub facilitator: Option<Facilitator>,
-    pub chains: crate::payments::Chains,
+    pub chains: crate::domain::payments::Chains,
     /// The process's bound on Argon2id runs, shared with the HTTP routes
     /// where they run in the same process.
     pub argon2: Arc<Argon2Limit>,

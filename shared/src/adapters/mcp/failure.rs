@@ -11,10 +11,10 @@
 use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
 
-use crate::payments::{PayError, PaymentRequired};
-use crate::spaces::SpaceError;
-use crate::tasks::SubmitError;
-use crate::uploads::CreateError;
+use crate::domain::payments::{PayError, PaymentRequired};
+use crate::domain::spaces::SpaceError;
+use crate::domain::tasks::SubmitError;
+use crate::domain::uploads::CreateError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ToolFailure {

@@ -5,7 +5,7 @@
 //! The same code runs in the `mcp` Lambda and in `reeve serve`.
 //!
 //! Like the HTTP routes, every tool is one call into the domain
-//! ([`crate::tasks::submit`], [`crate::spaces`], [`crate::uploads`]); it
+//! ([`crate::domain::tasks::submit`], [`crate::domain::spaces`], [`crate::domain::uploads`]); it
 //! never calls a route. This module imports no other adapter.
 //!
 //! Module map:

@@ -4,14 +4,14 @@
 //! whose structured content is the `PaymentRequired`. Everything between —
 //! verify, settle before queueing, replay refusal, `payment-identifier`,
 //! credits spent before asking — is the REST API's payment path, reached
-//! through the same [`crate::tasks::submit`].
+//! through the same [`crate::domain::tasks::submit`].
 
 use base64::Engine;
 use serde_json::{Value, json};
 
 use super::failure::{ToolFailure, ToolResult};
-use crate::payments::challenge::BAZAAR;
-use crate::payments::{PaymentRequired, PaymentResponse};
+use crate::domain::payments::challenge::BAZAAR;
+use crate::domain::payments::{PaymentRequired, PaymentResponse};
 
 /// Where a request carries its payment.
 pub const PAYMENT_META: &str = "x402/payment";
@@ -56,7 +56,7 @@ pub fn for_tool(
     input_schema: &Value,
     description: &str,
 ) -> PaymentRequired {
-    if challenge.error == crate::payments::SIGNATURE_REQUIRED {
+    if challenge.error == crate::domain::payments::SIGNATURE_REQUIRED {
         challenge.error = PAYMENT_REQUIRED.to_owned();
     }
     challenge.resource.url = resource_url(tool);

@@ -30,8 +30,8 @@ use super::task::Answer;
 use super::tools::{Fixed, Named};
 use super::wait::Progress;
 use super::{payment, space, task, upload};
-use crate::auth::{self, SpaceIndex};
-use crate::tasks::{self, Task, TaskStatus};
+use crate::domain::auth::{self, SpaceIndex};
+use crate::domain::tasks::{self, Task, TaskStatus};
 
 /// How often a client holding a task handle should poll `tasks/get`.
 const POLL_INTERVAL_MS: u64 = 1000;
@@ -118,7 +118,7 @@ impl ReeveMcp {
         };
         let invocation =
             context.extensions.get::<Parts>().and_then(|parts| parts.extensions.get::<lambda_http::Context>());
-        let deadline = invocation.map(crate::tasks::deadline_of);
+        let deadline = invocation.map(crate::domain::tasks::deadline_of);
         let call = task::KindCall { tool, kind, arguments };
         let created = task::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
         let meta = created.settlement.as_ref().map(|s| meta_object(payment::response_meta(s)));

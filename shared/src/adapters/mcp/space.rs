@@ -8,7 +8,7 @@ use time::format_description::well_known::Rfc3339;
 
 use super::context::McpContext;
 use super::failure::ToolResult;
-use crate::{auth, spaces};
+use crate::domain::{auth, spaces};
 
 /// A fresh Space, and a session on it: the Space ID is shown this once.
 /// The token is issued from the new Space's index directly, so creating a

@@ -12,10 +12,10 @@ use super::failure::{ToolFailure, ToolResult};
 use super::payment;
 use super::tools::WAIT_SECONDS;
 use super::wait::{self, MAX_WAIT_SECONDS, Progress};
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
-use crate::payments::PaymentResponse;
-use crate::tasks::{self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, Task, TaskStatus};
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
+use crate::domain::payments::PaymentResponse;
+use crate::domain::tasks::{self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, Task, TaskStatus};
 
 /// A task as every task tool answers it: the REST answer's fields
 /// ([`Task`]), and where its events stream.
@@ -86,7 +86,7 @@ pub async fn run(
         kind,
         input: &input,
         idempotency_key: None,
-        payment: payment.map(crate::payments::PaymentInput::Header),
+        payment: payment.map(crate::domain::payments::PaymentInput::Header),
         resource_url: &resource_url,
         deadline,
     };

@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 
 use super::failure::{ToolFailure, ToolResult};
 use super::wait::MAX_WAIT_SECONDS;
-use crate::catalog::{Catalog, Executor, PublicPrice, PublicTask};
-use crate::tasks::Task;
+use crate::domain::catalog::{Catalog, Executor, PublicPrice, PublicTask};
+use crate::domain::tasks::Task;
 
 /// The argument of a kind's tool that is not part of its input.
 pub const WAIT_SECONDS: &str = "wait_seconds";
@@ -136,7 +136,7 @@ impl Fixed {
                 "properties": {
                     "status": { "type": "string", "enum": ["queued", "running", "completed", "failed", "canceled"] },
                     "kind": { "type": "string" },
-                    "limit": { "type": "integer", "minimum": 1, "maximum": crate::tasks::list::MAX_LIMIT,
+                    "limit": { "type": "integer", "minimum": 1, "maximum": crate::domain::tasks::list::MAX_LIMIT,
                         "description": "Tasks per page (default 20)." },
                     "after": { "type": "string", "description": "The `next` of the previous page." }
                 },
@@ -412,9 +412,9 @@ mod tests {
     fn the_task_schema_is_task_s_own_fields_and_events_url_with_no_references() {
         let now = time::OffsetDateTime::now_utc();
         let task = Task {
-            id: crate::ids::Id::new(),
+            id: crate::domain::ids::Id::new(),
             kind: "digest".into(),
-            status: crate::tasks::TaskStatus::Queued,
+            status: crate::domain::tasks::TaskStatus::Queued,
             progress: 0.0,
             result: None,
             error: None,

@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
 use super::space::rfc3339;
-use crate::auth::SpaceIndex;
-use crate::uploads::{self, InlineFile, UploadRequest};
+use crate::domain::auth::SpaceIndex;
+use crate::domain::uploads::{self, InlineFile, UploadRequest};
 
 /// The largest inline upload, decoded: larger files take the presigned PUT.
 /// A request body carries it as base64 inside JSON-RPC, within the

@@ -14,9 +14,9 @@ use rmcp::service::{Peer, RoleServer};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
-use crate::tasks::{self, EventType, Task};
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
+use crate::domain::tasks::{self, EventType, Task};
 
 /// The longest a tool waits: a Lambda behind API Gateway must answer within
 /// its 30 s integration timeout, with room left to write the answer.

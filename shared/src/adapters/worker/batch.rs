@@ -9,7 +9,7 @@ use futures_util::stream;
 use tracing::Instrument;
 
 use super::{Outcome, WorkerContext, process_until};
-use crate::tasks::QueueMessage;
+use crate::domain::tasks::QueueMessage;
 
 /// The attribute SQS counts deliveries in (1 on the first).
 pub const RECEIVE_COUNT: &str = "ApproximateReceiveCount";
@@ -73,7 +73,7 @@ pub async fn handle_batch_until(
         .collect()
         .await;
 
-    crate::metrics::flush();
+    crate::infra::metrics::flush();
     let mut response = SqsBatchResponse::default();
     for (message_id, outcome) in outcomes {
         if outcome.is_retry() {

@@ -3,7 +3,7 @@
 //!
 //! Module map:
 //! - [`store`]: claiming a task and keeping its lease; every other status
-//!   change goes through [`crate::tasks::transition`].
+//!   change goes through [`crate::domain::tasks::transition`].
 //! - [`batch`]: the Lambda's side: an `SqsEvent` in, an `SqsBatchResponse` out.
 //! - [`poller`]: `reeve work`'s side: long-polls the queue itself.
 //!
@@ -58,13 +58,13 @@ pub use batch::{deadline_of, handle_batch, handle_batch_until};
 pub use poller::Poller;
 pub use store::{Claim, claim};
 
-use crate::auth::Secret;
-use crate::catalog::{Catalog, TaskSpec};
-use crate::executors::{self, ExecDeps, ExecError, Job, Report};
-use crate::ids::Id;
-use crate::redis_client::RedisClient;
-use crate::tasks::events::{EventType, Publisher};
-use crate::tasks::{Change, Fence, QueueMessage, task_error, transition};
+use crate::domain::auth::Secret;
+use crate::domain::catalog::{Catalog, TaskSpec};
+use crate::domain::executors::{self, ExecDeps, ExecError, Job, Report};
+use crate::domain::ids::Id;
+use crate::domain::tasks::events::{EventType, Publisher};
+use crate::domain::tasks::{Change, Fence, QueueMessage, task_error, transition};
+use crate::infra::redis_client::RedisClient;
 
 /// Stable codes the worker itself fails a task or a message with.
 pub mod codes {
@@ -72,7 +72,7 @@ pub mod codes {
     pub const MALFORMED_MESSAGE: &str = "malformed_message";
     /// The task's kind is no longer in the catalog.
     pub const UNKNOWN_KIND: &str = "unknown_kind";
-    pub use crate::tasks::RETRIES_EXHAUSTED;
+    pub use crate::domain::tasks::RETRIES_EXHAUSTED;
 }
 
 /// What became of one message.
@@ -137,13 +137,13 @@ pub struct WorkerSettings {
 
 impl WorkerSettings {
     pub const DEFAULT_CONCURRENCY: usize = 4;
-    pub const DEFAULT_MAX_RECEIVES: u32 = crate::tasks::DEFAULT_MAX_RECEIVES;
+    pub const DEFAULT_MAX_RECEIVES: u32 = crate::domain::tasks::DEFAULT_MAX_RECEIVES;
     pub const DEFAULT_FETCH_MAX_BYTES: u64 = 100 * 1024 * 1024;
 }
 
 /// How long a claim's lease outlasts the task's timeout: time to record the
 /// outcome after the executor stops.
-pub const LEASE_GRACE: Duration = Duration::from_secs(crate::catalog::LEASE_GRACE_SECONDS as u64);
+pub const LEASE_GRACE: Duration = Duration::from_secs(crate::domain::catalog::LEASE_GRACE_SECONDS as u64);
 /// How long before the invocation's deadline a run is stopped by default:
 /// time to hand the task back (a conditional update and its events) before
 /// Lambda kills the process, which would leave it `running` until its lease
@@ -167,7 +167,7 @@ pub struct WorkerContext {
     /// sweep that runs beside it (`reeve work`, `reeve serve`) reconciles
     /// payments with them.
     #[cfg(feature = "chain")]
-    pub chains: crate::payments::Chains,
+    pub chains: crate::domain::payments::Chains,
 }
 
 impl WorkerContext {
@@ -183,7 +183,7 @@ impl WorkerContext {
             lease_grace: LEASE_GRACE,
             deadline_margin: DEADLINE_MARGIN,
             #[cfg(feature = "chain")]
-            chains: crate::payments::Chains::none(),
+            chains: crate::domain::payments::Chains::none(),
         }
     }
 
@@ -299,7 +299,7 @@ async fn run_task(
     let attempt = claim.attempt;
     tracing::info!(attempt, "claimed");
     if attempt == 1 {
-        crate::metrics::queue_wait(&task.kind, id.ulid().datetime());
+        crate::infra::metrics::queue_wait(&task.kind, id.ulid().datetime());
     }
     ctx.events.publish_logged(id, &claim.event).await;
 
@@ -310,7 +310,7 @@ async fn run_task(
     };
 
     // Asked to cancel during an earlier attempt, which was handed back.
-    if matches!(crate::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
+    if matches!(crate::domain::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
         return cancel(ctx, id, attempt).await;
     }
     // Dropping the run stops the executor: a cancel asked for meanwhile
@@ -320,7 +320,7 @@ async fn run_task(
         run = execute(ctx, &task, spec, attempt, lease, stop_at) => run,
         () = cancel_asked(ctx, id, attempt) => return cancel(ctx, id, attempt).await,
     };
-    crate::metrics::task_run(&task.kind, started.elapsed());
+    crate::infra::metrics::task_run(&task.kind, started.elapsed());
     let result = match run {
         Some(result) => result,
         None => {
@@ -353,12 +353,12 @@ async fn exhausted(ctx: &WorkerContext, task: &store::TaskRow) -> Outcome {
     let fence = match task.status {
         // Its last run is still going: this message is a duplicate, and
         // that run ends the task (or, if its worker dies, the sweeper does).
-        crate::tasks::TaskStatus::Running if task.lease_live => {
+        crate::domain::tasks::TaskStatus::Running if task.lease_live => {
             tracing::info!(attempts = task.attempts, "the last attempt is running elsewhere; dropping this message");
             return Outcome::Done;
         }
-        crate::tasks::TaskStatus::Running => Fence::Run(task.attempts),
-        crate::tasks::TaskStatus::Queued => Fence::From(&[crate::tasks::TaskStatus::Queued]),
+        crate::domain::tasks::TaskStatus::Running => Fence::Run(task.attempts),
+        crate::domain::tasks::TaskStatus::Queued => Fence::From(&[crate::domain::tasks::TaskStatus::Queued]),
         // Terminal: nothing to do.
         _ => return Outcome::Done,
     };
@@ -405,7 +405,7 @@ async fn cancel_asked(ctx: &WorkerContext, id: Id, attempt: i32) {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        match crate::tasks::cancel_requested(&ctx.db, id, attempt).await {
+        match crate::domain::tasks::cancel_requested(&ctx.db, id, attempt).await {
             Ok(true) => return,
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "could not check for a cancel request"),
@@ -440,7 +440,7 @@ async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u
     };
     tracing::warn!(attempt, %reason, "attempt failed with a retryable error");
     // Its owner asked it to stop: no other attempt.
-    if matches!(crate::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
+    if matches!(crate::domain::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
         return cancel(ctx, id, attempt).await;
     }
     if attempt >= ctx.settings.max_receives as i32 || receive_count >= ctx.settings.max_receives {

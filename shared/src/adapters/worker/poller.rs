@@ -241,7 +241,7 @@ impl Poller {
             .await
             .map_err(|e| PollError::Receive(sqs_error(&e)))?;
         let messages = received.messages.unwrap_or_default();
-        crate::metrics::sqs_received(messages.len());
+        crate::infra::metrics::sqs_received(messages.len());
         Ok(messages)
     }
 
@@ -303,7 +303,7 @@ impl Poller {
     async fn delete(&self, receipt: &str) {
         let deleted = self.sqs.delete_message().queue_url(&self.queue_url).receipt_handle(receipt).send().await;
         match deleted {
-            Ok(_) => crate::metrics::sqs_deleted(1),
+            Ok(_) => crate::infra::metrics::sqs_deleted(1),
             Err(e) => {
                 tracing::warn!(error = %sqs_error(&e), "could not delete the message; it will come back and be skipped")
             }

@@ -1,6 +1,6 @@
 //! The worker's own writes to `tasks`: the claim, its lease and the events
 //! of a running task, each a conditional `UPDATE`. The status changes that
-//! end or hand back a run are [`crate::tasks::transition`]s.
+//! end or hand back a run are [`crate::domain::tasks::transition`]s.
 //!
 //! A claim bumps `attempts` and hands the new value back: it is the fencing
 //! token of that run. Every later write of the run says `… AND status =
@@ -14,10 +14,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sqlx::{PgPool, Postgres, Transaction};
 
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
-use crate::tasks::TaskStatus;
-use crate::tasks::events::{Event, EventType, append_event};
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
+use crate::domain::tasks::TaskStatus;
+use crate::domain::tasks::events::{Event, EventType, append_event};
 
 /// What the worker needs of a task row.
 #[derive(Debug, Clone)]

@@ -19,8 +19,8 @@ use sha2::Digest as _;
 use tokio::sync::mpsc;
 
 use super::{ExecDeps, ExecError, Job, Report, TaskExecutor, codes, input_str};
-use crate::ids::Id;
-use crate::uploads::{self, ObjectState, UploadRow, UploadStatus};
+use crate::domain::ids::Id;
+use crate::domain::uploads::{self, ObjectState, UploadRow, UploadStatus};
 
 const MIB: u64 = 1024 * 1024;
 

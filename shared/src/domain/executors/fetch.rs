@@ -32,9 +32,9 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::{ExecDeps, ExecError, Job, TaskExecutor, codes, input_str, outbound_error};
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
-use crate::outbound::OutboundStream;
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
+use crate::infra::outbound::OutboundStream;
 
 /// Lifetime of the presigned GET in the result.
 pub const URL_EXPIRY: Duration = Duration::from_secs(15 * 60);
@@ -120,7 +120,7 @@ pub fn object_expiry(stored: OffsetDateTime, days: u32) -> OffsetDateTime {
 
 /// The target's failures are the owner's: the network ones too, which
 /// would be retryable for a host Reeve runs.
-fn target_error(e: crate::outbound::OutboundError) -> ExecError {
+fn target_error(e: crate::infra::outbound::OutboundError) -> ExecError {
     if e.is_retryable() {
         tracing::info!(error = %e, "fetch: the URL could not be reached");
         return ExecError::permanent(

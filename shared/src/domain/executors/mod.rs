@@ -30,10 +30,10 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 
-use crate::auth::SpaceIndex;
-use crate::catalog::{Executor, TaskSpec};
-use crate::ids::Id;
-use crate::outbound::{Outbound, OutboundError};
+use crate::domain::auth::SpaceIndex;
+use crate::domain::catalog::{Executor, TaskSpec};
+use crate::domain::ids::Id;
+use crate::infra::outbound::{Outbound, OutboundError};
 
 pub use digest::Digest;
 pub use fetch::{Fetch, output_key};

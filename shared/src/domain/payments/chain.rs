@@ -25,7 +25,7 @@ use alloy_rpc_types_eth::{BlockId, BlockNumberOrTag, TransactionRequest};
 use alloy_sol_types::{SolCall, sol};
 use alloy_transport_http::Http;
 
-use crate::outbound::{Outbound, OutboundPolicy};
+use crate::infra::outbound::{Outbound, OutboundPolicy};
 
 /// The operator setting: `network=url` pairs, comma-separated.
 pub const CHAIN_RPC_URLS: &str = "REEVE_CHAIN_RPC_URLS";
@@ -111,21 +111,9 @@ impl Chains {
         if problems.is_empty() { Ok(chains) } else { Err(problems) }
     }
 
-    /// [`CHAIN_RPC_URLS`] from the environment (unset: no endpoint), each
-    /// problem recorded in `env`.
-    pub fn read<F: Fn(&str) -> Option<String>>(env: &mut crate::settings::Env<F>) -> Chains {
-        let Some(text) = env.optional(CHAIN_RPC_URLS) else { return Chains::none() };
-        Chains::parse(&text).unwrap_or_else(|problems| {
-            for p in problems {
-                env.problem(p);
-            }
-            Chains::none()
-        })
-    }
-
     /// Logs the catalog's payment networks that have no endpoint: an
     /// unknown settlement on one of them stays pending until it has.
-    pub fn warn_missing(&self, catalog: &crate::catalog::Catalog) {
+    pub fn warn_missing(&self, catalog: &crate::domain::catalog::Catalog) {
         let missing = self.missing(catalog.assets.values().map(|a| a.network.as_str()));
         if !missing.is_empty() && catalog.payments.is_some() {
             tracing::warn!(

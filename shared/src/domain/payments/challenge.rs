@@ -17,7 +17,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::catalog::{Catalog, TaskSpec};
+use crate::domain::catalog::{Catalog, TaskSpec};
 
 pub const X402_VERSION: u32 = 2;
 

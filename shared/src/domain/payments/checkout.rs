@@ -43,7 +43,7 @@ use super::ledger::{self, Attempt, AttemptStatus, Credit, NewAttempt, SettledPay
 use super::payload::{Payment, PaymentInput};
 use super::reconcile::{Resolution, resolve_claimed};
 use super::{PaymentResponse, chain};
-use crate::ids::Id;
+use crate::domain::ids::Id;
 
 /// How long a client is asked to wait before it sends a pending payment
 /// again: about the time a settlement takes to be mined and seen.
@@ -209,7 +209,7 @@ async fn with_payment<C: Counter>(
         tracing::error!("a payment arrived but no facilitator client could be built");
         return Err(PayError::FacilitatorUnavailable);
     };
-    let request_hash = crate::canonical_json::request_hash(purchase.kind, purchase.input);
+    let request_hash = crate::infra::canonical_json::request_hash(purchase.kind, purchase.input);
     if let Some(id) = &payment.payment_id
         && let Some(earlier) = ledger::find_by_payment_id(cx.db, purchase.space, id).await?
         && (earlier.payload_hash != payment.hash || earlier.request_hash != request_hash)

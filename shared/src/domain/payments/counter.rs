@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 use sqlx::PgConnection;
 
 use super::ledger::Credit;
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
 
 /// The request being paid for, as its task will be stored.
 #[derive(Debug, Clone, Copy)]

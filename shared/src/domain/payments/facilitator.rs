@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use super::challenge::{PaymentRequirements, X402_VERSION};
 use super::supported::{Supported, SupportedKind};
-use crate::outbound::{Outbound, OutboundError, OutboundPolicy};
+use crate::infra::outbound::{Outbound, OutboundError, OutboundPolicy};
 
 /// Replaces the catalog's `facilitator_url` for this deployment (the local
 /// stack points it at its own facilitator); production leaves it unset.
@@ -122,7 +122,7 @@ pub fn effective_url(catalog_url: &str, var: impl Fn(&str) -> Option<String>) ->
     match var(FACILITATOR_URL_VAR).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()) {
         None => Ok(catalog_url.to_owned()),
         Some(url) => {
-            crate::catalog::check_facilitator_url(&url).map_err(|e| format!("{FACILITATOR_URL_VAR}: {e}"))?;
+            crate::domain::catalog::check_facilitator_url(&url).map_err(|e| format!("{FACILITATOR_URL_VAR}: {e}"))?;
             Ok(url)
         }
     }

@@ -8,8 +8,8 @@ use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
 
 /// How long one request may hold an attempt while it verifies and settles:
 /// longer than the facilitator client's own timeouts together, so a live
@@ -262,7 +262,7 @@ pub async fn fail_attempt(db: &PgPool, id: Id, reason: &str) -> Result<bool, sql
     if moved == 1 {
         // Every refusal the facilitator decides, or its being unreachable,
         // ends here with the reason the client is given.
-        crate::metrics::payment_failed(reason);
+        crate::infra::metrics::payment_failed(reason);
     }
     Ok(moved == 1)
 }
@@ -335,7 +335,7 @@ pub async fn record_settled(conn: &mut PgConnection, p: &SettledPayment<'_>) -> 
     }
     // Counted once per attempt: only the update that moved it to `settled`
     // gets here (an unknown outcome resolved on retry included).
-    crate::metrics::payment_settled(p.network, p.asset);
+    crate::infra::metrics::payment_settled(p.network, p.asset);
     sqlx::query(
         "INSERT INTO payments (id, task_id, network, payer, amount, asset, transaction, space_idx, pay_to)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
@@ -374,7 +374,7 @@ pub async fn credit_attempt(
     if moved == 0 {
         return Ok(None);
     }
-    crate::metrics::payment_settled(&attempt.network, &attempt.asset);
+    crate::infra::metrics::payment_settled(&attempt.network, &attempt.asset);
     let credit: Credit = sqlx::query_as(concat!(
         "INSERT INTO credits (id, space_idx, network, asset, amount, source_attempt, reason)
          VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -390,7 +390,7 @@ pub async fn credit_attempt(
     .bind(reason)
     .fetch_one(&mut *conn)
     .await?;
-    crate::metrics::credit_issued(&credit.asset, reason);
+    crate::infra::metrics::credit_issued(&credit.asset, reason);
     tracing::info!(attempt = %attempt.id, credit_id = %credit.id, amount = %credit.amount, reason, "credit left for a charge without a task");
     Ok(Some(credit))
 }
@@ -444,7 +444,7 @@ pub async fn spend_credit(
         .fetch_optional(&mut *conn)
         .await?;
         if let Some(credit) = credit {
-            crate::metrics::credit_spent(&credit.asset);
+            crate::infra::metrics::credit_spent(&credit.asset);
             return Ok(Some(credit));
         }
     }
@@ -498,7 +498,7 @@ pub async fn credit_if_owed(conn: &mut PgConnection, task_id: Id, code: &str) ->
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(c) = &credit {
-        crate::metrics::credit_issued(&c.asset, code);
+        crate::infra::metrics::credit_issued(&c.asset, code);
         tracing::info!(task_id = %task_id, credit_id = %c.id, amount = %c.amount, reason = code, "credit left for a paid task");
     }
     Ok(credit)

@@ -194,7 +194,7 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
     if let Some(o) = signed.as_object_mut() {
         o.remove("extensions");
     }
-    let hash: [u8; 32] = Sha256::digest(crate::canonical_json::canonical_json(&signed).as_bytes()).into();
+    let hash: [u8; 32] = Sha256::digest(crate::infra::canonical_json::canonical_json(&signed).as_bytes()).into();
     Ok(Payment {
         valid_before: a.valid_before.clone(),
         payer: a.from.to_ascii_lowercase(),

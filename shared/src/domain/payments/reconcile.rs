@@ -24,8 +24,8 @@ use sqlx::PgPool;
 use super::chain::Chains;
 use super::counter::{Counter, Note, Purchase, store_in};
 use super::ledger::{self, Attempt, SettledPayment};
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
 
 /// Attempts looked at per sweep: each is two JSON-RPC calls.
 const BATCH: i64 = 200;
@@ -97,7 +97,7 @@ pub async fn reconcile<C: Counter>(db: &PgPool, chains: &Chains, counter: &C) ->
         ("chain_error", report.chain_errors),
     ] {
         if n > 0 {
-            crate::metrics::sweeper_action(action, n as u64);
+            crate::infra::metrics::sweeper_action(action, n as u64);
         }
     }
     Ok(report)

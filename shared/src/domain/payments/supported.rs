@@ -19,7 +19,7 @@
 use serde::Deserialize;
 
 use super::challenge::{PaymentRequired, SCHEME_EXACT, X402_VERSION};
-use crate::catalog::{Catalog, Problem};
+use crate::domain::catalog::{Catalog, Problem};
 
 /// One `(x402Version, scheme, network)` a facilitator settles.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

@@ -28,9 +28,9 @@ use tokio::time::timeout;
 
 use super::streams::{OpenStreams, StreamCaps, StreamRefused, StreamSlot};
 use super::{channel, task_of_channel};
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
-use crate::tasks::Event;
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
+use crate::domain::tasks::Event;
 
 /// Events a slow client may be behind before it must resynchronise.
 const PER_TASK_BUFFER: usize = 256;
@@ -113,7 +113,7 @@ impl Drop for Subscription {
                 let _ = self.shared.commands.send(Command::Unsubscribe(self.task));
             }
         }
-        crate::metrics::relay_subscribed_tasks(tasks.len());
+        crate::infra::metrics::relay_subscribed_tasks(tasks.len());
     }
 }
 
@@ -139,10 +139,10 @@ impl Hub {
             watching: OnceLock::new(),
             wake_checker: Arc::new(Notify::new()),
         });
-        crate::metrics::relay_redis_connected(false);
+        crate::infra::metrics::relay_redis_connected(false);
         // From the start, so the series exists before the first live stream
         // (a finished task's stream never subscribes).
-        crate::metrics::relay_subscribed_tasks(0);
+        crate::infra::metrics::relay_subscribed_tasks(0);
         tokio::spawn(run(client, Arc::downgrade(&shared), receiver));
         Hub { shared }
     }
@@ -176,7 +176,7 @@ impl Hub {
             });
             entry.clients += 1;
             let handles = (entry.sender.subscribe(), entry.ready.subscribe(), first);
-            crate::metrics::relay_subscribed_tasks(tasks.len());
+            crate::infra::metrics::relay_subscribed_tasks(tasks.len());
             handles
         };
         let subscription = Subscription { receiver, task, shared: self.shared.clone() };
@@ -279,7 +279,7 @@ async fn run(client: redis::Client, shared: Weak<Shared>, mut commands: mpsc::Un
             if resubscribed {
                 tracing::info!(channels = channels.len(), "relay subscribed to redis");
                 hub.connected.store(true, Ordering::Relaxed);
-                crate::metrics::relay_redis_connected(true);
+                crate::infra::metrics::relay_redis_connected(true);
                 hub.set_ready(None);
                 hub.after_reconnect();
                 backoff = Duration::from_millis(100);
@@ -320,11 +320,11 @@ async fn run(client: redis::Client, shared: Weak<Shared>, mut commands: mpsc::Un
                 }
             }
             tracing::warn!("relay lost its redis connection; reconnecting");
-            crate::metrics::relay_redis_reconnect();
+            crate::infra::metrics::relay_redis_reconnect();
         }
         let Some(hub) = shared.upgrade() else { return };
         hub.connected.store(false, Ordering::Relaxed);
-        crate::metrics::relay_redis_connected(false);
+        crate::infra::metrics::relay_redis_connected(false);
         // While disconnected, subscribers go on at once: the check after
         // reconnecting covers whatever they miss until then.
         hub.set_ready(None);

@@ -14,8 +14,8 @@ pub use hub::{Hub, Signal, Subscription};
 pub use stream::{Delivery, REPLAY_PAGE, TaskPosition, events, is_terminal, resume_after};
 pub use streams::{READS_IN_FLIGHT, RETRY_AFTER, SPACE_READS_IN_FLIGHT, StreamCaps, StreamRefused, StreamSlot};
 
-use crate::ids::Id;
-pub use crate::tasks::events::channel;
+use crate::domain::ids::Id;
+pub use crate::domain::tasks::events::channel;
 
 /// The task a channel name belongs to, if it is one of ours.
 pub fn task_of_channel(channel: &str) -> Option<Id> {

@@ -18,8 +18,8 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::hub::{Hub, Signal, Subscription};
 use super::streams::StreamSlot;
-use crate::ids::Id;
-use crate::tasks::{Event, EventType, TaskStatus};
+use crate::domain::ids::Id;
+use crate::domain::tasks::{Event, EventType, TaskStatus};
 
 /// Events read from Postgres per replay query: a client far behind pages
 /// through its backlog instead of loading it whole.
@@ -154,7 +154,7 @@ impl Watch {
                 // ahead of Redis, or this client fell behind the broadcast
                 // buffer: Postgres has it all.
                 Ok(Signal::Event(_) | Signal::Behind(_) | Signal::Resync) | Err(RecvError::Lagged(_)) => {
-                    crate::metrics::relay_resync();
+                    crate::infra::metrics::relay_resync();
                     self.replay = true
                 }
                 Err(RecvError::Closed) => {

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::auth::SpaceIndex;
+use crate::domain::auth::SpaceIndex;
 
 /// Postgres reads the relay runs at once (replays, opening checks and the
 /// hub's quiet-task checks), well under the pool's eight connections so a
@@ -136,7 +136,7 @@ impl OpenStreams {
         }
         // Every open stream is a watcher, a finished task's replay too (it
         // never subscribes to the hub).
-        crate::metrics::relay_watchers(1.0);
+        crate::infra::metrics::relay_watchers(1.0);
         Ok(StreamSlot { streams: self.clone(), space, ip, reads })
     }
 
@@ -177,7 +177,7 @@ impl StreamSlot {
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        crate::metrics::relay_watchers(-1.0);
+        crate::infra::metrics::relay_watchers(-1.0);
         let mut counts = self.streams.counts.lock().expect("streams lock");
         if let Some(entry) = counts.spaces.get_mut(&self.space) {
             entry.open -= 1;

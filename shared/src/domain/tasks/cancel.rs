@@ -10,8 +10,8 @@ use sqlx::PgPool;
 use super::events::{Event, EventType, append_event};
 use super::transition::{Change, Fence, transition_in};
 use super::{Task, TaskStatus, find_for_space};
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
 
 /// What a cancel did.
 #[derive(Debug, Clone, PartialEq)]

@@ -15,8 +15,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use time::OffsetDateTime;
 
-use crate::ids::Id;
-use crate::redis_client::RedisClient;
+use crate::domain::ids::Id;
+use crate::infra::redis_client::RedisClient;
 
 /// What an event says; stored as its lower-case name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,7 +115,7 @@ pub async fn append_event(
     .await?;
     let (seq, at, task_kind) = row.ok_or(sqlx::Error::RowNotFound)?;
     if kind == EventType::Status {
-        crate::metrics::task_status(&task_kind, seq, data);
+        crate::infra::metrics::task_status(&task_kind, seq, data);
     }
     Ok(Event { seq, kind, data: data.clone(), at })
 }

@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
-use crate::catalog::TaskSpec;
-use crate::ids::Id;
+use crate::domain::catalog::TaskSpec;
+use crate::domain::ids::Id;
 
 /// At most this many schema violations are listed in one answer.
 pub const MAX_VIOLATIONS: usize = 10;
@@ -163,7 +163,7 @@ fn push_segment(pointer: &mut String, key: &str) {
     }
 }
 
-pub use crate::canonical_json::request_hash;
+pub use crate::infra::canonical_json::request_hash;
 
 #[cfg(test)]
 mod tests {

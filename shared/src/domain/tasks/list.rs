@@ -5,8 +5,8 @@
 use sqlx::PgPool;
 
 use super::{Task, TaskStatus};
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
 
 pub const DEFAULT_LIMIT: u32 = 20;
 pub const MAX_LIMIT: u32 = 100;

@@ -43,8 +43,8 @@ pub use shelf::Shelf;
 #[cfg(feature = "api-tasks")]
 pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, deadline_of, submit};
 
-use crate::auth::SpaceIndex;
-use crate::ids::Id;
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
 
 /// Every delivery the queue allows ended in a retryable failure: the worker
 /// fails a task with it on the last delivery, the sweeper one that has been

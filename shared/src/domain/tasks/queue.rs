@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::Id;
+use crate::domain::ids::Id;
 
 /// How long a send may take before the queue counts as unavailable. The SDK
 /// retries on its own within this; past it, the caller fails the task. A

@@ -24,8 +24,8 @@ use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 
 use super::{CreateError, Created, NewTask, insert_queued};
-use crate::auth::SpaceIndex;
-use crate::catalog::{Catalog, Quota, TaskSpec};
+use crate::domain::auth::SpaceIndex;
+use crate::domain::catalog::{Catalog, Quota, TaskSpec};
 
 /// What a client over the at-once cap is told to wait: a free task's run
 /// is short, and its stream says when it ends.

@@ -6,9 +6,9 @@
 use sqlx::PgConnection;
 
 use super::{EventType, NewTask, Task, append_event, insert_queued};
-use crate::catalog::Catalog;
-use crate::ids::Id;
-use crate::payments::{Counter, Note, Purchase};
+use crate::domain::catalog::Catalog;
+use crate::domain::ids::Id;
+use crate::domain::payments::{Counter, Note, Purchase};
 
 /// Where payments store what they sold: a queued task, with the event that
 /// says how it was paid. The reconciler stores through it too.

@@ -23,12 +23,12 @@ use tokio::time::Instant;
 
 use super::input::{self, MAX_UPLOADS};
 use super::{NewTask, Shelf, Task, TaskStatus, find_by_idempotency_key};
-use crate::auth::SpaceIndex;
-use crate::catalog::{Catalog, TaskSpec};
-use crate::payments::{
+use crate::domain::auth::SpaceIndex;
+use crate::domain::catalog::{Catalog, TaskSpec};
+use crate::domain::payments::{
     self, Bought, Checkout, Credit, Order, PayError, PaymentInput, PaymentResponse, Purchase, SIGNATURE_REQUIRED,
 };
-use crate::uploads::{self, UploadError};
+use crate::domain::uploads::{self, UploadError};
 
 /// What [`submit`] needs from the process.
 pub struct SubmitContext<'a> {

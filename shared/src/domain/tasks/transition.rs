@@ -12,7 +12,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::TaskStatus;
 use super::events::{Event, EventType, append_event};
-use crate::ids::Id;
+use crate::domain::ids::Id;
 
 /// Where the task must be for the change to apply.
 #[derive(Debug, Clone, Copy)]
@@ -141,7 +141,7 @@ pub async fn transition_in(
     match change {
         Change::Fail { error } => {
             if let Some(code) = error["code"].as_str() {
-                crate::payments::credit_if_owed(conn, id, code).await?;
+                crate::domain::payments::credit_if_owed(conn, id, code).await?;
             }
         }
         Change::Cancel => {
@@ -149,7 +149,7 @@ pub async fn transition_in(
             let attempts: i32 =
                 sqlx::query_scalar("SELECT attempts FROM tasks WHERE id = $1").bind(id).fetch_one(&mut *conn).await?;
             if attempts == 0 {
-                crate::payments::credit_if_owed(conn, id, "canceled").await?;
+                crate::domain::payments::credit_if_owed(conn, id, "canceled").await?;
             }
         }
         Change::Complete { .. } | Change::Requeue { .. } => {}

@@ -181,7 +181,7 @@ impl Outbound {
             }
         });
         let client = reqwest::Client::builder()
-            .use_preconfigured_tls(crate::tls::client_config().as_ref().clone())
+            .use_preconfigured_tls(crate::infra::tls::client_config().as_ref().clone())
             .no_proxy()
             .dns_resolver(FilteringResolver(guard.clone()))
             .redirect(redirect)
