@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: start the local stack (while the bare run's lint gates,
 # fmt and clippy, run), load .env, build and run the workspace tests, the
+# README's cargo lambda watch loop (scripts/watch-check.sh), the
 # API fuzz run (scripts/api-fuzz.sh), the browser console test
 # (scripts/console-test.sh), and the SAM checks (scripts/sam-check.sh:
 # validate, the translated-template lint and `sam build` with the quick
@@ -37,23 +38,30 @@ fi
 load_dev_env
 sam_check=0
 if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then sam_check=1; fi
+if (($# == 0)); then
+  # One debug build of every target: the test binaries, and the function
+  # binaries that the watch phase's `cargo run --bin <function>` finds
+  # built (Cargo.toml's strsim note says why they are the same units).
+  timed cargo-build cargo build --workspace --all-targets --locked || { r=$?; ((rc)) || rc=$r; }
+fi
 if ((sam_check)); then
   # The SAM checks' first half (validate, lint, and `sam build` of each
   # function alone with its own features, so it also stands for a
   # per-function clippy run; quick profile, see scripts/sam-check.sh) runs
   # while the tests run: at nice 19 it takes only the CPU the tests leave
   # idle (they mostly wait on the chain, the queue and the browser). The
-  # test binaries are built first, so the two builds do not share the CPU.
-  timed cargo-build cargo test --workspace --locked --no-run || { r=$?; ((rc)) || rc=$r; }
+  # debug build comes first, so the two builds do not share the CPU.
   sam_log=$(mktemp)
   (export SAM_CHECK_PROFILE=quick; timed sam-check-build nice -n 19 bash scripts/sam-check.sh validate lint build) >"$sam_log" 2>&1 &
   sam_pid=$!
 fi
 timed cargo-test cargo test --workspace --locked "$@" || { r=$?; ((rc)) || rc=$r; }
-# Phases that drive a real `reeve serve` from outside, each on a database and
-# a queue of its own: schemathesis against the OpenAPI document, and the
-# browser console in headless Chromium.
+# The README's `cargo lambda watch` loop, on the functions the build above
+# made; then phases that drive a real `reeve serve` from outside, each on a
+# database and a queue of its own: schemathesis against the OpenAPI
+# document, and the browser console in headless Chromium.
 if (($# == 0)); then
+  timed watch bash scripts/watch-check.sh || { r=$?; ((rc)) || rc=$r; }
   timed api-fuzz bash scripts/api-fuzz.sh || { r=$?; ((rc)) || rc=$r; }
   timed console bash scripts/console-test.sh || { r=$?; ((rc)) || rc=$r; }
 fi
