@@ -1,29 +1,43 @@
 #!/usr/bin/env bash
 # The local x402 payment stack, bound to 127.0.0.1 only.
 #
-#   scripts/payments.sh up       install (npm ci), start anvil, put the test token
+#   scripts/payments.sh up       install (npm ci), start anvil, place the contracts
 #                                on it, fund accounts 1-9, start the facilitator
 #   scripts/payments.sh status   print the table; exit 1 if anything is down
 #   scripts/payments.sh down     stop what this script started
 #
 # Parts (npm packages pinned in scripts/payments/package-lock.json):
 #   chain        127.0.0.1:8545  anvil 1.7.1 (@foundry-rs/anvil-linux-amd64), chain id
-#                                84532, so reeve.dev.toml's `eip155:84532` asset is this one.
+#                                84532, so reeve.dev.toml's `eip155:84532` asset is this one
+#                                (never 31337: Permit2's shipped code was built there and would
+#                                keep that chain's EIP-712 domain). Hardfork Prague: the upto
+#                                proxy's reentrancy guard is transient storage (Cancun or later).
 #                                In memory: every `up` after a `down` starts a fresh chain.
 #                                A block a second, as on Base: an idle chain's clock would
 #                                stand still, and clients sign validAfter = now - 600.
 #   token        reeve.dev.toml's usdc-base-sepolia contract address: scripts/payments/Token.sol
 #                (OpenZeppelin 5.7, compiled offline by solc-js 0.8.37), EIP-712 domain
-#                "USDC"/"2", 6 decimals. Accounts 1-9 of anvil's development mnemonic
-#                hold 1,000 tokens each; account 0 pays the facilitator's gas.
+#                "USDC"/"2", 6 decimals, with USDC's EIP-3009 transferWithAuthorization
+#                (exact) and EIP-2612 permit (upto's gas sponsoring). Accounts 1-9 of
+#                anvil's development mnemonic hold 1,000 tokens each; account 0 pays the
+#                facilitator's gas.
+#   Permit2      0x000000000022D473030F116dDEE9F6B43aC78BA3, the runtime code Uniswap ships
+#                in @uniswap/v4-periphery 1.0.3 for placing it there.
+#   upto proxy   0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002 (@x402/evm's address for it):
+#                scripts/payments/UptoPermit2Proxy.sol, written against @x402/evm's ABI.
+#   Multicall3   0xcA11bde05977b3631167028862bE2a173976CA11, viem's bytecode: the
+#                facilitator explains a failing upto payment through it.
 #   facilitator  127.0.0.1:4021  scripts/payments/facilitator.mjs: @x402/core 2.27's
-#                                facilitator with @x402/evm's exact scheme.
+#                                facilitator with @x402/evm's exact and upto schemes and
+#                                the eip2612GasSponsoring extension.
 #
 # Reeve finds the facilitator through REEVE_FACILITATOR_URL, which this script
 # adds to .env (it replaces the catalog's facilitator_url for this deployment),
 # and reads the chain for lost settlements through REEVE_CHAIN_RPC_URLS
 # (eip155:84532=<anvil>), added there too.
-# Ports move with REEVE_STACK_CHAIN_PORT and REEVE_STACK_FACILITATOR_PORT.
+# Ports move with REEVE_STACK_CHAIN_PORT and REEVE_STACK_FACILITATOR_PORT; a
+# stack on another chain port keeps its pid files and logs apart
+# (.stack/payments-<port>), so it never mistakes the default one's for its own.
 set -euo pipefail
 
 LOG_TAG="payments"
@@ -37,7 +51,7 @@ CHAIN_ID=84532
 # reeve.dev.toml's [assets.usdc-base-sepolia] contract.
 TOKEN_ADDRESS="${REEVE_STACK_TOKEN_ADDRESS:-0x036CbD53842c5426634e7929541eC2318f3dCF7e}"
 PKG="$ROOT/scripts/payments"
-DIR="$STACK_DIR/payments"
+if [[ $CHAIN_PORT == 8545 ]]; then DIR="$STACK_DIR/payments"; else DIR="$STACK_DIR/payments-$CHAIN_PORT"; fi
 ANVIL="$PKG/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil"
 RPC="http://$HOST:$CHAIN_PORT"
 FAC_URL="http://$HOST:$FAC_PORT"
@@ -46,13 +60,33 @@ chain_ready() {
   curl -sf -H 'content-type: application/json' \
     -d '{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}' "$RPC" | grep -q '"0x14a34"'
 }
-facilitator_ready() { curl -sf "$FAC_URL/supported" | grep -q "eip155:$CHAIN_ID"; }
-token_ready() {
-  # name() of the token at the catalog's address answers "USDC".
-  curl -sf -H 'content-type: application/json' \
-    -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"eth_call\",\"params\":[{\"to\":\"$TOKEN_ADDRESS\",\"data\":\"0x06fdde03\"},\"latest\"]}" \
-    "$RPC" | grep -q '5553444300000000'
+PERMIT2_ADDRESS=0x000000000022D473030F116dDEE9F6B43aC78BA3
+UPTO_PROXY_ADDRESS=0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002
+MULTICALL3_ADDRESS=0xcA11bde05977b3631167028862bE2a173976CA11
+# The facilitator answers /supported for this chain at all (it is up)...
+facilitator_answers() { curl -sf "$FAC_URL/supported" | grep -q "eip155:$CHAIN_ID"; }
+# ...and settles both schemes (an older one, exact only, is not ready).
+facilitator_ready() {
+  local supported
+  supported=$(curl -sf "$FAC_URL/supported") || return 1
+  grep -q '"scheme":"exact"' <<<"$supported" && grep -q '"scheme":"upto"' <<<"$supported"
 }
+eth_call() {
+  curl -sf -H 'content-type: application/json' \
+    -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"eth_call\",\"params\":[{\"to\":\"$1\",\"data\":\"$2\"},\"latest\"]}" "$RPC"
+}
+# name() of the token at the catalog's address answers "USDC", and nonces(0)
+# answers at all: the token has EIP-2612 permit.
+token_ready() {
+  eth_call "$TOKEN_ADDRESS" 0x06fdde03 | grep -q '5553444300000000' &&
+    eth_call "$TOKEN_ADDRESS" 0x7ecebe000000000000000000000000000000000000000000000000000000000000000000 | grep -q '"result":"0x0'
+}
+# Permit2's DOMAIN_SEPARATOR(), the proxy's PERMIT2() and Multicall3's
+# getChainId() answer.
+permit2_ready() { eth_call "$PERMIT2_ADDRESS" 0x3644e515 | grep -q '"result":"0x[0-9a-f]\{64\}"'; }
+upto_proxy_ready() { eth_call "$UPTO_PROXY_ADDRESS" 0x6afdd850 | grep -qi '000000000022d473030f116ddee9f6b43ac78ba3'; }
+multicall3_ready() { eth_call "$MULTICALL3_ADDRESS" 0x3408e470 | grep -q '"result":"0x0*14a34"'; }
+contracts_ready() { token_ready && permit2_ready && upto_proxy_ready && multicall3_ready; }
 
 ensure_npm() {
   command -v node >/dev/null && command -v npm >/dev/null || die "node and npm are needed (apt-get install nodejs npm)"
@@ -71,21 +105,26 @@ chain_start() {
   port_open "$CHAIN_PORT" && die "$HOST:$CHAIN_PORT is in use by another process; stop it or set REEVE_STACK_CHAIN_PORT"
   log "starting anvil (chain id $CHAIN_ID) on $HOST:$CHAIN_PORT"
   start_bg "$DIR/anvil.pid" "$DIR/anvil.log" \
-    "$ANVIL" --host "$HOST" --port "$CHAIN_PORT" --chain-id "$CHAIN_ID" --block-time 1 --silent
+    "$ANVIL" --host "$HOST" --port "$CHAIN_PORT" --chain-id "$CHAIN_ID" --hardfork prague --block-time 1 --silent
   wait_for anvil 30 "$DIR/anvil.log" chain_ready
 }
 
-token_deploy() {
-  token_ready && return 0
-  log "compiling Token.sol (solc-js) and deploying it at $TOKEN_ADDRESS"
-  node "$PKG/compile.mjs" >"$DIR/token.json"
-  node "$PKG/deploy.mjs" "$RPC" "$TOKEN_ADDRESS" "$DIR/token.json" >&2
+contracts_deploy() {
+  contracts_ready && return 0
+  log "compiling Token.sol and UptoPermit2Proxy.sol (solc-js); placing them, Permit2 and Multicall3"
+  node "$PKG/compile.mjs" >"$DIR/contracts.json"
+  node "$PKG/deploy.mjs" "$RPC" "$TOKEN_ADDRESS" "$DIR/contracts.json" >&2
+  contracts_ready || die "the contracts were placed but do not answer as expected"
 }
 
 facilitator_start() {
-  if live_pid "$DIR/facilitator.pid" facilitator.mjs >/dev/null; then
-    wait_for facilitator 30 "$DIR/facilitator.log" facilitator_ready
-    return 0
+  local pid
+  if pid=$(live_pid "$DIR/facilitator.pid" facilitator.mjs); then
+    wait_for facilitator 30 "$DIR/facilitator.log" facilitator_answers
+    facilitator_ready && return 0
+    # Started by an older checkout of this script: exact only.
+    log "the running facilitator does not settle upto; restarting it"
+    stop_pid "$pid" 10
   fi
   port_open "$FAC_PORT" && die "$HOST:$FAC_PORT is in use by another process; stop it or set REEVE_STACK_FACILITATOR_PORT"
   log "starting the facilitator on $FAC_URL"
@@ -100,9 +139,15 @@ status_table() {
   if pid=$(live_pid "$DIR/anvil.pid" anvil) && chain_ready; then st=up; else st=down; pid=-; down=1; fi
   printf '%-12s %-22s %-8s %s\n' chain "$RPC" "$pid" "$st (anvil, chain id $CHAIN_ID)"
   if token_ready; then st=up; else st=down; down=1; fi
-  printf '%-12s %-22s %-8s %s\n' token "$TOKEN_ADDRESS" - "$st"
+  printf '%-12s %-22s %-8s %s\n' token "$TOKEN_ADDRESS" - "$st (EIP-3009, EIP-2612)"
+  if permit2_ready; then st=up; else st=down; down=1; fi
+  printf '%-12s %-22s %-8s %s\n' permit2 "$PERMIT2_ADDRESS" - "$st"
+  if upto_proxy_ready; then st=up; else st=down; down=1; fi
+  printf '%-12s %-22s %-8s %s\n' upto-proxy "$UPTO_PROXY_ADDRESS" - "$st"
+  if multicall3_ready; then st=up; else st=down; down=1; fi
+  printf '%-12s %-22s %-8s %s\n' multicall3 "$MULTICALL3_ADDRESS" - "$st"
   if pid=$(live_pid "$DIR/facilitator.pid" facilitator.mjs) && facilitator_ready; then st=up; else st=down; pid=-; down=1; fi
-  printf '%-12s %-22s %-8s %s\n' facilitator "$FAC_URL" "$pid" "$st (@x402/core)"
+  printf '%-12s %-22s %-8s %s\n' facilitator "$FAC_URL" "$pid" "$st (@x402/core: exact, upto)"
   return "$down"
 }
 
@@ -112,7 +157,7 @@ cmd_up() {
   flock -w 300 8 || die "another scripts/payments.sh is still running"
   ensure_npm
   chain_start
-  token_deploy
+  contracts_deploy
   facilitator_start
   # Point this checkout's .env at the local facilitator and chain (once).
   env_add REEVE_FACILITATOR_URL "$FAC_URL"

@@ -1,5 +1,10 @@
 // A thin x402 facilitator for the local chain: the official @x402/core
-// facilitator with @x402/evm's exact scheme, settling from anvil's account 0.
+// facilitator with @x402/evm's `exact` scheme (EIP-3009) and its `upto`
+// scheme (Permit2, through the upto proxy deploy.mjs placed), settling from
+// anvil's account 0. It declares the eip2612GasSponsoring extension: an upto
+// payer that never approved Permit2 may sign the token's EIP-2612 permit
+// instead, and the settlement applies it (settleWithPermit), so the payer
+// spends no gas.
 //
 //   node facilitator.mjs <rpc url> <bind host> <port> [account] [confirmation ms]
 //
@@ -10,12 +15,16 @@
 // with the hash it broadcast (@x402/evm's default is 180000 ms).
 //
 // POST /verify and POST /settle take {x402Version, paymentPayload,
-// paymentRequirements}; GET /supported lists what it settles. Everything the
+// paymentRequirements}; GET /supported lists what it settles (for upto, with
+// the address a payer must name as its facilitator). An upto settle takes
+// the amount to charge as paymentRequirements.amount, at most the signed
+// ceiling; 0 charges nothing and sends no transaction. Everything the
 // protocol checks is x402's own code; this file only does HTTP.
 import { createServer } from "node:http";
 import { x402Facilitator } from "@x402/core/facilitator";
 import { toFacilitatorEvmSigner } from "@x402/evm";
 import { registerExactEvmScheme } from "@x402/evm/exact/facilitator";
+import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
 import { createWalletClient, defineChain, http, publicActions } from "viem";
 import { mnemonicToAccount } from "viem/accounts";
 
@@ -38,6 +47,9 @@ const signer = toFacilitatorEvmSigner(
 
 const facilitator = new x402Facilitator();
 registerExactEvmScheme(facilitator, { signer, networks: NETWORK });
+facilitator.register(NETWORK, new UptoEvmScheme(signer));
+// Needs no signer of its own: the scheme's signer sends settleWithPermit.
+facilitator.registerExtension({ key: "eip2612GasSponsoring" });
 
 // Settlements go out one at a time: they all spend account 0's nonces, and
 // two built concurrently would pick the same one.
