@@ -1,7 +1,8 @@
 //! The local payment stack as tests use it (`scripts/payments.sh up`): anvil
-//! with the EIP-3009 test token, read and minted over JSON-RPC, and payers
-//! whose signatures come from coinbase's x402 Python SDK
-//! (`scripts/payments/pay.py`), as a real client's would.
+//! with the test token (EIP-3009 and EIP-2612), Permit2 and x402's upto
+//! proxy, read and minted over JSON-RPC, and payers whose signatures come
+//! from coinbase's x402 Python SDK (`scripts/payments/pay.py`) or its
+//! TypeScript client (`pay.mjs`), as a real client's would.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,11 @@ use serde_json::{Value, json};
 pub const TOKEN: &str = "0x036CbD53842c5426634e7929541eC2318f3dCF7e";
 /// anvil's default account 9 (unlocked): mints the tests' tokens.
 pub const MINTER: &str = "0xa0Ee7A142d267C1f36714E4a8F75612F20a79720";
+/// Permit2 at its canonical address: an `upto` payer approves it once.
+pub const PERMIT2: &str = "0x000000000022D473030F116dDEE9F6B43aC78BA3";
+/// x402's upto proxy (`x402UptoPermit2ProxyAddress`), the spender an upto
+/// payer signs for.
+pub const UPTO_PROXY: &str = "0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002";
 
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -194,6 +200,19 @@ pub async fn mint(_chain: &ChainLock, address: &str, amount: u128) {
     wait_mined(&hash).await;
 }
 
+/// The native (gas) balance of `address`, in wei.
+pub async fn eth_balance(address: &str) -> u128 {
+    let result = rpc("eth_getBalance", json!([address, "latest"])).await;
+    u128::from_str_radix(result.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+}
+
+/// How much of `owner`'s token `spender` may move.
+pub async fn allowance(owner: &str, spender: &str) -> u128 {
+    let data = format!("0xdd62ed3e{}{}", word(owner), word(spender));
+    let result = rpc("eth_call", json!([{"to": TOKEN, "data": data}, "latest"])).await;
+    u128::from_str_radix(result.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+}
+
 /// Waits for `hash`'s receipt and asserts it succeeded (the chain mines a
 /// block a second unless a test holds it paused).
 pub async fn wait_mined(hash: &Value) -> Value {
@@ -237,14 +256,39 @@ impl Payer {
         payer
     }
 
+    /// Sets the token allowance of Permit2 (what an `upto` payer does once,
+    /// `approve(Permit2, max)`; 0 revokes it). anvil sends the transaction
+    /// as the payer (impersonated) after giving it the gas: the chain sees
+    /// exactly what the payer's own wallet would send.
+    pub async fn approve_permit2(&self, _chain: &ChainLock, amount: u128) {
+        rpc("anvil_setBalance", json!([self.address, "0xde0b6b3a7640000"])).await;
+        rpc("anvil_impersonateAccount", json!([self.address])).await;
+        let data = format!("0x095ea7b3{}{:064x}", word(PERMIT2), amount);
+        let hash = rpc("eth_sendTransaction", json!([{"from": self.address, "to": TOKEN, "data": data}])).await;
+        rpc("anvil_stopImpersonatingAccount", json!([self.address])).await;
+        wait_mined(&hash).await;
+    }
+
     /// The `PAYMENT-SIGNATURE` for a 402's `PAYMENT-REQUIRED` header, made
     /// by coinbase's x402 SDK (it parses the challenge and picks the
     /// requirement of the one network it has registered, the local chain).
+    /// It reads the chain for an `upto` payment, to sign the token's permit
+    /// when the 402 offers gas sponsoring and Permit2 is not approved.
     pub async fn sign(&self, challenge_header: &str) -> String {
+        self.sign_with(Client::Python, challenge_header).await
+    }
+
+    /// The same, made by `client`.
+    pub async fn sign_with(&self, client: Client, challenge_header: &str) -> String {
         let (key, challenge) = (self.key.clone(), challenge_header.to_owned());
         let out = tokio::task::spawn_blocking(move || {
-            let mut child = std::process::Command::new(python())
-                .arg(root().join("scripts/payments/pay.py"))
+            let mut command = match client {
+                Client::Python => std::process::Command::new(python()),
+                Client::TypeScript => std::process::Command::new("node"),
+            };
+            let mut child = command
+                .arg(root().join(client.script()))
+                .arg(rpc_url())
                 .env("REEVE_WALLET_KEY", key)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -256,8 +300,26 @@ impl Payer {
         })
         .await
         .unwrap();
-        assert!(out.status.success(), "pay.py: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{}: {}", client.script(), String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+}
+
+/// An official x402 client SDK that signs payments.
+#[derive(Debug, Clone, Copy)]
+pub enum Client {
+    /// coinbase's `x402` Python SDK (`scripts/payments/pay.py`).
+    Python,
+    /// `@x402/core`'s client with `@x402/evm`'s schemes (`scripts/payments/pay.mjs`).
+    TypeScript,
+}
+
+impl Client {
+    fn script(self) -> &'static str {
+        match self {
+            Client::Python => "scripts/payments/pay.py",
+            Client::TypeScript => "scripts/payments/pay.mjs",
+        }
     }
 }
 

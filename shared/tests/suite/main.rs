@@ -34,4 +34,5 @@ mod template;
 mod template_monitoring;
 mod upload_guard;
 mod uploads;
+mod upto;
 mod worker;
