@@ -26,7 +26,8 @@ mod storage;
 mod sweep;
 mod watch;
 
-use client::commands::{self, ClientOpts, LoginArgs, SpaceCommand, TaskCommand, UploadArgs};
+use client::ClientOpts;
+use client::commands::{self, LoginArgs, SpaceCommand, TaskCommand, UploadArgs};
 
 #[derive(Parser)]
 #[command(name = "reeve", version, about = "Reeve: zero-account, pay-per-task jobs")]

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::builder::TypedValueParser as _;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use reeve_shared::ids::Id;
@@ -14,32 +13,8 @@ use reqwest::Method;
 use serde_json::{Map, Value, json};
 
 use super::output::{self, table};
-use super::{Client, ClientError, EXIT_TASK_CANCELED, EXIT_TASK_FAILED};
+use super::{Client, ClientError, ClientOpts, EXIT_TASK_CANCELED, EXIT_TASK_FAILED};
 use crate::payment_required;
-
-/// What every client command takes.
-#[derive(Args, Debug, Clone)]
-pub struct ClientOpts {
-    /// The deployment's API (`reeve serve` locally).
-    #[arg(long, env = "REEVE_ENDPOINT", global = true)]
-    pub endpoint: Option<String>,
-    /// Where task events stream from, if not the API's host (the relay's URL).
-    #[arg(long, env = "REEVE_RELAY", global = true)]
-    pub relay: Option<String>,
-    /// The credentials profile (default: one per endpoint, named after it).
-    #[arg(long, env = "REEVE_PROFILE", global = true)]
-    pub profile: Option<String>,
-    /// Machine output: one JSON document on stdout.
-    #[arg(long, global = true)]
-    pub json: bool,
-    /// Where the credentials file is kept: DIR/reeve/credentials.toml
-    /// (default: ~/.config).
-    // Parsed as an OsString: clap's PathBuf parser refuses a blank value,
-    // which XDG says is unset (`credentials::path` sees to that).
-    #[arg(long, env = "XDG_CONFIG_HOME", global = true, value_name = "DIR",
-          value_parser = clap::builder::OsStringValueParser::new().map(PathBuf::from))]
-    pub config_home: Option<PathBuf>,
-}
 
 #[derive(Subcommand, Debug)]
 pub enum SpaceCommand {

@@ -13,14 +13,39 @@ pub mod output;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::Args;
+use clap::builder::TypedValueParser as _;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use commands::ClientOpts;
 use credentials::{CredentialsFile, Profile};
 
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:8080";
+
+/// What every client command takes.
+#[derive(Args, Debug, Clone)]
+pub struct ClientOpts {
+    /// The deployment's API (`reeve serve` locally).
+    #[arg(long, env = "REEVE_ENDPOINT", global = true)]
+    pub endpoint: Option<String>,
+    /// Where task events stream from, if not the API's host (the relay's URL).
+    #[arg(long, env = "REEVE_RELAY", global = true)]
+    pub relay: Option<String>,
+    /// The credentials profile (default: one per endpoint, named after it).
+    #[arg(long, env = "REEVE_PROFILE", global = true)]
+    pub profile: Option<String>,
+    /// Machine output: one JSON document on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Where the credentials file is kept: DIR/reeve/credentials.toml
+    /// (default: ~/.config).
+    // Parsed as an OsString: clap's PathBuf parser refuses a blank value,
+    // which XDG says is unset (`credentials::path` sees to that).
+    #[arg(long, env = "XDG_CONFIG_HOME", global = true, value_name = "DIR",
+          value_parser = clap::builder::OsStringValueParser::new().map(PathBuf::from))]
+    pub config_home: Option<PathBuf>,
+}
 
 /// Why a client command did not succeed. Each maps to a stable exit code.
 #[derive(Debug, thiserror::Error)]

@@ -52,11 +52,18 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use serde_json::json;
 
 pub use context::{McpContext, McpSettings, McpStores};
-pub use upload::MAX_INLINE_BYTES;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 pub use wait::MAX_WAIT_SECONDS;
 
 /// The endpoint's path.
 pub const PATH: &str = "/mcp";
+
+/// The largest inline upload (`create_upload` with `content_base64`),
+/// decoded: larger files take the presigned PUT. A request body carries it
+/// as base64 inside JSON-RPC, within [`MAX_BODY_BYTES`]. The endpoint's two
+/// limits sit here together; the tool list shows this one, the tool checks it.
+pub const MAX_INLINE_BYTES: usize = 1024 * 1024;
 
 /// The largest request body, refused before a byte of it is parsed: an
 /// inline upload of [`MAX_INLINE_BYTES`] in base64 (4/3 of it) plus room for
@@ -115,6 +122,11 @@ async fn as_json_rpc(request: Request<Body>, next: Next) -> Response {
     };
     let message = if status == StatusCode::PAYLOAD_TOO_LARGE { too_large() } else { text };
     refusal(status, &message)
+}
+
+/// A time in a tool's answer: RFC 3339, as the REST API writes it.
+pub(crate) fn rfc3339(at: OffsetDateTime) -> String {
+    at.format(&Rfc3339).expect("a UTC time formats")
 }
 
 fn too_large() -> String {

@@ -25,11 +25,10 @@ use tracing::Instrument;
 
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
-use super::space::rfc3339;
 use super::task::Answer;
 use super::tools::{Fixed, Named};
 use super::wait::Progress;
-use super::{payment, space, task, upload};
+use super::{payment, rfc3339, space, task, upload};
 use crate::domain::auth::{self, SpaceIndex};
 use crate::domain::tasks::{self, Task, TaskStatus};
 

@@ -4,10 +4,10 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use super::context::McpContext;
 use super::failure::ToolResult;
+use super::rfc3339;
 use crate::domain::{auth, spaces};
 
 /// A fresh Space, and a session on it: the Space ID is shown this once.
@@ -35,8 +35,4 @@ pub struct Login {
 pub async fn login(ctx: &McpContext, args: Login) -> ToolResult<Value> {
     let session = spaces::open_session(&ctx.db, &ctx.pepper, &ctx.token_key, &ctx.argon2, &args.space_id).await?;
     Ok(json!({ "token": session.token, "token_type": "Bearer", "expires_at": rfc3339(session.expires_at) }))
-}
-
-pub fn rfc3339(at: OffsetDateTime) -> String {
-    at.format(&Rfc3339).expect("a UTC time formats")
 }

@@ -79,7 +79,7 @@ impl Fixed {
                      and it is stored at once; or declare size and get a presigned URL to PUT the bytes to, sending \
                      exactly the headers given (any size up to {} bytes). Answers an upload_id to name in a task's \
                      input. content_type is one of: {}.",
-                    super::upload::MAX_INLINE_BYTES.min(uploads.max_bytes as usize),
+                    super::MAX_INLINE_BYTES.min(uploads.max_bytes as usize),
                     uploads.max_bytes,
                     uploads.content_types.join(", "),
                 )

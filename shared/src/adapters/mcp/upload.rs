@@ -10,14 +10,9 @@ use serde_json::{Value, json};
 
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
-use super::space::rfc3339;
+use super::{MAX_INLINE_BYTES, rfc3339};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::uploads::{self, InlineFile, UploadRequest};
-
-/// The largest inline upload, decoded: larger files take the presigned PUT.
-/// A request body carries it as base64 inside JSON-RPC, within the
-/// endpoint's body limit.
-pub const MAX_INLINE_BYTES: usize = 1024 * 1024;
 
 #[derive(Deserialize)]
 pub struct CreateUpload {
