@@ -14,7 +14,7 @@ pub struct SweepArgs {
     /// REEVE_SWEEP_OLDER_THAN_SECONDS, else 300); 0 sweeps every stranded task.
     #[arg(long, value_name = "SECONDS")]
     older_than: Option<u64>,
-    /// Sweep once and exit, instead of every minute until stopped.
+    /// Sweep once and exit, instead of every 15 s until stopped.
     #[arg(long)]
     once: bool,
     /// The catalog: a payment that landed late buys a task only of a kind

@@ -65,6 +65,13 @@ pub async fn watch(
                 &bar,
                 format!("paid with a credit: {} atomic units", event.data["amount"].as_str().unwrap_or_default()),
             ),
+            EventType::LeaseLost => say(
+                &bar,
+                format!(
+                    "attempt {}'s worker stopped renewing its lease; the task runs again",
+                    event.data["attempt"].as_i64().unwrap_or_default()
+                ),
+            ),
             EventType::PaymentSettledLate => say(
                 &bar,
                 format!(

@@ -48,6 +48,7 @@ fn worker(pool: &PgPool, s3: aws_sdk_s3::Client) -> WorkerContext {
         max_receives: 5,
         fetch_max_bytes: 1024 * 1024,
         output_retention_days: None,
+        lease: WorkerSettings::DEFAULT_LEASE,
     };
     let exec = ExecDeps {
         db: pool.clone(),

@@ -51,8 +51,10 @@ use crate::domain::tasks::events::Publisher;
 use crate::domain::tasks::queue::{self, QueueMessage};
 use crate::domain::tasks::{self, Change, Fence, TaskStatus, task_error};
 
-/// How often `reeve work` sweeps.
-pub const EVERY: Duration = Duration::from_secs(60);
+/// How often `reeve work` and `reeve serve` sweep, and the `sweeper`
+/// Lambda within each scheduled minute: with a lease of 20 s, a dead
+/// worker's task is sent again at most 35 s after its last renewal.
+pub const EVERY: Duration = Duration::from_secs(15);
 /// How long a task must have been left alone before it is swept, unless
 /// told otherwise: far longer than a message waits in a healthy queue.
 pub const DEFAULT_OLDER_THAN: Duration = Duration::from_secs(300);
@@ -367,7 +369,7 @@ impl Sweeper {
         tokio::spawn(async move { self.run_every(every, older_than, shutdown).await })
     }
 
-    /// Sweeps every [`EVERY`] until `shutdown` resolves; for `reeve work`.
+    /// Sweeps every `every` until `shutdown` resolves; for `reeve work`.
     /// A failed sweep is logged and the next one tries again.
     pub async fn run_every(
         &self,
@@ -384,7 +386,7 @@ impl Sweeper {
                 _ = ticks.tick() => {}
             }
             if let Err(e) = self.sweep(older_than).await {
-                tracing::error!(error = %e, "sweep failed; trying again in a minute");
+                tracing::error!(error = %e, every_secs = every.as_secs(), "sweep failed; trying again at the next one");
             }
         }
     }

@@ -50,6 +50,8 @@ pub const QUEUE_WAIT: &str = "reeve_task_queue_wait_seconds";
 pub const SQS_RECEIVED: &str = "reeve_sqs_messages_received_total";
 pub const SQS_DELETED: &str = "reeve_sqs_messages_deleted_total";
 pub const SWEEPER_ACTIONS: &str = "reeve_sweeper_actions_total";
+pub const LEASES_LOST: &str = "reeve_leases_lost_total";
+pub const LEASE_RECOVERY: &str = "reeve_lease_recovery_seconds";
 pub const PAYMENTS_SETTLED: &str = "reeve_payments_settled_total";
 pub const PAYMENTS_FAILED: &str = "reeve_payments_failed_total";
 pub const CREDITS_ISSUED: &str = "reeve_credits_issued_total";
@@ -110,6 +112,17 @@ pub fn task_run(kind: &str, elapsed: Duration) {
 pub fn queue_wait(kind: &str, created: std::time::SystemTime) {
     let waited = created.elapsed().unwrap_or_default();
     histogram!(QUEUE_WAIT, "kind" => kind.to_owned()).record(waited.as_secs_f64());
+}
+
+/// A run whose lease lapsed before it ended (its worker died, stalled, or
+/// lost Postgres), counted by the claim that took the task over; `ago`,
+/// from the lapse to that claim, is how long the task waited for the
+/// sweeper and the queue to bring it back.
+pub fn lease_lost(kind: &str, ago: Option<Duration>) {
+    counter!(LEASES_LOST, "kind" => kind.to_owned()).increment(1);
+    if let Some(ago) = ago {
+        histogram!(LEASE_RECOVERY, "kind" => kind.to_owned()).record(ago.as_secs_f64());
+    }
 }
 
 // ------------------------------------------------------------------- SQS
@@ -213,6 +226,8 @@ fn describe() {
     describe_counter!(SQS_RECEIVED, "SQS messages received by the poller");
     describe_counter!(SQS_DELETED, "SQS messages deleted by the poller after handling");
     describe_counter!(SWEEPER_ACTIONS, "sweeper actions, by action");
+    describe_counter!(LEASES_LOST, "runs whose lease lapsed before they ended, by kind (counted at the takeover)");
+    describe_histogram!(LEASE_RECOVERY, Unit::Seconds, "time from a lapsed lease to the claim that took over, by kind");
     describe_counter!(PAYMENTS_SETTLED, "payments settled, by network and asset");
     describe_counter!(PAYMENTS_FAILED, "payments refused or not settled, by reason");
     describe_counter!(CREDITS_ISSUED, "credits left on a space, by asset and reason");

@@ -43,6 +43,9 @@ pub const TRUSTED_PROXY_HOPS: &str = "REEVE_TRUSTED_PROXY_HOPS";
 pub const WORKER_CONCURRENCY: &str = "REEVE_WORKER_CONCURRENCY";
 pub const MAX_RECEIVES: &str = "REEVE_MAX_RECEIVES";
 pub const FETCH_MAX_BYTES: &str = "REEVE_FETCH_MAX_BYTES";
+/// How long a running task's lease lasts without a renewal, in seconds
+/// (default 20): the longest a dead worker's task waits for the sweeper.
+pub const LEASE: &str = "REEVE_LEASE_SECONDS";
 /// Days the bucket keeps `outputs/` (the template's `OutputRetentionDays`,
 /// its lifecycle rule), so a result can say until when its object lives.
 pub const OUTPUT_RETENTION_DAYS: &str = "REEVE_OUTPUT_RETENTION_DAYS";
@@ -361,6 +364,10 @@ pub fn worker_settings<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Resul
     // S3's lifecycle rules count whole days; the template allows 1 to 3650.
     let output_retention_days =
         env.optional(OUTPUT_RETENTION_DAYS).map(|_| env.number(OUTPUT_RETENTION_DAYS, 0, 1, 3650) as u32);
+    // Renewed every quarter of it: below 2 s a renewal's round trip is a
+    // fair part of the lease; above 5 minutes a dead worker's task waits
+    // longer than the sweeper's threshold for lost messages.
+    let lease = Duration::from_secs(env.number(LEASE, WorkerSettings::DEFAULT_LEASE.as_secs(), 2, 300));
     let problems = env.take_problems();
     let Some(database_url) = database_url.filter(|_| problems.is_empty()) else {
         return Err(SettingsError { problems });
@@ -374,6 +381,7 @@ pub fn worker_settings<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Resul
         max_receives,
         fetch_max_bytes,
         output_retention_days,
+        lease,
     })
 }
 
@@ -499,6 +507,7 @@ mod tests {
         assert_eq!(s.concurrency, WorkerSettings::DEFAULT_CONCURRENCY);
         assert_eq!(s.max_receives, 5);
         assert_eq!(s.queue_url, None);
+        assert_eq!(s.lease, Duration::from_secs(20));
 
         let err = worker_settings(&mut env(&[
             (REDIS_URL, "redis://localhost"),

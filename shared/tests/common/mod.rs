@@ -119,6 +119,7 @@ pub fn worker_settings(redis_url: &str) -> WorkerSettings {
         max_receives: 5,
         fetch_max_bytes: 1024 * 1024,
         output_retention_days: None,
+        lease: WorkerSettings::DEFAULT_LEASE,
     }
 }
 

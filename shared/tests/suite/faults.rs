@@ -501,11 +501,10 @@ async fn with_postgres_stopped_under_a_running_worker_every_message_is_handed_ba
     // Redelivery below goes on until the cut runs' leases run out; it must
     // not reach the last delivery meanwhile.
     settings.max_receives = 100;
+    // A cut run's lease is what redelivery waits out.
+    settings.lease = Duration::from_secs(2);
     let s3 = common::aws().await.s3;
-    let mut ctx = common::with_runner(common::worker_context(catalog, &through, s3, settings), runner.clone());
-    // A cut run's lease (timeout + grace) is what redelivery waits out.
-    ctx.lease_grace = Duration::from_secs(1);
-    let ctx = Arc::new(ctx);
+    let ctx = Arc::new(common::with_runner(common::worker_context(catalog, &through, s3, settings), runner.clone()));
 
     let ids = queued_tasks_of(&pool, "gated", N).await;
     runner.write_after.lock().unwrap().extend(ids.iter().step_by(2).copied());

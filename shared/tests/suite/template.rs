@@ -642,7 +642,7 @@ fn every_catalog_task_fits_in_the_worker_timeout() {
     let resources = resources();
     let timeout: u64 = value_of(&resources["WorkerFunction"], "Timeout").unwrap().parse().unwrap();
     let catalog = reeve_shared::catalog::Catalog::load(&root().join("reeve.toml")).expect("reeve.toml is valid");
-    let grace = reeve_shared::worker::LEASE_GRACE.as_secs();
+    let grace = u64::from(reeve_shared::catalog::LEASE_GRACE_SECONDS);
     assert!(reeve_shared::worker::DEADLINE_MARGIN.as_secs() < grace, "the deadline stop comes after the task timeout");
     for (kind, task) in &catalog.tasks {
         let needed = u64::from(task.timeout_seconds) + grace;

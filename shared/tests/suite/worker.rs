@@ -490,7 +490,13 @@ async fn an_expired_lease_is_reclaimed_and_a_live_one_is_not(pool: PgPool) {
     assert_eq!(task.result.unwrap()["sha256"], sha256_hex(&bytes));
     let events = events_of(&pool, id).await;
     assert_gap_free(&events);
-    assert_eq!(events[1].data, json!({"status": "running", "attempt": 2}));
+    // The takeover says whose run it ends, and since when, before its own.
+    assert_eq!(events[1].kind, EventType::LeaseLost);
+    assert_eq!(events[1].data["attempt"], 1);
+    let lapsed_at = events[1].data["lapsed_at"].as_str().unwrap();
+    time::OffsetDateTime::parse(lapsed_at, &time::format_description::well_known::Rfc3339).unwrap();
+    assert_eq!(events[2].data, json!({"status": "running", "attempt": 2}));
+    assert_eq!(statuses(&events), ["queued", "running", "completed"]);
     api.done().await;
 }
 
@@ -597,26 +603,37 @@ async fn a_run_past_its_timeout_is_retried_and_then_fails_for_good(pool: PgPool)
     api.done().await;
 }
 
+/// A renewal is fenced: the run that finds its lease taken stops at its
+/// next renewal, long before its executor would have ended, and writes
+/// nothing more.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn a_run_that_loses_its_lease_stops_and_writes_nothing(pool: PgPool) {
+async fn a_run_that_finds_its_lease_taken_stops_and_writes_nothing(pool: PgPool) {
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
-    let ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_secs(2), 1));
+    // The executor would run for 30 s (its timeout is 3 s); renewals every 0.5 s.
+    let mut ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_secs(30), 1));
+    ctx.settings.lease = Duration::from_secs(2);
 
     let body = body_of(id, "slow");
-    let run = process(&ctx, &body, 1);
-    let takeover = async {
-        // While it runs, another run takes the task over (as after an
-        // expired lease): a new fencing token.
-        wait_for_status(&pool, id, "running").await;
-        sqlx::query("UPDATE tasks SET attempts = attempts + 1 WHERE id = $1").bind(id).execute(&pool).await.unwrap();
+    let run = async {
+        let outcome = process(&ctx, &body, 1).await;
+        (outcome, Instant::now())
     };
-    let (outcome, ()) = tokio::join!(run, takeover);
+    let takeover = async {
+        // While it runs, another run takes the task over (as after a lapsed
+        // lease): a new fencing token.
+        wait_for_status(&pool, id, "running").await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::query("UPDATE tasks SET attempts = attempts + 1 WHERE id = $1").bind(id).execute(&pool).await.unwrap();
+        let written = events_of(&pool, id).await.len();
+        (Instant::now(), written)
+    };
+    let ((outcome, stopped), (taken, written)) = tokio::join!(run, takeover);
     assert_eq!(outcome, Outcome::Done);
+    assert!(stopped.duration_since(taken) < Duration::from_secs(2), "stopped at the next renewal");
     let task = row(&pool, id).await;
     assert_eq!((task.status.as_str(), task.attempts, task.result), ("running", 2, None));
-    let events = events_of(&pool, id).await;
-    assert!(events.iter().all(|e| e.kind != EventType::Result), "{events:?}");
+    assert_eq!(events_of(&pool, id).await.len(), written, "nothing written after the takeover");
     api.done().await;
 }
 
@@ -624,9 +641,10 @@ async fn a_run_that_loses_its_lease_stops_and_writes_nothing(pool: PgPool) {
 async fn the_lease_is_extended_while_the_executor_runs(pool: PgPool) {
     let api = Api::new(&pool, test_catalog()).await;
     let id = api.create("slow", json!({})).await;
-    // A run of 2.5 s against a 3 s timeout: the lease is pushed every second.
+    // A run of 2.5 s against a 3 s timeout, on leases of 1 s: renewed
+    // every quarter second, the run outlives its first lease twice over.
     let mut ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(2500), 1));
-    ctx.lease_grace = Duration::ZERO;
+    ctx.settings.lease = Duration::from_secs(1);
 
     let lease = |pool: PgPool| async move {
         let until: Option<time::OffsetDateTime> =

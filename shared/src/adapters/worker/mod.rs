@@ -19,7 +19,7 @@
 //! takes a lease and bumps `attempts`, the run's fencing token (held by a
 //! live lease elsewhere → `Retry`) → the executor, bounded by the task's
 //! `timeout_seconds`, while its reports become `progress`/`log` events and
-//! the lease is extended → the outcome:
+//! the lease is renewed → the outcome:
 //! - a result → `completed` (`result`, `status` events) → `Done`;
 //! - a permanent error → `failed` with its code (`error`, `status`) → `Failed`;
 //! - a cancel asked for by the owner (checked every [`CANCEL_POLL`]) → the
@@ -28,6 +28,17 @@
 //!   `Retry`; on the task's last attempt or the queue's last delivery
 //!   (`REEVE_MAX_RECEIVES` both) → `failed` with `retries_exhausted` instead,
 //!   so nothing stays queued once SQS gives up.
+//!
+//! **Leases say whether a worker is alive.** A lease is short
+//! (`REEVE_LEASE_SECONDS`, 20 s by default) whatever the task's timeout,
+//! and the run renews it every quarter of that. A renewal is fenced on the
+//! run's token like every other write, so a run that finds its lease taken
+//! stops at once and writes nothing more (`Done`: the task is another
+//! run's). A run that cannot renew (Postgres gone) stops by its own clock
+//! once its lease would have run out, before anyone may take over, and
+//! leaves its message to come back (`Retry`). A worker that dies stops
+//! renewing; the sweeper re-sends the task at its first sweep after the
+//! lease lapsed, and the next claim takes over, with a `lease_lost` event.
 //!
 //! **One attempt limit per task.** The limit counts the task's own runs
 //! (`attempts`), not a message's deliveries: the sweeper's re-send and a
@@ -133,17 +144,20 @@ pub struct WorkerSettings {
     /// `REEVE_OUTPUT_RETENTION_DAYS`: how long the bucket keeps `outputs/`;
     /// unset, no expiry is known (a local bucket without the rule).
     pub output_retention_days: Option<u32>,
+    /// `REEVE_LEASE_SECONDS` (default 20): how long a run holds its task
+    /// without renewing. It bounds how long a dead worker's task waits
+    /// before the sweeper sends it again, so it is short; the run renews it
+    /// every quarter of it, so a few slow renewals in a row are survived.
+    pub lease: Duration,
 }
 
 impl WorkerSettings {
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(20);
     pub const DEFAULT_CONCURRENCY: usize = 4;
     pub const DEFAULT_MAX_RECEIVES: u32 = crate::domain::tasks::DEFAULT_MAX_RECEIVES;
     pub const DEFAULT_FETCH_MAX_BYTES: u64 = 100 * 1024 * 1024;
 }
 
-/// How long a claim's lease outlasts the task's timeout: time to record the
-/// outcome after the executor stops.
-pub const LEASE_GRACE: Duration = Duration::from_secs(crate::domain::catalog::LEASE_GRACE_SECONDS as u64);
 /// How long before the invocation's deadline a run is stopped by default:
 /// time to hand the task back (a conditional update and its events) before
 /// Lambda kills the process, which would leave it `running` until its lease
@@ -160,7 +174,6 @@ pub struct WorkerContext {
     pub exec: ExecDeps,
     pub runner: Arc<dyn Runner>,
     pub settings: WorkerSettings,
-    pub lease_grace: Duration,
     /// How long before an invocation's deadline its runs are stopped.
     pub deadline_margin: Duration,
     /// Each payment network's JSON-RPC endpoint: not the worker's, but the
@@ -180,16 +193,10 @@ impl WorkerContext {
             exec,
             runner: Arc::new(Executors),
             settings,
-            lease_grace: LEASE_GRACE,
             deadline_margin: DEADLINE_MARGIN,
             #[cfg(feature = "chain")]
             chains: crate::domain::payments::Chains::none(),
         }
-    }
-
-    /// The lease a claim takes for a task with this timeout.
-    fn lease(&self, timeout: Duration) -> Duration {
-        timeout + self.lease_grace
     }
 }
 
@@ -264,10 +271,6 @@ async fn run_task(
         tracing::warn!(task_kind = %task.kind, "the message names another kind than the task; using the task's");
     }
     let spec = ctx.catalog.task(&task.kind);
-    // A kind dropped from the catalog still gets a lease, so that the claim
-    // (and with it the failure) is fenced like every other run.
-    let timeout = Duration::from_secs(spec.map_or(60, |s| s.timeout_seconds).into());
-    let lease = ctx.lease(timeout);
     if stop_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
         // Claiming now would only hand the task straight back.
         return Outcome::Retry("too close to the invocation's deadline to start".into());
@@ -277,7 +280,10 @@ async fn run_task(
         return exhausted(ctx, &task).await;
     }
 
-    let claim = match store::claim(&ctx.db, id, lease, max_attempts).await {
+    // The lease is counted from before the claim was sent: the database's
+    // lease then ends no earlier than this run believes.
+    let claimed_at = tokio::time::Instant::now();
+    let claim = match store::claim(&ctx.db, id, ctx.settings.lease, max_attempts).await {
         Ok(Some(claim)) => claim,
         Ok(None) => {
             return match store::load(&ctx.db, id).await {
@@ -301,7 +307,12 @@ async fn run_task(
     if attempt == 1 {
         crate::infra::metrics::queue_wait(&task.kind, id.ulid().datetime());
     }
-    ctx.events.publish_logged(id, &claim.event).await;
+    if let Some(lapsed) = claim.took_over {
+        let lapsed_secs = lapsed.ago.map(|ago| ago.as_secs_f64());
+        tracing::warn!(lost_attempt = lapsed.attempt, lapsed_secs, "took over from a run whose lease lapsed");
+        crate::infra::metrics::lease_lost(&task.kind, lapsed.ago);
+    }
+    ctx.events.publish_all(id, &claim.events).await;
 
     let Some(spec) = spec else {
         tracing::error!("the task's kind is not in the catalog");
@@ -317,15 +328,22 @@ async fn run_task(
     // wins over whatever it was doing.
     let started = std::time::Instant::now();
     let run = tokio::select! {
-        run = execute(ctx, &task, spec, attempt, lease, stop_at) => run,
+        run = execute(ctx, &task, spec, attempt, claimed_at, stop_at) => run,
         () = cancel_asked(ctx, id, attempt) => return cancel(ctx, id, attempt).await,
     };
     crate::infra::metrics::task_run(&task.kind, started.elapsed());
     let result = match run {
-        Some(result) => result,
-        None => {
-            tracing::warn!(attempt, "lost the task to another run while executing; stopping");
+        Ok(result) => result,
+        Err(Lost::Taken) => {
+            tracing::warn!(attempt, "lost the task to another run while executing; stopped, writing nothing more");
             return Outcome::Done;
+        }
+        Err(Lost::Expired) => {
+            // Nobody may have taken it yet, but anyone may now: stopped as if
+            // taken. The sweeper sends the task again once the lease lapsed;
+            // this message is left to come back too.
+            tracing::warn!(attempt, "could not renew the lease before it ran out; stopped, writing nothing more");
+            return Outcome::Retry("the run's lease ran out before it could be renewed".into());
         }
     };
     match result {
@@ -460,18 +478,28 @@ async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u
     }
 }
 
+/// Why a run stopped before its executor did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lost {
+    /// A renewal found the task moved on: another run holds it (it claimed
+    /// it over a lapsed lease), or someone else ended it.
+    Taken,
+    /// No renewal got through before the lease would have run out (Postgres
+    /// unreachable or too slow): another run may claim it any moment.
+    Expired,
+}
+
 /// Runs the job with its reports recorded and its lease kept alive, bounded
-/// by the task's timeout. `None`: the run lost the task meanwhile (its lease
-/// was taken over, or the task moved on), and the executor was stopped.
-/// `Some(Err(Err(_)))`: timed out, or stopped at `stop_at`.
+/// by the task's timeout. `Err`: the run lost the task meanwhile, and the
+/// executor was stopped. `Ok(Err(Err(_)))`: timed out, or stopped at `stop_at`.
 async fn execute(
     ctx: &WorkerContext,
     task: &store::TaskRow,
     spec: &TaskSpec,
     attempt: i32,
-    lease: Duration,
+    claimed_at: tokio::time::Instant,
     stop_at: Option<tokio::time::Instant>,
-) -> Option<Result<Value, Result<ExecError, Retryable>>> {
+) -> Result<Result<Value, Result<ExecError, Retryable>>, Lost> {
     let id = task.id;
     let (reports, receiver) = mpsc::channel(REPORT_BUFFER);
     let job = Job { task_id: id, space: task.space, input: &task.input, spec, reports };
@@ -499,25 +527,47 @@ async fn execute(
         result
     };
     tokio::select! {
-        result = work => Some(result),
-        () = keep_lease(ctx, id, attempt, lease, timeout) => None,
+        result = work => Ok(result),
+        lost = keep_lease(ctx, id, attempt, claimed_at) => Err(lost),
     }
 }
 
-/// Extends the lease every third of the task's timeout; returns only when
-/// the run has lost the task. A failed extension is logged and tried again
-/// at the next tick: the lease still has its grace.
-async fn keep_lease(ctx: &WorkerContext, id: Id, attempt: i32, lease: Duration, timeout: Duration) {
-    let every = (timeout / 3).max(Duration::from_secs(1));
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// How often a run renews its lease: four times a lease, so that a renewal
+/// or two may fail (a slow query, a blip) before the lease is in danger.
+pub fn renew_every(lease: Duration) -> Duration {
+    (lease / 4).max(Duration::from_millis(100))
+}
+
+/// Renews the run's lease every [`renew_every`]; returns only when the run
+/// has lost the task. The lease this run holds is counted from when each
+/// renewal (or the claim) was sent, which the database's `lease_until`
+/// never precedes: once that much time has passed without a renewal getting
+/// through, the run stops by its own clock, since from then on another run
+/// may claim the task. A renewal stuck on a dead connection does not hold
+/// that up.
+async fn keep_lease(ctx: &WorkerContext, id: Id, attempt: i32, claimed_at: tokio::time::Instant) -> Lost {
+    let lease = ctx.settings.lease;
+    let every = renew_every(lease);
+    let mut held_until = claimed_at + lease;
+    let mut next = claimed_at + every;
     loop {
-        ticks.tick().await;
-        match store::extend_lease(&ctx.db, id, attempt, lease).await {
-            Ok(true) => tracing::debug!(attempt, "lease extended"),
-            Ok(false) => return,
-            Err(e) => tracing::warn!(error = %e, "could not extend the lease"),
+        let sent = tokio::select! {
+            () = tokio::time::sleep_until(held_until) => return Lost::Expired,
+            () = tokio::time::sleep_until(next) => tokio::time::Instant::now(),
+        };
+        let renewed = tokio::select! {
+            () = tokio::time::sleep_until(held_until) => return Lost::Expired,
+            renewed = store::extend_lease(&ctx.db, id, attempt, lease) => renewed,
+        };
+        match renewed {
+            Ok(true) => {
+                held_until = sent + lease;
+                tracing::debug!(attempt, "lease renewed");
+            }
+            Ok(false) => return Lost::Taken,
+            Err(e) => tracing::warn!(error = %e, "could not renew the lease; trying again"),
         }
+        next = (sent + every).max(tokio::time::Instant::now());
     }
 }
 

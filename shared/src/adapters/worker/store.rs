@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sqlx::{PgPool, Postgres, Transaction};
+use time::OffsetDateTime;
 
 use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
@@ -57,49 +58,88 @@ pub async fn load(db: &PgPool, id: Id) -> Result<Option<TaskRow>, sqlx::Error> {
     }))
 }
 
-/// A successful claim: the run's fencing token and its `status: running` event.
+/// A successful claim: the run's fencing token and its events (a
+/// `lease_lost` one first when it took over from a run whose lease lapsed,
+/// then `status: running`).
 #[derive(Debug, Clone)]
 pub struct Claim {
     pub attempt: i32,
-    pub event: Event,
+    pub events: Vec<Event>,
+    /// The run this claim took the task from, when its lease had lapsed.
+    pub took_over: Option<Lapsed>,
+}
+
+/// A run whose lease lapsed before it ended, found by the claim after it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lapsed {
+    /// That run's fencing token.
+    pub attempt: i32,
+    /// From the lapse to this claim; `None` for a running task that had no
+    /// lease at all (written before leases were kept).
+    pub ago: Option<Duration>,
 }
 
 fn secs(lease: Duration) -> f64 {
     lease.as_secs_f64()
 }
 
-/// `queued`, or `running` with an expired (or missing) lease, becomes
+/// `queued`, or `running` with a lapsed (or missing) lease, becomes
 /// `running` with a lease of `lease` from now, if it has had fewer than
 /// `max_attempts` runs. `None` when the task is in neither state (terminal,
 /// gone, or held by a live lease) or out of attempts.
+///
+/// The row is read under lock first, so that a claim over a lapsed lease
+/// knows whose run it ends and since when, and says so in the task's log.
 pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> Result<Option<Claim>, sqlx::Error> {
     let mut tx = db.begin().await?;
-    let attempt: Option<i32> = sqlx::query_scalar(
-        "UPDATE tasks
-            SET status = 'running', attempts = attempts + 1,
-                lease_until = now() + make_interval(secs => $2), updated_at = now()
-          WHERE id = $1 AND attempts < $3
-            AND (status = 'queued'
-                 OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
-         RETURNING attempts",
+    let before: Option<(String, i32, Option<OffsetDateTime>, Option<f64>)> = sqlx::query_as(
+        "SELECT status, attempts, lease_until, EXTRACT(EPOCH FROM now() - lease_until)::float8
+           FROM tasks WHERE id = $1 FOR UPDATE",
     )
     .bind(id)
-    .bind(secs(lease))
-    .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
     .fetch_optional(&mut *tx)
     .await?;
-    let Some(attempt) = attempt else {
+    let attempt: Option<i32> = match before {
+        None => None,
+        Some(_) => {
+            sqlx::query_scalar(
+                "UPDATE tasks
+                    SET status = 'running', attempts = attempts + 1,
+                        lease_until = now() + make_interval(secs => $2), updated_at = now()
+                  WHERE id = $1 AND attempts < $3
+                    AND (status = 'queued'
+                         OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
+                 RETURNING attempts",
+            )
+            .bind(id)
+            .bind(secs(lease))
+            .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+            .fetch_optional(&mut *tx)
+            .await?
+        }
+    };
+    let (Some(attempt), Some((status, previous, lapsed_at, lapsed_secs))) = (attempt, before) else {
         tx.rollback().await?;
         return Ok(None);
     };
-    let event =
-        append_event(&mut tx, id, EventType::Status, &json!({ "status": "running", "attempt": attempt })).await?;
+    let took_over = (status == TaskStatus::Running.as_str())
+        .then(|| Lapsed { attempt: previous, ago: lapsed_secs.map(|s| Duration::from_secs_f64(s.max(0.0))) });
+    let mut events = Vec::with_capacity(2);
+    if let Some(lapsed) = took_over {
+        let at = lapsed_at.and_then(|at| at.format(&time::format_description::well_known::Rfc3339).ok());
+        let data = json!({ "attempt": lapsed.attempt, "lapsed_at": at });
+        events.push(append_event(&mut tx, id, EventType::LeaseLost, &data).await?);
+    }
+    events
+        .push(append_event(&mut tx, id, EventType::Status, &json!({ "status": "running", "attempt": attempt })).await?);
     tx.commit().await?;
-    Ok(Some(Claim { attempt, event }))
+    Ok(Some(Claim { attempt, events, took_over }))
 }
 
-/// Pushes the run's lease to `lease` from now. `false`: the run no longer
-/// holds the task (taken over, or moved on by someone else).
+/// Renews the run's lease: `lease` from now. `false`: the run no longer
+/// holds the task (taken over, or moved on by someone else), and nothing
+/// was written. Fenced like every other write of the run, so a worker that
+/// comes back after its lease was taken cannot renew it.
 pub async fn extend_lease(db: &PgPool, id: Id, attempt: i32, lease: Duration) -> Result<bool, sqlx::Error> {
     let moved = sqlx::query(
         "UPDATE tasks SET lease_until = now() + make_interval(secs => $3)

@@ -32,6 +32,11 @@ pub enum EventType {
     /// The task's payment landed on chain after its request was answered
     /// `payment_pending`: the server created the task once it saw the charge.
     PaymentSettledLate,
+    /// The worker running the task stopped renewing its lease (it died, or
+    /// lost Postgres for longer than the lease) and another run took over:
+    /// `{"attempt": <the run that lost it>, "lapsed_at": <RFC 3339>}`, just
+    /// before the new run's `running` status.
+    LeaseLost,
 }
 
 impl EventType {
@@ -44,6 +49,7 @@ impl EventType {
             EventType::Error => "error",
             EventType::CreditUsed => "credit_used",
             EventType::PaymentSettledLate => "payment_settled_late",
+            EventType::LeaseLost => "lease_lost",
         }
     }
 
@@ -56,6 +62,7 @@ impl EventType {
             "error" => EventType::Error,
             "credit_used" => EventType::CreditUsed,
             "payment_settled_late" => EventType::PaymentSettledLate,
+            "lease_lost" => EventType::LeaseLost,
             _ => return None,
         })
     }
