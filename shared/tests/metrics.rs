@@ -49,6 +49,7 @@ fn worker(pool: &PgPool, s3: aws_sdk_s3::Client) -> WorkerContext {
         fetch_max_bytes: 1024 * 1024,
         output_retention_days: None,
         lease: WorkerSettings::DEFAULT_LEASE,
+        backoff: reeve_shared::worker::Backoff::default(),
     };
     let exec = ExecDeps {
         db: pool.clone(),

@@ -443,7 +443,7 @@ pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Resul
     let redis = RedisClient::new(&worker_settings.redis_url)?;
     let s3 = aws::s3(sdk, config.s3_endpoint().is_some());
     #[allow(unused_mut)]
-    let mut ctx = worker_on(catalog, db, redis, s3, worker_settings, users, operators);
+    let mut ctx = worker_on(catalog, db, redis, (s3, aws::sqs(sdk)), worker_settings, users, operators);
     #[cfg(feature = "chain")]
     {
         ctx.chains = chains;
@@ -480,11 +480,15 @@ fn worker_on(
     catalog: Catalog,
     db: PgPool,
     redis: RedisClient,
-    s3: aws_sdk_s3::Client,
+    (s3, sqs): (aws_sdk_s3::Client, aws_sdk_sqs::Client),
     worker_settings: crate::adapters::worker::WorkerSettings,
     users: Outbound,
     operators: Outbound,
 ) -> WorkerContext {
+    // The Lambda is handed its records, but sets a retry's visibility on
+    // the queue they came from.
+    let visibility =
+        worker_settings.queue_url.as_ref().map(|url| crate::adapters::worker::Visibility::new(sqs, url.clone()));
     let exec = ExecDeps {
         db: db.clone(),
         s3,
@@ -494,7 +498,7 @@ fn worker_on(
         fetch_max_bytes: worker_settings.fetch_max_bytes,
         output_retention_days: worker_settings.output_retention_days,
     };
-    WorkerContext::new(catalog, db, redis, exec, worker_settings)
+    WorkerContext { visibility, ..WorkerContext::new(catalog, db, redis, exec, worker_settings) }
 }
 
 // --------------------------------------------------------------- sweeper
@@ -776,7 +780,8 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     let worker = match worker {
         Some((catalog, worker_settings, users, operators)) => {
             let redis = RedisClient::new(&redis_url)?;
-            let mut ctx = worker_on(catalog, db.clone(), redis, aws.s3.clone(), worker_settings, users, operators);
+            let clients = (aws.s3.clone(), aws.sqs.clone());
+            let mut ctx = worker_on(catalog, db.clone(), redis, clients, worker_settings, users, operators);
             ctx.chains = chains.clone();
             Some(ctx)
         }

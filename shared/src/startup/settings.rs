@@ -18,6 +18,8 @@ pub use crate::adapters::http::ApiSettings;
 #[cfg(feature = "relay")]
 use crate::adapters::http::CorsOrigins;
 #[cfg(feature = "worker")]
+use crate::adapters::worker::Backoff;
+#[cfg(feature = "worker")]
 pub use crate::adapters::worker::WorkerSettings;
 use crate::domain::auth::Secret;
 #[cfg(feature = "outbound")]
@@ -46,6 +48,12 @@ pub const FETCH_MAX_BYTES: &str = "REEVE_FETCH_MAX_BYTES";
 /// How long a running task's lease lasts without a renewal, in seconds
 /// (default 20): the longest a dead worker's task waits for the sweeper.
 pub const LEASE: &str = "REEVE_LEASE_SECONDS";
+/// The wait before a task's second attempt after a retryable failure, in
+/// seconds (default 5); each later wait is three times the one before.
+pub const RETRY_BACKOFF: &str = "REEVE_RETRY_BACKOFF_SECONDS";
+/// The longest wait between attempts, `Retry-After` included, in seconds
+/// (default 120).
+pub const RETRY_BACKOFF_MAX: &str = "REEVE_RETRY_BACKOFF_MAX_SECONDS";
 /// Days the bucket keeps `outputs/` (the template's `OutputRetentionDays`,
 /// its lifecycle rule), so a result can say until when its object lives.
 pub const OUTPUT_RETENTION_DAYS: &str = "REEVE_OUTPUT_RETENTION_DAYS";
@@ -368,6 +376,7 @@ pub fn worker_settings<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Resul
     // fair part of the lease; above 5 minutes a dead worker's task waits
     // longer than the sweeper's threshold for lost messages.
     let lease = Duration::from_secs(env.number(LEASE, WorkerSettings::DEFAULT_LEASE.as_secs(), 2, 300));
+    let backoff = retry_backoff(env);
     let problems = env.take_problems();
     let Some(database_url) = database_url.filter(|_| problems.is_empty()) else {
         return Err(SettingsError { problems });
@@ -382,7 +391,22 @@ pub fn worker_settings<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Resul
         fetch_max_bytes,
         output_retention_days,
         lease,
+        backoff,
     })
+}
+
+/// [`RETRY_BACKOFF`] and [`RETRY_BACKOFF_MAX`]: at most what SQS may hide
+/// a message for (12 hours), the first no longer than the cap.
+#[cfg(feature = "worker")]
+fn retry_backoff<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Backoff {
+    let defaults = Backoff::default();
+    let limit = Backoff::LIMIT.as_secs();
+    let first = env.number(RETRY_BACKOFF, defaults.first.as_secs(), 0, limit);
+    let max = env.number(RETRY_BACKOFF_MAX, defaults.max.as_secs(), 0, limit);
+    if first > max {
+        env.problem(format!("{RETRY_BACKOFF} ({first}) must not be more than {RETRY_BACKOFF_MAX} ({max})"));
+    }
+    Backoff { first: Duration::from_secs(first), max: Duration::from_secs(max) }
 }
 
 /// `REEVE_MAX_RECEIVES` (default 5): the queue's `maxReceiveCount`.
@@ -508,6 +532,7 @@ mod tests {
         assert_eq!(s.max_receives, 5);
         assert_eq!(s.queue_url, None);
         assert_eq!(s.lease, Duration::from_secs(20));
+        assert_eq!((s.backoff.first.as_secs(), s.backoff.max.as_secs()), (5, 120));
 
         let err = worker_settings(&mut env(&[
             (REDIS_URL, "redis://localhost"),

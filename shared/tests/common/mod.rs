@@ -120,6 +120,7 @@ pub fn worker_settings(redis_url: &str) -> WorkerSettings {
         fetch_max_bytes: 1024 * 1024,
         output_retention_days: None,
         lease: WorkerSettings::DEFAULT_LEASE,
+        backoff: reeve_shared::worker::Backoff::default(),
     }
 }
 

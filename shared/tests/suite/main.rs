@@ -14,6 +14,7 @@ mod flow;
 mod foundation;
 mod fuzz;
 mod lambda_events;
+mod leases;
 mod lifecycle;
 mod limit;
 mod load;

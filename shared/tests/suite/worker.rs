@@ -384,7 +384,7 @@ async fn s3_out_of_reach_is_retried_and_on_the_last_delivery_fails_as_retries_ex
     assert_eq!(statuses(&events), ["queued", "running", "queued"]);
     let log = events.iter().rev().find(|e| e.kind == EventType::Log).unwrap();
     let line = log.data["line"].as_str().unwrap();
-    assert!(line.contains("will be retried"), "{line}");
+    assert!(line.starts_with("attempt 1 did not finish (a temporary problem); attempt 2 is due in 5 s, at "), "{line}");
     assert!(!line.contains("127.0.0.1"), "no internal detail reaches the owner: {line}");
 
     // A second delivery, still short of the limit: retried again.
@@ -583,13 +583,21 @@ async fn a_run_past_its_timeout_is_retried_and_then_fails_for_good(pool: PgPool)
 
     let started = Instant::now();
     let outcome = process(&ctx, &body_of(id, "slow"), 1).await;
-    assert!(matches!(&outcome, Outcome::Retry(reason) if reason.contains("timed out")), "{outcome:?}");
+    assert!(matches!(&outcome, Outcome::Retry(r) if r.reason.contains("timed out")), "{outcome:?}");
+    assert_eq!(outcome, Outcome::retry_in("timed out after 3s", Duration::from_secs(5)), "the first backoff");
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     let task = row(&pool, id).await;
     assert_eq!((task.status.as_str(), task.progress, task.lease_until), ("queued", 0.0, None));
     let events = events_of(&pool, id).await;
     let log = events.iter().rev().find(|e| e.kind == EventType::Log).unwrap();
-    assert_eq!(log.data["line"], "attempt 1 did not finish (timed out after 3s); it will be retried");
+    let line = log.data["line"].as_str().unwrap();
+    assert!(line.starts_with("attempt 1 did not finish (timed out after 3s); attempt 2 is due in 5 s, at "), "{line}");
+    // The status says when too, for a client to show.
+    let queued = events.last().unwrap();
+    let due = queued.data["next_attempt_at"].as_str().expect("next_attempt_at");
+    let due = time::OffsetDateTime::parse(due, &time::format_description::well_known::Rfc3339).unwrap();
+    let wait = (due - queued.at).as_seconds_f64();
+    assert!((4.0..=6.0).contains(&wait), "due {wait} s after the requeue");
 
     let outcome = process(&ctx, &body_of(id, "slow"), 5).await;
     assert_eq!(outcome, Outcome::Failed("retries_exhausted"));
@@ -854,7 +862,14 @@ async fn a_run_still_going_at_the_invocation_deadline_is_stopped_and_handed_back
     assert_gap_free(&events);
     assert_eq!(statuses(&events), ["queued", "running", "queued"]);
     let log = events.iter().rev().find(|e| e.kind == EventType::Log).unwrap();
-    assert_eq!(log.data["line"], "attempt 1 did not finish (the worker ran out of time); it will be retried");
+    assert!(
+        log.data["line"]
+            .as_str()
+            .unwrap()
+            .starts_with("attempt 1 did not finish (the worker ran out of time); attempt 2 is due in 0 s"),
+        "{}",
+        log.data
+    );
 
     // A record that arrives with no time left is not even claimed.
     let spent = tokio::time::Instant::now() + Duration::from_millis(500);

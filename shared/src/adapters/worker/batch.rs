@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use futures_util::stream;
 use tracing::Instrument;
 
-use super::{Outcome, WorkerContext, process_until};
+use super::{Outcome, Retry, WorkerContext, process_until};
 use crate::domain::tasks::QueueMessage;
 
 /// The attribute SQS counts deliveries in (1 on the first).
@@ -21,8 +21,11 @@ pub fn receive_count(record: &SqsMessage) -> u32 {
 
 /// Runs every record of the batch, at most `settings.concurrency` at once,
 /// and reports the ones to retry ([`Outcome::Retry`]) as batch item
-/// failures. `Done` and `Failed` records are not failures: Lambda deletes
-/// them, so a malformed body or a failed task is not redelivered.
+/// failures, each first hidden for its backoff (or shown at once, given
+/// back unclaimed) so that SQS hands it out again then rather than after
+/// the queue's visibility timeout. `Done` and `Failed` records are not
+/// failures: Lambda deletes them, so a malformed body or a failed task is
+/// not redelivered.
 ///
 /// Records for the same task (a duplicate delivery in one batch) run one
 /// after another, so the second finds the task finished instead of held by
@@ -93,7 +96,15 @@ async fn handle_record(
     let receive_count = receive_count(&record);
     let span = tracing::info_span!("sqs_record", message_id = %message_id, receive_count);
     let body = record.body.as_deref().unwrap_or("");
-    let outcome = process_until(ctx, body, receive_count, deadline).instrument(span).await;
+    let outcome = process_until(ctx, body, receive_count, deadline).instrument(span.clone()).await;
+    if let Outcome::Retry(Retry { after: Some(after), .. }) = &outcome {
+        match (&ctx.visibility, record.receipt_handle.as_deref()) {
+            (Some(queue), Some(receipt)) => queue.retry_in(receipt, *after).instrument(span).await,
+            _ => span.in_scope(|| {
+                tracing::warn!("no queue to set the visibility on; it comes back after the queue's visibility timeout")
+            }),
+        }
+    }
     (message_id, outcome)
 }
 

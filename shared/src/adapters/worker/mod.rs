@@ -13,7 +13,11 @@
 //! |---|---|---|
 //! | `Done` | not a batch item failure (deleted) | deleted |
 //! | `Failed(code)` | not a batch item failure (deleted) | deleted |
-//! | `Retry(reason)` | batch item failure (redelivered) | left to reappear |
+//! | `Retry` | its visibility set to `after`, then a batch item failure | its visibility set to `after`, left to reappear |
+//!
+//! A `Retry` with no `after` (trouble with Postgres, which a quick
+//! redelivery would only meet again) keeps the visibility it has: the
+//! message comes back after the queue's visibility timeout.
 //!
 //! A run of a task goes: load (missing or terminal → `Done`) → claim, which
 //! takes a lease and bumps `attempts`, the run's fencing token (held by a
@@ -24,10 +28,13 @@
 //! - a permanent error → `failed` with its code (`error`, `status`) → `Failed`;
 //! - a cancel asked for by the owner (checked every [`CANCEL_POLL`]) → the
 //!   executor is stopped → `canceled` (`status`) → `Done`;
-//! - a retryable error or a timeout → back to `queued` (`log`, `status`) →
-//!   `Retry`; on the task's last attempt or the queue's last delivery
-//!   (`REEVE_MAX_RECEIVES` both) → `failed` with `retries_exhausted` instead,
-//!   so nothing stays queued once SQS gives up.
+//! - a retryable error or a timeout → back to `queued` (`log`, `status`,
+//!   both saying when the next attempt is due) → `Retry` after the
+//!   [`backoff`] (5 s, 15 s, 45 s… up to `REEVE_RETRY_BACKOFF_MAX_SECONDS`,
+//!   or the endpoint's `Retry-After` under the same cap); on the task's
+//!   last attempt or the queue's last delivery (`REEVE_MAX_RECEIVES` both)
+//!   → `failed` with `retries_exhausted` instead, so nothing stays queued
+//!   once SQS gives up.
 //!
 //! **Leases say whether a worker is alive.** A lease is short
 //! (`REEVE_LEASE_SECONDS`, 20 s by default) whatever the task's timeout,
@@ -49,10 +56,12 @@
 //! Trouble with Postgres at any step is `Retry`, never a failed task; Redis
 //! trouble only costs the live doorbell (the events are in Postgres).
 
+pub mod backoff;
 pub(crate) mod batch;
 #[cfg(feature = "poller")]
 pub(crate) mod poller;
 pub(crate) mod store;
+pub mod visibility;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -61,13 +70,16 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use sqlx::PgPool;
+use time::format_description::well_known::Rfc3339;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+pub use backoff::Backoff;
 pub use batch::{deadline_of, handle_batch, handle_batch_until};
 #[cfg(feature = "poller")]
 pub use poller::Poller;
 pub use store::{Claim, claim};
+pub use visibility::Visibility;
 
 use crate::domain::auth::Secret;
 use crate::domain::catalog::{Catalog, TaskSpec};
@@ -93,15 +105,35 @@ pub enum Outcome {
     /// gone, or was taken over by another run. Delete the message.
     Done,
     /// Try this message again later (SQS redelivers it).
-    Retry(String),
+    Retry(Retry),
     /// Failed for good with this code: the task is `failed`, or the message
     /// was unreadable. Delete the message.
     Failed(&'static str),
 }
 
+/// Why a message is to come back, and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    pub reason: String,
+    /// When SQS should hand the message out again: its visibility is set to
+    /// this before the record is reported failed. `None`: left as it is, so
+    /// it comes back after the queue's visibility timeout.
+    pub after: Option<Duration>,
+}
+
 impl Outcome {
     pub fn is_retry(&self) -> bool {
         matches!(self, Outcome::Retry(_))
+    }
+
+    /// Back after the queue's visibility timeout.
+    pub fn retry(reason: impl Into<String>) -> Outcome {
+        Outcome::Retry(Retry { reason: reason.into(), after: None })
+    }
+
+    /// Back after `after`.
+    pub fn retry_in(reason: impl Into<String>, after: Duration) -> Outcome {
+        Outcome::Retry(Retry { reason: reason.into(), after: Some(after) })
     }
 }
 
@@ -130,8 +162,8 @@ pub struct WorkerSettings {
     pub database_url: Secret,
     pub redis_url: String,
     pub bucket: String,
-    /// `REEVE_QUEUE_URL`: only `reeve work` polls it; the Lambda is handed
-    /// its batches.
+    /// `REEVE_QUEUE_URL`: `reeve work` polls it; the Lambda, handed its
+    /// batches, sets its records' visibility on it.
     pub queue_url: Option<String>,
     /// `REEVE_WORKER_CONCURRENCY` (default 4): records run at once.
     pub concurrency: usize,
@@ -149,6 +181,8 @@ pub struct WorkerSettings {
     /// before the sweeper sends it again, so it is short; the run renews it
     /// every quarter of it, so a few slow renewals in a row are survived.
     pub lease: Duration,
+    /// The wait before the next attempt after a retryable failure.
+    pub backoff: Backoff,
 }
 
 impl WorkerSettings {
@@ -174,6 +208,10 @@ pub struct WorkerContext {
     pub exec: ExecDeps,
     pub runner: Arc<dyn Runner>,
     pub settings: WorkerSettings,
+    /// The task queue, to set a retried or given-back message's visibility;
+    /// `None` (no `REEVE_QUEUE_URL`), such a message keeps the visibility it
+    /// has.
+    pub visibility: Option<Visibility>,
     /// How long before an invocation's deadline its runs are stopped.
     pub deadline_margin: Duration,
     /// Each payment network's JSON-RPC endpoint: not the worker's, but the
@@ -193,6 +231,7 @@ impl WorkerContext {
             exec,
             runner: Arc::new(Executors),
             settings,
+            visibility: None,
             deadline_margin: DEADLINE_MARGIN,
             #[cfg(feature = "chain")]
             chains: crate::domain::payments::Chains::none(),
@@ -230,20 +269,24 @@ pub async fn process_until(
     span.in_scope(|| match &outcome {
         Outcome::Done => tracing::info!("message done"),
         Outcome::Failed(code) => tracing::warn!(code, "task failed"),
-        Outcome::Retry(reason) => tracing::warn!(%reason, "message will be retried"),
+        Outcome::Retry(Retry { reason, after }) => {
+            let after_secs = after.map(|after| after.as_secs());
+            tracing::warn!(%reason, after_secs, "message will be retried")
+        }
     });
     outcome
 }
 
 fn retry(what: &str, e: impl std::fmt::Display) -> Outcome {
     tracing::warn!(error = %e, "{what} failed");
-    Outcome::Retry(format!("{what}: {e}"))
+    Outcome::retry(format!("{what}: {e}"))
 }
 
 /// Why a run should be tried again.
 enum Retryable {
     Timeout(u32),
-    Exec(String),
+    /// The executor's reason, and the wait its service asked for.
+    Exec(String, Option<Duration>),
     /// Stopped before the invocation's deadline.
     Deadline,
 }
@@ -273,7 +316,7 @@ async fn run_task(
     let spec = ctx.catalog.task(&task.kind);
     if stop_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
         // Claiming now would only hand the task straight back.
-        return Outcome::Retry("too close to the invocation's deadline to start".into());
+        return Outcome::retry("too close to the invocation's deadline to start");
     }
     let max_attempts = ctx.settings.max_receives;
     if task.attempts >= max_attempts as i32 {
@@ -295,7 +338,7 @@ async fn run_task(
                 Ok(Some(now)) if now.attempts >= max_attempts as i32 => exhausted(ctx, &now).await,
                 Ok(Some(now)) => {
                     tracing::info!(status = now.status.as_str(), "another worker holds a live lease");
-                    Outcome::Retry("held by another worker's live lease".into())
+                    Outcome::retry("held by another worker's live lease")
                 }
                 Err(e) => retry("reading the task", e),
             };
@@ -343,7 +386,7 @@ async fn run_task(
             // taken. The sweeper sends the task again once the lease lapsed;
             // this message is left to come back too.
             tracing::warn!(attempt, "could not renew the lease before it ran out; stopped, writing nothing more");
-            return Outcome::Retry("the run's lease ran out before it could be renewed".into());
+            return Outcome::retry("the run's lease ran out before it could be renewed");
         }
     };
     match result {
@@ -358,7 +401,10 @@ async fn run_task(
         },
         Err(Ok(ExecError::Permanent { code, message })) => fail(ctx, id, attempt, code, &message).await,
         Err(Ok(ExecError::Retryable(reason))) => {
-            retry_later(ctx, id, attempt, receive_count, Retryable::Exec(reason)).await
+            retry_later(ctx, id, attempt, receive_count, Retryable::Exec(reason, None)).await
+        }
+        Err(Ok(ExecError::RetryAfter { reason, after })) => {
+            retry_later(ctx, id, attempt, receive_count, Retryable::Exec(reason, Some(after))).await
         }
         Err(Err(why)) => retry_later(ctx, id, attempt, receive_count, why).await,
     }
@@ -444,17 +490,27 @@ async fn cancel(ctx: &WorkerContext, id: Id, attempt: i32) -> Outcome {
     }
 }
 
-/// A retryable end of a run: back to `queued` for the next delivery, or,
-/// on the queue's last delivery, `failed` with `retries_exhausted`.
+/// A retryable end of a run: back to `queued` for the next delivery after
+/// the backoff, or, on the queue's last delivery, `failed` with
+/// `retries_exhausted`.
 async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u32, why: Retryable) -> Outcome {
     // The owner sees the events: a timeout is theirs to know, the internal
     // cause of anything else goes to the logs only.
-    let (reason, shown) = match why {
-        Retryable::Timeout(secs) => (format!("timed out after {secs}s"), format!("timed out after {secs}s")),
-        Retryable::Exec(reason) => (reason, "a temporary problem".to_owned()),
-        Retryable::Deadline => {
-            ("stopped before the invocation's deadline".to_owned(), "the worker ran out of time".to_owned())
+    let (reason, shown, after) = match why {
+        Retryable::Timeout(secs) => {
+            let reason = format!("timed out after {secs}s");
+            (reason.clone(), reason, ctx.settings.backoff.after(attempt, None))
         }
+        Retryable::Exec(reason, asked) => {
+            (reason, "a temporary problem".to_owned(), ctx.settings.backoff.after(attempt, asked))
+        }
+        // The invocation ran out, not the task: the next one may start it
+        // at once.
+        Retryable::Deadline => (
+            "stopped before the invocation's deadline".to_owned(),
+            "the worker ran out of time".to_owned(),
+            Duration::ZERO,
+        ),
     };
     tracing::warn!(attempt, %reason, "attempt failed with a retryable error");
     // Its owner asked it to stop: no other attempt.
@@ -465,11 +521,19 @@ async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u
         let message = format!("gave up after {attempt} attempts; the last one failed: {shown}");
         return fail(ctx, id, attempt, codes::RETRIES_EXHAUSTED, &message).await;
     }
-    let line = format!("attempt {attempt} did not finish ({shown}); it will be retried");
-    match transition(&ctx.db, id, Fence::Run(attempt), Change::Requeue { line: &line }).await {
+    // Due when the message is shown again: the adapter sets its
+    // visibility to `after` once this is written.
+    let due = time::OffsetDateTime::now_utc() + after;
+    let shown_due = due.replace_nanosecond(0).unwrap_or(due).format(&Rfc3339).unwrap_or_default();
+    let next = attempt + 1;
+    let line = format!(
+        "attempt {attempt} did not finish ({shown}); attempt {next} is due in {} s, at {shown_due}",
+        after.as_secs()
+    );
+    match transition(&ctx.db, id, Fence::Run(attempt), Change::Requeue { line: &line, due: Some(due) }).await {
         Ok(Some(events)) => {
             ctx.events.publish_all(id, &events).await;
-            Outcome::Retry(reason)
+            Outcome::retry_in(reason, after)
         }
         Ok(None) => lost(attempt),
         // Still `running` under this run's lease: once that expires, the

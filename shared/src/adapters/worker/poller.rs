@@ -1,7 +1,8 @@
 //! `reeve work`: the worker outside Lambda. Long-polls the queue, runs each
 //! message through [`process`], deletes it only once it is `Done` or
-//! `Failed`, and leaves a `Retry` to reappear when its visibility timeout
-//! runs out (which is also how SQS counts it towards the dead-letter queue).
+//! `Failed`, and leaves a `Retry` to reappear after its backoff (its
+//! visibility set to it), or when its visibility timeout runs out (which is
+//! also how SQS counts it towards the dead-letter queue).
 //! While a message runs, its visibility is extended, so a long task is not
 //! handed to a second worker. On shutdown, the messages in flight are run
 //! to the end, and a receive already sent is awaited and whatever it brings
@@ -11,7 +12,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
 };
@@ -21,7 +21,8 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::{Outcome, WorkerContext, process};
+use super::visibility::{Visibility, sqs_error};
+use super::{Outcome, Retry, WorkerContext, process};
 
 /// SQS's limit on one receive.
 pub const MAX_BATCH: usize = 10;
@@ -58,6 +59,7 @@ pub struct Poller {
     ctx: Arc<WorkerContext>,
     sqs: aws_sdk_sqs::Client,
     queue_url: String,
+    visibility: Visibility,
     /// How long a receive waits for a message (20 s, SQS's maximum).
     pub wait_time_seconds: i32,
     /// The queue's visibility timeout: a message being worked on is made
@@ -87,7 +89,8 @@ impl Poller {
             .and_then(|v| v.parse::<u64>().ok())
             .filter(|&secs| secs > 0)
             .map_or(DEFAULT_VISIBILITY_TIMEOUT, Duration::from_secs);
-        Ok(Poller { ctx, sqs, queue_url, wait_time_seconds: WAIT_TIME_SECONDS, visibility_timeout })
+        let visibility = Visibility::new(sqs.clone(), queue_url.clone());
+        Ok(Poller { ctx, sqs, queue_url, visibility, wait_time_seconds: WAIT_TIME_SECONDS, visibility_timeout })
     }
 
     pub fn queue_url(&self) -> &str {
@@ -258,7 +261,7 @@ impl Poller {
         async {
             let Some(receipt) = message.receipt_handle() else {
                 tracing::error!("a message without a receipt handle; leaving it");
-                return Outcome::Retry("no receipt handle".into());
+                return Outcome::retry("no receipt handle");
             };
             let body = message.body().unwrap_or("");
             let work = process(&self.ctx, body, receive_count);
@@ -274,7 +277,8 @@ impl Poller {
             };
             match &outcome {
                 Outcome::Done | Outcome::Failed(_) => self.delete(receipt).await,
-                Outcome::Retry(_) => {}
+                Outcome::Retry(Retry { after: Some(after), .. }) => self.visibility.retry_in(receipt, *after).await,
+                Outcome::Retry(Retry { after: None, .. }) => {}
             }
             outcome
         }
@@ -283,18 +287,9 @@ impl Poller {
     }
 
     async fn extend_visibility(&self, receipt: &str) {
-        let secs = i32::try_from(self.visibility_timeout.as_secs()).unwrap_or(i32::MAX);
-        let changed = self
-            .sqs
-            .change_message_visibility()
-            .queue_url(&self.queue_url)
-            .receipt_handle(receipt)
-            .visibility_timeout(secs)
-            .send()
-            .await;
-        match changed {
-            Ok(_) => tracing::debug!(secs, "visibility extended"),
-            Err(e) => tracing::warn!(error = %sqs_error(&e), "could not extend the message's visibility"),
+        match self.visibility.set(receipt, self.visibility_timeout).await {
+            Ok(()) => tracing::debug!(secs = self.visibility_timeout.as_secs(), "visibility extended"),
+            Err(e) => tracing::warn!(error = %e, "could not extend the message's visibility"),
         }
     }
 
@@ -308,16 +303,6 @@ impl Poller {
                 tracing::warn!(error = %sqs_error(&e), "could not delete the message; it will come back and be skipped")
             }
         }
-    }
-}
-
-/// SQS's own code and message when it answered, else the whole chain (a
-/// connection failure, a timeout).
-fn sqs_error<E: ProvideErrorMetadata + std::error::Error + 'static, R: std::fmt::Debug>(e: &SdkError<E, R>) -> String {
-    match (e.code(), e.message()) {
-        (Some(code), Some(message)) => format!("{code}: {message}"),
-        (Some(code), None) => code.to_owned(),
-        _ => DisplayErrorContext(e).to_string(),
     }
 }
 

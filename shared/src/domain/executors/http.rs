@@ -33,10 +33,12 @@ impl TaskExecutor for Http {
         match response.status {
             200..=299 => {}
             429 | 500..=599 => {
-                return Err(ExecError::Retryable(format!(
-                    "http executor: the endpoint answered HTTP {}",
-                    response.status
-                )));
+                let reason = format!("http executor: the endpoint answered HTTP {}", response.status);
+                // The worker waits what it asks, up to its backoff's cap.
+                return Err(match response.retry_after {
+                    Some(after) => ExecError::RetryAfter { reason, after },
+                    None => ExecError::Retryable(reason),
+                });
             }
             status @ 400..=499 => {
                 return Err(ExecError::permanent(

@@ -100,6 +100,10 @@ pub enum ExecError {
     /// Infrastructure trouble (S3, Postgres, a timeout): try again later.
     #[error("retryable: {0}")]
     Retryable(String),
+    /// The same, where the failing service said when to try again (an
+    /// operator's endpoint answering 503 or 429 with `Retry-After`).
+    #[error("retryable after {}s: {reason}", after.as_secs())]
+    RetryAfter { reason: String, after: std::time::Duration },
     /// The task can never succeed as given (bad input, rejected upload,
     /// blocked URL): fail it with this stable code.
     #[error("{code}: {message}")]
@@ -118,14 +122,14 @@ impl ExecError {
     }
 
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ExecError::Retryable(_))
+        matches!(self, ExecError::Retryable(_) | ExecError::RetryAfter { .. })
     }
 
     /// The stable code of a permanent error.
     pub fn code(&self) -> Option<&'static str> {
         match self {
             ExecError::Permanent { code, .. } => Some(code),
-            ExecError::Retryable(_) => None,
+            ExecError::Retryable(_) | ExecError::RetryAfter { .. } => None,
         }
     }
 }

@@ -9,6 +9,8 @@
 
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 use super::TaskStatus;
 use super::events::{Event, EventType, append_event};
@@ -33,8 +35,9 @@ pub enum Change<'a> {
     /// events `error`, `status` (carrying the error too).
     Fail { error: &'a Value },
     /// `→ queued` for another attempt, lease cleared and progress reset:
-    /// events `log` (`line`, why), `status`.
-    Requeue { line: &'a str },
+    /// events `log` (`line`, why), `status` (with `next_attempt_at`, when
+    /// the next attempt is `due`, if known).
+    Requeue { line: &'a str, due: Option<OffsetDateTime> },
     /// `→ canceled`: event `status`.
     Cancel,
 }
@@ -130,10 +133,16 @@ pub async fn transition_in(
             append_event(conn, id, EventType::Error, error).await?,
             append_event(conn, id, EventType::Status, &json!({ "status": status, "error": error })).await?,
         ],
-        Change::Requeue { line } => vec![
-            append_event(conn, id, EventType::Log, &json!({ "line": line })).await?,
-            append_event(conn, id, EventType::Status, &json!({ "status": status })).await?,
-        ],
+        Change::Requeue { line, due } => {
+            let mut data = json!({ "status": status });
+            if let Some(due) = due.and_then(|due| due.format(&Rfc3339).ok()) {
+                data["next_attempt_at"] = due.into();
+            }
+            vec![
+                append_event(conn, id, EventType::Log, &json!({ "line": line })).await?,
+                append_event(conn, id, EventType::Status, &data).await?,
+            ]
+        }
         Change::Cancel => vec![append_event(conn, id, EventType::Status, &json!({ "status": status })).await?],
     };
     // A paid task that ends without doing its work leaves a credit on its

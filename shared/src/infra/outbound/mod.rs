@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use reqwest::Url;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, LOCATION};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, LOCATION, RETRY_AFTER};
 
 pub use guard::ResolveFn;
 use guard::{AllowList, FilteringResolver, Guard, Refused, ResolveError};
@@ -127,6 +127,9 @@ pub struct OutboundResponse {
     pub body: bytes::Bytes,
     /// After redirects.
     pub final_url: String,
+    /// How long the server asked to wait before asking again (its
+    /// `Retry-After`, in seconds or as a date), when it said.
+    pub retry_after: Option<Duration>,
 }
 
 /// The guarded client. Cheap to clone (shared connection pool). `policy` is
@@ -285,6 +288,7 @@ impl Outbound {
             let status = resp.status().as_u16();
             let content_type = content_type_of(&resp);
             let final_url = resp.url().to_string();
+            let retry_after = retry_after(resp.headers(), time::OffsetDateTime::now_utc());
             let mut body = BytesMut::new();
             while let Some(chunk) = resp.chunk().await.map_err(|e| map_error(e, &host))? {
                 if body.len() as u64 + chunk.len() as u64 > max_bytes {
@@ -292,7 +296,7 @@ impl Outbound {
                 }
                 body.extend_from_slice(&chunk);
             }
-            Ok(OutboundResponse { status, content_type, body: Bytes::from(body), final_url })
+            Ok(OutboundResponse { status, content_type, body: Bytes::from(body), final_url, retry_after })
         })
         .await;
         match result {
@@ -332,6 +336,21 @@ impl Outbound {
 
 fn content_type_of(resp: &reqwest::Response) -> Option<String> {
     resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// `Retry-After` (RFC 9110, section 10.2.3) as a wait from `now`: a number
+/// of seconds, or an HTTP date (IMF-fixdate, the one form a server may
+/// send) that is in the past for a wait of 0. Anything else is ignored.
+fn retry_after(headers: &HeaderMap, now: time::OffsetDateTime) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let format = time::macros::format_description!(
+        "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
+    );
+    let at = time::PrimitiveDateTime::parse(value, &format).ok()?.assume_utc();
+    Some(Duration::try_from(at - now).unwrap_or(Duration::ZERO))
 }
 
 /// A response being read a chunk at a time ([`Outbound::get_stream`]).
@@ -408,6 +427,24 @@ fn map_error(e: reqwest::Error, host: &str) -> OutboundError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date() {
+        let now = time::macros::datetime!(2026-12-02 16:00:00 UTC);
+        let of = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(RETRY_AFTER, value.parse().unwrap());
+            retry_after(&headers, now)
+        };
+        assert_eq!(of("120"), Some(Duration::from_secs(120)));
+        assert_eq!(of(" 0 "), Some(Duration::ZERO));
+        assert_eq!(of("Wed, 02 Dec 2026 16:01:30 GMT"), Some(Duration::from_secs(90)));
+        assert_eq!(of("Wed, 02 Dec 2026 15:00:00 GMT"), Some(Duration::ZERO), "a date past is now");
+        for junk in ["-5", "soon", "1.5", "Wednesday, 02-Dec-26 16:01:30 GMT"] {
+            assert_eq!(of(junk), None, "{junk}");
+        }
+        assert_eq!(retry_after(&HeaderMap::new(), now), None);
+    }
 
     #[test]
     fn policy_from_vars() {
