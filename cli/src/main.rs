@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use reeve_shared::catalog::Catalog;
 use reeve_shared::db::Connect;
 use reeve_shared::http::{LoginLimits, app, login_limit, relay_routes};
 use reeve_shared::settings::{self, Config, DEFAULT_CATALOG, QUEUE_URL};
@@ -199,10 +198,17 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn config_check(file: &Path, ask_facilitator: bool) -> ExitCode {
-    let catalog = match Catalog::load(file) {
-        Ok(catalog) => catalog,
-        Err(e) => {
-            eprintln!("{e}");
+    // Checked as every start-up checks it: against the worker's time limit
+    // (REEVE_WORKER_TIMEOUT_SECONDS) too.
+    let config = Config::from_env().with(settings::CATALOG, file.display().to_string());
+    let mut problems = Vec::new();
+    let catalog = startup::catalog_file(&config, &mut problems);
+    let catalog = match catalog {
+        Some(catalog) if problems.is_empty() => catalog,
+        _ => {
+            for problem in problems {
+                eprintln!("{problem}");
+            }
             return ExitCode::FAILURE;
         }
     };
@@ -216,7 +222,7 @@ fn config_check(file: &Path, ask_facilitator: bool) -> ExitCode {
         ok();
         return ExitCode::SUCCESS;
     }
-    let facilitator = match startup::facilitator_for(&Config::from_env(), &catalog) {
+    let facilitator = match startup::facilitator_for(&config, &catalog) {
         Ok(facilitator) => facilitator,
         Err(e) => {
             eprintln!("{}: {e}", file.display());

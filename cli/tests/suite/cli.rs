@@ -182,6 +182,45 @@ fn config_check_lists_every_mistake_with_its_path_and_exits_1() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// A kind whose timeout, plus the worker's 30 s margin, does not fit in the
+/// worker's time limit could never be claimed: refused at its TOML path,
+/// as every start-up refuses it. The limit is the worker's Timeout, 360 s
+/// as shipped, or what `REEVE_WORKER_TIMEOUT_SECONDS` says.
+#[test]
+fn config_check_refuses_a_task_timeout_the_worker_cannot_fit_at_its_toml_path() {
+    let shipped = std::fs::read_to_string(repo("reeve.toml")).unwrap();
+    let long = shipped.replacen("\ntimeout_seconds = 300", "\ntimeout_seconds = 600", 1);
+    assert_ne!(long, shipped, "reeve.toml's digest has timeout_seconds = 300");
+    let dir = std::env::temp_dir().join(format!("reeve-cli-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("reeve.toml");
+    std::fs::write(&file, long).unwrap();
+    let check = |env: &[(&str, &str)]| reeve(&["config", "check", "--file", file.to_str().unwrap()], env);
+
+    let out = check(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "tasks.digest.timeout_seconds: 600 s plus the worker's 30 s margin is more than the worker's time limit \
+             (360 s, its function's Timeout): at most 330"
+        ),
+        "{err}"
+    );
+    // A worker given Lambda's longest Timeout fits it.
+    let out = check(&[("REEVE_WORKER_TIMEOUT_SECONDS", "900")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A limit no Lambda has is a problem of its own.
+    let out = check(&[("REEVE_WORKER_TIMEOUT_SECONDS", "3600")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("REEVE_WORKER_TIMEOUT_SECONDS must be an integer from 31 to 900"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn config_check_reports_a_missing_file_in_one_line() {
     let out = reeve(&["config", "check", "--file", "/nonexistent/reeve.toml"], &[]);

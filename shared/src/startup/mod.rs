@@ -360,12 +360,24 @@ fn chain_endpoints(config: &Config, catalog: Option<&Catalog>, problems: &mut Ve
 }
 
 #[cfg(feature = "catalog")]
+/// The catalog file at `REEVE_CATALOG`, every task's timeout checked
+/// against the worker's time limit (`REEVE_WORKER_TIMEOUT_SECONDS`): every
+/// process that loads it refuses a kind no worker could finish, not only
+/// the worker, so no task of it is sold or queued. Problems go to `problems`.
+pub fn catalog_file(config: &Config, problems: &mut Vec<String>) -> Option<Catalog> {
+    let mut env = config.env();
+    let worker_timeout = settings::worker_timeout(&mut env);
+    problems.extend(env.take_problems());
+    Catalog::load_for(&config.catalog_path(), worker_timeout).map_err(|e| problems.push(e.to_string())).ok()
+}
+
+#[cfg(feature = "catalog")]
 /// The catalog as this deployment serves it: `REEVE_CATALOG`, its upload
 /// limit lowered to the template's `UploadMaxBytes`, and its facilitator
 /// moved by `REEVE_FACILITATOR_URL` (the local stack's own). Problems go to
 /// `problems`.
 fn deployed_catalog(config: &Config, problems: &mut Vec<String>) -> Option<Catalog> {
-    let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    let catalog = catalog_file(config, problems);
     let mut env = config.env();
     let cap = settings::upload_limit(&mut env);
     problems.extend(env.take_problems());
@@ -434,7 +446,7 @@ pub async fn lambda_worker() -> WorkerContext {
 /// The worker's context (the `worker` Lambda, `reeve work`).
 pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Result<WorkerContext, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
-    let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    let catalog = catalog_file(&config, &mut problems);
     // For the sweep that runs beside a long-lived worker.
     #[cfg(feature = "chain")]
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
@@ -526,7 +538,7 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     problems.extend(env.take_problems());
     // The reconciler creates the task of a payment that landed late, if its
     // kind is still offered.
-    let catalog = Catalog::load(&config.catalog_path()).map_err(|e| problems.push(e.to_string())).ok();
+    let catalog = catalog_file(&config, &mut problems);
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
     checked(problems)?;
     let database_url = database_url.expect("reported when missing");

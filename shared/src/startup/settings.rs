@@ -68,6 +68,11 @@ pub const METRICS_NAMESPACE: &str = "REEVE_METRICS_NAMESPACE";
 /// The template's `UploadMaxBytes`: an upper bound on the catalog's
 /// `uploads.max_bytes`, for presign and the upload guard alike. Optional.
 pub const UPLOAD_MAX_BYTES: &str = "REEVE_UPLOAD_MAX_BYTES";
+/// The worker's time limit in seconds: its Lambda's `Timeout`, which the
+/// template passes on (default 360, the shipped one). Every process that
+/// loads the catalog refuses a task whose `timeout_seconds` plus the
+/// worker's 30 s margin would not fit.
+pub const WORKER_TIMEOUT: &str = "REEVE_WORKER_TIMEOUT_SECONDS";
 /// The scheduled sweep's threshold in seconds (default 300).
 pub const SWEEP_OLDER_THAN: &str = "REEVE_SWEEP_OLDER_THAN_SECONDS";
 /// Set by Lambda in every function's environment.
@@ -412,6 +417,14 @@ fn retry_backoff<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Backoff {
 /// `REEVE_MAX_RECEIVES` (default 5): the queue's `maxReceiveCount`.
 pub fn max_receives<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> u32 {
     env.number(MAX_RECEIVES, crate::domain::tasks::DEFAULT_MAX_RECEIVES.into(), 1, 1000) as u32
+}
+
+/// [`WORKER_TIMEOUT`]: more than the worker's margin, at most Lambda's 900.
+#[cfg(feature = "catalog")]
+pub fn worker_timeout<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> u32 {
+    use crate::domain::catalog::{DEFAULT_WORKER_TIMEOUT_SECONDS, MAX_WORKER_TIMEOUT_SECONDS, RUN_MARGIN_SECONDS};
+    let (default, min, max) = (DEFAULT_WORKER_TIMEOUT_SECONDS, RUN_MARGIN_SECONDS + 1, MAX_WORKER_TIMEOUT_SECONDS);
+    env.number(WORKER_TIMEOUT, default.into(), min.into(), max.into()) as u32
 }
 
 /// The sweep's threshold ([`SWEEP_OLDER_THAN`]), `default` when unset.

@@ -377,10 +377,11 @@ fn each_rule_reports_one_problem_at_its_path() {
             "must be from 1 to 900, got 901",
         ),
         (
-            "timeout that leaves no room for the lease grace",
-            task("executor = \"fetch\"\ntimeout_seconds = 871"),
+            "timeout that leaves the worker no margin",
+            task("executor = \"fetch\"\ntimeout_seconds = 331"),
             "tasks.t.timeout_seconds",
-            "871 s plus the worker's 30 s lease grace does not fit in one Lambda invocation (900 s): at most 870",
+            "331 s plus the worker's 30 s margin is more than the worker's time limit (360 s, its function's Timeout): \
+             at most 330",
         ),
         ("executor missing", task(""), "tasks.t.executor", "missing required key"),
         (

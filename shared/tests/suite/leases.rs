@@ -242,3 +242,72 @@ async fn an_endpoint_down_twice_is_retried_after_the_backoff_and_its_cap_and_com
     assert_eq!(result, json!({"ok": true}));
     api.queue.delete().await;
 }
+
+// ------------------------------------------------------------------ the deadline
+
+/// A record that reaches the Lambda with less time left than its kind's
+/// timeout (plus the worker's deadline margin) is not claimed: no attempt is
+/// counted, the executor never starts, and the message is shown again at
+/// once for an invocation with the time to run it.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_record_near_the_deadline_is_given_back_unclaimed_with_its_attempts_unchanged(pool: PgPool) {
+    let endpoint = Endpoint::start(vec![]).await;
+    let api = Api::new(&pool, catalog(&endpoint.url)).await;
+    let id = api.create("flaky", json!({})).await;
+    let ctx = worker(&pool, catalog(&endpoint.url), &api.queue.url).await;
+    let message = receive(&api.queue.url, Duration::from_secs(1)).await.expect("task create sent it");
+
+    // `flaky` may run 5 s and the worker stops 10 s before the deadline:
+    // 12 s left is not enough.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
+    let response = reeve_shared::worker::handle_batch_until(&ctx, event_of(&message), Some(deadline)).await;
+    let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+    assert_eq!(failed, [message.message_id().unwrap()], "handed back");
+    assert_eq!(status_and_attempts(&pool, id).await, ("queued".into(), 0), "no attempt counted");
+    assert!(endpoint.calls().is_empty(), "the executor never started");
+    let statuses: Vec<Value> = events_of(&pool, id).await.iter().map(|e| e.data["status"].clone()).collect();
+    assert_eq!(statuses, [json!("queued")], "nothing written");
+
+    // Shown again at once (not after the queue's 30 s), to the next invocation.
+    let again = receive(&api.queue.url, Duration::from_secs(2)).await.expect("visible again at once");
+    assert_eq!(again.message_id(), message.message_id());
+    let fresh = tokio::time::Instant::now() + Duration::from_secs(360);
+    let response = reeve_shared::worker::handle_batch_until(&ctx, event_of(&again), Some(fresh)).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(status_and_attempts(&pool, id).await, ("completed".into(), 1), "its one attempt");
+    api.queue.delete().await;
+}
+
+/// Every process that loads the catalog refuses a kind whose timeout, plus
+/// the worker's 30 s margin, does not fit in the worker's time limit
+/// (`REEVE_WORKER_TIMEOUT_SECONDS`, 360 s by default): the catalog
+/// function, the worker and the sweeper alike, each naming the TOML path.
+#[tokio::test]
+async fn every_start_up_refuses_a_task_timeout_the_worker_cannot_fit() {
+    use reeve_shared::settings::{CATALOG, Config, WORKER_TIMEOUT};
+    use reeve_shared::startup;
+
+    let dir = std::env::temp_dir().join(format!("reeve-leases-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("reeve.toml");
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../reeve.dev.toml")).unwrap();
+    std::fs::write(&file, shipped.replacen("\ntimeout_seconds = 300", "\ntimeout_seconds = 600", 1)).unwrap();
+    let config = Config::from_env().with(CATALOG, file.display().to_string());
+    let sdk = startup::sdk().await;
+    let expected = "tasks.digest.timeout_seconds: 600 s plus the worker's 30 s margin is more than the worker's \
+                    time limit (360 s, its function's Timeout): at most 330";
+
+    let problems = [
+        ("catalog", startup::catalog(&config).err().map(|e| e.problems())),
+        ("worker", startup::worker(&config, &sdk, reeve_shared::db::Connect::Lazily).await.err().map(|e| e.problems())),
+        ("sweeper", startup::sweeper(&config, &sdk).await.err().map(|e| e.problems())),
+    ];
+    for (function, problems) in problems {
+        let problems = problems.unwrap_or_else(|| panic!("{function} started"));
+        assert!(problems.iter().any(|p| p.contains(expected)), "{function}: {problems:?}");
+    }
+    // Told the worker's Timeout is Lambda's longest, they start.
+    let longer = config.with(WORKER_TIMEOUT, "900");
+    assert!(startup::catalog(&longer).is_ok());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

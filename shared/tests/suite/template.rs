@@ -635,23 +635,21 @@ fn the_optional_waf_limits_space_creation_per_ip_apart() {
 }
 
 /// Lambda kills the worker at its `Timeout`. A task's own timeout must fire
-/// first, with the lease grace left to record the outcome; otherwise every
-/// run is killed mid-way and the task is never handed back.
+/// first, with the margin left to record the outcome; otherwise no record
+/// of it is ever claimed. Every function that loads the catalog checks it
+/// against `REEVE_WORKER_TIMEOUT_SECONDS`, which must be that `Timeout`.
 #[test]
 fn every_catalog_task_fits_in_the_worker_timeout() {
     let resources = resources();
-    let timeout: u64 = value_of(&resources["WorkerFunction"], "Timeout").unwrap().parse().unwrap();
-    let catalog = reeve_shared::catalog::Catalog::load(&root().join("reeve.toml")).expect("reeve.toml is valid");
-    let grace = u64::from(reeve_shared::catalog::LEASE_GRACE_SECONDS);
-    assert!(reeve_shared::worker::DEADLINE_MARGIN.as_secs() < grace, "the deadline stop comes after the task timeout");
-    for (kind, task) in &catalog.tasks {
-        let needed = u64::from(task.timeout_seconds) + grace;
-        assert!(
-            needed <= timeout,
-            "tasks.{kind}: {}s + {grace}s grace > worker Timeout {timeout}s",
-            task.timeout_seconds
-        );
-    }
+    let timeout: u32 = value_of(&resources["WorkerFunction"], "Timeout").unwrap().parse().unwrap();
+    let globals = section(&template(), "Globals").join("\n");
+    let passed = value_of(&globals, "REEVE_WORKER_TIMEOUT_SECONDS").map(|v| v.trim_matches('"'));
+    assert_eq!(passed, Some(timeout.to_string().as_str()), "every function is told the worker's Timeout");
+    assert_eq!(timeout, reeve_shared::catalog::DEFAULT_WORKER_TIMEOUT_SECONDS, "the default is the shipped Timeout");
+    let catalog = reeve_shared::catalog::Catalog::load_for(&root().join("reeve.toml"), timeout);
+    catalog.expect("every task of reeve.toml fits the shipped worker");
+    let margin = u64::from(reeve_shared::catalog::RUN_MARGIN_SECONDS);
+    assert!(reeve_shared::worker::DEADLINE_MARGIN.as_secs() < margin, "a fresh invocation claims any kind");
 }
 
 /// Without a CORS rule on the bucket a browser cannot PUT a presigned

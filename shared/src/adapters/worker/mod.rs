@@ -195,7 +195,11 @@ impl WorkerSettings {
 /// How long before the invocation's deadline a run is stopped by default:
 /// time to hand the task back (a conditional update and its events) before
 /// Lambda kills the process, which would leave it `running` until its lease
-/// ran out.
+/// ran out. A record is claimed only with its kind's `timeout_seconds` plus
+/// this left, so a run's own timeout comes first; the stop is for a run that
+/// started late (a slow claim). Less than the catalog's
+/// [`RUN_MARGIN_SECONDS`](crate::domain::catalog::RUN_MARGIN_SECONDS), so a
+/// fresh invocation always has the time for any kind.
 pub const DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 /// Reports an executor may have in flight before it waits for the worker.
 pub const REPORT_BUFFER: usize = 64;
@@ -248,7 +252,9 @@ pub async fn process(ctx: &WorkerContext, body: &str, receive_count: u32) -> Out
 /// [`process`] within an invocation that ends at `deadline` (the Lambda's):
 /// the executor is stopped `deadline_margin` before it and the task handed
 /// back for another delivery, so it is never left `running` by a killed
-/// process. A message that arrives too close to the deadline is not claimed.
+/// process. A message that arrives with less than its kind's timeout left
+/// before that stop is not claimed (no attempt counted) but given back, to
+/// be shown again at once.
 pub async fn process_until(
     ctx: &WorkerContext,
     body: &str,
@@ -314,9 +320,18 @@ async fn run_task(
         tracing::warn!(task_kind = %task.kind, "the message names another kind than the task; using the task's");
     }
     let spec = ctx.catalog.task(&task.kind);
-    if stop_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
-        // Claiming now would only hand the task straight back.
-        return Outcome::retry("too close to the invocation's deadline to start");
+    // A run must have its whole timeout before the stop: one claimed with
+    // less would count an attempt that could never finish. The message is
+    // shown again at once, for an invocation with the time to run it.
+    if let Some(at) = stop_at {
+        let left = at.saturating_duration_since(tokio::time::Instant::now());
+        // A kind no longer offered is only failed: no time needed.
+        let needed = spec.map_or(Duration::ZERO, |s| Duration::from_secs(s.timeout_seconds.into()));
+        if left < needed || left.is_zero() {
+            let (left_secs, needed_secs) = (left.as_secs_f64(), needed.as_secs());
+            tracing::info!(left_secs, needed_secs, "too little time left in the invocation; given back unclaimed");
+            return Outcome::retry_in("too little time left in the invocation to run it", Duration::ZERO);
+        }
     }
     let max_attempts = ctx.settings.max_receives;
     if task.attempts >= max_attempts as i32 {

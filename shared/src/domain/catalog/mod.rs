@@ -39,7 +39,16 @@ pub use error::{CatalogError, Problem};
 #[cfg(feature = "catalog")]
 pub use networks::{NetworkKind, testnet_name};
 #[cfg(feature = "catalog")]
-pub use validate::LEASE_GRACE_SECONDS;
+pub use validate::RUN_MARGIN_SECONDS;
+
+/// The worker's time limit in seconds when none is given: the shipped
+/// template's worker `Timeout`, so a catalog checked without one is checked
+/// for what it will be deployed with.
+#[cfg(feature = "catalog")]
+pub const DEFAULT_WORKER_TIMEOUT_SECONDS: u32 = 360;
+/// The longest a worker's time limit may be: Lambda's.
+#[cfg(feature = "catalog")]
+pub const MAX_WORKER_TIMEOUT_SECONDS: u32 = validate::MAX_TASK_TIMEOUT_SECONDS as u32;
 /// The rule for a facilitator URL: https, or plain http on loopback only.
 #[cfg(feature = "catalog")]
 pub(crate) use validate::facilitator_url as check_facilitator_url;
@@ -213,21 +222,31 @@ impl Uploads {
 
 #[cfg(feature = "catalog")]
 impl Catalog {
-    /// Reads and validates the catalog at `path`. Errors name the file as given.
+    /// Reads and validates the catalog at `path` for a worker of the
+    /// default time limit ([`DEFAULT_WORKER_TIMEOUT_SECONDS`]). Errors name
+    /// the file as given.
     pub fn load(path: &Path) -> Result<Catalog, CatalogError> {
+        Self::load_for(path, DEFAULT_WORKER_TIMEOUT_SECONDS)
+    }
+
+    /// [`Catalog::load`] for a worker that may run a record for at most
+    /// `worker_timeout` seconds: every task's `timeout_seconds` must fit.
+    pub fn load_for(path: &Path, worker_timeout: u32) -> Result<Catalog, CatalogError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| CatalogError::Read { path: path.to_owned(), source })?;
-        Self::parse_named(&text, &path.display().to_string())
+        Self::parse_named(&text, &path.display().to_string(), worker_timeout)
     }
 
-    /// Validates catalog text; errors name it `reeve.toml`.
+    /// Validates catalog text for a worker of the default time limit;
+    /// errors name it `reeve.toml`.
     pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
-        Self::parse_named(text, "reeve.toml")
+        Self::parse_named(text, "reeve.toml", DEFAULT_WORKER_TIMEOUT_SECONDS)
     }
 
-    fn parse_named(text: &str, name: &str) -> Result<Catalog, CatalogError> {
+    fn parse_named(text: &str, name: &str, worker_timeout: u32) -> Result<Catalog, CatalogError> {
         let table: toml::Table = text.parse().map_err(|error| CatalogError::syntax(name, text, &error))?;
-        validate::catalog(&table).map_err(|problems| CatalogError::Invalid { path: name.to_owned(), problems })
+        validate::catalog(&table, worker_timeout)
+            .map_err(|problems| CatalogError::Invalid { path: name.to_owned(), problems })
     }
 
     pub fn task(&self, kind: &str) -> Option<&TaskSpec> {

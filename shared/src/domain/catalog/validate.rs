@@ -25,24 +25,27 @@ const PAYMENTS_KEYS: &[&str] = &["network_kind", "pay_to", "facilitator_url", "m
 
 const DEFAULT_TASK_TIMEOUT_SECONDS: u32 = 60;
 /// Lambda's maximum run time; the worker runs tasks inside one invocation.
-const MAX_TASK_TIMEOUT_SECONDS: i64 = 900;
-/// How long a worker's lease outlasts the task's timeout: time to record the
-/// outcome once the executor stops.
-pub const LEASE_GRACE_SECONDS: u32 = 30;
+pub(super) const MAX_TASK_TIMEOUT_SECONDS: i64 = 900;
+/// What a worker keeps beyond a task's `timeout_seconds`: time to claim it
+/// and record its outcome before its invocation ends, with room for the
+/// record to wait its turn in a batch. A worker claims a record only with
+/// the timeout plus its own (smaller) deadline margin left, so a kind that
+/// fits with this margin is always claimed by a fresh invocation.
+pub const RUN_MARGIN_SECONDS: u32 = 30;
 const DEFAULT_PAYMENT_TIMEOUT_SECONDS: u32 = 300;
 
-/// A run and the recording of its outcome happen in one worker invocation;
-/// a task that cannot finish in it would be killed by Lambda every time,
-/// before its own timeout could hand it back.
-fn fits_one_invocation(secs: u32) -> Result<u32, String> {
-    let limit = MAX_TASK_TIMEOUT_SECONDS as u32;
-    if secs + LEASE_GRACE_SECONDS <= limit {
+/// A run and the recording of its outcome happen in one worker invocation
+/// of at most `worker_timeout` seconds: a kind that cannot finish in it
+/// would never be claimed (or, claimed, be killed by Lambda every time, its
+/// attempts used up for nothing).
+fn fits_the_worker(secs: u32, worker_timeout: u32) -> Result<u32, String> {
+    if secs + RUN_MARGIN_SECONDS <= worker_timeout {
         Ok(secs)
     } else {
         Err(format!(
-            "{secs} s plus the worker's {LEASE_GRACE_SECONDS} s lease grace does not fit in one Lambda invocation \
-             ({limit} s): at most {}",
-            limit - LEASE_GRACE_SECONDS
+            "{secs} s plus the worker's {RUN_MARGIN_SECONDS} s margin is more than the worker's time limit \
+             ({worker_timeout} s, its function's Timeout): at most {}",
+            worker_timeout.saturating_sub(RUN_MARGIN_SECONDS)
         ))
     }
 }
@@ -51,7 +54,9 @@ const MAX_PAYMENT_TIMEOUT_SECONDS: i64 = 3600;
 /// and 10^36 still leaves room in a `u128`.
 const MAX_DECIMALS: i64 = 36;
 
-pub fn catalog(table: &Table) -> Result<Catalog, Vec<Problem>> {
+/// `worker_timeout`: the worker's time limit in seconds, which every
+/// task's timeout (plus [`RUN_MARGIN_SECONDS`]) must fit in.
+pub fn catalog(table: &Table, worker_timeout: u32) -> Result<Catalog, Vec<Problem>> {
     let mut problems = Problems::new();
     let p = &mut problems;
     let root = Fields::new(KeyPath::default(), table);
@@ -61,7 +66,7 @@ pub fn catalog(table: &Table) -> Result<Catalog, Vec<Problem>> {
     let tasks = root
         .entries("tasks", p)
         .into_iter()
-        .filter_map(|(kind, fields)| Some((kind.to_owned(), task(kind, &fields, &assets, p)?)))
+        .filter_map(|(kind, fields)| Some((kind.to_owned(), task(kind, &fields, &assets, worker_timeout, p)?)))
         .collect();
     let payments = payments(&root, &priced_tasks(table), p);
     let uploads = uploads(&root, p);
@@ -119,7 +124,7 @@ fn asset(id: &str, f: &Fields, p: &mut Problems) -> Option<Asset> {
     })
 }
 
-fn task(kind: &str, f: &Fields, assets: &Assets, p: &mut Problems) -> Option<TaskSpec> {
+fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Problems) -> Option<TaskSpec> {
     f.deny_unknown(TASK_KEYS, p);
     let kind = f.path.verify(formats::id("task kind", kind), p);
     let title = required_text(f, "title", p);
@@ -127,7 +132,7 @@ fn task(kind: &str, f: &Fields, assets: &Assets, p: &mut Problems) -> Option<Tas
     let executor = executor(f, p);
     let timeout_seconds = f
         .int_in("timeout_seconds", 1..=MAX_TASK_TIMEOUT_SECONDS, p)
-        .and_then(|secs: u32| f.verify("timeout_seconds", fits_one_invocation(secs), p))
+        .and_then(|secs: u32| f.verify("timeout_seconds", fits_the_worker(secs, worker_timeout), p))
         .unwrap_or(DEFAULT_TASK_TIMEOUT_SECONDS);
     let schema = f.required("input_schema", p).and_then(|schema| f.verify("input_schema", schema::compile(schema), p));
     let listed = f.optional::<&[Value]>("accepts", p);
