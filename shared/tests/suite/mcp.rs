@@ -320,11 +320,11 @@ async fn a_wallet_alone_pays_for_a_priced_tool_with_the_x402_mcp_client(pool: Pg
     assert_eq!(balance(&payer.address).await, before.0 - PRICE);
     assert_eq!(balance(&endpoint.pay_to).await, before.1 + PRICE);
 
-    // The same payment again: refused with the challenge, nothing moves.
-    let replayed = &seen["replayed"]["result"];
-    assert_eq!(replayed["isError"], true, "{replayed}");
-    assert_eq!(replayed["structuredContent"]["error"], "payment_replayed");
-    assert_eq!(replayed["structuredContent"]["x402Version"], 2);
+    // The same payment again (an agent whose answer was lost): the task it
+    // bought, with the stored receipt; nothing moves, nothing to sign again.
+    let again = ok(&seen["replayed"], "the same payment again");
+    assert_eq!(again["id"], task["id"], "{again}");
+    assert_eq!(seen["replayed"]["result"]["_meta"]["x402/payment-response"], *settlement);
     assert_eq!(balance(&payer.address).await, before.0 - PRICE);
     assert_eq!(endpoint.counts().await.0, 1);
 

@@ -282,8 +282,13 @@ async fn a_paid_task_settles_on_chain_then_runs_to_completion(pool: PgPool) {
     shop.done().await;
 }
 
+/// A payment buys one task. Sent again by the Space that paid, for the same
+/// request (a client whose connection dropped after the charge), it answers
+/// that task with the receipt stored when it was paid: never a second
+/// charge, never an error that would make an x402 client sign again. For
+/// anything else (another kind, another input, another Space) it is a replay.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn a_payment_is_used_once_whatever_the_kind_or_space(pool: PgPool) {
+async fn a_payment_buys_one_task_and_sent_again_answers_that_task_and_its_receipt(pool: PgPool) {
     let chain = ChainLock::shared().await;
     let shop = Shop::new(&pool).await;
     let payer = Payer::new(&chain, 1_000_000).await;
@@ -291,13 +296,21 @@ async fn a_payment_is_used_once_whatever_the_kind_or_space(pool: PgPool) {
     let signature = payer.sign(&shop.challenge("fetch").await).await;
     let first = shop.create("fetch", &input, Some(&signature)).await;
     assert_eq!(first.status, StatusCode::ACCEPTED, "{}", first.body);
+    let receipt = decode(first.headers["payment-response"].to_str().unwrap());
     let after_first = balance(&payer.address).await;
+
+    for _ in 0..2 {
+        let again = shop.create("fetch", &input, Some(&signature)).await;
+        assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.body);
+        assert_eq!(id_of(&again), id_of(&first));
+        assert_eq!(again.headers["idempotent-replayed"], "true");
+        assert_eq!(decode(again.headers["payment-response"].to_str().unwrap()), receipt, "the stored receipt");
+    }
 
     let (_, other_token) = new_session(&shop.app).await;
     let mut other_space = shop.request("fetch", &input, Some(&signature));
     other_space.headers_mut().insert("authorization", format!("Bearer {other_token}").parse().unwrap());
     for (name, request) in [
-        ("the same request", shop.request("fetch", &input, Some(&signature))),
         ("another kind", shop.request("fetch2", &input, Some(&signature))),
         ("another input", shop.request("fetch", &json!({"url": "http://127.0.0.1:2/"}), Some(&signature))),
         ("another space", other_space),
@@ -309,7 +322,9 @@ async fn a_payment_is_used_once_whatever_the_kind_or_space(pool: PgPool) {
         assert_eq!(challenge["error"], "payment_replayed", "{name}");
     }
     assert_eq!(shop.tasks().await, 1, "one payment, one task");
-    assert_eq!(balance(&payer.address).await, after_first, "a replay moves nothing");
+    assert_eq!(balance(&payer.address).await, after_first, "sending it again moves nothing");
+    assert_eq!(charges_to(&shop.pay_to).await.len(), 1, "one transfer on the chain");
+    assert_books_balance(&pool, &shop.pay_to).await;
     shop.done().await;
 }
 

@@ -131,9 +131,10 @@ struct Accepted {
     ),
     request_body = CreateRequest,
     responses(
-        (status = 202, description = "The task is queued (or was, for a replayed `Idempotency-Key`). When a \
-            payment was settled by this request, a `PAYMENT-RESPONSE` header carries base64 JSON \
-            `{success, transaction, network, payer}`; a task paid with a credit has none.",
+        (status = 202, description = "The task is queued (or was, for a replayed `Idempotency-Key` or \
+            payment). When a payment paid for it, a `PAYMENT-RESPONSE` header carries base64 JSON \
+            `{success, transaction, network, payer}`: the settlement of this request, or, sent again, the \
+            receipt stored when it was paid; a task paid with a credit has none.",
             body = Accepted,
             headers(
                 ("Location" = String, description = "The task's URL: `/v1/tasks/{id}`."),
@@ -153,7 +154,8 @@ struct Accepted {
                 `payment-identifier` and `bazaar` extensions. Without a payment this body is the challenge, not an \
                 error envelope. A refused payment answers an error envelope instead, with the challenge in \
                 `PAYMENT-REQUIRED`: `payment_mismatch` (`accepted` is not one of this kind's requirements), \
-                `payment_replayed` (the payment already paid for a task, of any kind or Space), \
+                `payment_replayed` (the payment already paid for another request, or another Space's; the same \
+                request sent again by the Space that paid answers its task), \
                 `payment_invalid` (the facilitator's verification refused it), `payment_failed` (settling it \
                 failed; `PAYMENT-RESPONSE` carries `{success: false, errorReason}` too), `payment_not_settled` (an \
                 earlier answer was `payment_pending`, and the payment's `validBefore` has since passed without it \
@@ -386,9 +388,10 @@ impl From<PayError> for ApiError {
                 "the payment's `accepted` is none of this task's requirements; pay one of PAYMENT-REQUIRED's accepts"
                     .into(),
             ),
-            PayError::Replayed(_) => {
-                payment("payment_replayed", "this payment was already used; sign a new one".into())
-            }
+            PayError::Replayed(_) => payment(
+                "payment_replayed",
+                "this payment already paid for another request; sign a new one for this request".into(),
+            ),
             PayError::Invalid { reason, .. } => {
                 payment("payment_invalid", format!("the facilitator refused the payment: {reason}"))
             }

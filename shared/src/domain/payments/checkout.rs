@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use super::challenge::{PaymentRequired, PaymentRequirements};
 use super::counter::{Counter, Note, Purchase, store_in};
 use super::facilitator::{Facilitator, FacilitatorError, Settled};
-use super::ledger::{self, Attempt, AttemptStatus, Credit, NewAttempt, SettledPayment};
+use super::ledger::{self, AttemptStatus, Credit, NewAttempt, SettledPayment};
 use super::payload::{Payment, PaymentInput};
 use super::reconcile::{Resolution, resolve_claimed};
 use super::{PaymentResponse, chain};
@@ -89,10 +89,13 @@ pub enum Bought<T> {
     Settled { task: T, settlement: PaymentResponse },
     /// Paid with this credit.
     Credit { task: T, credit: Credit },
-    /// This very request was paid for before (the same payment named with
-    /// the same `payment-identifier`, or the same `Idempotency-Key`, or an
-    /// unknown outcome since resolved): its task, answered again.
-    Before(Id),
+    /// This very request was paid for before: the same payment sent again by
+    /// the same Space for the same request (a client whose answer was lost,
+    /// or that was told its payment was pending), or the same
+    /// `Idempotency-Key`. The task it bought, answered again with the
+    /// receipt stored when it was paid (`None` for a task paid otherwise),
+    /// never a second charge nor an error that makes a client sign again.
+    Before { task: Id, receipt: Option<PaymentResponse> },
     /// No payment, and the `Idempotency-Key` was taken meanwhile by another
     /// task: the caller answers that one (or a conflict).
     KeyTaken,
@@ -291,15 +294,13 @@ async fn collision<C: Counter>(
             return answer(Err(PayError::Replayed(with_error(challenge, "payment_replayed"))));
         }
         return match earlier.status {
-            // The same request with the same payment again: its task, when
-            // the client named it (a payment-identifier or an
-            // Idempotency-Key) or was told it was pending (it never got
-            // its task); otherwise a replay like any other.
+            // The same request with the same payment again, from the Space
+            // that paid: what it bought, with its receipt. A client whose
+            // connection dropped after the charge learns its task here.
             AttemptStatus::Settled => match earlier.task_id {
-                Some(task) if earlier.told_pending || named(purchase, payment, &earlier) => {
-                    answer(Ok(Bought::Before(task)))
-                }
-                _ => answer(Err(PayError::Replayed(with_error(challenge, "payment_replayed")))),
+                Some(task) => answer(Ok(bought_before(cx.db, task).await?)),
+                // Paid, and credited because its task could not be made.
+                None => answer(Err(PayError::Replayed(with_error(challenge, "payment_replayed")))),
             },
             AttemptStatus::Failed if earlier.reason.as_deref() == Some(ledger::NOT_SETTLED) => {
                 answer(Err(PayError::NotSettled(with_error(challenge, "payment_not_settled"))))
@@ -316,7 +317,7 @@ async fn collision<C: Counter>(
                 }
                 // An unknown outcome: first ask the chain what it became.
                 match resolve_claimed(cx.db, cx.chains, &earlier, counter).await? {
-                    Resolution::Task(task) => answer(Ok(Bought::Before(task))),
+                    Resolution::Task(task) => answer(Ok(bought_before(cx.db, task).await?)),
                     Resolution::Credited => answer(Err(PayError::Replayed(with_error(challenge, "payment_replayed")))),
                     Resolution::NeverLanded => {
                         answer(Err(PayError::NotSettled(with_error(challenge, "payment_not_settled"))))
@@ -335,7 +336,7 @@ async fn collision<C: Counter>(
             return answer(Err(PayError::IdempotencyConflict));
         }
         return answer(match (holder.status, holder.task_id) {
-            (AttemptStatus::Settled, Some(task)) => Ok(Bought::Before(task)),
+            (AttemptStatus::Settled, Some(task)) => bought_before(cx.db, task).await,
             // Paid, and credited because its task could not be made.
             (AttemptStatus::Settled, None) => Err(PayError::IdempotencyConflict),
             (_, _) if holder.claimed => Err(PayError::RequestInProgress),
@@ -346,12 +347,11 @@ async fn collision<C: Counter>(
     answer(Err(PayError::IdentifierConflict))
 }
 
-/// Whether a settled attempt's request names itself: the same
-/// payment-identifier id, or the same Idempotency-Key, as this request.
-fn named(purchase: &Purchase<'_>, payment: &Payment, earlier: &Attempt) -> bool {
-    let by_id = payment.payment_id.is_some() && earlier.payment_id == payment.payment_id;
-    let by_key = purchase.idempotency_key.is_some() && earlier.idempotency_key.as_deref() == purchase.idempotency_key;
-    by_id || by_key
+/// What a payment already bought: task `task`, with the receipt stored when
+/// it was paid. The one answer to a payment (or an `Idempotency-Key`) sent
+/// again after it bought its task, on REST and MCP alike.
+pub async fn bought_before<T>(db: &PgPool, task: Id) -> Result<Bought<T>, PayError> {
+    Ok(Bought::Before { task, receipt: ledger::receipt(db, task).await? })
 }
 
 /// What is left of `deadline` for a facilitator call, after the margin;

@@ -76,7 +76,6 @@ pub struct Attempt {
     pub kind: String,
     pub request_hash: Vec<u8>,
     pub payload_hash: Vec<u8>,
-    pub payment_id: Option<String>,
     /// `None` for an attempt recorded before attempts kept their request.
     pub input: Option<Value>,
     pub idempotency_key: Option<String>,
@@ -90,9 +89,6 @@ pub struct Attempt {
     /// carries it before it is mined).
     pub transaction: Option<String>,
     pub task_id: Option<Id>,
-    /// Its client never got its task: it was answered `payment_pending`,
-    /// or its request died.
-    pub told_pending: bool,
     /// Someone holds it right now.
     pub claimed: bool,
 }
@@ -121,9 +117,9 @@ pub struct NewAttempt<'a> {
 /// (sqlx takes only `'static` SQL).
 macro_rules! attempt_columns {
     () => {
-        "id, status, network, payer, nonce, space_idx, kind, request_hash, payload_hash, payment_id, input, \
+        "id, status, network, payer, nonce, space_idx, kind, request_hash, payload_hash, input, \
          idempotency_key, asset, amount, pay_to, valid_before::text AS valid_before, reason, transaction, task_id, \
-         told_pending, (claimed_until IS NOT NULL AND claimed_until > now()) AS claimed"
+         (claimed_until IS NOT NULL AND claimed_until > now()) AS claimed"
     };
 }
 
@@ -520,6 +516,19 @@ pub struct PaymentRecord {
     pub task_id: Id,
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+}
+
+/// The receipt of the payment that bought `task`, as it was answered when
+/// it was paid (`PAYMENT-RESPONSE`, `_meta["x402/payment-response"]`);
+/// `None` for a task that was free or paid with a credit.
+pub async fn receipt(db: &PgPool, task: Id) -> Result<Option<super::PaymentResponse>, sqlx::Error> {
+    let row: Option<(Option<String>, String, String)> =
+        sqlx::query_as("SELECT transaction, network, payer FROM payments WHERE task_id = $1")
+            .bind(task)
+            .fetch_optional(db)
+            .await?;
+    Ok(row
+        .map(|(transaction, network, payer)| super::PaymentResponse::settled(transaction.as_deref(), &network, &payer)))
 }
 
 /// The space's payments and credits, newest first (at most `limit` each).

@@ -47,11 +47,11 @@ pub use challenge::{
     SIGNATURE_REQUIRED, payment_required,
 };
 #[cfg(feature = "api-tasks")]
-pub use checkout::{Bought, Checkout, Order, PayError, RETRY_AFTER, STORE_MARGIN, pay};
+pub use checkout::{Bought, Checkout, Order, PayError, RETRY_AFTER, STORE_MARGIN, bought_before, pay};
 pub use counter::{Counter, Note, Purchase};
 #[cfg(feature = "outbound")]
 pub use facilitator::{Facilitator, FacilitatorError};
-pub use ledger::{Credit, PaymentRecord, credit_if_owed};
+pub use ledger::{Credit, PaymentRecord, credit_if_owed, receipt};
 #[cfg(feature = "api-tasks")]
 pub use payload::{Accepted, Authorization, ExactPayload, PaymentInput, PaymentPayload};
 #[cfg(feature = "chain")]

@@ -188,13 +188,18 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
             }
         },
     };
-    // The hash covers what was signed and what it pays for; extensions are
-    // advisory and unsigned, so they are left out.
-    let mut signed = document.clone();
-    if let Some(o) = signed.as_object_mut() {
-        o.remove("extensions");
-    }
-    let hash: [u8; 32] = Sha256::digest(crate::infra::canonical_json::canonical_json(&signed).as_bytes()).into();
+    // The hash names the payment: what was signed and the requirement it
+    // pays, as parsed. The rest (`resource`, `extensions`, fields a client
+    // adds or leaves out, nulls it writes or omits) is unsigned and
+    // advisory, so the same payment sent again by another client library,
+    // or re-serialised, is still the same payment.
+    let paid = &parsed.accepted;
+    let named = serde_json::json!({
+        "accepted": [&paid.scheme, &paid.network, &paid.amount, paid.asset.to_ascii_lowercase(),
+                     paid.pay_to.to_ascii_lowercase(), paid.max_timeout_seconds],
+        "payload": &parsed.payload,
+    });
+    let hash: [u8; 32] = Sha256::digest(crate::infra::canonical_json::canonical_json(&named).as_bytes()).into();
     Ok(Payment {
         valid_before: a.valid_before.clone(),
         payer: a.from.to_ascii_lowercase(),
@@ -263,6 +268,13 @@ mod tests {
         let q = decode(&encode(&with_id)).unwrap();
         assert_eq!(q.payment_id.as_deref(), Some("pay_0123456789abcdef"));
         assert_eq!(p.hash, q.hash, "extensions are not part of what was signed");
+        let mut reserialised = sample();
+        reserialised["resource"] = Value::Null;
+        reserialised["accepted"]["asset"] = json!("0x036cbd53842c5426634e7929541ec2318f3dcf7e");
+        assert_eq!(decode(&encode(&reserialised)).unwrap().hash, p.hash, "nulls and spelling are not the payment");
+        let mut other = sample();
+        other["payload"]["authorization"]["value"] = json!("10001");
+        assert_ne!(decode(&encode(&other)).unwrap().hash, p.hash);
     }
 
     #[test]

@@ -79,9 +79,10 @@ pub struct Submitted {
 
 #[derive(Debug)]
 pub enum Paid {
-    /// A free task, or a replay (it was paid, if at all, back then).
+    /// A free task, or a replay of one that was not paid with a payment.
     Nothing,
-    /// Settled now: the `PAYMENT-RESPONSE` to send.
+    /// The `PAYMENT-RESPONSE` to send: settled now, or, for a replay, the
+    /// receipt stored when its task was paid.
     Payment(PaymentResponse),
     /// Paid with this credit.
     Credit(Credit),
@@ -151,7 +152,7 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
             super::CreateError::Db(db) => SubmitError::Db(db),
         })?;
         if let Some(task) = found {
-            return Ok(replay(cx, task).await);
+            return replay(cx, task).await;
         }
     }
     check_uploads(cx, s.space, s.input).await?;
@@ -159,7 +160,7 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
     if spec.is_free() {
         return match store(cx.db, &s, spec).await? {
             (task, false) => queue(cx, task, Paid::Nothing).await,
-            (task, true) => Ok(replay(cx, task).await),
+            (task, true) => replay(cx, task).await,
         };
     }
     let challenge = payments::payment_required(cx.catalog, spec, s.resource_url, SIGNATURE_REQUIRED)
@@ -183,15 +184,15 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
     match payments::pay(checkout, order, &challenge, &Shelf { catalog: cx.catalog }).await? {
         Bought::Settled { task, settlement } => queue(cx, task, Paid::Payment(settlement)).await,
         Bought::Credit { task, credit } => queue(cx, task, Paid::Credit(credit)).await,
-        Bought::Before(id) => match super::find_for_space(cx.db, s.space, id).await? {
-            Some(task) => Ok(replay(cx, task).await),
+        Bought::Before { task, receipt } => match super::find_for_space(cx.db, s.space, task).await? {
+            Some(task) => Ok(replay_paid(cx, task, receipt).await),
             None => Err(SubmitError::Internal("a paid task that vanished".into())),
         },
         // The key was taken meanwhile: by this same request, or a conflict.
         Bought::KeyTaken => {
             let key = s.idempotency_key.expect("only a key can be taken");
             match find_by_idempotency_key(cx.db, s.space, key, s.kind, s.input).await {
-                Ok(Some(task)) => Ok(replay(cx, task).await),
+                Ok(Some(task)) => replay(cx, task).await,
                 Ok(None) => Err(SubmitError::Internal("an idempotency key taken by a vanished task".into())),
                 Err(super::CreateError::IdempotencyConflict) => Err(SubmitError::IdempotencyConflict),
                 Err(super::CreateError::Db(e)) => Err(e.into()),
@@ -200,16 +201,24 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
     }
 }
 
-/// An earlier request's task. One still `queued` may have lost its message
-/// (a crash between commit and send), so it is sent again; duplicate
-/// messages are harmless, as the worker claims a task once.
-async fn replay(cx: &SubmitContext<'_>, task: Task) -> Submitted {
+/// An earlier request's task, with the receipt of the payment that bought
+/// it if one did: a client that lost the first answer learns what it paid.
+async fn replay(cx: &SubmitContext<'_>, task: Task) -> Result<Submitted, SubmitError> {
+    let receipt = payments::receipt(cx.db, task.id).await?;
+    Ok(replay_paid(cx, task, receipt).await)
+}
+
+/// An earlier request's task, answered again with `receipt`. One still
+/// `queued` may have lost its message (a crash between commit and send), so
+/// it is sent again; duplicate messages are harmless, as the worker claims a
+/// task once.
+async fn replay_paid(cx: &SubmitContext<'_>, task: Task, receipt: Option<PaymentResponse>) -> Submitted {
     if task.status == TaskStatus::Queued
         && let Err(e) = super::enqueue(cx.sqs, cx.queue_url, task.id, &task.kind).await
     {
         tracing::warn!(task_id = %task.id, error = %e, "could not re-send a replayed task's message");
     }
-    Submitted { task, replayed: true, paid: Paid::Nothing }
+    Submitted { task, replayed: true, paid: receipt.map_or(Paid::Nothing, Paid::Payment) }
 }
 
 /// Inserts the task in its own transaction. `true`: a key taken meanwhile by
