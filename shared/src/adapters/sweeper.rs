@@ -32,8 +32,12 @@
 //! it.
 //!
 //! `reeve sweep` runs one sweep; `reeve work` and `reeve serve`'s worker
-//! sweep every [`EVERY`] ([`Sweeper::spawn_every`]); in AWS the `sweeper` Lambda
-//! runs on a schedule and also drains the dead-letter queue.
+//! sweep every [`EVERY`] ([`Sweeper::spawn_every`]); in AWS the `sweeper`
+//! Lambda runs on a schedule and also drains the dead-letter queue. The
+//! schedule's finest grain is a minute, longer than a lease, so each
+//! scheduled invocation sweeps once, then looks for lapsed leases again
+//! every [`EVERY`] while there are running tasks (and at least once more),
+//! until its own deadline is near ([`Sweeper::handle_invocation`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +65,16 @@ pub const DEFAULT_OLDER_THAN: Duration = Duration::from_secs(300);
 /// Tasks handled per query, so one sweep of a huge backlog stays bounded
 /// in memory.
 const BATCH: i64 = 500;
+/// How long before its deadline a scheduled invocation stops sweeping: a
+/// lapsed-lease sweep takes well under a second, and one cut off by Lambda
+/// would leave touched tasks unsent until the threshold.
+const DEADLINE_MARGIN: Duration = Duration::from_secs(5);
+/// How long a scheduled invocation sweeps lapsed leases even with nothing
+/// running: a task that starts after the loop ended and whose worker dies
+/// at once is swept by the next scheduled invocation, a minute after this
+/// one began, so the loop ends no sooner than this for that to come within
+/// 45 s of the death.
+const KEEP_SWEEPING: Duration = Duration::from_secs(15);
 
 /// Stable codes the sweeper fails a task with.
 pub mod codes {
@@ -128,14 +142,15 @@ type Candidate = (Id, String, String, i32);
 /// The tasks no worker is on: `running` under a lease that lapsed since
 /// the task last changed (a re-send is a change, so each lapse is acted on
 /// once), or `queued` or `running` without a live lease and left alone for
-/// `older_than` (the parameter named, in seconds).
+/// `older_than` (the parameter named, in seconds; NULL for lapsed leases
+/// only).
 macro_rules! stranded {
     ($older_than:literal) => {
         concat!(
             "((status = 'running' AND lease_until < now() AND updated_at <= lease_until)
               OR (updated_at < now() - make_interval(secs => ",
             $older_than,
-            ")
+            "::float8)
                   AND (status = 'queued'
                        OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))))"
         )
@@ -147,12 +162,55 @@ impl Sweeper {
     pub async fn sweep(&self, older_than: Duration) -> Result<SweepReport, SweepError> {
         let mut report = SweepReport::default();
         self.reconcile(&mut report).await?;
-        self.fail_exhausted(older_than, &mut report).await?;
-        self.resend(older_than, &mut report).await?;
+        self.fail_exhausted(Some(older_than), &mut report).await?;
+        self.resend(Some(older_than), &mut report).await?;
         if report != SweepReport::default() {
             tracing::info!(?report, "swept");
         }
         Ok(report)
+    }
+
+    /// Only the leases that lapsed since the last sweep: their tasks sent
+    /// again, or failed when out of attempts. Added to `report`.
+    pub async fn sweep_lapsed(&self, report: &mut SweepReport) -> Result<(), SweepError> {
+        let before = report.clone();
+        self.fail_exhausted(None, report).await?;
+        self.resend(None, report).await?;
+        if *report != before {
+            tracing::info!(?report, "swept lapsed leases");
+        }
+        Ok(())
+    }
+
+    /// Whether any task is running, whose worker may yet die.
+    async fn anything_running(&self) -> Result<bool, SweepError> {
+        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'running')")
+            .fetch_one(&self.db)
+            .await?)
+    }
+
+    /// The scheduled invocation's sweep: one [`Self::sweep`], then
+    /// [`Self::sweep_lapsed`] every [`EVERY`] until `deadline` is near,
+    /// stopping early once nothing is running after [`KEEP_SWEEPING`].
+    async fn sweep_until(
+        &self,
+        older_than: Duration,
+        deadline: tokio::time::Instant,
+    ) -> Result<SweepReport, SweepError> {
+        let started = tokio::time::Instant::now();
+        let mut report = self.sweep(older_than).await?;
+        loop {
+            let next = tokio::time::Instant::now() + EVERY;
+            if next + DEADLINE_MARGIN > deadline {
+                return Ok(report);
+            }
+            let kept = tokio::time::Instant::now() >= started + KEEP_SWEEPING;
+            if kept && !self.anything_running().await? {
+                return Ok(report);
+            }
+            tokio::time::sleep_until(next).await;
+            self.sweep_lapsed(&mut report).await?;
+        }
     }
 
     /// Resolves the payments whose settlement's outcome is unknown, and
@@ -173,7 +231,7 @@ impl Sweeper {
     }
 
     /// Fails the stranded tasks that have had all their attempts.
-    async fn fail_exhausted(&self, older_than: Duration, report: &mut SweepReport) -> Result<(), SweepError> {
+    async fn fail_exhausted(&self, older_than: Option<Duration>, report: &mut SweepReport) -> Result<(), SweepError> {
         let mut after = Id::from(ulid::Ulid::nil());
         loop {
             let batch: Vec<Candidate> = sqlx::query_as(concat!(
@@ -185,7 +243,7 @@ impl Sweeper {
             ))
             .bind(after)
             .bind(self.max_attempts as i32)
-            .bind(older_than.as_secs_f64())
+            .bind(older_than.map(|d| d.as_secs_f64()))
             .bind(BATCH)
             .fetch_all(&self.db)
             .await?;
@@ -208,7 +266,7 @@ impl Sweeper {
 
     /// Sends the stranded tasks' messages again, touching each first so that
     /// two sweepers (the scheduled one and `reeve work`'s) never both do.
-    async fn resend(&self, older_than: Duration, report: &mut SweepReport) -> Result<(), SweepError> {
+    async fn resend(&self, older_than: Option<Duration>, report: &mut SweepReport) -> Result<(), SweepError> {
         loop {
             let batch: Vec<(Id, String, String)> = sqlx::query_as(concat!(
                 r#"UPDATE tasks SET updated_at = now()
@@ -222,7 +280,7 @@ impl Sweeper {
                 RETURNING id, kind, status"#
             ))
             .bind(self.max_attempts as i32)
-            .bind(older_than.as_secs_f64())
+            .bind(older_than.map(|d| d.as_secs_f64()))
             .bind(BATCH)
             .fetch_all(&self.db)
             .await?;
@@ -248,7 +306,7 @@ impl Sweeper {
             }
             // With `older_than` zero the touched rows match again at once:
             // one pass is the whole sweep.
-            if !full || older_than.is_zero() {
+            if !full || older_than.is_some_and(|d| d.is_zero()) {
                 return Ok(());
             }
         }
@@ -331,8 +389,16 @@ impl Sweeper {
 
     /// The sweeper Lambda's one entry point: an SQS batch from the
     /// dead-letter queue, or anything else (the schedule's event) for a
-    /// sweep, whose threshold may be given as `older_than_seconds`.
-    pub async fn handle_invocation(&self, payload: Value) -> Result<Value, SweepError> {
+    /// sweep, whose threshold may be given as `older_than_seconds`. With
+    /// the invocation's `deadline` (`Context::deadline`), a sweep goes on
+    /// looking for lapsed leases until near it ([`Self::sweep_until`]), so
+    /// a dead worker's task is sent again within seconds of its lease
+    /// lapsing, not at the next scheduled minute.
+    pub async fn handle_invocation(
+        &self,
+        payload: Value,
+        deadline: Option<std::time::SystemTime>,
+    ) -> Result<Value, SweepError> {
         if payload.get("Records").is_some_and(Value::is_array) {
             return match serde_json::from_value::<SqsEvent>(payload) {
                 Ok(event) => {
@@ -349,7 +415,13 @@ impl Sweeper {
         }
         let older_than =
             payload.get("older_than_seconds").and_then(Value::as_u64).map_or(self.older_than, Duration::from_secs);
-        let report = self.sweep(older_than).await;
+        let report = match deadline {
+            Some(deadline) => {
+                let left = deadline.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+                self.sweep_until(older_than, tokio::time::Instant::now() + left).await
+            }
+            None => self.sweep(older_than).await,
+        };
         // What a failed sweep did before its error is counted too.
         crate::infra::metrics::flush();
         Ok(serde_json::to_value(report?).expect("serialises"))

@@ -7,6 +7,7 @@
 
 use crate::common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,10 +15,13 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 use common::QueuedApi as Api;
 use reeve_shared::catalog::Catalog;
+use reeve_shared::executors::{ExecDeps, Job};
 use reeve_shared::ids::Id;
 use reeve_shared::outbound::OutboundPolicy;
 use reeve_shared::tasks::{Event, EventType, events_after};
-use reeve_shared::worker::{Backoff, Poller, Visibility, WorkerContext, handle_batch};
+use reeve_shared::worker::{
+    Backoff, Poller, RunFuture, Runner, Visibility, WorkerContext, deadline_of, handle_batch, handle_batch_until,
+};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -260,7 +264,7 @@ async fn a_record_near_the_deadline_is_given_back_unclaimed_with_its_attempts_un
     // `flaky` may run 5 s and the worker stops 10 s before the deadline:
     // 12 s left is not enough.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
-    let response = reeve_shared::worker::handle_batch_until(&ctx, event_of(&message), Some(deadline)).await;
+    let response = handle_batch_until(&ctx, event_of(&message), Some(deadline)).await;
     let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
     assert_eq!(failed, [message.message_id().unwrap()], "handed back");
     assert_eq!(status_and_attempts(&pool, id).await, ("queued".into(), 0), "no attempt counted");
@@ -272,7 +276,7 @@ async fn a_record_near_the_deadline_is_given_back_unclaimed_with_its_attempts_un
     let again = receive(&api.queue.url, Duration::from_secs(2)).await.expect("visible again at once");
     assert_eq!(again.message_id(), message.message_id());
     let fresh = tokio::time::Instant::now() + Duration::from_secs(360);
-    let response = reeve_shared::worker::handle_batch_until(&ctx, event_of(&again), Some(fresh)).await;
+    let response = handle_batch_until(&ctx, event_of(&again), Some(fresh)).await;
     assert!(response.batch_item_failures.is_empty());
     assert_eq!(status_and_attempts(&pool, id).await, ("completed".into(), 1), "its one attempt");
     api.queue.delete().await;
@@ -310,4 +314,366 @@ async fn every_start_up_refuses_a_task_timeout_the_worker_cannot_fit() {
     let longer = config.with(WORKER_TIMEOUT, "900");
     assert!(startup::catalog(&longer).is_ok());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ------------------------------------------------------------------ dead workers
+
+/// The shipped catalog plus `long` (up to 120 s) and `short` (3 s), whose
+/// runs the test's runner decides.
+fn long_catalog() -> Catalog {
+    common::catalog_with(
+        r#"
+        [tasks.long]
+        title = "Long"
+        description = "Whatever the test's runner does."
+        executor = "digest"
+        timeout_seconds = 120
+        input_schema = { type = "object" }
+
+        [tasks.short]
+        title = "Short"
+        description = "Whatever the test's runner does, in 3 s."
+        executor = "digest"
+        timeout_seconds = 3
+        input_schema = { type = "object" }
+        "#,
+    )
+}
+
+/// The sweeper as the `sweeper` Lambda builds it, on this database and queue.
+async fn sweeper_of(pool: &PgPool, queue: &str) -> reeve_shared::sweeper::Sweeper {
+    reeve_shared::sweeper::Sweeper {
+        db: pool.clone(),
+        sqs: common::aws().await.sqs,
+        queue_url: queue.to_owned(),
+        events: reeve_shared::tasks::Publisher::new(
+            reeve_shared::redis_client::RedisClient::new(&common::redis_url()).unwrap(),
+        ),
+        max_attempts: 5,
+        older_than: reeve_shared::sweeper::DEFAULT_OLDER_THAN,
+        catalog: Arc::new(long_catalog()),
+        chains: reeve_shared::payments::Chains::none(),
+    }
+}
+
+/// Run 1 is a long task that reports progress every 200 ms (stuck for good
+/// in the middle, blocking its thread, when `stuck` holds a receiver); any
+/// later run finishes at once.
+struct Long {
+    runs: AtomicUsize,
+    stuck: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl Long {
+    fn new(stuck: Option<std::sync::mpsc::Receiver<()>>) -> Arc<Long> {
+        Arc::new(Long { runs: AtomicUsize::new(0), stuck: Mutex::new(stuck) })
+    }
+}
+
+impl Runner for Long {
+    fn run<'a>(&'a self, _deps: &'a ExecDeps, job: Job<'a>) -> RunFuture<'a> {
+        Box::pin(async move {
+            let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+            if run == 1 {
+                for tick in 0..600 {
+                    job.progress(tick as f32 / 600.0, json!({"tick": tick})).await;
+                    if tick == 3
+                        && let Some(stuck) = self.stuck.lock().unwrap().take()
+                    {
+                        // Blocking code that never yields: nothing else of
+                        // this invocation runs, its lease is not renewed,
+                        // its timeout cannot fire. Lambda kills it at its
+                        // deadline.
+                        let _ = stuck.recv();
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            Ok(json!({ "run": run }))
+        })
+    }
+}
+
+/// What the task's log says once the next run took over: gap-free, one
+/// `lease_lost` naming attempt 1 before attempt 2's `running`, one result.
+async fn assert_taken_over_once(pool: &PgPool, id: Id) -> Vec<Event> {
+    let events = events_of(pool, id).await;
+    assert_gap_free(&events);
+    let lost: Vec<&Event> = events.iter().filter(|e| e.kind == EventType::LeaseLost).collect();
+    assert_eq!(lost.len(), 1, "one lease_lost: {events:?}");
+    assert_eq!(lost[0].data["attempt"], 1);
+    let statuses: Vec<String> = events
+        .iter()
+        .filter(|e| e.kind == EventType::Status)
+        .map(|e| {
+            format!(
+                "{}{}",
+                e.data["status"].as_str().unwrap(),
+                e.data.get("attempt").map_or(String::new(), |a| format!(" {a}"))
+            )
+        })
+        .collect();
+    assert_eq!(statuses, ["queued", "running 1", "running 2", "completed"]);
+    let after_lost = events.iter().skip_while(|e| e.kind != EventType::LeaseLost).nth(1).unwrap();
+    assert_eq!(after_lost.data, json!({"status": "running", "attempt": 2}), "the new attempt right after it");
+    assert_eq!(events.iter().filter(|e| e.kind == EventType::Result).count(), 1, "one result");
+    let (status, attempts) = status_and_attempts(pool, id).await;
+    assert_eq!((status.as_str(), attempts), ("completed", 2));
+    let result: Value = sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT result FROM tasks WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(result, json!({"run": 2}), "the second run's result");
+    events
+}
+
+/// A Lambda worker killed at its deadline (its executor stuck in blocking
+/// code, so neither its timeout nor its deadline stop can fire, as happens
+/// when Lambda ends an invocation) leaves its task `running` under a lease
+/// nobody renews. The queue hides its message for the shipped 2160 s, so
+/// it is the sweeper Lambda's scheduled invocation that sends the task
+/// again once the lease lapses, and the next worker invocation runs it:
+/// within a minute of the kill, on the shipped lease and sweep.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_worker_lambda_killed_at_its_deadline_leaves_its_task_to_the_next_invocation_within_a_minute(pool: PgPool) {
+    let api = Api::new(&pool, long_catalog()).await;
+    let sqs = common::aws().await.sqs;
+    sqs.set_queue_attributes()
+        .queue_url(&api.queue.url)
+        .attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, "2160")
+        .send()
+        .await
+        .unwrap();
+    let id = api.create("short", json!({})).await;
+    let (release, stuck) = std::sync::mpsc::channel();
+    let runner = Long::new(Some(stuck));
+
+    // The first invocation, in a process of its own (a thread and a
+    // runtime, both blocked by the stuck executor), with a Lambda context
+    // whose deadline is 15 s away: time for `short`'s 3 s and the worker's
+    // 10 s margin, so the record is claimed.
+    let message = receive(&api.queue.url, Duration::from_secs(1)).await.expect("task create sent it");
+    let mut invocation = lambda_http::Context::default();
+    let deadline = std::time::SystemTime::now() + Duration::from_secs(15);
+    invocation.deadline = deadline.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let options = (*pool.connect_options()).clone();
+    let first = {
+        let (runner, event) = (runner.clone(), event_of(&message));
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let pool = sqlx::postgres::PgPoolOptions::new().connect_with(options).await.unwrap();
+                let ctx = common::worker_context(
+                    long_catalog(),
+                    &pool,
+                    common::aws().await.s3,
+                    common::worker_settings(&common::redis_url()),
+                );
+                let ctx = common::with_runner(ctx, runner);
+                handle_batch_until(&ctx, event, Some(deadline_of(invocation.deadline()))).await
+            })
+        })
+    };
+    let started = Instant::now();
+    while events_of(&pool, id).await.iter().filter(|e| e.kind == EventType::Progress).count() < 3 {
+        assert!(started.elapsed() < Duration::from_secs(30), "the first run never got going");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status_and_attempts(&pool, id).await, ("running".into(), 1));
+    // Lambda kills it at its deadline: from then on nothing of it runs.
+    let left = deadline.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+    tokio::time::sleep(left).await;
+    let killed = Instant::now();
+    assert_eq!(status_and_attempts(&pool, id).await, ("running".into(), 1), "left running by the kill");
+
+    // The deployment's other half: the sweeper's scheduled invocation (a
+    // minute long, as the schedule starts one a minute) and the worker
+    // Lambda's event source, handing each message to a fresh invocation.
+    let sweeper = sweeper_of(&pool, &api.queue.url).await;
+    let scheduled = tokio::spawn(async move {
+        let minute = std::time::SystemTime::now() + Duration::from_secs(60);
+        sweeper.handle_invocation(json!({}), Some(minute)).await.unwrap()
+    });
+    let ctx = common::with_runner(
+        common::worker_context(
+            long_catalog(),
+            &pool,
+            common::aws().await.s3,
+            common::worker_settings(&common::redis_url()),
+        ),
+        runner.clone(),
+    );
+    loop {
+        if status_and_attempts(&pool, id).await.0 == "completed" {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(60), "not run again within a minute of the kill");
+        if let Some(message) = receive(&api.queue.url, Duration::from_secs(1)).await {
+            let fresh = deadline_of(std::time::SystemTime::now() + Duration::from_secs(360));
+            handle_batch_until(&ctx, event_of(&message), Some(fresh)).await;
+        }
+    }
+    let recovered = killed.elapsed();
+    let events = assert_taken_over_once(&pool, id).await;
+
+    // Should the stuck invocation ever wake, its fenced writes find
+    // attempt 2 there and nothing of attempt 1 is written.
+    release.send(()).unwrap();
+    let response = first.join().unwrap();
+    assert!(response.batch_item_failures.len() <= 1);
+    assert_eq!(events_of(&pool, id).await, events, "the woken first run wrote nothing");
+    assert_eq!(runner.runs.load(Ordering::SeqCst), 2);
+    scheduled.abort();
+    println!("worker Lambda killed mid-run: run again and completed {:.1}s later", recovered.as_secs_f64());
+    api.queue.delete().await;
+}
+
+/// A TCP proxy to the stack's Postgres that can stop passing bytes (a
+/// network partition: the sockets stay open, what is sent meanwhile is held
+/// and arrives once it heals). Only the worker whose pool goes through it
+/// loses Postgres; the shared Postgres goes on for everyone else.
+struct Partition {
+    port: u16,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Partition {
+    async fn to(host: String, port: u16) -> Partition {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (cut, healed) = tokio::sync::watch::channel(false);
+        let local = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect((host.as_str(), port)).await else { continue };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(Self::pump(client_read, server_write, healed.clone()));
+                tokio::spawn(Self::pump(server_read, client_write, healed.clone()));
+            }
+        });
+        Partition { port: local, cut }
+    }
+
+    /// Copies one direction, holding what it read while cut.
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut cut: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buffer = vec![0; 16 * 1024];
+        loop {
+            let Ok(n) = from.read(&mut buffer).await else { return };
+            if n == 0 || cut.wait_for(|cut| !*cut).await.is_err() || to.write_all(&buffer[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    fn heal(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+/// A worker that loses Postgres mid-run for longer than its lease (4 s
+/// here) stops by its own clock, without a word from Postgres, before any
+/// other run may take over. The sweeper sends the task again once the lease
+/// lapsed, and another worker (`reeve work`'s poller) runs it to the end.
+/// When Postgres comes back to the first worker, what it had sent before it
+/// stopped arrives, and is refused by the fence: nothing of it is written.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_worker_that_loses_postgres_longer_than_its_lease_stops_and_writes_nothing_when_it_returns(pool: PgPool) {
+    let api = Api::new(&pool, long_catalog()).await;
+    let id = api.create("long", json!({})).await;
+    let runner = Long::new(None);
+    let options = (*pool.connect_options()).clone();
+    let partition = Partition::to(options.get_host().to_owned(), options.get_port()).await;
+    let through = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.host("127.0.0.1").port(partition.port))
+        .await
+        .unwrap();
+    let s3 = common::aws().await.s3;
+    let mut settings = common::worker_settings(&common::redis_url());
+    settings.lease = Duration::from_secs(4);
+    let first =
+        common::with_runner(common::worker_context(long_catalog(), &through, s3.clone(), settings), runner.clone());
+    // The first worker takes the message, as task create sent it.
+    let message = receive(&api.queue.url, Duration::from_secs(1)).await.expect("task create sent it");
+    let body = message.body().unwrap().to_owned();
+    let run = tokio::spawn(async move { reeve_shared::worker::process(&first, &body, 1).await });
+    let started = Instant::now();
+    while events_of(&pool, id).await.iter().filter(|e| e.kind == EventType::Progress).count() < 3 {
+        assert!(started.elapsed() < Duration::from_secs(30), "the first run never got going");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    partition.cut();
+    let cut = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(15), run)
+        .await
+        .expect("the first worker stops while Postgres is away")
+        .unwrap();
+    let stopped = cut.elapsed();
+    assert!(outcome.is_retry(), "{outcome:?}");
+    assert!(stopped < Duration::from_secs(6), "stopped within its 4 s lease of the cut: {stopped:?}");
+    assert_eq!(status_and_attempts(&pool, id).await, ("running".into(), 1), "nothing else moved it yet");
+
+    // The rest of the deployment: the sweeper and another worker, both on
+    // the Postgres the first one lost.
+    let sweeper = sweeper_of(&pool, &api.queue.url).await;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let sweeping = {
+        let mut stopping = stopping.clone();
+        sweeper.spawn_every(Duration::from_secs(1), reeve_shared::sweeper::DEFAULT_OLDER_THAN, async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        })
+    };
+    let second = common::with_runner(
+        common::worker_context(long_catalog(), &pool, s3, common::worker_settings(&common::redis_url())),
+        runner.clone(),
+    );
+    let mut poller = Poller::connect(Arc::new(second), common::aws().await.sqs, &api.queue.url).await.unwrap();
+    poller.wait_time_seconds = 1;
+    let polling = {
+        let mut stopping = stopping.clone();
+        tokio::spawn(async move {
+            poller
+                .run(async move {
+                    let _ = stopping.wait_for(|s| *s).await;
+                })
+                .await
+        })
+    };
+    while status_and_attempts(&pool, id).await.0 != "completed" {
+        assert!(cut.elapsed() < Duration::from_secs(60), "not completed by another worker within a minute");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let recovered = cut.elapsed();
+    let events = assert_taken_over_once(&pool, id).await;
+
+    // Postgres comes back to the first worker, lost for longer than its
+    // 4 s lease: what it had sent arrives.
+    tokio::time::sleep_until((cut + Duration::from_secs(6)).into()).await;
+    let lost_for = cut.elapsed();
+    partition.heal();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(events_of(&pool, id).await, events, "the first worker wrote nothing once Postgres was back");
+    assert_eq!(status_and_attempts(&pool, id).await, ("completed".into(), 2));
+    stop.send_replace(true);
+    polling.await.unwrap();
+    sweeping.await.unwrap();
+    println!(
+        "Postgres lost for {:.1}s: the first worker stopped after {:.1}s; completed by another {:.1}s after the cut",
+        lost_for.as_secs_f64(),
+        stopped.as_secs_f64(),
+        recovered.as_secs_f64()
+    );
+    api.queue.delete().await;
 }

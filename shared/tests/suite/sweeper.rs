@@ -134,6 +134,38 @@ async fn a_lapsed_lease_is_sent_again_at_the_next_sweep_whatever_the_threshold(p
     queue.delete().await;
 }
 
+/// The schedule runs the sweeper Lambda once a minute, longer than a
+/// lease: its invocation sweeps, then looks for lapsed leases again every
+/// 15 s until its deadline is near, so a lease that lapses in between is
+/// acted on within seconds, not at the next minute.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_scheduled_invocation_goes_on_sending_leases_that_lapse_until_its_deadline(pool: PgPool) {
+    let queue = TestQueue::new().await;
+    let sweeper = sweeper(&pool, &queue).await;
+    // Its worker renewed it a second ago; it lapses in 2 s.
+    let running = task(&pool, "running", 1, 1.0, Some(2.0)).await;
+
+    let started = std::time::Instant::now();
+    let deadline = std::time::SystemTime::now() + Duration::from_secs(25);
+    let report = sweeper.handle_invocation(json!({}), Some(deadline)).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(report["resent_expired"], 1, "{report}");
+    assert_eq!(sent_ids(&queue).await, vec![running]);
+    // Swept at 0 and 15 s; 30 s would be past the deadline's margin.
+    assert!(took >= Duration::from_secs(15) && took < Duration::from_secs(20), "{took:?}");
+    assert!(std::time::SystemTime::now() < deadline, "ended before its deadline");
+
+    // Nothing running: the invocation still sweeps once more (a task may
+    // start meanwhile), then ends.
+    sqlx::query("UPDATE tasks SET status = 'completed'").execute(&pool).await.unwrap();
+    let started = std::time::Instant::now();
+    let deadline = std::time::SystemTime::now() + Duration::from_secs(60);
+    sweeper.handle_invocation(json!({}), Some(deadline)).await.unwrap();
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(15) && took < Duration::from_secs(20), "{took:?}");
+    queue.delete().await;
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn tasks_out_of_attempts_fail_as_retries_exhausted_with_their_events(pool: PgPool) {
     let queue = TestQueue::new().await;
@@ -199,7 +231,7 @@ async fn dead_lettered_tasks_fail_as_dead_lettered_unless_a_live_worker_holds_th
 
     // The Lambda's way in: an SQS batch from the dead-letter queue.
     let event = dead_letter_event(&[body(queued), body(expired), "not json".into()]);
-    let answer = sweeper.handle_invocation(event).await.unwrap();
+    let answer = sweeper.handle_invocation(event, None).await.unwrap();
     assert_eq!(answer["batchItemFailures"], json!([]), "every record settled: {answer}");
     for id in [queued, expired] {
         let (status, error) = status_and_error(&pool, id).await;
@@ -211,7 +243,7 @@ async fn dead_lettered_tasks_fail_as_dead_lettered_unless_a_live_worker_holds_th
 
     // A schedule's event is a sweep; its threshold may come with it.
     let lost = task(&pool, "queued", 0, 10.0, None).await;
-    let swept = sweeper.handle_invocation(json!({ "older_than_seconds": 0 })).await.unwrap();
+    let swept = sweeper.handle_invocation(json!({ "older_than_seconds": 0 }), None).await.unwrap();
     assert_eq!(swept["resent_queued"], 1, "{swept}");
     assert_eq!(sent_ids(&queue).await, vec![lost]);
     queue.delete().await;
