@@ -2,12 +2,13 @@
 # Every benchmark of BENCHMARKS.md, in one command, on a release build
 # against the local stack (scripts/stack.sh up), loopback only:
 #
-#   scripts/bench.sh [fanout|auth|taskcreate|coldstart ...]   (default: all four)
+#   scripts/bench.sh [worker|taskcreate|coldstart|fanout|auth ...]   (default: all five)
 #   scripts/bench.sh --stitch    (rewrite BENCHMARKS.md from the last run)
 #
-# Builds the relay, the nine function binaries (each alone, with only its
-# own features), the hello-world baseline (bench/hello) and the harness
-# (bench/) with the release profile, then runs the harness, which makes its own
+# Builds what the phases asked for with the release profile, each binary in
+# a cargo invocation of its own (only its own features): the harness
+# (bench/), `reeve` (worker), the relay (fanout), every Lambda function and
+# the hello-world baseline (bench/hello) (coldstart); then runs the harness, which makes its own
 # database, redis-server and SQS queue for each measurement, spreads its
 # clients over loopback source addresses, raises the open-file limit
 # itself, and prints one Markdown section per benchmark. BENCHMARKS.md is
@@ -15,8 +16,8 @@
 # (what the figures mean, written by hand). The sections of the last run are
 # kept in target/bench/, so `--stitch` can take in an edited NOTES.md
 # without measuring again.
-# Bounded in time: once built, a full run takes about 5 minutes on 2 cores
-# (fan-out and its ceiling are most of it); the release builds from cold, ~25.
+# Bounded in time: once built, a full run takes about 8 minutes on 2 cores
+# (fan-out and its ceiling are most of it); the release builds from cold, ~30.
 # BENCH_CEILING=<watchers> moves the ceiling attempt (0 skips it).
 set -euo pipefail
 LOG_TAG="bench"
@@ -30,7 +31,7 @@ else
 fi
 command -v redis-server >/dev/null || die "redis-server is missing (scripts/stack.sh installs it)"
 
-all_phases=(fanout auth taskcreate coldstart)
+all_phases=(worker taskcreate coldstart fanout auth)
 SECTIONS="$ROOT/target/bench"
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 
@@ -64,19 +65,24 @@ for phase in "${phases[@]}"; do
 done
 
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-1}"
-# One cargo invocation per function and for the baseline: cargo unifies the
-# features of every package it builds at once, so a function built beside
-# another would link the other's features too. Alone, each gets what
-# `sam build` gives it.
+needs() { [[ " ${phases[*]} " == *" $1 "* ]]; }
+# One cargo invocation per binary: cargo unifies the features of every
+# package it builds at once, so a binary built beside another would link the
+# other's features too. Alone, each gets what `sam build` (or `cargo build
+# -p`) gives it.
 build_each() {
   local p dir
-  cargo build --release --locked -p reeve-bench -p reeve-fn-relay || return
-  cargo build --release --locked -p reeve-bench-hello || return
-  # Every Lambda under functions/ (the relay is the Fargate service, built above).
-  for dir in functions/*/; do
-    p="reeve-fn-$(basename "$dir")"
-    [[ $p == reeve-fn-relay ]] || cargo build --release --locked -p "$p" || return
-  done
+  cargo build --release --locked -p reeve-bench || return
+  if needs worker; then cargo build --release --locked -p reeve-cli || return; fi
+  if needs fanout; then cargo build --release --locked -p reeve-fn-relay || return; fi
+  if needs coldstart; then
+    cargo build --release --locked -p reeve-bench-hello || return
+    # Every Lambda under functions/ (the relay is the Fargate service).
+    for dir in functions/*/; do
+      p="reeve-fn-$(basename "$dir")"
+      [[ $p == reeve-fn-relay ]] || cargo build --release --locked -p "$p" || return
+    done
+  fi
 }
 timed build build_each
 
@@ -89,6 +95,7 @@ for phase in "${phases[@]}"; do
     fanout)     timed fanout "$BIN/reeve-bench" fanout --relay "$BIN/relay" --ceiling "${BENCH_CEILING:-50000}" >"$section" ;;
     auth)       timed auth "$BIN/reeve-bench" auth >"$section" ;;
     taskcreate) timed taskcreate "$BIN/reeve-bench" taskcreate >"$section" ;;
+    worker)     timed worker "$BIN/reeve-bench" worker --reeve "$BIN/reeve" >"$section" ;;
     coldstart)  timed coldstart "$BIN/reeve-bench" coldstart --bin-dir "$BIN" >"$section" ;;
   esac
   mv "$section" "$SECTIONS/$phase.md"

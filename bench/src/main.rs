@@ -11,6 +11,7 @@ mod coldstart;
 mod fanout;
 mod stack;
 mod taskcreate;
+mod worker;
 
 use clap::{Parser, Subcommand};
 
@@ -33,6 +34,9 @@ enum Command {
     Auth(auth::Args),
     /// Task create through the API's router against a bare INSERT + SendMessage loop.
     Taskcreate(taskcreate::Args),
+    /// Task start latency and worker throughput, each beside the local
+    /// queue's own floor.
+    Worker(worker::Args),
     /// Exec to first runtime-API request, per function binary.
     Coldstart(coldstart::Args),
     /// One line about this machine, for the report's header.
@@ -50,6 +54,7 @@ fn main() -> anyhow::Result<()> {
             Command::Auth(args) => auth::run(args).await,
             Command::Coldstart(args) => coldstart::run(args).await,
             Command::Taskcreate(args) => taskcreate::run(args).await,
+            Command::Worker(args) => worker::run(args).await,
             Command::Machine => {
                 println!("{}", stack::machine());
                 Ok(())

@@ -37,7 +37,12 @@ pub fn free_port() -> u16 {
 }
 
 pub async fn wait_for_port(port: u16) -> anyhow::Result<()> {
-    for _ in 0..200 {
+    wait_for_port_within(port, Duration::from_secs(5)).await
+}
+
+pub async fn wait_for_port_within(port: u16, limit: Duration) -> anyhow::Result<()> {
+    let tries = limit.as_millis() / 25;
+    for _ in 0..tries {
         if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
             return Ok(());
         }
@@ -125,6 +130,40 @@ impl OwnRedis {
             list.lines().filter(|l| !l.contains("cmd=client") && !l.contains("name=bench")).collect();
         let subscribed = others.iter().filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0")).count();
         Ok((others.len(), subscribed))
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// A `moto_server` of the benchmark's own (the local stack's SQS, started
+/// again on a free port): what the benchmark measures is then its own
+/// traffic, not every other test run's on the shared one.
+pub struct OwnMoto {
+    pub url: String,
+    child: Child,
+}
+
+impl OwnMoto {
+    pub async fn start() -> anyhow::Result<OwnMoto> {
+        let port = free_port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("moto_server (the project virtualenv's, on PATH: scripts/stack.sh installs it)")?;
+        wait_for_port_within(port, Duration::from_secs(30)).await?;
+        Ok(OwnMoto { url: format!("http://127.0.0.1:{port}"), child })
+    }
+
+    /// An SQS client with the SDK configuration every Reeve binary loads
+    /// (`startup::sdk`), on this server.
+    pub async fn sqs(&self) -> aws_sdk_sqs::Client {
+        let sdk = reeve_shared::startup::sdk().await;
+        aws_sdk_sqs::Client::from_conf(aws_sdk_sqs::config::Builder::from(&sdk).endpoint_url(&self.url).build())
     }
 
     pub async fn stop(mut self) {
