@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use super::failure::{ToolFailure, ToolResult};
 use super::wait::MAX_WAIT_SECONDS;
 use crate::domain::catalog::{Catalog, Executor, PublicPrice, PublicTask};
+use crate::domain::payments::PaymentRequired;
 use crate::domain::tasks::Task;
 
 /// The argument of a kind's tool that is not part of its input.
@@ -190,23 +191,88 @@ impl Fixed {
     }
 }
 
-/// A task as the tools answer it: [`Task`]'s own schema, the one the
-/// OpenAPI document has (so the two cannot drift), with its references
-/// inlined (an outputSchema stands alone), `result` as `result` describes
-/// it or `null` until the task completes, and the relay's `events_url`.
+/// A task as the tools answer it: [`Task`]'s own schema, standalone,
+/// `result` as `result` describes it or `null` until the task completes, and
+/// the relay's `events_url`.
 pub fn task_schema(result: &Value) -> Value {
-    let mut named = Vec::new();
-    <Task as utoipa::ToSchema>::schemas(&mut named);
-    let named: HashMap<String, Value> =
-        named.into_iter().map(|(name, schema)| (format!("#/components/schemas/{name}"), to_json(&schema))).collect();
-    let mut schema = to_json(&<Task as utoipa::PartialSchema>::schema());
-    inline_refs(&mut schema, &named);
+    let mut schema = standalone::<Task>();
     if !result.as_object().is_some_and(|o| o.is_empty()) {
         schema["properties"]["result"] = json!({ "anyOf": [result, { "type": "null" }] });
     }
     schema["properties"]["events_url"] =
         json!({ "type": "string", "description": "The relay's SSE stream of the task's events." });
     schema["required"].as_array_mut().expect("Task has required fields").push("events_url".into());
+    schema
+}
+
+/// Whether a tool may answer x402's `PaymentRequired`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priced {
+    Yes,
+    No,
+}
+
+/// A tool's `outputSchema`: what its `structuredContent` may hold. That is
+/// its result, a tool error (`{"error": {"code", "message", …}}`, see
+/// [`ToolFailure::into_result`]), and, for a priced tool, x402's
+/// `PaymentRequired`, each a branch of `anyOf` with a title saying which.
+///
+/// Why the errors are in it: MCP clients check `structuredContent` against
+/// `outputSchema`, and the official TypeScript SDK's `Client.callTool`
+/// (`@modelcontextprotocol/sdk` 1.32) checks it on `isError` results too. A
+/// schema of the result alone made that client throw `-32602 Structured
+/// content does not match the tool's output schema` at every tool error and
+/// at every payment request, so an agent built on it could neither read
+/// what went wrong nor pay. Declaring no `outputSchema` would pass as well,
+/// but it takes the typed result away from every client that checks it and
+/// every model that reads it; with `anyOf`, a result still has to match its
+/// own branch, so nothing is lost. The root stays `"type": "object"`, as
+/// MCP requires of an output schema.
+pub fn output_schema(result: Value, priced: Priced) -> Value {
+    let mut result = result;
+    result["title"] = json!("Result");
+    let mut branches = vec![result, tool_error_schema()];
+    if priced == Priced::Yes {
+        let mut challenge = standalone::<PaymentRequired>();
+        challenge["title"] = json!("Payment required (x402)");
+        challenge["description"] = json!(
+            "An unpaid call, or a refused payment: sign one of `accepts` with x402 and call the tool again with the \
+             PaymentPayload in _meta[\"x402/payment\"]. `error` says which."
+        );
+        branches.push(challenge);
+    }
+    json!({ "type": "object", "anyOf": branches })
+}
+
+/// A tool error, as [`ToolFailure::into_result`] answers it.
+fn tool_error_schema() -> Value {
+    json!({
+        "title": "Tool error",
+        "type": "object",
+        "properties": {
+            "error": {
+                "type": "object",
+                "properties": {
+                    "code": { "type": "string", "description": "Stable: what went wrong, in snake_case." },
+                    "message": { "type": "string", "description": "What went wrong and what to do, in words." }
+                },
+                "required": ["code", "message"]
+            }
+        },
+        "required": ["error"]
+    })
+}
+
+/// `T`'s own schema (the one the OpenAPI document has, so the two cannot
+/// drift) with its references inlined: an output schema stands alone, an MCP
+/// client has no components to resolve.
+fn standalone<T: utoipa::ToSchema>() -> Value {
+    let mut named = Vec::new();
+    T::schemas(&mut named);
+    let named: HashMap<String, Value> =
+        named.into_iter().map(|(name, schema)| (format!("#/components/schemas/{name}"), to_json(&schema))).collect();
+    let mut schema = to_json(&T::schema());
+    inline_refs(&mut schema, &named);
     schema
 }
 
@@ -220,7 +286,7 @@ fn inline_refs(schema: &mut Value, named: &HashMap<String, Value>) {
         Value::Object(map) => {
             if let Some(Value::String(target)) = map.get("$ref") {
                 let mut found =
-                    named.get(target).unwrap_or_else(|| panic!("{target} is not among Task's schemas")).clone();
+                    named.get(target).unwrap_or_else(|| panic!("{target} is not among the schema's own")).clone();
                 inline_refs(&mut found, named);
                 *schema = found;
             } else {
@@ -283,7 +349,7 @@ impl Tools {
             };
             list.push(
                 Tool::new(tool.name(), tool.description(catalog), object(schema))
-                    .with_raw_output_schema(object(tool.output_schema()))
+                    .with_raw_output_schema(object(output_schema(tool.output_schema(), Priced::No)))
                     .with_annotations(annotations),
             );
         }
@@ -294,10 +360,12 @@ impl Tools {
             let spec = &catalog.tasks[&task.kind];
             let mut meta = MetaObject::new();
             meta.insert(PRICE_META.into(), json!({ "free": task.free, "prices": task.prices }));
+            let priced = if task.free { Priced::No } else { Priced::Yes };
+            let output = output_schema(task_schema(&executor_output(&spec.executor)), priced);
             list.push(
                 Tool::new(name.clone(), kind_description(&task), object(kind_input_schema(&task.input_schema)))
                     .with_title(task.title.clone())
-                    .with_raw_output_schema(object(task_schema(&executor_output(&spec.executor))))
+                    .with_raw_output_schema(object(output))
                     .with_meta(meta),
             );
             kinds.insert(name, task.kind);
@@ -439,5 +507,55 @@ mod tests {
         assert_eq!(schema["properties"]["id"]["type"], "string");
         let typed = task_schema(&json!({ "type": "object" }));
         assert_eq!(typed["properties"]["result"]["anyOf"][1], json!({ "type": "null" }));
+    }
+
+    /// Every answer a tool gives passes its outputSchema, as a client that
+    /// checks `structuredContent` on errors too (the TypeScript SDK) sees it;
+    /// and the schema still refuses what the tool never answers.
+    #[test]
+    fn a_tools_results_errors_and_payment_requests_all_pass_its_output_schema() {
+        let now = time::OffsetDateTime::now_utc();
+        let task = Task {
+            id: crate::domain::ids::Id::new(),
+            kind: "digest".into(),
+            status: crate::domain::tasks::TaskStatus::Completed,
+            progress: 1.0,
+            result: Some(json!({ "sha256": "0".repeat(64), "size": 3 })),
+            error: None,
+            attempts: 1,
+            cancel_requested_at: None,
+            created_at: now,
+            updated_at: now,
+        };
+        // A task as the tools answer it (task.rs's view), written out: the
+        // tool list does not import the tools.
+        let mut view = serde_json::to_value(&task).unwrap();
+        view["events_url"] = json!(format!("/v1/tasks/{}/events", task.id));
+        let refused = ToolFailure::new("task_not_found", "no such task in this Space").into_result();
+        let refused = refused.structured_content.unwrap();
+        let challenge = json!({
+            "x402Version": 2,
+            "error": "payment_replayed",
+            "resource": { "url": "mcp://tool/digest", "description": "d", "mimeType": "application/json" },
+            "accepts": [{ "scheme": "exact", "network": "eip155:84532", "amount": "10000",
+                "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e", "payTo": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
+                "maxTimeoutSeconds": 300, "extra": { "name": "USDC", "version": "2" } }],
+            "extensions": { "bazaar": {} }
+        });
+        let digest = executor_output(&Executor::Digest);
+        let priced = jsonschema::validator_for(&output_schema(task_schema(&digest), Priced::Yes)).unwrap();
+        let free = jsonschema::validator_for(&output_schema(task_schema(&digest), Priced::No)).unwrap();
+        for (what, answer) in [("the task", &view), ("a tool error", &refused), ("a payment request", &challenge)] {
+            assert!(priced.is_valid(answer), "{what} fails a priced tool's schema: {answer}");
+        }
+        assert!(free.is_valid(&view) && free.is_valid(&refused));
+        assert!(!free.is_valid(&challenge), "a free tool never asks for payment");
+        let mut wrong = view.clone();
+        wrong["result"]["sha256"] = json!("not hex");
+        assert!(!priced.is_valid(&wrong), "a result still matches its own branch");
+        assert!(!priced.is_valid(&json!({})));
+        let schema = output_schema(task_schema(&digest), Priced::Yes);
+        assert_eq!(schema["type"], "object", "MCP asks for an object schema at the root");
+        assert!(!schema.to_string().contains("$ref"), "{schema}");
     }
 }
