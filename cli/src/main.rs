@@ -302,11 +302,13 @@ async fn serve(
     let routes = routes
         .layer(axum::middleware::from_fn_with_state(Arc::new(LoginLimits::default()), login_limit))
         .layer(axum::middleware::from_fn(reeve_shared::http::envelope));
-    // `POST /mcp` outside the envelope: its errors are JSON-RPC's, not the API's.
-    let routes = routes.merge(reeve_shared::mcp::router(mcp));
+    let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
+    // `POST /mcp` outside the envelope: its errors are JSON-RPC's, not the
+    // API's. It knows where it listens, so on loopback a page of its own
+    // origin may call it.
+    let routes = routes.merge(reeve_shared::mcp::router_at(mcp, listener.local_addr()?));
     let routes = reeve_shared::http::with_cors(routes, &cors);
     let routes = reeve_shared::metrics::mount(routes, metrics_bind).await?;
-    let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(%bind, worker = poller.is_some(), "reeve serving");
 
     let (done, worker_done) = tokio::sync::watch::channel(poller.is_none());

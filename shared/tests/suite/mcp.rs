@@ -6,7 +6,6 @@
 
 use crate::common;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -103,8 +102,11 @@ impl Endpoint {
         };
         let secrets = (settings.pepper.clone(), settings.token_key.clone());
         let ctx = McpContext::new(Arc::new(catalog.clone()), stores, secrets, Argon2Limit::new(2), mcp_settings);
-        let router = mcp::router(ctx);
-        let addr = serve(router.clone()).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = mcp::router_at(ctx, addr);
+        let served = router.clone();
+        tokio::spawn(async move { axum::serve(listener, served).await.unwrap() });
 
         let worker = common::worker_context(catalog, pool, aws.s3.clone(), common::worker_settings(&redis_url));
         let mut poller = Poller::connect(Arc::new(worker), aws.sqs.clone(), queue.url.clone()).await.unwrap();
@@ -163,13 +165,6 @@ impl Endpoint {
     }
 }
 
-async fn serve(router: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    addr
-}
-
 /// A tool result's structured content, asserting the call succeeded.
 fn ok<'a>(answer: &'a Value, what: &str) -> &'a Value {
     let result = answer.get("result").unwrap_or_else(|| panic!("{what}: no result: {answer}"));
@@ -214,10 +209,16 @@ async fn an_agent_creates_a_space_uploads_and_gets_a_digest_with_the_mcp_sdk(poo
         assert_eq!(schema["required"], json!(["upload_id"]), "{kind}: the kind's input_schema");
         assert_eq!(schema["properties"]["upload_id"], json!({"type": "string"}));
         assert_eq!(schema["properties"]["wait_seconds"]["maximum"], mcp::MAX_WAIT_SECONDS);
-        assert_eq!(
-            tool(kind)["outputSchema"]["properties"]["result"]["anyOf"][0]["required"],
-            json!(["sha256", "size"])
-        );
+        // Its result, or a tool error; a priced tool may also ask for payment.
+        let branches = tool(kind)["outputSchema"]["anyOf"].as_array().unwrap();
+        assert_eq!(branches[0]["properties"]["result"]["anyOf"][0]["required"], json!(["sha256", "size"]));
+        let titles: Vec<&str> = branches.iter().map(|b| b["title"].as_str().unwrap()).collect();
+        let expected = if kind == PAID {
+            vec!["Result", "Tool error", "Payment required (x402)"]
+        } else {
+            vec!["Result", "Tool error"]
+        };
+        assert_eq!(titles, expected, "{kind}");
     }
     assert_eq!(tool("digest")["_meta"]["reeve/price"], json!({"free": true, "prices": []}));
     let price = &tool(PAID)["_meta"]["reeve/price"];
@@ -353,22 +354,47 @@ async fn a_wallet_alone_pays_for_a_priced_tool_with_the_x402_mcp_client(pool: Pg
 /// Refusals before any tool runs, each a JSON-RPC error with a stable code:
 /// a `Host` or `Origin` outside the allow-lists (what no MCP client sends,
 /// but a browser page or a DNS rebinding attack would), and a body over the
-/// limit, refused on its `Content-Length` without being read.
+/// limit, refused on its `Content-Length` without being read. On loopback
+/// the server's own names with its own port pass, as Host and as Origin.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn foreign_hosts_origins_and_oversized_bodies_are_refused_unread(pool: PgPool) {
     let endpoint = Endpoint::start(&pool).await;
+    let port = endpoint.url.trim_start_matches("http://127.0.0.1:").split('/').next().unwrap().to_owned();
+    let other = (port.parse::<u16>().unwrap() % 60000 + 1).to_string();
     let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let at = |name: &str, port: &str| format!("{name}:{port}");
+    let origin = |name: &str, port: &str| Some(format!("http://{name}:{port}"));
     for (host, origin, status, code) in [
-        ("127.0.0.1", None, StatusCode::OK, None),
-        ("reeve.evil.example", None, StatusCode::FORBIDDEN, Some("host_not_allowed")),
-        ("127.0.0.1", Some("https://evil.example"), StatusCode::FORBIDDEN, Some("origin_not_allowed")),
+        ("127.0.0.1".to_owned(), None, StatusCode::OK, None),
+        // What the conformance suite's dns-rebinding check sends, and a
+        // browser on a page this server served.
+        (at("localhost", &port), origin("localhost", &port), StatusCode::OK, None),
+        (at("127.0.0.1", &port), origin("127.0.0.1", &port), StatusCode::OK, None),
+        (at("[::1]", &port), origin("[::1]", &port), StatusCode::OK, None),
+        (at("localhost", &port), origin("127.0.0.1", &port), StatusCode::OK, None),
+        // A rebound name, and a page of another local server.
+        ("reeve.evil.example".to_owned(), None, StatusCode::FORBIDDEN, Some("host_not_allowed")),
+        (at("evil.example", &port), origin("evil.example", &port), StatusCode::FORBIDDEN, Some("host_not_allowed")),
+        (at("localhost", &port), origin("localhost", &other), StatusCode::FORBIDDEN, Some("origin_not_allowed")),
+        (
+            at("localhost", &port),
+            Some("https://localhost".to_owned()),
+            StatusCode::FORBIDDEN,
+            Some("origin_not_allowed"),
+        ),
+        (
+            "127.0.0.1".to_owned(),
+            Some("https://evil.example".to_owned()),
+            StatusCode::FORBIDDEN,
+            Some("origin_not_allowed"),
+        ),
     ] {
         let mut request = Request::post(mcp::PATH)
-            .header("host", host)
+            .header("host", &host)
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream");
-        if let Some(origin) = origin {
+        if let Some(origin) = &origin {
             request = request.header("origin", origin);
         }
         let response =

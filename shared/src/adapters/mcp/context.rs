@@ -1,6 +1,7 @@
 //! [`McpContext`]: what the tools need, built once per process — by the
 //! `mcp` Lambda's `main`, by `reeve serve`, and by the tests.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use sqlx::PgPool;
@@ -37,6 +38,25 @@ impl McpSettings {
     /// The loopback names rmcp defaults to: what a local `reeve serve` is
     /// reached by when nothing else is configured.
     pub const LOOPBACK: [&'static str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+    /// The origins allowed on a server that listens at `listening` itself:
+    /// the configured ones and, on a loopback address where the Host list
+    /// is the loopback default, the page of that very server under each of
+    /// its names: `http://localhost:PORT`, `http://127.0.0.1:PORT` and
+    /// `http://[::1]:PORT`. A browser sends those only for a page the
+    /// server itself served (the relay's console, say); a DNS-rebinding
+    /// page carries its own name, and another local site its own port, so
+    /// both are still refused. Where the Host list is configured (behind
+    /// API Gateway), nothing is added.
+    pub fn allowed_origins_at(&self, listening: Option<SocketAddr>) -> Vec<String> {
+        let mut origins = self.allowed_origins.clone();
+        let loopback_hosts = self.allowed_hosts.iter().map(String::as_str).eq(Self::LOOPBACK);
+        if let Some(addr) = listening.filter(|addr| addr.ip().is_loopback() && loopback_hosts) {
+            let port = addr.port();
+            origins.extend(["localhost", "127.0.0.1", "[::1]"].map(|name| format!("http://{name}:{port}")));
+        }
+        origins
+    }
 }
 
 /// The stores the tools use, and where in them.
@@ -107,5 +127,41 @@ impl McpContext {
             settings,
             tools,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(hosts: &[&str], origins: &[&str]) -> McpSettings {
+        McpSettings {
+            allowed_hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            allowed_origins: origins.iter().map(|o| o.to_string()).collect(),
+            progress: false,
+        }
+    }
+
+    /// The server's own origin is added only on loopback, with its own port,
+    /// and only where the Host list is the loopback default: a deployment's
+    /// configured lists are what it gets.
+    #[test]
+    fn only_a_loopback_server_lets_in_its_own_origin() {
+        let local = settings(&McpSettings::LOOPBACK, &["https://app.example"]);
+        let at = |addr: &str| Some(addr.parse::<SocketAddr>().unwrap());
+        assert_eq!(
+            local.allowed_origins_at(at("127.0.0.1:8080")),
+            ["https://app.example", "http://localhost:8080", "http://127.0.0.1:8080", "http://[::1]:8080"]
+        );
+        assert_eq!(local.allowed_origins_at(at("[::1]:9")).len(), 4);
+        for (settings, listening) in [
+            (&local, None),
+            (&local, at("0.0.0.0:8080")),
+            (&local, at("192.0.2.7:8080")),
+            (&settings(&["api.example.com"], &["https://app.example"]), at("127.0.0.1:8080")),
+            (&settings(&[], &["https://app.example"]), at("127.0.0.1:8080")),
+        ] {
+            assert_eq!(settings.allowed_origins_at(listening), ["https://app.example"], "{settings:?} {listening:?}");
+        }
     }
 }

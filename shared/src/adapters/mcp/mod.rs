@@ -40,6 +40,7 @@ mod tools;
 mod upload;
 mod wait;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -70,17 +71,31 @@ pub const MAX_INLINE_BYTES: usize = 1024 * 1024;
 /// the JSON-RPC envelope. Anything larger is no tool call Reeve serves.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
-/// `POST /mcp` on its own router: the `mcp` Lambda runs it, `reeve serve`
-/// merges it with the API's routes.
+/// `POST /mcp` on its own router, as the `mcp` Lambda runs it: behind API
+/// Gateway (or `cargo lambda watch`) it cannot know the address it is
+/// reached at, so only the configured origins are let in.
 pub fn router(ctx: Arc<McpContext>) -> Router {
+    routed(ctx, None)
+}
+
+/// `POST /mcp` for a process that listens at `listening` itself (`reeve
+/// serve` merges it with the API's routes): on loopback, its own origin is
+/// let in too ([`McpSettings::allowed_origins_at`]).
+pub fn router_at(ctx: Arc<McpContext>, listening: SocketAddr) -> Router {
+    routed(ctx, Some(listening))
+}
+
+fn routed(ctx: Arc<McpContext>, listening: Option<SocketAddr>) -> Router {
     let config = StreamableHttpServerConfig::default()
         // No sessions: every request stands alone, whichever instance gets it.
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .with_sse_keep_alive(None)
         .with_max_request_body_bytes(MAX_BODY_BYTES)
+        // DNS rebinding: a Host outside the list is refused, and so is a
+        // browser Origin outside the list.
         .with_allowed_hosts(ctx.settings.allowed_hosts.clone())
-        .with_allowed_origins(ctx.settings.allowed_origins.clone())
+        .with_allowed_origins(ctx.settings.allowed_origins_at(listening))
         // An empty list refuses every browser Origin rather than allowing all.
         .enforce_origin_validation();
     let service = StreamableHttpService::new(
