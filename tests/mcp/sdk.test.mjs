@@ -7,10 +7,11 @@
 //   REEVE_MCP_PAYER_KEY  the payer's key (funded; nobody else pays from it)
 //   REEVE_CHAIN_RPC_URL  the local chain
 //
-// Every answer goes through `Client.callTool` after `listTools`, so the SDK
-// checks each `structuredContent` against the tool's outputSchema, errors
-// and payment requests included: the check that made this client throw at
-// Reeve's payment answer before.
+// The resend (an agent whose answer was lost) gets what it bought, not a
+// second charge. Every answer goes through `Client.callTool` after
+// `listTools`, so the SDK checks each `structuredContent` against the tool's
+// outputSchema, errors and payment requests included: the check that made
+// this client throw at Reeve's payment answer before.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -161,4 +162,16 @@ test("paid with the TypeScript x402 client: the task, its receipt, and exactly t
   const payTo = challenge.accepts.find((a) => a.network === NETWORK).payTo;
   assert.deepEqual(await transfers(receipt.transaction), [[word(PAYER.address), word(payTo), PRICE]],
     "the receipt's transaction moved the price from the payer to payTo, and nothing else");
+});
+
+test("the same payment sent again: the task it bought and its receipt, and no second transfer", async () => {
+  const before = await balance(PAYER.address);
+  const again = await agent.callTool({ name: PAID, arguments: { upload_id: upload.upload_id, wait_seconds: 20 },
+    _meta: { "x402/payment": payment } }, undefined, TIMEOUT);
+  assert.notEqual(again.isError, true, JSON.stringify(again));
+  assert.equal(again.structuredContent.id, paid.structuredContent.id, "the same task");
+  assert.deepEqual(again._meta["x402/payment-response"], paid._meta["x402/payment-response"], "the stored receipt");
+  assert.equal(await balance(PAYER.address), before, "nothing moved");
+  const listed = await agent.callTool({ name: "list_tasks", arguments: { kind: PAID } });
+  assert.deepEqual(listed.structuredContent.tasks.map((t) => t.id), [paid.structuredContent.id], "one paid task");
 });
