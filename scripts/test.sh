@@ -3,7 +3,8 @@
 # fmt and clippy, run), load .env, build and run the workspace tests, the
 # README's cargo lambda watch loop (scripts/watch-check.sh), the
 # API fuzz run (scripts/api-fuzz.sh), the browser console test
-# (scripts/console-test.sh), and the SAM checks (scripts/sam-check.sh:
+# (scripts/console-test.sh), the official MCP clients and the MCP
+# conformance suite (scripts/mcp-clients.sh), and the SAM checks (scripts/sam-check.sh:
 # validate, the translated-template lint and `sam build` with the quick
 # profile, in the background while the tests run; then cargo lambda deploy
 # to moto and local invoke).
@@ -59,11 +60,13 @@ timed cargo-test cargo test --workspace --locked "$@" || { r=$?; ((rc)) || rc=$r
 # The README's `cargo lambda watch` loop, on the functions the build above
 # made; then phases that drive a real `reeve serve` from outside, each on a
 # database and a queue of its own: schemathesis against the OpenAPI
-# document, and the browser console in headless Chromium.
+# document, the browser console in headless Chromium, and the official MCP
+# clients (the TypeScript SDK paying with x402) and conformance suite.
 if (($# == 0)); then
   timed watch bash scripts/watch-check.sh || { r=$?; ((rc)) || rc=$r; }
   timed api-fuzz bash scripts/api-fuzz.sh || { r=$?; ((rc)) || rc=$r; }
   timed console bash scripts/console-test.sh || { r=$?; ((rc)) || rc=$r; }
+  timed mcp-clients bash scripts/mcp-clients.sh || { r=$?; ((rc)) || rc=$r; }
 fi
 if ((sam_check)); then
   sam_rc=0
