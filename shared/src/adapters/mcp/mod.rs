@@ -23,12 +23,20 @@
 //! rmcp switches that one reply to an event stream.
 //!
 //! **What rmcp cannot say (yet).** x402's extension binding answers an unpaid
-//! call with `{resultType: "payment_required", paymentRequired}`. rmcp 3.11's
-//! `call_tool` can only return a complete result, an input-required result or
-//! a task handle, and its HTTP service only serves a `ServerHandler`, so the
-//! endpoint does not advertise `org.x402/payment` and always uses the
-//! tool-result binding (`isError: true` with the `PaymentRequired`), which
-//! the spec requires in that case.
+//! call of a client that advertises `org.x402/payment` with `{resultType:
+//! "payment_required", paymentRequired}`. rmcp 3.11 (the newest release)
+//! cannot send it. Its `ServerResult::CustomResult` is reached only from
+//! `on_custom_request`, for methods rmcp does not know; `tools/call` goes to
+//! `call_tool`, whose `CallToolResponse` is a complete result, an
+//! input-required result or a task handle, each with fixed fields, none of
+//! which is `paymentRequired` (`CallToolResult`'s open `resultType` could
+//! name the type but not carry the object). And its HTTP service serves only
+//! a `ServerHandler`, so a `Service` answering `tools/call` itself cannot be
+//! plugged in; rewriting rmcp's JSON on its way out would be a JSON-RPC layer
+//! of our own. So the endpoint does not advertise `org.x402/payment`, and
+//! every client gets the tool-result binding (`isError: true` with the
+//! `PaymentRequired`), which the spec requires of a server that does not
+//! support the extension.
 
 mod context;
 mod failure;

@@ -30,6 +30,7 @@ use super::tools::{Fixed, Named};
 use super::wait::Progress;
 use super::{payment, rfc3339, space, task, upload};
 use crate::domain::auth::{self, SpaceIndex};
+use crate::domain::payments::{self, PaymentResponse};
 use crate::domain::tasks::{self, Task, TaskStatus};
 
 /// How often a client holding a task handle should poll `tasks/get`.
@@ -167,11 +168,16 @@ fn mcp_task(task: &Task) -> McpTask {
     handle
 }
 
-fn detailed(task: Task) -> DetailedTask {
+/// Reeve's task as `tasks/get` answers it: once it has ended, its final
+/// result is the tool result the call would have answered had it waited,
+/// with the receipt of the payment that bought it (`None`: free, or paid
+/// with a credit) in `_meta["x402/payment-response"]`, as on the handle.
+fn detailed(task: Task, receipt: Option<PaymentResponse>) -> DetailedTask {
     let handle = mcp_task(&task);
     let payload = match handle.status {
         McpStatus::Completed => {
-            let result = serde_json::to_value(task_result(task)).expect("results serialise");
+            let meta = receipt.map(|receipt| meta_object(payment::response_meta(&receipt)));
+            let result = serde_json::to_value(task_result(task).with_meta(meta)).expect("results serialise");
             TaskPayload::Completed { result: as_object(result) }
         }
         McpStatus::Cancelled => TaskPayload::Cancelled,
@@ -267,7 +273,15 @@ impl ServerHandler for ReeveMcp {
             .await
             .map_err(|e| task_method_error(ToolFailure::database(e)))?
             .ok_or_else(not_found)?;
-        Ok(GetTaskResult::new(detailed(task)))
+        // Read from the same store as the task, so a final result never
+        // misses the receipt its call was answered with.
+        let receipt = match mcp_task(&task).status {
+            McpStatus::Completed => payments::receipt(&self.ctx.db, task.id)
+                .await
+                .map_err(|e| task_method_error(ToolFailure::database(e)))?,
+            _ => None,
+        };
+        Ok(GetTaskResult::new(detailed(task, receipt)))
     }
 
     async fn cancel_task(
