@@ -18,25 +18,30 @@ use common::repo;
 /// across every test process on the machine.
 #[allow(dead_code)]
 #[path = "../../../shared/tests/common/chain.rs"]
-mod chain;
+pub(crate) mod chain;
 
 /// A `reeve serve` of the test's own, with its database, queue and
 /// credentials directory; killed and cleaned up on drop.
-struct Serve {
+pub(crate) struct Serve {
     child: Option<Child>,
-    endpoint: String,
-    home: PathBuf,
+    pub(crate) endpoint: String,
+    pub(crate) home: PathBuf,
     db: Option<common::FreshDb>,
     queue_url: String,
 }
 
 impl Serve {
-    async fn start(args: &[&str]) -> Serve {
+    pub(crate) async fn start(args: &[&str]) -> Serve {
         Self::start_with(args, &[]).await
     }
 
     /// [`Serve::start`] with extra environment variables for the server.
     async fn start_with(args: &[&str], vars: &[(&str, &str)]) -> Serve {
+        Self::start_on(&repo("reeve.dev.toml"), args, vars).await
+    }
+
+    /// [`Serve::start_with`] on the catalog at `catalog`.
+    pub(crate) async fn start_on(catalog: &Path, args: &[&str], vars: &[(&str, &str)]) -> Serve {
         let db = common::FreshDb::migrated("reeve_client").await;
         let (name, database_url) = (db.name.clone(), db.url.clone());
         let sqs = sqs().await;
@@ -51,7 +56,7 @@ impl Serve {
         let child = Command::new(env!("CARGO_BIN_EXE_reeve"))
             .current_dir(&home)
             .args(["serve", "--bind", &format!("127.0.0.1:{port}"), "--catalog"])
-            .arg(repo("reeve.dev.toml"))
+            .arg(catalog)
             .args(args)
             .env("DATABASE_URL", &database_url)
             .env("REEVE_QUEUE_URL", &queue_url)
@@ -70,7 +75,7 @@ impl Serve {
         serve
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.home.join("serve.log")).unwrap_or_default()
     }
 
@@ -117,7 +122,7 @@ impl Serve {
         }
     }
 
-    async fn cleanup(mut self) {
+    pub(crate) async fn cleanup(mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();

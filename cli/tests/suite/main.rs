@@ -8,6 +8,7 @@ mod common;
 mod cli;
 mod client;
 mod kill;
+mod mcp;
 mod metrics;
 mod migrate;
 mod startup;
