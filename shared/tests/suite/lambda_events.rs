@@ -62,6 +62,13 @@ const EXPECTED: &[(&str, u16, Option<&str>)] = &[
     // JSON-RPC: `initialize`, then `tools/list` on its own (the endpoint is stateless).
     ("mcp-initialize", 200, None),
     ("mcp-tools-list", 200, None),
+    // MCP 2026-07-28, declaring the tasks extension: a kind's tool called as a
+    // task, then the task read and canceled. The dummy token makes the first a
+    // tool error (`invalid_token`) and the other two JSON-RPC errors; the
+    // whole flow, with live values, is mcp.rs's Lambda test.
+    ("mcp-tools-call-task", 200, None),
+    ("mcp-tasks-get", 200, None),
+    ("mcp-tasks-cancel", 200, None),
 ];
 
 fn root() -> PathBuf {
@@ -124,17 +131,22 @@ fn every_http_function_has_an_event_and_every_event_a_function() {
 }
 
 /// The answer as API Gateway would get it from lambda_http.
-struct Answer {
-    status: StatusCode,
-    content_type: String,
-    body: Value,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) content_type: String,
+    pub(crate) body: Value,
 }
 
 async fn invoke(function: &str, event: &str, ctx: Ctx) -> Answer {
+    let app = app_of(function, ctx).unwrap_or_else(|| panic!("app_of has no arm for {function}"));
+    through_lambda(app, event).await
+}
+
+/// `event` (an API Gateway HTTP API payload) answered by `app` as in Lambda.
+pub(crate) async fn through_lambda(app: Router, event: &str) -> Answer {
     let request = lambda_http::request::from_str(event).expect("a valid API Gateway event");
     // `lambda_http::run` hands the router exactly this request type.
     let request = request.map(axum::body::Body::new);
-    let app = app_of(function, ctx).unwrap_or_else(|| panic!("app_of has no arm for {function}"));
     let response = app.oneshot(request).await.expect("routers are infallible");
     let response = response.into_response().await;
     let status = response.status();

@@ -71,6 +71,8 @@ fn catalog(pay_to: &str) -> Catalog {
 struct Endpoint {
     url: String,
     router: Router,
+    /// The same endpoint as the `mcp` Lambda runs it, for `events/` samples.
+    lambda: Router,
     pay_to: String,
     pool: PgPool,
     queue: TestQueue,
@@ -101,7 +103,25 @@ impl Endpoint {
             progress: false,
         };
         let secrets = (settings.pepper.clone(), settings.token_key.clone());
-        let ctx = McpContext::new(Arc::new(catalog.clone()), stores, secrets, Argon2Limit::new(2), mcp_settings);
+        let argon2 = Argon2Limit::new(2);
+        // The Lambda's router on the same stores: any Host, as the template's
+        // default McpAllowedHosts (`*`) says.
+        let deployed = McpSettings { allowed_hosts: vec![], ..mcp_settings.clone() };
+        let lambda = mcp::router(McpContext::new(
+            Arc::new(catalog.clone()),
+            McpStores {
+                db: stores.db.clone(),
+                redis: stores.redis.clone(),
+                aws: stores.aws.clone(),
+                bucket: stores.bucket.clone(),
+                queue_url: stores.queue_url.clone(),
+                chains: reeve_shared::payments::Chains::none(),
+            },
+            secrets.clone(),
+            argon2.clone(),
+            deployed,
+        ));
+        let ctx = McpContext::new(Arc::new(catalog.clone()), stores, secrets, argon2, mcp_settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let router = mcp::router_at(ctx, addr);
@@ -122,6 +142,7 @@ impl Endpoint {
         Endpoint {
             url: format!("http://{addr}{}", mcp::PATH),
             router,
+            lambda,
             pay_to,
             pool: pool.clone(),
             queue,
@@ -572,4 +593,104 @@ async fn the_mcp_function_starts_from_its_configuration() {
     let broken = vars(&[("REEVE_PEPPER", ""), ("REEVE_BUCKET", "")]);
     let problems = reeve_shared::startup::mcp(&broken, &sdk).await.err().expect("start-up fails").problems().join("\n");
     assert!(problems.contains("REEVE_PEPPER is not set") && problems.contains("REEVE_BUCKET is not set"), "{problems}");
+}
+
+/// An `events/` sample, as API Gateway would deliver it, carrying this
+/// test's values: its session token in place of the dummy one (or none),
+/// and `edit` applied to its JSON-RPC `params`.
+fn sample_event(stem: &str, token: Option<&str>, edit: impl FnOnce(&mut Value)) -> String {
+    let text = std::fs::read_to_string(root().join(format!("events/{stem}.json"))).unwrap();
+    let mut event: Value = serde_json::from_str(&text).unwrap();
+    let mut body: Value = serde_json::from_str(event["body"].as_str().unwrap()).unwrap();
+    edit(&mut body["params"]);
+    // MCP 2026-07-28's routing header names the tool, or the task.
+    let name = body["params"]["name"].as_str().or_else(|| body["params"]["taskId"].as_str()).unwrap().to_owned();
+    let body = body.to_string();
+    let headers = event["headers"].as_object_mut().unwrap();
+    headers.insert("mcp-name".into(), json!(name));
+    headers.insert("content-length".into(), json!(body.len().to_string()));
+    match token {
+        Some(token) => headers.insert("authorization".into(), json!(format!("Bearer {token}"))),
+        None => headers.remove("authorization"),
+    };
+    event["body"] = json!(body);
+    event.to_string()
+}
+
+/// The tasks extension through the `mcp` Lambda's handler (lambda_http's
+/// parsing of an API Gateway event, the router, the answer API Gateway
+/// gets), from the samples in `events/`: a digest called as a task answers
+/// a handle, `tasks/get` follows it to its result, and `tasks/cancel` stops
+/// a queued one. Each request is an invocation of its own: nothing is kept
+/// between them but the task's row.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_tasks_extension_through_the_lambda_handler_with_the_sample_events(pool: PgPool) {
+    use crate::lambda_events::through_lambda;
+    let mut endpoint = Endpoint::start(&pool).await;
+    let lambda = || endpoint.lambda.clone();
+    // The call sample names another tool: how this test gets a Space and an upload.
+    let tool = |token: Option<&str>, name: &str, arguments: Value| {
+        sample_event("mcp-tools-call-task", token, |params| {
+            params["name"] = json!(name);
+            params["arguments"] = arguments;
+        })
+    };
+    let space = through_lambda(lambda(), &tool(None, "create_space", json!({}))).await;
+    let token = space.body["result"]["structuredContent"]["token"].as_str().unwrap().to_owned();
+    let inline = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, TEXT);
+    let upload = through_lambda(
+        lambda(),
+        &tool(
+            Some(&token),
+            "create_upload",
+            json!({"filename": "a.txt", "content_type": "text/plain", "content_base64": inline}),
+        ),
+    )
+    .await;
+    let upload_id = upload.body["result"]["structuredContent"]["upload_id"].as_str().unwrap().to_owned();
+    let with_upload = |params: &mut Value| params["arguments"]["upload_id"] = json!(upload_id);
+
+    let created = through_lambda(lambda(), &sample_event("mcp-tools-call-task", Some(&token), with_upload)).await;
+    assert_eq!(created.status, StatusCode::OK, "{}", created.body);
+    assert!(created.content_type.starts_with("application/json"), "{}", created.content_type);
+    let handle = &created.body["result"];
+    assert_eq!((handle["resultType"].as_str(), handle["status"].as_str()), (Some("task"), Some("working")), "{handle}");
+    let id = handle["taskId"].as_str().unwrap().to_owned();
+    assert!(id.parse::<reeve_shared::ids::Id>().is_ok(), "{id}");
+
+    let get = |id: String| sample_event("mcp-tasks-get", Some(&token), move |params| params["taskId"] = json!(id));
+    let mut done = Value::Null;
+    for _ in 0..150 {
+        done = through_lambda(lambda(), &get(id.clone())).await.body["result"].clone();
+        if done["status"] != "working" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["taskId"], id.as_str());
+    assert_eq!(done["result"]["structuredContent"]["result"]["sha256"], sha256(TEXT), "{done}");
+
+    // With the worker stopped a task stays queued: canceled, it ends
+    // cancelled, and canceling it again is acknowledged all the same.
+    endpoint.stop_worker().await;
+    let lambda = || endpoint.lambda.clone();
+    let queued = through_lambda(lambda(), &sample_event("mcp-tools-call-task", Some(&token), with_upload)).await;
+    let queued = queued.body["result"]["taskId"].as_str().unwrap().to_owned();
+    let cancel =
+        |id: String| sample_event("mcp-tasks-cancel", Some(&token), move |params| params["taskId"] = json!(id));
+    for round in ["queued", "already cancelled"] {
+        let ack = through_lambda(lambda(), &cancel(queued.clone())).await;
+        assert_eq!(ack.status, StatusCode::OK, "{round}: {}", ack.body);
+        assert!(ack.body.get("error").is_none() && ack.body["result"].is_object(), "{round}: {}", ack.body);
+        let ended = through_lambda(lambda(), &get(queued.clone())).await;
+        assert_eq!(ended.body["result"]["status"], "cancelled", "{round}: {}", ended.body);
+    }
+    let (status,): (String,) = sqlx::query_as("SELECT status FROM tasks WHERE id = $1")
+        .bind(queued.parse::<reeve_shared::ids::Id>().unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "canceled");
+    endpoint.done().await;
 }
