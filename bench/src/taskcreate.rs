@@ -21,7 +21,7 @@ use reeve_shared::catalog::Catalog;
 use reeve_shared::http::{ApiContext, Ctx};
 use reeve_shared::redis_client::RedisClient;
 use reeve_shared::settings::ApiSettings;
-use reeve_shared::tasks::{self, Created, NewTask};
+use reeve_shared::tasks::{self, Created, TaskRequest};
 use serde_json::json;
 use time::OffsetDateTime;
 use tower::ServiceExt;
@@ -205,7 +205,7 @@ async fn one_round(
                             }
                         }
                         Side::Bare => {
-                            let new = NewTask { space: &space, kind: KIND, input: &input, idempotency_key: None };
+                            let new = TaskRequest { space: &space, kind: KIND, input: &input, idempotency_key: None };
                             let Created::New(task) = tasks::create(&ctx.db, new).await? else {
                                 bail!("a task without an idempotency key is always new")
                             };

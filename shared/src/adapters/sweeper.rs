@@ -25,7 +25,10 @@
 //! Every sweep also runs the payments reconciler ([`crate::domain::payments::reconcile`]):
 //! a payment whose settlement's outcome was never learnt is resolved from
 //! the chain, its task created (and queued here) if the charge landed, or
-//! the attempt failed if it never can.
+//! the attempt failed if it never can. It runs last, for at most
+//! [`RECONCILE_BUDGET`] and never past a Lambda invocation's deadline less
+//! its margin: a slow chain endpoint never keeps a lost task from being
+//! sent again, nor a sweep from ending in time.
 //!
 //! The dead-letter queue's consumer ([`Sweeper::dead_lettered`]) fails each
 //! task SQS gave up on as `dead_lettered`, unless a live worker still holds
@@ -75,6 +78,10 @@ const DEADLINE_MARGIN: Duration = Duration::from_secs(5);
 /// one began, so the loop ends no sooner than this for that to come within
 /// 45 s of the death.
 const KEEP_SWEEPING: Duration = Duration::from_secs(15);
+/// The longest a sweep spends reconciling payments, after its tasks: the
+/// chain reads of a batch take a second or two on a healthy endpoint, and a
+/// stalled one must not hold the scheduled invocation's lapsed-lease sweeps.
+pub const RECONCILE_BUDGET: Duration = Duration::from_secs(20);
 
 /// Stable codes the sweeper fails a task with.
 pub mod codes {
@@ -160,10 +167,20 @@ macro_rules! stranded {
 impl Sweeper {
     /// One sweep over every task left alone for `older_than`.
     pub async fn sweep(&self, older_than: Duration) -> Result<SweepReport, SweepError> {
+        self.sweep_by(older_than, tokio::time::Instant::now() + RECONCILE_BUDGET).await
+    }
+
+    /// One sweep: tasks first (failed when exhausted, else sent again), then
+    /// payments, reconciling none after `reconcile_until`.
+    async fn sweep_by(
+        &self,
+        older_than: Duration,
+        reconcile_until: tokio::time::Instant,
+    ) -> Result<SweepReport, SweepError> {
         let mut report = SweepReport::default();
-        self.reconcile(&mut report).await?;
         self.fail_exhausted(Some(older_than), &mut report).await?;
         self.resend(Some(older_than), &mut report).await?;
+        self.reconcile(reconcile_until, &mut report).await?;
         if report != SweepReport::default() {
             tracing::info!(?report, "swept");
         }
@@ -198,7 +215,9 @@ impl Sweeper {
         deadline: tokio::time::Instant,
     ) -> Result<SweepReport, SweepError> {
         let started = tokio::time::Instant::now();
-        let mut report = self.sweep(older_than).await?;
+        let reconcile_until =
+            (started + RECONCILE_BUDGET).min(deadline.checked_sub(DEADLINE_MARGIN).unwrap_or(started));
+        let mut report = self.sweep_by(older_than, reconcile_until).await?;
         loop {
             let next = tokio::time::Instant::now() + EVERY;
             if next + DEADLINE_MARGIN > deadline {
@@ -215,12 +234,12 @@ impl Sweeper {
 
     /// Resolves the payments whose settlement's outcome is unknown, and
     /// queues the tasks that the charges found on chain paid for.
-    async fn reconcile(&self, report: &mut SweepReport) -> Result<(), SweepError> {
+    async fn reconcile(&self, until: tokio::time::Instant, report: &mut SweepReport) -> Result<(), SweepError> {
         let shelf = tasks::Shelf { catalog: &self.catalog };
-        report.payments = payments::reconcile(&self.db, &self.chains, &shelf).await?;
+        report.payments = payments::reconcile(&self.db, &self.chains, &shelf, until).await?;
         for (id, kind) in std::mem::take(&mut report.payments.created) {
-            // Not sent: the task is `queued`, and the re-send below (after
-            // its threshold) finds it.
+            // Not sent: the task is `queued`, and a later sweep's re-send
+            // (after its threshold) finds it.
             if let Err(e) = queue::enqueue(&self.sqs, &self.queue_url, id, &kind).await {
                 tracing::error!(task_id = %id, error = %e, "could not queue a task whose payment landed late");
                 report.send_errors += 1;

@@ -13,6 +13,7 @@ pub mod ids;
 pub mod payments;
 #[cfg(feature = "relay")]
 pub mod relay;
+pub mod request;
 #[cfg(feature = "api-auth")]
 pub mod spaces;
 pub mod tasks;

@@ -38,6 +38,10 @@ pub enum UploadError {
     NotUploaded(Id),
     #[error("upload {0} was rejected")]
     Rejected(Id),
+    /// Uploaded once, and its object is gone now (the bucket expires
+    /// uploads).
+    #[error("upload {0} is gone from storage")]
+    Gone(Id),
     #[error("storage: {0}")]
     Storage(String),
     #[error("database: {0}")]
@@ -463,6 +467,30 @@ pub async fn ensure_uploaded(
             let row = find(db, space, id).await?.ok_or(UploadError::NotFound(id))?;
             verdict(id, row.status)
         }
+    }
+}
+
+/// [`ensure_uploaded`], and for an upload already `uploaded`, a HEAD that its
+/// object is still there with its declared size and type (the bucket expires
+/// `incoming/` a day after upload). A priced create checks this before any
+/// payment, so nothing is charged for input that cannot run; a free one
+/// leaves it to the worker's own check.
+pub async fn ensure_stored(
+    db: &PgPool,
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    space: &SpaceIndex,
+    id: Id,
+) -> Result<(), UploadError> {
+    let row = find(db, space, id).await?.ok_or(UploadError::NotFound(id))?;
+    if row.status != UploadStatus::Uploaded {
+        return ensure_uploaded(db, s3, bucket, space, id).await;
+    }
+    match check_object(s3, bucket, &row).await? {
+        ObjectState::Matches => Ok(()),
+        ObjectState::Missing => Err(UploadError::Gone(id)),
+        // Accepted once, different now: the worker would refuse it too.
+        ObjectState::Differs { .. } => Err(UploadError::Rejected(id)),
     }
 }
 

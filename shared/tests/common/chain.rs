@@ -323,6 +323,73 @@ impl Client {
     }
 }
 
+/// The Python that signs an EIP-3009 `TransferWithAuthorization` with the
+/// payer's key and prints the token call that uses it (the `bytes signature`
+/// form): what a payer holding its key can send itself.
+const SPEND_NONCE_PY: &str = r#"
+import os, sys
+from eth_abi import encode
+from eth_account import Account
+from eth_utils import keccak
+token, to, value, valid_before, nonce = sys.argv[1:]
+key = os.environ["REEVE_WALLET_KEY"]
+payer = Account.from_key(key).address
+fields = [("from", "address"), ("to", "address"), ("value", "uint256"), ("validAfter", "uint256"),
+          ("validBefore", "uint256"), ("nonce", "bytes32")]
+typed = {
+    "types": {
+        "EIP712Domain": [{"name": "name", "type": "string"}, {"name": "version", "type": "string"},
+                         {"name": "chainId", "type": "uint256"}, {"name": "verifyingContract", "type": "address"}],
+        "TransferWithAuthorization": [{"name": n, "type": t} for n, t in fields],
+    },
+    "primaryType": "TransferWithAuthorization",
+    "domain": {"name": "USDC", "version": "2", "chainId": 84532, "verifyingContract": token},
+    "message": {"from": payer, "to": to, "value": int(value), "validAfter": 0, "validBefore": int(valid_before),
+                "nonce": bytes.fromhex(nonce[2:])},
+}
+signature = Account.sign_typed_data(key, full_message=typed).signature
+selector = keccak(text="transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,bytes)")[:4]
+args = [payer, to, int(value), 0, int(valid_before), bytes.fromhex(nonce[2:]), bytes(signature)]
+print("0x" + (selector + encode([t for _, t in fields] + ["bytes"], args)).hex())
+"#;
+
+impl Payer {
+    /// The payer spends an authorization's `nonce` itself: it signs its own
+    /// `transferWithAuthorization` with that nonce, of `value` to `to`, and
+    /// sends it from its own account (anvil lends it the gas). `urgent`
+    /// bids a priority fee far above any facilitator's, so that in a block
+    /// with both, it goes first. Answers the transaction's hash, not waiting
+    /// for it to be mined (a test may hold the chain).
+    pub async fn spend_nonce(&self, _chain: &ChainLock, nonce: &str, to: &str, value: u128, urgent: bool) -> String {
+        let valid_before = (chain_time().await + 3600).to_string();
+        let (key, args) =
+            (self.key.clone(), [TOKEN.to_owned(), to.to_owned(), value.to_string(), valid_before, nonce.to_owned()]);
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(python())
+                .arg("-c")
+                .arg(SPEND_NONCE_PY)
+                .args(args)
+                .env("REEVE_WALLET_KEY", key)
+                .output()
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(out.status.success(), "signing the payer's own transfer: {}", String::from_utf8_lossy(&out.stderr));
+        let data = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        rpc("anvil_setBalance", json!([self.address, "0xDE0B6B3A7640000"])).await;
+        rpc("anvil_impersonateAccount", json!([self.address])).await;
+        let mut transaction = json!({"from": self.address, "to": TOKEN, "data": data, "gas": "0x30000"});
+        if urgent {
+            transaction["maxPriorityFeePerGas"] = json!("0x174876E800"); // 100 gwei
+            transaction["maxFeePerGas"] = json!("0x2540BE4000"); // 160 gwei
+        }
+        let hash = rpc("eth_sendTransaction", json!([transaction])).await;
+        rpc("anvil_stopImpersonatingAccount", json!([self.address])).await;
+        hash.as_str().unwrap().to_owned()
+    }
+}
+
 /// The local chain as Reeve reaches it: its one network's JSON-RPC endpoint
 /// (`REEVE_CHAIN_RPC_URLS` in a deployment).
 pub fn chains() -> reeve_shared::payments::Chains {
@@ -408,6 +475,8 @@ const AUTHORIZATION_USED: &str = "0x98de503528ee59b575ef0c0a2576a82497bfc029a568
 /// One transfer of the token to an address, as the chain has it.
 #[derive(Debug, Clone)]
 pub struct Charge {
+    /// The transaction's hash, lowercase.
+    pub transaction: String,
     pub value: u128,
     /// The EIP-3009 authorization it used: `(authorizer, nonce)`, lowercase.
     pub authorization: Option<(String, String)>,
@@ -432,7 +501,7 @@ pub async fn charges_to(to: &str) -> Vec<Charge> {
                 let authorizer = format!("0x{}", &l["topics"][1].as_str().unwrap()[26..]);
                 (authorizer.to_ascii_lowercase(), l["topics"][2].as_str().unwrap().to_ascii_lowercase())
             });
-        charges.push(Charge { value, authorization });
+        charges.push(Charge { transaction: transaction.to_ascii_lowercase(), value, authorization });
     }
     charges
 }

@@ -57,8 +57,9 @@ fn encode(v: &Value) -> String {
 
 // ------------------------------------------------------------------ Reeve
 
-/// Two priced kinds of the same price (`fetch` and `fetch2`) and a free one.
-/// The mainnet price comes first, so the SDK must choose the local one.
+/// Two priced kinds of the same price (`fetch` and `fetch2`), a priced
+/// `digest` of an upload, and a free one. The mainnet price comes first, so
+/// the SDK must choose the local one.
 fn catalog(pay_to: &str, facilitator: &str, max_timeout: u32) -> Catalog {
     let priced = |kind: &str| {
         format!(
@@ -95,7 +96,25 @@ fn catalog(pay_to: &str, facilitator: &str, max_timeout: u32) -> Catalog {
             [tasks.free.input_schema]
             type = "object"
         "#;
-    let tasks = format!("{}\n{}\n{slow}", priced("fetch"), priced("fetch2"));
+    let digest = format!(
+        r#"
+            [uploads]
+            max_bytes = 1048576
+            content_types = ["text/plain"]
+            [tasks.paid_digest]
+            title = "Digest"
+            description = "SHA-256 of an uploaded file"
+            executor = "digest"
+            [tasks.paid_digest.input_schema]
+            type = "object"
+            required = ["upload_id"]
+            [tasks.paid_digest.input_schema.properties.upload_id]
+            type = "string"
+            {}
+        "#,
+        common::cent_on_mainnet_then_local("paid_digest")
+    );
+    let tasks = format!("{digest}\n{}\n{}\n{slow}", priced("fetch"), priced("fetch2"));
     common::paid_catalog(pay_to, facilitator, max_timeout, &tasks)
 }
 
@@ -671,7 +690,25 @@ async fn assert_books_balance(pool: &PgPool, pay_to: &str) {
             .unwrap();
         assert_eq!(paid_tasks + credits, 1, "{charge:?}: exactly one task or one credit");
         assert_eq!(charge.value, PRICE, "{charge:?}");
+        if paid_tasks == 1 {
+            let stored: Option<String> = sqlx::query_scalar("SELECT transaction FROM payments WHERE task_id = $1")
+                .bind(task)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            assert_eq!(stored.as_deref(), Some(charge.transaction.as_str()), "the payment names its transfer");
+        }
     }
+    // An attempt that paid nothing wrote nothing: no task, payment or credit.
+    let unpaid: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM payment_attempts a
+          WHERE a.status <> 'settled'
+            AND (a.task_id IS NOT NULL OR EXISTS (SELECT 1 FROM credits c WHERE c.source_attempt = a.id))",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(unpaid, 0, "no task or credit for an attempt that was not paid");
     let paid: Vec<(String, String)> = sqlx::query_as(
         "SELECT a.payer, a.nonce FROM payments p JOIN payment_attempts a ON a.task_id = p.task_id
           WHERE lower(p.pay_to) = lower($1)",
@@ -900,7 +937,7 @@ async fn a_lambda_deadline_shorter_than_the_settle_ends_pending_and_is_reconcile
     let signature = payer.sign(&shop.challenge("fetch").await).await;
 
     // The task-create function's app, as its `main` runs it, with the
-    // invocation's context that lambda_http puts in the request: three
+    // invocation's context that lambda_http puts in the request: six
     // seconds beyond the margin kept for storing and queueing.
     let mut settings = common::test_settings(&common::redis_url());
     settings.queue_url = shop.queue.url.clone();
@@ -913,7 +950,7 @@ async fn a_lambda_deadline_shorter_than_the_settle_ends_pending_and_is_reconcile
     );
     let lambda = reeve_shared::http::task_create_app(ctx);
     let mut invocation = lambda_http::Context::default();
-    let deadline = std::time::SystemTime::now() + reeve_shared::payments::STORE_MARGIN + Duration::from_secs(3);
+    let deadline = std::time::SystemTime::now() + reeve_shared::payments::STORE_MARGIN + Duration::from_secs(6);
     invocation.deadline = deadline.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     let mut request = shop.request("fetch", &input, Some(&signature));
     request.extensions_mut().insert(invocation);
@@ -1084,6 +1121,434 @@ async fn a_settle_refusal_sends_payment_response_with_its_reason_and_the_identif
     let funded = Payer::new(&chain, 1_000_000).await;
     let reply = shop.create("fetch", &input, Some(&named(&funded.sign(&challenge).await))).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+// ------------------------------------------------------------------ proof of payment
+
+/// The authorization's nonce, as signed.
+fn nonce_of(signature: &str) -> String {
+    decode(signature)["payload"]["authorization"]["nonce"].as_str().unwrap().to_owned()
+}
+
+/// Nothing was written for a payment that paid nothing: no task, no
+/// payment, no credit.
+async fn assert_nothing_written(pool: &PgPool) {
+    let counts: (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM payments), (SELECT count(*) FROM credits)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(counts, (0, 0, 0), "tasks, payments, credits");
+}
+
+/// A used nonce is not a payment. The settle's outcome is unknown (the
+/// facilitator's answer is a 502 and it never settled); the payer, who holds
+/// its key, spends the same nonce itself, one unit to another address. Before,
+/// the sweep took `authorizationState` = used for a payment, created the task
+/// and the resend answered `202`: a task for gas.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_payer_that_spends_its_own_nonce_while_the_settle_is_unknown_buys_nothing(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let blackhole = blackhole_facilitator().await;
+    let shop = Shop::with(&pool, &format!("http://{blackhole}"), 300).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+
+    let reply = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::CONFLICT, "payment_pending"), "{}", reply.body);
+    let elsewhere = fresh_address();
+    let own = payer.spend_nonce(&chain, &nonce_of(&signature), &elsewhere, 1, false).await;
+    common::chain::wait_mined(&json!(own)).await;
+    assert_eq!(balance(&elsewhere).await, 1, "the payer's own transfer went through");
+
+    let report = shop.sweep().await;
+    assert_eq!((report.payments.not_settled, report.payments.settled_late), (1, 0), "{report:?}");
+    let reply = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::PAYMENT_REQUIRED, "payment_not_settled"), "{}", reply.body);
+    assert!(reply.headers.contains_key("payment-required"), "a new payment can be signed at once");
+    assert_nothing_written(&pool).await;
+    assert_eq!(shop.attempts().await, [("failed".to_owned(), Some("not_settled".to_owned()))]);
+    assert_eq!(balance(&shop.pay_to).await, 0, "the seller received nothing");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// The front-run: the facilitator's settlement waits in the pool (mining
+/// held), the payer outbids it with its own transfer of the same nonce to
+/// another address, and one block mines both, the payer's first. The
+/// facilitator's transaction reverts; the seller received nothing, and so
+/// nothing is bought.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_payer_that_front_runs_the_facilitator_with_its_own_transfer_buys_nothing(pool: PgPool) {
+    let chain = ChainLock::exclusive().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let facilitator = OwnFacilitator::start(Duration::from_secs(30)).await;
+    let shop = Shop::with(&pool, &facilitator.url, 300).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+
+    chain.pause().await;
+    let create = tokio::spawn({
+        let (app, request) = (shop.app.clone(), shop.request("fetch", &input, Some(&signature)));
+        async move { send(&app, request).await }
+    });
+    let settlement = wait_pending_from(OWN_FACILITATOR_ACCOUNT).await;
+    let elsewhere = fresh_address();
+    let own = payer.spend_nonce(&chain, &nonce_of(&signature), &elsewhere, 1, true).await;
+    chain.mine().await;
+    chain.resume().await;
+    let settled = rpc("eth_getTransactionReceipt", json!([settlement])).await;
+    assert_eq!(settled["status"], "0x0", "the facilitator's settlement reverted: {settled}");
+    assert_eq!(rpc("eth_getTransactionReceipt", json!([own])).await["status"], "0x1");
+    assert_eq!(settled["blockNumber"], rpc("eth_getTransactionReceipt", json!([own])).await["blockNumber"]);
+
+    // Told at once from the chain, or pending until a sweep reads it.
+    let reply = create.await.unwrap();
+    if reply.code() == "payment_pending" {
+        assert_eq!(shop.sweep().await.payments.not_settled, 1);
+    } else {
+        assert_eq!(
+            (reply.status, reply.code()),
+            (StatusCode::PAYMENT_REQUIRED, "payment_not_settled"),
+            "{}",
+            reply.body
+        );
+    }
+    let again = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!((again.status, again.code()), (StatusCode::PAYMENT_REQUIRED, "payment_not_settled"), "{}", again.body);
+    assert_nothing_written(&pool).await;
+    assert_eq!(balance(&shop.pay_to).await, 0, "the seller received nothing");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - 1, "the payer paid only its own transfer");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    drop(facilitator);
+    shop.done().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_valid_before_further_than_max_timeout_is_refused_before_anything_is_recorded(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+    let mut for_a_year = decode(&signature);
+    for_a_year["payload"]["authorization"]["validBefore"] = json!((chain_time().await + 365 * 86_400).to_string());
+    let reply = shop.create("fetch", &input, Some(&encode(&for_a_year))).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::PAYMENT_REQUIRED, "payment_invalid"), "{}", reply.body);
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("valid_before_too_far") && message.contains("300 s"), "{message}");
+    assert!(reply.headers.contains_key("payment-required"));
+    assert_eq!(shop.attempts().await, [], "nothing recorded, nothing verified");
+    // As the SDK signs it (validBefore = now + maxTimeoutSeconds), it is taken.
+    let reply = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// A credit never pays under an `Idempotency-Key` whose payment is pending:
+/// a standard x402 client probes without a signature when it retries, and
+/// that probe used to spend the credit, then the late payment stored a
+/// second task: two charges for one request.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_credit_is_not_spent_under_a_key_whose_payment_is_pending(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let shop = Shop::new(&pool).await;
+    // A credit of the price: a paid task canceled before it ran.
+    let challenge = shop.challenge("fetch").await;
+    let reply =
+        shop.create("fetch", &json!({"url": "http://127.0.0.1:1/a"}), Some(&payer.sign(&challenge).await)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let canceled =
+        send(&shop.app, post_json(&format!("/v1/tasks/{}/cancel", id_of(&reply)), Some(&shop.token), &json!({}))).await;
+    assert_eq!(canceled.status, StatusCode::OK, "{}", canceled.body);
+    assert_eq!(shop.space().await["credits"].as_array().unwrap().len(), 1);
+
+    // The next payment settles on chain, its answer is lost.
+    let lossy = lossy_facilitator().await;
+    let shop = shop.through(&format!("http://{lossy}")).await;
+    let input = json!({"url": "http://127.0.0.1:1/b"});
+    let keyed = |payment: Option<&str>| {
+        let mut r = shop.request("fetch", &input, payment);
+        r.headers_mut().insert("idempotency-key", HeaderValue::from_static("retry-me"));
+        r
+    };
+    let signature = payer.sign(&challenge).await;
+    let reply = send(&shop.app, keyed(Some(&signature))).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::CONFLICT, "payment_pending"), "{}", reply.body);
+    // The client's probe without a signature: the key's payment is pending.
+    let probe = send(&shop.app, keyed(None)).await;
+    assert_eq!((probe.status, probe.code()), (StatusCode::CONFLICT, "payment_pending"), "{}", probe.body);
+    assert!(probe.headers.contains_key("retry-after"));
+    assert_eq!(shop.space().await["credits"][0]["spent_by"], Value::Null, "the credit is not spent");
+
+    assert_eq!(shop.sweep().await.payments.settled_late, 1);
+    let late = send(&shop.app, keyed(None)).await;
+    assert_eq!(late.status, StatusCode::ACCEPTED, "{}", late.body);
+    assert_eq!(late.headers["idempotent-replayed"], "true");
+    let receipt = decode(late.headers["payment-response"].to_str().unwrap());
+    assert_eq!(receipt["success"], true, "the key's task answers with its payment's receipt");
+    let keyed_tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks WHERE idempotency_key = 'retry-me'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(keyed_tasks, 1, "one task for the key");
+    assert_eq!(shop.tasks().await, 2, "the canceled one, and the late one");
+    assert_eq!(shop.space().await["credits"][0]["spent_by"], Value::Null, "the credit is still there");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// A payment refused once may be tried again under its key, unless another
+/// payment holds the key meanwhile: that one's answer, never a 500 from the
+/// key's unique index.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_refused_payment_sent_again_under_a_key_another_holds_is_a_409(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let blackhole = blackhole_facilitator().await;
+    let shop = Shop::with(&pool, &format!("http://{blackhole}"), 300).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let challenge = shop.challenge("fetch").await;
+    let (broke, funded) = (Payer::new(&chain, 0).await, Payer::new(&chain, 1_000_000).await);
+    let (refused, pending) = (broke.sign(&challenge).await, funded.sign(&challenge).await);
+    let keyed = |signature: &str| {
+        let mut r = shop.request("fetch", &input, Some(signature));
+        r.headers_mut().insert("idempotency-key", HeaderValue::from_static("one-key"));
+        r
+    };
+    let reply = send(&shop.app, keyed(&refused)).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::PAYMENT_REQUIRED, "payment_invalid"), "{}", reply.body);
+    let reply = send(&shop.app, keyed(&pending)).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::CONFLICT, "payment_pending"), "{}", reply.body);
+    let reply = send(&shop.app, keyed(&refused)).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::CONFLICT, "payment_pending"), "{}", reply.body);
+    assert_nothing_written(&pool).await;
+    shop.done().await;
+}
+
+impl Shop {
+    /// A text file uploaded to the Space (presigned PUT), checked: its id
+    /// and object key.
+    async fn upload(&self, text: &str) -> (String, String) {
+        let body = json!({"filename": "in.txt", "content_type": "text/plain", "size": text.len()});
+        let upload = send(&self.app, post_json("/v1/uploads", Some(&self.token), &body)).await;
+        assert_eq!(upload.status, StatusCode::CREATED, "{}", upload.body);
+        let mut put = reqwest::Client::new().put(upload.body["url"].as_str().unwrap()).body(text.to_owned());
+        for (name, value) in upload.body["headers"].as_object().unwrap() {
+            if name != "content-length" {
+                put = put.header(name, value.as_str().unwrap());
+            }
+        }
+        assert_eq!(put.send().await.unwrap().status(), reqwest::StatusCode::OK);
+        let id = upload.body["upload_id"].as_str().unwrap().to_owned();
+        let key = sqlx::query_scalar("SELECT key FROM uploads WHERE id = $1")
+            .bind(id.parse::<Id>().unwrap())
+            .fetch_one(&self.pool)
+            .await
+            .unwrap();
+        (id, key)
+    }
+
+    /// Deletes an object as the bucket's lifecycle rule would.
+    async fn expire(&self, key: &str) {
+        let bucket = common::test_settings(&common::redis_url()).bucket;
+        common::aws().await.s3.delete_object().bucket(bucket).key(key).send().await.unwrap();
+    }
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_upload_gone_before_a_priced_create_charges_nothing_and_gone_before_the_run_leaves_a_credit(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let (id, key) = shop.upload("hello\n").await;
+    let input = json!({ "upload_id": id });
+    let unpaid = shop.create("paid_digest", &input, None).await;
+    assert_eq!(unpaid.status, StatusCode::PAYMENT_REQUIRED, "{}", unpaid.body);
+    let signature = payer.sign(unpaid.headers["payment-required"].to_str().unwrap()).await;
+
+    // Gone before the create: refused before any payment.
+    shop.expire(&key).await;
+    let reply = shop.create("paid_digest", &input, Some(&signature)).await;
+    assert_eq!((reply.status, reply.code()), (StatusCode::UNPROCESSABLE_ENTITY, "upload_missing"), "{}", reply.body);
+    assert!(reply.body["error"]["message"].as_str().unwrap().contains("Nothing was charged"), "{}", reply.body);
+    assert_eq!(shop.attempts().await, []);
+    assert_eq!(balance(&payer.address).await, 1_000_000, "nothing charged");
+
+    // Gone after the create, before the run: the expiry is Reeve's, so a credit.
+    let (id, key) = shop.upload("hello again\n").await;
+    let input = json!({ "upload_id": id });
+    let unpaid = shop.create("paid_digest", &input, None).await;
+    let signature = payer.sign(unpaid.headers["payment-required"].to_str().unwrap()).await;
+    let reply = shop.create("paid_digest", &input, Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let task = id_of(&reply);
+    shop.expire(&key).await;
+    let worker = loopback_worker(&pool, shop.catalog.clone(), common::aws().await.s3);
+    let outcome = process(&worker, &json!({"task_id": task, "kind": "paid_digest"}).to_string(), 1).await;
+    assert_eq!(outcome, Outcome::Failed("upload_missing"));
+    let credits = shop.space().await["credits"].as_array().unwrap().clone();
+    assert_eq!(credits.len(), 1, "{credits:?}");
+    assert_eq!(
+        (credits[0]["source_task"].as_str(), credits[0]["reason"].as_str()),
+        (Some(task.to_string().as_str()), Some("upload_missing"))
+    );
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "charged once, for the task that got its credit");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+impl Shop {
+    /// The sweeper, as [`Shop::sweep`] runs it, reading the chain at `chains`.
+    async fn sweeper(&self, chains: reeve_shared::payments::Chains) -> Sweeper {
+        Sweeper {
+            db: self.pool.clone(),
+            sqs: common::aws().await.sqs,
+            queue_url: self.queue.url.clone(),
+            events: reeve_shared::tasks::Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
+            max_attempts: 5,
+            older_than: Duration::from_secs(300),
+            catalog: std::sync::Arc::new(self.catalog.clone()),
+            chains,
+        }
+    }
+}
+
+/// A chain endpoint that accepts connections and never answers.
+async fn stalled_endpoint() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    addr
+}
+
+/// A sweep re-sends lost tasks first, and reconciles payments in what is
+/// left of its invocation: a chain endpoint that stalls cannot starve the
+/// re-send, nor make the sweep outlive its Lambda.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_stalled_chain_endpoint_does_not_keep_a_sweep_from_resending_a_lost_task(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let blackhole = blackhole_facilitator().await;
+    let shop = Shop::with(&pool, &format!("http://{blackhole}"), 300).await;
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+    let reply = shop.create("fetch", &json!({"url": "http://127.0.0.1:1/"}), Some(&signature)).await;
+    assert_eq!(reply.code(), "payment_pending", "{}", reply.body);
+    // A lost task: created, its message gone.
+    let lost = shop.create("free", &json!({}), None).await;
+    assert_eq!(lost.status, StatusCode::ACCEPTED, "{}", lost.body);
+    shop.queue.drain().await;
+
+    let stalled = stalled_endpoint().await;
+    let chains = reeve_shared::payments::Chains::parse(&format!("eip155:84532=http://{stalled}")).unwrap();
+    let sweeper = shop.sweeper(chains).await;
+    // The scheduled invocation, as the sweeper Lambda runs it, 12 s before
+    // its deadline.
+    let started = std::time::Instant::now();
+    let deadline = std::time::SystemTime::now() + Duration::from_secs(12);
+    let report = sweeper.handle_invocation(json!({"older_than_seconds": 0}), Some(deadline)).await.unwrap();
+    let took = started.elapsed();
+    assert!(std::time::SystemTime::now() < deadline, "the sweep outlived its invocation: {took:?}");
+    assert_eq!(report["resent_queued"], 1, "{report}");
+    assert_eq!(shop.queue.drain().await, [json!({"task_id": id_of(&lost).to_string(), "kind": "free"})]);
+    let payments = &report["payments"];
+    assert_eq!((payments["settled_late"].as_u64(), payments["not_settled"].as_u64()), (Some(0), Some(0)), "{report}");
+    let undecided = payments["chain_errors"].as_u64().unwrap() + payments["deferred"].as_u64().unwrap();
+    assert_eq!(undecided, 1, "{report}");
+    // Left open and released: the next sweep (with a working endpoint) looks again.
+    let open: Vec<(String, bool)> =
+        sqlx::query_as("SELECT status, claimed_until IS NOT NULL AND claimed_until > now() FROM payment_attempts")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(open, [("settling".to_owned(), false)]);
+    println!("sweep with a stalled chain endpoint: {took:?}, {report}");
+    shop.done().await;
+}
+
+/// Forwards to the real facilitator, but a settle takes `delay` more.
+async fn slow_settle_facilitator(delay: Duration) -> SocketAddr {
+    let router = Router::new()
+        .route("/verify", axum::routing::post(|body: axum::body::Bytes| async move { forward("verify", body).await }))
+        .route(
+            "/settle",
+            axum::routing::post(move |body: axum::body::Bytes| async move {
+                tokio::time::sleep(delay).await;
+                forward("settle", body).await
+            }),
+        );
+    serve(router).await
+}
+
+/// An MCP paid call asking to wait 25 s, through the Lambda handler with a
+/// 12 s deadline in its context, and a settle that takes 3 s: the wait is
+/// cut to what is left after the settle, so the agent gets its task and
+/// receipt before the invocation ends (before, settle plus the full wait
+/// passed it, the agent got nothing, and its retry was `payment_replayed`).
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_paid_mcp_call_that_waits_answers_before_the_lambda_deadline(pool: PgPool) {
+    use reeve_shared::mcp::{self, McpContext, McpSettings, McpStores};
+    use tower::ServiceExt;
+    let chain = ChainLock::shared().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let slow = slow_settle_facilitator(Duration::from_secs(3)).await;
+    let shop = Shop::with(&pool, &format!("http://{slow}"), 300).await;
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+    let settings = common::test_settings(&common::redis_url());
+    let stores = McpStores {
+        db: pool.clone(),
+        redis: RedisClient::new(&common::redis_url()).unwrap(),
+        aws: common::aws().await,
+        bucket: settings.bucket.clone(),
+        queue_url: shop.queue.url.clone(),
+        chains: chains(),
+    };
+    let mcp_settings = McpSettings {
+        allowed_hosts: McpSettings::LOOPBACK.map(str::to_owned).to_vec(),
+        allowed_origins: vec![],
+        progress: false,
+    };
+    let secrets = (settings.pepper.clone(), settings.token_key.clone());
+    let argon2 = reeve_shared::spaces::Argon2Limit::new(2);
+    let ctx = McpContext::new(std::sync::Arc::new(shop.catalog.clone()), stores, secrets, argon2, mcp_settings);
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "fetch",
+        "arguments": {"url": "http://127.0.0.1:1/", "wait_seconds": 25},
+        "_meta": {"x402/payment": decode(&signature)},
+    }});
+    let mut invocation = lambda_http::Context::default();
+    let deadline = std::time::SystemTime::now() + Duration::from_secs(12);
+    invocation.deadline = deadline.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let mut request = Request::post(mcp::PATH)
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {}", shop.token))
+        .body(Body::from(call.to_string()))
+        .unwrap();
+    request.extensions_mut().insert(invocation);
+
+    let started = std::time::Instant::now();
+    let response = mcp::router(ctx).oneshot(request).await.unwrap();
+    let took = started.elapsed();
+    assert!(std::time::SystemTime::now() < deadline, "answered after the invocation's deadline ({took:?})");
+    assert!(took >= Duration::from_secs(3), "the settle took its 3 s: {took:?}");
+    let body: Value =
+        serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap();
+    let result = &body["result"];
+    assert_eq!(result["_meta"]["x402/payment-response"]["success"], true, "{body}");
+    assert_eq!(result["structuredContent"]["status"], "queued", "no worker runs it: {body}");
+    println!("paid MCP call, wait_seconds 25, deadline 12 s: answered in {took:?}");
     assert_books_balance(&pool, &shop.pay_to).await;
     shop.done().await;
 }

@@ -288,7 +288,7 @@ async fn the_domain_create_settles_a_key_race_on_the_unique_constraint(pool: PgP
         let pool = pool.clone();
         let input = input.clone();
         set.spawn(async move {
-            let new = tasks::NewTask { space: &space, kind: "echo", input: &input, idempotency_key: Some("k") };
+            let new = tasks::TaskRequest { space: &space, kind: "echo", input: &input, idempotency_key: Some("k") };
             tasks::create(&pool, new).await.unwrap()
         });
     }

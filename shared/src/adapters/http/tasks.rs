@@ -50,7 +50,8 @@ use crate::domain::ids::Id;
 use crate::domain::payments::{self, PayError, PaymentInput, PaymentRequired, PaymentResponse};
 use crate::domain::tasks::events::publish_all_once;
 use crate::domain::tasks::{
-    self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, SubmitError, Submitted, Task, TaskStatus,
+    self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, SubmitError, Submitted, Task, TaskRequest,
+    TaskStatus,
 };
 
 /// One path for both routers: axum merges their methods only when the path
@@ -229,10 +230,7 @@ async fn create_task(
         chains: &ctx.chains,
     };
     let submission = Submission {
-        space: &space,
-        kind: &kind,
-        input: &request.input,
-        idempotency_key: key,
+        request: TaskRequest { space: &space, kind: &kind, input: &request.input, idempotency_key: key },
         payment: payment.map(PaymentInput::Header),
         resource_url: &url,
         // In Lambda, the invocation ends at its context's deadline.
@@ -393,7 +391,7 @@ impl From<PayError> for ApiError {
                 "this payment already paid for another request; sign a new one for this request".into(),
             ),
             PayError::Invalid { reason, .. } => {
-                payment("payment_invalid", format!("the facilitator refused the payment: {reason}"))
+                payment("payment_invalid", format!("the payment was refused: {reason}"))
             }
             PayError::Failed { reason, .. } => payment(
                 "payment_failed",
@@ -401,8 +399,9 @@ impl From<PayError> for ApiError {
             ),
             PayError::NotSettled(_) => payment(
                 "payment_not_settled",
-                "this payment never landed on chain and now never can (its authorization expired); nothing was \
-                 charged and no task was created; sign a new one"
+                "no transfer of this payment to payTo is on chain, and none can come any more: its authorization \
+                 expired unused, or its nonce was spent by another transaction. Nothing was received and no task \
+                 was created; sign a new payment"
                     .into(),
             ),
             PayError::Pending { .. } => conflict(

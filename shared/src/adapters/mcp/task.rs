@@ -15,7 +15,9 @@ use super::wait::{self, MAX_WAIT_SECONDS, Progress};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
 use crate::domain::payments::PaymentResponse;
-use crate::domain::tasks::{self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, Task, TaskStatus};
+use crate::domain::tasks::{
+    self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, Task, TaskRequest, TaskStatus,
+};
 
 /// A task as every task tool answers it: the REST answer's fields
 /// ([`Task`]), and where its events stream.
@@ -82,10 +84,7 @@ pub async fn run(
         chains: &ctx.chains,
     };
     let submission = Submission {
-        space,
-        kind,
-        input: &input,
-        idempotency_key: None,
+        request: TaskRequest { space, kind, input: &input, idempotency_key: None },
         payment: payment.map(crate::domain::payments::PaymentInput::Header),
         resource_url: &resource_url,
         deadline,
@@ -109,8 +108,12 @@ pub async fn run(
         Paid::Nothing | Paid::Credit(_) => None,
     };
     let mut task = submitted.task;
-    if let (Answer::Wait(progress), 1..) = (answer, wait) {
-        let ended = wait::until_done(&ctx.db, space, task.id, Duration::from_secs(wait), progress.as_ref()).await?;
+    // The wait is measured from now, after the payment: settle and wait
+    // together must fit the invocation, or the client gets no answer and
+    // its retry of the same payment is a second charge's signature.
+    let wait = wait::within(Duration::from_secs(wait), deadline);
+    if let (Answer::Wait(progress), false) = (answer, wait.is_zero()) {
+        let ended = wait::until_done(&ctx.db, space, task.id, wait, progress.as_ref()).await?;
         if let Some(ended) = ended {
             task = ended;
         }

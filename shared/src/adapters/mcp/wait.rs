@@ -25,6 +25,19 @@ pub const MAX_WAIT_SECONDS: u64 = 25;
 /// How often the event log is read while waiting.
 const POLL: Duration = Duration::from_millis(200);
 
+/// Kept free before an invocation's deadline after a wait: reading the task
+/// and writing the answer.
+pub const ANSWER_MARGIN: Duration = Duration::from_secs(2);
+
+/// `wait` cut to what is left of `deadline` (a Lambda invocation's) less
+/// [`ANSWER_MARGIN`], measured now; zero when nothing is left.
+pub fn within(wait: Duration, deadline: Option<Instant>) -> Duration {
+    match deadline {
+        Some(deadline) => wait.min(deadline.saturating_duration_since(Instant::now()).saturating_sub(ANSWER_MARGIN)),
+        None => wait,
+    }
+}
+
 /// Where progress goes: the caller's peer and the token it sent.
 pub struct Progress {
     pub peer: Peer<RoleServer>,

@@ -1,28 +1,22 @@
-//! What the chain says about a payment: EIP-3009's
-//! `authorizationState(authorizer, nonce)`, read through each network's
-//! JSON-RPC endpoint with alloy's provider, to resolve a settlement whose
-//! outcome Reeve never learnt.
+//! Each payment network's JSON-RPC endpoint, read with alloy's provider:
+//! blocks, logs, receipts and view calls, each bounded by [`RPC_TIMEOUT`].
+//! What those reads prove about a payment is [`super::proof`]'s.
 //!
 //! The endpoints are an operator setting, [`CHAIN_RPC_URLS`], one per
 //! network (`eip155:8453=https://…,eip155:84532=http://127.0.0.1:8545`),
 //! like the facilitator's URL. They are reached through the operators'
 //! outbound policy with the endpoint's own host as the only allow-list
 //! entry: never through the users' client, which task inputs steer.
-//!
-//! An authorization can land only in a block whose timestamp is before its
-//! `validBefore`. So a nonce still unused at a block at or past
-//! `validBefore` can never be used by that authorization: the read pins the
-//! state to the block whose time it compares.
 
 use std::collections::BTreeMap;
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use alloy_network::Ethereum;
-use alloy_primitives::{Address, B256, U256};
+use alloy_primitives::{Address, B256, Bytes};
 use alloy_provider::{Provider, RootProvider};
 use alloy_rpc_client::RpcClient;
-use alloy_rpc_types_eth::{BlockId, BlockNumberOrTag, TransactionRequest};
-use alloy_sol_types::{SolCall, sol};
+use alloy_rpc_types_eth::{BlockId, BlockNumberOrTag, Filter, Log, TransactionReceipt, TransactionRequest};
 use alloy_transport_http::Http;
 
 use crate::infra::outbound::{Outbound, OutboundPolicy};
@@ -30,13 +24,9 @@ use crate::infra::outbound::{Outbound, OutboundPolicy};
 /// The operator setting: `network=url` pairs, comma-separated.
 pub const CHAIN_RPC_URLS: &str = "REEVE_CHAIN_RPC_URLS";
 
-/// One JSON-RPC call may take this long.
-const RPC_TIMEOUT: Duration = Duration::from_secs(10);
-
-sol! {
-    /// EIP-3009: whether `nonce` of `authorizer` was used (or canceled).
-    function authorizationState(address authorizer, bytes32 nonce) external view returns (bool);
-}
+/// One JSON-RPC call may take this long: a sweep reads several, and a paid
+/// create waits for a few.
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChainError {
@@ -60,6 +50,8 @@ pub struct Chain {
     /// Scheme and host only: the path of a hosted endpoint often holds its
     /// API key, so it never goes to a log.
     shown: String,
+    /// The whole URL, only to scrub it from an error's text.
+    url: String,
     provider: RootProvider<Ethereum>,
 }
 
@@ -69,12 +61,10 @@ impl std::fmt::Debug for Chain {
     }
 }
 
-/// An authorization as the chain has it at one block.
+/// A block's number and time (unix seconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seen {
-    pub used: bool,
-    pub block: u64,
-    /// The block's timestamp (unix seconds).
+pub struct Block {
+    pub number: u64,
     pub timestamp: u64,
 }
 
@@ -165,46 +155,63 @@ impl Chain {
         outbound.check_url(url).map_err(|_| format!("{shown}: refused by the outbound policy"))?;
         let transport = Http::with_client(outbound.reqwest_client(), parsed);
         let provider = RootProvider::new(RpcClient::new(transport, loopback));
-        Ok(Chain { shown, provider })
+        Ok(Chain { shown, url: url.to_owned(), provider })
     }
 
-    /// Whether `nonce` of `authorizer` is used on `token`, at the latest
-    /// block, with that block's number and time.
-    pub async fn authorization(&self, token: &str, authorizer: &str, nonce: &str) -> Result<Seen, ChainError> {
-        let token: Address = token.parse().map_err(|_| ChainError::Malformed(format!("token {token:?}")))?;
-        let authorizer: Address =
-            authorizer.parse().map_err(|_| ChainError::Malformed(format!("authorizer {authorizer:?}")))?;
-        let nonce: B256 = nonce.parse().map_err(|_| ChainError::Malformed(format!("nonce {nonce:?}")))?;
-        let rpc = |e| rpc_error(&self.shown, e);
-        let block = self
-            .provider
-            .get_block_by_number(BlockNumberOrTag::Latest)
-            .await
-            .map_err(rpc)?
-            .ok_or_else(|| ChainError::Rpc(format!("{}: no latest block", self.shown)))?;
-        let (number, timestamp) = (block.header.number, block.header.timestamp);
-        let call = TransactionRequest::default()
-            .to(token)
-            .input(authorizationStateCall { authorizer, nonce }.abi_encode().into());
-        let answer = self.provider.call(call).block(BlockId::number(number)).await.map_err(rpc)?;
-        let used = authorizationStateCall::abi_decode_returns(&answer)
-            .map_err(|e| ChainError::Rpc(format!("{}: authorizationState answered {e}", self.shown)))?;
-        Ok(Seen { used, block: number, timestamp })
+    /// The latest block.
+    pub async fn head(&self) -> Result<Block, ChainError> {
+        self.block(BlockNumberOrTag::Latest).await
+    }
+
+    /// Block `at`.
+    pub async fn block(&self, at: impl Into<BlockNumberOrTag>) -> Result<Block, ChainError> {
+        let block = self.bounded("eth_getBlockByNumber", self.provider.get_block_by_number(at.into())).await?;
+        let block = block.ok_or_else(|| ChainError::Rpc(format!("{}: no such block", self.shown)))?;
+        Ok(Block { number: block.header.number, timestamp: block.header.timestamp })
+    }
+
+    /// The logs `filter` matches (its block range kept small by the caller:
+    /// hosted endpoints refuse wide ones).
+    pub async fn logs(&self, filter: &Filter) -> Result<Vec<Log>, ChainError> {
+        self.bounded("eth_getLogs", self.provider.get_logs(filter)).await
+    }
+
+    /// A transaction's receipt: `None` while it is not mined (or unknown).
+    pub async fn receipt(&self, transaction: B256) -> Result<Option<TransactionReceipt>, ChainError> {
+        self.bounded("eth_getTransactionReceipt", self.provider.get_transaction_receipt(transaction)).await
+    }
+
+    /// A view call to `to` at block `at`.
+    pub async fn call(&self, to: Address, input: Vec<u8>, at: u64) -> Result<Bytes, ChainError> {
+        let request = TransactionRequest::default().to(to).input(input.into());
+        self.bounded("eth_call", self.provider.call(request).block(BlockId::number(at))).await
+    }
+
+    /// One call within [`RPC_TIMEOUT`], its error without the endpoint's path.
+    async fn bounded<T, E: std::fmt::Display>(
+        &self,
+        what: &str,
+        call: impl IntoFuture<Output = Result<T, E>>,
+    ) -> Result<T, ChainError> {
+        match tokio::time::timeout(RPC_TIMEOUT, call.into_future()).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(ChainError::Rpc(format!(
+                "{}: {what}: {}",
+                self.shown,
+                e.to_string().replace(&self.url, &self.shown)
+            ))),
+            Err(_) => Err(ChainError::Rpc(format!(
+                "{}: {what} did not answer within {} s",
+                self.shown,
+                RPC_TIMEOUT.as_secs()
+            ))),
+        }
     }
 }
 
-fn rpc_error(shown: &str, e: impl std::fmt::Display) -> ChainError {
-    ChainError::Rpc(format!("{shown}: {e}"))
-}
-
-/// Whether an authorization valid before `valid_before` (decimal unix
-/// seconds) can still land, seen at a block of `timestamp`.
-pub fn can_still_land(valid_before: &str, timestamp: u64) -> bool {
-    match valid_before.parse::<U256>() {
-        Ok(before) => U256::from(timestamp) < before,
-        // Unreadable: assume it can, so it is never failed on a guess.
-        Err(_) => true,
-    }
+/// A transaction hash as JSON-RPC spells it.
+pub fn parse_hash(hash: &str) -> Result<B256, ChainError> {
+    hash.parse().map_err(|_| ChainError::Malformed(format!("transaction {hash:?}")))
 }
 
 #[cfg(test)]
@@ -226,14 +233,5 @@ mod tests {
         assert!(problems[0].contains("must use https"), "{problems:?}");
         assert!(Chains::parse("eip155:1=https://a,eip155:1=https://b").unwrap_err()[0].contains("twice"));
         assert!(Chains::parse("").unwrap().missing(["eip155:1"]) == ["eip155:1"]);
-    }
-
-    #[test]
-    fn an_authorization_lands_only_in_a_block_before_valid_before() {
-        assert!(can_still_land("1000", 999));
-        assert!(!can_still_land("1000", 1000));
-        assert!(!can_still_land("1000", 1001));
-        assert!(can_still_land("115792089237316195423570985008687907853269984665640564039457584007913129639935", 5));
-        assert!(can_still_land("not a number", u64::MAX));
     }
 }

@@ -3,24 +3,38 @@
 //! owns the whole order that keeps "no charge without a task, no task
 //! without a charge":
 //!
-//! 1. The payment is decoded and must be one of the kind's requirements.
+//! 1. The payment is decoded and must be one of the kind's requirements, and
+//!    its `validBefore` no further away than the requirement's
+//!    `maxTimeoutSeconds` (plus [`CLOCK_SKEW`]): an attempt is open for
+//!    minutes at most.
 //! 2. The attempt is recorded, claimed by this request, with the whole
 //!    request it pays for (kind, input, `Idempotency-Key`, space), before
 //!    the facilitator is asked anything. It is unique on the authorization
-//!    (network, payer, nonce), on an open `Idempotency-Key` and on a
+//!    (network, asset, payer, nonce), on an open `Idempotency-Key` and on a
 //!    `payment-identifier` id, so one authorization, one key and one id each
-//!    buy at most one task, whoever sends them and however often.
-//! 3. `/verify`, then `/settle`, each bounded by the request's deadline.
-//! 4. Settled: the task is stored in the transaction that moves the attempt
-//!    to `settled` ([`Counter::store`]), so the two are written together or
-//!    not at all.
+//!    buy at most one task, whoever sends them and however often. A key is
+//!    reserved under its lock ([`ledger::lock_key`]): a credit never pays
+//!    for a key whose payment is pending, nor a payment for a key a credit
+//!    has just used.
+//! 3. `/verify` (beside it, the chain's block is recorded: where the search
+//!    for the payment's transfer starts), then `/settle`, each bounded by the
+//!    request's deadline.
+//! 4. The chain proves the payment ([`super::proof`]): the transaction the
+//!    facilitator named must have moved exactly the amount to `payTo` with
+//!    this authorization. Then the task is stored in the transaction that
+//!    moves the attempt to `settled` with that transaction's hash
+//!    ([`Counter::store`]), so the two are written together or not at all.
 //!
 //! **Refused** by the facilitator (a verdict, no transaction): the attempt is
 //! `failed`, nothing was charged, and the client is told so.
 //!
+//! **Not a payment**: the nonce was used by a transaction that paid `payTo`
+//! nothing (the payer's own transfer elsewhere, say, which beat the
+//! facilitator's): the attempt fails `not_settled` and nothing is written.
+//!
 //! **Unknown** (`settlement_pending`, a timeout, a dropped connection, a 5xx,
-//! the deadline, or a refusal that carries a transaction hash): the chain may
-//! still charge it. The attempt stays `settling`, released, and the answer is
+//! the deadline, or a transaction not seen yet): the chain may still charge
+//! it. The attempt stays `settling`, released, and the answer is
 //! [`PayError::Pending`] (`409 payment_pending` with `Retry-After`): never a
 //! refusal that says nothing was charged. The server then resolves it from
 //! the chain (`payments::reconcile`, in every sweep), and a retry of the same
@@ -31,19 +45,21 @@
 //! caller passes a [`Counter`], which stores the request as a task inside
 //! the payment's transaction.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use sqlx::PgPool;
 use tokio::time::Instant;
 
 use super::challenge::{PaymentRequired, PaymentRequirements};
-use super::counter::{Counter, Note, Purchase, store_in};
+use super::counter::{Counter, Note, store_in};
 use super::facilitator::{Facilitator, FacilitatorError, Settled};
-use super::ledger::{self, AttemptStatus, Credit, NewAttempt, SettledPayment};
+use super::ledger::{self, Attempt, AttemptStatus, Claim, Credit, NewAttempt, SettledPayment};
 use super::payload::{Payment, PaymentInput};
+use super::proof::{self, Owed, Proof};
 use super::reconcile::{Resolution, resolve_claimed};
 use super::{PaymentResponse, chain};
 use crate::domain::ids::Id;
+use crate::domain::request::TaskRequest;
 
 /// How long a client is asked to wait before it sends a pending payment
 /// again: about the time a settlement takes to be mined and seen.
@@ -61,11 +77,11 @@ pub struct Checkout<'a> {
     pub chains: &'a chain::Chains,
 }
 
-/// One request to pay for: the purchase, how the client paid (if it did),
+/// One request to pay for: the request, how the client paid (if it did),
 /// and when the answer is due.
 #[derive(Debug, Clone, Copy)]
 pub struct Order<'a> {
-    pub purchase: Purchase<'a>,
+    pub request: TaskRequest<'a>,
     /// `None`: no payment was sent; a credit of the space may pay, or the
     /// answer is the challenge.
     pub payment: Option<PaymentInput<'a>>,
@@ -81,6 +97,15 @@ pub const STORE_MARGIN: Duration = Duration::from_secs(4);
 /// could not finish, and a settle that cannot finish only makes an unknown
 /// outcome out of a payment that was never sent.
 const MIN_CALL: Duration = Duration::from_secs(2);
+/// How far a payer's clock may run ahead of ours: a `validBefore` up to
+/// `maxTimeoutSeconds` plus this from now is taken.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(60);
+/// Without a deadline (`reeve serve`), how long a paid create waits for the
+/// chain to show a settlement the facilitator reported.
+const CONFIRM_WAIT: Duration = Duration::from_secs(10);
+/// How often the chain is read again for a reported settlement it does not
+/// show yet (its endpoint may be a block behind the facilitator's).
+const CONFIRM_POLL: Duration = Duration::from_millis(500);
 
 /// What the request bought.
 #[derive(Debug)]
@@ -116,15 +141,17 @@ pub enum PayError {
     /// This authorization already paid for a task, or is another request's.
     #[error("payment replayed")]
     Replayed(Box<PaymentRequired>),
-    /// The facilitator's `/verify` refused it; nothing was charged.
+    /// Refused before anything was settled (the facilitator's `/verify`,
+    /// or a `validBefore` too far away); nothing was charged.
     #[error("payment invalid: {reason}")]
     Invalid { challenge: Box<PaymentRequired>, reason: String },
     /// The facilitator's `/settle` refused it; nothing was charged. The
     /// settlement (`success: false`) goes back in `PAYMENT-RESPONSE`.
     #[error("payment failed: {reason}")]
     Failed { challenge: Box<PaymentRequired>, reason: String, settlement: Box<PaymentResponse> },
-    /// An earlier unknown outcome of this payment was resolved from the
-    /// chain: its authorization expired unused, so nothing was charged.
+    /// No transfer of this payment to `payTo` is on chain, and none can come
+    /// any more: its authorization expired unused, or its nonce was spent by
+    /// a transaction that paid nothing. Nothing was received or written.
     #[error("payment not settled")]
     NotSettled(Box<PaymentRequired>),
     /// The chain may still charge this payment (or this key's): the
@@ -157,6 +184,16 @@ fn with_error(challenge: &PaymentRequired, code: &str) -> Box<PaymentRequired> {
     Box::new(PaymentRequired { error: code.to_owned(), ..challenge.clone() })
 }
 
+fn not_settled(challenge: &PaymentRequired) -> PayError {
+    PayError::NotSettled(with_error(challenge, "payment_not_settled"))
+}
+
+fn replayed(challenge: &PaymentRequired) -> PayError {
+    PayError::Replayed(with_error(challenge, "payment_replayed"))
+}
+
+const PENDING: PayError = PayError::Pending { retry_after: RETRY_AFTER };
+
 /// Pays for `order` against `challenge` (the kind's requirements), or
 /// refuses. See the module documentation for the order of things.
 pub async fn pay<C: Counter>(
@@ -167,26 +204,35 @@ pub async fn pay<C: Counter>(
 ) -> Result<Bought<C::Task>, PayError> {
     match order.payment {
         Some(payment) => with_payment(cx, &order, payment, challenge, counter).await,
-        None => with_credit(cx.db, &order.purchase, challenge, counter).await,
+        None => with_credit(cx.db, &order.request, challenge, counter).await,
     }
 }
 
 /// No payment: a credit of the space for one of the kind's prices pays,
-/// else the challenge.
+/// else the challenge. Under an `Idempotency-Key` a payment holds, the
+/// answer is that payment's: its task, or wait for it (a standard x402
+/// client probes without a payment when it retries).
 async fn with_credit<C: Counter>(
     db: &PgPool,
-    purchase: &Purchase<'_>,
+    request: &TaskRequest<'_>,
     challenge: &PaymentRequired,
     counter: &C,
 ) -> Result<Bought<C::Task>, PayError> {
     let prices: Vec<(String, String, String)> =
         challenge.accepts.iter().map(|a| (a.network.clone(), a.asset.clone(), a.amount.clone())).collect();
     let mut tx = db.begin().await?;
-    let Some(task) = counter.store(&mut tx, purchase).await? else {
+    if let Some(key) = request.idempotency_key {
+        ledger::lock_key(&mut tx, request.space, key).await?;
+        if let Some(holder) = ledger::find_by_idempotency_key(&mut *tx, request.space, key).await? {
+            tx.rollback().await?;
+            return key_holder(db, &holder, &request.hash()).await;
+        }
+    }
+    let Some(task) = counter.store(&mut tx, request).await? else {
         tx.rollback().await?;
         return Ok(Bought::KeyTaken);
     };
-    let Some(credit) = ledger::spend_credit(&mut tx, purchase.space, &prices, C::task_id(&task)).await? else {
+    let Some(credit) = ledger::spend_credit(&mut tx, request.space, &prices, C::task_id(&task)).await? else {
         tx.rollback().await?;
         return Err(PayError::Required(Box::new(challenge.clone())));
     };
@@ -196,6 +242,37 @@ async fn with_credit<C: Counter>(
     Ok(Bought::Credit { task, credit })
 }
 
+/// The payment that holds a request's `Idempotency-Key`, if one does (it may
+/// still charge, or it did): a create under that key that is not paid
+/// through [`pay`] (a free task) gets that payment's answer: the task it
+/// bought with its receipt, a conflict, or wait for it. `None`: no payment
+/// holds the key.
+pub async fn held_key(
+    db: &PgPool,
+    request: &TaskRequest<'_>,
+) -> Result<Option<(Id, Option<PaymentResponse>)>, PayError> {
+    let Some(key) = request.idempotency_key else { return Ok(None) };
+    let Some(holder) = ledger::find_by_idempotency_key(db, request.space, key).await? else { return Ok(None) };
+    Ok(match key_holder::<()>(db, &holder, &request.hash()).await? {
+        Bought::Before { task, receipt } => Some((task, receipt)),
+        _ => None,
+    })
+}
+
+/// The answer to a request whose `Idempotency-Key` an attempt holds.
+async fn key_holder<T>(db: &PgPool, holder: &Attempt, request_hash: &[u8; 32]) -> Result<Bought<T>, PayError> {
+    if holder.request_hash != request_hash {
+        return Err(PayError::IdempotencyConflict);
+    }
+    match (holder.status, holder.task_id) {
+        (AttemptStatus::Settled, Some(task)) => bought_before(db, task).await,
+        // Paid, and credited because its task could not be made.
+        (AttemptStatus::Settled, None) => Err(PayError::IdempotencyConflict),
+        _ if holder.claimed => Err(PayError::RequestInProgress),
+        _ => Err(PENDING),
+    }
+}
+
 async fn with_payment<C: Counter>(
     cx: Checkout<'_>,
     order: &Order<'_>,
@@ -203,7 +280,7 @@ async fn with_payment<C: Counter>(
     challenge: &PaymentRequired,
     counter: &C,
 ) -> Result<Bought<C::Task>, PayError> {
-    let purchase = &order.purchase;
+    let request = &order.request;
     let payment = input.decode().map_err(PayError::Malformed)?;
     let Some(offer) = challenge.accepts.iter().find(|o| payment.accepted.matches(o)).cloned() else {
         return Err(PayError::Mismatch(with_error(challenge, "payment_mismatch")));
@@ -212,9 +289,10 @@ async fn with_payment<C: Counter>(
         tracing::error!("a payment arrived but no facilitator client could be built");
         return Err(PayError::FacilitatorUnavailable);
     };
-    let request_hash = crate::infra::canonical_json::request_hash(purchase.kind, purchase.input);
+    check_window(&payment, &offer, challenge)?;
+    let request_hash = request.hash();
     if let Some(id) = &payment.payment_id
-        && let Some(earlier) = ledger::find_by_payment_id(cx.db, purchase.space, id).await?
+        && let Some(earlier) = ledger::find_by_payment_id(cx.db, request.space, id).await?
         && (earlier.payload_hash != payment.hash || earlier.request_hash != request_hash)
     {
         // An id whose payment charged nothing may name a new one.
@@ -228,10 +306,10 @@ async fn with_payment<C: Counter>(
         payer: &payment.payer,
         nonce: &payment.nonce,
         payload_hash: &payment.hash,
-        space: purchase.space,
-        kind: purchase.kind,
-        input: purchase.input,
-        idempotency_key: purchase.idempotency_key,
+        space: request.space,
+        kind: request.kind,
+        input: request.input,
+        idempotency_key: request.idempotency_key,
         request_hash: &request_hash,
         payment_id: payment.payment_id.as_deref(),
         asset: &offer.asset,
@@ -239,35 +317,86 @@ async fn with_payment<C: Counter>(
         pay_to: &offer.pay_to,
         valid_before: &payment.valid_before,
     };
-    let (attempt, resuming) = match ledger::insert_attempt(cx.db, &new).await? {
-        Some(id) => (id, false),
+    let inserted = {
+        let mut tx = cx.db.begin().await?;
+        if let Some(key) = request.idempotency_key {
+            ledger::lock_key(&mut tx, request.space, key).await?;
+            // A task holds the key already (a free or credit-paid one):
+            // nothing is settled; the caller answers that task, or a
+            // conflict.
+            if counter.key_taken(&mut tx, request.space, key).await? {
+                tx.rollback().await?;
+                return Ok(Bought::KeyTaken);
+            }
+        }
+        let inserted = ledger::insert_attempt(&mut tx, &new).await?;
+        tx.commit().await?;
+        inserted
+    };
+    let claimed = match inserted {
+        Some(attempt) => Claimed { attempt, resuming: false, from_block: None },
         None => match collision(cx, order, &payment, &offer, &request_hash, challenge, counter).await? {
-            Resume::Claimed { attempt, resuming } => (attempt, resuming),
+            Resume::Claimed(claimed) => claimed,
             Resume::Answer(answer) => return *answer,
         },
     };
 
-    let outcome = settle(cx, facilitator, &payment, &offer, challenge, attempt, resuming, order.deadline).await?;
-    let settlement = PaymentResponse::settled(outcome.as_deref(), &offer.network, &payment.payer);
-    let task = match store_paid(cx.db, purchase, &offer, &payment.payer, attempt, outcome.as_deref(), counter).await {
+    let settling = Settling { cx, facilitator, payment: &payment, offer: &offer, challenge, deadline: order.deadline };
+    let transaction = settling.settle(claimed).await?;
+    let settlement = PaymentResponse::settled(Some(&transaction), &offer.network, &payment.payer);
+    let paid = Paid { offer: &offer, payer: &payment.payer, attempt: claimed.attempt, transaction: &transaction };
+    let task = match store_paid(cx.db, request, &paid, counter).await {
         Ok(task) => task,
         Err(e) => {
             // Charged, and the task not stored: the attempt stays `settling`,
             // released, so the reconciler (or a retry) stores it from the
             // chain rather than after the claim expires.
-            let _ =
-                ledger::release_attempt(cx.db, attempt, "settled; the task could not be stored", outcome.as_deref())
-                    .await;
+            let reason = "settled; the task could not be stored";
+            let _ = ledger::release_attempt(cx.db, claimed.attempt, reason, Some(&transaction)).await;
             return Err(e);
         }
     };
     Ok(Bought::Settled { task, settlement })
 }
 
+/// Refuses an authorization valid for longer than the requirement allows,
+/// before anything is recorded: an attempt stays open (holding its key,
+/// costing chain reads) until its `validBefore`, so that is kept to
+/// minutes. Standard clients sign `now + maxTimeoutSeconds`.
+fn check_window(payment: &Payment, offer: &PaymentRequirements, challenge: &PaymentRequired) -> Result<(), PayError> {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+    let allowed = u64::from(offer.max_timeout_seconds) + CLOCK_SKEW.as_secs();
+    // Too long for a u64 is too far away in any case.
+    let away = payment.valid_before.parse::<u64>().map_or(u64::MAX, |before| before.saturating_sub(now));
+    if away <= allowed {
+        return Ok(());
+    }
+    let max = offer.max_timeout_seconds;
+    Err(PayError::Invalid {
+        challenge: with_error(challenge, "payment_invalid"),
+        reason: format!(
+            "valid_before_too_far: the authorization's validBefore is {} s from now, and at most maxTimeoutSeconds \
+             ({max} s) is accepted; sign it again with validBefore at most {max} s ahead",
+            if away == u64::MAX { "more than 10^19".to_owned() } else { away.to_string() },
+        ),
+    })
+}
+
+/// The attempt this request holds now.
+#[derive(Debug, Clone, Copy)]
+struct Claimed {
+    attempt: Id,
+    /// An earlier settle of it may have gone through: it is not verified
+    /// again (its authorization may be spent already).
+    resuming: bool,
+    /// The chain's block when it began, if known.
+    from_block: Option<u64>,
+}
+
 /// What a payment whose attempt already exists leads to.
 enum Resume<T> {
     /// This request holds the attempt now.
-    Claimed { attempt: Id, resuming: bool },
+    Claimed(Claimed),
     /// The answer, without a facilitator call.
     Answer(Box<Result<Bought<T>, PayError>>),
 }
@@ -284,64 +413,64 @@ async fn collision<C: Counter>(
     challenge: &PaymentRequired,
     counter: &C,
 ) -> Result<Resume<C::Task>, PayError> {
-    let purchase = &order.purchase;
+    let request = &order.request;
     let answer = |a: Result<Bought<C::Task>, PayError>| Ok(Resume::Answer(Box::new(a)));
-    if let Some(earlier) = ledger::find_attempt(cx.db, &offer.network, &payment.payer, &payment.nonce).await? {
-        let same = earlier.space == purchase.space.as_bytes()
+    let found = ledger::find_attempt(cx.db, &offer.network, &offer.asset, &payment.payer, &payment.nonce).await?;
+    if let Some(earlier) = found {
+        let same = earlier.space == request.space.as_bytes()
             && earlier.request_hash == request_hash
             && earlier.payload_hash == payment.hash;
         if !same {
-            return answer(Err(PayError::Replayed(with_error(challenge, "payment_replayed"))));
+            return answer(Err(replayed(challenge)));
         }
         return match earlier.status {
             // The same request with the same payment again, from the Space
             // that paid: what it bought, with its receipt. A client whose
             // connection dropped after the charge learns its task here.
             AttemptStatus::Settled => match earlier.task_id {
-                Some(task) => answer(Ok(bought_before(cx.db, task).await?)),
+                Some(task) => answer(bought_before(cx.db, task).await),
                 // Paid, and credited because its task could not be made.
-                None => answer(Err(PayError::Replayed(with_error(challenge, "payment_replayed")))),
+                None => answer(Err(replayed(challenge))),
             },
             AttemptStatus::Failed if earlier.reason.as_deref() == Some(ledger::NOT_SETTLED) => {
-                answer(Err(PayError::NotSettled(with_error(challenge, "payment_not_settled"))))
+                answer(Err(not_settled(challenge)))
             }
             _ if earlier.claimed => answer(Err(PayError::InProgress)),
-            status => {
-                if !ledger::claim_attempt(cx.db, earlier.id, status).await? {
-                    return answer(Err(PayError::InProgress));
+            status => match ledger::claim_attempt(cx.db, earlier.id, status).await? {
+                Claim::Busy => answer(Err(PayError::InProgress)),
+                // Refused before, and its key taken since by another payment.
+                Claim::KeyHeld => {
+                    let key = request.idempotency_key.unwrap_or_default();
+                    match ledger::find_by_idempotency_key(cx.db, request.space, key).await? {
+                        Some(holder) => answer(key_holder(cx.db, &holder, request_hash).await),
+                        None => answer(Err(PayError::RequestInProgress)),
+                    }
                 }
-                if status == AttemptStatus::Failed {
-                    // Refused before, nothing charged: tried afresh (the
-                    // payer may have topped up meanwhile).
-                    return Ok(Resume::Claimed { attempt: earlier.id, resuming: false });
+                // Refused before, nothing charged: tried afresh (the payer
+                // may have topped up meanwhile).
+                Claim::Taken if status == AttemptStatus::Failed => {
+                    let from_block = earlier.from_block.and_then(|b| u64::try_from(b).ok());
+                    Ok(Resume::Claimed(Claimed { attempt: earlier.id, resuming: false, from_block }))
                 }
                 // An unknown outcome: first ask the chain what it became.
-                match resolve_claimed(cx.db, cx.chains, &earlier, counter).await? {
-                    Resolution::Task(task) => answer(Ok(bought_before(cx.db, task).await?)),
-                    Resolution::Credited => answer(Err(PayError::Replayed(with_error(challenge, "payment_replayed")))),
-                    Resolution::NeverLanded => {
-                        answer(Err(PayError::NotSettled(with_error(challenge, "payment_not_settled"))))
-                    }
+                Claim::Taken => match resolve_claimed(cx.db, cx.chains, &earlier, counter, order.deadline).await? {
+                    Resolution::Task(task) => answer(bought_before(cx.db, task).await),
+                    Resolution::Credited => answer(Err(replayed(challenge))),
+                    Resolution::NotSettled => answer(Err(not_settled(challenge))),
                     // Still open: settling again is safe (one authorization
                     // moves money once) and may learn the outcome now.
-                    Resolution::Open { .. } => Ok(Resume::Claimed { attempt: earlier.id, resuming: true }),
-                }
-            }
+                    Resolution::Open { .. } => {
+                        let from_block = earlier.from_block.and_then(|b| u64::try_from(b).ok());
+                        Ok(Resume::Claimed(Claimed { attempt: earlier.id, resuming: true, from_block }))
+                    }
+                },
+            },
         };
     }
-    if let Some(key) = purchase.idempotency_key
-        && let Some(holder) = ledger::find_by_idempotency_key(cx.db, purchase.space, key).await?
+    if let Some(key) = request.idempotency_key
+        && let Some(holder) = ledger::find_by_idempotency_key(cx.db, request.space, key).await?
     {
-        if holder.request_hash != request_hash {
-            return answer(Err(PayError::IdempotencyConflict));
-        }
-        return answer(match (holder.status, holder.task_id) {
-            (AttemptStatus::Settled, Some(task)) => bought_before(cx.db, task).await,
-            // Paid, and credited because its task could not be made.
-            (AttemptStatus::Settled, None) => Err(PayError::IdempotencyConflict),
-            (_, _) if holder.claimed => Err(PayError::RequestInProgress),
-            (_, _) => Err(PayError::Pending { retry_after: RETRY_AFTER }),
-        });
+        return answer(key_holder(cx.db, &holder, request_hash).await);
     }
     // The only other unique: the payment-identifier id, taken meanwhile.
     answer(Err(PayError::IdentifierConflict))
@@ -376,119 +505,212 @@ fn nonce_already_used(reason: Option<&str>) -> bool {
     reason.is_some_and(|r| r.contains("nonce_already_used") || r.contains("authorization_used"))
 }
 
-/// Verifies (unless resuming an unknown outcome: that authorization may be
-/// spent already) and settles. `Ok(Some(hash))` settled now; `Ok(None)`
-/// settled by an earlier call whose answer was lost.
-#[allow(clippy::too_many_arguments)]
-async fn settle(
-    cx: Checkout<'_>,
-    facilitator: &Facilitator,
-    payment: &Payment,
-    offer: &PaymentRequirements,
-    challenge: &PaymentRequired,
-    attempt: Id,
-    resuming: bool,
+/// One payment being verified and settled, and what it is checked against.
+struct Settling<'a> {
+    cx: Checkout<'a>,
+    facilitator: &'a Facilitator,
+    payment: &'a Payment,
+    offer: &'a PaymentRequirements,
+    challenge: &'a PaymentRequired,
     deadline: Option<Instant>,
-) -> Result<Option<String>, PayError> {
-    let db = cx.db;
-    let pending = || PayError::Pending { retry_after: RETRY_AFTER };
-    if !resuming {
-        let Ok(budget) = budget(deadline) else {
-            ledger::fail_attempt(db, attempt, "deadline").await?;
-            return Err(PayError::FacilitatorUnavailable);
-        };
-        match facilitator.verify(&payment.document, offer, budget).await {
-            Ok(v) if v.is_valid => {}
-            Ok(v) => {
-                let reason = v.invalid_reason.unwrap_or_else(|| "invalid_payment".into());
-                tracing::info!(%reason, message = ?v.invalid_message, "facilitator: payment invalid");
-                ledger::fail_attempt(db, attempt, &reason).await?;
-                return Err(PayError::Invalid { challenge: with_error(challenge, "payment_invalid"), reason });
-            }
-            // `/verify` moves no money, whatever became of it.
-            Err(e) => {
-                tracing::error!(error = %e, "facilitator /verify failed");
-                ledger::fail_attempt(db, attempt, "facilitator_unavailable").await?;
+}
+
+/// What the chain is asked to confirm: the facilitator's answer said so,
+/// or only left it possible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Said {
+    /// `success` with this transaction: read again for a moment if the
+    /// chain does not show it yet.
+    Settled,
+    /// A transaction (or a spent nonce) that may or may not have paid.
+    Maybe,
+}
+
+impl Settling<'_> {
+    /// Verifies (unless resuming an unknown outcome: that authorization may
+    /// be spent already) and settles; the transaction that paid, proven on
+    /// chain.
+    async fn settle(&self, claimed: Claimed) -> Result<String, PayError> {
+        let (db, attempt, resuming) = (self.cx.db, claimed.attempt, claimed.resuming);
+        let mut from_block = claimed.from_block;
+        if !resuming {
+            let Ok(budget) = budget(self.deadline) else {
+                ledger::fail_attempt(db, attempt, "deadline").await?;
                 return Err(PayError::FacilitatorUnavailable);
+            };
+            // Where the search for this payment's transfer will start: read
+            // beside `/verify`, before anything is settled.
+            let head = async {
+                let chain = self.cx.chains.get(&self.offer.network).ok()?;
+                chain.head().await.inspect_err(|e| tracing::warn!(error = %e, "cannot read the chain's head")).ok()
+            };
+            let (verified, head) =
+                tokio::join!(self.facilitator.verify(&self.payment.document, self.offer, budget), head);
+            if let Some(head) = head {
+                ledger::set_from_block(db, attempt, head.number).await?;
+                from_block = from_block.or(Some(head.number));
+            }
+            match verified {
+                Ok(v) if v.is_valid => {}
+                Ok(v) => {
+                    let reason = v.invalid_reason.unwrap_or_else(|| "invalid_payment".into());
+                    tracing::info!(%reason, message = ?v.invalid_message, "facilitator: payment invalid");
+                    ledger::fail_attempt(db, attempt, &reason).await?;
+                    let challenge = with_error(self.challenge, "payment_invalid");
+                    return Err(PayError::Invalid { challenge, reason });
+                }
+                // `/verify` moves no money, whatever became of it.
+                Err(e) => {
+                    tracing::error!(error = %e, "facilitator /verify failed");
+                    ledger::fail_attempt(db, attempt, "facilitator_unavailable").await?;
+                    return Err(PayError::FacilitatorUnavailable);
+                }
+            }
+        }
+        let Ok(budget) = budget(self.deadline) else {
+            return if resuming {
+                ledger::release_attempt(db, attempt, "settle outcome unknown", None).await?;
+                Err(PENDING)
+            } else {
+                // Verified, never sent to be settled: nothing can be charged.
+                ledger::fail_attempt(db, attempt, "deadline").await?;
+                Err(PayError::FacilitatorUnavailable)
+            };
+        };
+        let claimed = Claimed { from_block, ..claimed };
+        match self.facilitator.settle(&self.payment.document, self.offer, budget).await {
+            Ok(settled) if settled.success && !settled.transaction.is_empty() => {
+                tracing::info!(transaction = %settled.transaction, "facilitator: settled");
+                self.confirm(claimed, Some(&settled.transaction), Said::Settled).await
+            }
+            // An earlier settle of this payment may have gone through, its
+            // answer lost; or someone else spent the nonce. The chain tells.
+            Ok(settled) if resuming && nonce_already_used(settled.error_reason.as_deref()) => {
+                self.confirm(claimed, None, Said::Maybe).await
+            }
+            // A refusal of a resumed attempt proves nothing: the first
+            // settle may still be pending on chain. Nor does one that names
+            // a transaction it sent: that transaction tells.
+            Ok(settled) if resuming || outcome_open(&settled) => {
+                let reason = settled.error_reason.unwrap_or_else(|| "settle outcome unknown".into());
+                tracing::warn!(%attempt, %reason, transaction = %settled.transaction, "settle outcome unknown");
+                let named = Some(settled.transaction.as_str()).filter(|t| !t.is_empty());
+                self.confirm(claimed, named, Said::Maybe).await
+            }
+            Ok(settled) => {
+                let reason = settled.error_reason.unwrap_or_else(|| "settle_failed".into());
+                tracing::info!(%reason, message = ?settled.error_message, "facilitator: settle failed");
+                ledger::fail_attempt(db, attempt, &reason).await?;
+                let (network, payer) = (&self.offer.network, &self.payment.payer);
+                let settlement = Box::new(PaymentResponse::refused(&reason, network, payer));
+                let challenge = with_error(self.challenge, "payment_failed");
+                Err(PayError::Failed { challenge, reason, settlement })
+            }
+            // Nothing reached it: a fresh attempt was not charged. A resumed
+            // one may have been, earlier: it stays open.
+            Err(FacilitatorError::Unreachable(e)) if !resuming => {
+                tracing::error!(error = %e, "facilitator /settle unreachable");
+                ledger::fail_attempt(db, attempt, "facilitator_unavailable").await?;
+                Err(PayError::FacilitatorUnavailable)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, %attempt, "facilitator /settle outcome unknown");
+                ledger::release_attempt(db, attempt, "settle outcome unknown", None).await?;
+                Err(PENDING)
             }
         }
     }
-    let Ok(budget) = budget(deadline) else {
-        return if resuming {
-            ledger::release_attempt(db, attempt, "settle outcome unknown", None).await?;
-            Err(pending())
-        } else {
-            // Verified, never sent to be settled: nothing can be charged.
-            ledger::fail_attempt(db, attempt, "deadline").await?;
-            Err(PayError::FacilitatorUnavailable)
+
+    /// What the chain shows of this payment ([`proof::prove`]), within what
+    /// is left of the deadline: the transaction that paid; or, its nonce
+    /// spent by a transaction that paid nothing, `payment_not_settled` with
+    /// the attempt failed; or, undecided, `payment_pending` with the
+    /// attempt released for the reconciler.
+    async fn confirm(&self, claimed: Claimed, named: Option<&str>, said: Said) -> Result<String, PayError> {
+        let (db, attempt) = (self.cx.db, claimed.attempt);
+        let release = |reason: &'static str| async move {
+            ledger::release_attempt(db, attempt, reason, named).await?;
+            Err::<String, PayError>(PENDING)
         };
-    };
-    match facilitator.settle(&payment.document, offer, budget).await {
-        Ok(settled) if settled.success && !settled.transaction.is_empty() => {
-            tracing::info!(transaction = %settled.transaction, "payment settled");
-            Ok(Some(settled.transaction))
-        }
-        Ok(settled) if resuming && nonce_already_used(settled.error_reason.as_deref()) => {
-            tracing::warn!(%attempt, "an earlier settle of this payment went through; its answer was lost");
-            Ok(None)
-        }
-        // A refusal of a resumed attempt proves nothing: the first settle
-        // may still be pending on chain. Nor does one that names a
-        // transaction it sent.
-        Ok(settled) if resuming || outcome_open(&settled) => {
-            let reason = settled.error_reason.unwrap_or_else(|| "settle outcome unknown".into());
-            tracing::warn!(%attempt, %reason, transaction = %settled.transaction, "settle outcome unknown");
-            let transaction = Some(settled.transaction.as_str()).filter(|t| !t.is_empty());
-            ledger::release_attempt(db, attempt, &reason, transaction).await?;
-            Err(pending())
-        }
-        Ok(settled) => {
-            let reason = settled.error_reason.unwrap_or_else(|| "settle_failed".into());
-            tracing::info!(%reason, message = ?settled.error_message, "facilitator: settle failed");
-            ledger::fail_attempt(db, attempt, &reason).await?;
-            let settlement = Box::new(PaymentResponse::refused(&reason, &offer.network, &payment.payer));
-            Err(PayError::Failed { challenge: with_error(challenge, "payment_failed"), reason, settlement })
-        }
-        // Nothing reached it: a fresh attempt was not charged. A resumed one
-        // may have been, earlier: it stays open.
-        Err(FacilitatorError::Unreachable(e)) if !resuming => {
-            tracing::error!(error = %e, "facilitator /settle unreachable");
-            ledger::fail_attempt(db, attempt, "facilitator_unavailable").await?;
-            Err(PayError::FacilitatorUnavailable)
-        }
-        Err(e) => {
-            tracing::error!(error = %e, %attempt, "facilitator /settle outcome unknown");
-            ledger::release_attempt(db, attempt, "settle outcome unknown", None).await?;
-            Err(pending())
+        let Ok(chain) = self.cx.chains.get(&self.offer.network) else {
+            // No endpoint for this network (start-up warned): the
+            // facilitator's word is all there is.
+            return match (said, named) {
+                (Said::Settled, Some(transaction)) => Ok(transaction.to_ascii_lowercase()),
+                _ => release("settle outcome unknown; no chain endpoint to resolve it").await,
+            };
+        };
+        let owed = Owed {
+            asset: &self.offer.asset,
+            payer: &self.payment.payer,
+            nonce: &self.payment.nonce,
+            pay_to: &self.offer.pay_to,
+            amount: &self.offer.amount,
+        };
+        let until = match self.deadline {
+            Some(deadline) => deadline.checked_sub(STORE_MARGIN).unwrap_or(deadline),
+            None => Instant::now() + CONFIRM_WAIT,
+        };
+        loop {
+            let proof = tokio::time::timeout_at(until, proof::prove(chain, &owed, claimed.from_block, named)).await;
+            match proof {
+                Ok(Ok(Proof::Paid { transaction })) => return Ok(transaction),
+                Ok(Ok(Proof::Spent { transaction })) => {
+                    tracing::warn!(
+                        %attempt, transaction = ?transaction,
+                        "the authorization's nonce was spent by a transaction that paid nothing: not settled"
+                    );
+                    ledger::fail_attempt(db, attempt, ledger::NOT_SETTLED).await?;
+                    return Err(not_settled(self.challenge));
+                }
+                // Reported mined, not seen yet: this endpoint may be a block
+                // behind the facilitator's.
+                Ok(Ok(Proof::Unused(_) | Proof::Unfound))
+                    if said == Said::Settled && Instant::now() + CONFIRM_POLL < until =>
+                {
+                    tokio::time::sleep(CONFIRM_POLL).await;
+                }
+                Ok(Ok(_)) => return release("settlement not seen on chain yet").await,
+                Ok(Err(e)) => {
+                    tracing::warn!(%attempt, error = %e, "cannot read the chain to confirm a settlement");
+                    return release("settle outcome unknown; the chain could not be read").await;
+                }
+                Err(_) => return release("settle outcome unknown; the chain did not answer in time").await,
+            }
         }
     }
+}
+
+/// A settlement proven on chain, and the attempt it settles.
+struct Paid<'a> {
+    offer: &'a PaymentRequirements,
+    payer: &'a str,
+    attempt: Id,
+    transaction: &'a str,
 }
 
 /// The task and its payment, in one transaction with the attempt's move to
 /// `settled`: either all three are written or none.
 async fn store_paid<C: Counter>(
     db: &PgPool,
-    purchase: &Purchase<'_>,
-    offer: &PaymentRequirements,
-    payer: &str,
-    attempt: Id,
-    transaction: Option<&str>,
+    request: &TaskRequest<'_>,
+    paid: &Paid<'_>,
     counter: &C,
 ) -> Result<C::Task, PayError> {
     let mut tx = db.begin().await?;
-    let task = store_in(&mut tx, purchase, counter).await?;
+    let task = store_in(&mut tx, request, counter).await?;
     let recorded = ledger::record_settled(
         &mut tx,
         &SettledPayment {
-            attempt,
+            attempt: paid.attempt,
             task_id: C::task_id(&task),
-            space: purchase.space,
-            network: &offer.network,
-            payer,
-            asset: &offer.asset,
-            amount: &offer.amount,
-            pay_to: &offer.pay_to,
-            transaction,
+            space: request.space,
+            network: &paid.offer.network,
+            payer: paid.payer,
+            asset: &paid.offer.asset,
+            amount: &paid.offer.amount,
+            pay_to: &paid.offer.pay_to,
+            transaction: paid.transaction,
         },
     )
     .await?;

@@ -11,15 +11,7 @@ use sqlx::PgConnection;
 use super::ledger::Credit;
 use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
-
-/// The request being paid for, as its task will be stored.
-#[derive(Debug, Clone, Copy)]
-pub struct Purchase<'a> {
-    pub space: &'a SpaceIndex,
-    pub kind: &'a str,
-    pub input: &'a Value,
-    pub idempotency_key: Option<&'a str>,
-}
+use crate::domain::request::TaskRequest;
 
 /// Where a paid-for request becomes a task: implemented by `tasks`.
 pub trait Counter: Sync {
@@ -31,13 +23,22 @@ pub trait Counter: Sync {
     /// kind that was withdrawn leaves a credit instead of a task.
     fn offers(&self, kind: &str) -> bool;
 
-    /// Stores `purchase` as a queued task in the caller's transaction.
+    /// Stores `request` as a queued task in the caller's transaction.
     /// `None`: its `Idempotency-Key` is taken by another task.
     fn store(
         &self,
         conn: &mut PgConnection,
-        purchase: &Purchase<'_>,
+        request: &TaskRequest<'_>,
     ) -> impl Future<Output = Result<Option<Self::Task>, sqlx::Error>> + Send;
+
+    /// Whether a task of `space` already holds `key`, seen in the caller's
+    /// transaction (which holds the key's lock: [`super::ledger::lock_key`]).
+    fn key_taken(
+        &self,
+        conn: &mut PgConnection,
+        space: &SpaceIndex,
+        key: &str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// Appends the event that says how the task was paid, when it is not
     /// the plain case (a credit, a charge learnt late).
@@ -80,17 +81,17 @@ impl Note<'_> {
     }
 }
 
-/// Stores the purchase as a task. Its `Idempotency-Key` taken meanwhile by
-/// another task (a free or credit-paid one, which reserve nothing): the
-/// payer still paid for a task of their own, so it is stored without it.
+/// Stores the paid request as a task. Its `Idempotency-Key` taken meanwhile
+/// by another task (a free one, which reserves nothing): the payer still
+/// paid for a task of their own, so it is stored without it.
 pub(crate) async fn store_in<C: Counter>(
     conn: &mut PgConnection,
-    purchase: &Purchase<'_>,
+    request: &TaskRequest<'_>,
     counter: &C,
 ) -> Result<C::Task, sqlx::Error> {
-    if let Some(task) = counter.store(conn, purchase).await? {
+    if let Some(task) = counter.store(conn, request).await? {
         return Ok(task);
     }
-    let keyless = Purchase { idempotency_key: None, ..*purchase };
+    let keyless = request.keyless();
     counter.store(conn, &keyless).await?.ok_or_else(|| sqlx::Error::Protocol("a task without a key was refused".into()))
 }

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgExecutor, PgPool};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
 
@@ -57,8 +57,9 @@ impl TryFrom<String> for AttemptStatus {
     }
 }
 
-/// The reason of an attempt the reconciler failed: its authorization's
-/// `validBefore` passed with its nonce unused, so it can never be charged.
+/// The reason of an attempt that can never have paid: its authorization's
+/// `validBefore` passed with its nonce unused, or the nonce was used by a
+/// transaction that did not pay `payTo` exactly (see [`super::proof`]).
 pub const NOT_SETTLED: &str = "not_settled";
 
 /// One attempt, with the request it pays for, read from the columns of
@@ -88,6 +89,9 @@ pub struct Attempt {
     /// The settlement's hash, once known (a `settlement_pending` answer
     /// carries it before it is mined).
     pub transaction: Option<String>,
+    /// The chain's block when the attempt began: where the search for the
+    /// transaction that used its authorization starts.
+    pub from_block: Option<i64>,
     pub task_id: Option<Id>,
     /// Someone holds it right now.
     pub claimed: bool,
@@ -118,7 +122,7 @@ pub struct NewAttempt<'a> {
 macro_rules! attempt_columns {
     () => {
         "id, status, network, payer, nonce, space_idx, kind, request_hash, payload_hash, input, \
-         idempotency_key, asset, amount, pay_to, valid_before::text AS valid_before, reason, transaction, task_id, \
+         idempotency_key, asset, amount, pay_to, valid_before::text AS valid_before, reason, transaction, from_block, task_id, \
          (claimed_until IS NOT NULL AND claimed_until > now()) AS claimed"
     };
 }
@@ -130,12 +134,25 @@ macro_rules! credit_columns {
     };
 }
 
+/// Takes the lock of a space's `Idempotency-Key` until the caller's
+/// transaction ends. A key is held by a task (in `tasks`) or by an attempt
+/// that may still pay for one (here): whoever reserves it in either table
+/// holds this first, so a credit can never pay for a key whose payment is
+/// pending, nor a payment start for a key a credit has just used.
+pub async fn lock_key(conn: &mut PgConnection, space: &SpaceIndex, key: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("reeve.key:{}:{key}", space.to_hex()))
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
 /// Records a new attempt, claimed by the caller. `None`: it collides with
-/// an earlier attempt: the same authorization (network, payer, nonce), the
-/// same `Idempotency-Key` still open or paid, or the same
+/// an earlier attempt: the same authorization (network, asset, payer,
+/// nonce), the same `Idempotency-Key` still open or paid, or the same
 /// `payment-identifier` id; [`find_attempt`], [`find_by_idempotency_key`]
 /// and [`find_by_payment_id`] say which.
-pub async fn insert_attempt(db: &PgPool, new: &NewAttempt<'_>) -> Result<Option<Id>, sqlx::Error> {
+pub async fn insert_attempt(conn: &mut PgConnection, new: &NewAttempt<'_>) -> Result<Option<Id>, sqlx::Error> {
     let id = Id::new();
     let inserted = sqlx::query(
         "INSERT INTO payment_attempts
@@ -161,24 +178,37 @@ pub async fn insert_attempt(db: &PgPool, new: &NewAttempt<'_>) -> Result<Option<
     .bind(new.pay_to)
     .bind(new.valid_before)
     .bind(f64::from(CLAIM_SECONDS))
-    .execute(db)
+    .execute(conn)
     .await?
     .rows_affected();
     Ok((inserted == 1).then_some(id))
 }
 
+/// Records the chain's block when the attempt began (read beside `/verify`,
+/// before anything is settled).
+pub async fn set_from_block(db: &PgPool, id: Id, block: u64) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE payment_attempts SET from_block = $2 WHERE id = $1 AND from_block IS NULL")
+        .bind(id)
+        .bind(i64::try_from(block).unwrap_or(i64::MAX))
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+/// The attempt of one authorization: EIP-3009 nonces are per token.
 pub async fn find_attempt(
     db: &PgPool,
     network: &str,
+    asset: &str,
     payer: &str,
     nonce: &str,
 ) -> Result<Option<Attempt>, sqlx::Error> {
     let sql = concat!(
         "SELECT ",
         attempt_columns!(),
-        " FROM payment_attempts WHERE network = $1 AND payer = $2 AND nonce = $3"
+        " FROM payment_attempts WHERE network = $1 AND lower(asset) = lower($2) AND payer = $3 AND nonce = $4"
     );
-    sqlx::query_as(sql).bind(network).bind(payer).bind(nonce).fetch_optional(db).await
+    sqlx::query_as(sql).bind(network).bind(asset).bind(payer).bind(nonce).fetch_optional(db).await
 }
 
 /// The attempt a space's `payment-identifier` id was first used with.
@@ -194,7 +224,7 @@ pub async fn find_by_payment_id(
 /// The attempt that holds a space's `Idempotency-Key`: one that may still
 /// charge, or has. A failed attempt holds nothing.
 pub async fn find_by_idempotency_key(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     space: &SpaceIndex,
     key: &str,
 ) -> Result<Option<Attempt>, sqlx::Error> {
@@ -220,12 +250,23 @@ pub async fn release_payment_id(db: &PgPool, id: Id) -> Result<bool, sqlx::Error
     Ok(moved == 1)
 }
 
+/// What [`claim_attempt`] got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller holds it now.
+    Taken,
+    /// Someone else holds it, or it moved on.
+    Busy,
+    /// A failed attempt whose `Idempotency-Key` another attempt holds now:
+    /// it cannot be tried again under that key.
+    KeyHeld,
+}
+
 /// Takes over an attempt in `from` that nobody holds: the retry of a request
-/// that failed, or whose settlement's outcome was never learnt. `false`:
-/// someone else holds it, or it moved on.
-pub async fn claim_attempt(db: &PgPool, id: Id, from: AttemptStatus) -> Result<bool, sqlx::Error> {
+/// that failed, or whose settlement's outcome was never learnt.
+pub async fn claim_attempt(db: &PgPool, id: Id, from: AttemptStatus) -> Result<Claim, sqlx::Error> {
     if from == AttemptStatus::Settled {
-        return Ok(false);
+        return Ok(Claim::Busy);
     }
     let moved = sqlx::query(
         "UPDATE payment_attempts
@@ -237,9 +278,17 @@ pub async fn claim_attempt(db: &PgPool, id: Id, from: AttemptStatus) -> Result<b
     .bind(from.as_str())
     .bind(f64::from(CLAIM_SECONDS))
     .execute(db)
-    .await?
-    .rows_affected();
-    Ok(moved == 1)
+    .await;
+    match moved {
+        Ok(done) if done.rows_affected() == 1 => Ok(Claim::Taken),
+        Ok(_) => Ok(Claim::Busy),
+        // Back to `settling`, a failed attempt reserves its key again: the
+        // partial unique index refuses it while another attempt holds it.
+        Err(sqlx::Error::Database(e)) if e.constraint() == Some("payment_attempts_idempotency_key") => {
+            Ok(Claim::KeyHeld)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Nothing was charged and nothing can be by this attempt (the facilitator
@@ -265,13 +314,11 @@ pub async fn fail_attempt(db: &PgPool, id: Id, reason: &str) -> Result<bool, sql
 
 /// The settlement's outcome is unknown: the attempt stays `settling` with
 /// the transaction hash if one is known, and is released at once so the
-/// reconciler (or the client's retry) can resolve it from the chain. Its
-/// client is told it is pending.
+/// reconciler (or the client's retry) can resolve it from the chain.
 pub async fn release_attempt(db: &PgPool, id: Id, reason: &str, transaction: Option<&str>) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE payment_attempts
-            SET claimed_until = NULL, reason = $2, transaction = COALESCE($3, transaction), told_pending = true,
-                updated_at = now()
+            SET claimed_until = NULL, reason = $2, transaction = COALESCE($3, transaction), updated_at = now()
           WHERE id = $1 AND status = 'settling'",
     )
     .bind(id)
@@ -309,8 +356,8 @@ pub struct SettledPayment<'a> {
     pub asset: &'a str,
     pub amount: &'a str,
     pub pay_to: &'a str,
-    /// `None` when an earlier call settled it and its answer was lost.
-    pub transaction: Option<&'a str>,
+    /// The transaction that paid (see [`super::proof`]).
+    pub transaction: &'a str,
 }
 
 pub async fn record_settled(conn: &mut PgConnection, p: &SettledPayment<'_>) -> Result<bool, sqlx::Error> {
@@ -461,6 +508,9 @@ pub const CREDITED_CODES: &[&str] = &[
     "unknown_kind",
     "malformed_message",
     "bad_executor_response",
+    // An upload checked at create and gone when the task ran: the bucket
+    // expired it, which is Reeve's doing, not the input's.
+    "upload_missing",
     // A cancel of a task that never started (its caller passes this code
     // only for a task that was still queued).
     "canceled",

@@ -5,8 +5,10 @@
 //!
 //! Module map:
 //! - [`checkout`]: [`pay`], the one call that pays for a request or refuses:
-//!   attempt, verify, settle, resolve, credit, in the order that keeps "no
-//!   charge without a task, no task without a charge".
+//!   attempt, verify, settle, prove, store or credit, in the order that
+//!   keeps "no charge without a task, no task without a charge".
+//! - [`proof`]: what the chain must show before a payment counts: the
+//!   transfer this authorization made, of exactly the amount, to `payTo`.
 //! - [`reconcile`]: every sweep resolves unknown settlements from the chain.
 //! - [`challenge`]: the `402` document (`PAYMENT-REQUIRED`), with the
 //!   `payment-identifier` and `bazaar` extensions.
@@ -15,7 +17,7 @@
 //! - [`facilitator`]: `/verify` and `/settle` through the SSRF-guarded client.
 //! - [`supported`]: which networks the facilitator settles (`/supported`),
 //!   against the catalog's prices.
-//! - [`chain`]: EIP-3009 authorization states over each network's JSON-RPC.
+//! - [`chain`]: each network's JSON-RPC endpoint: blocks, logs, receipts.
 //! - [`ledger`]: attempts (recorded before settling), payments, credits.
 //!
 //! - [`counter`]: the [`Counter`] through which the caller stores a task.
@@ -35,6 +37,8 @@ pub(crate) mod ledger;
 #[cfg(feature = "api-tasks")]
 pub(crate) mod payload;
 #[cfg(feature = "chain")]
+pub(crate) mod proof;
+#[cfg(feature = "chain")]
 pub(crate) mod reconcile;
 #[cfg(feature = "catalog")]
 pub(crate) mod supported;
@@ -47,8 +51,10 @@ pub use challenge::{
     SIGNATURE_REQUIRED, payment_required,
 };
 #[cfg(feature = "api-tasks")]
-pub use checkout::{Bought, Checkout, Order, PayError, RETRY_AFTER, STORE_MARGIN, bought_before, pay};
-pub use counter::{Counter, Note, Purchase};
+pub use checkout::{
+    Bought, CLOCK_SKEW, Checkout, Order, PayError, RETRY_AFTER, STORE_MARGIN, bought_before, held_key, pay,
+};
+pub use counter::{Counter, Note};
 #[cfg(feature = "outbound")]
 pub use facilitator::{Facilitator, FacilitatorError};
 pub use ledger::{Credit, PaymentRecord, credit_if_owed, receipt};
@@ -71,8 +77,8 @@ pub struct PaymentResponse {
     pub success: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_reason: Option<String>,
-    /// The settlement's transaction hash; empty when none is known (a
-    /// refusal, or a settlement whose answer was lost).
+    /// The settlement's transaction hash (proven on chain); empty for a
+    /// refusal.
     #[serde(default)]
     pub transaction: String,
     pub network: String,

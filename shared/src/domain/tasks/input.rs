@@ -163,8 +163,6 @@ fn push_segment(pointer: &mut String, key: &str) {
     }
 }
 
-pub use crate::infra::canonical_json::request_hash;
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;

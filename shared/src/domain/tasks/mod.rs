@@ -45,6 +45,7 @@ pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, deadli
 
 use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
+pub use crate::domain::request::TaskRequest;
 
 /// Every delivery the queue allows ended in a retryable failure: the worker
 /// fails a task with it on the last delivery, the sweeper one that has been
@@ -151,16 +152,6 @@ pub use cancel::{CancelOutcome, cancel, cancel_requested};
 pub use list::{ListQuery, Page, list};
 pub use transition::{Change, Fence, transition};
 
-/// What [`create`] is asked to store. The input has already passed the
-/// task's schema and its uploads have been checked.
-#[derive(Debug, Clone, Copy)]
-pub struct NewTask<'a> {
-    pub space: &'a SpaceIndex,
-    pub kind: &'a str,
-    pub input: &'a Value,
-    pub idempotency_key: Option<&'a str>,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum Created {
     /// Stored now, `queued` with its first event: the caller must enqueue it.
@@ -180,16 +171,10 @@ pub enum CreateError {
 }
 
 #[cfg(feature = "catalog")]
-/// The task an idempotency key was first used for in this space: `Ok(None)`
-/// if never, `Ok(Some)` if for this same `(kind, input)`, and
-/// `IdempotencyConflict` if for another request.
-pub async fn find_by_idempotency_key(
-    db: &PgPool,
-    space: &SpaceIndex,
-    key: &str,
-    kind: &str,
-    input: &Value,
-) -> Result<Option<Task>, CreateError> {
+/// The task the request's idempotency key was first used for in its space:
+/// `Ok(None)` if never (or the request has no key), `Ok(Some)` if for this
+/// same `(kind, input)`, and `IdempotencyConflict` if for another request.
+pub async fn find_by_idempotency_key(db: &PgPool, request: &TaskRequest<'_>) -> Result<Option<Task>, CreateError> {
     /// The task with the hash of the request that made it.
     #[derive(sqlx::FromRow)]
     struct Keyed {
@@ -199,10 +184,10 @@ pub async fn find_by_idempotency_key(
     }
     let sql =
         concat!("SELECT ", task_columns!(), ", request_hash FROM tasks WHERE space_idx = $1 AND idempotency_key = $2");
-    let Some(found) = sqlx::query_as::<_, Keyed>(sql).bind(space.as_bytes()).bind(key).fetch_optional(db).await? else {
-        return Ok(None);
-    };
-    let hash = input::request_hash(kind, input);
+    let Some(key) = request.idempotency_key else { return Ok(None) };
+    let found = sqlx::query_as::<_, Keyed>(sql).bind(request.space.as_bytes()).bind(key).fetch_optional(db).await?;
+    let Some(found) = found else { return Ok(None) };
+    let hash = request.hash();
     // Not secret material: the hash of the caller's own request.
     if found.request_hash.as_deref() != Some(hash.as_slice()) {
         return Err(CreateError::IdempotencyConflict);
@@ -219,7 +204,7 @@ pub async fn find_by_idempotency_key(
 /// requests with one key are settled by the `UNIQUE (space_idx,
 /// idempotency_key)` constraint: the loser's insert does nothing, and it
 /// reads the winner's task once that has committed.
-pub async fn create(db: &PgPool, new: NewTask<'_>) -> Result<Created, CreateError> {
+pub async fn create(db: &PgPool, new: TaskRequest<'_>) -> Result<Created, CreateError> {
     // A key whose task vanished between our insert and re-read (its space was
     // deleted) is simply free again: try once more.
     for _ in 0..3 {
@@ -229,8 +214,7 @@ pub async fn create(db: &PgPool, new: NewTask<'_>) -> Result<Created, CreateErro
             return Ok(Created::New(task));
         }
         tx.rollback().await?;
-        let key = new.idempotency_key.expect("only a key can conflict");
-        if let Some(task) = find_by_idempotency_key(db, new.space, key, new.kind, new.input).await? {
+        if let Some(task) = find_by_idempotency_key(db, &new).await? {
             return Ok(Created::Replayed(task));
         }
     }
@@ -241,8 +225,8 @@ pub async fn create(db: &PgPool, new: NewTask<'_>) -> Result<Created, CreateErro
 /// The insert of [`create`], inside the caller's transaction: the task
 /// `queued` with its first event. `None`: the idempotency key is taken (by a
 /// committed task, or one whose transaction is still open and has now won).
-pub async fn insert_queued(conn: &mut sqlx::PgConnection, new: NewTask<'_>) -> Result<Option<Task>, sqlx::Error> {
-    let hash = input::request_hash(new.kind, new.input);
+pub async fn insert_queued(conn: &mut sqlx::PgConnection, new: TaskRequest<'_>) -> Result<Option<Task>, sqlx::Error> {
+    let hash = new.hash();
     let sql = concat!(
         "INSERT INTO tasks (id, space_idx, kind, input, idempotency_key, request_hash)
          VALUES ($1, $2, $3, $4, $5, $6)

@@ -23,7 +23,7 @@ use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 
-use super::{CreateError, Created, NewTask, insert_queued};
+use super::{CreateError, Created, TaskRequest, insert_queued};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::{Catalog, Quota, TaskSpec};
 
@@ -96,7 +96,7 @@ pub struct QuotaUse {
 /// without a quota (a priced one) is stored as is.
 pub async fn create(
     db: &PgPool,
-    new: NewTask<'_>,
+    new: TaskRequest<'_>,
     spec: &TaskSpec,
 ) -> Result<Result<Created, CreateError>, QuotaExceeded> {
     let Some(quota) = spec.quota else {
@@ -114,7 +114,7 @@ enum Admitted {
     Refused(QuotaExceeded),
 }
 
-async fn create_within(db: &PgPool, new: NewTask<'_>, quota: Quota) -> Result<Admitted, CreateError> {
+async fn create_within(db: &PgPool, new: TaskRequest<'_>, quota: Quota) -> Result<Admitted, CreateError> {
     let mut tx = db.begin().await?;
     // Held until commit or rollback: the next create of this space and kind
     // counts after this one is stored or given up.

@@ -5,10 +5,11 @@
 
 use sqlx::PgConnection;
 
-use super::{EventType, NewTask, Task, append_event, insert_queued};
+use super::{EventType, Task, TaskRequest, append_event, insert_queued};
+use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::Catalog;
 use crate::domain::ids::Id;
-use crate::domain::payments::{Counter, Note, Purchase};
+use crate::domain::payments::{Counter, Note};
 
 /// Where payments store what they sold: a queued task, with the event that
 /// says how it was paid. The reconciler stores through it too.
@@ -27,9 +28,16 @@ impl Counter for Shelf<'_> {
         self.catalog.task(kind).is_some()
     }
 
-    async fn store(&self, conn: &mut PgConnection, p: &Purchase<'_>) -> Result<Option<Task>, sqlx::Error> {
-        let new = NewTask { space: p.space, kind: p.kind, input: p.input, idempotency_key: p.idempotency_key };
-        insert_queued(conn, new).await
+    async fn store(&self, conn: &mut PgConnection, request: &TaskRequest<'_>) -> Result<Option<Task>, sqlx::Error> {
+        insert_queued(conn, *request).await
+    }
+
+    async fn key_taken(&self, conn: &mut PgConnection, space: &SpaceIndex, key: &str) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tasks WHERE space_idx = $1 AND idempotency_key = $2)")
+            .bind(space.as_bytes())
+            .bind(key)
+            .fetch_one(conn)
+            .await
     }
 
     async fn note(&self, conn: &mut PgConnection, task: &Task, note: &Note<'_>) -> Result<(), sqlx::Error> {

@@ -7,13 +7,15 @@
 //!    database can hold (no NUL) and that matches its schema;
 //! 2. an `Idempotency-Key` used before answers its task again (a task still
 //!    `queued` has its message re-sent, as that message may have been lost);
-//! 3. every upload the input names is this space's and has arrived;
+//! 3. every upload the input names is this space's and has arrived (for a
+//!    priced task, its object is still in storage: a HEAD, before any
+//!    payment);
 //! 4. a priced task is paid, or refused: [`payments::pay`] owns that whole
-//!    order (attempt, verify, settle, resolve, credit) and stores the task
+//!    order (attempt, verify, settle, prove, credit) and stores the task
 //!    through [`Shelf`](super::Shelf) inside the payment's transaction;
 //! 5. a free task is stored, within its space's quota ([`super::quota`]:
 //!    refused with nothing stored, and never anything to charge), and the
-//!    task is queued.
+//!    task is queued; under a key a payment holds, that payment answers.
 
 use std::collections::HashSet;
 
@@ -22,11 +24,11 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 
 use super::input::{self, MAX_UPLOADS};
-use super::{NewTask, Shelf, Task, TaskStatus, find_by_idempotency_key};
+use super::{Shelf, Task, TaskRequest, TaskStatus, find_by_idempotency_key};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::{Catalog, TaskSpec};
 use crate::domain::payments::{
-    self, Bought, Checkout, Credit, Order, PayError, PaymentInput, PaymentResponse, Purchase, SIGNATURE_REQUIRED,
+    self, Bought, Checkout, Credit, Order, PayError, PaymentInput, PaymentResponse, SIGNATURE_REQUIRED,
 };
 use crate::domain::uploads::{self, UploadError};
 
@@ -47,10 +49,7 @@ pub struct SubmitContext<'a> {
 /// One create request, as the HTTP layer (or an MCP tool call) extracted it.
 #[derive(Debug, Clone, Copy)]
 pub struct Submission<'a> {
-    pub space: &'a SpaceIndex,
-    pub kind: &'a str,
-    pub input: &'a Value,
-    pub idempotency_key: Option<&'a str>,
+    pub request: TaskRequest<'a>,
     /// The payment as sent: a `PAYMENT-SIGNATURE` header, or the decoded
     /// document of an MCP call's `_meta`.
     pub payment: Option<PaymentInput<'a>>,
@@ -135,30 +134,29 @@ impl From<PayError> for SubmitError {
 
 /// Creates (or answers again) a task. See the module documentation.
 pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitted, SubmitError> {
-    let spec = cx.catalog.task(s.kind).ok_or_else(|| SubmitError::UnknownTask(s.kind.to_owned()))?;
-    if !s.input.is_object() {
+    let request = &s.request;
+    let spec = cx.catalog.task(request.kind).ok_or_else(|| SubmitError::UnknownTask(request.kind.to_owned()))?;
+    if !request.input.is_object() {
         return Err(SubmitError::InputNotObject);
     }
-    if let Some(pointer) = input::nul_pointer(s.input) {
+    if let Some(pointer) = input::nul_pointer(request.input) {
         return Err(SubmitError::InputNul(pointer));
     }
-    let (violations, total) = input::violations(spec, s.input);
+    let (violations, total) = input::violations(spec, request.input);
     if total > 0 {
         return Err(SubmitError::InvalidInput(input::describe_violations(&violations, total)));
     }
-    if let Some(key) = s.idempotency_key {
-        let found = find_by_idempotency_key(cx.db, s.space, key, s.kind, s.input).await.map_err(|e| match e {
-            super::CreateError::IdempotencyConflict => SubmitError::IdempotencyConflict,
-            super::CreateError::Db(db) => SubmitError::Db(db),
-        })?;
-        if let Some(task) = found {
-            return replay(cx, task).await;
-        }
+    if let Some(task) = find_keyed(cx.db, request).await? {
+        return replay(cx, task).await;
     }
-    check_uploads(cx, s.space, s.input).await?;
+    check_uploads(cx, request.space, request.input, !spec.is_free()).await?;
 
     if spec.is_free() {
-        return match store(cx.db, &s, spec).await? {
+        // A key a payment holds is that payment's, whatever this request is.
+        if let Some((task, receipt)) = payments::held_key(cx.db, request).await? {
+            return answer_paid(cx, request.space, task, receipt).await;
+        }
+        return match store(cx.db, request, spec).await? {
             (task, false) => queue(cx, task, Paid::Nothing).await,
             (task, true) => replay(cx, task).await,
         };
@@ -169,35 +167,44 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
     // it is asked once per process, here rather than at a Lambda's init.
     let challenge = match cx.facilitator {
         Some(facilitator) => match facilitator.known_kinds().await {
-            Some(kinds) => payments::settleable(challenge, &kinds, s.kind)
+            Some(kinds) => payments::settleable(challenge, &kinds, request.kind)
                 .ok_or(SubmitError::Payment(PayError::FacilitatorUnavailable))?,
             None => challenge,
         },
         None => challenge,
     };
     let checkout = Checkout { db: cx.db, facilitator: cx.facilitator, chains: cx.chains };
-    let order = Order {
-        purchase: Purchase { space: s.space, kind: s.kind, input: s.input, idempotency_key: s.idempotency_key },
-        payment: s.payment,
-        deadline: s.deadline,
-    };
+    let order = Order { request: *request, payment: s.payment, deadline: s.deadline };
     match payments::pay(checkout, order, &challenge, &Shelf { catalog: cx.catalog }).await? {
         Bought::Settled { task, settlement } => queue(cx, task, Paid::Payment(settlement)).await,
         Bought::Credit { task, credit } => queue(cx, task, Paid::Credit(credit)).await,
-        Bought::Before { task, receipt } => match super::find_for_space(cx.db, s.space, task).await? {
-            Some(task) => Ok(replay_paid(cx, task, receipt).await),
-            None => Err(SubmitError::Internal("a paid task that vanished".into())),
-        },
+        Bought::Before { task, receipt } => answer_paid(cx, request.space, task, receipt).await,
         // The key was taken meanwhile: by this same request, or a conflict.
-        Bought::KeyTaken => {
-            let key = s.idempotency_key.expect("only a key can be taken");
-            match find_by_idempotency_key(cx.db, s.space, key, s.kind, s.input).await {
-                Ok(Some(task)) => replay(cx, task).await,
-                Ok(None) => Err(SubmitError::Internal("an idempotency key taken by a vanished task".into())),
-                Err(super::CreateError::IdempotencyConflict) => Err(SubmitError::IdempotencyConflict),
-                Err(super::CreateError::Db(e)) => Err(e.into()),
-            }
-        }
+        Bought::KeyTaken => match find_keyed(cx.db, request).await? {
+            Some(task) => replay(cx, task).await,
+            None => Err(SubmitError::Internal("an idempotency key taken by a vanished task".into())),
+        },
+    }
+}
+
+/// The task the request's `Idempotency-Key` already names, if any.
+async fn find_keyed(db: &PgPool, request: &TaskRequest<'_>) -> Result<Option<Task>, SubmitError> {
+    find_by_idempotency_key(db, request).await.map_err(|e| match e {
+        super::CreateError::IdempotencyConflict => SubmitError::IdempotencyConflict,
+        super::CreateError::Db(db) => SubmitError::Db(db),
+    })
+}
+
+/// A task a payment bought before, answered again with its receipt.
+async fn answer_paid(
+    cx: &SubmitContext<'_>,
+    space: &SpaceIndex,
+    task: crate::domain::ids::Id,
+    receipt: Option<PaymentResponse>,
+) -> Result<Submitted, SubmitError> {
+    match super::find_for_space(cx.db, space, task).await? {
+        Some(task) => Ok(replay_paid(cx, task, receipt).await),
+        None => Err(SubmitError::Internal("a paid task that vanished".into())),
     }
 }
 
@@ -223,9 +230,8 @@ async fn replay_paid(cx: &SubmitContext<'_>, task: Task, receipt: Option<Payment
 
 /// Inserts the task in its own transaction. `true`: a key taken meanwhile by
 /// the same request answers that task (the caller's replay check raced it).
-async fn store(db: &PgPool, s: &Submission<'_>, spec: &TaskSpec) -> Result<(Task, bool), SubmitError> {
-    let new = NewTask { space: s.space, kind: s.kind, input: s.input, idempotency_key: s.idempotency_key };
-    match super::quota::create(db, new, spec).await? {
+async fn store(db: &PgPool, request: &TaskRequest<'_>, spec: &TaskSpec) -> Result<(Task, bool), SubmitError> {
+    match super::quota::create(db, *request, spec).await? {
         Ok(super::Created::New(task)) => Ok((task, false)),
         Ok(super::Created::Replayed(task)) => Ok((task, true)),
         Err(super::CreateError::IdempotencyConflict) => Err(SubmitError::IdempotencyConflict),
@@ -249,8 +255,15 @@ async fn queue(cx: &SubmitContext<'_>, task: Task, paid: Paid) -> Result<Submitt
     Ok(Submitted { task, replayed: false, paid })
 }
 
-/// Every upload the input names must be this space's and have arrived.
-async fn check_uploads(cx: &SubmitContext<'_>, space: &SpaceIndex, input: &Value) -> Result<(), SubmitError> {
+/// Every upload the input names must be this space's and have arrived; for
+/// a `priced` task, its object must still be in storage too (checked before
+/// any payment, so nothing is charged for input that cannot run).
+async fn check_uploads(
+    cx: &SubmitContext<'_>,
+    space: &SpaceIndex,
+    input: &Value,
+    priced: bool,
+) -> Result<(), SubmitError> {
     let upload = |code: &'static str, message: String| SubmitError::Upload { code, message };
     let refs = input::upload_refs(input);
     let mut seen = HashSet::new();
@@ -273,7 +286,12 @@ async fn check_uploads(cx: &SubmitContext<'_>, space: &SpaceIndex, input: &Value
         )));
     }
     for (id, pointer) in ids {
-        match uploads::ensure_uploaded(cx.db, cx.s3, cx.bucket, space, id).await {
+        let checked = if priced {
+            uploads::ensure_stored(cx.db, cx.s3, cx.bucket, space, id).await
+        } else {
+            uploads::ensure_uploaded(cx.db, cx.s3, cx.bucket, space, id).await
+        };
+        match checked {
             Ok(()) => {}
             Err(UploadError::NotFound(_)) => {
                 return Err(upload("unknown_upload", format!("upload {id} (at {pointer}) not found in this space")));
@@ -282,6 +300,15 @@ async fn check_uploads(cx: &SubmitContext<'_>, space: &SpaceIndex, input: &Value
                 return Err(upload(
                     "upload_not_ready",
                     format!("upload {id} (at {pointer}) has not arrived yet; PUT the file to its upload URL first"),
+                ));
+            }
+            Err(UploadError::Gone(_)) => {
+                return Err(upload(
+                    "upload_missing",
+                    format!(
+                        "upload {id} (at {pointer}) is no longer in storage (uploads are kept for a day); upload the \
+                         file again and use its new id. Nothing was charged"
+                    ),
                 ));
             }
             Err(UploadError::Rejected(_)) => {
