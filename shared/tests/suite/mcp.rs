@@ -2,7 +2,11 @@
 //! local chain: the MCP Python SDK and x402's MCP session
 //! (tests/mcp/client.py) against the endpoint served on a loopback port,
 //! with a real worker polling the test's own queue. The Python side only
-//! reports what it saw; every expectation is here.
+//! reports what it saw; every expectation is here. Beside them, the tasks
+//! extension through the `mcp` Lambda's handler with the `events/` samples;
+//! rmcp's client drives it on a real `reeve serve` in
+//! cli/tests/suite/mcp.rs, and the TypeScript SDK and the conformance suite
+//! run in scripts/mcp-clients.sh.
 
 use crate::common;
 
@@ -445,116 +449,6 @@ async fn foreign_hosts_origins_and_oversized_bodies_are_refused_unread(pool: PgP
         (Some(-32600), &json!("body_too_large"))
     );
     endpoint.done().await;
-}
-
-/// The tasks extension, with the official Rust SDK's client (MCP
-/// 2026-07-28, which carries the client's capabilities on every request):
-/// a kind's tool answers a task handle, and `tasks/get` follows it to the
-/// task's result, all read from Reeve's task row.
-#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn a_client_that_declares_the_tasks_extension_gets_a_task_handle(pool: PgPool) {
-    use rmcp::ClientServiceExt as _;
-    use rmcp::model::{
-        CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig, GetTaskParams,
-        Implementation, ProtocolVersion, TaskPayload,
-    };
-    use rmcp::service::ClientLifecycleMode;
-    use rmcp::transport::StreamableHttpClientTransport;
-    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-
-    let endpoint = Endpoint::start(&pool).await;
-    let connect = |token: Option<String>| {
-        let mut config = StreamableHttpClientTransportConfig::with_uri(endpoint.url.clone());
-        if let Some(token) = token {
-            config = config.auth_header(token);
-        }
-        let client = ClientConfig::new(
-            ClientCapabilities::builder().enable_tasks().build(),
-            Implementation::new("reeve-test", "1"),
-        );
-        client.serve_with_lifecycle(
-            StreamableHttpClientTransport::from_config(config),
-            ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] },
-        )
-    };
-    let call = |name: &str, arguments: Value| {
-        CallToolRequestParams::new(name.to_owned()).with_arguments(arguments.as_object().unwrap().clone())
-    };
-    let structured = |response: CallToolResponse| match response {
-        CallToolResponse::Complete(result) => {
-            assert_ne!(result.is_error, Some(true), "{result:?}");
-            result.structured_content.unwrap()
-        }
-        other => panic!("expected a complete result, got {other:?}"),
-    };
-
-    let anonymous = connect(None).await.unwrap();
-    let space = structured(anonymous.call_tool_once(call("create_space", json!({}))).await.unwrap());
-    anonymous.cancel().await.unwrap();
-    let client = connect(Some(space["token"].as_str().unwrap().to_owned())).await.unwrap();
-    let upload = structured(
-        client
-            .call_tool_once(call(
-                "create_upload",
-                json!({"filename": "a.txt", "content_type": "text/plain",
-                    "content_base64": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, TEXT)}),
-            ))
-            .await
-            .unwrap(),
-    );
-
-    let handle = match client.call_tool_once(call("digest", json!({"upload_id": upload["upload_id"]}))).await.unwrap() {
-        CallToolResponse::Task(handle) => handle,
-        other => panic!("expected a task handle, got {other:?}"),
-    };
-    let id = handle.task.task_id.clone();
-    assert!(id.parse::<reeve_shared::ids::Id>().is_ok(), "the handle is Reeve's task id: {id}");
-    let done = loop {
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        let got = client.get_task(GetTaskParams::new(id.clone())).await.unwrap();
-        if got.task.status().is_terminal() {
-            break got.task;
-        }
-    };
-    let TaskPayload::Completed { result } = done.payload else { panic!("not completed: {done:?}") };
-    let result: CallToolResult = serde_json::from_value(Value::Object(result)).unwrap();
-    assert_eq!(result.structured_content.unwrap()["result"]["sha256"], sha256(TEXT));
-
-    // Another Space's task is not found.
-    let error = anonymous_get(&endpoint.url, &id).await;
-    assert!(error.contains("task_not_found"), "{error}");
-    client.cancel().await.unwrap();
-    endpoint.done().await;
-}
-
-/// `tasks/get` of `id` from a fresh Space: the error's text.
-async fn anonymous_get(url: &str, id: &str) -> String {
-    use rmcp::ClientServiceExt as _;
-    use rmcp::model::{
-        CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, GetTaskParams, Implementation,
-        ProtocolVersion,
-    };
-    use rmcp::service::ClientLifecycleMode;
-    use rmcp::transport::StreamableHttpClientTransport;
-    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-    let discover = || ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
-    let info =
-        || ClientConfig::new(ClientCapabilities::builder().enable_tasks().build(), Implementation::new("t", "1"));
-    let first =
-        info().serve_with_lifecycle(StreamableHttpClientTransport::from_uri(url.to_owned()), discover()).await.unwrap();
-    let CallToolResponse::Complete(space) =
-        first.call_tool_once(CallToolRequestParams::new("create_space")).await.unwrap()
-    else {
-        panic!("create_space")
-    };
-    first.cancel().await.unwrap();
-    let token = space.structured_content.unwrap()["token"].as_str().unwrap().to_owned();
-    let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned()).auth_header(token);
-    let other =
-        info().serve_with_lifecycle(StreamableHttpClientTransport::from_config(config), discover()).await.unwrap();
-    let error = other.get_task(GetTaskParams::new(id.to_owned())).await.expect_err("another Space's task");
-    other.cancel().await.unwrap();
-    format!("{error:?}")
 }
 
 /// The `mcp` Lambda's start-up: its own variables read with the API's, `*`
