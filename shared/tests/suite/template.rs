@@ -702,6 +702,41 @@ fn sam_check_deploys_with_cargo_lambda_as_the_readme_says() {
     }
 }
 
+/// Every function that settles or reconciles a payment proves a lost
+/// settlement from the chain: without `REEVE_CHAIN_RPC_URLS` its pending
+/// payments never resolve there, although the same payment resolves on
+/// another path. The start-up builders that read the endpoints are these.
+#[test]
+fn every_paying_function_gets_the_chain_endpoints() {
+    let startup = read("shared/src/startup/mod.rs");
+    let builders = ["lambda_task_create", "lambda_mcp", "lambda_sweeper"];
+    // Each builder is `or_exit(inner(…))`; the inner one reads them.
+    let reads = |builder: &str| {
+        let body = startup.split(&format!("pub async fn {builder}()")).nth(1).expect("the builder exists");
+        let inner = body.split("or_exit(").nth(1).and_then(|c| c.split('(').next()).expect("or_exit(inner(…))");
+        let inner = startup.split(&format!("pub async fn {inner}(")).nth(1).expect("the inner builder exists");
+        inner.split("\n}\n").next().unwrap().contains("chain_endpoints(")
+    };
+    let line = "REEVE_CHAIN_RPC_URLS: !Ref ChainRpcUrls";
+    let crates = lambda_crates();
+    let resources = resources();
+    let mut paying = 0;
+    for (function, binary) in template_functions() {
+        let main = read(&format!("functions/{}/src/main.rs", crates[&binary]));
+        let builder = builders.iter().find(|b| main.contains(&format!("startup::{b}()")));
+        let has = resources[&function].lines().any(|l| l.trim() == line);
+        match builder {
+            Some(builder) => {
+                assert!(reads(builder), "{builder} no longer reads the chain endpoints: update this test");
+                assert!(has, "{function} settles or reconciles payments but lacks `{line}`");
+                paying += 1;
+            }
+            None => assert!(!has, "{function} is given chain endpoints it never reads"),
+        }
+    }
+    assert_eq!(paying, builders.len(), "task-create, mcp and sweeper are all in the template");
+}
+
 /// Task create verifies and settles a payment before it answers. Its
 /// `Timeout` ends the invocation a second before API Gateway's 30 s, so the
 /// client always gets the function's own answer (`payment_pending` at
