@@ -653,6 +653,10 @@ async fn result(
         }
     }
     let result = task["result"].clone();
+    // Past the bucket's retention there is nothing left to download.
+    if let Some(message) = result["expired"]["message"].as_str() {
+        return Err(ClientError::Refused { status: 410, code: "output_expired".into(), message: message.into() });
+    }
     let mut saved = None;
     if let Some(url) = result["url"].as_str() {
         let default = result["key"]

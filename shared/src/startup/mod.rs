@@ -307,7 +307,8 @@ pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
 
 #[cfg(feature = "api-tasks")]
 /// Reading, listing and canceling tasks, and `GET /v1/space`: the token key,
-/// Postgres, the Redis doorbell, and the catalog for the free kinds' quotas.
+/// Postgres, the Redis doorbell, the catalog for the free kinds' quotas, and
+/// the bucket whose outputs a result's link is signed for.
 pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskStatusContext>, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
     let catalog = deployed_catalog(&config, &mut problems);
@@ -315,6 +316,7 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
     let token_key = env.secret(settings::TOKEN_KEY);
     let database_url = env.secret_text(settings::DATABASE_URL);
     let redis_url = env.required(settings::REDIS_URL);
+    let bucket = env.required(settings::BUCKET);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
     let (Some(token_key), Some(database_url), Some(catalog), true) =
@@ -327,6 +329,7 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
         redis: RedisClient::new(&redis_url)?,
         token_key,
         catalog: Arc::new(catalog),
+        links: crate::domain::tasks::OutputLinks::new(aws::s3(sdk, config.s3_endpoint().is_some()), bucket),
     }))
 }
 

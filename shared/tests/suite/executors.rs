@@ -1,7 +1,7 @@
 //! Executors against the real stack (Postgres, SeaweedFS) and local axum
 //! servers: `digest` streams an upload and checks it against its declaration
-//! first; `fetch` stores a download under `outputs/` with a working presigned
-//! GET; `http` returns an endpoint's JSON. Every failure has its stable code,
+//! first; `fetch` stores a download under `outputs/`, whose link is signed
+//! each time the result is read; `http` returns an endpoint's JSON. Every failure has its stable code,
 //! or is retryable when trying again could help.
 
 use crate::common;
@@ -20,9 +20,10 @@ use common::{ctx, new_session, post_json, send, shipped_catalog};
 use reeve_shared::auth::{self, SpaceIndex};
 use reeve_shared::catalog::{Executor, TaskSpec};
 use reeve_shared::executors::{self, ExecDeps, ExecError, Job, Report, codes, output_key};
-use reeve_shared::http::app;
+use reeve_shared::http::{TaskStatusContext, app, task_status_app};
 use reeve_shared::ids::Id;
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
+use reeve_shared::tasks::OutputLinks;
 use reeve_shared::uploads::{self, PresignedUpload, UploadRequest};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
@@ -454,10 +455,8 @@ async fn fetch_stores_the_body_with_a_working_download_link(pool: PgPool) {
     assert_eq!(result["sha256"], json!(sha256_hex(&bytes)));
     assert_eq!(result["content_type"], "image/png");
     let fields: Vec<&str> = result.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(
-        fields,
-        ["content_type", "key", "object_expires_at", "sha256", "size", "status", "url", "url_expires_at"]
-    );
+    // No link: one is signed each time the result is read (below).
+    assert_eq!(fields, ["content_type", "key", "object_expires_at", "sha256", "size", "status"]);
     assert_eq!(result["status"], 200, "the URL's status is part of the result");
     // The bucket keeps outputs OUTPUT_RETENTION_DAYS: S3 expires them at the
     // midnight (UTC) after that, and the result says when.
@@ -477,11 +476,12 @@ async fn fetch_stores_the_body_with_a_working_download_link(pool: PgPool) {
     let stored = stored.body.collect().await.unwrap().into_bytes();
     assert_eq!(stored.as_ref(), bytes.as_slice());
 
-    // The presigned GET downloads the same bytes, for 15 minutes.
-    let expires_at = OffsetDateTime::parse(result["url_expires_at"].as_str().unwrap(), &Rfc3339).unwrap();
+    // Read through GET /v1/tasks/{id}: a link signed now, for 15 minutes.
+    let read = read_result(&pool, space, task_id, &result, TaskLinks::Default).await;
+    let expires_at = OffsetDateTime::parse(read["url_expires_at"].as_str().unwrap(), &Rfc3339).unwrap();
     let lifetime = (expires_at - before).whole_seconds();
     assert!((898..=901).contains(&lifetime), "expires in 900 s, got {lifetime}");
-    let url = result["url"].as_str().unwrap();
+    let url = read["url"].as_str().unwrap();
     assert!(url.contains("X-Amz-Expires=900"), "{url}");
     let download = reqwest::get(url).await.unwrap();
     assert_eq!(download.status(), 200);
@@ -498,6 +498,113 @@ async fn fetch_stores_the_body_with_a_working_download_link(pool: PgPool) {
     // Without a content type from the remote, the default.
     let (result, _) = exec(&deps, space, Id::new(), &spec("fetch"), json!({ "url": format!("{base}/untyped") })).await;
     assert_eq!(result.unwrap()["content_type"], "application/octet-stream");
+}
+
+/// How the test's task-status context signs links.
+enum TaskLinks {
+    /// As deployed: 15 minutes.
+    Default,
+    /// Shorter than the test runs.
+    Lasting(Duration),
+}
+
+/// `result` stored as the completed `fetch` task `task_id` of `space` (once),
+/// then read back through `GET /v1/tasks/{id}`: its `result` as answered.
+async fn read_result(pool: &PgPool, space: SpaceIndex, task_id: Id, result: &Value, links: TaskLinks) -> Value {
+    sqlx::query(
+        "INSERT INTO tasks (id, space_idx, kind, input, status, progress, result) \
+         VALUES ($1, $2, 'fetch', '{}', 'completed', 1, $3) ON CONFLICT (id) DO UPDATE SET result = $3",
+    )
+    .bind(task_id)
+    .bind(space.as_bytes())
+    .bind(result)
+    .execute(pool)
+    .await
+    .unwrap();
+    let api = ctx(pool.clone()).await;
+    let mut status = TaskStatusContext {
+        db: pool.clone(),
+        redis: api.redis.clone(),
+        token_key: api.settings.token_key.clone(),
+        catalog: api.catalog.clone(),
+        links: OutputLinks::new(api.aws.s3.clone(), bucket()),
+    };
+    if let TaskLinks::Lasting(lifetime) = links {
+        status.links = status.links.with_lifetime(lifetime);
+    }
+    let (token, _) = auth::issue_token(&api.settings.token_key, &space, OffsetDateTime::now_utc());
+    let reply =
+        send(&task_status_app(Arc::new(status)), common::get_authed(&format!("/v1/tasks/{task_id}"), &token)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    reply.body["result"].clone()
+}
+
+/// What was paid for stays reachable: the task row keeps the output's key,
+/// and each read signs a new link (here lasting 2 s, not 15 minutes), so a
+/// result read after its first link has died still downloads; a row written
+/// with a link of its own (before links were signed on read) gets a fresh one
+/// too. Once the bucket's retention has passed, the answer says the output
+/// has expired, and when, instead of handing out a link that cannot work.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_fetch_result_read_late_still_downloads_until_its_object_expires(pool: PgPool) {
+    let deps = deps(pool.clone()).await;
+    let space = space(&pool).await;
+    let (base, _) = server().await;
+    let task_id = Id::new();
+    let bytes = file_bytes();
+    let (result, _) = exec(&deps, space, task_id, &spec("fetch"), json!({ "url": format!("{base}/file") })).await;
+    let mut result = result.expect("fetch succeeds");
+    let short = || TaskLinks::Lasting(Duration::from_secs(2));
+
+    let first = read_result(&pool, space, task_id, &result, short()).await;
+    let first_url = first["url"].as_str().expect("a link").to_owned();
+    assert!(first_url.contains("X-Amz-Expires=2"), "{first_url}");
+    assert_eq!(reqwest::get(&first_url).await.unwrap().status(), 200);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(reqwest::get(&first_url).await.unwrap().status(), 403, "the first link has died");
+
+    // Read again, later: a new link, and the same bytes.
+    let late = read_result(&pool, space, task_id, &result, short()).await;
+    let url = late["url"].as_str().expect("a link").to_owned();
+    assert_ne!(url, first_url);
+    let download = reqwest::get(&url).await.unwrap();
+    assert_eq!(download.status(), 200);
+    assert_eq!(download.bytes().await.unwrap().as_ref(), bytes.as_slice());
+    assert!(late.get("expired").is_none(), "{late}");
+
+    // An old row's own link, long dead, is replaced by a fresh one.
+    let mut old = result.clone();
+    old["url"] = json!(first_url);
+    old["url_expires_at"] = json!("2026-01-01T00:00:00Z");
+    let reread = read_result(&pool, space, task_id, &old, short()).await;
+    assert_ne!(reread["url"], json!(first_url));
+    assert_eq!(reqwest::get(reread["url"].as_str().unwrap()).await.unwrap().status(), 200);
+
+    // A link never outlives the object: 15 minutes, cut to its expiry.
+    let soon = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap() + time::Duration::seconds(60);
+    result["object_expires_at"] = json!(soon.format(&Rfc3339).unwrap());
+    let near = read_result(&pool, space, task_id, &result, TaskLinks::Default).await;
+    assert_eq!(near["url_expires_at"], result["object_expires_at"], "{near}");
+
+    // The bucket's retention has passed (the clock moved past the date the
+    // worker stored): no link, and the answer says when the output expired.
+    let gone = "2026-01-03T00:00:00Z";
+    result["object_expires_at"] = json!(gone);
+    let expired = read_result(&pool, space, task_id, &result, TaskLinks::Default).await;
+    assert_eq!(expired["url"], Value::Null, "{expired}");
+    assert_eq!(expired["url_expires_at"], Value::Null);
+    assert_eq!(expired["expired"]["at"], gone);
+    let message = expired["expired"]["message"].as_str().unwrap();
+    assert!(message.contains(gone) && message.contains("run the task again"), "{message}");
+    assert_eq!(expired["sha256"], result["sha256"], "the rest of the result is still there");
+
+    // Another Space's key in a result (an http endpoint may answer anything)
+    // never becomes a link.
+    let other = Id::new();
+    let mut foreign = result.clone();
+    foreign["object_expires_at"] = Value::Null;
+    let read = read_result(&pool, space, other, &foreign, TaskLinks::Default).await;
+    assert!(read.get("url").is_none(), "{read}");
 }
 
 /// The URL is the owner's: whatever it answers is the fetch's result, and a

@@ -107,6 +107,8 @@ pub struct TaskStatusContext {
     pub token_key: Secret,
     /// The free kinds' quotas, which `GET /v1/space` reports on.
     pub catalog: Arc<Catalog>,
+    /// A result's download link, signed when the task is read.
+    pub links: crate::domain::tasks::OutputLinks,
 }
 
 #[cfg(feature = "api")]
@@ -236,6 +238,7 @@ impl ApiContext {
             redis: redis.clone(),
             token_key: settings.token_key.clone(),
             catalog: catalog.clone(),
+            links: crate::domain::tasks::OutputLinks::new(aws.s3.clone(), settings.bucket.clone()),
         });
         let health = Arc::new(HealthContext { db: db.clone(), redis: redis.clone() });
         Arc::new(ApiContext {

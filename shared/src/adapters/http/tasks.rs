@@ -465,7 +465,7 @@ async fn task_status(
         return Err(ApiError::task_not_found());
     };
     match tasks::find_for_space(&ctx.db, &space, id).await.map_err(db_error)? {
-        Some(task) => Ok(Json(task)),
+        Some(task) => Ok(Json(ctx.links.present(&space, task).await)),
         None => Err(ApiError::task_not_found()),
     }
 }
@@ -534,7 +534,7 @@ async fn list_tasks(
     }
     let query = ListQuery { status: params.status, kind: params.kind.as_deref(), after: params.after, limit };
     let page = tasks::list(&ctx.db, &space, query).await.map_err(db_error)?;
-    Ok(Json(TaskPage { tasks: page.tasks, next: page.next }))
+    Ok(Json(TaskPage { tasks: ctx.links.present_all(&space, page.tasks).await, next: page.next }))
 }
 
 /// Cancel a task

@@ -128,6 +128,11 @@ impl McpContext {
             tools,
         })
     }
+
+    /// Signs a result's download link as it is read.
+    pub fn links(&self) -> crate::domain::tasks::OutputLinks {
+        crate::domain::tasks::OutputLinks::new(self.aws.s3.clone(), self.bucket.clone())
+    }
 }
 
 #[cfg(test)]

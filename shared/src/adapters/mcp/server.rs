@@ -273,6 +273,7 @@ impl ServerHandler for ReeveMcp {
             .await
             .map_err(|e| task_method_error(ToolFailure::database(e)))?
             .ok_or_else(not_found)?;
+        let task = self.ctx.links().present(&space, task).await;
         // Read from the same store as the task, so a final result never
         // misses the receipt its call was answered with.
         let receipt = match mcp_task(&task).status {

@@ -118,6 +118,7 @@ pub async fn run(
             task = ended;
         }
     }
+    let task = ctx.links().present(space, task).await;
     Ok(Created { task, settlement })
 }
 
@@ -149,7 +150,8 @@ fn not_found() -> ToolFailure {
 }
 
 async fn find(ctx: &McpContext, space: &SpaceIndex, task: &TaskRef) -> ToolResult<Task> {
-    tasks::find_for_space(&ctx.db, space, task.id()?).await?.ok_or_else(not_found)
+    let task = tasks::find_for_space(&ctx.db, space, task.id()?).await?.ok_or_else(not_found)?;
+    Ok(ctx.links().present(space, task).await)
 }
 
 pub async fn get(ctx: &McpContext, space: &SpaceIndex, task: TaskRef) -> ToolResult<Value> {
@@ -193,7 +195,8 @@ pub async fn list(ctx: &McpContext, space: &SpaceIndex, args: ListArgs) -> ToolR
     let limit = args.limit.unwrap_or(tasks::list::DEFAULT_LIMIT);
     let query = ListQuery { status: args.status, kind: args.kind.as_deref(), after, limit };
     let page = tasks::list(&ctx.db, space, query).await?;
-    Ok(json!({ "tasks": page.tasks.into_iter().map(view).collect::<Vec<_>>(), "next": page.next }))
+    let tasks = ctx.links().present_all(space, page.tasks).await;
+    Ok(json!({ "tasks": tasks.into_iter().map(view).collect::<Vec<_>>(), "next": page.next }))
 }
 
 pub async fn cancel(ctx: &McpContext, space: &SpaceIndex, task: TaskRef) -> ToolResult<Value> {

@@ -308,11 +308,18 @@ fn executor_output(executor: &Executor) -> Value {
             "properties": { "sha256": { "type": "string", "pattern": "^[0-9a-f]{64}$" }, "size": { "type": "integer" } },
             "required": ["sha256", "size"]
         }),
+        // `url` is signed as the result is read; null once the output has
+        // expired (`expired` then says when).
         Executor::Fetch => json!({
             "type": "object",
             "properties": {
                 "key": { "type": "string" }, "size": { "type": "integer" },
-                "sha256": { "type": "string" }, "url": { "type": "string" }
+                "sha256": { "type": "string" }, "url": { "type": ["string", "null"] },
+                "expired": {
+                    "type": "object",
+                    "properties": { "at": { "type": "string" }, "message": { "type": "string" } },
+                    "required": ["at", "message"]
+                }
             },
             "required": ["key", "size", "sha256", "url"]
         }),

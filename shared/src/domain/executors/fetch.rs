@@ -5,10 +5,12 @@
 //! the size cap ([`ExecDeps::fetch_max_bytes`]) before and while reading;
 //! this executor streams what comes back to [`output_key`] with the remote's
 //! content type (a multipart upload of [`PART_SIZE`] parts, so memory stays
-//! at about one part per fetch), and answers with its size, SHA-256 and a
-//! presigned GET, and until when both live: the link `url_expires_at`, the
-//! object `object_expires_at` (the bucket's lifecycle rule for `outputs/`;
-//! null when the deployment does not say it has one).
+//! at about one part per fetch), and answers with its key, size, SHA-256
+//! and when the bucket deletes the object, `object_expires_at` (the
+//! lifecycle rule for `outputs/`; null when the deployment does not say it
+//! has one). No link: the bucket refuses a signature older than 15 minutes
+//! and keeps the object for days, so one is signed each time the result is
+//! read ([`crate::domain::tasks::output`]).
 //! A rerun (a redelivered message) overwrites the same key.
 //!
 //! The URL is the task owner's choice, so what it answers is the task's
@@ -16,13 +18,10 @@
 //! `status` in its result (and the body stored). A target that does not
 //! resolve, refuses the connection, breaks it or does not answer in time is
 //! `fetch_unreachable`: the owner's input, failed at once, never retried and
-//! never credited. Only Reeve's own trouble (storing the body, presigning)
-//! is retryable, and so credited if it never goes away.
-
-use std::time::{Duration, SystemTime};
+//! never credited. Only Reeve's own trouble (storing the body) is
+//! retryable, and so credited if it never goes away.
 
 use aws_sdk_s3::error::DisplayErrorContext;
-use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::BytesMut;
@@ -32,21 +31,14 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::{ExecDeps, ExecError, Job, TaskExecutor, codes, input_str, outbound_error};
-use crate::domain::auth::SpaceIndex;
-use crate::domain::ids::Id;
 use crate::infra::outbound::OutboundStream;
 
-/// Lifetime of the presigned GET in the result.
-pub const URL_EXPIRY: Duration = Duration::from_secs(15 * 60);
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 /// The download is stored in parts of this size (S3's smallest but the
 /// last), so a fetch holds about one part in memory, whatever the body's size.
 pub const PART_SIZE: usize = 5 * 1024 * 1024;
 
-/// `outputs/<space-hex>/<task-ulid>/body`.
-pub fn output_key(space: &SpaceIndex, task_id: Id) -> String {
-    format!("outputs/{}/{task_id}/body", space.to_hex())
-}
+pub use crate::domain::tasks::output_key;
 
 /// The `fetch` executor.
 #[derive(Debug, Clone, Copy, Default)]
@@ -65,31 +57,9 @@ impl TaskExecutor for Fetch {
         let (size, sha256) = (stored.size, stored.sha256);
         job.log(format!("downloaded {size} bytes of {content_type} (HTTP {})", response.status)).await;
 
-        // SigV4 dates are whole seconds: start on one, so `url_expires_at` is exact.
-        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(now.as_secs());
-        let config = PresigningConfig::builder()
-            .start_time(start)
-            .expires_in(URL_EXPIRY)
-            .build()
-            .map_err(|e| ExecError::retryable("presigning config", e))?;
-        let presigned = deps
-            .s3
-            .get_object()
-            .bucket(&deps.bucket)
-            .key(&key)
-            // Whatever type the remote claimed, a browser saves it rather than
-            // rendering it.
-            .response_content_disposition("attachment")
-            .presigned(config)
-            .await
-            .map_err(|e| ExecError::retryable("presigning the download", DisplayErrorContext(&e)))?;
-        let expires_at = OffsetDateTime::from(start + URL_EXPIRY)
-            .format(&Rfc3339)
-            .map_err(|e| ExecError::retryable("formatting the expiry", e))?;
         let object_expires_at = deps
             .output_retention_days
-            .map(|days| object_expiry(OffsetDateTime::from(start), days).format(&Rfc3339))
+            .map(|days| object_expiry(OffsetDateTime::now_utc(), days).format(&Rfc3339))
             .transpose()
             .map_err(|e| ExecError::retryable("formatting the expiry", e))?;
 
@@ -101,8 +71,6 @@ impl TaskExecutor for Fetch {
             "size": size,
             "sha256": sha256,
             "content_type": content_type,
-            "url": presigned.uri(),
-            "url_expires_at": expires_at,
             "object_expires_at": object_expires_at,
         }))
     }

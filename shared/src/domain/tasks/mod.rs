@@ -12,6 +12,7 @@
 //! - [`submit`]: creating a task end to end: input, uploads, payment or
 //!   credit, store, queue.
 //! - [`quota`]: the ceilings on a free task per space, checked as it is stored.
+//! - [`output`]: a stored output's download link, signed when it is read.
 //!
 //! Status moves `queued → running → completed | failed | canceled`, and every
 //! transition is a conditional `UPDATE … WHERE status = …`.
@@ -19,6 +20,8 @@
 pub(crate) mod events;
 #[cfg(feature = "catalog")]
 pub(crate) mod input;
+#[cfg(feature = "s3")]
+pub mod output;
 pub(crate) mod queue;
 #[cfg(feature = "api-tasks")]
 pub(crate) mod quota;
@@ -33,6 +36,8 @@ use sqlx::PgPool;
 use time::OffsetDateTime;
 
 pub use events::{Event, EventType, Publisher, append_event, channel, events_after};
+#[cfg(feature = "s3")]
+pub use output::{OutputLinks, output_key};
 #[cfg(feature = "sqs")]
 pub use queue::enqueue;
 pub use queue::{QueueError, QueueMessage};
@@ -119,7 +124,12 @@ pub struct Task {
     /// From 0 to 1.
     #[schema(minimum = 0, maximum = 1)]
     pub progress: f32,
-    /// The executor's output, once `completed`.
+    /// The executor's output, once `completed`. A stored output (`fetch`)
+    /// comes with `url`, a download link signed as the task is read and
+    /// valid until `url_expires_at` (15 minutes, or the object's expiry if
+    /// sooner): read the task again for a new one. Once the bucket's
+    /// retention has passed (`object_expires_at`), `url` is null and
+    /// `expired` says so: `{"at", "message"}`.
     pub result: Option<Value>,
     /// What went wrong, once `failed`: `{"code", "message"}`.
     pub error: Option<Value>,

@@ -1,0 +1,135 @@
+//! A task's stored output (`fetch`'s download under `outputs/`) and its
+//! download link.
+//!
+//! The task row keeps the object's key and when the bucket's lifecycle rule
+//! deletes it (`object_expires_at`, from `OutputRetentionDays`), never a
+//! URL: the bucket refuses a signature older than 15 minutes
+//! (`storage_policy`), so a link signed once at completion died long before
+//! the object it named, which the owner paid for. [`OutputLinks::present`]
+//! signs a fresh link each time a result is read (REST, MCP, the CLI through
+//! REST), valid for [`LINK_LIFETIME`] or until the object expires if that is
+//! sooner. After `object_expires_at` the result says so, with the date,
+//! instead of a link that can only fail.
+//!
+//! Rows written before this held a `url` of their own: they are signed again
+//! the same way, so their dead link is replaced too.
+
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_s3::error::DisplayErrorContext;
+use aws_sdk_s3::presigning::PresigningConfig;
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::Task;
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
+
+/// A download link's lifetime: the bucket's maximum signature age
+/// (`storage_policy::DEFAULT_MAX_SIGNATURE_AGE_MS`).
+pub const LINK_LIFETIME: Duration = Duration::from_secs(15 * 60);
+
+/// `outputs/<space-hex>/<task-ulid>/body`: the only key a task's result may
+/// be given a link to.
+pub fn output_key(space: &SpaceIndex, task_id: Id) -> String {
+    format!("outputs/{}/{task_id}/body", space.to_hex())
+}
+
+/// Signs download links to the bucket's outputs.
+#[derive(Debug, Clone)]
+pub struct OutputLinks {
+    s3: aws_sdk_s3::Client,
+    bucket: String,
+    lifetime: Duration,
+}
+
+impl OutputLinks {
+    pub fn new(s3: aws_sdk_s3::Client, bucket: String) -> Self {
+        Self { s3, bucket, lifetime: LINK_LIFETIME }
+    }
+
+    /// Links that live `lifetime` (tests: shorter than a test runs).
+    pub fn with_lifetime(self, lifetime: Duration) -> Self {
+        Self { lifetime, ..self }
+    }
+
+    /// `task` with a link signed now to its stored output, or the output's
+    /// expiry in its place. Only the key this task's own output is stored
+    /// under gets a link: an `http` endpoint's answer may carry any `key`,
+    /// and must never become a link to another Space's object.
+    pub async fn present(&self, space: &SpaceIndex, mut task: Task) -> Task {
+        if let Some(result) = task.result.as_mut() {
+            self.present_result(space, task.id, result, SystemTime::now()).await;
+        }
+        task
+    }
+
+    /// [`Self::present`] for each task.
+    pub async fn present_all(&self, space: &SpaceIndex, tasks: Vec<Task>) -> Vec<Task> {
+        let mut out = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            out.push(self.present(space, task).await);
+        }
+        out
+    }
+
+    async fn present_result(&self, space: &SpaceIndex, task_id: Id, result: &mut Value, now: SystemTime) {
+        let key = output_key(space, task_id);
+        if result.get("key").and_then(Value::as_str) != Some(key.as_str()) {
+            return;
+        }
+        let kept_until = result
+            .get("object_expires_at")
+            .and_then(Value::as_str)
+            .and_then(|at| OffsetDateTime::parse(at, &Rfc3339).ok().map(|t| (at.to_owned(), SystemTime::from(t))));
+        // SigV4 dates are whole seconds: start on one, so `url_expires_at` is exact.
+        let since_epoch = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(since_epoch.as_secs());
+        let mut lifetime = self.lifetime;
+        if let Some((at, until)) = &kept_until {
+            match until.duration_since(start) {
+                Ok(left) if left >= Duration::from_secs(1) => lifetime = lifetime.min(left),
+                _ => {
+                    let message = format!(
+                        "the output was kept until {at} and the bucket has deleted it; run the task again for a new one"
+                    );
+                    result["url"] = Value::Null;
+                    result["url_expires_at"] = Value::Null;
+                    result["expired"] = json!({ "at": at, "message": message });
+                    return;
+                }
+            }
+        }
+        match self.sign(&key, start, lifetime).await {
+            Ok(url) => {
+                let expires = OffsetDateTime::from(start + lifetime).format(&Rfc3339).ok();
+                result["url"] = json!(url);
+                result["url_expires_at"] = json!(expires);
+            }
+            Err(e) => {
+                // The result is still worth answering; the next read signs again.
+                tracing::warn!(error = %e, task_id = %task_id, "signing an output's download link failed");
+                result["url"] = Value::Null;
+                result["url_expires_at"] = Value::Null;
+            }
+        }
+    }
+
+    async fn sign(&self, key: &str, start: SystemTime, lifetime: Duration) -> Result<String, String> {
+        let config =
+            PresigningConfig::builder().start_time(start).expires_in(lifetime).build().map_err(|e| e.to_string())?;
+        let presigned = self
+            .s3
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            // Whatever type the remote claimed, a browser saves it rather than
+            // rendering it.
+            .response_content_disposition("attachment")
+            .presigned(config)
+            .await
+            .map_err(|e| DisplayErrorContext(&e).to_string())?;
+        Ok(presigned.uri().to_owned())
+    }
+}
