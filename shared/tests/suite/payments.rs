@@ -1455,7 +1455,11 @@ async fn a_stalled_chain_endpoint_does_not_keep_a_sweep_from_resending_a_lost_ta
     // The scheduled invocation, as the sweeper Lambda runs it, 12 s before
     // its deadline.
     let started = std::time::Instant::now();
-    let deadline = std::time::SystemTime::now() + Duration::from_secs(12);
+    // 24 s: room for the settle and its proof on a loaded machine (at 12 s,
+    // CI's parallel suite ran past the settle's share and answered
+    // payment_pending), and still short of the 3 s settle plus the full 25 s
+    // wait, so the cut is what makes it answer in time.
+    let deadline = std::time::SystemTime::now() + Duration::from_secs(24);
     let report = sweeper.handle_invocation(json!({"older_than_seconds": 0}), Some(deadline)).await.unwrap();
     let took = started.elapsed();
     assert!(std::time::SystemTime::now() < deadline, "the sweep outlived its invocation: {took:?}");
@@ -1491,7 +1495,7 @@ async fn slow_settle_facilitator(delay: Duration) -> SocketAddr {
 }
 
 /// An MCP paid call asking to wait 25 s, through the Lambda handler with a
-/// 12 s deadline in its context, and a settle that takes 3 s: the wait is
+/// 24 s deadline in its context, and a settle that takes 3 s: the wait is
 /// cut to what is left after the settle, so the agent gets its task and
 /// receipt before the invocation ends (before, settle plus the full wait
 /// passed it, the agent got nothing, and its retry was `payment_replayed`).
@@ -1527,7 +1531,11 @@ async fn a_paid_mcp_call_that_waits_answers_before_the_lambda_deadline(pool: PgP
         "_meta": {"x402/payment": decode(&signature)},
     }});
     let mut invocation = lambda_http::Context::default();
-    let deadline = std::time::SystemTime::now() + Duration::from_secs(12);
+    // 24 s: room for the settle and its proof on a loaded machine (at 12 s,
+    // CI's parallel suite ran past the settle's share and answered
+    // payment_pending), and still short of the 3 s settle plus the full 25 s
+    // wait, so the cut is what makes it answer in time.
+    let deadline = std::time::SystemTime::now() + Duration::from_secs(24);
     invocation.deadline = deadline.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     let mut request = Request::post(mcp::PATH)
         .header("host", "127.0.0.1")
@@ -1548,7 +1556,7 @@ async fn a_paid_mcp_call_that_waits_answers_before_the_lambda_deadline(pool: PgP
     let result = &body["result"];
     assert_eq!(result["_meta"]["x402/payment-response"]["success"], true, "{body}");
     assert_eq!(result["structuredContent"]["status"], "queued", "no worker runs it: {body}");
-    println!("paid MCP call, wait_seconds 25, deadline 12 s: answered in {took:?}");
+    println!("paid MCP call, wait_seconds 25, deadline 24 s: answered in {took:?}");
     assert_books_balance(&pool, &shop.pay_to).await;
     shop.done().await;
 }
