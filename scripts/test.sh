@@ -83,4 +83,17 @@ if ((sam_check)); then
 else
   log "skipping scripts/sam-check.sh (filtered run or REEVE_SKIP_SAM_CHECK=1)"
 fi
+if ((rc)); then
+  # What the stack said while the tests failed: a service's errors (an S3
+  # write refused as InternalError, say) are in its log, which a CI run
+  # leaves on a machine nobody can read afterwards; and disk, since
+  # SeaweedFS turns its volumes read-only when the disk is nearly full.
+  log "the run failed (exit $rc); the disk and the services' last warnings follow"
+  df -h "$ROOT" >&2 || true
+  for f in "$STACK_DIR"/*/*.log; do
+    [[ -f $f ]] || continue
+    errs=$(grep -E '^[EWF][0-9]{4} |ERROR|FATAL|PANIC' "$f" | tail -n 15) || true
+    if [[ -n $errs ]]; then printf '%s\n%s\n' "--- ${f#"$ROOT"/}" "$errs" >&2; fi
+  done
+fi
 exit "$rc"
