@@ -33,8 +33,6 @@ use client::commands::{self, LoginArgs, SpaceCommand, TaskCommand, UploadArgs};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    #[command(flatten)]
-    client: ClientOpts,
 }
 
 #[derive(Subcommand)]
@@ -65,20 +63,39 @@ enum Command {
         sweep: sweep::WorkerSweepArgs,
     },
     /// Create a Space, or show its payments, credits and free-task quotas (client).
+    // The client commands each take the client's flags (`--endpoint`,
+    // `--json`, ...), which mean nothing to the operations above and below.
     Space {
         #[command(subcommand)]
         command: Option<SpaceCommand>,
+        #[command(flatten)]
+        client: ClientOpts,
     },
     /// Open a session on the profile's Space and cache its token (client).
-    Login(LoginArgs),
+    Login {
+        #[command(flatten)]
+        args: LoginArgs,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
     /// The task kinds on offer and their prices (client).
-    Catalog,
+    Catalog {
+        #[command(flatten)]
+        client: ClientOpts,
+    },
     /// Upload a file for a task's input; prints its upload id (client).
-    Upload(UploadArgs),
+    Upload {
+        #[command(flatten)]
+        args: UploadArgs,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
     /// Create, list, read, cancel and follow tasks (client).
     Task {
         #[command(subcommand)]
         command: TaskCommand,
+        #[command(flatten)]
+        client: ClientOpts,
     },
     /// Run the SSE relay alone: what the Fargate service runs, started the
     /// same way.
@@ -136,7 +153,6 @@ fn main() -> ExitCode {
             return if e.use_stderr() { ExitCode::from(client::EXIT_USAGE) } else { ExitCode::SUCCESS };
         }
     };
-    let opts = cli.client;
     let result = match cli.command {
         Command::Config { command: ConfigCommand::Check { file, facilitator } } => {
             return config_check(&file, facilitator);
@@ -145,13 +161,13 @@ fn main() -> ExitCode {
         Command::Serve { bind, catalog, no_worker, metrics_bind, sweep } => {
             runtime().block_on(serve(bind, &catalog, (!no_worker).then_some(sweep), metrics_bind))
         }
-        Command::Space { command } => {
-            return run_client(opts, |c, o| Box::pin(commands::space(c, o, command.unwrap_or(SpaceCommand::Show))));
+        Command::Space { command, client } => {
+            return run_client(client, |c, o| Box::pin(commands::space(c, o, command.unwrap_or(SpaceCommand::Show))));
         }
-        Command::Login(args) => return run_client(opts, |c, o| Box::pin(commands::login(c, o, args))),
-        Command::Catalog => return run_client(opts, |c, o| Box::pin(commands::catalog(c, o))),
-        Command::Upload(args) => return run_client(opts, |c, o| Box::pin(commands::upload(c, o, args))),
-        Command::Task { command } => return run_client(opts, |c, o| Box::pin(commands::task(c, o, command))),
+        Command::Login { args, client } => return run_client(client, |c, o| Box::pin(commands::login(c, o, args))),
+        Command::Catalog { client } => return run_client(client, |c, o| Box::pin(commands::catalog(c, o))),
+        Command::Upload { args, client } => return run_client(client, |c, o| Box::pin(commands::upload(c, o, args))),
+        Command::Task { command, client } => return run_client(client, |c, o| Box::pin(commands::task(c, o, command))),
         Command::Relay { bind, metrics_bind } => runtime().block_on(relay(bind, metrics_bind)),
         Command::Work { catalog, metrics_bind, sweep } => runtime().block_on(work(&catalog, metrics_bind, &sweep)),
         Command::Storage { command } => runtime().block_on(storage::run(command)),

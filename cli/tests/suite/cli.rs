@@ -57,6 +57,40 @@ fn help_lists_each_command_once_with_one_sentence() {
     assert_eq!(names.len(), count, "a command listed twice:\n{help}");
 }
 
+/// The client's flags (`--endpoint`, `--relay`, `--profile`, `--json`,
+/// `--config-home`) are shown and taken by the client commands, at every
+/// level below them, and by no operation: `reeve serve --json` is a usage
+/// error that names the flag, not a flag quietly ignored.
+#[test]
+fn client_flags_belong_to_client_commands_only() {
+    const CLIENT_FLAGS: [&str; 5] = ["--endpoint", "--relay", "--profile", "--json", "--config-home"];
+    let help = |args: &[&str]| {
+        let out = reeve(args, &[]);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for command in
+        [&["space"][..], &["space", "create"], &["login"], &["catalog"], &["upload"], &["task"], &["task", "create"]]
+    {
+        let page = help(&[command, &["--help"][..]].concat());
+        for flag in CLIENT_FLAGS {
+            assert!(page.contains(flag), "{command:?} --help lacks {flag}:\n{page}");
+        }
+    }
+    for command in [&["serve"][..], &["work"], &["relay"], &["migrate"], &["sweep"], &["config", "check"], &["storage"]]
+    {
+        let page = help(&[command, &["--help"][..]].concat());
+        for flag in CLIENT_FLAGS {
+            assert!(!page.contains(flag), "{command:?} --help lists the client's {flag}:\n{page}");
+        }
+    }
+    let out = reeve(&["serve", "--json"], &[]);
+    assert_eq!(out.status.code(), Some(4), "a usage error: {}", stderr(&out));
+    assert!(stderr(&out).contains("--json"), "{}", stderr(&out));
+    let top = help(&["--help"]);
+    assert!(!top.contains("--endpoint"), "the top level lists a client flag:\n{top}");
+}
+
 /// The production catalog with a Base Sepolia price added, as an operator
 /// copying from the development catalog might: still valid, but warned
 /// about at that price's TOML path.
