@@ -51,7 +51,7 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8080")]
         bind: SocketAddr,
         /// The catalog file.
-        #[arg(long, env = "REEVE_CATALOG", default_value = DEFAULT_CATALOG)]
+        #[arg(long, env = settings::CATALOG, default_value = DEFAULT_CATALOG)]
         catalog: PathBuf,
         /// Serve the routes only; run no worker in this process.
         #[arg(long)]
@@ -101,17 +101,17 @@ enum Command {
     /// same way.
     Relay {
         /// Address to listen on.
-        #[arg(long, env = "REEVE_RELAY_BIND", default_value = "127.0.0.1:8081")]
+        #[arg(long, env = settings::RELAY_BIND, default_value = "127.0.0.1:8081")]
         bind: SocketAddr,
         /// Where Prometheus `/metrics` is served: never the relay's port,
         /// which a load balancer forwards whole.
-        #[arg(long, env = "REEVE_METRICS_BIND", default_value = "127.0.0.1:9090")]
+        #[arg(long, env = settings::METRICS_BIND, default_value = "127.0.0.1:9090")]
         metrics_bind: SocketAddr,
     },
     /// Run the worker: long-poll the SQS queue and run its tasks.
     Work {
         /// The catalog file.
-        #[arg(long, env = "REEVE_CATALOG", default_value = DEFAULT_CATALOG)]
+        #[arg(long, env = settings::CATALOG, default_value = DEFAULT_CATALOG)]
         catalog: PathBuf,
         /// Serve Prometheus `/metrics` on this address (none by default).
         #[arg(long)]
@@ -132,7 +132,7 @@ enum Command {
 enum ConfigCommand {
     /// Validate the catalog; prints every problem with its TOML path.
     Check {
-        #[arg(long, env = "REEVE_CATALOG", default_value = DEFAULT_CATALOG)]
+        #[arg(long, env = settings::CATALOG, default_value = DEFAULT_CATALOG)]
         file: PathBuf,
         /// Also ask the facilitator (`facilitator_url`, or
         /// `REEVE_FACILITATOR_URL`) whether it settles every price.

@@ -29,7 +29,7 @@ use reeve_shared::payments::{
 };
 
 /// The environment variable holding the payer's private key (hex).
-pub const WALLET_KEY_VAR: &str = "REEVE_WALLET_KEY";
+pub use reeve_shared::settings::WALLET_KEY as WALLET_KEY_VAR;
 /// The network preferred when a challenge offers several: the local chain
 /// (and Base Sepolia, whose chain id it borrows), so a development payment
 /// never spends a mainnet asset by accident.
@@ -278,7 +278,7 @@ mod tests {
     #[tokio::test]
     async fn the_local_facilitator_verifies_the_payment() {
         let url = reeve_shared::settings::Config::from_env()
-            .get("REEVE_FACILITATOR_URL")
+            .get(reeve_shared::settings::FACILITATOR_URL)
             .unwrap_or_else(|| "http://127.0.0.1:4021".into());
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         let header = payment_header(&challenge(), KEY, now).unwrap();

@@ -17,7 +17,7 @@ pub enum StorageCommand {
 #[derive(Args)]
 pub struct PolicyArgs {
     /// The bucket.
-    #[arg(long, env = "REEVE_BUCKET")]
+    #[arg(long, env = reeve_shared::settings::BUCKET)]
     bucket: String,
     /// Prefix of the presigned uploads (the template's UploadPrefix).
     #[arg(long, default_value = DEFAULT_UPLOAD_PREFIX)]

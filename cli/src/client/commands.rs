@@ -27,7 +27,7 @@ pub enum SpaceCommand {
 #[derive(Args, Debug)]
 pub struct LoginArgs {
     /// Log in to this Space (kept for next time); default: the profile's.
-    #[arg(long, env = "REEVE_SPACE_ID", hide_env_values = true)]
+    #[arg(long, env = reeve_shared::settings::SPACE_ID, hide_env_values = true)]
     pub space_id: Option<String>,
 }
 
@@ -74,7 +74,7 @@ pub enum TaskCommand {
     Watch {
         id: Id,
         /// A session token to use instead of the profile's.
-        #[arg(long, env = "REEVE_TOKEN", hide_env_values = true)]
+        #[arg(long, env = reeve_shared::settings::SESSION_TOKEN, hide_env_values = true)]
         token: Option<String>,
     },
 }
@@ -109,7 +109,7 @@ pub struct CreateArgs {
     pub wallet_key_file: Option<PathBuf>,
     /// The paying wallet's private key, from REEVE_WALLET_KEY only: hidden,
     /// and refused as an argument (see `pay::WalletKeyParser`).
-    #[arg(long, env = crate::pay::WALLET_KEY_VAR, hide = true, hide_env_values = true, value_parser = crate::pay::WalletKeyParser)]
+    #[arg(long, env = reeve_shared::settings::WALLET_KEY, hide = true, hide_env_values = true, value_parser = crate::pay::WalletKeyParser)]
     pub wallet_key: Option<crate::pay::WalletKey>,
 }
 

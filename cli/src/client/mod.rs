@@ -27,13 +27,13 @@ pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:8080";
 #[derive(Args, Debug, Clone)]
 pub struct ClientOpts {
     /// The deployment's API (`reeve serve` locally).
-    #[arg(long, env = "REEVE_ENDPOINT", global = true)]
+    #[arg(long, env = reeve_shared::settings::ENDPOINT, global = true)]
     pub endpoint: Option<String>,
     /// Where task events stream from, if not the API's host (the relay's URL).
-    #[arg(long, env = "REEVE_RELAY", global = true)]
+    #[arg(long, env = reeve_shared::settings::RELAY, global = true)]
     pub relay: Option<String>,
     /// The credentials profile (default: one per endpoint, named after it).
-    #[arg(long, env = "REEVE_PROFILE", global = true)]
+    #[arg(long, env = reeve_shared::settings::PROFILE, global = true)]
     pub profile: Option<String>,
     /// Machine output: one JSON document on stdout.
     #[arg(long, global = true)]
@@ -42,7 +42,7 @@ pub struct ClientOpts {
     /// (default: ~/.config).
     // Parsed as an OsString: clap's PathBuf parser refuses a blank value,
     // which XDG says is unset (`credentials::path` sees to that).
-    #[arg(long, env = "XDG_CONFIG_HOME", global = true, value_name = "DIR",
+    #[arg(long, env = reeve_shared::settings::CONFIG_HOME, global = true, value_name = "DIR",
           value_parser = clap::builder::OsStringValueParser::new().map(PathBuf::from))]
     pub config_home: Option<PathBuf>,
 }

@@ -11,9 +11,12 @@
 
 use tracing_subscriber::EnvFilter;
 
+/// `json` for JSON logs where nothing else asks for them.
+pub const LOG_FORMAT: &str = "REEVE_LOG_FORMAT";
+
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let json = std::env::var("REEVE_LOG_FORMAT").is_ok_and(|v| v == "json")
+    let json = std::env::var(LOG_FORMAT).is_ok_and(|v| v == "json")
         || std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some()
         || std::env::var_os("ECS_CONTAINER_METADATA_URI_V4").is_some();
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);

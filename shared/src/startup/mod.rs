@@ -422,7 +422,7 @@ fn api_parts(
     let chains = chain_endpoints(config, catalog.as_ref(), &mut problems);
     let mut env = config.env();
     let (_, operators) = settings::outbound_policies(&env);
-    let operators = outbound(&mut problems, operators, "REEVE_OPERATOR_ALLOW");
+    let operators = outbound(&mut problems, operators, crate::infra::outbound::OPERATOR_ALLOW);
     check_urls(&mut problems, config, needs.database);
     let api_settings = settings::api_settings(&mut env, needs).map_err(|e| problems.extend(e.problems)).ok();
     problems.extend(env.take_problems());
@@ -480,8 +480,8 @@ fn worker_parts(
     let mut env = config.env();
     let worker_settings = settings::worker_settings(&mut env).map_err(|e| problems.extend(e.problems)).ok();
     let (users, operators) = settings::outbound_policies(&env);
-    let users = outbound(&mut problems, users, "REEVE_FETCH_ALLOW");
-    let operators = outbound(&mut problems, operators, "REEVE_OPERATOR_ALLOW");
+    let users = outbound(&mut problems, users, crate::infra::outbound::FETCH_ALLOW);
+    let operators = outbound(&mut problems, operators, crate::infra::outbound::OPERATOR_ALLOW);
     check_urls(&mut problems, config, true);
     problems.extend(env.take_problems());
     match (catalog, worker_settings, users, operators) {

@@ -137,6 +137,33 @@ pub const MCP_ALLOWED_HOSTS: &str = "REEVE_MCP_ALLOWED_HOSTS";
 /// Browser origins allowed to call `POST /mcp` (comma-separated; none if unset).
 pub const MCP_ALLOWED_ORIGINS: &str = "REEVE_MCP_ALLOWED_ORIGINS";
 
+// Names that belong to a lower floor, which reads them itself; here too, so
+// every variable Reeve reads is named in this file (the README's table is
+// checked against the code by shared/tests/suite/environment.rs).
+#[cfg(feature = "chain")]
+pub use crate::domain::payments::CHAIN_RPC_URLS;
+#[cfg(feature = "outbound")]
+pub use crate::domain::payments::facilitator::FACILITATOR_URL_VAR as FACILITATOR_URL;
+#[cfg(feature = "outbound")]
+pub use crate::infra::outbound::{ALLOW_HTTP, FETCH_ALLOW, OPERATOR_ALLOW};
+pub use crate::infra::telemetry::LOG_FORMAT;
+
+// The `reeve` client's (cli/): where a deployment is, and who is asking.
+/// The deployment's API.
+pub const ENDPOINT: &str = "REEVE_ENDPOINT";
+/// The relay's URL, when it is not the API's host.
+pub const RELAY: &str = "REEVE_RELAY";
+/// The credentials profile.
+pub const PROFILE: &str = "REEVE_PROFILE";
+/// A Space ID for `reeve login`, instead of the one the profile keeps.
+pub const SPACE_ID: &str = "REEVE_SPACE_ID";
+/// A session token, instead of the one the profile caches.
+pub const SESSION_TOKEN: &str = "REEVE_TOKEN";
+/// The payer's private key (hex) for `--pay`; never an argument.
+pub const WALLET_KEY: &str = "REEVE_WALLET_KEY";
+/// The base of the credentials file (`DIR/reeve/credentials.toml`), as XDG says.
+pub const CONFIG_HOME: &str = "XDG_CONFIG_HOME";
+
 /// Where `reeve.toml` is read from when `REEVE_CATALOG` is not set.
 pub const DEFAULT_CATALOG: &str = "reeve.toml";
 

@@ -8,6 +8,7 @@ mod common;
 mod allow_lists;
 mod catalog;
 mod cors;
+mod environment;
 mod executors;
 mod faults;
 mod flow;
