@@ -58,5 +58,7 @@ pub use infra::outbound;
 pub use infra::{db, metrics, redis_client, storage_policy, telemetry};
 pub use startup::settings;
 
+#[cfg(all(test, feature = "full"))]
+mod error_codes;
 #[cfg(test)]
 mod layers;

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod catalog;
+pub mod error;
 #[cfg(feature = "worker")]
 pub mod executors;
 pub mod ids;

@@ -5,6 +5,10 @@
 //! handler doesn't know it. [`envelope`] is the middleware that fills the id
 //! in, and that also wraps the plain-text errors axum produces by itself
 //! (405, body-limit 413, ...), so no response escapes the envelope.
+//!
+//! A domain error becomes an [`ApiError`] through [`ApiError::refused`]:
+//! its code and message come from the one vocabulary of refusals
+//! (`domain/error.rs`), and this file only picks the status of its kind.
 
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -13,6 +17,8 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 use utoipa::ToSchema;
+
+use crate::domain::error::{ErrorKind, Refusal, Wording};
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -45,6 +51,17 @@ impl ApiError {
 
     pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
+    }
+
+    /// A domain refusal: the status of its kind, its code and message. A
+    /// fault or an outage logs the error (its cause included); the client
+    /// sees only the message.
+    pub fn refused<E: Refusal>(e: &E) -> Self {
+        let kind = e.kind();
+        if matches!(kind, ErrorKind::Internal | ErrorKind::Unavailable) {
+            tracing::error!(error = %e, code = e.code(), "request refused");
+        }
+        Self::new(status_of(kind), e.code(), e.message(&WORDING))
     }
 
     /// Logs the cause and answers a bare 500: the cause may name hosts,
@@ -194,14 +211,34 @@ pub async fn no_route() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
 
-/// A database failure: `503` when Postgres is out of reach (retrying may
-/// work), `500` for anything else. The cause is logged, never returned.
+/// A database failure: `503 database_unavailable` when Postgres is out of
+/// reach (retrying may work), `500` for anything else. The cause is logged,
+/// never returned.
 pub fn db_error(e: sqlx::Error) -> ApiError {
-    match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
-            tracing::error!(error = %e, "postgres unavailable");
-            ApiError::unavailable("database_unavailable", "the database is unavailable; try again")
-        }
-        other => ApiError::internal(other),
+    ApiError::refused(&e)
+}
+
+/// How messages name what a client sends over HTTP.
+pub const WORDING: Wording = Wording {
+    input: "`input`",
+    idempotency_key: "Idempotency-Key",
+    payment: "PAYMENT-SIGNATURE",
+    retry_after: "Retry-After",
+    catalog: "GET /v1/catalog",
+    new_space: "POST /v1/spaces",
+};
+
+/// The status of each kind of refusal.
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::Input => StatusCode::BAD_REQUEST,
+        ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::Auth => StatusCode::UNAUTHORIZED,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Payment => StatusCode::PAYMENT_REQUIRED,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::Limit => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

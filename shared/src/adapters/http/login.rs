@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use super::context::AuthContext;
 use super::error::{ApiError, ApiResult, ErrorEnvelope};
 use super::extract::JsonBody;
-use crate::domain::spaces::{self, SpaceError};
+use crate::domain::spaces;
 
 pub fn router() -> OpenApiRouter<Arc<AuthContext>> {
     OpenApiRouter::default().routes(routes!(create_space)).routes(routes!(open_session))
@@ -47,7 +47,7 @@ struct SpaceCreated {
 )]
 
 async fn create_space(State(ctx): State<Arc<AuthContext>>) -> ApiResult<(StatusCode, Json<SpaceCreated>)> {
-    let space = spaces::create(&ctx.db, &ctx.settings.pepper, &ctx.argon2).await.map_err(internal)?;
+    let space = spaces::create(&ctx.db, &ctx.settings.pepper, &ctx.argon2).await.map_err(|e| ApiError::refused(&e))?;
     Ok((
         StatusCode::CREATED,
         Json(SpaceCreated { space_id: space.space_id.as_str().to_owned(), created_at: space.created_at }),
@@ -103,16 +103,6 @@ async fn open_session(
         Ok(session) => {
             Ok(Json(SessionCreated { token: session.token, token_type: "Bearer", expires_at: session.expires_at }))
         }
-        Err(SpaceError::InvalidSpace) => {
-            Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid_space", "unknown or wrong space id"))
-        }
-        Err(e) => Err(internal(e)),
-    }
-}
-
-fn internal(e: SpaceError) -> ApiError {
-    match e {
-        SpaceError::Db(db) => super::error::db_error(db),
-        other => ApiError::internal(other),
+        Err(e) => Err(ApiError::refused(&e)),
     }
 }

@@ -15,7 +15,8 @@
 //! 6. a key used before: the same request answers its task again (`202`,
 //!    `Idempotent-Replayed: true`), another is `409 idempotency_conflict`;
 //! 7. the uploads the input names: `422 unknown_upload`,
-//!    `422 upload_not_ready`, `422 upload_rejected`, `503 storage_unavailable`;
+//!    `422 upload_not_ready`, `422 upload_missing`, `422 upload_rejected`,
+//!    `503 storage_unavailable`;
 //! 8. a priced task: no `PAYMENT-SIGNATURE` and no credit → `402` whose body
 //!    is the x402 challenge; a payment → `400 invalid_payment`,
 //!    `402 payment_mismatch`, `402 payment_replayed`, `402 payment_invalid`,
@@ -46,6 +47,7 @@ use utoipa_axum::routes;
 use super::context::{TaskCreateContext, TaskStatusContext};
 use super::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use super::extract::{JsonBody, Session};
+use crate::domain::error::Refusal;
 use crate::domain::ids::Id;
 use crate::domain::payments::{self, PayError, PaymentInput, PaymentRequired, PaymentResponse};
 use crate::domain::tasks::events::publish_all_once;
@@ -144,7 +146,7 @@ struct Accepted {
             )),
         (status = 400, body = ErrorEnvelope, description = concat!(
             doc_400_json!(),
-            " An `input` that is not an object is `invalid_request` too. ",
+            " An `input` that is not an object is `invalid_request` too, the same code over MCP. ",
             "`invalid_idempotency_key`: not one header of 1 to 255 printable ASCII characters; ",
             "`invalid_payment`: a `PAYMENT-SIGNATURE` that is not base64 JSON of an x402 v2 `exact` payment; ",
             "`invalid_input`: a string (or key) anywhere in the input holds a NUL character, which cannot be ",
@@ -152,8 +154,8 @@ struct Accepted {
         (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
         (status = 402, body = PaymentRequired,
             description = "A priced task: x402 v2 payment requirements, one `accepts` entry per price, with the \
-                `payment-identifier` and `bazaar` extensions. Without a payment this body is the challenge, not an \
-                error envelope. A refused payment answers an error envelope instead, with the challenge in \
+                `payment-identifier` and `bazaar` extensions. Without a payment (`payment_required`) this body is the \
+                challenge, not an error envelope. A refused payment answers an error envelope instead, with the challenge in \
                 `PAYMENT-REQUIRED`: `payment_mismatch` (`accepted` is not one of this kind's requirements), \
                 `payment_replayed` (the payment already paid for another request, or another Space's; the same \
                 request sent again by the Space that paid answers its task), \
@@ -185,6 +187,7 @@ struct Accepted {
             "with their JSON pointers) or names too many uploads; ",
             "`unknown_upload`: an upload id that is unknown, another Space's, or not an id; ",
             "`upload_not_ready`: the file has not been `PUT` yet; ",
+            "`upload_missing`: a priced task's file is gone from storage (uploads are kept for a day); ",
             "`upload_rejected`: the file did not match its declared size or type.")),
         (status = 429, body = ErrorEnvelope,
             description = "`quota_exceeded`: a free kind only: this Space already created its `quota.per_hour` \
@@ -273,22 +276,7 @@ pub struct SubmitFailure {
 
 impl From<SubmitError> for SubmitFailure {
     fn from(e: SubmitError) -> Self {
-        let (challenge, settlement, retry_after) = match &e {
-            SubmitError::Payment(p) => match p {
-                PayError::Required(c) | PayError::Mismatch(c) | PayError::Replayed(c) | PayError::NotSettled(c) => {
-                    (Some(c.clone()), None, None)
-                }
-                PayError::Invalid { challenge, .. } => (Some(challenge.clone()), None, None),
-                PayError::Failed { challenge, settlement, .. } => {
-                    (Some(challenge.clone()), Some(settlement.clone()), None)
-                }
-                PayError::Pending { retry_after } => (None, None, Some(*retry_after)),
-                PayError::InProgress | PayError::RequestInProgress => (None, None, Some(payments::RETRY_AFTER)),
-                _ => (None, None, None),
-            },
-            SubmitError::QuotaExceeded(exceeded) => (None, None, Some(exceeded.retry_after)),
-            _ => (None, None, None),
-        };
+        let error = ApiError::refused(&e);
         // Refusals decided here, before any facilitator call; the ledger
         // counts those that come back from the facilitator.
         let refused_early = matches!(
@@ -297,11 +285,15 @@ impl From<SubmitError> for SubmitFailure {
                 PayError::Malformed(_) | PayError::Mismatch(_) | PayError::Replayed(_) | PayError::IdentifierConflict
             )
         );
-        let error: ApiError = e.into();
         if refused_early {
             crate::infra::metrics::payment_failed(error.code);
         }
-        SubmitFailure { error, challenge, settlement, retry_after }
+        SubmitFailure {
+            error,
+            challenge: e.challenge().cloned().map(Box::new),
+            settlement: e.settlement().cloned().map(Box::new),
+            retry_after: e.retry_after(),
+        }
     }
 }
 
@@ -327,110 +319,6 @@ impl IntoResponse for SubmitFailure {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
         }
         response
-    }
-}
-
-/// The one mapping from create's domain errors to the API's codes.
-impl From<SubmitError> for ApiError {
-    fn from(e: SubmitError) -> Self {
-        match e {
-            SubmitError::UnknownTask(kind) => unknown_task(&kind),
-            SubmitError::InputNotObject => ApiError::bad_request("invalid_request", "`input` must be a JSON object"),
-            SubmitError::InputNul(pointer) => ApiError::bad_request(
-                "invalid_input",
-                format!("{} holds a NUL character (\\u0000), which cannot be stored", shown_pointer(&pointer)),
-            ),
-            SubmitError::InvalidInput(message) => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
-            }
-            SubmitError::IdempotencyConflict => ApiError::new(
-                StatusCode::CONFLICT,
-                "idempotency_conflict",
-                "this Idempotency-Key was already used with a different kind or input",
-            ),
-            SubmitError::Upload { code, message } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, message),
-            SubmitError::StorageUnavailable => {
-                ApiError::unavailable("storage_unavailable", "object storage is unavailable; try again")
-            }
-            SubmitError::Payment(e) => e.into(),
-            SubmitError::QuotaExceeded(exceeded) => {
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", exceeded.message())
-            }
-            SubmitError::QueueUnavailable => ApiError::unavailable(
-                "queue_unavailable",
-                "the task could not be queued and was marked failed; try again with a new Idempotency-Key",
-            ),
-            SubmitError::Db(e) => db_error(e),
-            SubmitError::Internal(why) => ApiError::internal(why),
-        }
-    }
-}
-
-/// A JSON pointer in a message: `(root)` for the input itself.
-fn shown_pointer(pointer: &str) -> String {
-    if pointer.is_empty() { "(root)".to_owned() } else { format!("input{pointer}") }
-}
-
-/// The one mapping from the payment call's refusals to the API's codes.
-impl From<PayError> for ApiError {
-    fn from(e: PayError) -> Self {
-        let payment = |code: &'static str, message: String| ApiError::new(StatusCode::PAYMENT_REQUIRED, code, message);
-        let conflict = |code: &'static str, message: &str| ApiError::new(StatusCode::CONFLICT, code, message);
-        match e {
-            PayError::Required(_) => {
-                payment("payment_required", "this task has a price; pay with PAYMENT-SIGNATURE".into())
-            }
-            PayError::Malformed(why) => ApiError::bad_request("invalid_payment", why),
-            PayError::Mismatch(_) => payment(
-                "payment_mismatch",
-                "the payment's `accepted` is none of this task's requirements; pay one of PAYMENT-REQUIRED's accepts"
-                    .into(),
-            ),
-            PayError::Replayed(_) => payment(
-                "payment_replayed",
-                "this payment already paid for another request; sign a new one for this request".into(),
-            ),
-            PayError::Invalid { reason, .. } => {
-                payment("payment_invalid", format!("the payment was refused: {reason}"))
-            }
-            PayError::Failed { reason, .. } => payment(
-                "payment_failed",
-                format!("the payment could not be settled ({reason}); nothing was charged and no task was created"),
-            ),
-            PayError::NotSettled(_) => payment(
-                "payment_not_settled",
-                "no transfer of this payment to payTo is on chain, and none can come any more: its authorization \
-                 expired unused, or its nonce was spent by another transaction. Nothing was received and no task \
-                 was created; sign a new payment"
-                    .into(),
-            ),
-            PayError::Pending { .. } => conflict(
-                "payment_pending",
-                "the payment was sent to be settled and its outcome is not known yet; it may still be charged. Send \
-                 the same request with the same PAYMENT-SIGNATURE again after Retry-After seconds: you will get \
-                 its one task, or payment_not_settled. Do not sign a new payment for it meanwhile",
-            ),
-            PayError::InProgress => conflict(
-                "payment_in_progress",
-                "this payment is being settled by another request; retry after Retry-After seconds",
-            ),
-            PayError::RequestInProgress => conflict(
-                "request_in_progress",
-                "a request with this Idempotency-Key is being paid for right now; retry after Retry-After seconds",
-            ),
-            PayError::IdentifierConflict => conflict(
-                "payment_identifier_conflict",
-                "this payment-identifier was already used with a different payment or request",
-            ),
-            PayError::IdempotencyConflict => {
-                conflict("idempotency_conflict", "this Idempotency-Key was already used with a different kind or input")
-            }
-            PayError::FacilitatorUnavailable => ApiError::unavailable(
-                "facilitator_unavailable",
-                "the payment facilitator is unavailable; nothing was charged; try again",
-            ),
-            PayError::Db(e) => db_error(e),
-        }
     }
 }
 
@@ -588,15 +476,6 @@ async fn cancel_task(
             format!("the task has already ended: it is {}", task.status.as_str()),
         )),
     }
-}
-
-fn unknown_task(kind: &str) -> ApiError {
-    let shown: String = kind.chars().take(64).collect();
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "unknown_task",
-        format!("no task kind {shown:?}; GET /v1/catalog lists the kinds on offer"),
-    )
 }
 
 /// The `Idempotency-Key` header: absent, or exactly one value of 1..=255

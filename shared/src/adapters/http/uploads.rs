@@ -27,10 +27,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::context::UploadsContext;
-use super::error::{self, ApiError, ApiResult, ErrorEnvelope};
+use super::error::{ApiError, ApiResult, ErrorEnvelope};
 use super::extract::{JsonBody, Session};
 use crate::domain::ids::Id;
-use crate::domain::uploads::{self, CreateError, UploadRequest};
+use crate::domain::uploads::{self, UploadRequest};
 
 pub fn router() -> OpenApiRouter<Arc<UploadsContext>> {
     OpenApiRouter::default().routes(routes!(create_upload))
@@ -111,7 +111,7 @@ async fn create_upload(
     let expires_in = Duration::from_secs(policy.url_expiry_seconds.into());
     let presigned = uploads::create(&ctx.db, &ctx.s3, &ctx.bucket, policy, &space, request, expires_in)
         .await
-        .map_err(create_error)?;
+        .map_err(|e| ApiError::refused(&e))?;
     Ok((
         StatusCode::CREATED,
         Json(UploadCreated {
@@ -122,25 +122,4 @@ async fn create_upload(
             expires_at: presigned.expires_at,
         }),
     ))
-}
-
-fn create_error(e: CreateError) -> ApiError {
-    match e {
-        CreateError::InvalidFilename(why) => ApiError::bad_request("invalid_filename", why),
-        CreateError::InvalidSize => ApiError::bad_request("invalid_request", "size must be a positive integer"),
-        CreateError::TooLarge { max_bytes, .. } => {
-            ApiError::bad_request("upload_too_large", format!("size exceeds the upload limit of {max_bytes} bytes"))
-        }
-        CreateError::UnsupportedContentType { allowed } => ApiError::bad_request(
-            "unsupported_content_type",
-            format!("content_type must be one of: {}", allowed.join(", ")),
-        ),
-        CreateError::Storage(cause) => storage_unavailable(cause),
-        CreateError::Db(db) => error::db_error(db),
-    }
-}
-
-fn storage_unavailable(cause: String) -> ApiError {
-    tracing::error!(error = %cause, "storage unavailable");
-    ApiError::unavailable("storage_unavailable", "file storage is unavailable; try again")
 }

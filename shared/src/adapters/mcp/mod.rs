@@ -39,7 +39,7 @@
 //! support the extension.
 
 mod context;
-mod failure;
+pub(crate) mod failure;
 mod payment;
 mod server;
 mod space;

@@ -9,9 +9,9 @@
 use base64::Engine;
 use serde_json::{Value, json};
 
-use super::failure::{ToolFailure, ToolResult};
+use super::failure::ToolResult;
 use crate::domain::payments::challenge::BAZAAR;
-use crate::domain::payments::{PaymentRequired, PaymentResponse};
+use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse};
 
 /// Where a request carries its payment.
 pub const PAYMENT_META: &str = "x402/payment";
@@ -34,10 +34,9 @@ pub fn from_meta(meta: Option<&Value>) -> ToolResult<Option<String>> {
         Some(document @ Value::Object(_)) => {
             Ok(Some(base64::engine::general_purpose::STANDARD.encode(document.to_string())))
         }
-        Some(_) => Err(ToolFailure::new(
-            "invalid_payment",
-            "_meta[\"x402/payment\"] must be an x402 PaymentPayload object, or its base64",
-        )),
+        Some(_) => {
+            Err(PayError::Malformed("the payment is neither a PaymentPayload object nor its base64".into()).into())
+        }
     }
 }
 

@@ -198,7 +198,7 @@ fn as_object(value: Value) -> JsonObject {
 fn task_method_error(failure: ToolFailure) -> McpError {
     let message = match &failure {
         ToolFailure::Refused { message, .. } => message.clone(),
-        ToolFailure::Payment(_) => "payment required".to_owned(),
+        ToolFailure::Payment { .. } => "payment required".to_owned(),
     };
     ErrorData::invalid_params(message, Some(json!({ "code": failure.code() })))
 }
@@ -271,15 +271,15 @@ impl ServerHandler for ReeveMcp {
         let id = request.task_id.parse().map_err(|_| not_found())?;
         let task = tasks::find_for_space(&self.ctx.db, &space, id)
             .await
-            .map_err(|e| task_method_error(ToolFailure::database(e)))?
+            .map_err(|e| task_method_error(ToolFailure::from(e)))?
             .ok_or_else(not_found)?;
         let task = self.ctx.links().present(&space, task).await;
         // Read from the same store as the task, so a final result never
         // misses the receipt its call was answered with.
         let receipt = match mcp_task(&task).status {
-            McpStatus::Completed => payments::receipt(&self.ctx.db, task.id)
-                .await
-                .map_err(|e| task_method_error(ToolFailure::database(e)))?,
+            McpStatus::Completed => {
+                payments::receipt(&self.ctx.db, task.id).await.map_err(|e| task_method_error(ToolFailure::from(e)))?
+            }
             _ => None,
         };
         Ok(GetTaskResult::new(detailed(task, receipt)))

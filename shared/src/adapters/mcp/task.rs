@@ -93,11 +93,11 @@ pub async fn run(
         Ok(submitted) => submitted,
         Err(e) => {
             return Err(match ToolFailure::from(e) {
-                ToolFailure::Payment(challenge) => {
+                ToolFailure::Payment { code, challenge } => {
                     let schema = ctx.tools.tool(tool).map(|t| Value::Object((*t.input_schema).clone()));
                     let challenge =
                         payment::for_tool(*challenge, tool, &schema.unwrap_or_else(|| json!({})), &spec.description);
-                    ToolFailure::Payment(Box::new(challenge))
+                    ToolFailure::Payment { code, challenge: Box::new(challenge) }
                 }
                 other => other,
             });

@@ -46,7 +46,7 @@ pub use quota::{AT_ONCE_RETRY, Limit, QuotaExceeded, QuotaUse, Used};
 #[cfg(feature = "catalog")]
 pub use shelf::Shelf;
 #[cfg(feature = "api-tasks")]
-pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, deadline_of, submit};
+pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, UploadProblem, deadline_of, submit};
 
 use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;

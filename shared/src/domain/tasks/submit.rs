@@ -87,8 +87,8 @@ pub enum Paid {
     Credit(Credit),
 }
 
-/// Why a task was not created. `From<SubmitError> for ApiError` (in the HTTP
-/// layer) gives each its status and stable code.
+/// Why a task was not created. Its code, kind and message are in the one
+/// vocabulary of refusals (`domain/error.rs`).
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {
     #[error("unknown task kind")]
@@ -102,8 +102,8 @@ pub enum SubmitError {
     InvalidInput(String),
     #[error("idempotency key already used for a different request")]
     IdempotencyConflict,
-    #[error("{code}: {message}")]
-    Upload { code: &'static str, message: String },
+    #[error("{}: {message}", problem.code())]
+    Upload { problem: UploadProblem, message: String },
     #[error("object storage unavailable")]
     StorageUnavailable,
     /// Not paid: the challenge, a refusal, or a payment still pending.
@@ -120,6 +120,19 @@ pub enum SubmitError {
     Db(#[from] sqlx::Error),
     #[error("internal: {0}")]
     Internal(String),
+}
+
+/// What is wrong with an upload the input names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadProblem {
+    /// Unknown, another Space's, or not an upload id.
+    Unknown,
+    /// Declared, but its file has not arrived.
+    NotReady,
+    /// Arrived once, and gone from storage since.
+    Missing,
+    /// Its file did not match its declared size or type.
+    Rejected,
 }
 
 impl From<PayError> for SubmitError {
@@ -264,14 +277,14 @@ async fn check_uploads(
     input: &Value,
     priced: bool,
 ) -> Result<(), SubmitError> {
-    let upload = |code: &'static str, message: String| SubmitError::Upload { code, message };
+    let upload = |problem: UploadProblem, message: String| SubmitError::Upload { problem, message };
     let refs = input::upload_refs(input);
     let mut seen = HashSet::new();
     let mut ids = Vec::new();
     for r in &refs {
         let Some(id) = r.id else {
             return Err(upload(
-                "unknown_upload",
+                UploadProblem::Unknown,
                 format!("{} is not an upload id (expected the 26-character id from POST /v1/uploads)", r.pointer),
             ));
         };
@@ -294,17 +307,20 @@ async fn check_uploads(
         match checked {
             Ok(()) => {}
             Err(UploadError::NotFound(_)) => {
-                return Err(upload("unknown_upload", format!("upload {id} (at {pointer}) not found in this space")));
+                return Err(upload(
+                    UploadProblem::Unknown,
+                    format!("upload {id} (at {pointer}) not found in this space"),
+                ));
             }
             Err(UploadError::NotUploaded(_)) => {
                 return Err(upload(
-                    "upload_not_ready",
+                    UploadProblem::NotReady,
                     format!("upload {id} (at {pointer}) has not arrived yet; PUT the file to its upload URL first"),
                 ));
             }
             Err(UploadError::Gone(_)) => {
                 return Err(upload(
-                    "upload_missing",
+                    UploadProblem::Missing,
                     format!(
                         "upload {id} (at {pointer}) is no longer in storage (uploads are kept for a day); upload the \
                          file again and use its new id. Nothing was charged"
@@ -313,7 +329,7 @@ async fn check_uploads(
             }
             Err(UploadError::Rejected(_)) => {
                 return Err(upload(
-                    "upload_rejected",
+                    UploadProblem::Rejected,
                     format!("upload {id} (at {pointer}) was rejected: it did not match its declared size or type"),
                 ));
             }

@@ -1,0 +1,230 @@
+//! The one vocabulary of refusals (`domain/error.rs`), checked across both
+//! transports: every variant of every domain error a client can meet gives
+//! the same code over HTTP and over MCP, and each code is documented for
+//! clients in the OpenAPI document and in the README's table of error
+//! codes. It lives at the crate root, as `layers.rs` does, because it looks
+//! at both adapters at once, which no adapter may.
+//!
+//! A variant added to one of these enums fails to compile in its
+//! `every_*` below until it is listed there; a code added without its
+//! documentation fails the test.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+
+use crate::adapters::http::error::ApiError;
+use crate::adapters::mcp::failure::ToolFailure;
+use crate::domain::auth::AuthError;
+use crate::domain::payments::challenge::Resource;
+use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse};
+use crate::domain::spaces::SpaceError;
+use crate::domain::tasks::{Limit, QuotaExceeded, SubmitError, UploadProblem};
+use crate::domain::uploads::CreateError;
+
+fn challenge(error: &str) -> Box<PaymentRequired> {
+    Box::new(PaymentRequired {
+        x402_version: 2,
+        error: error.to_owned(),
+        resource: Resource { url: "/v1/tasks/fetch".into(), description: "fetch".into(), mime_type: "json".into() },
+        accepts: Vec::new(),
+        extensions: Default::default(),
+    })
+}
+
+fn every_pay_error() -> Vec<PayError> {
+    let settlement = PaymentResponse {
+        success: false,
+        error_reason: Some("insufficient_balance".into()),
+        transaction: String::new(),
+        network: "eip155:84532".into(),
+        payer: String::new(),
+    };
+    let all = vec![
+        PayError::Required(challenge("PAYMENT-SIGNATURE header is required")),
+        PayError::Malformed("not base64".into()),
+        PayError::Mismatch(challenge("payment_mismatch")),
+        PayError::Replayed(challenge("payment_replayed")),
+        PayError::Invalid { challenge: challenge("payment_invalid"), reason: "expired".into() },
+        PayError::Failed {
+            challenge: challenge("payment_failed"),
+            reason: "insufficient_balance".into(),
+            settlement: Box::new(settlement),
+        },
+        PayError::NotSettled(challenge("payment_not_settled")),
+        PayError::Pending { retry_after: Duration::from_secs(5) },
+        PayError::InProgress,
+        PayError::RequestInProgress,
+        PayError::IdentifierConflict,
+        PayError::IdempotencyConflict,
+        PayError::FacilitatorUnavailable,
+        PayError::Db(sqlx::Error::PoolTimedOut),
+        PayError::Db(sqlx::Error::RowNotFound),
+    ];
+    for e in &all {
+        // No `_`: a new variant stops here until it is listed above.
+        match e {
+            PayError::Required(_)
+            | PayError::Malformed(_)
+            | PayError::Mismatch(_)
+            | PayError::Replayed(_)
+            | PayError::Invalid { .. }
+            | PayError::Failed { .. }
+            | PayError::NotSettled(_)
+            | PayError::Pending { .. }
+            | PayError::InProgress
+            | PayError::RequestInProgress
+            | PayError::IdentifierConflict
+            | PayError::IdempotencyConflict
+            | PayError::FacilitatorUnavailable
+            | PayError::Db(_) => {}
+        }
+    }
+    all
+}
+
+fn every_submit_error() -> Vec<SubmitError> {
+    let mut all = vec![
+        SubmitError::UnknownTask("nope".into()),
+        SubmitError::InputNotObject,
+        SubmitError::InputNul("/name".into()),
+        SubmitError::InvalidInput("/url: not a string".into()),
+        SubmitError::IdempotencyConflict,
+        SubmitError::StorageUnavailable,
+        SubmitError::QueueUnavailable,
+        SubmitError::QuotaExceeded(QuotaExceeded {
+            kind: "digest".into(),
+            limit: Limit::AtOnce(2),
+            retry_after: Duration::from_secs(5),
+        }),
+        SubmitError::Db(sqlx::Error::PoolTimedOut),
+        SubmitError::Internal("a fault".into()),
+    ];
+    for problem in [UploadProblem::Unknown, UploadProblem::NotReady, UploadProblem::Missing, UploadProblem::Rejected] {
+        all.push(SubmitError::Upload { problem, message: "upload 01J at /upload_id".into() });
+    }
+    all.extend(every_pay_error().into_iter().map(SubmitError::Payment));
+    for e in &all {
+        match e {
+            SubmitError::UnknownTask(_)
+            | SubmitError::InputNotObject
+            | SubmitError::InputNul(_)
+            | SubmitError::InvalidInput(_)
+            | SubmitError::IdempotencyConflict
+            | SubmitError::Upload { .. }
+            | SubmitError::StorageUnavailable
+            | SubmitError::Payment(_)
+            | SubmitError::QueueUnavailable
+            | SubmitError::QuotaExceeded(_)
+            | SubmitError::Db(_)
+            | SubmitError::Internal(_) => {}
+        }
+    }
+    all
+}
+
+fn every_upload_error() -> Vec<CreateError> {
+    let all = vec![
+        CreateError::InvalidFilename("filename is empty"),
+        CreateError::InvalidSize,
+        CreateError::TooLarge { size: 11, max_bytes: 10 },
+        CreateError::UnsupportedContentType { allowed: vec!["image/png".into()] },
+        CreateError::Storage("no credentials".into()),
+        CreateError::Db(sqlx::Error::PoolClosed),
+    ];
+    for e in &all {
+        match e {
+            CreateError::InvalidFilename(_)
+            | CreateError::InvalidSize
+            | CreateError::TooLarge { .. }
+            | CreateError::UnsupportedContentType { .. }
+            | CreateError::Storage(_)
+            | CreateError::Db(_) => {}
+        }
+    }
+    all
+}
+
+fn every_space_error() -> Vec<SpaceError> {
+    let all = vec![
+        SpaceError::InvalidSpace,
+        SpaceError::Db(sqlx::Error::PoolTimedOut),
+        SpaceError::Auth(AuthError::MalformedSpaceId),
+    ];
+    for e in &all {
+        match e {
+            SpaceError::InvalidSpace | SpaceError::Db(_) | SpaceError::Auth(_) => {}
+        }
+    }
+    all
+}
+
+/// What each transport answers for one refusal.
+struct Answer {
+    shown: String,
+    http: ApiError,
+    mcp: ToolFailure,
+}
+
+/// Every refusal through both transports, each the way its handlers turn
+/// it into an answer. The errors are not `Clone`, so each list is made
+/// twice, one for each transport.
+fn answers() -> Vec<Answer> {
+    fn both<E: std::fmt::Debug>(make: fn() -> Vec<E>, http: impl Fn(E) -> ApiError) -> Vec<Answer>
+    where
+        ToolFailure: From<E>,
+    {
+        let shown = make().iter().map(|e| format!("{e:?}")).collect::<Vec<_>>();
+        let answers = make().into_iter().map(http).zip(make().into_iter().map(ToolFailure::from));
+        shown.into_iter().zip(answers).map(|(shown, (http, mcp))| Answer { shown, http, mcp }).collect()
+    }
+    let submitted = |e: SubmitError| {
+        let response = crate::adapters::http::tasks::SubmitFailure::from(e).into_response();
+        response.extensions().get::<ApiError>().expect("an error response").clone()
+    };
+    let mut all = both(every_submit_error, submitted);
+    all.extend(both(every_upload_error, |e| ApiError::refused(&e)));
+    all.extend(both(every_space_error, |e| ApiError::refused(&e)));
+    all
+}
+
+/// The README's table of error codes: the first cell of each row under
+/// its heading.
+fn readme_codes() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let table = readme.split("### Error codes").nth(1).expect("README.md has a section `### Error codes`");
+    let rows = table.lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|'));
+    rows.filter_map(|row| row.split('|').nth(1)?.trim().strip_prefix('`')?.strip_suffix('`').map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn every_refusal_has_one_code_on_both_transports_and_is_documented() {
+    let openapi = include_str!("adapters/http/openapi.json");
+    let readme = readme_codes();
+    let mut wrong = Vec::new();
+    for Answer { shown, http, mcp } in answers() {
+        let code = http.code;
+        match &mcp {
+            // x402's tool-result binding: the challenge is the answer, as
+            // HTTP's `402` is (a refused payment's envelope says why).
+            ToolFailure::Payment { .. } => {
+                if http.status != StatusCode::PAYMENT_REQUIRED {
+                    wrong.push(format!("{shown}: a challenge over MCP, {} over HTTP", http.status));
+                }
+            }
+            ToolFailure::Refused { .. } => {}
+        }
+        if mcp.code() != code {
+            wrong.push(format!("{shown}: `{code}` over HTTP, `{}` over MCP", mcp.code()));
+        }
+        if !openapi.contains(&format!("`{code}`")) {
+            wrong.push(format!("{shown}: `{code}` is in no description of openapi.json"));
+        }
+        if !readme.iter().any(|c| c == code) {
+            wrong.push(format!("{shown}: `{code}` is not in the README's table of error codes"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
