@@ -26,7 +26,8 @@ mod sweep;
 mod watch;
 
 use client::ClientOpts;
-use client::commands::{self, LoginArgs, SpaceCommand, TaskCommand, UploadArgs};
+use client::commands::{self, LoginArgs, SpaceCommand, UploadArgs};
+use client::task::{self, TaskCommand};
 
 #[derive(Parser)]
 #[command(name = "reeve", version, about = "Reeve: zero-account, pay-per-task jobs")]
@@ -167,7 +168,7 @@ fn main() -> ExitCode {
         Command::Login { args, client } => return run_client(client, |c, o| Box::pin(commands::login(c, o, args))),
         Command::Catalog { client } => return run_client(client, |c, o| Box::pin(commands::catalog(c, o))),
         Command::Upload { args, client } => return run_client(client, |c, o| Box::pin(commands::upload(c, o, args))),
-        Command::Task { command, client } => return run_client(client, |c, o| Box::pin(commands::task(c, o, command))),
+        Command::Task { command, client } => return run_client(client, |c, o| Box::pin(task::task(c, o, command))),
         Command::Relay { bind, metrics_bind } => runtime().block_on(relay(bind, metrics_bind)),
         Command::Work { catalog, metrics_bind, sweep } => runtime().block_on(work(&catalog, metrics_bind, &sweep)),
         Command::Storage { command } => runtime().block_on(storage::run(command)),

@@ -9,7 +9,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use reeve_shared::ids::Id;
 use reeve_shared::tasks::{EventType, TaskStatus};
 
-use crate::client::ClientError;
 use crate::follow::{FollowError, follow};
 
 /// Above the bar on a terminal; a plain line when piped (the bar is hidden
@@ -25,7 +24,7 @@ pub async fn watch(
     token: &str,
     task: Id,
     quiet: bool,
-) -> Result<TaskStatus, ClientError> {
+) -> Result<TaskStatus, FollowError> {
     let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(1000) };
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{bar:40}] {percent:>3}% {msg}")
@@ -83,19 +82,7 @@ pub async fn watch(
         }
     })
     .await;
-    let status = match status {
-        Ok(status) => status,
-        Err(e) => {
-            bar.abandon();
-            return Err(match e {
-                FollowError::Refused { status, code, message } => ClientError::Refused { status, code, message },
-                FollowError::GaveUp(n) => ClientError::Unreachable {
-                    endpoint: endpoint.to_owned(),
-                    cause: format!("lost the event stream {n} times in a row"),
-                },
-            });
-        }
-    };
+    let status = status.inspect_err(|_| bar.abandon())?;
     if status == TaskStatus::Completed {
         bar.set_position(1000);
     }

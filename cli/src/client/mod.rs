@@ -9,6 +9,7 @@
 pub mod commands;
 pub mod credentials;
 pub mod output;
+pub mod task;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

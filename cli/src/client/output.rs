@@ -1,6 +1,7 @@
 //! What a command prints: one JSON document on stdout with `--json`, for
 //! agents and scripts; otherwise lines and tables for people.
 
+use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 
 /// Prints `value` as the command's one JSON document.
@@ -35,6 +36,21 @@ pub fn human_amount(atomic: &str, decimals: u32) -> String {
     let (whole, fraction) = padded.split_at(padded.len() - decimals);
     let fraction = fraction.trim_end_matches('0');
     if fraction.is_empty() { whole.to_owned() } else { format!("{whole}.{fraction}") }
+}
+
+/// A byte-counting bar for an upload or a download; hidden when `quiet`
+/// (`--json`).
+pub fn bar(len: u64, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar
 }
 
 #[cfg(test)]

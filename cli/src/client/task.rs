@@ -1,0 +1,487 @@
+//! `reeve task`: create (paying with `--pay` where the catalog sets a
+//! price, uploading `--file` inputs first), list, get, cancel, watch and
+//! fetch a result, each printed as JSON with `--json`; `watch` and
+//! `create --watch` exit with the task's outcome.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use reeve_shared::ids::Id;
+use reeve_shared::tasks::TaskStatus;
+use reqwest::Method;
+use serde_json::{Map, Value, json};
+
+use super::commands::upload_file;
+use super::output::{self, bar, table};
+use super::{Client, ClientError, ClientOpts, EXIT_TASK_CANCELED, EXIT_TASK_FAILED};
+use crate::follow::FollowError;
+
+#[derive(Subcommand, Debug)]
+pub enum TaskCommand {
+    /// Create a task: `reeve task create digest --file upload_id=report.pdf --watch`.
+    Create(CreateArgs),
+    /// The Space's tasks, newest first.
+    List {
+        /// queued, running, completed, failed or canceled.
+        #[arg(long, value_parser = parse_status)]
+        status: Option<TaskStatus>,
+        #[arg(long)]
+        kind: Option<String>,
+        /// 1 to 100.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+        limit: Option<u32>,
+        /// The `next` of the previous page.
+        #[arg(long)]
+        after: Option<Id>,
+    },
+    /// One task as it is now.
+    Get { id: Id },
+    /// Cancel a task: at once if queued; a running one stops within a second.
+    Cancel { id: Id },
+    /// A finished task's result; saves its file where the result links one.
+    Result {
+        id: Id,
+        /// Where to save a downloadable result (default: its name, here).
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// Follow a task's events with a progress bar; exits 0 when it
+    /// completes, 1 when it fails, 2 when it is canceled.
+    Watch {
+        id: Id,
+        /// A session token to use instead of the profile's.
+        #[arg(long, env = reeve_shared::settings::SESSION_TOKEN, hide_env_values = true)]
+        token: Option<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// The task kind, from `reeve catalog`.
+    pub kind: String,
+    /// An input field: `key=text`, or `key:=JSON` for numbers, booleans,
+    /// arrays and objects. Repeatable.
+    #[arg(long = "input", value_name = "KEY=VALUE")]
+    pub inputs: Vec<String>,
+    /// The input as a JSON object, or `@FILE` to read it from a file;
+    /// `--input` and `--file` fields are added to it.
+    #[arg(long, value_name = "JSON|@FILE")]
+    pub input_json: Option<String>,
+    /// Upload a file and put its upload id in FIELD (a field named `…_ids`
+    /// collects a list). Repeatable.
+    #[arg(long = "file", value_name = "FIELD=PATH")]
+    pub files: Vec<String>,
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Follow the task to its end, like `reeve task watch`.
+    #[arg(long)]
+    pub watch: bool,
+    /// Pay a priced task's 402 with x402: signs an EIP-3009 authorization
+    /// with the key in REEVE_WALLET_KEY (or --wallet-key-file), never an argument.
+    #[arg(long)]
+    pub pay: bool,
+    /// A file holding the paying wallet's private key (hex), for --pay.
+    #[arg(long, value_name = "PATH", requires = "pay")]
+    pub wallet_key_file: Option<PathBuf>,
+    /// The paying wallet's private key, from REEVE_WALLET_KEY only: hidden,
+    /// and refused as an argument (see `pay::WalletKeyParser`).
+    #[arg(long, env = reeve_shared::settings::WALLET_KEY, hide = true, hide_env_values = true, value_parser = crate::pay::WalletKeyParser)]
+    pub wallet_key: Option<crate::pay::WalletKey>,
+}
+
+/// `key=text` or `key:=JSON`.
+fn parse_field(arg: &str) -> Result<(String, Value), ClientError> {
+    let bad = || ClientError::Usage(format!("--input {arg:?}: expected KEY=VALUE or KEY:=JSON"));
+    let (key, value) = arg.split_once('=').ok_or_else(bad)?;
+    if let Some(key) = key.strip_suffix(':') {
+        let value = serde_json::from_str(value)
+            .map_err(|e| ClientError::Usage(format!("--input {arg:?}: the value is not JSON: {e}")))?;
+        return (!key.is_empty()).then(|| (key.to_owned(), value)).ok_or_else(bad);
+    }
+    (!key.is_empty()).then(|| (key.to_owned(), Value::String(value.to_owned()))).ok_or_else(bad)
+}
+
+fn base_input(input_json: Option<&str>) -> Result<Map<String, Value>, ClientError> {
+    let Some(text) = input_json else {
+        return Ok(Map::new());
+    };
+    let text = match text.strip_prefix('@') {
+        Some(file) => std::fs::read_to_string(file)
+            .map_err(|e| ClientError::Usage(format!("--input-json @{file}: cannot read it: {e}")))?,
+        None => text.to_owned(),
+    };
+    match serde_json::from_str(&text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ClientError::Usage("--input-json must be a JSON object".into())),
+        Err(e) => Err(ClientError::Usage(format!("--input-json is not JSON: {e}"))),
+    }
+}
+
+pub async fn task(client: &mut Client, opts: &ClientOpts, command: TaskCommand) -> Result<ExitCode, ClientError> {
+    match command {
+        TaskCommand::Create(args) => create(client, opts, args).await,
+        TaskCommand::List { status, kind, limit, after } => {
+            let mut query = Vec::new();
+            if let Some(status) = status {
+                query.push(format!("status={}", status.as_str()));
+            }
+            if let Some(kind) = kind {
+                query.push(format!("kind={}", urlencode(&kind)));
+            }
+            if let Some(limit) = limit {
+                query.push(format!("limit={limit}"));
+            }
+            if let Some(after) = after {
+                query.push(format!("after={after}"));
+            }
+            let path = if query.is_empty() { "/v1/tasks".to_owned() } else { format!("/v1/tasks?{}", query.join("&")) };
+            let page = client.authed(Method::GET, &path, None, &[]).await?.body;
+            if opts.json {
+                output::json(&page);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rows: Vec<Vec<String>> = page["tasks"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|t| {
+                    vec![
+                        t["id"].as_str().unwrap_or_default().to_owned(),
+                        t["kind"].as_str().unwrap_or_default().to_owned(),
+                        t["status"].as_str().unwrap_or_default().to_owned(),
+                        format!("{:.0}%", t["progress"].as_f64().unwrap_or(0.0) * 100.0),
+                        t["created_at"].as_str().unwrap_or_default().to_owned(),
+                    ]
+                })
+                .collect();
+            println!("{}", table(&["ID", "KIND", "STATUS", "PROGRESS", "CREATED"], &rows));
+            if let Some(next) = page["next"].as_str() {
+                eprintln!("more: reeve task list --after {next}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TaskCommand::Get { id } => {
+            let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
+            if opts.json {
+                output::json(&task);
+            } else {
+                print_task(&task);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TaskCommand::Cancel { id } => {
+            let answer = client.authed(Method::POST, &format!("/v1/tasks/{id}/cancel"), None, &[]).await?;
+            if opts.json {
+                output::json(&answer.body);
+            } else if answer.status == reqwest::StatusCode::ACCEPTED {
+                eprintln!("task {id} is running: asked it to stop; it ends canceled within a second");
+            } else {
+                eprintln!("task {id} canceled");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TaskCommand::Result { id, output: path } => result(client, opts, id, path).await,
+        TaskCommand::Watch { id, token } => {
+            let token = match token {
+                Some(token) => token,
+                None => client.token().await?,
+            };
+            watch_to_end(client, opts, id, &token).await
+        }
+    }
+}
+
+fn parse_status(s: &str) -> Result<TaskStatus, String> {
+    TaskStatus::parse(s).ok_or_else(|| "expected queued, running, completed, failed or canceled".to_owned())
+}
+
+/// Everything but RFC 3986's unreserved characters is escaped, so a value
+/// can sit in a path segment or a query value alike.
+const COMPONENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
+fn urlencode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, COMPONENT).to_string()
+}
+
+fn print_task(task: &Value) {
+    for key in ["id", "kind", "status"] {
+        println!("{key:<9} {}", task[key].as_str().unwrap_or_default());
+    }
+    println!("{:<9} {:.0}%", "progress", task["progress"].as_f64().unwrap_or(0.0) * 100.0);
+    println!("{:<9} {}", "attempts", task["attempts"]);
+    if let Some(at) = task["cancel_requested_at"].as_str() {
+        println!("{:<9} {at} (the worker stops it within a second)", "cancel");
+    }
+    println!("{:<9} {}", "created", task["created_at"].as_str().unwrap_or_default());
+    println!("{:<9} {}", "updated", task["updated_at"].as_str().unwrap_or_default());
+    if !task["result"].is_null() {
+        println!("{:<9} {}", "result", task["result"]);
+    }
+    if !task["error"].is_null() {
+        println!(
+            "{:<9} {} ({})",
+            "error",
+            task["error"]["message"].as_str().unwrap_or_default(),
+            task["error"]["code"].as_str().unwrap_or_default()
+        );
+    }
+}
+
+async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Result<ExitCode, ClientError> {
+    let mut input = base_input(args.input_json.as_deref())?;
+    for arg in &args.inputs {
+        let (key, value) = parse_field(arg)?;
+        input.insert(key, value);
+    }
+    let mut files = Vec::new();
+    for arg in &args.files {
+        let Some((field, path)) = arg.split_once('=').filter(|(f, p)| !f.is_empty() && !p.is_empty()) else {
+            return Err(ClientError::Usage(format!("--file {arg:?}: expected FIELD=PATH")));
+        };
+        files.push((field.to_owned(), PathBuf::from(path)));
+    }
+    // Every argument is checked before the first byte is uploaded.
+    for (_, path) in &files {
+        if !path.is_file() {
+            return Err(ClientError::Usage(format!("--file: {} is not a readable file", path.display())));
+        }
+    }
+    for (field, path) in files {
+        let uploaded = upload_file(client, &path, None, opts.json).await?;
+        let id = uploaded["upload_id"].clone();
+        if field.ends_with("_ids") {
+            match input.entry(field).or_insert_with(|| Value::Array(Vec::new())) {
+                Value::Array(ids) => ids.push(id),
+                other => *other = Value::Array(vec![id]),
+            }
+        } else {
+            input.insert(field, id);
+        }
+    }
+    let headers: Vec<(&str, String)> = args.idempotency_key.iter().map(|k| ("idempotency-key", k.clone())).collect();
+    let body = json!({ "input": Value::Object(input) });
+    let path = format!("/v1/tasks/{}", urlencode(&args.kind));
+    let accepted = match client.authed(Method::POST, &path, Some(&body), &headers).await {
+        // Priced, and the user asked to pay: sign the challenge, send again.
+        Err(ClientError::PaymentRequired(challenge)) if args.pay => {
+            let pay_error = |e: crate::pay::PayError| ClientError::Usage(format!("--pay: {e}"));
+            let key =
+                crate::pay::wallet_key(args.wallet_key_file.as_deref(), args.wallet_key.as_ref()).map_err(pay_error)?;
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            let challenge: reeve_shared::payments::PaymentRequired = serde_json::from_value(challenge)
+                .map_err(|e| ClientError::Usage(format!("--pay: the server's 402 is not an x402 v2 challenge: {e}")))?;
+            let signature = crate::pay::payment_header(&challenge, &key, now).map_err(pay_error)?;
+            let timeout = crate::pay::choose(&challenge).map_or(300, |r| u64::from(r.max_timeout_seconds));
+            let mut paid = headers.clone();
+            paid.push(("payment-signature", signature));
+            let answer = pay_until_settled(client, &path, &body, &paid, timeout).await?;
+            let mut accepted = answer.body;
+            // The settlement receipt is the user's proof of what was paid.
+            if let Some(receipt) = settlement(&answer.headers) {
+                if !opts.json {
+                    eprintln!(
+                        "paid: transaction {} on {} from {}",
+                        receipt["transaction"].as_str().unwrap_or("?"),
+                        receipt["network"].as_str().unwrap_or("?"),
+                        receipt["payer"].as_str().unwrap_or("?"),
+                    );
+                }
+                accepted["payment"] = receipt;
+            }
+            accepted
+        }
+        other => other?.body,
+    };
+    let id: Id = accepted["id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| ClientError::Usage("the server's answer carried no task id".into()))?;
+    if !args.watch {
+        if opts.json {
+            output::json(&accepted);
+        } else {
+            println!("{id}");
+            eprintln!("task {id} queued; follow it with: reeve task watch {id}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !opts.json {
+        eprintln!("task {id} queued");
+    }
+    let token = client.token().await?;
+    watch_to_end(client, opts, id, &token).await
+}
+
+/// Sends the paid create, and while the server says the payment is
+/// pending (`409 payment_pending`, or another request holds it), waits its
+/// `Retry-After` and sends the very same signature again: a new one could
+/// be charged too. The server resolves the payment from the chain, so this
+/// ends in its one task or `payment_not_settled`, by the time the
+/// authorization expires (`max_timeout` seconds) plus a little; past that
+/// it stops waiting and says where the outcome will show.
+async fn pay_until_settled(
+    client: &mut Client,
+    path: &str,
+    body: &Value,
+    paid: &[(&str, String)],
+    max_timeout: u64,
+) -> Result<crate::client::Answer, ClientError> {
+    const PENDING: &[&str] = &["payment_pending", "payment_in_progress", "request_in_progress"];
+    let give_up = std::time::Instant::now() + Duration::from_secs(max_timeout + 120);
+    loop {
+        let answer = client.authed_raw(Method::POST, path, Some(body), paid).await?;
+        let pending =
+            answer.status == reqwest::StatusCode::CONFLICT && answer.code().is_some_and(|c| PENDING.contains(&c));
+        if !pending {
+            return answer.checked();
+        }
+        let wait = answer
+            .headers
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(5)
+            .clamp(1, 60);
+        if std::time::Instant::now() + Duration::from_secs(wait) > give_up {
+            return Err(ClientError::Refused {
+                status: 409,
+                code: "payment_pending".into(),
+                message: "the payment's outcome is still not known; it may yet be charged, and if it is, its task \
+                          appears in `reeve task list` (and the payment in `reeve space`). Do not pay again for it"
+                    .into(),
+            });
+        }
+        // On stderr even with --json: stdout stays the one JSON document.
+        eprintln!("payment pending: sending the same signature again in {wait}s (never a new one)");
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+    }
+}
+
+/// The decoded `PAYMENT-RESPONSE` (base64 JSON: success, transaction,
+/// network, payer) of a paid create, when the server sent one.
+fn settlement(headers: &reqwest::header::HeaderMap) -> Option<Value> {
+    let raw = headers.get(reeve_shared::payments::PAYMENT_RESPONSE_HEADER)?.to_str().ok()?;
+    let response = reeve_shared::payments::PaymentResponse::from_header(raw)?;
+    serde_json::to_value(response).ok()
+}
+
+/// Follows the task to its end. With `--json`, prints the final task; the
+/// exit code is its outcome either way.
+async fn watch_to_end(client: &mut Client, opts: &ClientOpts, id: Id, token: &str) -> Result<ExitCode, ClientError> {
+    let relay = opts.relay.clone().unwrap_or_else(|| client.endpoint.clone());
+    let status = crate::watch::watch(&client.http, &relay, token, id, opts.json).await.map_err(|e| match e {
+        FollowError::Refused { status, code, message } => ClientError::Refused { status, code, message },
+        FollowError::GaveUp(n) => ClientError::Unreachable {
+            endpoint: relay.clone(),
+            cause: format!("lost the event stream {n} times in a row"),
+        },
+    })?;
+    if opts.json {
+        let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
+        output::json(&task);
+    }
+    Ok(outcome_code(status))
+}
+
+pub fn outcome_code(status: TaskStatus) -> ExitCode {
+    match status {
+        TaskStatus::Completed => ExitCode::SUCCESS,
+        TaskStatus::Canceled => ExitCode::from(EXIT_TASK_CANCELED),
+        _ => ExitCode::from(EXIT_TASK_FAILED),
+    }
+}
+
+async fn result(
+    client: &mut Client,
+    opts: &ClientOpts,
+    id: Id,
+    path: Option<PathBuf>,
+) -> Result<ExitCode, ClientError> {
+    let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
+    let status = task["status"].as_str().and_then(TaskStatus::parse);
+    match status {
+        Some(TaskStatus::Completed) => {}
+        Some(status @ (TaskStatus::Failed | TaskStatus::Canceled)) => {
+            if opts.json {
+                output::json(&task);
+            } else {
+                let error = &task["error"];
+                match error["code"].as_str() {
+                    Some(code) => eprintln!(
+                        "task {id} {}: {} ({code})",
+                        status.as_str(),
+                        error["message"].as_str().unwrap_or_default()
+                    ),
+                    None => eprintln!("task {id} {}: it has no result", status.as_str()),
+                }
+            }
+            return Ok(outcome_code(status));
+        }
+        _ => {
+            return Err(ClientError::Refused {
+                status: 409,
+                code: "task_not_finished".into(),
+                message: format!(
+                    "task {id} is {}: it has no result yet; `reeve task watch {id}` follows it",
+                    task["status"].as_str().unwrap_or("unknown")
+                ),
+            });
+        }
+    }
+    let result = task["result"].clone();
+    // Past the bucket's retention there is nothing left to download.
+    if let Some(message) = result["expired"]["message"].as_str() {
+        return Err(ClientError::Refused { status: 410, code: "output_expired".into(), message: message.into() });
+    }
+    let mut saved = None;
+    if let Some(url) = result["url"].as_str() {
+        let default = result["key"]
+            .as_str()
+            .and_then(|k| k.rsplit('/').next())
+            .filter(|n| !n.is_empty())
+            .map_or_else(|| format!("{id}.out"), str::to_owned);
+        let target = path.unwrap_or_else(|| PathBuf::from(default));
+        download(client, url, &target, opts.json).await?;
+        saved = Some(target);
+    }
+    if opts.json {
+        output::json(&json!({ "id": id, "result": result, "saved_to": saved }));
+    } else {
+        println!("{}", serde_json::to_string_pretty(&result).expect("JSON values serialise"));
+        if let Some(saved) = saved {
+            eprintln!("saved to {}", saved.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn download(client: &Client, url: &str, target: &Path, quiet: bool) -> Result<(), ClientError> {
+    use futures_util::StreamExt;
+    use std::io::Write;
+    let host = url.split('?').next().unwrap_or_default().to_owned();
+    let unreachable = |e: reqwest::Error| ClientError::Unreachable { endpoint: host.clone(), cause: e.to_string() };
+    let response = client.http.get(url).timeout(Duration::from_secs(3600)).send().await.map_err(unreachable)?;
+    if !response.status().is_success() {
+        return Err(ClientError::Refused {
+            status: response.status().as_u16(),
+            code: "download_failed".into(),
+            message: "the result's download link did not answer the file (it may have expired)".into(),
+        });
+    }
+    let progress = bar(response.content_length().unwrap_or(0), quiet);
+    progress.set_message(target.display().to_string());
+    let local = |e: std::io::Error| ClientError::Usage(format!("cannot write {}: {e}", target.display()));
+    let mut file = std::fs::File::create(target).map_err(local)?;
+    let mut body = response.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(unreachable)?;
+        file.write_all(&chunk).map_err(local)?;
+        progress.inc(chunk.len() as u64);
+    }
+    progress.finish_and_clear();
+    Ok(())
+}
