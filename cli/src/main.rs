@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use reeve_shared::db::Connect;
-use reeve_shared::http::{LoginLimits, app, login_limit, relay_routes};
+use reeve_shared::http::{app, relay_routes};
 use reeve_shared::settings::{self, Config, DEFAULT_CATALOG, QUEUE_URL};
 use reeve_shared::worker::Poller;
 use reeve_shared::{aws, startup, telemetry};
@@ -315,10 +315,8 @@ async fn serve(
     // the API's: one listener for everything, as a local stand-in for the
     // API Gateway plus the Fargate service.
     let routes = relay_routes(relay).merge(app(api));
-    // Per-client login limits (the envelope outside gives a 429 its request id).
-    let routes = routes
-        .layer(axum::middleware::from_fn_with_state(Arc::new(LoginLimits::default()), login_limit))
-        .layer(axum::middleware::from_fn(reeve_shared::http::envelope));
+    // The envelope gives every error its request id.
+    let routes = routes.layer(axum::middleware::from_fn(reeve_shared::http::envelope));
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
     // `POST /mcp` outside the envelope: its errors are JSON-RPC's, not the
     // API's. It knows where it listens, so on loopback a page of its own

@@ -46,11 +46,11 @@ pub use adapters::worker;
 pub use domain::executors;
 #[cfg(feature = "relay")]
 pub use domain::relay;
-#[cfg(feature = "api-auth")]
-pub use domain::spaces;
 #[cfg(feature = "s3")]
 pub use domain::uploads;
 pub use domain::{auth, catalog, ids, payments, tasks};
+#[cfg(feature = "api-auth")]
+pub use domain::{login_limits, spaces};
 #[cfg(feature = "aws")]
 pub use infra::aws;
 #[cfg(feature = "outbound")]

@@ -11,6 +11,8 @@ pub mod error;
 #[cfg(feature = "worker")]
 pub mod executors;
 pub mod ids;
+#[cfg(feature = "api-auth")]
+pub mod login_limits;
 pub mod payments;
 #[cfg(feature = "relay")]
 pub mod relay;

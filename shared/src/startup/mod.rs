@@ -880,7 +880,12 @@ pub fn mcp_beside(api: &ApiContext, settings: crate::adapters::mcp::McpSettings)
         chains: api.task_create.chains.clone(),
     };
     let secrets = (api.settings.pepper.clone(), api.settings.token_key.clone());
-    McpContext::new(api.catalog.clone(), stores, secrets, api.auth.argon2.clone(), settings)
+    let mut ctx = McpContext::new(api.catalog.clone(), stores, secrets, api.auth.argon2.clone(), settings);
+    // The same budgets as the API's login routes (one Postgres row per address).
+    if let Some(fresh) = Arc::get_mut(&mut ctx) {
+        fresh.limits = api.auth.limits;
+    }
+    ctx
 }
 
 // --------------------------------------------------------------- migrate

@@ -135,6 +135,8 @@ pub(crate) struct Answer {
     pub(crate) status: StatusCode,
     pub(crate) content_type: String,
     pub(crate) body: Value,
+    /// `Retry-After`, in seconds, when there is one.
+    pub(crate) retry_after: Option<u64>,
 }
 
 async fn invoke(function: &str, event: &str, ctx: Ctx) -> Answer {
@@ -152,6 +154,7 @@ pub(crate) async fn through_lambda(app: Router, event: &str) -> Answer {
     let status = response.status();
     let content_type =
         response.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+    let retry_after = response.headers().get("retry-after").map(|v| v.to_str().unwrap().parse().unwrap());
     let body = match response.into_body() {
         // JSON must reach API Gateway as text, not base64.
         LambdaBody::Text(text) => serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
@@ -159,7 +162,7 @@ pub(crate) async fn through_lambda(app: Router, event: &str) -> Answer {
         LambdaBody::Binary(bytes) => panic!("binary body ({} bytes) for {content_type}", bytes.len()),
         other => panic!("unexpected body {other:?}"),
     };
-    Answer { status, content_type, body }
+    Answer { status, content_type, body, retry_after }
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]

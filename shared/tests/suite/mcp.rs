@@ -492,7 +492,7 @@ async fn the_mcp_function_starts_from_its_configuration() {
 /// An `events/` sample, as API Gateway would deliver it, carrying this
 /// test's values: its session token in place of the dummy one (or none),
 /// and `edit` applied to its JSON-RPC `params`.
-fn sample_event(stem: &str, token: Option<&str>, edit: impl FnOnce(&mut Value)) -> String {
+pub(crate) fn sample_event(stem: &str, token: Option<&str>, edit: impl FnOnce(&mut Value)) -> String {
     let text = std::fs::read_to_string(root().join(format!("events/{stem}.json"))).unwrap();
     let mut event: Value = serde_json::from_str(&text).unwrap();
     let mut body: Value = serde_json::from_str(event["body"].as_str().unwrap()).unwrap();

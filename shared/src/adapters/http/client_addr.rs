@@ -1,11 +1,29 @@
 //! Who a request comes from, as an address: the client a limit counts
-//! (the login limits of `reeve serve`, the relay's caps on open streams).
-//! Pure functions of the request, so every build that limits anything has
-//! them, whatever limiter it links.
+//! (the login limits, the relay's caps on open streams). Pure functions of
+//! the request, so every build that limits anything has them.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use axum::http::HeaderMap;
+use axum::extract::ConnectInfo;
+use axum::http::{Extensions, HeaderMap};
+
+/// The address a request came from, as its transport saw it: the TCP peer
+/// (`reeve serve`, served with its connect info), or on Lambda API
+/// Gateway's `requestContext.http.sourceIp` (the address that connected to
+/// API Gateway, which no client header can change). `None` when neither
+/// is known (a test's in-process request): such a request is not limited.
+pub fn client_of(extensions: &Extensions) -> Option<IpAddr> {
+    if let Some(ConnectInfo(peer)) = extensions.get::<ConnectInfo<SocketAddr>>() {
+        return Some(peer.ip());
+    }
+    #[cfg(feature = "api-auth")]
+    if let Some(lambda_http::request::RequestContext::ApiGatewayV2(context)) =
+        extensions.get::<lambda_http::request::RequestContext>()
+    {
+        return context.http.source_ip.as_deref().and_then(|ip| ip.parse().ok());
+    }
+    None
+}
 
 /// The client an address belongs to: an IPv4 address (an IPv4-mapped IPv6
 /// address counts as its IPv4 address), or an IPv6 /64.

@@ -49,6 +49,9 @@ pub struct AuthContext {
     /// Each Argon2id run takes 19 MiB and tens of milliseconds of one core;
     /// a burst of sessions must queue here rather than exhaust the process.
     pub argon2: Arc<Argon2Limit>,
+    /// Spaces and sessions per client address, counted in Postgres with
+    /// MCP's create_space and login.
+    pub limits: crate::domain::login_limits::LoginLimits,
 }
 
 #[cfg(feature = "api-auth")]
@@ -143,7 +146,12 @@ impl SessionKey for TaskStatusContext {
 impl AuthContext {
     pub fn new(db: PgPool, pepper: Secret, token_key: Secret) -> Arc<AuthContext> {
         let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
-        Arc::new(AuthContext { db, settings: AuthSettings { pepper, token_key }, argon2: Argon2Limit::new(permits) })
+        Arc::new(AuthContext {
+            db,
+            settings: AuthSettings { pepper, token_key },
+            argon2: Argon2Limit::new(permits),
+            limits: Default::default(),
+        })
     }
 }
 

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{Extensions, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::ToSchema;
@@ -12,8 +13,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::context::AuthContext;
-use super::error::{ApiError, ApiResult, ErrorEnvelope};
+use super::error::{ApiError, ErrorEnvelope};
 use super::extract::JsonBody;
+use crate::domain::login_limits::Action;
 use crate::domain::spaces;
 
 pub fn router() -> OpenApiRouter<Arc<AuthContext>> {
@@ -40,18 +42,20 @@ struct SpaceCreated {
     tag = "spaces",
     responses(
         (status = 201, description = "The Space is created.", body = SpaceCreated),
-        (status = 429, description = "`rate_limited`: too many from this client (the per-client login limit of `reeve serve`, or the optional WAF in AWS); `Retry-After` says when to try again.", body = ErrorEnvelope),
+        (status = 429, description = "`rate_limited`: too many Spaces from this client address (a burst of 10, then one a minute; MCP's `create_space` spends the same budget; or the optional WAF in AWS); `Retry-After` says when to try again. Nothing is created.", body = ErrorEnvelope,
+            headers(("Retry-After" = u64, description = "Seconds until one more fits the budget."))),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),
         (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
     ),
 )]
 
-async fn create_space(State(ctx): State<Arc<AuthContext>>) -> ApiResult<(StatusCode, Json<SpaceCreated>)> {
-    let space = spaces::create(&ctx.db, &ctx.settings.pepper, &ctx.argon2).await.map_err(|e| ApiError::refused(&e))?;
-    Ok((
-        StatusCode::CREATED,
-        Json(SpaceCreated { space_id: space.space_id.as_str().to_owned(), created_at: space.created_at }),
-    ))
+async fn create_space(State(ctx): State<Arc<AuthContext>>, extensions: Extensions) -> Result<Response, Response> {
+    super::limit::spend(&ctx, &extensions, Action::Space).await?;
+    let space = spaces::create(&ctx.db, &ctx.settings.pepper, &ctx.argon2)
+        .await
+        .map_err(|e| ApiError::refused(&e).into_response())?;
+    let created = SpaceCreated { space_id: space.space_id.as_str().to_owned(), created_at: space.created_at };
+    Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -88,7 +92,8 @@ struct SessionCreated {
         (status = 401, description = "`invalid_space`: no Space has this ID.", body = ErrorEnvelope),
         (status = 413, description = doc_413!(), body = ErrorEnvelope),
         (status = 415, description = doc_415!(), body = ErrorEnvelope),
-        (status = 429, description = "`rate_limited`: too many from this client (the per-client login limit of `reeve serve`, or the optional WAF in AWS); `Retry-After` says when to try again.", body = ErrorEnvelope),
+        (status = 429, description = "`rate_limited`: too many sessions from this client address (a burst of 10, then two a second; MCP's `login` spends the same budget; or the optional WAF in AWS); `Retry-After` says when to try again.", body = ErrorEnvelope,
+            headers(("Retry-After" = u64, description = "Seconds until one more fits the budget."))),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),
         (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
     ),
@@ -96,13 +101,15 @@ struct SessionCreated {
 
 async fn open_session(
     State(ctx): State<Arc<AuthContext>>,
+    extensions: Extensions,
     JsonBody(body): JsonBody<SessionRequest>,
-) -> ApiResult<Json<SessionCreated>> {
+) -> Result<Json<SessionCreated>, Response> {
+    super::limit::spend(&ctx, &extensions, Action::Session).await?;
     let s = &ctx.settings;
     match spaces::open_session(&ctx.db, &s.pepper, &s.token_key, &ctx.argon2, &body.space_id).await {
         Ok(session) => {
             Ok(Json(SessionCreated { token: session.token, token_type: "Bearer", expires_at: session.expires_at }))
         }
-        Err(e) => Err(ApiError::refused(&e)),
+        Err(e) => Err(ApiError::refused(&e).into_response()),
     }
 }

@@ -56,7 +56,7 @@ pub(crate) mod extract;
 // The relay answers its own `/healthz` with the API's `Health`.
 #[cfg(any(feature = "api", feature = "relay"))]
 pub(crate) mod health;
-#[cfg(feature = "login-limits")]
+#[cfg(feature = "api-auth")]
 pub(crate) mod limit;
 #[cfg(feature = "api-auth")]
 pub mod login;
@@ -79,7 +79,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use client_addr::{client_ip, client_key};
+pub use client_addr::{client_ip, client_key, client_of};
 #[cfg(feature = "api-catalog")]
 pub use context::CatalogContext;
 #[cfg(feature = "api-uploads")]
@@ -94,8 +94,6 @@ pub use context::{TaskCreateContext, TaskStatusContext};
 #[cfg(feature = "relay")]
 pub use cors::{CorsOrigins, with_cors};
 pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
-#[cfg(feature = "login-limits")]
-pub use limit::{Budget, LoginLimits, SESSIONS, SPACES, limit as login_limit};
 #[cfg(feature = "api")]
 pub use openapi::generated as generated_openapi;
 #[cfg(feature = "api-catalog")]

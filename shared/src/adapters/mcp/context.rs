@@ -92,6 +92,9 @@ pub struct McpContext {
     pub settings: McpSettings,
     /// The tool list, rendered once: the catalog cannot change at run time.
     pub(super) tools: Tools,
+    /// Spaces and sessions per client address, counted in Postgres with
+    /// `POST /v1/spaces` and `POST /v1/sessions`.
+    pub limits: crate::domain::login_limits::LoginLimits,
 }
 
 impl McpContext {
@@ -126,6 +129,7 @@ impl McpContext {
             argon2,
             settings,
             tools,
+            limits: Default::default(),
         })
     }
 

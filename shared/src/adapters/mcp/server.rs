@@ -88,8 +88,8 @@ impl ReeveMcp {
         let space = space.as_ref();
         let signed_in = || space.ok_or_else(|| ToolFailure::internal("a session tool without a session"));
         match tool {
-            Fixed::CreateSpace => space::create(ctx).await,
-            Fixed::Login => space::login(ctx, parse(tool, arguments)?).await,
+            Fixed::CreateSpace => space::create(ctx, client_of(context)).await,
+            Fixed::Login => space::login(ctx, client_of(context), parse(tool, arguments)?).await,
             Fixed::CreateUpload => upload::create(ctx, signed_in()?, parse(tool, arguments)?).await,
             Fixed::GetTask => task::get(ctx, signed_in()?, parse(tool, arguments)?).await,
             Fixed::ListTasks => task::list(ctx, signed_in()?, parse(tool, arguments)?).await,
@@ -131,6 +131,11 @@ impl ReeveMcp {
         }
         Ok(CallToolResponse::Complete(task_result(created.task).with_meta(meta)))
     }
+}
+
+/// The address the call came from (the HTTP request's transport).
+fn client_of(context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
+    context.extensions.get::<Parts>().and_then(|parts| crate::adapters::http::client_of(&parts.extensions))
 }
 
 /// A tool's arguments, past its schema, as its argument type.
