@@ -17,6 +17,7 @@ use axum::response::IntoResponse;
 use crate::adapters::http::error::ApiError;
 use crate::adapters::mcp::failure::ToolFailure;
 use crate::domain::auth::AuthError;
+use crate::domain::login_limits::{Action, Limited};
 use crate::domain::payments::challenge::Resource;
 use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse};
 use crate::domain::spaces::SpaceError;
@@ -160,6 +161,11 @@ fn every_space_error() -> Vec<SpaceError> {
     all
 }
 
+fn every_login_limit() -> Vec<Limited> {
+    let wait = Duration::from_secs(30);
+    vec![Limited { action: Action::Space, retry_after: wait }, Limited { action: Action::Session, retry_after: wait }]
+}
+
 /// What each transport answers for one refusal.
 struct Answer {
     shown: String,
@@ -186,6 +192,7 @@ fn answers() -> Vec<Answer> {
     let mut all = both(every_submit_error, submitted);
     all.extend(both(every_upload_error, |e| ApiError::refused(&e)));
     all.extend(both(every_space_error, |e| ApiError::refused(&e)));
+    all.extend(both(every_login_limit, |e| ApiError::refused(&e)));
     all
 }
 

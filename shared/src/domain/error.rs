@@ -390,3 +390,27 @@ impl Refusal for crate::domain::spaces::SpaceError {
         }
     }
 }
+
+#[cfg(feature = "api-auth")]
+impl Refusal for crate::domain::login_limits::Limited {
+    fn code(&self) -> &'static str {
+        "rate_limited"
+    }
+
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Limit
+    }
+
+    fn message(&self, words: &Wording) -> String {
+        use crate::domain::login_limits::Action;
+        let what = match self.action {
+            Action::Space => "Spaces created",
+            Action::Session => "sessions opened",
+        };
+        format!("too many {what} from your address; try again after {} seconds", words.retry_after)
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        Some(Duration::from_secs(self.seconds()))
+    }
+}

@@ -75,9 +75,13 @@ impl Default for LoginLimits {
     }
 }
 
-/// Over the budget: try again after `retry_after`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Over the budget: try again after `retry_after`. Its code, message and
+/// wait, on REST and MCP alike, are in the one vocabulary
+/// (`domain/error.rs`): `rate_limited`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{action:?} over the per-address budget for {retry_after:?}")]
 pub struct Limited {
+    pub action: Action,
     pub retry_after: Duration,
 }
 
@@ -85,15 +89,6 @@ impl Limited {
     /// Whole seconds, rounded up, at least 1 (`Retry-After`).
     pub fn seconds(&self) -> u64 {
         (self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0)).max(1)
-    }
-
-    /// What the client is told, on REST and MCP alike.
-    pub fn message(&self, action: Action) -> String {
-        let what = match action {
-            Action::Space => "Spaces created",
-            Action::Session => "sessions opened",
-        };
-        format!("too many {what} from your address; try again in {} s", self.seconds())
     }
 }
 
@@ -151,6 +146,6 @@ impl LoginLimits {
         if allowed {
             return Ok(Ok(()));
         }
-        Ok(Err(Limited { retry_after: Duration::from_secs_f64(wait.clamp(0.0, 86_400.0)) }))
+        Ok(Err(Limited { action, retry_after: Duration::from_secs_f64(wait.clamp(0.0, 86_400.0)) }))
     }
 }

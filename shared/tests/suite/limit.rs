@@ -6,7 +6,7 @@
 //! an address of the test's own as API Gateway's `sourceIp`; one test runs
 //! them on a real listener with the peer address, as `reeve serve` does.
 //! Over the budget: `429 rate_limited` with `Retry-After` and the envelope
-//! on REST, the tool error `rate_limited` with `retry_after` on MCP, and
+//! on REST, the tool error `rate_limited` with `retry_after_seconds` on MCP, and
 //! nothing made.
 
 use crate::common;
@@ -110,13 +110,14 @@ fn rest_refused(answer: &Answer, range: std::ops::RangeInclusive<u64>, what: &st
     retry_after
 }
 
-/// The MCP refusal: a tool error `rate_limited` with `retry_after` within
+/// The MCP refusal: a tool error `rate_limited` with `retry_after_seconds` within
 /// `range`.
 fn mcp_refused(result: &Value, range: std::ops::RangeInclusive<u64>, what: &str) {
     assert_eq!(result["isError"], true, "{what}: {result}");
     let error = &result["structuredContent"]["error"];
     assert_eq!(error["code"], "rate_limited", "{what}: {result}");
-    let retry_after = error["retry_after"].as_u64().unwrap_or_else(|| panic!("{what}: no retry_after: {result}"));
+    let retry_after =
+        error["retry_after_seconds"].as_u64().unwrap_or_else(|| panic!("{what}: no retry_after_seconds: {result}"));
     assert!(range.contains(&retry_after), "{what}: retry_after {retry_after}, not in {range:?}");
 }
 

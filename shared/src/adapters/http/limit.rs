@@ -11,12 +11,12 @@
 //! proxy, so limit there instead (on AWS, API Gateway gives the real source
 //! address, and the template's optional WAF rules add an edge limit).
 
-use axum::http::{Extensions, HeaderValue, StatusCode, header};
+use axum::http::{Extensions, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
 use super::client_addr::{client_key, client_of};
 use super::context::AuthContext;
-use super::error::{ApiError, db_error};
+use super::error::ApiError;
 use crate::domain::login_limits::Action;
 
 /// Spends one `action` of the request's client: `Err` is the answer to send
@@ -28,11 +28,10 @@ pub async fn spend(ctx: &AuthContext, extensions: &Extensions, action: Action) -
     match ctx.limits.spend(&ctx.db, client_key(client), action).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(limited)) => {
-            let mut response =
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", limited.message(action)).into_response();
+            let mut response = ApiError::refused(&limited).into_response();
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(limited.seconds()));
             Err(response)
         }
-        Err(e) => Err(db_error(e).into_response()),
+        Err(e) => Err(ApiError::refused(&e).into_response()),
     }
 }

@@ -14,6 +14,7 @@ use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
 
 use crate::domain::error::{ErrorKind, Refusal, Wording};
+use crate::domain::login_limits::Limited;
 use crate::domain::payments::{PayError, PaymentRequired};
 use crate::domain::spaces::SpaceError;
 use crate::domain::tasks::SubmitError;
@@ -111,4 +112,4 @@ macro_rules! refused_from {
         }
     )*};
 }
-refused_from!(sqlx::Error, SpaceError, CreateError, SubmitError, PayError);
+refused_from!(sqlx::Error, SpaceError, CreateError, SubmitError, PayError, Limited);

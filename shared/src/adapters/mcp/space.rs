@@ -18,15 +18,13 @@ use crate::domain::login_limits::Action;
 use crate::domain::{auth, spaces};
 
 /// Spends one `action` of `client` (`None`: an address nobody knows, not
-/// limited). Over the budget: `rate_limited` with `retry_after` in seconds,
+/// limited). Over the budget: `rate_limited` with `retry_after_seconds`,
 /// what REST says with `429` and `Retry-After`.
 async fn spend(ctx: &McpContext, client: Option<IpAddr>, action: Action) -> ToolResult<()> {
     let Some(client) = client else {
         return Ok(());
     };
-    ctx.limits.spend(&ctx.db, client_key(client), action).await?.map_err(|limited| {
-        ToolFailure::with("rate_limited", limited.message(action), json!({ "retry_after": limited.seconds() }))
-    })
+    ctx.limits.spend(&ctx.db, client_key(client), action).await?.map_err(|limited| ToolFailure::refused(&limited))
 }
 
 /// A fresh Space, and a session on it: the Space ID is shown this once.
