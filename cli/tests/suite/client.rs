@@ -75,6 +75,11 @@ impl Serve {
         serve
     }
 
+    /// A pool on this server's database.
+    pub(crate) async fn pool(&self) -> sqlx::PgPool {
+        self.db.as_ref().expect("the server's database").pool().await
+    }
+
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.home.join("serve.log")).unwrap_or_default()
     }
@@ -602,8 +607,8 @@ async fn pay_waits_out_a_pending_payment_with_the_same_signature() {
 }
 
 /// `reeve serve` wraps the routers (which carry the error envelope) in one
-/// more envelope for its login limiter: a request is still counted once, and
-/// an error still answers one envelope whose id is the `x-request-id`.
+/// more envelope, its own: a request is still counted once, and an error
+/// still answers one envelope whose id is the `x-request-id`.
 #[tokio::test]
 async fn serve_counts_each_request_once_and_answers_one_envelope() {
     let serve = Serve::start(&["--no-worker"]).await;
@@ -623,5 +628,58 @@ async fn serve_counts_each_request_once_and_answers_one_envelope() {
     ] {
         assert!(page.lines().any(|l| l == line), "{line} in:\n{page}");
     }
+    serve.cleanup().await;
+}
+
+/// The login limits on the real `reeve serve` (issue 25): the peer address
+/// is the client, and `POST /v1/spaces` and MCP's `create_space` spend one
+/// budget kept in Postgres. Ten Spaces from one loopback address (five each
+/// way), then the 11th is `429 rate_limited` with `Retry-After` over REST
+/// and the tool error `rate_limited` over MCP, and no Space is made for
+/// either; another loopback address is served.
+#[tokio::test]
+async fn serve_limits_spaces_per_address_over_rest_and_mcp() {
+    let serve = Serve::start(&["--no-worker"]).await;
+    let seed = ulid::Ulid::new().random();
+    let local = |last: u8| std::net::IpAddr::from([127, (seed >> 8) as u8 | 1, (seed >> 16) as u8, last]);
+    let client = |ip| reqwest::Client::builder().local_address(ip).build().unwrap();
+    let (greedy, other) = (client(local(1)), client(local(2)));
+    let rest = |c: &reqwest::Client| c.post(format!("{}/v1/spaces", serve.endpoint)).send();
+    // A tools/call of create_space, with the headers of the events/ sample.
+    let sample: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo("events/mcp-tools-call-task.json")).unwrap()).unwrap();
+    let mcp = |c: &reqwest::Client| {
+        let mut body: Value = serde_json::from_str(sample["body"].as_str().unwrap()).unwrap();
+        body["params"]["name"] = "create_space".into();
+        body["params"]["arguments"] = serde_json::json!({});
+        let mut request = c.post(format!("{}/mcp", serve.endpoint));
+        for name in ["accept", "content-type", "mcp-protocol-version", "mcp-method"] {
+            request = request.header(name, sample["headers"][name].as_str().unwrap());
+        }
+        let request = request.header("mcp-name", "create_space").body(body.to_string());
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap()["result"].clone() }
+    };
+    for i in 0..5 {
+        assert_eq!(rest(&greedy).await.unwrap().status(), 201, "space {i} over REST");
+        let made = mcp(&greedy).await;
+        assert!(made["structuredContent"]["space_id"].is_string(), "space {i} over MCP: {made}");
+    }
+    let refused = rest(&greedy).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let retry_after: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((50..=60).contains(&retry_after), "the next Space in about a minute: {retry_after}");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    let over_mcp = mcp(&greedy).await;
+    assert_eq!(over_mcp["isError"], true, "{over_mcp}");
+    assert_eq!(over_mcp["structuredContent"]["error"]["code"], "rate_limited", "{over_mcp}");
+    assert!(over_mcp["structuredContent"]["error"]["retry_after_seconds"].as_u64().is_some(), "{over_mcp}");
+
+    let pool = serve.pool().await;
+    let spaces: i64 = sqlx::query_scalar("SELECT count(*) FROM spaces").fetch_one(&pool).await.unwrap();
+    assert_eq!(spaces, 10, "a refused create makes no Space");
+    assert_eq!(rest(&other).await.unwrap().status(), 201, "another address has its own budget");
+    assert!(mcp(&other).await["structuredContent"]["space_id"].is_string());
+    pool.close().await;
     serve.cleanup().await;
 }
