@@ -26,7 +26,7 @@
 //! the lease is renewed → the outcome:
 //! - a result → `completed` (`result`, `status` events) → `Done`;
 //! - a permanent error → `failed` with its code (`error`, `status`) → `Failed`;
-//! - a cancel asked for by the owner (checked every [`CANCEL_POLL`]) → the
+//! - a cancel asked for by the owner (checked every [`ends::CANCEL_POLL`]) → the
 //!   executor is stopped → `canceled` (`status`) → `Done`;
 //! - a retryable error or a timeout → back to `queued` (`log`, `status`,
 //!   both saying when the next attempt is due) → `Retry` after the
@@ -58,8 +58,11 @@
 
 pub mod backoff;
 pub(crate) mod batch;
+mod ends;
+mod lease;
 #[cfg(feature = "poller")]
 pub(crate) mod poller;
+mod reports;
 pub(crate) mod store;
 pub mod visibility;
 
@@ -68,9 +71,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use sqlx::PgPool;
-use time::format_description::well_known::Rfc3339;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
@@ -81,12 +83,15 @@ pub use poller::Poller;
 pub use store::{Claim, claim};
 pub use visibility::Visibility;
 
+use ends::{cancel, cancel_asked, exhausted, fail, lost, retry_later};
+use lease::{Lost, keep_lease};
+use reports::record_reports;
+
 use crate::domain::auth::Secret;
 use crate::domain::catalog::{Catalog, TaskSpec};
-use crate::domain::executors::{self, ExecDeps, ExecError, Job, Report};
-use crate::domain::ids::Id;
-use crate::domain::tasks::events::{EventType, Publisher};
-use crate::domain::tasks::{Change, Fence, QueueMessage, task_error, transition};
+use crate::domain::executors::{self, ExecDeps, ExecError, Job};
+use crate::domain::tasks::events::Publisher;
+use crate::domain::tasks::{Change, Fence, QueueMessage, transition};
 use crate::infra::redis_client::RedisClient;
 
 /// Stable codes the worker itself fails a task or a message with.
@@ -425,149 +430,6 @@ async fn run_task(
     }
 }
 
-/// A task that has had every run it may have, found queued (or running
-/// under an expired lease): failed `retries_exhausted` without another run,
-/// fenced on where it was found, so a run that claimed it meanwhile wins.
-async fn exhausted(ctx: &WorkerContext, task: &store::TaskRow) -> Outcome {
-    let fence = match task.status {
-        // Its last run is still going: this message is a duplicate, and
-        // that run ends the task (or, if its worker dies, the sweeper does).
-        crate::domain::tasks::TaskStatus::Running if task.lease_live => {
-            tracing::info!(attempts = task.attempts, "the last attempt is running elsewhere; dropping this message");
-            return Outcome::Done;
-        }
-        crate::domain::tasks::TaskStatus::Running => Fence::Run(task.attempts),
-        crate::domain::tasks::TaskStatus::Queued => Fence::From(&[crate::domain::tasks::TaskStatus::Queued]),
-        // Terminal: nothing to do.
-        _ => return Outcome::Done,
-    };
-    let message = format!("gave up after {} attempts, none of which finished", task.attempts);
-    let error = task_error(codes::RETRIES_EXHAUSTED, &message);
-    match transition(&ctx.db, task.id, fence, Change::Fail { error: &error }).await {
-        Ok(Some(events)) => {
-            ctx.events.publish_all(task.id, &events).await;
-            tracing::warn!(attempts = task.attempts, "out of attempts; failed without another run");
-            Outcome::Failed(codes::RETRIES_EXHAUSTED)
-        }
-        // Claimed or finished by someone else meanwhile: theirs now. A live
-        // run elsewhere keeps its message; this one is done.
-        Ok(None) => Outcome::Done,
-        Err(e) => retry("failing the exhausted task", e),
-    }
-}
-
-fn lost(attempt: i32) -> Outcome {
-    tracing::warn!(attempt, "the task moved on without this run; its outcome is dropped");
-    Outcome::Done
-}
-
-async fn fail(ctx: &WorkerContext, id: Id, attempt: i32, code: &'static str, message: &str) -> Outcome {
-    let error = task_error(code, message);
-    match transition(&ctx.db, id, Fence::Run(attempt), Change::Fail { error: &error }).await {
-        Ok(Some(events)) => {
-            ctx.events.publish_all(id, &events).await;
-            Outcome::Failed(code)
-        }
-        Ok(None) => lost(attempt),
-        Err(e) => retry("recording the failure", e),
-    }
-}
-
-/// How often a running task is checked for a cancel request.
-pub const CANCEL_POLL: Duration = Duration::from_millis(400);
-
-/// Returns once the owner has asked to cancel this run's task; never while
-/// the run holds it and nobody asked. A failed check is logged and tried
-/// again at the next tick.
-async fn cancel_asked(ctx: &WorkerContext, id: Id, attempt: i32) {
-    let mut ticks = tokio::time::interval(CANCEL_POLL);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        match crate::domain::tasks::cancel_requested(&ctx.db, id, attempt).await {
-            Ok(true) => return,
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "could not check for a cancel request"),
-        }
-    }
-}
-
-/// Ends a run its owner canceled: `running → canceled`, fenced on the run.
-async fn cancel(ctx: &WorkerContext, id: Id, attempt: i32) -> Outcome {
-    match transition(&ctx.db, id, Fence::Run(attempt), Change::Cancel).await {
-        Ok(Some(events)) => {
-            ctx.events.publish_all(id, &events).await;
-            tracing::info!(attempt, "canceled by its owner");
-            Outcome::Done
-        }
-        Ok(None) => lost(attempt),
-        Err(e) => retry("recording the cancel", e),
-    }
-}
-
-/// A retryable end of a run: back to `queued` for the next delivery after
-/// the backoff, or, on the queue's last delivery, `failed` with
-/// `retries_exhausted`.
-async fn retry_later(ctx: &WorkerContext, id: Id, attempt: i32, receive_count: u32, why: Retryable) -> Outcome {
-    // The owner sees the events: a timeout is theirs to know, the internal
-    // cause of anything else goes to the logs only.
-    let (reason, shown, after) = match why {
-        Retryable::Timeout(secs) => {
-            let reason = format!("timed out after {secs}s");
-            (reason.clone(), reason, ctx.settings.backoff.after(attempt, None))
-        }
-        Retryable::Exec(reason, asked) => {
-            (reason, "a temporary problem".to_owned(), ctx.settings.backoff.after(attempt, asked))
-        }
-        // The invocation ran out, not the task: the next one may start it
-        // at once.
-        Retryable::Deadline => (
-            "stopped before the invocation's deadline".to_owned(),
-            "the worker ran out of time".to_owned(),
-            Duration::ZERO,
-        ),
-    };
-    tracing::warn!(attempt, %reason, "attempt failed with a retryable error");
-    // Its owner asked it to stop: no other attempt.
-    if matches!(crate::domain::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
-        return cancel(ctx, id, attempt).await;
-    }
-    if attempt >= ctx.settings.max_receives as i32 || receive_count >= ctx.settings.max_receives {
-        let message = format!("gave up after {attempt} attempts; the last one failed: {shown}");
-        return fail(ctx, id, attempt, codes::RETRIES_EXHAUSTED, &message).await;
-    }
-    // Due when the message is shown again: the adapter sets its
-    // visibility to `after` once this is written.
-    let due = time::OffsetDateTime::now_utc() + after;
-    let shown_due = due.replace_nanosecond(0).unwrap_or(due).format(&Rfc3339).unwrap_or_default();
-    let next = attempt + 1;
-    let line = format!(
-        "attempt {attempt} did not finish ({shown}); attempt {next} is due in {} s, at {shown_due}",
-        after.as_secs()
-    );
-    match transition(&ctx.db, id, Fence::Run(attempt), Change::Requeue { line: &line, due: Some(due) }).await {
-        Ok(Some(events)) => {
-            ctx.events.publish_all(id, &events).await;
-            Outcome::retry_in(reason, after)
-        }
-        Ok(None) => lost(attempt),
-        // Still `running` under this run's lease: once that expires, the
-        // next delivery claims it again.
-        Err(e) => retry("putting the task back in the queue", e),
-    }
-}
-
-/// Why a run stopped before its executor did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Lost {
-    /// A renewal found the task moved on: another run holds it (it claimed
-    /// it over a lapsed lease), or someone else ended it.
-    Taken,
-    /// No renewal got through before the lease would have run out (Postgres
-    /// unreachable or too slow): another run may claim it any moment.
-    Expired,
-}
-
 /// Runs the job with its reports recorded and its lease kept alive, bounded
 /// by the task's timeout. `Err`: the run lost the task meanwhile, and the
 /// executor was stopped. `Ok(Err(Err(_)))`: timed out, or stopped at `stop_at`.
@@ -608,120 +470,5 @@ async fn execute(
     tokio::select! {
         result = work => Ok(result),
         lost = keep_lease(ctx, id, attempt, claimed_at) => Err(lost),
-    }
-}
-
-/// How often a run renews its lease: four times a lease, so that a renewal
-/// or two may fail (a slow query, a blip) before the lease is in danger.
-pub fn renew_every(lease: Duration) -> Duration {
-    (lease / 4).max(Duration::from_millis(100))
-}
-
-/// Renews the run's lease every [`renew_every`]; returns only when the run
-/// has lost the task. The lease this run holds is counted from when each
-/// renewal (or the claim) was sent, which the database's `lease_until`
-/// never precedes: once that much time has passed without a renewal getting
-/// through, the run stops by its own clock, since from then on another run
-/// may claim the task. A renewal stuck on a dead connection does not hold
-/// that up.
-async fn keep_lease(ctx: &WorkerContext, id: Id, attempt: i32, claimed_at: tokio::time::Instant) -> Lost {
-    let lease = ctx.settings.lease;
-    let every = renew_every(lease);
-    let mut held_until = claimed_at + lease;
-    let mut next = claimed_at + every;
-    loop {
-        let sent = tokio::select! {
-            () = tokio::time::sleep_until(held_until) => return Lost::Expired,
-            () = tokio::time::sleep_until(next) => tokio::time::Instant::now(),
-        };
-        let renewed = tokio::select! {
-            () = tokio::time::sleep_until(held_until) => return Lost::Expired,
-            renewed = store::extend_lease(&ctx.db, id, attempt, lease) => renewed,
-        };
-        match renewed {
-            Ok(true) => {
-                held_until = sent + lease;
-                tracing::debug!(attempt, "lease renewed");
-            }
-            Ok(false) => return Lost::Taken,
-            Err(e) => tracing::warn!(error = %e, "could not renew the lease; trying again"),
-        }
-        next = (sent + every).max(tokio::time::Instant::now());
-    }
-}
-
-/// Turns reports into events until the executor drops its sender. Progress
-/// reports that pile up are coalesced (only the latest of a run of them is
-/// kept); log lines are all kept, in order. A report that cannot be
-/// recorded is logged and dropped: it is not worth failing the task over.
-async fn record_reports(ctx: &WorkerContext, id: Id, attempt: i32, mut receiver: mpsc::Receiver<Report>) {
-    let mut pending = Vec::with_capacity(REPORT_BUFFER);
-    while receiver.recv_many(&mut pending, REPORT_BUFFER).await > 0 {
-        let batch = std::mem::take(&mut pending);
-        let last = batch.len() - 1;
-        for (i, report) in batch.iter().enumerate() {
-            let superseded = matches!(report, Report::Progress { .. })
-                && i < last
-                && matches!(batch[i + 1], Report::Progress { .. });
-            if superseded {
-                continue;
-            }
-            let Some((progress, kind, data)) = report_event(report) else {
-                tracing::warn!(?report, "ignoring a malformed report");
-                continue;
-            };
-            match store::running_event(&ctx.db, id, attempt, progress, kind, &data).await {
-                Ok(Some(event)) => ctx.events.publish_logged(id, &event).await,
-                Ok(None) => tracing::debug!("report after the run lost the task; dropped"),
-                Err(e) => tracing::warn!(error = %e, "could not record a report; dropped"),
-            }
-        }
-    }
-}
-
-/// The event a report becomes: `(tasks.progress, type, data)`.
-fn report_event(report: &Report) -> Option<(Option<f32>, EventType, Value)> {
-    match report {
-        Report::Progress { fraction, detail } => {
-            if !fraction.is_finite() {
-                return None;
-            }
-            let fraction = fraction.clamp(0.0, 1.0);
-            // f32 → JSON shows 0.3 as 0.30000001192092896: round for people.
-            let shown = (f64::from(fraction) * 10_000.0).round() / 10_000.0;
-            let mut data = Map::new();
-            match detail {
-                Value::Object(fields) => data.extend(fields.iter().map(|(k, v)| (k.clone(), v.clone()))),
-                Value::Null => {}
-                other => {
-                    data.insert("detail".into(), other.clone());
-                }
-            }
-            data.insert("fraction".into(), json!(shown));
-            Some((Some(fraction), EventType::Progress, Value::Object(data)))
-        }
-        Report::Log { line } => Some((None, EventType::Log, json!({ "line": line }))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn progress_reports_carry_their_detail_and_a_rounded_fraction() {
-        let (progress, kind, data) =
-            report_event(&Report::Progress { fraction: 0.3, detail: json!({"bytes": 3, "total": 10}) }).unwrap();
-        assert_eq!(progress, Some(0.3));
-        assert_eq!(kind, EventType::Progress);
-        assert_eq!(data, json!({"fraction": 0.3, "bytes": 3, "total": 10}));
-
-        let (progress, _, data) = report_event(&Report::Progress { fraction: 7.0, detail: json!("x") }).unwrap();
-        assert_eq!(progress, Some(1.0));
-        assert_eq!(data, json!({"fraction": 1.0, "detail": "x"}));
-        assert!(report_event(&Report::Progress { fraction: f32::NAN, detail: Value::Null }).is_none());
-
-        let (progress, kind, data) = report_event(&Report::Log { line: "hi".into() }).unwrap();
-        assert_eq!((progress, kind, data), (None, EventType::Log, json!({"line": "hi"})));
     }
 }

@@ -1,0 +1,86 @@
+//! What an executor reports while it runs (progress, log lines), recorded
+//! as the task's events and published to its watchers.
+
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
+use super::{REPORT_BUFFER, WorkerContext, store};
+use crate::domain::executors::Report;
+use crate::domain::ids::Id;
+use crate::domain::tasks::EventType;
+
+/// Turns reports into events until the executor drops its sender. Progress
+/// reports that pile up are coalesced (only the latest of a run of them is
+/// kept); log lines are all kept, in order. A report that cannot be
+/// recorded is logged and dropped: it is not worth failing the task over.
+pub(super) async fn record_reports(ctx: &WorkerContext, id: Id, attempt: i32, mut receiver: mpsc::Receiver<Report>) {
+    let mut pending = Vec::with_capacity(REPORT_BUFFER);
+    while receiver.recv_many(&mut pending, REPORT_BUFFER).await > 0 {
+        let batch = std::mem::take(&mut pending);
+        let last = batch.len() - 1;
+        for (i, report) in batch.iter().enumerate() {
+            let superseded = matches!(report, Report::Progress { .. })
+                && i < last
+                && matches!(batch[i + 1], Report::Progress { .. });
+            if superseded {
+                continue;
+            }
+            let Some((progress, kind, data)) = report_event(report) else {
+                tracing::warn!(?report, "ignoring a malformed report");
+                continue;
+            };
+            match store::running_event(&ctx.db, id, attempt, progress, kind, &data).await {
+                Ok(Some(event)) => ctx.events.publish_logged(id, &event).await,
+                Ok(None) => tracing::debug!("report after the run lost the task; dropped"),
+                Err(e) => tracing::warn!(error = %e, "could not record a report; dropped"),
+            }
+        }
+    }
+}
+
+/// The event a report becomes: `(tasks.progress, type, data)`.
+fn report_event(report: &Report) -> Option<(Option<f32>, EventType, Value)> {
+    match report {
+        Report::Progress { fraction, detail } => {
+            if !fraction.is_finite() {
+                return None;
+            }
+            let fraction = fraction.clamp(0.0, 1.0);
+            // f32 → JSON shows 0.3 as 0.30000001192092896: round for people.
+            let shown = (f64::from(fraction) * 10_000.0).round() / 10_000.0;
+            let mut data = Map::new();
+            match detail {
+                Value::Object(fields) => data.extend(fields.iter().map(|(k, v)| (k.clone(), v.clone()))),
+                Value::Null => {}
+                other => {
+                    data.insert("detail".into(), other.clone());
+                }
+            }
+            data.insert("fraction".into(), json!(shown));
+            Some((Some(fraction), EventType::Progress, Value::Object(data)))
+        }
+        Report::Log { line } => Some((None, EventType::Log, json!({ "line": line }))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_reports_carry_their_detail_and_a_rounded_fraction() {
+        let (progress, kind, data) =
+            report_event(&Report::Progress { fraction: 0.3, detail: json!({"bytes": 3, "total": 10}) }).unwrap();
+        assert_eq!(progress, Some(0.3));
+        assert_eq!(kind, EventType::Progress);
+        assert_eq!(data, json!({"fraction": 0.3, "bytes": 3, "total": 10}));
+
+        let (progress, _, data) = report_event(&Report::Progress { fraction: 7.0, detail: json!("x") }).unwrap();
+        assert_eq!(progress, Some(1.0));
+        assert_eq!(data, json!({"fraction": 1.0, "detail": "x"}));
+        assert!(report_event(&Report::Progress { fraction: f32::NAN, detail: Value::Null }).is_none());
+
+        let (progress, kind, data) = report_event(&Report::Log { line: "hi".into() }).unwrap();
+        assert_eq!((progress, kind, data), (None, EventType::Log, json!({"line": "hi"})));
+    }
+}
