@@ -4,6 +4,7 @@
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod canonical_json;
+pub mod client_addr;
 pub mod db;
 pub mod metrics;
 #[cfg(feature = "outbound")]

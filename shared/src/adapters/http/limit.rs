@@ -5,7 +5,7 @@
 //! `429 rate_limited` with `Retry-After`, and nothing is made.
 //!
 //! A client is its address as the transport saw it
-//! ([`super::client_addr::client_of`]), one IPv6 /64 counted as one client
+//! ([`crate::infra::client_addr::client_of`]), one IPv6 /64 counted as one client
 //! (a host is commonly handed a whole /64). Clients behind one NAT share a
 //! budget; behind a reverse proxy of its own, `reeve serve` sees only the
 //! proxy, so limit there instead (on AWS, API Gateway gives the real source
@@ -14,10 +14,10 @@
 use axum::http::{Extensions, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
-use super::client_addr::{client_key, client_of};
 use super::context::AuthContext;
 use super::error::ApiError;
 use crate::domain::login_limits::Action;
+use crate::infra::client_addr::{client_key, client_of};
 
 /// Spends one `action` of the request's client: `Err` is the answer to send
 /// instead of doing the work.

@@ -45,7 +45,6 @@ macro_rules! doc_503_db {
 
 #[cfg(feature = "api-catalog")]
 pub mod catalog;
-mod client_addr;
 #[cfg(feature = "relay")]
 pub mod console;
 mod context;
@@ -79,7 +78,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use client_addr::{client_ip, client_key, client_of};
+pub use crate::infra::client_addr::{client_ip, client_key, client_of};
 #[cfg(feature = "api-catalog")]
 pub use context::CatalogContext;
 #[cfg(feature = "api-uploads")]

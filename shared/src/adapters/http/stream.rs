@@ -20,7 +20,6 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use time::OffsetDateTime;
 
-use super::client_addr::{client_ip, client_key};
 use super::error::{self, ApiError, ApiResult, db_error};
 use super::extract::{bearer_token, invalid_token};
 use super::health::{self, Health};
@@ -28,6 +27,7 @@ use crate::domain::auth;
 use crate::domain::ids::Id;
 use crate::domain::relay::{self, Delivery, StreamRefused, TaskPosition};
 use crate::domain::tasks::{Event, TaskStatus};
+use crate::infra::client_addr::{client_ip, client_key};
 
 pub use super::relay_context::{RelayContext, RelayCtx, RelayLimits};
 

@@ -135,7 +135,7 @@ impl ReeveMcp {
 
 /// The address the call came from (the HTTP request's transport).
 fn client_of(context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
-    context.extensions.get::<Parts>().and_then(|parts| crate::adapters::http::client_of(&parts.extensions))
+    context.extensions.get::<Parts>().and_then(|parts| crate::infra::client_addr::client_of(&parts.extensions))
 }
 
 /// A tool's arguments, past its schema, as its argument type.

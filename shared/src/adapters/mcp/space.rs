@@ -13,9 +13,9 @@ use time::OffsetDateTime;
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
 use super::rfc3339;
-use crate::adapters::http::client_key;
 use crate::domain::login_limits::Action;
 use crate::domain::{auth, spaces};
+use crate::infra::client_addr::client_key;
 
 /// Spends one `action` of `client` (`None`: an address nobody knows, not
 /// limited). Over the budget: `rate_limited` with `retry_after_seconds`,
