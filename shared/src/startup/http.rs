@@ -1,0 +1,203 @@
+//! The HTTP functions' contexts (auth, catalog, presign, task create and
+//! status) and the whole API's, which `reeve serve` and the tests use.
+
+// The builders share the start-up module's helpers and imports.
+use super::*;
+
+// ------------------------------------------------------- HTTP functions
+//
+// Each function's context holds what its routes use and no more, and its
+// builder reads only the variables and secrets those need: the `catalog`
+// function is given no secret and opens no store; `auth` loads no catalog.
+// Postgres is reached on first use, so a cold start opens nothing.
+
+#[cfg(feature = "api-auth")]
+/// The `auth` function's context. Exits 1 on any problem.
+pub async fn lambda_auth() -> Arc<AuthContext> {
+    let config = lambda_config();
+    or_exit(auth(&config, &sdk().await).await)
+}
+
+#[cfg(feature = "api-auth")]
+/// Creating Spaces and opening sessions: the pepper, the token key, Postgres.
+pub async fn auth(config: &Config, sdk: &SdkConfig) -> Result<Arc<AuthContext>, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &Needs::AUTH.secrets()).await;
+    let mut env = config.env();
+    let pepper = env.secret(settings::PEPPER);
+    let token_key = env.secret(settings::TOKEN_KEY);
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let (Some(pepper), Some(token_key), Some(database_url), true) =
+        (pepper, token_key, database_url, problems.is_empty())
+    else {
+        return Err(StartupError::Config(problems));
+    };
+    Ok(AuthContext::new(db::connect_lazy(database_url.expose_str())?, pepper, token_key))
+}
+
+#[cfg(feature = "api-catalog")]
+/// The `catalog` function's context. Exits 1 on any problem.
+pub async fn lambda_catalog() -> Arc<CatalogContext> {
+    or_exit(catalog(&lambda_config()))
+}
+
+#[cfg(feature = "api-catalog")]
+/// The catalog and its OpenAPI document: the catalog file, nothing else.
+pub fn catalog(config: &Config) -> Result<Arc<CatalogContext>, StartupError> {
+    let mut problems = Vec::new();
+    let catalog = deployed_catalog(config, &mut problems);
+    match catalog {
+        Some(catalog) if problems.is_empty() => Ok(CatalogContext::new(Arc::new(catalog))),
+        _ => Err(StartupError::Config(problems)),
+    }
+}
+
+#[cfg(feature = "api-uploads")]
+/// The `presign` function's context. Exits 1 on any problem.
+pub async fn lambda_presign() -> Arc<UploadsContext> {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(presign(&config, &sdk).await)
+}
+
+#[cfg(feature = "api-uploads")]
+/// Presigned uploads: the token key, Postgres, S3, the bucket and the
+/// upload policy.
+pub async fn presign(config: &Config, sdk: &SdkConfig) -> Result<Arc<UploadsContext>, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
+    let mut env = config.env();
+    let uploads = deployed_uploads(&config, &mut problems);
+    let token_key = env.secret(settings::TOKEN_KEY);
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let bucket = env.required(settings::BUCKET);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let (Some(uploads), Some(token_key), Some(database_url), true) =
+        (uploads, token_key, database_url, problems.is_empty())
+    else {
+        return Err(StartupError::Config(problems));
+    };
+    Ok(Arc::new(UploadsContext {
+        db: db::connect_lazy(database_url.expose_str())?,
+        token_key,
+        s3: aws::s3(sdk, config.s3_endpoint().is_some()),
+        bucket,
+        uploads,
+    }))
+}
+
+#[cfg(feature = "api-tasks")]
+/// The `task-create` function's context. Exits 1 on any problem.
+pub async fn lambda_task_create() -> Arc<TaskCreateContext> {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(task_create(&config, &sdk).await)
+}
+
+#[cfg(feature = "api-tasks")]
+/// Creating tasks: the catalog, the token key, Postgres, S3 (the uploads an
+/// input names), SQS and the facilitator.
+pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCreateContext>, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
+    let mut env = config.env();
+    let catalog = deployed_catalog(&config, &mut problems);
+    let token_key = env.secret(settings::TOKEN_KEY);
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let bucket = env.required(settings::BUCKET);
+    let queue_url = env.required(settings::QUEUE_URL);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
+    let (Some(catalog), Some(token_key), Some(database_url), true) =
+        (catalog, token_key, database_url, problems.is_empty())
+    else {
+        return Err(StartupError::Config(problems));
+    };
+    let db = db::connect_lazy(database_url.expose_str())?;
+    let api_settings = crate::adapters::http::ApiSettings {
+        pepper: Secret::withheld(settings::PEPPER),
+        token_key,
+        database_url,
+        redis_url: String::new(),
+        bucket,
+        queue_url,
+    };
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    Ok(TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains))
+}
+
+#[cfg(feature = "api-tasks")]
+/// The `task-status` function's context. Exits 1 on any problem.
+pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(task_status(&config, &sdk).await)
+}
+
+#[cfg(feature = "api-tasks")]
+/// Reading, listing and canceling tasks, and `GET /v1/space`: the token key,
+/// Postgres, the Redis doorbell, the catalog for the free kinds' quotas, and
+/// the bucket whose outputs a result's link is signed for.
+pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskStatusContext>, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
+    let catalog = deployed_catalog(&config, &mut problems);
+    let mut env = config.env();
+    let token_key = env.secret(settings::TOKEN_KEY);
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let redis_url = env.required(settings::REDIS_URL);
+    let bucket = env.required(settings::BUCKET);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let (Some(token_key), Some(database_url), Some(catalog), true) =
+        (token_key, database_url, catalog, problems.is_empty())
+    else {
+        return Err(StartupError::Config(problems));
+    };
+    Ok(Arc::new(TaskStatusContext {
+        db: db::connect_lazy(database_url.expose_str())?,
+        redis: RedisClient::new(&redis_url)?,
+        token_key,
+        catalog: Arc::new(catalog),
+        links: crate::domain::tasks::OutputLinks::new(aws::s3(sdk, config.s3_endpoint().is_some()), bucket),
+    }))
+}
+
+// ------------------------------------------------------------- whole API
+
+#[cfg(feature = "api")]
+/// The API's context: the catalog at `REEVE_CATALOG`, the secrets `needs`
+/// asks for, the stores.
+pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connect) -> Result<Ctx, StartupError> {
+    let (config, problems) = with_secrets(config, sdk, &needs.secrets()).await;
+    let (catalog, settings, operators, chains) = api_parts(&config, needs, problems)?;
+    let db =
+        if needs.database { db::open(settings.database_url.expose_str(), connect).await? } else { db::unconfigured() };
+    let redis = RedisClient::new(&settings.redis_url)?;
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators, chains))
+}
+
+#[cfg(feature = "api")]
+/// The API's catalog, settings, operators' client and chain endpoints, every
+/// problem at once.
+pub(super) fn api_parts(
+    config: &Config,
+    needs: Needs,
+    mut problems: Vec<String>,
+) -> Result<(Catalog, crate::adapters::http::ApiSettings, Outbound, Chains), StartupError> {
+    let catalog = deployed_catalog(config, &mut problems);
+    let chains = chain_endpoints(config, catalog.as_ref(), &mut problems);
+    let mut env = config.env();
+    let (_, operators) = settings::outbound_policies(&env);
+    let operators = outbound(&mut problems, operators, crate::infra::outbound::OPERATOR_ALLOW);
+    check_urls(&mut problems, config, needs.database);
+    let api_settings = settings::api_settings(&mut env, needs).map_err(|e| problems.extend(e.problems)).ok();
+    problems.extend(env.take_problems());
+    match (catalog, api_settings, operators) {
+        (Some(catalog), Some(api_settings), Some(operators)) if problems.is_empty() => {
+            Ok((catalog, api_settings, operators, chains))
+        }
+        _ => Err(StartupError::Config(problems)),
+    }
+}

@@ -1,0 +1,86 @@
+//! `reeve serve`: every route, the relay and a worker in one process.
+
+// The builders share the start-up module's helpers and imports.
+use super::http::api_parts;
+use super::relay::{relay_limits, relay_on};
+use super::worker::{worker_on, worker_parts};
+use super::*;
+
+// ---------------------------------------------------------------- serve
+
+#[cfg(all(feature = "api", feature = "relay", feature = "worker"))]
+/// Everything `reeve serve` runs in one process: every API route, the
+/// relay's routes and (unless it serves only) a worker, all on one Postgres
+/// pool, one Redis client and one SDK configuration.
+pub struct Serve {
+    pub api: Ctx,
+    pub relay: RelayCtx,
+    pub cors: CorsOrigins,
+    pub worker: Option<WorkerContext>,
+    /// `POST /mcp`, beside the API on its stores.
+    #[cfg(feature = "mcp")]
+    pub mcp: Arc<McpContext>,
+}
+
+#[cfg(all(feature = "api", feature = "relay", feature = "worker"))]
+/// `reeve serve`'s contexts, every problem of all of them at once.
+pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Result<Serve, StartupError> {
+    let (config, problems) = with_secrets(config, sdk, &Needs::ALL.secrets()).await;
+    let api = api_parts(&config, Needs::ALL, problems);
+    // The worker runs the API's catalog: loaded and checked once.
+    let catalog = api.as_ref().ok().map(|(catalog, ..)| catalog.clone());
+    let worker = match (with_worker, catalog) {
+        (false, _) => Ok(None),
+        (true, Some(catalog)) => worker_parts(&config, Some(catalog), Vec::new()).map(Some),
+        (true, None) => worker_parts(&config, None, vec![]).map(Some).or_else(|e| match e {
+            // The catalog's own problems are the API's to report.
+            StartupError::Config(problems) if problems.is_empty() => Ok(None),
+            other => Err(other),
+        }),
+    };
+    let mut env = config.env();
+    let keepalive = Duration::from_secs(env.number(settings::KEEPALIVE, DEFAULT_KEEPALIVE.as_secs(), 1, 300));
+    let api_origin = env.origin(settings::API_ORIGIN);
+    let limits = relay_limits(&mut env);
+    let cors = settings::cors_origins(&mut env);
+    let rest = checked(env.take_problems());
+    let ((catalog, api_settings, operators, chains), (worker, ())) = both(api, both(worker, rest))?;
+    let db = db::open(api_settings.database_url.expose_str(), Connect::Now).await?;
+    let redis_url = api_settings.redis_url.clone();
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    let relay = relay_on(
+        db.clone(),
+        redis_client::open(&redis_url)?,
+        api_settings.token_key.clone(),
+        keepalive,
+        api_origin,
+        limits,
+    );
+    let worker = match worker {
+        Some((catalog, worker_settings, users, operators)) => {
+            let redis = RedisClient::new(&redis_url)?;
+            let clients = (aws.s3.clone(), aws.sqs.clone());
+            let mut ctx = worker_on(catalog, db.clone(), redis, clients, worker_settings, users, operators);
+            ctx.chains = chains.clone();
+            Some(ctx)
+        }
+        None => None,
+    };
+    let redis = RedisClient::new(&redis_url)?;
+    let api = ApiContext::with_operators(catalog, db, redis, aws, api_settings, operators, chains);
+    // A long-lived process may ask the facilitator before it serves; a
+    // Lambda asks on its first priced request instead (payments::supported).
+    let source = config.catalog_path().display().to_string();
+    facilitator_check::announce_unsettled_prices(&api.catalog, api.task_create.facilitator.as_ref(), &source).await;
+    // Its replies stream from here, so waiting tools send progress.
+    #[cfg(feature = "mcp")]
+    let mcp = mcp_beside(&api, settings::mcp_settings(&config.env(), true));
+    Ok(Serve {
+        api,
+        relay,
+        cors,
+        worker,
+        #[cfg(feature = "mcp")]
+        mcp,
+    })
+}

@@ -1,0 +1,177 @@
+//! The event-driven functions' contexts: the worker (SQS), the sweeper
+//! (its schedule and the dead-letter queue) and the upload guard (S3).
+
+// The builders share the start-up module's helpers and imports.
+use super::*;
+
+// ---------------------------------------------------------------- worker
+
+#[cfg(feature = "worker")]
+/// The worker Lambda's context: the catalog at `REEVE_CATALOG`, Postgres on
+/// first use. Exits 1 on any problem.
+pub async fn lambda_worker() -> WorkerContext {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(worker(&config, &sdk, Connect::Lazily).await)
+}
+
+#[cfg(feature = "worker")]
+/// The worker's context (the `worker` Lambda, `reeve work`).
+pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Result<WorkerContext, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
+    let catalog = catalog_file(&config, &mut problems);
+    // For the sweep that runs beside a long-lived worker.
+    #[cfg(feature = "chain")]
+    let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
+    let (catalog, worker_settings, users, operators) = worker_parts(&config, catalog, problems)?;
+    let db = db::open(worker_settings.database_url.expose_str(), connect).await?;
+    let redis = RedisClient::new(&worker_settings.redis_url)?;
+    let s3 = aws::s3(sdk, config.s3_endpoint().is_some());
+    #[allow(unused_mut)]
+    let mut ctx = worker_on(catalog, db, redis, (s3, aws::sqs(sdk)), worker_settings, users, operators);
+    #[cfg(feature = "chain")]
+    {
+        ctx.chains = chains;
+    }
+    Ok(ctx)
+}
+
+#[cfg(feature = "worker")]
+type WorkerParts = (Catalog, crate::adapters::worker::WorkerSettings, Outbound, Outbound);
+
+#[cfg(feature = "worker")]
+/// The worker's settings and clients over `catalog` (`None`: its problems
+/// are in `problems` already), every problem at once.
+pub(super) fn worker_parts(
+    config: &Config,
+    catalog: Option<Catalog>,
+    mut problems: Vec<String>,
+) -> Result<WorkerParts, StartupError> {
+    let mut env = config.env();
+    let worker_settings = settings::worker_settings(&mut env).map_err(|e| problems.extend(e.problems)).ok();
+    let (users, operators) = settings::outbound_policies(&env);
+    let users = outbound(&mut problems, users, crate::infra::outbound::FETCH_ALLOW);
+    let operators = outbound(&mut problems, operators, crate::infra::outbound::OPERATOR_ALLOW);
+    check_urls(&mut problems, config, true);
+    problems.extend(env.take_problems());
+    match (catalog, worker_settings, users, operators) {
+        (Some(c), Some(s), Some(u), Some(o)) if problems.is_empty() => Ok((c, s, u, o)),
+        _ => Err(StartupError::Config(problems)),
+    }
+}
+
+#[cfg(feature = "worker")]
+pub(super) fn worker_on(
+    catalog: Catalog,
+    db: PgPool,
+    redis: RedisClient,
+    (s3, sqs): (aws_sdk_s3::Client, aws_sdk_sqs::Client),
+    worker_settings: crate::adapters::worker::WorkerSettings,
+    users: Outbound,
+    operators: Outbound,
+) -> WorkerContext {
+    // The Lambda is handed its records, but sets a retry's visibility on
+    // the queue they came from.
+    let visibility =
+        worker_settings.queue_url.as_ref().map(|url| crate::adapters::worker::Visibility::new(sqs, url.clone()));
+    let exec = ExecDeps {
+        db: db.clone(),
+        s3,
+        bucket: worker_settings.bucket.clone(),
+        outbound: users,
+        operators,
+        fetch_max_bytes: worker_settings.fetch_max_bytes,
+        output_retention_days: worker_settings.output_retention_days,
+    };
+    WorkerContext { visibility, ..WorkerContext::new(catalog, db, redis, exec, worker_settings) }
+}
+
+// --------------------------------------------------------------- sweeper
+
+#[cfg(feature = "sweeper")]
+/// The sweeper Lambda's context: the database URL (by ARN in a
+/// deployment), Redis, the queue. Exits 1 on any problem.
+pub async fn lambda_sweeper() -> Sweeper {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(sweeper(&config, &sdk).await)
+}
+
+#[cfg(feature = "sweeper")]
+/// The sweeper's context (the `sweeper` Lambda, `reeve sweep`).
+pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
+    let mut env = config.env();
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let redis_url = env.required(settings::REDIS_URL);
+    let queue_url = env.required(settings::QUEUE_URL);
+    let max_attempts = settings::max_receives(&mut env);
+    let older_than = settings::sweep_older_than(&mut env, crate::adapters::sweeper::DEFAULT_OLDER_THAN);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    // The reconciler creates the task of a payment that landed late, if its
+    // kind is still offered.
+    let catalog = catalog_file(&config, &mut problems);
+    let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
+    checked(problems)?;
+    let database_url = database_url.expect("reported when missing");
+    Ok(Sweeper {
+        db: db::connect_lazy(database_url.expose_str())?,
+        sqs: aws::sqs(sdk),
+        queue_url,
+        events: Publisher::new(RedisClient::new(&redis_url)?),
+        max_attempts,
+        older_than,
+        catalog: Arc::new(catalog.expect("reported when unreadable")),
+        chains,
+    })
+}
+
+#[cfg(all(feature = "poller", feature = "sweeper"))]
+/// The sweeper a long-running worker runs beside its poller (`reeve work`,
+/// `reeve serve`), on the worker's own Postgres pool and Redis doorbell.
+pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_url: String) -> Sweeper {
+    Sweeper {
+        db: worker.db.clone(),
+        sqs,
+        queue_url,
+        events: worker.events.clone(),
+        max_attempts: worker.settings.max_receives,
+        older_than: crate::adapters::sweeper::DEFAULT_OLDER_THAN,
+        catalog: worker.catalog.clone(),
+        chains: worker.chains.clone(),
+    }
+}
+
+// ---------------------------------------------------------- upload guard
+
+#[cfg(feature = "upload-guard")]
+/// The upload guard Lambda's context. Exits 1 on any problem.
+pub async fn lambda_guard() -> Guard {
+    let config = lambda_config();
+    let sdk = sdk().await;
+    or_exit(guard(&config, &sdk).await)
+}
+
+#[cfg(feature = "upload-guard")]
+/// The upload guard's context: Postgres (on first use), S3, the bucket and
+/// the upload limit (the catalog's, capped by the deployment's; the rest of
+/// the catalog is not loaded).
+pub async fn guard(config: &Config, sdk: &SdkConfig) -> Result<Guard, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
+    let mut env = config.env();
+    let uploads = deployed_uploads(&config, &mut problems);
+    let database_url = env.secret_text(settings::DATABASE_URL);
+    let bucket = env.required(settings::BUCKET);
+    check_urls(&mut problems, &config, true);
+    problems.extend(env.take_problems());
+    let (Some(uploads), Some(database_url), true) = (uploads, database_url, problems.is_empty()) else {
+        return Err(StartupError::Config(problems));
+    };
+    Ok(Guard {
+        db: db::connect_lazy(database_url.expose_str())?,
+        s3: aws::s3(sdk, config.s3_endpoint().is_some()),
+        bucket,
+        max_bytes: uploads.max_bytes,
+    })
+}
