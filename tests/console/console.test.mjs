@@ -418,7 +418,7 @@ test("every refusal is shown in words with the server's code, and the form stays
     { name: "the person refuses to sign", code: "signature_refused", words: /refused in the wallet/,
       setup: () => { wallet.chainId = 84532; wallet.refuseSign = true; } },
     { name: "a signature not made by the paying account", code: "payment_invalid", words: /refused the signature/,
-      message: /the facilitator refused the payment: .*signature/,
+      message: /the payment was refused: .*signature/,
       setup: async () => { wallet.chainId = 84532; wallet.signWith = (await signer.ask({ op: "account" })).key; } },
     { name: "an unfunded payer: the page reads its balance and asks no signature", code: "insufficient_balance",
       words: /^The paying account does not hold 0\.01 USDC on Base Sepolia \(test\) \(eip155:84532\)\. Nothing was signed/,
@@ -428,7 +428,7 @@ test("every refusal is shown in words with the server's code, and the form stays
       // The local chain has no Multicall3, with which the facilitator tells
       // a low balance from other failures: it says simulation_failed there.
       words: /^The payment service could not run the transfer on the chain; most often the paying account 0x[0-9a-fA-F]{40} does not hold 0\.01 USDC on Base Sepolia|^The paying account 0x[0-9a-fA-F]{40} does not hold 0\.01 USDC/,
-      message: /the facilitator refused the payment: invalid_exact_evm_(transaction_simulation_failed|insufficient_balance)/,
+      message: /the payment was refused: invalid_exact_evm_(transaction_simulation_failed|insufficient_balance)/,
       setup: async () => { await unfunded(); wallet.readsChain = false; } },
     { name: "a payment for another price", code: "payment_mismatch", words: /does not match any price/,
       setup: () => { wallet.chainId = 84532; }, rewrite: mismatch },
