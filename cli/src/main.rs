@@ -19,7 +19,6 @@ mod client;
 mod follow;
 mod migrate;
 mod pay;
-mod payment_required;
 mod space_view;
 mod storage;
 mod sweep;

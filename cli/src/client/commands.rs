@@ -10,8 +10,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::output::{self, bar, table};
+use super::payment_required;
 use super::{Client, ClientError, ClientOpts};
-use crate::payment_required;
 
 #[derive(Subcommand, Debug)]
 pub enum SpaceCommand {

@@ -9,6 +9,7 @@
 pub mod commands;
 pub mod credentials;
 pub mod output;
+pub mod payment_required;
 pub mod task;
 
 use std::path::PathBuf;
@@ -56,7 +57,7 @@ pub enum ClientError {
     #[error("{message} ({code}, HTTP {status})")]
     Refused { status: u16, code: String, message: String },
     /// `402`: the task is priced and no payment was sent. The body is the
-    /// x402 challenge, shown by [`crate::payment_required`]: exit 3.
+    /// x402 challenge, shown by [`payment_required`]: exit 3.
     #[error("payment required")]
     PaymentRequired(Value),
     /// No answer at all: exit 5.

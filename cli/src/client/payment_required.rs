@@ -6,7 +6,7 @@
 use reeve_shared::payments::PaymentRequired;
 use serde_json::Value;
 
-use crate::client::output;
+use super::output;
 
 /// One way to pay, from the challenge's `accepts`, with the asset's decimals
 /// looked up in the catalog (the challenge carries only its contract).
