@@ -7,6 +7,9 @@
 //! other length, or another type, fails with `403 SignatureDoesNotMatch`);
 //! [`ensure_uploaded`] and [`check_object`] HEAD the object before anything
 //! trusts it, so correctness never depends on the upload guard having run.
+//!
+//! One file, though long: the layers below run from presign to the
+//! worker's last check, each relying on the one before.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};

@@ -8,6 +8,9 @@
 //! The one other read is the log format, before start-up
 //! ([`crate::infra::telemetry::init`]): a problem found here must already be
 //! logged the way the platform indexes it.
+//!
+//! A long file: its last 160 lines are its unit tests, and every variable's
+//! name and default is here by design.
 
 use std::collections::HashMap;
 use std::fmt;

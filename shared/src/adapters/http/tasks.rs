@@ -29,6 +29,10 @@
 //! 9. store and queue: `202` with `Location` (and `PAYMENT-RESPONSE` when
 //!    paid now), `429 quota_exceeded` with `Retry-After` for a free task over
 //!    its Space's quota, or `503 queue_unavailable`.
+//!
+//! A long file on purpose: a quarter of it is each route's OpenAPI description
+//! (its `utoipa::path` attribute), kept beside the handler it describes so
+//! the two change together; the handlers themselves are short.
 
 use std::sync::Arc;
 

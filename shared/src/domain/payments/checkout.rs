@@ -44,6 +44,11 @@
 //! The task itself is the caller's: `payments` never names a task type. The
 //! caller passes a [`Counter`], which stores the request as a task inside
 //! the payment's transaction.
+//!
+//! One file, though long: the order above is one sequence whose safety
+//! depends on each step's place in it (the key before the settle, the record
+//! before the verify, the proof before the task); split, it would be read
+//! across files.
 
 use std::time::{Duration, SystemTime};
 

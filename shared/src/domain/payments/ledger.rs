@@ -1,6 +1,10 @@
 //! What Reeve remembers about payments, in Postgres: every attempt (before
 //! the facilitator settles it), every settled payment, and the credits that
 //! paid tasks leave when they end without doing their work.
+//!
+//! One file, though long: every statement that writes payment attempts,
+//! payments and credits, so the attempt's states and the locks each change
+//! takes are read in one place.
 
 use serde::Serialize;
 use serde_json::Value;
