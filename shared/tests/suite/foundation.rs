@@ -55,7 +55,17 @@ async fn migrating_again_is_a_no_op(pool: PgPool) {
     .unwrap();
     assert_eq!(
         tables,
-        ["_sqlx_migrations", "credits", "payment_attempts", "payments", "spaces", "task_events", "tasks", "uploads"]
+        [
+            "_sqlx_migrations",
+            "credits",
+            "login_limits",
+            "payment_attempts",
+            "payments",
+            "spaces",
+            "task_events",
+            "tasks",
+            "uploads"
+        ]
     );
 }
 
