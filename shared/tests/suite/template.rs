@@ -198,6 +198,14 @@ const NOT_SET_BY_THE_TEMPLATE: &[(&str, &str)] = &[
     ("REEVE_FETCH_ALLOW", "the users' allow-list: empty in production"),
     ("REEVE_PEPPER", "a development value: auth is given REEVE_PEPPER_SECRET_ARN"),
     ("REEVE_FACILITATOR_URL", "the local stack's override: production uses the catalog's facilitator_url"),
+    // The `reeve` client's, named in settings.rs beside the servers' ones:
+    // read by the CLI on a user's machine, never by a deployed function.
+    ("REEVE_ENDPOINT", "the client's: the deployment it talks to"),
+    ("REEVE_RELAY", "the client's: the relay it follows tasks on"),
+    ("REEVE_PROFILE", "the client's: its credentials profile"),
+    ("REEVE_SPACE_ID", "the client's: the Space `reeve login` opens"),
+    ("REEVE_TOKEN", "the client's: a session token for `reeve task watch`"),
+    ("REEVE_WALLET_KEY", "the client's: the payer's key, on the payer's machine only"),
 ];
 
 /// Environment variable names the code reads: every string literal that is
@@ -292,6 +300,9 @@ fn the_settings_constants_are_all_set() {
         let Some(name) = line.split('"').nth(1) else { continue }; // a table of names, not a name
         if name.ends_with(".toml") {
             continue; // DEFAULT_CATALOG, a file name
+        }
+        if !(name.starts_with("REEVE_") || name == "DATABASE_URL" || name == "REDIS_URL") {
+            continue; // a standard variable the client reads (XDG_CONFIG_HOME)
         }
         if NOT_SET_BY_THE_TEMPLATE.iter().any(|(exempt, _)| *exempt == name) {
             continue;
@@ -708,7 +719,12 @@ fn sam_check_deploys_with_cargo_lambda_as_the_readme_says() {
 /// another path. The start-up builders that read the endpoints are these.
 #[test]
 fn every_paying_function_gets_the_chain_endpoints() {
-    let startup = read("shared/src/startup/mod.rs");
+    // Start-up is one module split by binary: read it whole.
+    let startup: String = ["mod.rs", "http.rs", "mcp.rs", "worker.rs"]
+        .iter()
+        .map(|file| read(&format!("shared/src/startup/{file}")))
+        .collect::<Vec<_>>()
+        .join("\n");
     let builders = ["lambda_task_create", "lambda_mcp", "lambda_sweeper"];
     // Each builder is `or_exit(inner(…))`; the inner one reads them.
     let reads = |builder: &str| {
