@@ -27,9 +27,8 @@ use clap::parser::ValueSource;
 use reeve_shared::payments::{
     Accepted, Authorization, ExactPayload, PaymentPayload, PaymentRequired, PaymentRequirements,
 };
+use reeve_shared::settings::WALLET_KEY;
 
-/// The environment variable holding the payer's private key (hex).
-pub use reeve_shared::settings::WALLET_KEY as WALLET_KEY_VAR;
 /// The network preferred when a challenge offers several: the local chain
 /// (and Base Sepolia, whose chain id it borrows), so a development payment
 /// never spends a mainnet asset by accident.
@@ -49,7 +48,7 @@ sol! {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PayError {
-    #[error("no wallet key: set {WALLET_KEY_VAR} or pass --wallet-key-file")]
+    #[error("no wallet key: set {WALLET_KEY} or pass --wallet-key-file")]
     NoKey,
     #[error("cannot read the wallet key file {path}: {source}")]
     KeyFile { path: String, source: std::io::Error },
@@ -102,13 +101,13 @@ impl TypedValueParser for WalletKeyParser {
         if source != ValueSource::EnvVariable {
             return Err(cmd.clone().error(
                 ErrorKind::ArgumentConflict,
-                format!("the wallet key is never an argument: set {WALLET_KEY_VAR} or pass --wallet-key-file"),
+                format!("the wallet key is never an argument: set {WALLET_KEY} or pass --wallet-key-file"),
             ));
         }
         // Not shown, so not `{value:?}` either: the key is secret.
         let key = value
             .to_str()
-            .ok_or_else(|| cmd.clone().error(ErrorKind::InvalidUtf8, format!("{WALLET_KEY_VAR} is not valid UTF-8")))?;
+            .ok_or_else(|| cmd.clone().error(ErrorKind::InvalidUtf8, format!("{WALLET_KEY} is not valid UTF-8")))?;
         Ok(WalletKey(key.to_owned()))
     }
 }
