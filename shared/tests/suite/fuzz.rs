@@ -163,6 +163,8 @@ proptest! {
         ".{0,80}",
         json_value().prop_map(|v| v.to_string()),
         ("[0-9A-Za-z]{0,30}", ".{0,10}").prop_map(|(id, kind)| json!({"task_id": id, "kind": kind}).to_string()),
+        // A real id in serde's sequence form, which names no task_id.
+        (any::<u128>(), ".{0,10}").prop_map(|(id, kind)| json!([Id::from(Ulid(id)), kind]).to_string()),
     ]) {
         // What parses is an object whose task_id is that id's text: the
         // worker never runs a task the body did not name.

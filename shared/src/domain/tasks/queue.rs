@@ -18,10 +18,39 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 pub const QUEUE_UNAVAILABLE: &str = "queue_unavailable";
 
 /// The message body the worker reads.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct QueueMessage {
     pub task_id: Id,
     pub kind: String,
+}
+
+/// Only the object form: serde's derive would also take `["<ulid>", "<kind>"]`,
+/// a body nothing sends, and the worker acts only on what says `task_id`.
+impl<'de> Deserialize<'de> for QueueMessage {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Fields {
+            task_id: Id,
+            kind: String,
+        }
+
+        struct ObjectOnly;
+
+        impl<'de> serde::de::Visitor<'de> for ObjectOnly {
+            type Value = Fields;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object {task_id, kind}")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Fields, A::Error> {
+                Fields::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+
+        let Fields { task_id, kind } = deserializer.deserialize_map(ObjectOnly)?;
+        Ok(QueueMessage { task_id, kind })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,5 +70,20 @@ pub async fn enqueue(sqs: &aws_sdk_sqs::Client, queue_url: &str, task_id: Id, ki
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(QueueError::Send(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())),
         Err(_) => Err(QueueError::Timeout),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_object_form_is_a_message() {
+        let id = "01JNVX5C7D9F1H3K5M7P9R1T3V";
+        let object: QueueMessage = serde_json::from_str(&format!(r#"{{"task_id":"{id}","kind":"digest"}}"#)).unwrap();
+        assert_eq!(object.task_id.to_string(), id);
+        assert_eq!(object.kind, "digest");
+        let error = serde_json::from_str::<QueueMessage>(&format!(r#"["{id}","digest"]"#)).unwrap_err();
+        assert!(error.to_string().contains("an object {task_id, kind}"), "{error}");
     }
 }
