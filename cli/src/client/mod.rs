@@ -6,11 +6,13 @@
 //! every answer that is not a success into a [`ClientError`], whose
 //! [`exit code`](ClientError::exit_code) scripts can rely on.
 
-pub mod commands;
+// One file per help group of client commands (space, upload, task).
 pub mod credentials;
 pub mod output;
 pub mod payment_required;
+pub mod space;
 pub mod task;
+pub mod upload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -301,5 +303,28 @@ impl Client {
             }
         }
         unreachable!("the second attempt returns")
+    }
+}
+
+/// Prints a failed command's error: the server's code and message, the
+/// payment requirements for a `402`, or the local problem. With `--json`,
+/// the same as one JSON document on stdout.
+pub async fn report(client: Option<&Client>, opts: &ClientOpts, error: &ClientError) {
+    if opts.json {
+        output::json(&error.to_json());
+        return;
+    }
+    match error {
+        ClientError::PaymentRequired(challenge) => {
+            let catalog = match client {
+                Some(client) => {
+                    client.public(Method::GET, "/v1/catalog", None).await.map(|a| a.body).unwrap_or(Value::Null)
+                }
+                None => Value::Null,
+            };
+            eprintln!("{}", payment_required::describe(challenge, &catalog));
+        }
+        ClientError::Refused { code, message, .. } => eprintln!("error: {message} ({code})"),
+        other => eprintln!("error: {other}"),
     }
 }

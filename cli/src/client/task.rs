@@ -13,8 +13,8 @@ use reeve_shared::tasks::TaskStatus;
 use reqwest::Method;
 use serde_json::{Map, Value, json};
 
-use super::commands::upload_file;
 use super::output::{self, bar, table};
+use super::upload::upload_file;
 use super::{Client, ClientError, ClientOpts, EXIT_TASK_CANCELED, EXIT_TASK_FAILED};
 use crate::follow::FollowError;
 

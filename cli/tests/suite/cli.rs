@@ -36,16 +36,31 @@ fn config_check_accepts_both_shipped_catalogs_without_a_warning() {
     }
 }
 
-/// `reeve --help` names each command once, each with one sentence: a
-/// command whose doc comment had two lines showed both run together.
+/// `reeve --help` names each command once, each with one sentence (a
+/// command whose doc comment had two lines showed both run together), under
+/// its group's heading: the client's groups, then the operations.
 #[test]
 fn help_lists_each_command_once_with_one_sentence() {
     let out = reeve(&["--help"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let help = String::from_utf8_lossy(&out.stdout);
-    let commands: Vec<&str> =
-        help.lines().skip_while(|l| !l.starts_with("Commands:")).skip(1).take_while(|l| l.starts_with("  ")).collect();
+    let commands: Vec<&str> = help
+        .lines()
+        .take_while(|l| !l.starts_with("Options:"))
+        .filter(|l| l.starts_with("  ") && l.chars().nth(2).is_some_and(|c| c.is_ascii_lowercase()))
+        .collect();
     assert!(commands.iter().any(|l| l.trim_start().starts_with("space ")), "{help}");
+    let headings: Vec<&str> = help.lines().filter(|l| l.ends_with("):")).collect();
+    assert_eq!(headings.len(), 4, "space, upload, task and operations:\n{help}");
+    let under = |command: &str, heading: &str| {
+        let at = |s: &str| help.find(s).unwrap_or_else(|| panic!("{s:?} missing:\n{help}"));
+        let next = headings.iter().map(|h| at(h)).filter(|&h| h > at(heading)).min().unwrap_or(usize::MAX);
+        (at(heading)..next).contains(&at(&format!("\n  {command} ")))
+    };
+    assert!(under("login", "Space (client"), "{help}");
+    assert!(under("upload", "Upload (client)"), "{help}");
+    assert!(under("task", "Task (client)"), "{help}");
+    assert!(under("serve", "Operations (") && under("sweep", "Operations ("), "{help}");
     for line in &commands {
         let about = line.trim_start().split_once(' ').map_or("", |(_, about)| about.trim());
         assert_eq!(about.matches(". ").count(), 0, "one sentence per command: {line}");
