@@ -19,10 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use reeve_shared::auth::{self, SpaceIndex};
-use reeve_shared::http::stream::RelayContext;
 use reeve_shared::http::stream::router;
 use reeve_shared::ids::Id;
-use reeve_shared::relay::{self, Hub};
+use reeve_shared::relay;
+use reeve_shared::settings;
+use reeve_shared::startup;
 use reeve_shared::tasks::{EventType, append_event};
 use serde_json::json;
 use sqlx::PgPool;
@@ -36,8 +37,10 @@ const SLOW: usize = 10;
 const EVENTS: usize = 3000;
 const PAD: usize = 1024;
 
+const TOKEN_KEY: &str = "flood-test-token-key-flood-test-token";
+
 fn token_key() -> auth::Secret {
-    auth::Secret::new("REEVE_TOKEN_KEY", b"flood-test-token-key-flood-test-token".to_vec()).unwrap()
+    auth::Secret::new("REEVE_TOKEN_KEY", TOKEN_KEY.as_bytes().to_vec()).unwrap()
 }
 
 /// This process's resident set, in bytes.
@@ -124,21 +127,14 @@ async fn follow(addr: SocketAddr, task: Id, token: String, open: (TcpStream, Vec
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn stalled_and_slow_sse_clients_on_a_busy_task_do_not_grow_relay_memory(pool: PgPool) {
-    let redis_url = common::redis_url();
-    // The relay's own pool, as `db.rs` builds it: eight connections.
-    let relay_db = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with((*pool.connect_options()).clone());
-    let hub = Hub::start(redis::Client::open(redis_url.as_str()).unwrap());
-    let ctx = Arc::new(RelayContext {
-        db: relay_db.clone(),
-        token_key: token_key(),
-        hub,
-        keepalive: Duration::from_secs(15),
-        api_origin: None,
-        limits: reeve_shared::http::RelayLimits::NONE,
-    });
+    // The relay as start-up builds it, on a pool of its own (`db.rs`: eight
+    // connections), with caps no client here reaches.
+    let config = common::config_opening_a_pool(&pool)
+        .with(settings::TOKEN_KEY, TOKEN_KEY)
+        .with(settings::RELAY_STREAMS_PER_SPACE, "1000000")
+        .with(settings::RELAY_STREAMS_PER_IP, "1000000");
+    let ctx = startup::relay(&config).unwrap_or_else(|e| panic!("{e}")).ctx;
+    let relay_db = ctx.db.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router(ctx)).await.unwrap() });
@@ -181,7 +177,7 @@ async fn stalled_and_slow_sse_clients_on_a_busy_task_do_not_grow_relay_memory(po
     // The worker's side: append to Postgres, then ring the Redis doorbell.
     let started = Instant::now();
     let mut conn = pool.acquire().await.unwrap();
-    let mut redis = redis::Client::open(redis_url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let mut redis = redis::Client::open(common::redis_url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let pad = "x".repeat(PAD);
     let mut emitted_bytes = 0;
     for i in 1..=EVENTS + 1 {

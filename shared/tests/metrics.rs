@@ -11,7 +11,6 @@
 #[allow(dead_code)] // the suite uses all of the harness, this binary a part
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,71 +20,27 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::chain::{ChainLock, Payer, TOKEN};
 use common::{TestQueue, new_session, post_json, send};
-use reeve_shared::catalog::Catalog;
-use reeve_shared::executors::ExecDeps;
-use reeve_shared::http::stream::{self, RelayContext};
-use reeve_shared::http::{ApiContext, app};
-use reeve_shared::outbound::{Outbound, OutboundPolicy};
-use reeve_shared::redis_client::RedisClient;
-use reeve_shared::relay::Hub;
-use reeve_shared::settings::WorkerSettings;
+use reeve_shared::http::app;
+use reeve_shared::http::stream;
+use reeve_shared::settings;
 use reeve_shared::worker::{Poller, WorkerContext, handle_batch};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tower::ServiceExt;
 
-fn catalog() -> Catalog {
-    Catalog::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.dev.toml")).unwrap()
-}
-
-fn worker(pool: &PgPool, s3: aws_sdk_s3::Client) -> WorkerContext {
-    let settings = WorkerSettings {
-        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", String::new()),
-        redis_url: common::redis_url(),
-        bucket: std::env::var("REEVE_BUCKET").unwrap(),
-        queue_url: None,
-        concurrency: 2,
-        max_receives: 5,
-        fetch_max_bytes: 1024 * 1024,
-        output_retention_days: None,
-        lease: WorkerSettings::DEFAULT_LEASE,
-        backoff: reeve_shared::worker::Backoff::default(),
-    };
-    let exec = ExecDeps {
-        db: pool.clone(),
-        s3,
-        bucket: settings.bucket.clone(),
-        outbound: Outbound::new(OutboundPolicy::default()).unwrap(),
-        operators: Outbound::new(OutboundPolicy::default()).unwrap(),
-        fetch_max_bytes: settings.fetch_max_bytes,
-        output_retention_days: settings.output_retention_days,
-    };
-    WorkerContext::new(catalog(), pool.clone(), RedisClient::new(&common::redis_url()).unwrap(), exec, settings)
+/// The worker on the development catalog, two runs at once, as start-up
+/// builds it.
+async fn worker(pool: &PgPool) -> WorkerContext {
+    common::worker(&common::worker_config(pool).with(settings::WORKER_CONCURRENCY, "2")).await
 }
 
 /// The API (with the relay's routes, as `reeve serve` merges them) on a
 /// queue of the test's own, and a session on a fresh space.
 async fn api(pool: &PgPool) -> (Router, String, TestQueue) {
     let queue = TestQueue::new().await;
-    let mut settings = common::test_settings(&common::redis_url());
-    settings.queue_url = queue.url.clone();
-    let token_key = settings.token_key.clone();
-    let ctx = ApiContext::new(
-        catalog(),
-        pool.clone(),
-        RedisClient::new(&common::redis_url()).unwrap(),
-        common::aws().await,
-        settings,
-    );
-    let relay = Arc::new(RelayContext {
-        db: pool.clone(),
-        token_key,
-        hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
-        keepalive: Duration::from_secs(15),
-        api_origin: None,
-        limits: reeve_shared::http::RelayLimits::default(),
-    });
-    let app = stream::routes(relay).merge(app(ctx));
+    let config = common::config(pool).with(settings::QUEUE_URL, &queue.url);
+    let ctx = common::api(&config).await;
+    let app = stream::routes(common::relay(&config)).merge(app(ctx));
     let (_, token) = new_session(&app).await;
     (app, token, queue)
 }
@@ -148,7 +103,7 @@ async fn prometheus_shows_the_request_task_queue_and_relay_metrics_after_a_task_
 
     let id = queue_digest(&app, &token).await;
     let sqs = common::aws().await.sqs;
-    let mut poller = Poller::connect(Arc::new(worker(&pool, common::aws().await.s3)), sqs, &queue.url).await.unwrap();
+    let mut poller = Poller::connect(Arc::new(worker(&pool).await), sqs, &queue.url).await.unwrap();
     poller.wait_time_seconds = 1;
     assert_eq!(poller.poll_once().await.unwrap().done, 1);
     assert_eq!(status_of(&pool, &id).await, "completed");
@@ -195,10 +150,10 @@ async fn prometheus_shows_the_request_task_queue_and_relay_metrics_after_a_task_
 // facilitator), through the harness's `common::chain`.
 
 /// One priced kind, payable on the local chain, to a `payTo` of its own.
-fn paid_catalog() -> Catalog {
+fn paid_catalog() -> String {
     let pay_to = format!("0x{}", &hex::encode(reeve_shared::ids::Id::new().to_bytes()).repeat(2)[..40]);
     let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
-    Catalog::parse(&format!(
+    format!(
         r#"
         [payments]
         pay_to = "{pay_to}"
@@ -226,8 +181,7 @@ fn paid_catalog() -> Catalog {
         asset = "local"
         amount_usd = "0.01"
         "#
-    ))
-    .unwrap_or_else(|e| panic!("{e}"))
+    )
 }
 
 /// The value of the series `name` whose labels include every one of
@@ -246,10 +200,8 @@ async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
     let chain = ChainLock::shared().await;
     reeve_shared::metrics::install_prometheus().unwrap();
     let queue = TestQueue::new().await;
-    let mut settings = common::test_settings(&common::redis_url());
-    settings.queue_url = queue.url.clone();
-    let redis = RedisClient::new(&common::redis_url()).unwrap();
-    let ctx = ApiContext::new(paid_catalog(), pool.clone(), redis, common::aws().await, settings);
+    let config = common::with_catalog(common::config(&pool), &paid_catalog()).with(settings::QUEUE_URL, &queue.url);
+    let ctx = common::api(&config).await;
     let app = reeve_shared::metrics::mount(app(ctx), None).await.unwrap();
     let (_, token) = new_session(&app).await;
     let input = json!({"input": {"url": "http://127.0.0.1:1/"}});
@@ -285,16 +237,10 @@ async fn prometheus_counts_sweeps_payments_refusals_and_credits(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let sweeper = reeve_shared::sweeper::Sweeper {
-        db: pool.clone(),
-        sqs: common::aws().await.sqs,
-        queue_url: queue.url.clone(),
-        events: reeve_shared::tasks::Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
-        max_attempts: 5,
-        older_than: Duration::from_secs(60),
-        catalog: std::sync::Arc::new(common::shipped_catalog()),
-        chains: reeve_shared::payments::Chains::none(),
-    };
+    let config = common::config(&pool).with(settings::QUEUE_URL, &queue.url).with(settings::SWEEP_OLDER_THAN, "60");
+    let sweeper = reeve_shared::startup::sweeper(&config, &reeve_shared::startup::sdk().await)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(sweeper.sweep(Duration::from_secs(60)).await.unwrap().exhausted, 1);
 
     // The credit pays the next task; a later sweep sends its (lost) message again.
@@ -351,7 +297,7 @@ async fn emf_child(pool: PgPool) {
         "messageId": "m-1", "body": body, "attributes": {"ApproximateReceiveCount": "1"}, "eventSource": "aws:sqs"
     }]}))
     .unwrap();
-    let response = handle_batch(&worker(&pool, common::aws().await.s3), event).await;
+    let response = handle_batch(&worker(&pool).await, event).await;
     assert!(response.batch_item_failures.is_empty());
     assert_eq!(status_of(&pool, &id).await, "completed");
     queue.delete().await;

@@ -132,3 +132,22 @@ pub async fn digest_task(api: &str, filename: &str, content_type: &str, bytes: &
 pub async fn aws() -> reeve_shared::aws::AwsClients {
     reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await
 }
+
+/// The whole API as start-up builds it for `reeve serve`, from the stack's
+/// variables with the tests' own secrets, the development catalog, and a
+/// database and queue of the test's own: `db_url`, already open as `pool`
+/// (start-up checks the URL, then takes the pool where it would open one).
+pub async fn api(db_url: &str, pool: &sqlx::PgPool, queue: &str) -> reeve_shared::http::Ctx {
+    use reeve_shared::settings::{self, Config, Needs};
+    let config = Config::from_env()
+        .with(settings::CATALOG, repo("reeve.dev.toml").display().to_string())
+        .with(settings::PEPPER, "test-pepper-test-pepper-test-pepper!")
+        .with(settings::TOKEN_KEY, "test-token-key-test-token-key-test!!")
+        .with(settings::DATABASE_URL, db_url)
+        .with(settings::QUEUE_URL, queue)
+        .with_pool(pool.clone());
+    let sdk = reeve_shared::startup::sdk().await;
+    reeve_shared::startup::api(&config, &sdk, Needs::ALL, reeve_shared::db::Connect::Lazily)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}

@@ -10,15 +10,11 @@ use crate::common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use reeve_shared::auth::Secret;
-use reeve_shared::catalog::Catalog;
-use reeve_shared::http::{ApiContext, app};
-use reeve_shared::redis_client::RedisClient;
-use reeve_shared::settings::ApiSettings;
+use reeve_shared::http::app;
 use serde_json::Value;
 use sha2::Digest as _;
 
-use common::{Worker, digest_task, env, reeve, repo};
+use common::{Worker, digest_task, reeve, repo};
 
 #[tokio::test]
 async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
@@ -46,19 +42,8 @@ async fn a_worker_killed_mid_task_leaves_it_to_the_next_one_exactly_once() {
     let dir = std::env::temp_dir().join(format!("reeve-kill-{}", ulid::Ulid::new()));
     std::fs::create_dir_all(&dir).unwrap();
     let catalog_path = repo("reeve.dev.toml");
-    let shipped = std::fs::read_to_string(&catalog_path).unwrap();
 
-    let settings = ApiSettings {
-        pepper: Secret::new("REEVE_PEPPER", b"test-pepper-test-pepper-test-pepper!".to_vec()).unwrap(),
-        token_key: Secret::new("REEVE_TOKEN_KEY", b"test-token-key-test-token-key-test!!".to_vec()).unwrap(),
-        database_url: reeve_shared::auth::Secret::text("DATABASE_URL", db_url.clone()),
-        redis_url: env("REDIS_URL"),
-        bucket: env("REEVE_BUCKET"),
-        queue_url: queue.clone(),
-    };
-    let catalog = Catalog::parse(&shipped).unwrap();
-    let redis = RedisClient::new(&settings.redis_url).unwrap();
-    let ctx = ApiContext::new(catalog, pool.clone(), redis, common::aws().await, settings);
+    let ctx = common::api(&db_url, &pool, &queue).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app(ctx)).await });

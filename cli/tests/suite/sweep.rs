@@ -9,15 +9,11 @@ use crate::common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use reeve_shared::auth::Secret;
 use reeve_shared::aws::AwsClients;
-use reeve_shared::catalog::Catalog;
-use reeve_shared::http::{ApiContext, app};
-use reeve_shared::redis_client::RedisClient;
-use reeve_shared::settings::ApiSettings;
+use reeve_shared::http::app;
 use serde_json::Value;
 
-use common::{Worker, digest_task, env, reeve, repo};
+use common::{Worker, digest_task, reeve, repo};
 
 /// Messages waiting in `url` (moto counts exactly).
 async fn queue_depth(aws: &AwsClients, url: &str) -> u64 {
@@ -52,17 +48,7 @@ impl Stranded {
         let queue = aws.sqs.create_queue().queue_name(queue_name).send().await.unwrap().queue_url().unwrap().to_owned();
 
         // The API in-process, and no worker anywhere.
-        let settings = ApiSettings {
-            pepper: Secret::new("REEVE_PEPPER", b"test-pepper-test-pepper-test-pepper!".to_vec()).unwrap(),
-            token_key: Secret::new("REEVE_TOKEN_KEY", b"test-token-key-test-token-key-test!!".to_vec()).unwrap(),
-            database_url: reeve_shared::auth::Secret::text("DATABASE_URL", db_url.clone()),
-            redis_url: env("REDIS_URL"),
-            bucket: env("REEVE_BUCKET"),
-            queue_url: queue.clone(),
-        };
-        let catalog = Catalog::load(&repo("reeve.dev.toml")).unwrap();
-        let redis = RedisClient::new(&settings.redis_url).unwrap();
-        let ctx = ApiContext::new(catalog, pool.clone(), redis, common::aws().await, settings);
+        let ctx = common::api(&db_url, &pool, &queue).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let api = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, app(ctx)).await });

@@ -33,7 +33,7 @@ pub async fn auth(config: &Config, sdk: &SdkConfig) -> Result<Arc<AuthContext>, 
     else {
         return Err(StartupError::Config(problems));
     };
-    Ok(AuthContext::new(db::connect_lazy(database_url.expose_str())?, pepper, token_key))
+    Ok(AuthContext::new(postgres_lazily(&config, database_url.expose_str())?, pepper, token_key))
 }
 
 #[cfg(feature = "api-catalog")]
@@ -79,7 +79,7 @@ pub async fn presign(config: &Config, sdk: &SdkConfig) -> Result<Arc<UploadsCont
         return Err(StartupError::Config(problems));
     };
     Ok(Arc::new(UploadsContext {
-        db: db::connect_lazy(database_url.expose_str())?,
+        db: postgres_lazily(&config, database_url.expose_str())?,
         token_key,
         s3: aws::s3(sdk, config.s3_endpoint().is_some()),
         bucket,
@@ -114,7 +114,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
     else {
         return Err(StartupError::Config(problems));
     };
-    let db = db::connect_lazy(database_url.expose_str())?;
+    let db = postgres_lazily(&config, database_url.expose_str())?;
     let api_settings = crate::adapters::http::ApiSettings {
         pepper: Secret::withheld(settings::PEPPER),
         token_key,
@@ -155,7 +155,7 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
         return Err(StartupError::Config(problems));
     };
     Ok(Arc::new(TaskStatusContext {
-        db: db::connect_lazy(database_url.expose_str())?,
+        db: postgres_lazily(&config, database_url.expose_str())?,
         redis: RedisClient::new(&redis_url)?,
         token_key,
         catalog: Arc::new(catalog),
@@ -171,8 +171,11 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
 pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connect) -> Result<Ctx, StartupError> {
     let (config, problems) = with_secrets(config, sdk, &needs.secrets()).await;
     let (catalog, settings, operators, chains) = api_parts(&config, needs, problems)?;
-    let db =
-        if needs.database { db::open(settings.database_url.expose_str(), connect).await? } else { db::unconfigured() };
+    let db = if needs.database {
+        postgres(&config, settings.database_url.expose_str(), connect).await?
+    } else {
+        db::unconfigured()
+    };
     let redis = RedisClient::new(&settings.redis_url)?;
     let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
     Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators, chains))

@@ -38,7 +38,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
         return Err(StartupError::Config(problems));
     };
     let stores = McpStores {
-        db: db::connect_lazy(database_url.expose_str())?,
+        db: postgres_lazily(&config, database_url.expose_str())?,
         redis: RedisClient::new(&redis_url)?,
         aws: AwsClients::from_config(sdk, config.s3_endpoint().is_some()),
         bucket,

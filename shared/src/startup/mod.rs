@@ -356,6 +356,25 @@ fn outbound(problems: &mut Vec<String>, policy: OutboundPolicy, variable: &str) 
     Outbound::new(policy).map_err(|e| problems.push(format!("{variable}: {e}"))).ok()
 }
 
+/// Postgres at `url` (checked already), opened as `connect` says, or the
+/// pool the configuration holds ([`Config::with_pool`]: a test's own
+/// database, which `#[sqlx::test]` made). A binary's configuration holds
+/// none.
+async fn postgres(config: &Config, url: &str, connect: Connect) -> Result<PgPool, DbError> {
+    match config.pool() {
+        Some(pool) => Ok(pool.clone()),
+        None => db::open(url, connect).await,
+    }
+}
+
+/// [`postgres`], connecting on first use.
+fn postgres_lazily(config: &Config, url: &str) -> Result<PgPool, DbError> {
+    match config.pool() {
+        Some(pool) => Ok(pool.clone()),
+        None => db::connect_lazy(url),
+    }
+}
+
 /// The Postgres and Redis URLs, if set, checked without connecting, so a
 /// malformed one is reported with every other problem.
 fn check_urls(problems: &mut Vec<String>, config: &Config, database: bool) {

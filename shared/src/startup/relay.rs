@@ -67,7 +67,7 @@ pub fn relay(config: &Config) -> Result<Relay, StartupError> {
     let (Some(token_key), true) = (token_key, problems.is_empty()) else {
         return Err(StartupError::Config(problems));
     };
-    let db = db::connect_lazy(&database_url)?;
+    let db = postgres_lazily(config, &database_url)?;
     let ctx = relay_on(db, redis_client::open(&redis_url)?, token_key, keepalive, api_origin, limits);
     Ok(Relay { ctx, listeners: RelayListeners { relay: relay_bind, metrics: metrics_bind }, cors })
 }

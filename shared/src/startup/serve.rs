@@ -45,7 +45,7 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     let cors = settings::cors_origins(&mut env);
     let rest = checked(env.take_problems());
     let ((catalog, api_settings, operators, chains), (worker, ())) = both(api, both(worker, rest))?;
-    let db = db::open(api_settings.database_url.expose_str(), Connect::Now).await?;
+    let db = postgres(&config, api_settings.database_url.expose_str(), Connect::Now).await?;
     let redis_url = api_settings.redis_url.clone();
     let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
     let relay = relay_on(

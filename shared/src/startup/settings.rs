@@ -301,6 +301,9 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
 #[derive(Clone, Default)]
 pub struct Config {
     vars: HashMap<String, String>,
+    /// A pool already open on `DATABASE_URL`'s database, which the builders
+    /// use instead of opening their own: a test's ([`Config::with_pool`]).
+    pool: Option<sqlx::PgPool>,
 }
 
 impl Config {
@@ -312,7 +315,22 @@ impl Config {
     }
 
     pub fn from_vars<K: Into<String>, V: Into<String>>(vars: impl IntoIterator<Item = (K, V)>) -> Config {
-        Config { vars: vars.into_iter().map(|(k, v)| (k.into(), v.into())).collect() }
+        Config { vars: vars.into_iter().map(|(k, v)| (k.into(), v.into())).collect(), pool: None }
+    }
+
+    /// The same configuration on `pool`, already open on `DATABASE_URL`'s
+    /// database: every builder still reads and checks `DATABASE_URL`, then
+    /// takes this pool where it would open one. For tests, whose database
+    /// `#[sqlx::test]` makes, hands over as a pool and drops with it; no
+    /// binary calls it.
+    pub fn with_pool(mut self, pool: sqlx::PgPool) -> Config {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// The pool given by [`Config::with_pool`].
+    pub(crate) fn pool(&self) -> Option<&sqlx::PgPool> {
+        self.pool.as_ref()
     }
 
     /// The same configuration with `name` set: a command-line flag over the

@@ -24,7 +24,7 @@ pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Resul
     #[cfg(feature = "chain")]
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
     let (catalog, worker_settings, users, operators) = worker_parts(&config, catalog, problems)?;
-    let db = db::open(worker_settings.database_url.expose_str(), connect).await?;
+    let db = postgres(&config, worker_settings.database_url.expose_str(), connect).await?;
     let redis = RedisClient::new(&worker_settings.redis_url)?;
     let s3 = aws::s3(sdk, config.s3_endpoint().is_some());
     #[allow(unused_mut)]
@@ -116,7 +116,7 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     checked(problems)?;
     let database_url = database_url.expect("reported when missing");
     Ok(Sweeper {
-        db: db::connect_lazy(database_url.expose_str())?,
+        db: postgres_lazily(&config, database_url.expose_str())?,
         sqs: aws::sqs(sdk),
         queue_url,
         events: Publisher::new(RedisClient::new(&redis_url)?),
@@ -169,7 +169,7 @@ pub async fn guard(config: &Config, sdk: &SdkConfig) -> Result<Guard, StartupErr
         return Err(StartupError::Config(problems));
     };
     Ok(Guard {
-        db: db::connect_lazy(database_url.expose_str())?,
+        db: postgres_lazily(&config, database_url.expose_str())?,
         s3: aws::s3(sdk, config.s3_endpoint().is_some()),
         bucket,
         max_bytes: uploads.max_bytes,

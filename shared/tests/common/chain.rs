@@ -390,12 +390,6 @@ impl Payer {
     }
 }
 
-/// The local chain as Reeve reaches it: its one network's JSON-RPC endpoint
-/// (`REEVE_CHAIN_RPC_URLS` in a deployment).
-pub fn chains() -> reeve_shared::payments::Chains {
-    reeve_shared::payments::Chains::parse(&format!("eip155:84532={}", rpc_url())).unwrap()
-}
-
 /// The latest block's timestamp (unix seconds).
 pub async fn chain_time() -> u64 {
     let block = rpc("eth_getBlockByNumber", json!(["latest", false])).await;

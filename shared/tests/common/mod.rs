@@ -11,15 +11,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
-use reeve_shared::auth::Secret;
 use reeve_shared::aws::AwsClients;
 use reeve_shared::catalog::Catalog;
-use reeve_shared::executors::ExecDeps;
-use reeve_shared::http::{ApiContext, Ctx};
+use reeve_shared::db::Connect;
+use reeve_shared::http::{Ctx, RelayCtx};
 use reeve_shared::ids::Id;
-use reeve_shared::outbound::{Outbound, OutboundPolicy};
-use reeve_shared::redis_client::RedisClient;
-use reeve_shared::settings::{ApiSettings, WorkerSettings};
+use reeve_shared::settings::{self, Config, Needs};
+use reeve_shared::startup;
 use reeve_shared::worker::{Runner, WorkerContext};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -47,10 +45,10 @@ pub fn shipped_catalog() -> Catalog {
 }
 
 /// The development catalog plus the test's own kinds (`[tasks.*]` tables),
-/// which a test's own runner stands in for.
-pub fn catalog_with(extra: &str) -> Catalog {
+/// which a test's own runner stands in for: TOML, for [`with_catalog`].
+pub fn catalog_text_with(extra: &str) -> String {
     let shipped = std::fs::read_to_string(DEV_CATALOG).unwrap();
-    Catalog::parse(&format!("{shipped}\n{extra}")).unwrap_or_else(|e| panic!("{e}"))
+    format!("{shipped}\n{extra}")
 }
 
 /// Base mainnet's USDC as a catalog asset, `usdc-base`: a price no local
@@ -67,10 +65,11 @@ version = "2"
 
 /// A catalog of the test's own that pays `pay_to` through `facilitator`:
 /// two USD-pegged assets, Base mainnet's USDC (`usdc-base`) and the local
-/// chain's test token (`local`), then `tasks` (TOML tables).
-pub fn paid_catalog(pay_to: &str, facilitator: &str, max_timeout_seconds: u32, tasks: &str) -> Catalog {
+/// chain's test token (`local`), then `tasks` (TOML tables): TOML, for
+/// [`with_catalog`].
+pub fn paid_catalog_text(pay_to: &str, facilitator: &str, max_timeout_seconds: u32, tasks: &str) -> String {
     let token = chain::TOKEN;
-    let text = format!(
+    format!(
         r#"
         [payments]
         pay_to = "{pay_to}"
@@ -88,8 +87,7 @@ pub fn paid_catalog(pay_to: &str, facilitator: &str, max_timeout_seconds: u32, t
         version = "2"
         {tasks}
         "#
-    );
-    Catalog::parse(&text).unwrap_or_else(|e| panic!("{e}"))
+    )
 }
 
 /// `kind`'s prices in a [`paid_catalog`]: a cent on Base mainnet first, then
@@ -107,59 +105,108 @@ pub fn cent_on_mainnet_then_local(kind: &str) -> String {
     )
 }
 
-/// Worker settings on the stack's bucket and the given Redis: 4 runs at
-/// once, 5 deliveries, a 1 MiB fetch cap.
-pub fn worker_settings(redis_url: &str) -> WorkerSettings {
-    WorkerSettings {
-        database_url: Secret::text("DATABASE_URL", String::new()),
-        redis_url: redis_url.to_owned(),
-        bucket: env("REEVE_BUCKET"),
-        queue_url: None,
-        concurrency: 4,
-        max_receives: 5,
-        fetch_max_bytes: 1024 * 1024,
-        output_retention_days: None,
-        lease: WorkerSettings::DEFAULT_LEASE,
-        backoff: reeve_shared::worker::Backoff::default(),
+/// The tests' own secrets, in place of the stack's: a test that signs a
+/// token or derives an index with them reaches the same values as the
+/// contexts built from [`config`].
+pub const PEPPER: &str = "test-pepper-test-pepper-test-pepper!";
+pub const TOKEN_KEY: &str = "test-token-key-test-token-key-test!!";
+
+/// What a binary is given, as a test gives it: the stack's variables (the
+/// `.env` scripts/test.sh loads), the development catalog, the tests' own
+/// secrets, a 1 MiB fetch cap, and the database `#[sqlx::test]` made for
+/// this test, both as `DATABASE_URL` and as its open pool (start-up checks
+/// the URL, then takes the pool where it would open one). Contexts come from
+/// it through the binaries' own builders: [`api`], [`worker`], [`relay`].
+pub fn config(pool: &PgPool) -> Config {
+    config_opening_a_pool(pool).with_pool(pool.clone())
+}
+
+/// [`config`] without the open pool: start-up opens one of its own on the
+/// test's database, as a binary does. The test closes it before it ends,
+/// or `#[sqlx::test]` cannot drop the database.
+pub fn config_opening_a_pool(pool: &PgPool) -> Config {
+    Config::from_env()
+        .with(settings::CATALOG, DEV_CATALOG)
+        .with(settings::PEPPER, PEPPER)
+        .with(settings::TOKEN_KEY, TOKEN_KEY)
+        .with(settings::FETCH_MAX_BYTES, (1024 * 1024).to_string())
+        .with(settings::DATABASE_URL, database_url(pool))
+}
+
+/// The URL of `pool`'s database: the stack's `DATABASE_URL` (its host and
+/// credentials) naming the database `#[sqlx::test]` made.
+pub fn database_url(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    let name = options.get_database().expect("sqlx::test names its database");
+    let stack = env(settings::DATABASE_URL);
+    let (url, query) = stack.split_once('?').map_or((stack.as_str(), None), |(url, query)| (url, Some(query)));
+    let authority = url.find("://").map_or(0, |i| i + 3);
+    let root = url[authority..].find('/').map_or(url, |slash| &url[..authority + slash]);
+    match query {
+        Some(query) => format!("{root}/{name}?{query}"),
+        None => format!("{root}/{name}"),
     }
 }
 
-/// A worker running the catalog's executors on `pool` (its claims and its
-/// executors both), with this S3 client and the settings' Redis. Tests
-/// plug their own `runner` in afterwards.
-pub fn worker_context(
-    catalog: Catalog,
-    pool: &PgPool,
-    s3: aws_sdk_s3::Client,
-    settings: WorkerSettings,
-) -> WorkerContext {
-    worker_context_with_policy(catalog, pool, s3, settings, OutboundPolicy::default())
+/// `config` serving a catalog of the test's own (TOML), written to a file as
+/// a deployment's is. Such a catalog names its own facilitator, which the
+/// stack's (`REEVE_FACILITATOR_URL`) does not replace.
+pub fn with_catalog(config: Config, toml: &str) -> Config {
+    config.with(settings::CATALOG, catalog_file(toml).display().to_string()).without(settings::FACILITATOR_URL)
 }
 
-/// [`worker_context`] whose fetches and operator calls go by `policy`
-/// (to reach a test's loopback servers, say).
-pub fn worker_context_with_policy(
-    catalog: Catalog,
-    pool: &PgPool,
-    s3: aws_sdk_s3::Client,
-    settings: WorkerSettings,
-    policy: OutboundPolicy,
-) -> WorkerContext {
-    let outbound = || Outbound::new(policy.clone()).unwrap();
-    let exec = ExecDeps {
-        db: pool.clone(),
-        s3,
-        bucket: settings.bucket.clone(),
-        outbound: outbound(),
-        operators: outbound(),
-        fetch_max_bytes: settings.fetch_max_bytes,
-        output_retention_days: settings.output_retention_days,
-    };
-    let redis = RedisClient::new(&settings.redis_url).unwrap();
-    WorkerContext::new(catalog, pool.clone(), redis, exec, settings)
+/// `toml` in a file of the tests' scratch directory, named by its content.
+pub fn catalog_file(toml: &str) -> std::path::PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    toml.hash(&mut hasher);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("catalogs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{:016x}.toml", hasher.finish()));
+    if !path.exists() {
+        // Written whole, then renamed: a test running beside never reads half.
+        let partial = dir.join(format!("{}.partial", ulid::Ulid::new()));
+        std::fs::write(&partial, toml).unwrap();
+        std::fs::rename(&partial, &path).unwrap();
+    }
+    path
 }
 
-/// `ctx` with the test's `runner` in place of the catalog's executors.
+/// `config` for a worker the test hands its messages to itself: no
+/// `REEVE_QUEUE_URL`, so a retry's visibility is not set on the stack's
+/// shared queue.
+pub fn worker_config(pool: &PgPool) -> Config {
+    config(pool).without(settings::QUEUE_URL)
+}
+
+/// `config` whose outbound clients (fetch and the operators') may reach the
+/// test's own servers on loopback over plain HTTP.
+pub fn loopback_outbound(config: Config) -> Config {
+    config
+        .with(reeve_shared::outbound::FETCH_ALLOW, "127.0.0.1")
+        .with(reeve_shared::outbound::OPERATOR_ALLOW, "127.0.0.1")
+        .with(reeve_shared::outbound::ALLOW_HTTP, "1")
+}
+
+/// Every route's context, as `reeve serve` builds it.
+pub async fn api(config: &Config) -> Ctx {
+    let sdk = startup::sdk().await;
+    startup::api(config, &sdk, Needs::ALL, Connect::Lazily).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The worker's context, as its Lambda and `reeve work` build it.
+pub async fn worker(config: &Config) -> WorkerContext {
+    let sdk = startup::sdk().await;
+    startup::worker(config, &sdk, Connect::Lazily).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The relay's context, as its service and `reeve relay` build it.
+pub fn relay(config: &Config) -> RelayCtx {
+    startup::relay(config).unwrap_or_else(|e| panic!("{e}")).ctx
+}
+
+/// `ctx` with the test's `runner` in place of the catalog's executors: the
+/// fault (or the script) a worker test puts in.
 pub fn with_runner(ctx: WorkerContext, runner: Arc<dyn Runner>) -> WorkerContext {
     WorkerContext { runner, ..ctx }
 }
@@ -173,30 +220,23 @@ pub fn redis_url() -> String {
     env("REDIS_URL")
 }
 
+/// The stack's bucket.
+pub fn bucket() -> String {
+    env(settings::BUCKET)
+}
+
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the tests with scripts/test.sh"))
 }
 
-/// The stack's bucket and queue; secrets of the tests' own.
-pub fn test_settings(redis_url: &str) -> ApiSettings {
-    ApiSettings {
-        pepper: Secret::new("REEVE_PEPPER", b"test-pepper-test-pepper-test-pepper!".to_vec()).unwrap(),
-        token_key: Secret::new("REEVE_TOKEN_KEY", b"test-token-key-test-token-key-test!!".to_vec()).unwrap(),
-        database_url: Secret::text("DATABASE_URL", String::new()),
-        redis_url: redis_url.to_owned(),
-        bucket: env("REEVE_BUCKET"),
-        queue_url: env("REEVE_QUEUE_URL"),
-    }
-}
-
-/// A context on the given database and the stack's Redis, S3 and SQS.
+/// The API on the given database and the stack's Redis, S3 and SQS.
 pub async fn ctx(pool: PgPool) -> Ctx {
-    ctx_with_redis(pool, &redis_url()).await
+    api(&config(&pool)).await
 }
 
+/// The API on the given database and the Redis at `redis_url`.
 pub async fn ctx_with_redis(pool: PgPool, redis_url: &str) -> Ctx {
-    let aws = aws().await;
-    ApiContext::new(shipped_catalog(), pool, RedisClient::new(redis_url).unwrap(), aws, test_settings(redis_url))
+    api(&config(&pool).with(settings::REDIS_URL, redis_url)).await
 }
 
 pub struct Reply {
@@ -260,13 +300,10 @@ pub struct QueuedApi {
 }
 
 impl QueuedApi {
-    pub async fn new(pool: &sqlx::PgPool, catalog: Catalog) -> QueuedApi {
+    /// `catalog`: TOML, as [`with_catalog`] takes it.
+    pub async fn new(pool: &sqlx::PgPool, catalog: &str) -> QueuedApi {
         let queue = TestQueue::new().await;
-        let redis_url = redis_url();
-        let mut settings = test_settings(&redis_url);
-        settings.queue_url = queue.url.clone();
-        let redis = reeve_shared::redis_client::RedisClient::new(&redis_url).unwrap();
-        let ctx = ApiContext::new(catalog, pool.clone(), redis, aws().await, settings);
+        let ctx = api(&with_catalog(config(pool), catalog).with(settings::QUEUE_URL, &queue.url)).await;
         let app = reeve_shared::http::app(ctx);
         let (_, token) = new_session(&app).await;
         QueuedApi { app, token, queue }

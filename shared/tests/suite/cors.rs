@@ -4,34 +4,27 @@
 
 use crate::common;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use common::{new_session, post_json, send};
-use reeve_shared::http::stream::{self, RelayContext};
+use reeve_shared::http::stream;
 use reeve_shared::http::{CorsOrigins, app, with_cors};
-use reeve_shared::relay::Hub;
 use reeve_shared::settings::{self, Config};
+use reeve_shared::startup;
 use serde_json::json;
 use sqlx::PgPool;
 
 const PAGE: &str = "http://127.0.0.1:8080";
 const ELSEWHERE: &str = "https://evil.example";
 
+/// The API and the relay as `reeve serve` listens with them, answering
+/// `origins` (`REEVE_CORS_ORIGINS`).
 async fn serve_app(pool: PgPool, origins: &str) -> Router {
-    let ctx = common::ctx(pool.clone()).await;
-    let relay = Arc::new(RelayContext {
-        db: pool,
-        token_key: common::test_settings(&common::redis_url()).token_key,
-        hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
-        keepalive: Duration::from_secs(15),
-        api_origin: None,
-        limits: reeve_shared::http::RelayLimits::default(),
-    });
-    with_cors(stream::routes(relay).merge(app(ctx)), &CorsOrigins::parse(origins).unwrap())
+    let config = common::config(&pool).with(settings::CORS_ORIGINS, origins);
+    let ctx = common::api(&config).await;
+    let relay = startup::relay(&config).unwrap_or_else(|e| panic!("{e}"));
+    with_cors(stream::routes(relay.ctx).merge(app(ctx)), &relay.cors)
 }
 
 fn preflight(uri: &str, origin: &str, method: &str, headers: &str) -> Request<Body> {

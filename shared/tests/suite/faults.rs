@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 use aws_lambda_events::event::sqs::SqsEvent;
 use futures_util::StreamExt;
 use futures_util::stream;
-use reeve_shared::aws::AwsClients;
 use reeve_shared::executors::{ExecDeps, Job};
 use reeve_shared::ids::Id;
-use reeve_shared::redis_client::RedisClient;
+use reeve_shared::settings;
 use reeve_shared::worker::{Outcome, RunFuture, Runner, WorkerContext, handle_batch, process};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -42,8 +41,7 @@ impl Runner for Counting {
 }
 
 async fn worker(pool: &PgPool, runner: Arc<Counting>, redis_url: &str) -> WorkerContext {
-    let s3 = common::aws().await.s3;
-    let ctx = common::worker_context(common::shipped_catalog(), pool, s3, common::worker_settings(redis_url));
+    let ctx = common::worker(&common::worker_config(pool).with(settings::REDIS_URL, redis_url)).await;
     common::with_runner(ctx, runner)
 }
 
@@ -275,6 +273,7 @@ async fn with_postgres_stopped_requests_get_503_and_nothing_is_half_written(pool
         .connect_with(options.host("127.0.0.1").port(proxy.port))
         .await
         .unwrap();
+    // Fault: the API's pool reaches Postgres through the proxy the test cuts.
     let app = reeve_shared::http::app(common::ctx(through).await);
     let (_, token) = new_session(&app).await;
     let counts = || async {
@@ -337,15 +336,10 @@ async fn with_sqs_stopped_create_answers_503_and_leaves_no_task_queued(pool: PgP
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let queue = queue.expect("our moto started");
-    let mut settings = common::test_settings(&common::redis_url());
-    settings.queue_url = queue;
-    let ctx = reeve_shared::http::ApiContext::new(
-        common::shipped_catalog(),
-        pool.clone(),
-        RedisClient::new(&common::redis_url()).unwrap(),
-        AwsClients { s3: aws.s3.clone(), sqs },
-        settings,
-    );
+    let mut ctx = common::api(&common::config(&pool).with(settings::QUEUE_URL, queue)).await;
+    // Fault: task create's SQS client reaches this test's own moto, which
+    // it stops below (the SDK takes its endpoint from the process).
+    Arc::get_mut(&mut Arc::get_mut(&mut ctx).expect("just built").task_create).expect("just built").aws.sqs = sqs;
     let app = reeve_shared::http::app(ctx);
     let (_, token) = new_session(&app).await;
     // Two uploads, PUT to the real S3, so that the tasks pass every check.
@@ -487,7 +481,7 @@ async fn with_postgres_stopped_under_a_running_worker_every_message_is_handed_ba
         gate,
         write_after: Mutex::default(),
     });
-    let catalog = common::catalog_with(
+    let catalog = common::catalog_text_with(
         r#"
         [tasks.gated]
         title = "Gated"
@@ -497,16 +491,16 @@ async fn with_postgres_stopped_under_a_running_worker_every_message_is_handed_ba
         input_schema = { type = "object" }
         "#,
     );
-    let mut settings = common::worker_settings(&common::redis_url());
-    // Redelivery below goes on until the cut runs' leases run out; it must
-    // not reach the last delivery meanwhile.
-    settings.max_receives = 100;
-    // A cut run's lease is what redelivery waits out. Long enough that a
-    // run renews it through the proxy on a loaded machine (at 2 s, CI's
-    // parallel suite let the first runs lapse before they started).
-    settings.lease = Duration::from_secs(5);
-    let s3 = common::aws().await.s3;
-    let ctx = Arc::new(common::with_runner(common::worker_context(catalog, &through, s3, settings), runner.clone()));
+    // Fault: the worker's pool reaches Postgres through the proxy the test cuts.
+    let config = common::with_catalog(common::worker_config(&through), &catalog)
+        // Redelivery below goes on until the cut runs' leases run out; it
+        // must not reach the last delivery meanwhile.
+        .with(settings::MAX_RECEIVES, "100")
+        // A cut run's lease is what redelivery waits out. Long enough that a
+        // run renews it through the proxy on a loaded machine (at 2 s, CI's
+        // parallel suite let the first runs lapse before they started).
+        .with(settings::LEASE, "5");
+    let ctx = Arc::new(common::with_runner(common::worker(&config).await, runner.clone()));
 
     let ids = queued_tasks_of(&pool, "gated", N).await;
     runner.write_after.lock().unwrap().extend(ids.iter().step_by(2).copied());

@@ -7,23 +7,15 @@ use crate::common;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::{TestQueue, get, get_authed, new_session, post_json, send};
-use reeve_shared::http::{ApiContext, app};
-use reeve_shared::redis_client::RedisClient;
+use reeve_shared::http::app;
+use reeve_shared::settings;
 use serde_json::json;
 use sqlx::PgPool;
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_client_uploads_a_file_and_queues_a_digest_of_it(pool: PgPool) {
     let queue = TestQueue::new().await;
-    let mut settings = common::test_settings(&common::redis_url());
-    settings.queue_url = queue.url.clone();
-    let ctx = ApiContext::new(
-        common::shipped_catalog(),
-        pool,
-        RedisClient::new(&common::redis_url()).unwrap(),
-        common::aws().await,
-        settings,
-    );
+    let ctx = common::api(&common::config(&pool).with(settings::QUEUE_URL, &queue.url)).await;
     let app = app(ctx);
 
     let (_, token) = new_session(&app).await;

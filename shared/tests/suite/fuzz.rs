@@ -9,7 +9,6 @@
 use crate::common;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -21,9 +20,8 @@ use proptest::test_runner::TestRunner;
 use reeve_shared::auth::{self, Secret, SpaceIndex};
 use reeve_shared::catalog::{Catalog, CatalogError};
 use reeve_shared::http::app;
-use reeve_shared::http::stream::{RelayContext, router as relay_router};
+use reeve_shared::http::stream::router as relay_router;
 use reeve_shared::ids::Id;
-use reeve_shared::relay::Hub;
 use reeve_shared::tasks::{EventType, QueueMessage, append_event};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -230,8 +228,8 @@ fn urlish(s: &str) -> String {
 /// clear 400, or the stream; never a panic.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn last_event_id_of_any_shape_is_a_clear_answer(pool: PgPool) {
-    let key = Secret::new("REEVE_TOKEN_KEY", b"fuzz-token-key-fuzz-token-key-fuzz!!".to_vec()).unwrap();
-    let hub = Hub::start(redis::Client::open(common::redis_url()).unwrap());
+    let ctx = common::relay(&common::config(&pool));
+    let key = ctx.token_key.clone();
     let space = [6u8; 16];
     sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')").bind(space).execute(&pool).await.unwrap();
     let task = reeve_shared::ids::Id::new();
@@ -246,14 +244,6 @@ async fn last_event_id_of_any_shape_is_a_clear_answer(pool: PgPool) {
         append_event(&mut conn, task, EventType::Status, &json!({ "status": status })).await.unwrap();
     }
     drop(conn);
-    let ctx = Arc::new(RelayContext {
-        db: pool,
-        token_key: key.clone(),
-        hub,
-        keepalive: Duration::from_secs(15),
-        api_origin: None,
-        limits: reeve_shared::http::RelayLimits::default(),
-    });
     let relay = relay_router(ctx);
     let (token, _) = auth::issue_token(&key, &SpaceIndex::from_array(space), OffsetDateTime::now_utc());
     let values = samples(

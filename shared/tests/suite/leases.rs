@@ -14,20 +14,18 @@ use std::time::{Duration, Instant};
 use aws_lambda_events::event::sqs::SqsEvent;
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 use common::QueuedApi as Api;
-use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, Job};
 use reeve_shared::ids::Id;
-use reeve_shared::outbound::OutboundPolicy;
+use reeve_shared::settings::{self, Config};
+use reeve_shared::startup;
 use reeve_shared::tasks::{Event, EventType, events_after};
-use reeve_shared::worker::{
-    Backoff, Poller, RunFuture, Runner, Visibility, WorkerContext, deadline_of, handle_batch, handle_batch_until,
-};
+use reeve_shared::worker::{Poller, RunFuture, Runner, WorkerContext, deadline_of, handle_batch, handle_batch_until};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
 /// The shipped catalog plus `flaky`, an `http` task on `endpoint`.
-fn catalog(endpoint: &str) -> Catalog {
-    common::catalog_with(&format!(
+fn catalog(endpoint: &str) -> String {
+    common::catalog_text_with(&format!(
         r#"
         [tasks.flaky]
         title = "Flaky"
@@ -40,13 +38,16 @@ fn catalog(endpoint: &str) -> Catalog {
     ))
 }
 
-/// A worker that may call loopback endpoints and sets visibility on `queue`.
-async fn worker(pool: &PgPool, catalog: Catalog, queue: &str) -> WorkerContext {
-    let aws = common::aws().await;
-    let policy = OutboundPolicy { allow_http: true, allow: vec!["127.0.0.1".into()], ..OutboundPolicy::default() };
-    let settings = common::worker_settings(&common::redis_url());
-    let ctx = common::worker_context_with_policy(catalog, pool, aws.s3, settings, policy);
-    WorkerContext { visibility: Some(Visibility::new(aws.sqs, queue)), ..ctx }
+/// The configuration of a worker serving `catalog` (TOML) that may call
+/// loopback endpoints and sets visibility on `queue`.
+fn worker_config(pool: &PgPool, catalog: &str, queue: &str) -> Config {
+    let config = common::with_catalog(common::config(pool), catalog).with(settings::QUEUE_URL, queue);
+    common::loopback_outbound(config)
+}
+
+/// That worker, as start-up builds it.
+async fn worker(pool: &PgPool, catalog: &str, queue: &str) -> WorkerContext {
+    common::worker(&worker_config(pool, catalog, queue)).await
 }
 
 /// One message received from `queue` (waiting up to `wait`), with its
@@ -150,9 +151,9 @@ impl Endpoint {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_retried_record_comes_back_after_its_backoff_not_the_visibility_timeout(pool: PgPool) {
     let endpoint = Endpoint::start(vec![(503, None)]).await;
-    let api = Api::new(&pool, catalog(&endpoint.url)).await;
+    let api = Api::new(&pool, &catalog(&endpoint.url)).await;
     let id = api.create("flaky", json!({})).await;
-    let ctx = worker(&pool, catalog(&endpoint.url), &api.queue.url).await;
+    let ctx = worker(&pool, &catalog(&endpoint.url), &api.queue.url).await;
 
     let message = receive(&api.queue.url, Duration::from_secs(1)).await.expect("task create sent it");
     let response = handle_batch(&ctx, event_of(&message)).await;
@@ -184,11 +185,13 @@ async fn a_retried_record_comes_back_after_its_backoff_not_the_visibility_timeou
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_endpoint_down_twice_is_retried_after_the_backoff_and_its_cap_and_completes(pool: PgPool) {
     let endpoint = Endpoint::start(vec![(503, None), (503, Some("3600"))]).await;
-    let api = Api::new(&pool, catalog(&endpoint.url)).await;
+    let api = Api::new(&pool, &catalog(&endpoint.url)).await;
     let created = Instant::now();
     let id = api.create("flaky", json!({})).await;
-    let mut ctx = worker(&pool, catalog(&endpoint.url), &api.queue.url).await;
-    ctx.settings.backoff = Backoff { first: Duration::from_secs(5), max: Duration::from_secs(10) };
+    let config = worker_config(&pool, &catalog(&endpoint.url), &api.queue.url)
+        .with(settings::RETRY_BACKOFF, "5")
+        .with(settings::RETRY_BACKOFF_MAX, "10");
+    let ctx = common::worker(&config).await;
     let sqs = common::aws().await.sqs;
     let mut poller = Poller::connect(Arc::new(ctx), sqs, &api.queue.url).await.unwrap();
     poller.wait_time_seconds = 1;
@@ -256,9 +259,9 @@ async fn an_endpoint_down_twice_is_retried_after_the_backoff_and_its_cap_and_com
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_record_near_the_deadline_is_given_back_unclaimed_with_its_attempts_unchanged(pool: PgPool) {
     let endpoint = Endpoint::start(vec![]).await;
-    let api = Api::new(&pool, catalog(&endpoint.url)).await;
+    let api = Api::new(&pool, &catalog(&endpoint.url)).await;
     let id = api.create("flaky", json!({})).await;
-    let ctx = worker(&pool, catalog(&endpoint.url), &api.queue.url).await;
+    let ctx = worker(&pool, &catalog(&endpoint.url), &api.queue.url).await;
     let message = receive(&api.queue.url, Duration::from_secs(1)).await.expect("task create sent it");
 
     // `flaky` may run 5 s and the worker stops 10 s before the deadline:
@@ -320,8 +323,8 @@ async fn every_start_up_refuses_a_task_timeout_the_worker_cannot_fit() {
 
 /// The shipped catalog plus `long` (up to 120 s) and `short` (3 s), whose
 /// runs the test's runner decides.
-fn long_catalog() -> Catalog {
-    common::catalog_with(
+fn long_catalog() -> String {
+    common::catalog_text_with(
         r#"
         [tasks.long]
         title = "Long"
@@ -342,18 +345,14 @@ fn long_catalog() -> Catalog {
 
 /// The sweeper as the `sweeper` Lambda builds it, on this database and queue.
 async fn sweeper_of(pool: &PgPool, queue: &str) -> reeve_shared::sweeper::Sweeper {
-    reeve_shared::sweeper::Sweeper {
-        db: pool.clone(),
-        sqs: common::aws().await.sqs,
-        queue_url: queue.to_owned(),
-        events: reeve_shared::tasks::Publisher::new(
-            reeve_shared::redis_client::RedisClient::new(&common::redis_url()).unwrap(),
-        ),
-        max_attempts: 5,
-        older_than: reeve_shared::sweeper::DEFAULT_OLDER_THAN,
-        catalog: Arc::new(long_catalog()),
-        chains: reeve_shared::payments::Chains::none(),
-    }
+    let config = common::with_catalog(common::config(pool), &long_catalog()).with(settings::QUEUE_URL, queue);
+    startup::sweeper(&config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A worker serving [`long_catalog`] on `pool`, as start-up builds it,
+/// with the test's runner.
+async fn long_worker(config: Config, runner: Arc<dyn Runner>) -> WorkerContext {
+    common::with_runner(common::worker(&common::with_catalog(config, &long_catalog())).await, runner)
 }
 
 /// Run 1 is a long task that reports progress every 200 ms (stuck for good
@@ -438,7 +437,7 @@ async fn assert_taken_over_once(pool: &PgPool, id: Id) -> Vec<Event> {
 /// within a minute of the kill, on the shipped lease and sweep.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_worker_lambda_killed_at_its_deadline_leaves_its_task_to_the_next_invocation_within_a_minute(pool: PgPool) {
-    let api = Api::new(&pool, long_catalog()).await;
+    let api = Api::new(&pool, &long_catalog()).await;
     let sqs = common::aws().await.sqs;
     sqs.set_queue_attributes()
         .queue_url(&api.queue.url)
@@ -465,13 +464,7 @@ async fn a_worker_lambda_killed_at_its_deadline_leaves_its_task_to_the_next_invo
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime.block_on(async move {
                 let pool = sqlx::postgres::PgPoolOptions::new().connect_with(options).await.unwrap();
-                let ctx = common::worker_context(
-                    long_catalog(),
-                    &pool,
-                    common::aws().await.s3,
-                    common::worker_settings(&common::redis_url()),
-                );
-                let ctx = common::with_runner(ctx, runner);
+                let ctx = long_worker(common::worker_config(&pool), runner).await;
                 handle_batch_until(&ctx, event, Some(deadline_of(invocation.deadline()))).await
             })
         })
@@ -496,15 +489,7 @@ async fn a_worker_lambda_killed_at_its_deadline_leaves_its_task_to_the_next_invo
         let minute = std::time::SystemTime::now() + Duration::from_secs(60);
         sweeper.handle_invocation(json!({}), Some(minute)).await.unwrap()
     });
-    let ctx = common::with_runner(
-        common::worker_context(
-            long_catalog(),
-            &pool,
-            common::aws().await.s3,
-            common::worker_settings(&common::redis_url()),
-        ),
-        runner.clone(),
-    );
+    let ctx = long_worker(common::worker_config(&pool), runner.clone()).await;
     loop {
         if status_and_attempts(&pool, id).await.0 == "completed" {
             break;
@@ -589,7 +574,7 @@ impl Partition {
 /// stopped arrives, and is refused by the fence: nothing of it is written.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_worker_that_loses_postgres_longer_than_its_lease_stops_and_writes_nothing_when_it_returns(pool: PgPool) {
-    let api = Api::new(&pool, long_catalog()).await;
+    let api = Api::new(&pool, &long_catalog()).await;
     let id = api.create("long", json!({})).await;
     let runner = Long::new(None);
     let options = (*pool.connect_options()).clone();
@@ -599,11 +584,9 @@ async fn a_worker_that_loses_postgres_longer_than_its_lease_stops_and_writes_not
         .connect_with(options.host("127.0.0.1").port(partition.port))
         .await
         .unwrap();
-    let s3 = common::aws().await.s3;
-    let mut settings = common::worker_settings(&common::redis_url());
-    settings.lease = Duration::from_secs(4);
-    let first =
-        common::with_runner(common::worker_context(long_catalog(), &through, s3.clone(), settings), runner.clone());
+    // Fault: the first worker's pool reaches Postgres through the partition
+    // the test cuts (its DATABASE_URL names the same database).
+    let first = long_worker(common::worker_config(&through).with(settings::LEASE, "4"), runner.clone()).await;
     // The first worker takes the message, as task create sent it.
     let message = receive(&api.queue.url, Duration::from_secs(1)).await.expect("task create sent it");
     let body = message.body().unwrap().to_owned();
@@ -635,10 +618,7 @@ async fn a_worker_that_loses_postgres_longer_than_its_lease_stops_and_writes_not
             let _ = stopping.wait_for(|s| *s).await;
         })
     };
-    let second = common::with_runner(
-        common::worker_context(long_catalog(), &pool, s3, common::worker_settings(&common::redis_url())),
-        runner.clone(),
-    );
+    let second = long_worker(common::worker_config(&pool), runner.clone()).await;
     let mut poller = Poller::connect(Arc::new(second), common::aws().await.sqs, &api.queue.url).await.unwrap();
     poller.wait_time_seconds = 1;
     let polling = {

@@ -13,7 +13,6 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::QueuedApi as Api;
 use common::{Reply, get_authed, new_session, send};
-use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
 use reeve_shared::ids::Id;
 use reeve_shared::tasks::{self, CancelOutcome, Change, Event, EventType, Fence, events_after};
@@ -24,8 +23,8 @@ use sqlx::PgPool;
 /// The shipped catalog plus `steps`, run by the test's own runner. Both
 /// kinds are free, and the listing test keeps 20 of one queued, past the
 /// default quota's 10 at once (tests/quota.rs tests the quota itself).
-fn catalog() -> Catalog {
-    common::catalog_with(
+fn catalog() -> String {
+    common::catalog_text_with(
         r#"
         [tasks.steps]
         title = "Steps"
@@ -83,8 +82,8 @@ impl Runner for Stepper {
     }
 }
 
-fn worker(pool: &PgPool, s3: aws_sdk_s3::Client, steps: usize) -> (WorkerContext, Arc<Stepper>) {
-    let ctx = common::worker_context(catalog(), pool, s3, common::worker_settings(&common::redis_url()));
+async fn worker(pool: &PgPool, steps: usize) -> (WorkerContext, Arc<Stepper>) {
+    let ctx = common::worker(&common::with_catalog(common::worker_config(pool), &catalog())).await;
     let stepper = Arc::new(Stepper { runs: AtomicUsize::new(0), steps });
     (common::with_runner(ctx, stepper.clone()), stepper)
 }
@@ -132,7 +131,7 @@ fn ids(page: &Value) -> Vec<String> {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_list_pages_newest_first_with_a_cursor_and_filters(pool: PgPool) {
-    let api = Api::new(&pool, catalog()).await;
+    let api = Api::new(&pool, &catalog()).await;
     let mut created = Vec::new();
     for i in 0..25 {
         created.push(api.create(if i % 5 == 0 { "steps" } else { "other" }, json!({})).await);
@@ -195,7 +194,7 @@ async fn the_list_pages_newest_first_with_a_cursor_and_filters(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgPool) {
-    let api = Api::new(&pool, catalog()).await;
+    let api = Api::new(&pool, &catalog()).await;
     let id = api.create("steps", json!({})).await;
 
     let reply = api.cancel(&id.to_string()).await;
@@ -205,7 +204,7 @@ async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgP
     assert_eq!(statuses(&events_of(&pool, id).await), ["queued", "canceled"]);
 
     // Its message still arrives; the worker skips it without running anything.
-    let (ctx, stepper) = worker(&pool, common::aws().await.s3, 3);
+    let (ctx, stepper) = worker(&pool, 3).await;
     assert_eq!(process(&ctx, &body_of(id), 1).await, Outcome::Done);
     assert_eq!(stepper.runs.load(Ordering::SeqCst), 0, "no executor started");
     assert_eq!(status_of(&pool, id).await, "canceled");
@@ -226,10 +225,10 @@ async fn a_queued_task_is_canceled_at_once_and_no_executor_ever_starts(pool: PgP
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_running_task_canceled_mid_way_ends_canceled_within_two_seconds(pool: PgPool) {
-    let api = Api::new(&pool, catalog()).await;
+    let api = Api::new(&pool, &catalog()).await;
     let id = api.create("steps", json!({})).await;
     // 200 steps of 50 ms: 10 s if nobody stops it.
-    let (ctx, stepper) = worker(&pool, common::aws().await.s3, 200);
+    let (ctx, stepper) = worker(&pool, 200).await;
     let run = tokio::spawn(async move { process(&ctx, &body_of(id), 1).await });
 
     // Wait for a few steps, then cancel.
@@ -268,8 +267,8 @@ async fn a_running_task_canceled_mid_way_ends_canceled_within_two_seconds(pool: 
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn cancel_racing_the_claim_leaves_exactly_one_terminal_state(pool: PgPool) {
-    let api = Api::new(&pool, catalog()).await;
-    let (ctx, stepper) = worker(&pool, common::aws().await.s3, 2);
+    let api = Api::new(&pool, &catalog()).await;
+    let (ctx, stepper) = worker(&pool, 2).await;
     let ctx = Arc::new(ctx);
     let space = space_of(&pool, api.create("steps", json!({})).await).await;
     let mut endings = std::collections::HashMap::new();
@@ -295,7 +294,7 @@ async fn cancel_racing_the_claim_leaves_exactly_one_terminal_state(pool: PgPool)
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn cancel_racing_the_completion_leaves_exactly_one_terminal_state(pool: PgPool) {
-    let api = Api::new(&pool, catalog()).await;
+    let api = Api::new(&pool, &catalog()).await;
     let space = space_of(&pool, api.create("steps", json!({})).await).await;
     let mut won = (0, 0);
     for _ in 0..30 {
@@ -327,7 +326,7 @@ async fn space_of(pool: &PgPool, id: Id) -> reeve_shared::auth::SpaceIndex {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_task_that_could_not_be_queued_shows_why_in_its_events(pool: PgPool) {
-    let api = Api::new(&pool, catalog()).await;
+    let api = Api::new(&pool, &catalog()).await;
     let id = api.create("steps", json!({})).await;
     let error = tasks::task_error("queue_unavailable", "the task could not be queued");
     let status = tasks::mark_failed(&pool, id, &[tasks::TaskStatus::Queued], &error).await.unwrap().unwrap();
@@ -357,10 +356,10 @@ impl Runner for Flaky {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_canceled_run_that_fails_retryably_is_not_retried(pool: PgPool) {
-    let api = Api::new(&pool, catalog()).await;
+    let api = Api::new(&pool, &catalog()).await;
     let space = space_of(&pool, api.create("steps", json!({})).await).await;
     let id = api.create("steps", json!({})).await;
-    let (ctx, _) = worker(&pool, common::aws().await.s3, 1);
+    let (ctx, _) = worker(&pool, 1).await;
     let flaky = Arc::new(Flaky { runs: AtomicUsize::new(0), after: Duration::from_millis(300) });
     let ctx = Arc::new(common::with_runner(ctx, flaky.clone()));
     let worker = ctx.clone();
@@ -393,9 +392,9 @@ async fn a_canceled_run_that_fails_retryably_is_not_retried(pool: PgPool) {
 /// finds it out of attempts fails it `retries_exhausted` without a run.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_task_out_of_attempts_is_failed_without_a_run_whatever_the_receive_count(pool: PgPool) {
-    let api = Api::new(&pool, catalog()).await;
+    let api = Api::new(&pool, &catalog()).await;
     let id = api.create("steps", json!({})).await;
-    let (mut ctx, _) = worker(&pool, common::aws().await.s3, 1);
+    let (mut ctx, _) = worker(&pool, 1).await;
     let flaky = Arc::new(Flaky { runs: AtomicUsize::new(0), after: Duration::ZERO });
     ctx.runner = flaky.clone();
     let max = ctx.settings.max_receives;

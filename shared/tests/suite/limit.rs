@@ -50,7 +50,8 @@ async fn functions(pool: PgPool, limits: LoginLimits) -> Functions {
     Functions { auth: http::auth_app(api.auth.clone()), mcp, api }
 }
 
-/// `api` with its login routes' budgets replaced.
+/// `api` with its login routes' budgets replaced. Fault: budgets of the
+/// test's own, small enough to spend in a test (no setting moves them).
 fn with_limits(api: Ctx, limits: LoginLimits) -> Ctx {
     let mut api: ApiContext = Arc::try_unwrap(api).ok().expect("a fresh context");
     let auth = &api.auth;

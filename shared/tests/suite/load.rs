@@ -10,13 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{TestQueue, test_settings};
+use common::TestQueue;
 use reeve_shared::executors::{ExecDeps, Job};
-use reeve_shared::http::stream::{RelayContext, router as relay_router};
+use reeve_shared::http::stream::router as relay_router;
 use reeve_shared::ids::Id;
-use reeve_shared::redis_client::RedisClient;
-use reeve_shared::relay::Hub;
-use reeve_shared::settings::WorkerSettings;
+use reeve_shared::settings;
 use reeve_shared::worker::{Poller, RunFuture, Runner};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -40,11 +38,9 @@ impl Runner for Quick {
 }
 
 /// The shipped catalog plus `quick`: free, any object input.
-fn catalog() -> reeve_shared::catalog::Catalog {
-    let shipped =
-        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.dev.toml")).unwrap();
+fn catalog() -> String {
     let extra = "[tasks.quick]\ntitle = \"Quick\"\nexecutor = \"digest\"\ntimeout_seconds = 30\ninput_schema = { type = \"object\" }\n";
-    reeve_shared::catalog::Catalog::parse(&format!("{shipped}\n{extra}")).unwrap()
+    common::catalog_text_with(extra)
 }
 
 async fn serve(router: axum::Router) -> String {
@@ -67,38 +63,14 @@ async fn watch(http: &reqwest::Client, relay: &str, token: &str, id: &str) -> (V
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn two_hundred_clients_create_and_watch_and_nothing_is_lost(pool: PgPool) {
     let queue = TestQueue::new().await;
-    let redis_url = common::redis_url();
-    let mut settings = test_settings(&redis_url);
-    settings.queue_url = queue.url.clone();
-    let token_key = settings.token_key.clone();
-    let api_ctx = reeve_shared::http::ApiContext::new(
-        catalog(),
-        pool.clone(),
-        RedisClient::new(&redis_url).unwrap(),
-        common::aws().await,
-        settings,
-    );
-    let api = serve(reeve_shared::http::app(api_ctx)).await;
-    let relay_ctx = Arc::new(RelayContext {
-        db: pool.clone(),
-        token_key,
-        hub: Hub::start(redis::Client::open(redis_url.as_str()).unwrap()),
-        keepalive: Duration::from_secs(15),
-        api_origin: None,
-        limits: reeve_shared::http::RelayLimits::default(),
-    });
-    let relay = serve(relay_router(relay_ctx)).await;
+    let config = common::with_catalog(common::config(&pool), &catalog()).with(settings::QUEUE_URL, &queue.url);
+    let api = serve(reeve_shared::http::app(common::api(&config).await)).await;
+    let relay = serve(relay_router(common::relay(&config))).await;
 
     // The worker: `reeve work`'s poller, 16 at once.
     let runner = Arc::new(Quick(AtomicUsize::new(0)));
-    let worker_settings = WorkerSettings {
-        queue_url: Some(queue.url.clone()),
-        concurrency: 16,
-        fetch_max_bytes: 1024,
-        ..common::worker_settings(&redis_url)
-    };
-    let worker = common::worker_context(catalog(), &pool, common::aws().await.s3, worker_settings);
-    let worker = common::with_runner(worker, runner.clone());
+    let worker_config = config.with(settings::WORKER_CONCURRENCY, "16").with(settings::FETCH_MAX_BYTES, "1024");
+    let worker = common::with_runner(common::worker(&worker_config).await, runner.clone());
     let mut poller = Poller::connect(Arc::new(worker), common::aws().await.sqs, queue.url.clone()).await.unwrap();
     poller.wait_time_seconds = 1;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

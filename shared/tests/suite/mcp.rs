@@ -17,10 +17,9 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::TestQueue;
 use common::chain::{ChainLock, Payer, balance, fresh_address, python, root};
-use reeve_shared::catalog::Catalog;
-use reeve_shared::mcp::{self, McpContext, McpSettings, McpStores};
-use reeve_shared::redis_client::RedisClient;
-use reeve_shared::spaces::Argon2Limit;
+use reeve_shared::mcp::{self, McpSettings};
+use reeve_shared::settings;
+use reeve_shared::startup;
 use reeve_shared::worker::Poller;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -38,7 +37,7 @@ fn facilitator_url() -> String {
 
 /// A free digest and a priced one; the mainnet price comes first, so the
 /// SDK must choose the local one.
-fn catalog(pay_to: &str) -> Catalog {
+fn catalog(pay_to: &str) -> String {
     let digest = |kind: &str, prices: &str| {
         format!(
             r#"
@@ -67,7 +66,7 @@ fn catalog(pay_to: &str) -> Catalog {
         digest("digest", ""),
         digest(PAID, &common::cent_on_mainnet_then_local(PAID)),
     );
-    common::paid_catalog(pay_to, &facilitator_url(), 300, &tasks)
+    common::paid_catalog_text(pay_to, &facilitator_url(), 300, &tasks)
 }
 
 /// The endpoint on a loopback port, on its own queue, with the worker
@@ -88,51 +87,23 @@ impl Endpoint {
     /// cli/tests/suite/client.rs's, on a real `reeve serve`).
     async fn start(pool: &PgPool) -> Endpoint {
         let pay_to = fresh_address();
-        let catalog = catalog(&pay_to);
         let queue = TestQueue::new().await;
-        let redis_url = common::redis_url();
-        let settings = common::test_settings(&redis_url);
-        let aws = common::aws().await;
-        let stores = McpStores {
-            db: pool.clone(),
-            redis: RedisClient::new(&redis_url).unwrap(),
-            aws: aws.clone(),
-            bucket: settings.bucket.clone(),
-            queue_url: queue.url.clone(),
-            chains: reeve_shared::payments::Chains::none(),
-        };
-        let mcp_settings = McpSettings {
-            allowed_hosts: McpSettings::LOOPBACK.map(str::to_owned).to_vec(),
-            allowed_origins: vec![],
-            progress: false,
-        };
-        let secrets = (settings.pepper.clone(), settings.token_key.clone());
-        let argon2 = Argon2Limit::new(2);
+        let catalog = catalog(&pay_to);
+        let config = common::with_catalog(common::config(pool), &catalog).with(settings::QUEUE_URL, &queue.url);
+        let sdk = startup::sdk().await;
         // The Lambda's router on the same stores: any Host, as the template's
         // default McpAllowedHosts (`*`) says.
-        let deployed = McpSettings { allowed_hosts: vec![], ..mcp_settings.clone() };
-        let lambda = mcp::router(McpContext::new(
-            Arc::new(catalog.clone()),
-            McpStores {
-                db: stores.db.clone(),
-                redis: stores.redis.clone(),
-                aws: stores.aws.clone(),
-                bucket: stores.bucket.clone(),
-                queue_url: stores.queue_url.clone(),
-                chains: reeve_shared::payments::Chains::none(),
-            },
-            secrets.clone(),
-            argon2.clone(),
-            deployed,
-        ));
-        let ctx = McpContext::new(Arc::new(catalog.clone()), stores, secrets, argon2, mcp_settings);
+        let deployed = config.clone().with(settings::MCP_ALLOWED_HOSTS, "*");
+        let lambda = mcp::router(startup::mcp(&deployed, &sdk).await.unwrap_or_else(|e| panic!("{e}")));
+        let ctx = startup::mcp(&config, &sdk).await.unwrap_or_else(|e| panic!("{e}"));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let router = mcp::router_at(ctx, addr);
         let served = router.clone();
         tokio::spawn(async move { axum::serve(listener, served).await.unwrap() });
 
-        let worker = common::worker_context(catalog, pool, aws.s3.clone(), common::worker_settings(&redis_url));
+        let worker = common::worker(&common::with_catalog(common::worker_config(pool), &catalog)).await;
+        let aws = common::aws().await;
         let mut poller = Poller::connect(Arc::new(worker), aws.sqs.clone(), queue.url.clone()).await.unwrap();
         poller.wait_time_seconds = 1;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

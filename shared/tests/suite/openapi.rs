@@ -13,11 +13,10 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use common::{Reply, TestQueue, get, get_authed, new_session, post_json, send};
 use reeve_shared::catalog::Catalog;
-use reeve_shared::http::stream::{self, RelayContext};
-use reeve_shared::http::{self, ACCESS_TOKEN, ApiContext, BEARER, Ctx, STREAM_PATH, app, openapi};
+use reeve_shared::http::stream;
+use reeve_shared::http::{self, ACCESS_TOKEN, BEARER, Ctx, STREAM_PATH, app, openapi};
 use reeve_shared::ids::Id;
-use reeve_shared::redis_client::RedisClient;
-use reeve_shared::relay::Hub;
+use reeve_shared::settings;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -73,17 +72,10 @@ fn doc() -> Value {
     openapi(&common::shipped_catalog())
 }
 
-/// The relay's context on the given database, with the same token key as
-/// [`common::test_settings`], so one session works on both.
+/// The relay's context on the given database, as start-up builds it from
+/// the same configuration as the API's, so one session works on both.
 fn relay_ctx(pool: PgPool) -> http::stream::RelayCtx {
-    std::sync::Arc::new(RelayContext {
-        db: pool,
-        token_key: common::test_settings(&common::redis_url()).token_key,
-        hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
-        keepalive: std::time::Duration::from_secs(15),
-        api_origin: None,
-        limits: reeve_shared::http::RelayLimits::default(),
-    })
+    common::relay(&common::config(&pool))
 }
 
 /// What `reeve serve` listens with: the relay's routes and every API route.
@@ -229,13 +221,18 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
     all
 }
 
-/// A context whose Postgres is never reached: for routes that don't use it.
-async fn ctx_without_db() -> Ctx {
-    let dead = PgPoolOptions::new()
+/// A pool that never reaches Postgres (nothing listens on port 1).
+fn dead_pool() -> PgPool {
+    PgPoolOptions::new()
         .acquire_timeout(std::time::Duration::from_secs(1))
         .connect_lazy("postgres://reeve:x@127.0.0.1:1/reeve")
-        .unwrap();
-    common::ctx(dead).await
+        .unwrap()
+}
+
+/// A context whose Postgres is never reached: for routes that don't use it.
+/// Fault: its pool is [`dead_pool`].
+async fn ctx_without_db() -> Ctx {
+    common::ctx(dead_pool()).await
 }
 
 #[test]
@@ -521,10 +518,7 @@ fn the_document_is_structurally_sound() {
 async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     let doc = doc();
     let queue = TestQueue::new().await;
-    let mut settings = common::test_settings(&common::redis_url());
-    settings.queue_url = queue.url.clone();
-    let redis = RedisClient::new(&common::redis_url()).unwrap();
-    let ctx = ApiContext::new(common::shipped_catalog(), pool.clone(), redis, common::aws().await, settings);
+    let ctx = common::api(&common::config(&pool).with(settings::QUEUE_URL, &queue.url)).await;
     let app = serve_app(ctx, pool);
     let check = |method: &str, template: &str, reply: Reply| {
         assert_conforms(&doc, method, template, &reply);
@@ -739,10 +733,8 @@ async fn the_document_is_made_from_the_catalog_it_is_served_with() {
     assert_eq!(upload["properties"]["content_type"]["enum"], json!(["text/csv"]));
 
     // And that is the document the API serves with this catalog.
-    let ctx = ctx_without_db().await;
-    let redis = RedisClient::new(&common::redis_url()).unwrap();
-    let own =
-        ApiContext::new(catalog, ctx.db.clone(), redis, ctx.aws.clone(), common::test_settings(&common::redis_url()));
+    // Fault: its pool is a dead one; the route reads no database.
+    let own = common::api(&common::with_catalog(common::config(&dead_pool()), OWN_CATALOG)).await;
     let served = send(&app(own), get("/v1/openapi.json")).await;
     assert_eq!(served.body, doc);
     assert_ne!(served.body, self::doc(), "the shipped catalog makes another document");

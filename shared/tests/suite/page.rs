@@ -8,13 +8,10 @@
 use crate::common;
 
 use std::process::Command;
-use std::sync::Arc;
-use std::time::Duration;
 
 use reeve_shared::auth::{self, SpaceIndex};
-use reeve_shared::http::stream::{RelayContext, routes};
+use reeve_shared::http::stream::routes;
 use reeve_shared::ids::Id;
-use reeve_shared::relay::Hub;
 use reeve_shared::tasks::{EventType, append_event};
 use serde_json::json;
 use sqlx::PgPool;
@@ -40,16 +37,8 @@ async fn the_page_shows_a_task_reach_completed_with_a_full_bar(pool: PgPool) {
     append_event(&mut conn, task, EventType::Status, &json!({"status": "completed"})).await.unwrap();
     drop(conn);
 
-    let key = auth::Secret::new("REEVE_TOKEN_KEY", b"page-test-token-key-page-test-token-key".to_vec()).unwrap();
-    let (token, _) = auth::issue_token(&key, &SpaceIndex::from_array(space), OffsetDateTime::now_utc());
-    let ctx = Arc::new(RelayContext {
-        db: pool,
-        token_key: key,
-        hub: Hub::start(redis::Client::open(common::redis_url()).unwrap()),
-        keepalive: Duration::from_secs(15),
-        api_origin: None,
-        limits: reeve_shared::http::RelayLimits::default(),
-    });
+    let ctx = common::relay(&common::config(&pool));
+    let (token, _) = auth::issue_token(&ctx.token_key, &SpaceIndex::from_array(space), OffsetDateTime::now_utc());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/#task={task}&token={token}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, routes(ctx)).await.unwrap() });

@@ -24,16 +24,16 @@ use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
 use base64::Engine;
 use common::chain::{
-    ChainLock, OWN_FACILITATOR_ACCOUNT, OwnFacilitator, Payer, TOKEN, balance, chain_time, chains, charges_to,
-    fresh_address, rpc, wait_pending_from,
+    ChainLock, OWN_FACILITATOR_ACCOUNT, OwnFacilitator, Payer, TOKEN, balance, chain_time, charges_to, fresh_address,
+    rpc, rpc_url, wait_pending_from,
 };
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::catalog::Catalog;
-use reeve_shared::http::{ApiContext, app};
+use reeve_shared::http::app;
 use reeve_shared::ids::Id;
-use reeve_shared::outbound::{Outbound, OutboundPolicy};
-use reeve_shared::redis_client::RedisClient;
-use reeve_shared::settings::WorkerSettings;
+use reeve_shared::payments::CHAIN_RPC_URLS;
+use reeve_shared::settings::{self, Config};
+use reeve_shared::startup;
 use reeve_shared::sweeper::{SweepReport, Sweeper};
 use reeve_shared::tasks::{EventType, events_after};
 use reeve_shared::worker::{Outcome, WorkerContext, process};
@@ -60,7 +60,7 @@ fn encode(v: &Value) -> String {
 /// Two priced kinds of the same price (`fetch` and `fetch2`), a priced
 /// `digest` of an upload, and a free one. The mainnet price comes first, so
 /// the SDK must choose the local one.
-fn catalog(pay_to: &str, facilitator: &str, max_timeout: u32) -> Catalog {
+fn catalog(pay_to: &str, facilitator: &str, max_timeout: u32) -> String {
     let priced = |kind: &str| {
         format!(
             r#"
@@ -115,7 +115,7 @@ fn catalog(pay_to: &str, facilitator: &str, max_timeout: u32) -> Catalog {
         common::cent_on_mainnet_then_local("paid_digest")
     );
     let tasks = format!("{digest}\n{}\n{}\n{slow}", priced("fetch"), priced("fetch2"));
-    common::paid_catalog(pay_to, facilitator, max_timeout, &tasks)
+    common::paid_catalog_text(pay_to, facilitator, max_timeout, &tasks)
 }
 
 struct Shop {
@@ -124,7 +124,9 @@ struct Shop {
     pay_to: String,
     queue: TestQueue,
     pool: PgPool,
-    catalog: Catalog,
+    /// What every function of this shop starts from: its catalog, its
+    /// queue, the local chain.
+    config: Config,
 }
 
 impl Shop {
@@ -144,37 +146,35 @@ impl Shop {
     }
 
     async fn build(pool: &PgPool, pay_to: String, facilitator: &str, max_timeout: u32, token: Option<String>) -> Shop {
-        let catalog = catalog(&pay_to, facilitator, max_timeout);
         let queue = TestQueue::new().await;
-        let redis_url = common::redis_url();
-        let mut settings = common::test_settings(&redis_url);
-        settings.queue_url = queue.url.clone();
-        let aws = common::aws().await;
-        let redis = RedisClient::new(&redis_url).unwrap();
-        let operators = Outbound::new(OutboundPolicy::default()).unwrap();
-        let ctx = ApiContext::with_operators(catalog.clone(), pool.clone(), redis, aws, settings, operators, chains());
-        let app = app(ctx);
+        let config = common::with_catalog(common::config(pool), &catalog(&pay_to, facilitator, max_timeout))
+            .with(settings::QUEUE_URL, &queue.url)
+            .with(CHAIN_RPC_URLS, format!("eip155:84532={}", rpc_url()))
+            .with(settings::SWEEP_OLDER_THAN, "300");
+        let app = app(common::api(&config).await);
         let token = match token {
             Some(token) => token,
             None => new_session(&app).await.1,
         };
-        Shop { app, token, pay_to, queue, pool: pool.clone(), catalog }
+        Shop { app, token, pay_to, queue, pool: pool.clone(), config }
     }
 
     /// One sweep, as the sweeper Lambda or `reeve sweep` runs it: the
     /// reconciler first, on the local chain.
     async fn sweep(&self) -> SweepReport {
-        let sweeper = Sweeper {
-            db: self.pool.clone(),
-            sqs: common::aws().await.sqs,
-            queue_url: self.queue.url.clone(),
-            events: reeve_shared::tasks::Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
-            max_attempts: 5,
-            older_than: Duration::from_secs(300),
-            catalog: std::sync::Arc::new(self.catalog.clone()),
-            chains: chains(),
-        };
+        let sweeper = self.sweeper(&self.config).await;
         sweeper.sweep(Duration::from_secs(300)).await.unwrap()
+    }
+
+    /// A worker on this shop's catalog, one run at once, whose fetches may
+    /// reach plain-http loopback servers.
+    async fn worker(&self) -> WorkerContext {
+        common::worker(&self.worker_config()).await
+    }
+
+    fn worker_config(&self) -> Config {
+        let config = self.config.clone().without(settings::QUEUE_URL).with(settings::WORKER_CONCURRENCY, "1");
+        common::loopback_outbound(config)
     }
 
     /// The attempts recorded, as `(status, reason)`.
@@ -221,14 +221,6 @@ impl Shop {
 
 fn id_of(reply: &Reply) -> Id {
     reply.body["id"].as_str().unwrap_or_else(|| panic!("no id in {}", reply.body)).parse().unwrap()
-}
-
-/// A worker, one run at once, whose fetches may reach plain-http loopback
-/// servers.
-fn loopback_worker(pool: &PgPool, catalog: Catalog, s3: aws_sdk_s3::Client) -> WorkerContext {
-    let settings = WorkerSettings { concurrency: 1, ..common::worker_settings(&common::redis_url()) };
-    let policy = OutboundPolicy { allow_http: true, allow: vec!["127.0.0.1".into()], ..OutboundPolicy::default() };
-    common::worker_context_with_policy(catalog, pool, s3, settings, policy)
 }
 
 /// Serves `router` on a loopback port of its own.
@@ -287,7 +279,7 @@ async fn a_paid_task_settles_on_chain_then_runs_to_completion(pool: PgPool) {
     // Queued, then run by a worker to completion.
     let queued = shop.queue.drain().await;
     assert_eq!(queued, [json!({"task_id": id.to_string(), "kind": "fetch"})]);
-    let worker = loopback_worker(&pool, shop.catalog.clone(), common::aws().await.s3);
+    let worker = shop.worker().await;
     assert_eq!(process(&worker, &json!({"task_id": id, "kind": "fetch"}).to_string(), 1).await, Outcome::Done);
     assert_eq!(status_of(&pool, id).await.0, "completed");
 
@@ -530,7 +522,9 @@ async fn a_paid_task_that_fails_leaves_a_credit_that_pays_the_next_one(pool: PgP
     let config = aws_config::load_from_env().await;
     let dead_s3 =
         aws_sdk_s3::config::Builder::from(&config).endpoint_url("http://127.0.0.1:1").force_path_style(true).build();
-    let worker = loopback_worker(&pool, shop.catalog.clone(), aws_sdk_s3::Client::from_conf(dead_s3));
+    let mut worker = shop.worker().await;
+    // Fault: S3 out of reach (the SDK takes its endpoint from the process).
+    worker.exec.s3 = aws_sdk_s3::Client::from_conf(dead_s3);
     let body = json!({"task_id": failed, "kind": "fetch"}).to_string();
     assert_eq!(process(&worker, &body, 5).await, Outcome::Failed("retries_exhausted"));
     let space = shop.space().await;
@@ -939,15 +933,7 @@ async fn a_lambda_deadline_shorter_than_the_settle_ends_pending_and_is_reconcile
     // The task-create function's app, as its `main` runs it, with the
     // invocation's context that lambda_http puts in the request: six
     // seconds beyond the margin kept for storing and queueing.
-    let mut settings = common::test_settings(&common::redis_url());
-    settings.queue_url = shop.queue.url.clone();
-    let ctx = reeve_shared::http::TaskCreateContext::new(
-        std::sync::Arc::new(shop.catalog.clone()),
-        pool.clone(),
-        common::aws().await,
-        settings,
-        chains(),
-    );
+    let ctx = startup::task_create(&shop.config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
     let lambda = reeve_shared::http::task_create_app(ctx);
     let mut invocation = lambda_http::Context::default();
     let deadline = std::time::SystemTime::now() + reeve_shared::payments::STORE_MARGIN + Duration::from_secs(6);
@@ -1023,7 +1009,7 @@ async fn only_reeves_own_failures_earn_a_credit(pool: PgPool) {
             ),
     )
     .await;
-    let worker = loopback_worker(&pool, shop.catalog.clone(), common::aws().await.s3);
+    let worker = shop.worker().await;
     let challenge = shop.challenge("fetch").await;
     let paid = |kind: &'static str, url: String| {
         let (shop, payer, challenge) = (&shop, &payer, &challenge);
@@ -1054,10 +1040,7 @@ async fn only_reeves_own_failures_earn_a_credit(pool: PgPool) {
     let signature = payer.sign(&slow_challenge).await;
     let reply = shop.create("slow", &json!({ "url": format!("http://{site}/slow") }), Some(&signature)).await;
     let slow = id_of(&reply);
-    let one_try = WorkerContext {
-        settings: WorkerSettings { max_receives: 1, ..worker.settings.clone() },
-        ..loopback_worker(&pool, shop.catalog.clone(), common::aws().await.s3)
-    };
+    let one_try = common::worker(&shop.worker_config().with(settings::MAX_RECEIVES, "1")).await;
     let outcome = process(&one_try, &json!({"task_id": slow, "kind": "slow"}).to_string(), 1).await;
     assert_eq!(outcome, Outcome::Failed("retries_exhausted"));
 
@@ -1356,7 +1339,7 @@ impl Shop {
 
     /// Deletes an object as the bucket's lifecycle rule would.
     async fn expire(&self, key: &str) {
-        let bucket = common::test_settings(&common::redis_url()).bucket;
+        let bucket = common::bucket();
         common::aws().await.s3.delete_object().bucket(bucket).key(key).send().await.unwrap();
     }
 }
@@ -1389,7 +1372,7 @@ async fn an_upload_gone_before_a_priced_create_charges_nothing_and_gone_before_t
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
     let task = id_of(&reply);
     shop.expire(&key).await;
-    let worker = loopback_worker(&pool, shop.catalog.clone(), common::aws().await.s3);
+    let worker = shop.worker().await;
     let outcome = process(&worker, &json!({"task_id": task, "kind": "paid_digest"}).to_string(), 1).await;
     assert_eq!(outcome, Outcome::Failed("upload_missing"));
     let credits = shop.space().await["credits"].as_array().unwrap().clone();
@@ -1404,18 +1387,10 @@ async fn an_upload_gone_before_a_priced_create_charges_nothing_and_gone_before_t
 }
 
 impl Shop {
-    /// The sweeper, as [`Shop::sweep`] runs it, reading the chain at `chains`.
-    async fn sweeper(&self, chains: reeve_shared::payments::Chains) -> Sweeper {
-        Sweeper {
-            db: self.pool.clone(),
-            sqs: common::aws().await.sqs,
-            queue_url: self.queue.url.clone(),
-            events: reeve_shared::tasks::Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
-            max_attempts: 5,
-            older_than: Duration::from_secs(300),
-            catalog: std::sync::Arc::new(self.catalog.clone()),
-            chains,
-        }
+    /// The sweeper, as its Lambda and `reeve sweep` build it, from `config`
+    /// (this shop's, or with another chain endpoint).
+    async fn sweeper(&self, config: &Config) -> Sweeper {
+        startup::sweeper(config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -1450,8 +1425,8 @@ async fn a_stalled_chain_endpoint_does_not_keep_a_sweep_from_resending_a_lost_ta
     shop.queue.drain().await;
 
     let stalled = stalled_endpoint().await;
-    let chains = reeve_shared::payments::Chains::parse(&format!("eip155:84532=http://{stalled}")).unwrap();
-    let sweeper = shop.sweeper(chains).await;
+    let sweeper =
+        shop.sweeper(&shop.config.clone().with(CHAIN_RPC_URLS, format!("eip155:84532=http://{stalled}"))).await;
     // The scheduled invocation, as the sweeper Lambda runs it, 12 s before
     // its deadline.
     let started = std::time::Instant::now();
@@ -1501,30 +1476,15 @@ async fn slow_settle_facilitator(delay: Duration) -> SocketAddr {
 /// passed it, the agent got nothing, and its retry was `payment_replayed`).
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_paid_mcp_call_that_waits_answers_before_the_lambda_deadline(pool: PgPool) {
-    use reeve_shared::mcp::{self, McpContext, McpSettings, McpStores};
+    use reeve_shared::mcp;
     use tower::ServiceExt;
     let chain = ChainLock::shared().await;
     let payer = Payer::new(&chain, 1_000_000).await;
     let slow = slow_settle_facilitator(Duration::from_secs(3)).await;
     let shop = Shop::with(&pool, &format!("http://{slow}"), 300).await;
     let signature = payer.sign(&shop.challenge("fetch").await).await;
-    let settings = common::test_settings(&common::redis_url());
-    let stores = McpStores {
-        db: pool.clone(),
-        redis: RedisClient::new(&common::redis_url()).unwrap(),
-        aws: common::aws().await,
-        bucket: settings.bucket.clone(),
-        queue_url: shop.queue.url.clone(),
-        chains: chains(),
-    };
-    let mcp_settings = McpSettings {
-        allowed_hosts: McpSettings::LOOPBACK.map(str::to_owned).to_vec(),
-        allowed_origins: vec![],
-        progress: false,
-    };
-    let secrets = (settings.pepper.clone(), settings.token_key.clone());
-    let argon2 = reeve_shared::spaces::Argon2Limit::new(2);
-    let ctx = McpContext::new(std::sync::Arc::new(shop.catalog.clone()), stores, secrets, argon2, mcp_settings);
+    // The MCP function as its Lambda builds it: loopback hosts, no progress.
+    let ctx = startup::mcp(&shop.config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
         "name": "fetch",
         "arguments": {"url": "http://127.0.0.1:1/", "wait_seconds": 25},

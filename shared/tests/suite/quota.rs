@@ -10,10 +10,9 @@ use axum::Router;
 use axum::http::StatusCode;
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::auth::{self, SpaceIndex};
-use reeve_shared::catalog::Catalog;
-use reeve_shared::http::{ApiContext, app};
+use reeve_shared::http::app;
 use reeve_shared::ids::Id;
-use reeve_shared::redis_client::RedisClient;
+use reeve_shared::settings;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use time::OffsetDateTime;
@@ -62,13 +61,9 @@ struct Api {
 
 async fn api(pool: &PgPool) -> Api {
     let queue = TestQueue::new().await;
-    let redis_url = common::redis_url();
-    let mut settings = common::test_settings(&redis_url);
-    settings.queue_url = queue.url.clone();
-    let catalog = Catalog::parse(CATALOG).unwrap_or_else(|e| panic!("{e}"));
-    let key = settings.token_key.clone();
-    let ctx =
-        ApiContext::new(catalog, pool.clone(), RedisClient::new(&redis_url).unwrap(), common::aws().await, settings);
+    let config = common::with_catalog(common::config(pool), CATALOG).with(settings::QUEUE_URL, &queue.url);
+    let ctx = common::api(&config).await;
+    let key = ctx.settings.token_key.clone();
     let app = app(ctx);
     let (_, token) = new_session(&app).await;
     let space = auth::verify_token(&key, &token, OffsetDateTime::now_utc()).unwrap();

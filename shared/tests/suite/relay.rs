@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use reeve_shared::auth::{self, SpaceIndex};
+use reeve_shared::http::stream::RelayLimits;
 use reeve_shared::http::stream::router;
-use reeve_shared::http::stream::{RelayContext, RelayLimits};
 use reeve_shared::ids::Id;
 use reeve_shared::relay::{self, Hub, StreamCaps};
+use reeve_shared::settings;
 use reeve_shared::tasks::{EventType, append_event};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -79,8 +80,10 @@ struct Relay {
     hub: Hub,
 }
 
+const TOKEN_KEY: &str = "relay-test-token-key-relay-test-token";
+
 fn token_key() -> auth::Secret {
-    auth::Secret::new("REEVE_TOKEN_KEY", b"relay-test-token-key-relay-test-token".to_vec()).unwrap()
+    auth::Secret::new("REEVE_TOKEN_KEY", TOKEN_KEY.as_bytes().to_vec()).unwrap()
 }
 
 /// A pool like the relay's own (`db.rs`): eight connections, 5 s to get one.
@@ -97,16 +100,18 @@ async fn start_relay(pool: PgPool, redis_url: &str) -> Relay {
 
 /// A relay with these limits, served as the binaries serve it: with the TCP
 /// peer's address known.
+/// Built by start-up from the variables that set them:
+/// [`RelayLimits::NONE`]'s caps are the largest the settings take.
 async fn start_relay_with(pool: PgPool, redis_url: &str, limits: RelayLimits) -> Relay {
-    let hub = Hub::start(redis::Client::open(redis_url).unwrap());
-    let ctx = Arc::new(RelayContext {
-        db: pool,
-        token_key: token_key(),
-        hub: hub.clone(),
-        keepalive: Duration::from_secs(15),
-        api_origin: None,
-        limits,
-    });
+    let cap = |n: usize| n.min(1_000_000).to_string();
+    let config = common::config(&pool)
+        .with(settings::REDIS_URL, redis_url)
+        .with(settings::TOKEN_KEY, TOKEN_KEY)
+        .with(settings::RELAY_STREAMS_PER_SPACE, cap(limits.caps.per_space))
+        .with(settings::RELAY_STREAMS_PER_IP, cap(limits.caps.per_ip))
+        .with(settings::TRUSTED_PROXY_HOPS, limits.proxy_hops.to_string());
+    let ctx = common::relay(&config);
+    let hub = ctx.hub.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let service = router(ctx).into_make_service_with_connect_info::<std::net::SocketAddr>();
@@ -502,6 +507,7 @@ async fn healthz_fails_without_postgres(pool: PgPool) {
         .connect_lazy("postgres://reeve:x@127.0.0.1:1/reeve")
         .unwrap();
     drop(pool);
+    // Fault: the relay's pool never reaches Postgres.
     let relay = start_relay(dead, &common::redis_url()).await;
     let (status, body) = health(&relay).await;
     assert_eq!(status, 503);

@@ -9,26 +9,20 @@ use std::time::Duration;
 
 use common::TestQueue;
 use reeve_shared::ids::Id;
-use reeve_shared::redis_client::RedisClient;
+use reeve_shared::settings;
+use reeve_shared::startup;
 use reeve_shared::sweeper::{DeadLetter, SweepReport, Sweeper};
-use reeve_shared::tasks::Publisher;
 use reeve_shared::tasks::{EventType, events_after};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
 const SAMPLE_TASK_ID: &str = "01JNVX5C7D9F1H3K5M7P9R1T3V";
 
+/// The sweeper as its Lambda and `reeve sweep` build it, on this test's
+/// database and queue.
 async fn sweeper(pool: &PgPool, queue: &TestQueue) -> Sweeper {
-    Sweeper {
-        db: pool.clone(),
-        sqs: common::aws().await.sqs,
-        queue_url: queue.url.clone(),
-        events: Publisher::new(RedisClient::new(&common::redis_url()).unwrap()),
-        max_attempts: 5,
-        older_than: Duration::from_secs(300),
-        catalog: std::sync::Arc::new(common::shipped_catalog()),
-        chains: reeve_shared::payments::Chains::none(),
-    }
+    let config = common::config(pool).with(settings::QUEUE_URL, &queue.url).with(settings::SWEEP_OLDER_THAN, "300");
+    startup::sweeper(&config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A task in `status` with `attempts` claims, last changed `idle` ago, with

@@ -3,6 +3,7 @@
 
 use crate::common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -10,11 +11,9 @@ use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
 use base64::Engine;
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
-use reeve_shared::aws::AwsClients;
-use reeve_shared::catalog::Catalog;
-use reeve_shared::http::{ApiContext, Ctx, app};
+use reeve_shared::http::{Ctx, app};
 use reeve_shared::ids::Id;
-use reeve_shared::redis_client::RedisClient;
+use reeve_shared::settings;
 use reeve_shared::tasks::{self, EventType, QueueMessage};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -53,19 +52,13 @@ const TEST_CATALOG: &str = r#"
     items = { type = "string" }
 "#;
 
-fn test_catalog() -> Catalog {
-    Catalog::parse(TEST_CATALOG).unwrap_or_else(|e| panic!("{e}"))
+fn test_catalog() -> String {
+    TEST_CATALOG.to_owned()
 }
 
-async fn ctx_with(catalog: Catalog, pool: PgPool, queue_url: &str) -> Ctx {
-    ctx_with_aws(catalog, pool, queue_url, common::aws().await)
-}
-
-fn ctx_with_aws(catalog: Catalog, pool: PgPool, queue_url: &str, aws: AwsClients) -> Ctx {
-    let redis_url = common::redis_url();
-    let mut settings = common::test_settings(&redis_url);
-    settings.queue_url = queue_url.to_owned();
-    ApiContext::new(catalog, pool, RedisClient::new(&redis_url).unwrap(), aws, settings)
+/// The API serving `catalog` (TOML) on `queue_url`, as start-up builds it.
+async fn ctx_with(catalog: String, pool: PgPool, queue_url: &str) -> Ctx {
+    common::api(&common::with_catalog(common::config(&pool), &catalog).with(settings::QUEUE_URL, queue_url)).await
 }
 
 fn create(kind: &str, token: &str, body: &Value) -> Request<Body> {
@@ -173,10 +166,13 @@ async fn an_unreachable_sqs_endpoint_is_also_queue_unavailable(pool: PgPool) {
     // The SDK sends to its endpoint, whatever host the queue URL names: point
     // the endpoint at port 1, where nothing listens.
     let queue = TestQueue::new().await;
-    let base = common::aws().await;
-    let dead = base.sqs.config().to_builder().endpoint_url("http://127.0.0.1:1").build();
-    let aws = AwsClients { s3: base.s3, sqs: aws_sdk_sqs::Client::from_conf(dead) };
-    let app = app(ctx_with_aws(test_catalog(), pool.clone(), &queue.url, aws));
+    let mut ctx = ctx_with(test_catalog(), pool.clone(), &queue.url).await;
+    // Fault: task create's SQS client cannot connect (the SDK takes its
+    // endpoint from the process, not from a `Config`).
+    let task_create = Arc::get_mut(&mut Arc::get_mut(&mut ctx).expect("just built").task_create).expect("just built");
+    let dead = task_create.aws.sqs.config().to_builder().endpoint_url("http://127.0.0.1:1").build();
+    task_create.aws.sqs = aws_sdk_sqs::Client::from_conf(dead);
+    let app = app(ctx);
     let (_, token) = new_session(&app).await;
     let reply = send(&app, create("echo", &token, &json!({"input": {"text": "x"}}))).await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", reply.body);
@@ -582,7 +578,7 @@ async fn bad_requests_get_stable_codes_and_store_nothing(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn violations_are_listed_with_pointers_and_capped(pool: PgPool) {
-    let catalog = Catalog::parse(
+    let catalog = String::from(
         r#"
         [tasks.many]
         title = "Many"
@@ -596,8 +592,7 @@ async fn violations_are_listed_with_pointers_and_capped(pool: PgPool) {
         [tasks.many.input_schema.properties.name]
         type = "string"
     "#,
-    )
-    .unwrap();
+    );
     let app = app(ctx_with(catalog, pool.clone(), "http://127.0.0.1:1/unused").await);
     let (_, token) = new_session(&app).await;
 
@@ -692,7 +687,7 @@ async fn uploads_must_have_arrived_before_a_task_uses_them(pool: PgPool) {
 }
 
 async fn app_with_shipped(pool: PgPool, queue_url: &str) -> Router {
-    app(ctx_with(common::shipped_catalog(), pool, queue_url).await)
+    app(common::api(&common::config(&pool).with(settings::QUEUE_URL, queue_url)).await)
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
@@ -738,7 +733,7 @@ async fn append_event_numbers_events_without_gaps_under_concurrency(pool: PgPool
 /// The development catalog with, on top, a kind priced on the local chain
 /// and on Base mainnet, one priced on Base mainnet only, and a free one; its
 /// facilitator `facilitator` (the local one lists eip155:84532 alone).
-fn catalog_on(facilitator: &str) -> Catalog {
+fn catalog_on(facilitator: &str) -> String {
     let dev = std::fs::read_to_string(common::DEV_CATALOG).unwrap();
     assert!(dev.contains("facilitator_url = \"http://127.0.0.1:4021\""));
     let dev = dev.replace("facilitator_url = \"http://127.0.0.1:4021\"", &format!("facilitator_url = {facilitator:?}"));
@@ -767,7 +762,7 @@ fn catalog_on(facilitator: &str) -> Catalog {
         executor = "digest"
         input_schema = { type = "object" }
     "#;
-    Catalog::parse(&format!("{dev}\n{}\n{kinds}", common::USDC_BASE)).unwrap_or_else(|e| panic!("{e}"))
+    format!("{dev}\n{}\n{kinds}", common::USDC_BASE)
 }
 
 /// A price in a network the facilitator does not list (its `GET

@@ -17,9 +17,9 @@ use axum::http::StatusCode;
 use common::QueuedApi as Api;
 use common::{post_json, send};
 use futures_util::StreamExt;
-use reeve_shared::catalog::Catalog;
 use reeve_shared::executors::{ExecDeps, ExecError, Job};
 use reeve_shared::ids::Id;
+use reeve_shared::settings::{self, Config};
 use reeve_shared::tasks::events_after;
 use reeve_shared::tasks::{Event, EventType, channel};
 use reeve_shared::worker::{
@@ -33,8 +33,8 @@ use sqlx::PgPool;
 const SAMPLE_TASK_ID: &str = "01JNVX5C7D9F1H3K5M7P9R1T3V";
 
 /// `digest` as shipped, plus `slow`: a short timeout for the scripted runners.
-fn test_catalog() -> Catalog {
-    common::catalog_with(
+fn test_catalog() -> String {
+    common::catalog_text_with(
         r#"
         [tasks.slow]
         title = "Slow"
@@ -46,13 +46,22 @@ fn test_catalog() -> Catalog {
     )
 }
 
-/// A worker on the stack, with the given S3 client and Redis URL.
-fn worker_with(pool: &PgPool, s3: aws_sdk_s3::Client, redis_url: &str) -> WorkerContext {
-    common::worker_context(test_catalog(), pool, s3, common::worker_settings(redis_url))
+/// The worker's configuration on the stack, serving [`test_catalog`].
+fn worker_config(pool: &PgPool) -> Config {
+    common::with_catalog(common::worker_config(pool), &test_catalog())
 }
 
+/// A worker on the stack, as start-up builds it.
 async fn worker(pool: &PgPool) -> WorkerContext {
-    worker_with(pool, common::aws().await.s3, &common::redis_url())
+    common::worker(&worker_config(pool)).await
+}
+
+/// [`worker`] whose S3 client cannot connect. Fault: S3 out of reach (the
+/// SDK takes its endpoint from the process, not from a `Config`).
+async fn worker_without_s3(pool: &PgPool) -> WorkerContext {
+    let mut ctx = worker(pool).await;
+    ctx.exec.s3 = unreachable_s3().await;
+    ctx
 }
 
 /// An S3 client that cannot connect (nothing listens on port 1), without
@@ -214,7 +223,7 @@ impl Listener {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_sample_event_runs_a_digest_to_completion_and_every_event_is_published(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let bytes = payload();
     let id = api.digest(&bytes).await;
     let ctx = worker(&pool).await;
@@ -265,7 +274,7 @@ async fn running_events(pool: &PgPool, id: Id) -> usize {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_message_delivered_twice_in_a_row_runs_the_executor_once(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.digest(b"twice").await;
     let ctx = worker(&pool).await;
 
@@ -285,7 +294,7 @@ async fn a_message_delivered_twice_in_a_row_runs_the_executor_once(pool: PgPool)
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_duplicate_in_one_batch_runs_once_and_neither_record_fails(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.digest(&payload()).await;
     let other = api.digest(b"another task in the same batch").await;
     let ctx = worker(&pool).await;
@@ -303,7 +312,7 @@ async fn a_duplicate_in_one_batch_runs_once_and_neither_record_fails(pool: PgPoo
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn concurrent_deliveries_to_two_workers_run_once(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.digest(&payload()).await;
     // Two Lambda instances, each with the message.
     let (a, b) = (worker(&pool).await, worker(&pool).await);
@@ -328,7 +337,7 @@ async fn concurrent_deliveries_to_two_workers_run_once(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_malformed_body_is_dropped_as_a_permanent_failure_while_the_good_record_completes(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let bytes = b"the good record".to_vec();
     let id = api.digest(&bytes).await;
     let ctx = worker(&pool).await;
@@ -362,10 +371,10 @@ async fn a_malformed_body_is_dropped_as_a_permanent_failure_while_the_good_recor
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn s3_out_of_reach_is_retried_and_on_the_last_delivery_fails_as_retries_exhausted(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let bytes = b"S3 is down".to_vec();
     let id = api.digest(&bytes).await;
-    let broken = worker_with(&pool, unreachable_s3().await, &common::redis_url());
+    let broken = worker_without_s3(&pool).await;
 
     let response = handle_batch(&broken, sample_event("sqs-digest.json", id)).await;
     assert_eq!(failures(&response), ["2e1424d4-f796-459a-8184-9c92662be6da"]);
@@ -406,7 +415,7 @@ async fn s3_out_of_reach_is_retried_and_on_the_last_delivery_fails_as_retries_ex
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_upload_replaced_with_another_size_fails_the_task_as_upload_mismatch(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.digest(b"what was declared").await;
     let key: String = sqlx::query_scalar("SELECT key FROM uploads").fetch_one(&pool).await.unwrap();
     let s3 = common::aws().await.s3;
@@ -447,7 +456,7 @@ async fn an_upload_replaced_with_another_size_fails_the_task_as_upload_mismatch(
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_expired_lease_is_reclaimed_and_a_live_one_is_not(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let bytes = b"a worker died holding this".to_vec();
     let id = api.digest(&bytes).await;
     let ctx = worker(&pool).await;
@@ -536,7 +545,7 @@ async fn wait_for_status(pool: &PgPool, id: Id, status: &str) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn reports_become_events_and_the_task_progress_is_kept(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let runner = Scripted::new(Duration::from_millis(10), 200);
     let ctx = common::with_runner(worker(&pool).await, runner.clone());
@@ -568,7 +577,7 @@ async fn reports_become_events_and_the_task_progress_is_kept(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_run_past_its_timeout_is_retried_and_then_fails_for_good(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     // `slow` has timeout_seconds = 3.
     let runner = Scripted::new(Duration::from_secs(30), 1);
@@ -609,11 +618,11 @@ async fn a_run_past_its_timeout_is_retried_and_then_fails_for_good(pool: PgPool)
 /// nothing more.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_run_that_finds_its_lease_taken_stops_and_writes_nothing(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     // The executor would run for 30 s (its timeout is 3 s); renewals every 0.5 s.
-    let mut ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_secs(30), 1));
-    ctx.settings.lease = Duration::from_secs(2);
+    let config = worker_config(&pool).with(settings::LEASE, "2");
+    let ctx = common::with_runner(common::worker(&config).await, Scripted::new(Duration::from_secs(30), 1));
 
     let body = body_of(id, "slow");
     let run = async {
@@ -640,11 +649,12 @@ async fn a_run_that_finds_its_lease_taken_stops_and_writes_nothing(pool: PgPool)
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_lease_is_extended_while_the_executor_runs(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     // A run of 2.5 s against a 3 s timeout, on leases of 1 s: renewed
     // every quarter second, the run outlives its first lease twice over.
     let mut ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(2500), 1));
+    // Fault: a 1 s lease, below the 2 s that REEVE_LEASE_SECONDS allows.
     ctx.settings.lease = Duration::from_secs(1);
 
     let lease = |pool: PgPool| async move {
@@ -669,9 +679,9 @@ async fn the_lease_is_extended_while_the_executor_runs(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn without_redis_the_task_still_completes_and_every_event_is_stored(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.create("slow", json!({})).await;
-    let ctx = worker_with(&pool, common::aws().await.s3, "redis://127.0.0.1:1");
+    let ctx = common::worker(&worker_config(&pool).with(settings::REDIS_URL, "redis://127.0.0.1:1")).await;
     let ctx = common::with_runner(ctx, Scripted::new(Duration::ZERO, 50));
 
     let started = Instant::now();
@@ -705,7 +715,7 @@ async fn queue_counts(sqs: &aws_sdk_sqs::Client, url: &str) -> (u32, u32) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_poller_runs_real_messages_and_deletes_them_once_done(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let bytes = payload();
     let id = api.digest(&bytes).await;
     let sqs = common::aws().await.sqs;
@@ -725,12 +735,12 @@ async fn the_poller_runs_real_messages_and_deletes_them_once_done(pool: PgPool) 
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_poller_leaves_a_retry_in_the_queue_and_deletes_a_malformed_message(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.digest(b"retry me").await;
     let sqs = common::aws().await.sqs;
     sqs.send_message().queue_url(&api.queue.url).message_body("{not json").send().await.unwrap();
 
-    let broken = worker_with(&pool, unreachable_s3().await, &common::redis_url());
+    let broken = worker_without_s3(&pool).await;
     let mut poller = Poller::connect(Arc::new(broken), sqs.clone(), &api.queue.url).await.unwrap();
     poller.wait_time_seconds = 1;
     let mut report = poller.poll_once().await.unwrap();
@@ -749,7 +759,7 @@ async fn the_poller_leaves_a_retry_in_the_queue_and_deletes_a_malformed_message(
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_poller_keeps_a_long_task_invisible_while_it_runs(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let sqs = common::aws().await.sqs;
     sqs.set_queue_attributes()
@@ -779,7 +789,7 @@ async fn the_poller_keeps_a_long_task_invisible_while_it_runs(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_poller_run_loop_stops_on_shutdown_after_finishing_in_flight_work(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let sqs = common::aws().await.sqs;
     let ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(1500), 1));
@@ -802,7 +812,7 @@ async fn the_poller_run_loop_stops_on_shutdown_after_finishing_in_flight_work(po
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_message_that_arrives_during_the_shutdown_long_poll_is_given_back_at_once(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let sqs = common::aws().await.sqs;
     let mut poller = Poller::connect(Arc::new(worker(&pool).await), sqs.clone(), &api.queue.url).await.unwrap();
     // The queue hides a received message for 30 s; a long poll of 3 s.
@@ -838,10 +848,11 @@ async fn a_message_that_arrives_during_the_shutdown_long_poll_is_given_back_at_o
 /// batch item failure, shown again at once), not left `running`.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_run_that_started_late_is_stopped_before_the_invocation_deadline_and_handed_back(pool: PgPool) {
-    let api = Api::new(&pool, test_catalog()).await;
+    let api = Api::new(&pool, &test_catalog()).await;
     let id = api.create("slow", json!({})).await;
     let runner = Scripted::new(Duration::from_secs(120), 1);
     let mut ctx = common::with_runner(worker(&pool).await, runner.clone());
+    // Fault: a 1 s margin before the invocation's deadline (no setting moves it).
     ctx.deadline_margin = Duration::from_secs(1);
 
     // `slow` runs for at most 3 s; the stop is 4 s away: claimed.
