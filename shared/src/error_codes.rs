@@ -7,8 +7,11 @@
 //!
 //! A variant added to one of these enums fails to compile in its
 //! `every_*` below until it is listed there; a code added without its
-//! documentation fails the test.
+//! documentation fails the test, and so does a row of the README's table
+//! whose code nothing answers: neither a refusal here nor a code an adapter
+//! names itself (`invalid_json`, `not_found`, the tools' own, …).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -17,6 +20,7 @@ use axum::response::IntoResponse;
 use crate::adapters::http::error::ApiError;
 use crate::adapters::mcp::failure::ToolFailure;
 use crate::domain::auth::AuthError;
+use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::login_limits::{Action, Limited};
 use crate::domain::payments::challenge::Resource;
 use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse};
@@ -166,6 +170,26 @@ fn every_login_limit() -> Vec<Limited> {
     vec![Limited { action: Action::Space, retry_after: wait }, Limited { action: Action::Session, retry_after: wait }]
 }
 
+fn every_task_refusal() -> Vec<TaskRefusal> {
+    let all = vec![TaskRefusal::NotFound, TaskRefusal::Finished("completed")];
+    for e in &all {
+        match e {
+            TaskRefusal::NotFound | TaskRefusal::Finished(_) => {}
+        }
+    }
+    all
+}
+
+fn every_token_refusal() -> Vec<TokenRefusal> {
+    let all = vec![TokenRefusal::Missing, TokenRefusal::Invalid];
+    for e in &all {
+        match e {
+            TokenRefusal::Missing | TokenRefusal::Invalid => {}
+        }
+    }
+    all
+}
+
 /// What each transport answers for one refusal.
 struct Answer {
     shown: String,
@@ -193,7 +217,35 @@ fn answers() -> Vec<Answer> {
     all.extend(both(every_upload_error, |e| ApiError::refused(&e)));
     all.extend(both(every_space_error, |e| ApiError::refused(&e)));
     all.extend(both(every_login_limit, |e| ApiError::refused(&e)));
+    all.extend(both(every_task_refusal, |e| ApiError::refused(&e)));
+    all.extend(both(every_token_refusal, |e| ApiError::refused(&e)));
     all
+}
+
+/// Every `"snake_case"` string literal in the adapters' sources: where the
+/// codes a transport answers by itself are named (`invalid_json`,
+/// `not_found`, `task_not_finished`, …). A code no refusal has and no
+/// adapter names is answered by nothing.
+fn adapter_literals() -> BTreeSet<String> {
+    fn walk(dir: &std::path::Path, found: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for literal in text.split('"').skip(1).step_by(2) {
+                    let snake = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+                    if literal.starts_with(|c: char| c.is_ascii_lowercase()) && literal.chars().all(snake) {
+                        found.insert(literal.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    let mut found = BTreeSet::new();
+    walk(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/adapters"), &mut found);
+    found
 }
 
 /// The README's table of error codes: the first cell of each row under
@@ -234,4 +286,14 @@ fn every_refusal_has_one_code_on_both_transports_and_is_documented() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_code_in_the_readme_is_answered_by_something() {
+    let answers = answers();
+    let refused: BTreeSet<&str> = answers.iter().flat_map(|a| [a.http.code, a.mcp.code()]).collect();
+    let named = adapter_literals();
+    let unanswered: Vec<String> =
+        readme_codes().into_iter().filter(|code| !refused.contains(code.as_str()) && !named.contains(code)).collect();
+    assert!(unanswered.is_empty(), "rows of the README's table of error codes that nothing answers: {unanswered:?}");
 }

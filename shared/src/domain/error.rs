@@ -105,6 +105,79 @@ impl Refusal for sqlx::Error {
     }
 }
 
+/// A task the request names that is not there for it, or that has ended
+/// before a cancel: reading, watching and canceling a task answer these
+/// over HTTP, the relay and MCP alike.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaskRefusal {
+    /// A missing task, another Space's task and a string that is not a task
+    /// id all answer this, word for word, so ids cannot be probed.
+    #[error("no such task in this Space")]
+    NotFound,
+    /// A cancel of a task that has already ended, in this status.
+    #[error("the task has already ended: it is {0}")]
+    Finished(&'static str),
+}
+
+impl TaskRefusal {
+    pub const NOT_FOUND: &'static str = "task_not_found";
+    pub const FINISHED: &'static str = "task_finished";
+}
+
+impl Refusal for TaskRefusal {
+    fn code(&self) -> &'static str {
+        match self {
+            TaskRefusal::NotFound => TaskRefusal::NOT_FOUND,
+            TaskRefusal::Finished(_) => TaskRefusal::FINISHED,
+        }
+    }
+    fn kind(&self) -> ErrorKind {
+        match self {
+            TaskRefusal::NotFound => ErrorKind::NotFound,
+            TaskRefusal::Finished(_) => ErrorKind::Conflict,
+        }
+    }
+    fn message(&self, _: &Wording) -> String {
+        self.to_string()
+    }
+}
+
+/// A session token a request cannot be served with. Every malformed,
+/// tampered or expired token is the same `Invalid`, so a caller learns
+/// nothing about which check failed. Each transport words the message
+/// itself, since it tells where a token comes from and how it is sent
+/// there (`ApiError::refused_saying`, `ToolFailure::refused_saying`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenRefusal {
+    #[error("no session token")]
+    Missing,
+    #[error("the session token is invalid or expired")]
+    Invalid,
+}
+
+impl TokenRefusal {
+    pub const MISSING: &'static str = "missing_token";
+    pub const INVALID: &'static str = "invalid_token";
+}
+
+impl Refusal for TokenRefusal {
+    fn code(&self) -> &'static str {
+        match self {
+            TokenRefusal::Missing => TokenRefusal::MISSING,
+            TokenRefusal::Invalid => TokenRefusal::INVALID,
+        }
+    }
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Auth
+    }
+    fn message(&self, _: &Wording) -> String {
+        match self {
+            TokenRefusal::Missing => "no session token; open a session for one".into(),
+            TokenRefusal::Invalid => "the token is invalid or expired; open a new session".into(),
+        }
+    }
+}
+
 const INTERNAL: &str = "internal error";
 const STORAGE: &str = "file storage is unavailable; try again";
 

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 use utoipa::ToSchema;
 
-use crate::domain::error::{ErrorKind, Refusal, Wording};
+use crate::domain::error::{ErrorKind, Refusal, TaskRefusal, Wording};
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
@@ -46,7 +46,7 @@ impl ApiError {
     /// A missing task, another Space's task and a string that is not a task
     /// id all answer this, word for word, so ids cannot be probed.
     pub fn task_not_found() -> Self {
-        Self::new(StatusCode::NOT_FOUND, "task_not_found", "no such task in this Space")
+        Self::refused(&TaskRefusal::NotFound)
     }
 
     pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
@@ -62,6 +62,13 @@ impl ApiError {
             tracing::error!(error = %e, code = e.code(), "request refused");
         }
         Self::new(status_of(kind), e.code(), e.message(&WORDING))
+    }
+
+    /// A domain refusal in this transport's own words: the status of its
+    /// kind and its code, with `message` in place of the vocabulary's (a
+    /// session token's, which tells where a token comes from here).
+    pub fn refused_saying<E: Refusal>(e: &E, message: impl Into<String>) -> Self {
+        Self::new(status_of(e.kind()), e.code(), message)
     }
 
     /// Logs the cause and answers a bare 500: the cause may name hosts,

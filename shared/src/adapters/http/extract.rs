@@ -13,6 +13,7 @@ use std::sync::Arc;
 use super::context::SessionKey;
 use super::error::ApiError;
 use crate::domain::auth::{self, SpaceIndex};
+use crate::domain::error::TokenRefusal;
 
 /// A JSON body: `415 unsupported_media_type` unless the request says JSON,
 /// `413 body_too_large` past the body limit, `400 invalid_json` with serde's
@@ -70,7 +71,8 @@ impl<S: SessionKey + Send + Sync> FromRequestParts<Arc<S>> for Session {
 
     async fn from_request_parts(parts: &mut Parts, ctx: &Arc<S>) -> Result<Self, ApiError> {
         let Some(token) = bearer_token(&parts.headers)? else {
-            return Err(unauthorized("missing_token", "send Authorization: Bearer <token> from POST /v1/sessions"));
+            let why = "send Authorization: Bearer <token> from POST /v1/sessions";
+            return Err(ApiError::refused_saying(&TokenRefusal::Missing, why));
         };
         auth::verify_token(ctx.token_key(), token, OffsetDateTime::now_utc()).map(Session).map_err(|e| {
             tracing::debug!(reason = ?e, "token refused");
@@ -96,12 +98,8 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     Ok(Some(token))
 }
 
-fn unauthorized(code: &'static str, message: &str) -> ApiError {
-    ApiError::new(axum::http::StatusCode::UNAUTHORIZED, code, message)
-}
-
 pub fn invalid_token() -> ApiError {
-    unauthorized("invalid_token", "the token is invalid or expired; open a new session")
+    ApiError::refused(&TokenRefusal::Invalid)
 }
 
 /// A JSON integer for a `u64` field, written either way JSON Schema calls

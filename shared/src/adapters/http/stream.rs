@@ -24,6 +24,7 @@ use super::error::{self, ApiError, ApiResult, db_error};
 use super::extract::{bearer_token, invalid_token};
 use super::health::{self, Health};
 use crate::domain::auth;
+use crate::domain::error::TokenRefusal;
 use crate::domain::ids::Id;
 use crate::domain::relay::{self, Delivery, StreamRefused, TaskPosition};
 use crate::domain::tasks::{Event, TaskStatus};
@@ -112,12 +113,8 @@ async fn task_events(
 ) -> Result<impl IntoResponse, StreamFailure> {
     let bearer = bearer_token(&headers)?;
     let Some(token) = bearer.or(query.access_token.as_deref()) else {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing_token",
-            "send Authorization: Bearer <token> or ?access_token=<token>",
-        )
-        .into());
+        let why = "send Authorization: Bearer <token> or ?access_token=<token>";
+        return Err(ApiError::refused_saying(&TokenRefusal::Missing, why).into());
     };
     let space = auth::verify_token(&ctx.token_key, token, OffsetDateTime::now_utc()).map_err(|_| invalid_token())?;
 

@@ -51,7 +51,7 @@ use utoipa_axum::routes;
 use super::context::{TaskCreateContext, TaskStatusContext};
 use super::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use super::extract::{JsonBody, Session};
-use crate::domain::error::Refusal;
+use crate::domain::error::{Refusal, TaskRefusal};
 use crate::domain::ids::Id;
 use crate::domain::payments::{self, PayError, PaymentInput, PaymentRequired, PaymentResponse};
 use crate::domain::tasks::events::publish_all_once;
@@ -474,11 +474,7 @@ async fn cancel_task(
             tracing::info!(task_id = %id, "cancel requested of a running task");
             Ok((StatusCode::ACCEPTED, Json(task)).into_response())
         }
-        CancelOutcome::Finished(task) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "task_finished",
-            format!("the task has already ended: it is {}", task.status.as_str()),
-        )),
+        CancelOutcome::Finished(task) => Err(ApiError::refused(&TaskRefusal::Finished(task.status.as_str()))),
     }
 }
 

@@ -13,7 +13,7 @@
 use rmcp::model::CallToolResult;
 use serde_json::{Value, json};
 
-use crate::domain::error::{ErrorKind, Refusal, Wording};
+use crate::domain::error::{ErrorKind, Refusal, TaskRefusal, TokenRefusal, Wording};
 use crate::domain::login_limits::Limited;
 use crate::domain::payments::{PayError, PaymentRequired};
 use crate::domain::spaces::SpaceError;
@@ -75,6 +75,13 @@ impl ToolFailure {
         ToolFailure::Refused { code: e.code(), message: e.message(&WORDING), detail }
     }
 
+    /// A domain refusal in the tools' own words: its code, with `message`
+    /// in place of the vocabulary's (a session token's, which tells which
+    /// tool gives one) and `detail` beside it.
+    pub fn refused_saying<E: Refusal>(e: &E, message: impl Into<String>, detail: Option<Value>) -> ToolFailure {
+        ToolFailure::Refused { code: e.code(), message: message.into(), detail }
+    }
+
     pub fn internal(why: impl std::fmt::Display) -> ToolFailure {
         tracing::error!(error = %why, "internal error in an MCP tool");
         ToolFailure::new("internal", "an unexpected failure; it was logged")
@@ -112,4 +119,4 @@ macro_rules! refused_from {
         }
     )*};
 }
-refused_from!(sqlx::Error, SpaceError, CreateError, SubmitError, PayError, Limited);
+refused_from!(sqlx::Error, SpaceError, CreateError, SubmitError, PayError, Limited, TaskRefusal, TokenRefusal);

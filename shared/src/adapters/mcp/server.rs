@@ -30,6 +30,7 @@ use super::tools::{Fixed, Named};
 use super::wait::Progress;
 use super::{payment, rfc3339, space, task, upload};
 use crate::domain::auth::{self, SpaceIndex};
+use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::payments::{self, PaymentResponse};
 use crate::domain::tasks::{self, Task, TaskStatus};
 
@@ -52,10 +53,11 @@ impl ReeveMcp {
     fn session(&self, context: &RequestContext<RoleServer>) -> ToolResult<SpaceIndex> {
         let headers = context.extensions.get::<Parts>().map(|parts| &parts.headers);
         let Some(value) = headers.and_then(|h| h.get(header::AUTHORIZATION)) else {
-            return Err(ToolFailure::new(
-                "missing_token",
+            return Err(ToolFailure::refused_saying(
+                &TokenRefusal::Missing,
                 "this tool needs a session: call create_space (a new Space) or login (with your Space ID) for a \
                  token, and send it as the header `Authorization: Bearer <token>`",
+                None,
             ));
         };
         let token = value
@@ -67,10 +69,11 @@ impl ReeveMcp {
         token
             .and_then(|token| auth::verify_token(&self.ctx.token_key, token, OffsetDateTime::now_utc()).ok())
             .ok_or_else(|| {
-                ToolFailure::new(
-                    "invalid_token",
+                ToolFailure::refused_saying(
+                    &TokenRefusal::Invalid,
                     "the session token is invalid or has expired (a token lasts 15 minutes): call login with your \
                      Space ID for a new one, and send it as `Authorization: Bearer <token>`",
+                    None,
                 )
             })
     }
@@ -272,7 +275,7 @@ impl ServerHandler for ReeveMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
         let space = self.session(&context).map_err(task_method_error)?;
-        let not_found = || task_method_error(ToolFailure::new("task_not_found", "no such task in this Space"));
+        let not_found = || task_method_error(ToolFailure::from(TaskRefusal::NotFound));
         let id = request.task_id.parse().map_err(|_| not_found())?;
         let task = tasks::find_for_space(&self.ctx.db, &space, id)
             .await
@@ -301,7 +304,7 @@ impl ServerHandler for ReeveMcp {
         match task::cancel(&self.ctx, &space, args).await {
             // Cooperative: a finished task has nothing left to cancel.
             Ok(_) => Ok(()),
-            Err(failure) if failure.code() == "task_finished" => Ok(()),
+            Err(failure) if failure.code() == TaskRefusal::FINISHED => Ok(()),
             Err(failure) => Err(task_method_error(failure)),
         }
     }

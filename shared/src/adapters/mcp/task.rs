@@ -13,6 +13,7 @@ use super::payment;
 use super::tools::WAIT_SECONDS;
 use super::wait::{self, MAX_WAIT_SECONDS, Progress};
 use crate::domain::auth::SpaceIndex;
+use crate::domain::error::TaskRefusal;
 use crate::domain::ids::Id;
 use crate::domain::payments::PaymentResponse;
 use crate::domain::tasks::{
@@ -146,7 +147,7 @@ impl TaskRef {
 }
 
 fn not_found() -> ToolFailure {
-    ToolFailure::new("task_not_found", "no such task in this Space")
+    ToolFailure::from(TaskRefusal::NotFound)
 }
 
 async fn find(ctx: &McpContext, space: &SpaceIndex, task: &TaskRef) -> ToolResult<Task> {
@@ -212,10 +213,9 @@ pub async fn cancel(ctx: &McpContext, space: &SpaceIndex, task: TaskRef) -> Tool
             tracing::info!(task_id = %id, "cancel requested of a running task over MCP");
             Ok(view(task))
         }
-        CancelOutcome::Finished(task) => Err(ToolFailure::with(
-            "task_finished",
-            format!("the task has already ended: it is {}", task.status.as_str()),
-            json!({ "task": view(task) }),
-        )),
+        CancelOutcome::Finished(task) => {
+            let refusal = TaskRefusal::Finished(task.status.as_str());
+            Err(ToolFailure::refused_saying(&refusal, refusal.to_string(), Some(json!({ "task": view(task) }))))
+        }
     }
 }

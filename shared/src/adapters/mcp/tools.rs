@@ -540,7 +540,7 @@ mod tests {
         // tool list does not import the tools.
         let mut view = serde_json::to_value(&task).unwrap();
         view["events_url"] = json!(format!("/v1/tasks/{}/events", task.id));
-        let refused = ToolFailure::new("task_not_found", "no such task in this Space").into_result();
+        let refused = ToolFailure::from(crate::domain::error::TaskRefusal::NotFound).into_result();
         let refused = refused.structured_content.unwrap();
         let challenge = json!({
             "x402Version": 2,
