@@ -20,10 +20,10 @@ use common::{ctx, new_session, post_json, send, shipped_catalog};
 use reeve_shared::auth::{self, SpaceIndex};
 use reeve_shared::catalog::{Executor, TaskSpec};
 use reeve_shared::executors::{self, ExecDeps, ExecError, Job, Report, codes, output_key};
-use reeve_shared::http::{TaskStatusContext, app, task_status_app};
+use reeve_shared::http::{app, task_status_app};
 use reeve_shared::ids::Id;
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
-use reeve_shared::tasks::OutputLinks;
+use reeve_shared::startup;
 use reeve_shared::uploads::{self, PresignedUpload, UploadRequest};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
@@ -521,20 +521,16 @@ async fn read_result(pool: &PgPool, space: SpaceIndex, task_id: Id, result: &Val
     .execute(pool)
     .await
     .unwrap();
-    let api = ctx(pool.clone()).await;
-    let mut status = TaskStatusContext {
-        db: pool.clone(),
-        redis: api.redis.clone(),
-        token_key: api.settings.token_key.clone(),
-        catalog: api.catalog.clone(),
-        links: OutputLinks::new(api.aws.s3.clone(), bucket()),
-    };
+    // The task-status function as its Lambda builds it.
+    let mut status =
+        startup::task_status(&common::config(pool), &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
     if let TaskLinks::Lasting(lifetime) = links {
-        status.links = status.links.with_lifetime(lifetime);
+        // Fault: links that expire while the test runs (no setting moves them).
+        let fresh = Arc::get_mut(&mut status).expect("just built");
+        fresh.links = fresh.links.clone().with_lifetime(lifetime);
     }
-    let (token, _) = auth::issue_token(&api.settings.token_key, &space, OffsetDateTime::now_utc());
-    let reply =
-        send(&task_status_app(Arc::new(status)), common::get_authed(&format!("/v1/tasks/{task_id}"), &token)).await;
+    let (token, _) = auth::issue_token(&status.token_key, &space, OffsetDateTime::now_utc());
+    let reply = send(&task_status_app(status), common::get_authed(&format!("/v1/tasks/{task_id}"), &token)).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     reply.body["result"].clone()
 }

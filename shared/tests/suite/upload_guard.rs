@@ -12,6 +12,8 @@ use common::ctx;
 use reeve_shared::auth::SpaceIndex;
 use reeve_shared::http::Ctx;
 use reeve_shared::ids::Id;
+use reeve_shared::settings::{self, Config};
+use reeve_shared::startup;
 use reeve_shared::upload_guard::{Guard, GuardError, Outcome, find_by_key};
 use reeve_shared::uploads::{self, PresignedUpload, UploadRequest, UploadStatus};
 use serde_json::Value;
@@ -44,13 +46,18 @@ fn event(bucket: &str, key: &str, size: i64, name: &str) -> S3Event {
     serde_json::from_value(value).expect("an S3 event")
 }
 
-fn guard(ctx: &Ctx) -> Guard {
-    Guard {
-        db: ctx.db.clone(),
-        s3: ctx.aws.s3.clone(),
-        bucket: ctx.settings.bucket.clone(),
-        max_bytes: ctx.catalog.uploads.max_bytes,
-    }
+/// The upload guard as its Lambda builds it, on this test's database.
+async fn guard(pool: &PgPool) -> Guard {
+    guard_of(&common::config(pool)).await
+}
+
+async fn guard_of(config: &Config) -> Guard {
+    startup::guard(config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`guard`] with the deployment's limit (`REEVE_UPLOAD_MAX_BYTES`) at 50 bytes.
+async fn strict_guard(pool: &PgPool) -> Guard {
+    guard_of(&common::config(pool).with(settings::UPLOAD_MAX_BYTES, "50")).await
 }
 
 async fn space(pool: &PgPool) -> SpaceIndex {
@@ -122,7 +129,7 @@ async fn run(guard: &Guard, bucket: &str, key: &str, size: i64) -> Outcome {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_matching_object_is_accepted_and_a_redelivery_changes_nothing(pool: PgPool) {
     let ctx = ctx(pool.clone()).await;
-    let guard = guard(&ctx);
+    let guard = guard(&pool).await;
     let space = space(&pool).await;
     let body = b"hello, guard".to_vec();
     let upload = presign(&ctx, &space, "text/plain", body.len() as u64).await;
@@ -144,7 +151,7 @@ async fn a_matching_object_is_accepted_and_a_redelivery_changes_nothing(pool: Pg
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_oversize_object_is_rejected_and_deleted(pool: PgPool) {
     let ctx = ctx(pool.clone()).await;
-    let guard = guard(&ctx);
+    let guard = guard(&pool).await;
     let space = space(&pool).await;
     let upload = presign(&ctx, &space, "application/octet-stream", 10).await;
     put_direct(&ctx, &upload.key, "application/octet-stream", vec![7u8; 4096]).await;
@@ -168,7 +175,7 @@ async fn an_oversize_object_is_rejected_and_deleted(pool: PgPool) {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_object_of_another_type_is_rejected_and_deleted(pool: PgPool) {
     let ctx = ctx(pool.clone()).await;
-    let guard = guard(&ctx);
+    let guard = guard(&pool).await;
     let space = space(&pool).await;
     let upload = presign(&ctx, &space, "text/plain", 5).await;
     put_direct(&ctx, &upload.key, "image/png", b"\x89PNG\r".to_vec()).await;
@@ -188,7 +195,7 @@ async fn a_declaration_over_the_deployment_limit_is_rejected(pool: PgPool) {
     put_presigned(&upload, body).await;
 
     // The limit was lowered (UploadMaxBytes) after the URL was handed out.
-    let strict = Guard { max_bytes: 50, ..guard(&ctx) };
+    let strict = strict_guard(&pool).await;
     let outcome = run(&strict, &ctx.settings.bucket, &upload.key, 100).await;
     assert!(matches!(outcome, Outcome::Rejected { size: Some(100), .. }), "{outcome:?}");
     assert_eq!(status(&pool, &upload.key).await, UploadStatus::Rejected);
@@ -198,7 +205,7 @@ async fn a_declaration_over_the_deployment_limit_is_rejected(pool: PgPool) {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_unknown_key_is_deleted_and_its_key_url_decoded(pool: PgPool) {
     let ctx = ctx(pool.clone()).await;
-    let guard = guard(&ctx);
+    let guard = guard(&pool).await;
     // A name S3 must encode in the event: spaces, parentheses, non-ASCII.
     let key = format!("incoming/tasks/stray {} (1) café.txt", Id::new());
     put_direct(&ctx, &key, "text/plain", b"nobody asked for this".to_vec()).await;
@@ -213,7 +220,7 @@ async fn an_unknown_key_is_deleted_and_its_key_url_decoded(pool: PgPool) {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn other_events_and_buckets_are_ignored(pool: PgPool) {
     let ctx = ctx(pool.clone()).await;
-    let guard = guard(&ctx);
+    let guard = guard(&pool).await;
     let key = format!("incoming/tasks/{}/keep.txt", Id::new());
     put_direct(&ctx, &key, "text/plain", b"keep".to_vec()).await;
 
@@ -230,7 +237,9 @@ async fn unreachable_storage_fails_the_invocation_so_lambda_retries(pool: PgPool
     let ctx = ctx(pool.clone()).await;
     // Port 9 (discard) on loopback: nothing listens, connections are refused.
     let config = ctx.aws.s3.config().to_builder().endpoint_url("http://127.0.0.1:9").build();
-    let broken = Guard { s3: aws_sdk_s3::Client::from_conf(config), ..guard(&ctx) };
+    // Fault: the guard's S3 client reaches nothing (the SDK takes its
+    // endpoint from the process, not from a `Config`).
+    let broken = Guard { s3: aws_sdk_s3::Client::from_conf(config), ..guard(&pool).await };
     let key = format!("incoming/tasks/{}/x.txt", Id::new());
     let err = broken.handle(&event(&ctx.settings.bucket, &key, 1, "ObjectCreated:Put")).await.unwrap_err();
     assert!(matches!(err, GuardError::Storage(_)), "{err:?}");
@@ -255,7 +264,7 @@ async fn a_guard_that_loses_the_race_to_task_create_deletes_nothing(pool: PgPool
         .execute(&mut *create)
         .await
         .unwrap();
-    let strict = Guard { max_bytes: 50, ..guard(&ctx) };
+    let strict = strict_guard(&pool).await;
     let key = upload.key.clone();
     let settling = tokio::spawn(async move { strict.settle(&key).await });
     let waited = async {
