@@ -471,6 +471,20 @@ async fn with_postgres_stopped_under_a_running_worker_every_message_is_handed_ba
         .connect_with(options.host("127.0.0.1").port(proxy.port))
         .await
         .unwrap();
+    // Every connection opened before the run, each given several tries: on
+    // a loaded machine a fresh one through the proxy can take longer than
+    // that second, and a claim that gives up hands its record back before
+    // its run starts.
+    let warm = futures_util::future::join_all((0..8).map(|_| async {
+        for _ in 0..10 {
+            if let Ok(connection) = through.acquire().await {
+                return connection;
+            }
+        }
+        panic!("no connection to Postgres through the proxy in 10 tries");
+    }))
+    .await;
+    drop(warm);
 
     let (open, gate) = tokio::sync::watch::channel(false);
     let runner = Arc::new(Gated {
@@ -513,6 +527,7 @@ async fn with_postgres_stopped_under_a_running_worker_every_message_is_handed_ba
     });
     let wait = Instant::now();
     while runner.started.load(Ordering::SeqCst) < 4 {
+        assert!(!lambda.is_finished(), "the batch ended before four runs started: {:?}", runner.started);
         assert!(wait.elapsed() < Duration::from_secs(60), "four runs start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
