@@ -568,6 +568,11 @@ test("a paid task canceled before it ran leaves a credit, which pays the next on
   const next = await page.locator("body").getAttribute("data-watching");
   assert.notEqual(next, paid);
   await page.waitForSelector(`#credits tr[data-spent=true]`);
+  // The receipt names the credit once the page has read the Space, and the
+  // log line comes over the task's event stream: both arrive on their own
+  // time, so the test waits for them rather than reading at once.
+  await page.waitForSelector("#receipt-credit:has-text('from task')");
+  await page.waitForSelector("#log div:has-text('paid with a credit')", { timeout: 30_000 });
   assert.match(await text("#receipt-credit"),
     new RegExp(`^Paid with a credit this Space held.*no wallet\\. It was 0\\.01 USDC on Base Sepolia \\(test\\) \\(eip155:84532\\), from task ${paid} \\(canceled\\)\\.$`));
   assert.equal(await page.locator("#payment").isHidden(), true, "no payment table");
