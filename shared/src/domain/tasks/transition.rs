@@ -1,6 +1,6 @@
 //! The one place a task's status changes after create: [`transition`], a
 //! conditional `UPDATE` fenced on where the task must be, plus the events
-//! the change causes, in one transaction. Create (a task it could not
+//! the change causes, in one statement. Create (a task it could not
 //! queue), the worker (complete, fail, requeue, cancel) and the API's cancel
 //! all go through it, so every terminal state is written the same way and
 //! exactly one writer can win a race: the loser's `UPDATE` matches no row.
@@ -13,7 +13,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::TaskStatus;
-use super::events::{Event, EventType, append_event};
+use super::events::{Event, EventType};
 use crate::domain::ids::Id;
 
 /// Where the task must be for the change to apply.
@@ -51,24 +51,80 @@ impl Change<'_> {
             Change::Cancel => TaskStatus::Canceled,
         }
     }
+
+    fn may_leave_credit(&self) -> bool {
+        matches!(self, Change::Fail { .. } | Change::Cancel)
+    }
+
+    /// The events the change records, in order.
+    fn events(&self) -> Vec<(EventType, Value)> {
+        let status = self.to().as_str();
+        match *self {
+            Change::Complete { result } => {
+                vec![(EventType::Result, result.clone()), (EventType::Status, json!({ "status": status }))]
+            }
+            Change::Fail { error } => vec![
+                (EventType::Error, error.clone()),
+                (EventType::Status, json!({ "status": status, "error": error })),
+            ],
+            Change::Requeue { line, due } => {
+                let mut data = json!({ "status": status });
+                if let Some(due) = due.and_then(|due| due.format(&Rfc3339).ok()) {
+                    data["next_attempt_at"] = due.into();
+                }
+                vec![(EventType::Log, json!({ "line": line })), (EventType::Status, data)]
+            }
+            Change::Cancel => vec![(EventType::Status, json!({ "status": status }))],
+        }
+    }
 }
 
-/// The fence every change shares: `$1` id, `$2` statuses, `$3` attempt or NULL.
-macro_rules! fenced {
-    () => {
-        " WHERE id = $1 AND status = ANY($2) AND ($3::int4 IS NULL OR attempts = $3)"
+/// The fence every change shares: `$1` id, `$2` statuses, `$3` attempt or
+/// NULL. `$4` is the change's payload, `$5` and `$6` its events' types and
+/// data.
+///
+/// The status change and its events are one statement: the `UPDATE` bumps
+/// the event counter by as many events as it appends, and the `INSERT`
+/// numbers them from it. On a pool that is one round trip with no
+/// `BEGIN`/`COMMIT`, and it is as atomic as the transaction it replaced.
+macro_rules! with_events {
+    ($set:literal) => {
+        concat!(
+            "WITH moved AS (
+                 UPDATE tasks SET ",
+            $set,
+            ", last_seq = last_seq + cardinality($5::text[]), updated_at = now()
+                  WHERE id = $1 AND status = ANY($2) AND ($3::int4 IS NULL OR attempts = $3)
+              RETURNING id, last_seq, kind, attempts
+             ), appended AS (
+                 INSERT INTO task_events (task_id, seq, type, data)
+                 SELECT moved.id, moved.last_seq - cardinality($5::text[]) + e.n, e.type, e.data
+                   FROM moved, unnest($5::text[], $6::jsonb[]) WITH ORDINALITY AS e(type, data, n)
+              RETURNING seq, at
+             )
+             SELECT appended.seq, appended.at, moved.kind, moved.attempts
+               FROM appended, moved ORDER BY appended.seq"
+        )
     };
 }
 
-/// Applies `change` if the task is inside `fence`, with its events, in one
-/// transaction. `None`: the task was elsewhere (someone else moved it
-/// first) or is gone, and nothing was written.
+/// Applies `change` if the task is inside `fence`, with its events. `None`:
+/// the task was elsewhere (someone else moved it first) or is gone, and
+/// nothing was written.
+///
+/// A change that ends a paid task without its work (fail, cancel) may leave
+/// a credit, written in a transaction with it; the others are one
+/// statement on the pool.
 pub async fn transition(
     db: &PgPool,
     id: Id,
     fence: Fence<'_>,
     change: Change<'_>,
 ) -> Result<Option<Vec<Event>>, sqlx::Error> {
+    if !change.may_leave_credit() {
+        let mut conn = db.acquire().await?;
+        return transition_in(&mut conn, id, fence, change).await;
+    }
     let mut tx = db.begin().await?;
     let events = transition_in(&mut tx, id, fence, change).await?;
     if events.is_some() {
@@ -91,60 +147,35 @@ pub async fn transition_in(
         Fence::Run(attempt) => (vec![TaskStatus::Running.as_str()], Some(attempt)),
     };
     let (sql, payload): (&'static str, Option<&Value>) = match change {
-        Change::Complete { result } => (
-            concat!(
-                "UPDATE tasks SET status = 'completed', result = $4, progress = 1, lease_until = NULL, updated_at = now()",
-                fenced!()
-            ),
-            Some(result),
-        ),
-        Change::Fail { error } => (
-            concat!(
-                "UPDATE tasks SET status = 'failed', error = $4, lease_until = NULL, updated_at = now()",
-                fenced!()
-            ),
-            Some(error),
-        ),
-        Change::Requeue { .. } => (
-            concat!(
-                "UPDATE tasks SET status = 'queued', lease_until = NULL, progress = 0, updated_at = now()",
-                fenced!()
-            ),
-            None,
-        ),
-        Change::Cancel => {
-            (concat!("UPDATE tasks SET status = 'canceled', lease_until = NULL, updated_at = now()", fenced!()), None)
+        Change::Complete { result } => {
+            (with_events!("status = 'completed', result = $4, progress = 1, lease_until = NULL"), Some(result))
         }
+        Change::Fail { error } => (with_events!("status = 'failed', error = $4, lease_until = NULL"), Some(error)),
+        Change::Requeue { .. } => (with_events!("status = 'queued', lease_until = NULL, progress = 0"), None),
+        Change::Cancel => (with_events!("status = 'canceled', lease_until = NULL"), None),
     };
-    let mut query = sqlx::query(sql).bind(id).bind(&from).bind(attempt);
-    if let Some(payload) = payload {
-        query = query.bind(sqlx::types::Json(payload));
-    }
-    if query.execute(&mut *conn).await?.rows_affected() == 0 {
+    let (kinds, data): (Vec<EventType>, Vec<Value>) = change.events().into_iter().unzip();
+    let types: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+    let rows: Vec<(i64, OffsetDateTime, String, i32)> = sqlx::query_as(sql)
+        .bind(id)
+        .bind(&from)
+        .bind(attempt)
+        .bind(payload.map(sqlx::types::Json))
+        .bind(&types)
+        .bind(data.iter().map(sqlx::types::Json).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+    let Some(&(_, _, ref task_kind, attempts)) = rows.first() else {
         return Ok(None);
-    }
-    let status = change.to().as_str();
-    let events = match change {
-        Change::Complete { result } => vec![
-            append_event(conn, id, EventType::Result, result).await?,
-            append_event(conn, id, EventType::Status, &json!({ "status": status })).await?,
-        ],
-        Change::Fail { error } => vec![
-            append_event(conn, id, EventType::Error, error).await?,
-            append_event(conn, id, EventType::Status, &json!({ "status": status, "error": error })).await?,
-        ],
-        Change::Requeue { line, due } => {
-            let mut data = json!({ "status": status });
-            if let Some(due) = due.and_then(|due| due.format(&Rfc3339).ok()) {
-                data["next_attempt_at"] = due.into();
-            }
-            vec![
-                append_event(conn, id, EventType::Log, &json!({ "line": line })).await?,
-                append_event(conn, id, EventType::Status, &data).await?,
-            ]
-        }
-        Change::Cancel => vec![append_event(conn, id, EventType::Status, &json!({ "status": status })).await?],
     };
+    let events: Vec<Event> = rows
+        .iter()
+        .zip(kinds.into_iter().zip(data))
+        .map(|(&(seq, at, _, _), (kind, data))| Event { seq, kind, data, at })
+        .collect();
+    for event in events.iter().filter(|e| e.kind == EventType::Status) {
+        crate::infra::metrics::task_status(task_kind, event.seq, &event.data);
+    }
     // A paid task that ends without doing its work leaves a credit on its
     // space, in the same transaction as the change that ended it.
     match change {
@@ -153,15 +184,11 @@ pub async fn transition_in(
                 crate::domain::payments::credit_if_owed(conn, id, code).await?;
             }
         }
-        Change::Cancel => {
-            // Only a task no worker ever claimed was canceled before it ran.
-            let attempts: i32 =
-                sqlx::query_scalar("SELECT attempts FROM tasks WHERE id = $1").bind(id).fetch_one(&mut *conn).await?;
-            if attempts == 0 {
-                crate::domain::payments::credit_if_owed(conn, id, "canceled").await?;
-            }
+        // Only a task no worker ever claimed was canceled before it ran.
+        Change::Cancel if attempts == 0 => {
+            crate::domain::payments::credit_if_owed(conn, id, "canceled").await?;
         }
-        Change::Complete { .. } | Change::Requeue { .. } => {}
+        Change::Cancel | Change::Complete { .. } | Change::Requeue { .. } => {}
     }
     Ok(Some(events))
 }
