@@ -384,7 +384,7 @@ async fn run_task(
     };
 
     // Asked to cancel during an earlier attempt, which was handed back.
-    if matches!(crate::domain::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
+    if claim.cancel_requested {
         return cancel(ctx, id, attempt).await;
     }
     // Dropping the run stops the executor: a cancel asked for meanwhile

@@ -67,6 +67,9 @@ pub struct Claim {
     pub events: Vec<Event>,
     /// The run this claim took the task from, when its lease had lapsed.
     pub took_over: Option<Lapsed>,
+    /// The owner asked to cancel during an earlier attempt, which was
+    /// handed back: the run is to cancel, not start.
+    pub cancel_requested: bool,
 }
 
 /// A run whose lease lapsed before it ended, found by the claim after it.
@@ -88,9 +91,14 @@ fn secs(lease: Duration) -> f64 {
 /// `max_attempts` runs. `None` when the task is in neither state (terminal,
 /// gone, or held by a live lease) or out of attempts.
 ///
-/// The row is read under lock first, so that a claim over a lapsed lease
+/// A `queued` task, the common case, is claimed in one statement. Any
+/// other is read under lock first, so that a claim over a lapsed lease
 /// knows whose run it ends and since when, and says so in the task's log.
 pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> Result<Option<Claim>, sqlx::Error> {
+    let max_attempts = i32::try_from(max_attempts).unwrap_or(i32::MAX);
+    if let Some(claim) = claim_queued(db, id, lease, max_attempts).await? {
+        return Ok(Some(claim));
+    }
     let mut tx = db.begin().await?;
     let before: Option<(String, i32, Option<OffsetDateTime>, Option<f64>)> = sqlx::query_as(
         "SELECT status, attempts, lease_until, EXTRACT(EPOCH FROM now() - lease_until)::float8
@@ -99,26 +107,27 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
     .bind(id)
     .fetch_optional(&mut *tx)
     .await?;
-    let attempt: Option<i32> = match before {
+    let claimed: Option<(i32, bool)> = match before {
         None => None,
         Some(_) => {
-            sqlx::query_scalar(
+            sqlx::query_as(
                 "UPDATE tasks
                     SET status = 'running', attempts = attempts + 1,
                         lease_until = now() + make_interval(secs => $2), updated_at = now()
                   WHERE id = $1 AND attempts < $3
                     AND (status = 'queued'
                          OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
-                 RETURNING attempts",
+                 RETURNING attempts, cancel_requested_at IS NOT NULL",
             )
             .bind(id)
             .bind(secs(lease))
-            .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+            .bind(max_attempts)
             .fetch_optional(&mut *tx)
             .await?
         }
     };
-    let (Some(attempt), Some((status, previous, lapsed_at, lapsed_secs))) = (attempt, before) else {
+    let (Some((attempt, cancel_requested)), Some((status, previous, lapsed_at, lapsed_secs))) = (claimed, before)
+    else {
         tx.rollback().await?;
         return Ok(None);
     };
@@ -133,7 +142,41 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
     events
         .push(append_event(&mut tx, id, EventType::Status, &json!({ "status": "running", "attempt": attempt })).await?);
     tx.commit().await?;
-    Ok(Some(Claim { attempt, events, took_over }))
+    Ok(Some(Claim { attempt, events, took_over, cancel_requested }))
+}
+
+/// [`claim`] of a `queued` task: the status change and its `running` event
+/// in one statement, one round trip. `None` when the task is not `queued`
+/// (or out of attempts).
+async fn claim_queued(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -> Result<Option<Claim>, sqlx::Error> {
+    let row: Option<(i32, i64, OffsetDateTime, String, bool)> = sqlx::query_as(
+        "WITH claimed AS (
+             UPDATE tasks
+                SET status = 'running', attempts = attempts + 1, last_seq = last_seq + 1,
+                    lease_until = now() + make_interval(secs => $2), updated_at = now()
+              WHERE id = $1 AND status = 'queued' AND attempts < $3
+          RETURNING id, attempts, last_seq, kind, cancel_requested_at IS NOT NULL AS cancel_requested
+         ), appended AS (
+             INSERT INTO task_events (task_id, seq, type, data)
+             SELECT id, last_seq, 'status', jsonb_build_object('status', 'running', 'attempt', attempts)
+               FROM claimed
+          RETURNING seq, at
+         )
+         SELECT claimed.attempts, appended.seq, appended.at, claimed.kind, claimed.cancel_requested
+           FROM claimed, appended",
+    )
+    .bind(id)
+    .bind(secs(lease))
+    .bind(max_attempts)
+    .fetch_optional(db)
+    .await?;
+    let Some((attempt, seq, at, kind, cancel_requested)) = row else {
+        return Ok(None);
+    };
+    let data = json!({ "status": "running", "attempt": attempt });
+    crate::infra::metrics::task_status(&kind, seq, &data);
+    let events = vec![Event { seq, kind: EventType::Status, data, at }];
+    Ok(Some(Claim { attempt, events, took_over: None, cancel_requested }))
 }
 
 /// Renews the run's lease: `lease` from now. `false`: the run no longer
