@@ -810,6 +810,45 @@ async fn the_poller_run_loop_stops_on_shutdown_after_finishing_in_flight_work(po
     api.done().await;
 }
 
+/// `reeve work` holds a second message received while its one slot is
+/// busy, so the slot never waits on a receive. Shut down meanwhile, the
+/// held message is given back unstarted: its task is still queued with no
+/// attempt spent, and the next worker can take it at once.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_message_held_for_a_slot_at_shutdown_is_given_back_unstarted(pool: PgPool) {
+    let api = Api::new(&pool, &test_catalog()).await;
+    let ids = [api.create("slow", json!({})).await, api.create("slow", json!({})).await];
+    let sqs = common::aws().await.sqs;
+    let mut ctx = common::with_runner(worker(&pool).await, Scripted::new(Duration::from_millis(1500), 1));
+    ctx.settings.concurrency = 1;
+    let mut poller = Poller::connect(Arc::new(ctx), sqs.clone(), &api.queue.url).await.unwrap();
+    poller.wait_time_seconds = 1;
+
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let stop = async {
+        // Both received (none visible) while one runs: then shut down.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while queue_counts(&sqs, &api.queue.url).await != (0, 2) {
+            assert!(Instant::now() < deadline, "the poller never held both messages");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tx.send(()).unwrap();
+    };
+    let run = tokio::time::timeout(Duration::from_secs(20), poller.run(async { rx.await.unwrap() }));
+    let (stopped, ()) = tokio::join!(run, stop);
+    stopped.expect("the loop ends after shutdown");
+
+    let mut rows = Vec::new();
+    for id in ids {
+        let task = row(&pool, id).await;
+        rows.push((task.status, task.attempts));
+    }
+    rows.sort();
+    assert_eq!(rows, vec![("completed".to_owned(), 1), ("queued".to_owned(), 0)], "one ran, one was never claimed");
+    assert_eq!(queue_counts(&sqs, &api.queue.url).await, (1, 0), "the held message is receivable at once");
+    api.done().await;
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_message_that_arrives_during_the_shutdown_long_poll_is_given_back_at_once(pool: PgPool) {
     let api = Api::new(&pool, &test_catalog()).await;

@@ -1,5 +1,6 @@
-//! `reeve work`: the worker outside Lambda. Long-polls the queue, runs each
-//! message through [`process`], deletes it only once it is `Done` or
+//! `reeve work`: the worker outside Lambda. Long-polls the queue (holding up
+//! to twice its concurrency received, so a free slot never waits on a
+//! receive), runs each message through [`process`], deletes it only once it is `Done` or
 //! `Failed`, and leaves a `Retry` to reappear after its backoff (its
 //! visibility set to it), or when its visibility timeout runs out (which is
 //! also how SQS counts it towards the dead-letter queue).
@@ -17,7 +18,7 @@ use aws_sdk_sqs::types::{
 };
 use futures_util::StreamExt;
 use futures_util::stream;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -104,7 +105,7 @@ impl Poller {
         let messages = self.receive(MAX_BATCH).await?;
         let mut report = PollReport { received: messages.len(), ..PollReport::default() };
         let outcomes: Vec<Outcome> = stream::iter(messages)
-            .map(|message| self.handle(message))
+            .map(|message| self.handle(message, None))
             .buffer_unordered(self.ctx.settings.concurrency.max(1))
             .collect()
             .await;
@@ -120,9 +121,15 @@ impl Poller {
 
     /// Polls until `shutdown` resolves, then stops receiving and lets the
     /// messages in flight finish. Up to `settings.concurrency` messages run
-    /// at once; a new receive asks only for as many as there are free slots.
+    /// at once, and as many again are held received, waiting for a slot
+    /// (their visibility kept up meanwhile): a slot that frees finds its next
+    /// message already here, rather than waiting on a receive for one
+    /// message. At shutdown the held ones are given back unstarted.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
-        let slots = Arc::new(Semaphore::new(self.ctx.settings.concurrency.max(1)));
+        let concurrency = self.ctx.settings.concurrency.max(1);
+        let slots = Arc::new(Semaphore::new(concurrency));
+        let held = concurrency * 2;
+        let (stopping, stop) = watch::channel(false);
         let mut running = JoinSet::new();
         let mut backoff = Duration::from_secs(1);
         tokio::pin!(shutdown);
@@ -131,7 +138,7 @@ impl Poller {
             while let Some(joined) = running.try_join_next() {
                 log_join(joined);
             }
-            let free = slots.available_permits();
+            let free = held.saturating_sub(running.len());
             if free == 0 {
                 tokio::select! {
                     () = &mut shutdown => break,
@@ -157,11 +164,9 @@ impl Poller {
                 Ok(messages) => {
                     backoff = Duration::from_secs(1);
                     for message in messages {
-                        let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
-                        let poller = self.clone();
+                        let (poller, slot) = (self.clone(), Slot { slots: slots.clone(), stop: stop.clone() });
                         running.spawn(async move {
-                            poller.handle(message).await;
-                            drop(slot);
+                            poller.handle(message, Some(slot)).await;
                         });
                     }
                 }
@@ -175,6 +180,7 @@ impl Poller {
                 }
             }
         }
+        stopping.send_replace(true);
         while let Some(joined) = running.try_join_next() {
             log_join(joined);
         }
@@ -248,9 +254,10 @@ impl Poller {
         Ok(messages)
     }
 
-    /// Runs one message, keeping it invisible while it runs; deletes it
-    /// unless it is to be retried.
-    async fn handle(&self, message: Message) -> Outcome {
+    /// Runs one message, once `slot` (when given) has a place for it,
+    /// keeping it invisible while it waits and runs; deletes it unless it is
+    /// to be retried. One still waiting at shutdown is given back.
+    async fn handle(&self, message: Message, slot: Option<Slot>) -> Outcome {
         let message_id = message.message_id().unwrap_or_default().to_owned();
         let receive_count = message
             .attributes()
@@ -264,7 +271,16 @@ impl Poller {
                 return Outcome::retry("no receipt handle");
             };
             let body = message.body().unwrap_or("");
-            let work = process(&self.ctx, body, receive_count);
+            let work = async {
+                let _running = match slot {
+                    Some(slot) => match slot.take().await {
+                        Some(permit) => Some(permit),
+                        None => return Outcome::retry_in("given back unstarted at shutdown", Duration::ZERO),
+                    },
+                    None => None,
+                };
+                process(&self.ctx, body, receive_count).await
+            };
             tokio::pin!(work);
             let every = (self.visibility_timeout / 3).max(Duration::from_secs(1));
             let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -302,6 +318,24 @@ impl Poller {
             Err(e) => {
                 tracing::warn!(error = %sqs_error(&e), "could not delete the message; it will come back and be skipped")
             }
+        }
+    }
+}
+
+/// A place among the messages that run at once, waited for by a message
+/// held received; `stop` turns true at shutdown.
+struct Slot {
+    slots: Arc<Semaphore>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Slot {
+    /// The place, or `None` once shutdown began first.
+    async fn take(mut self) -> Option<OwnedSemaphorePermit> {
+        tokio::select! {
+            biased;
+            _ = self.stop.wait_for(|stopping| *stopping) => None,
+            permit = self.slots.clone().acquire_owned() => Some(permit.expect("the semaphore is never closed")),
         }
     }
 }
