@@ -64,7 +64,9 @@ pub const CANCEL_POLL: Duration = Duration::from_millis(400);
 /// the run holds it and nobody asked. A failed check is logged and tried
 /// again at the next tick.
 pub(super) async fn cancel_asked(ctx: &WorkerContext, id: Id, attempt: i32) {
-    let mut ticks = tokio::time::interval(CANCEL_POLL);
+    // The claim said whether a cancel was pending: the first look is one
+    // poll later.
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + CANCEL_POLL, CANCEL_POLL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;

@@ -6,13 +6,14 @@
 //! token of that run. Every later write of the run says `… AND status =
 //! 'running' AND attempts = $n`, so a worker whose lease expired and was
 //! taken over can no longer touch the task: its writes match no row, and it
-//! learns it has lost the task. Each transition and the events it causes
-//! are one transaction; the events are published after commit.
+//! learns it has lost the task. Each write and the events it causes are one
+//! statement (a claim over a lapsed lease, one transaction); the events are
+//! published after commit.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 use time::OffsetDateTime;
 
 use crate::domain::auth::SpaceIndex;
@@ -197,36 +198,9 @@ pub async fn extend_lease(db: &PgPool, id: Id, attempt: i32, lease: Duration) ->
     Ok(moved == 1)
 }
 
-/// Starts a fenced transaction: `Some` if the run still holds the task, with
-/// `progress` set when given. The row stays locked until the transaction ends.
-async fn fenced(
-    db: &PgPool,
-    id: Id,
-    attempt: i32,
-    progress: Option<f32>,
-) -> Result<Option<Transaction<'static, Postgres>>, sqlx::Error> {
-    let mut tx = db.begin().await?;
-    let held = sqlx::query(
-        "UPDATE tasks SET progress = COALESCE($3, progress), updated_at = now()
-          WHERE id = $1 AND status = 'running' AND attempts = $2",
-    )
-    .bind(id)
-    .bind(attempt)
-    .bind(progress)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if held == 1 {
-        Ok(Some(tx))
-    } else {
-        tx.rollback().await?;
-        Ok(None)
-    }
-}
-
 /// Appends one event of a running task (progress or log), setting
-/// `tasks.progress` to `progress` when given. `None`: the run lost the task,
-/// and nothing was written.
+/// `tasks.progress` to `progress` when given, in one statement fenced on the
+/// run. `None`: the run lost the task, and nothing was written.
 pub async fn running_event(
     db: &PgPool,
     id: Id,
@@ -235,10 +209,22 @@ pub async fn running_event(
     kind: EventType,
     data: &Value,
 ) -> Result<Option<Event>, sqlx::Error> {
-    let Some(mut tx) = fenced(db, id, attempt, progress).await? else {
-        return Ok(None);
-    };
-    let event = append_event(&mut tx, id, kind, data).await?;
-    tx.commit().await?;
-    Ok(Some(event))
+    let row: Option<(i64, OffsetDateTime)> = sqlx::query_as(
+        "WITH held AS (
+             UPDATE tasks SET progress = COALESCE($3, progress), last_seq = last_seq + 1, updated_at = now()
+              WHERE id = $1 AND status = 'running' AND attempts = $2
+          RETURNING id, last_seq
+         )
+         INSERT INTO task_events (task_id, seq, type, data)
+         SELECT id, last_seq, $4, $5 FROM held
+         RETURNING seq, at",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(progress)
+    .bind(kind.as_str())
+    .bind(sqlx::types::Json(data))
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|(seq, at)| Event { seq, kind, data: data.clone(), at }))
 }
