@@ -19,9 +19,10 @@
 //! redelivery would only meet again) keeps the visibility it has: the
 //! message comes back after the queue's visibility timeout.
 //!
-//! A run of a task goes: load (missing or terminal → `Done`) → claim, which
-//! takes a lease and bumps `attempts`, the run's fencing token (held by a
-//! live lease elsewhere → `Retry`) → the executor, bounded by the task's
+//! A run of a task goes: claim, which takes a lease and bumps `attempts`,
+//! the run's fencing token, and reads the task (not claimable: missing or
+//! terminal → `Done`, out of attempts → `failed`, held by a live lease
+//! elsewhere → `Retry`) → the executor, bounded by the task's
 //! `timeout_seconds`, while its reports become `progress`/`log` events and
 //! the lease is renewed → the outcome:
 //! - a result → `completed` (`result`, `status` events) → `Done`;
@@ -309,29 +310,16 @@ async fn run_task(
     stop_at: Option<tokio::time::Instant>,
 ) -> Outcome {
     let id = message.task_id;
-    let task = match store::load(&ctx.db, id).await {
-        Ok(Some(task)) => task,
-        Ok(None) => {
-            tracing::warn!("no such task; dropping the message");
-            return Outcome::Done;
-        }
-        Err(e) => return retry("loading the task", e),
-    };
-    if task.status.is_terminal() {
-        tracing::info!(status = task.status.as_str(), "task already finished; skipping");
-        return Outcome::Done;
-    }
-    if task.kind != message.kind {
-        tracing::warn!(task_kind = %task.kind, "the message names another kind than the task; using the task's");
-    }
-    let spec = ctx.catalog.task(&task.kind);
     // A run must have its whole timeout before the stop: one claimed with
     // less would count an attempt that could never finish. The message is
-    // shown again at once, for an invocation with the time to run it.
+    // shown again at once, for an invocation with the time to run it. The
+    // kind is the one the message names (the one the task was created
+    // with), so the claim is the first round trip of a run.
     if let Some(at) = stop_at {
         let left = at.saturating_duration_since(tokio::time::Instant::now());
         // A kind no longer offered is only failed: no time needed.
-        let needed = spec.map_or(Duration::ZERO, |s| Duration::from_secs(s.timeout_seconds.into()));
+        let needed =
+            ctx.catalog.task(&message.kind).map_or(Duration::ZERO, |s| Duration::from_secs(s.timeout_seconds.into()));
         if left < needed || left.is_zero() {
             let (left_secs, needed_secs) = (left.as_secs_f64(), needed.as_secs());
             tracing::info!(left_secs, needed_secs, "too little time left in the invocation; given back unclaimed");
@@ -339,20 +327,21 @@ async fn run_task(
         }
     }
     let max_attempts = ctx.settings.max_receives;
-    if task.attempts >= max_attempts as i32 {
-        return exhausted(ctx, &task).await;
-    }
 
     // The lease is counted from before the claim was sent: the database's
     // lease then ends no earlier than this run believes.
     let claimed_at = tokio::time::Instant::now();
     let claim = match store::claim(&ctx.db, id, ctx.settings.lease, max_attempts).await {
         Ok(Some(claim)) => claim,
+        // Not claimable: read why.
         Ok(None) => {
             return match store::load(&ctx.db, id).await {
-                Ok(None) => Outcome::Done,
+                Ok(None) => {
+                    tracing::warn!("no such task; dropping the message");
+                    Outcome::Done
+                }
                 Ok(Some(now)) if now.status.is_terminal() => {
-                    tracing::info!(status = now.status.as_str(), "finished meanwhile; skipping");
+                    tracing::info!(status = now.status.as_str(), "task already finished; skipping");
                     Outcome::Done
                 }
                 Ok(Some(now)) if now.attempts >= max_attempts as i32 => exhausted(ctx, &now).await,
@@ -365,6 +354,11 @@ async fn run_task(
         }
         Err(e) => return retry("claiming the task", e),
     };
+    let task = &claim.task;
+    if task.kind != message.kind {
+        tracing::warn!(task_kind = %task.kind, "the message names another kind than the task; using the task's");
+    }
+    let spec = ctx.catalog.task(&task.kind);
     let attempt = claim.attempt;
     tracing::info!(attempt, "claimed");
     if attempt == 1 {
@@ -391,7 +385,7 @@ async fn run_task(
     // wins over whatever it was doing.
     let started = std::time::Instant::now();
     let run = tokio::select! {
-        run = execute(ctx, &task, spec, attempt, claimed_at, stop_at) => run,
+        run = execute(ctx, task, spec, attempt, claimed_at, stop_at) => run,
         () = cancel_asked(ctx, id, attempt) => return cancel(ctx, id, attempt).await,
     };
     crate::infra::metrics::task_run(&task.kind, started.elapsed());

@@ -44,19 +44,28 @@ pub async fn load(db: &PgPool, id: Id) -> Result<Option<TaskRow>, sqlx::Error> {
     .bind(id)
     .fetch_optional(db)
     .await?;
-    let Some((space, kind, input, status, attempts, lease_live)) = row else {
-        return Ok(None);
-    };
-    let decode = |what: &str| sqlx::Error::Decode(format!("tasks row {id}: bad {what}").into());
-    Ok(Some(TaskRow {
-        id,
-        space: SpaceIndex::from_slice(&space).ok_or_else(|| decode("space_idx"))?,
-        kind,
-        input: input.0,
-        status: TaskStatus::parse(&status).ok_or_else(|| decode("status"))?,
-        attempts,
-        lease_live,
-    }))
+    row.map(|(space, kind, input, status, attempts, lease_live)| {
+        let status = TaskStatus::parse(&status).ok_or_else(|| bad(id, "status"))?;
+        task_row(id, &space, kind, input.0, status, attempts, lease_live)
+    })
+    .transpose()
+}
+
+fn bad(id: Id, what: &str) -> sqlx::Error {
+    sqlx::Error::Decode(format!("tasks row {id}: bad {what}").into())
+}
+
+fn task_row(
+    id: Id,
+    space: &[u8],
+    kind: String,
+    input: Value,
+    status: TaskStatus,
+    attempts: i32,
+    lease_live: bool,
+) -> Result<TaskRow, sqlx::Error> {
+    let space = SpaceIndex::from_slice(space).ok_or_else(|| bad(id, "space_idx"))?;
+    Ok(TaskRow { id, space, kind, input, status, attempts, lease_live })
 }
 
 /// A successful claim: the run's fencing token and its events (a
@@ -64,6 +73,8 @@ pub async fn load(db: &PgPool, id: Id) -> Result<Option<TaskRow>, sqlx::Error> {
 /// then `status: running`).
 #[derive(Debug, Clone)]
 pub struct Claim {
+    /// The task as claimed: `running`, under this run's lease.
+    pub task: TaskRow,
     pub attempt: i32,
     pub events: Vec<Event>,
     /// The run this claim took the task from, when its lease had lapsed.
@@ -101,8 +112,9 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
         return Ok(Some(claim));
     }
     let mut tx = db.begin().await?;
-    let before: Option<(String, i32, Option<OffsetDateTime>, Option<f64>)> = sqlx::query_as(
-        "SELECT status, attempts, lease_until, EXTRACT(EPOCH FROM now() - lease_until)::float8
+    type Before = (String, i32, Option<OffsetDateTime>, Option<f64>, Vec<u8>, String, sqlx::types::Json<Value>);
+    let before: Option<Before> = sqlx::query_as(
+        "SELECT status, attempts, lease_until, EXTRACT(EPOCH FROM now() - lease_until)::float8, space_idx, kind, input
            FROM tasks WHERE id = $1 FOR UPDATE",
     )
     .bind(id)
@@ -127,7 +139,8 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
             .await?
         }
     };
-    let (Some((attempt, cancel_requested)), Some((status, previous, lapsed_at, lapsed_secs))) = (claimed, before)
+    let (Some((attempt, cancel_requested)), Some((status, previous, lapsed_at, lapsed_secs, space, kind, input))) =
+        (claimed, before)
     else {
         tx.rollback().await?;
         return Ok(None);
@@ -143,27 +156,31 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
     events
         .push(append_event(&mut tx, id, EventType::Status, &json!({ "status": "running", "attempt": attempt })).await?);
     tx.commit().await?;
-    Ok(Some(Claim { attempt, events, took_over, cancel_requested }))
+    let task = task_row(id, &space, kind, input.0, TaskStatus::Running, attempt, true)?;
+    Ok(Some(Claim { task, attempt, events, took_over, cancel_requested }))
 }
 
 /// [`claim`] of a `queued` task: the status change and its `running` event
 /// in one statement, one round trip. `None` when the task is not `queued`
 /// (or out of attempts).
 async fn claim_queued(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -> Result<Option<Claim>, sqlx::Error> {
-    let row: Option<(i32, i64, OffsetDateTime, String, bool)> = sqlx::query_as(
+    type Row = (i32, i64, OffsetDateTime, String, bool, Vec<u8>, sqlx::types::Json<Value>);
+    let row: Option<Row> = sqlx::query_as(
         "WITH claimed AS (
              UPDATE tasks
                 SET status = 'running', attempts = attempts + 1, last_seq = last_seq + 1,
                     lease_until = now() + make_interval(secs => $2), updated_at = now()
               WHERE id = $1 AND status = 'queued' AND attempts < $3
-          RETURNING id, attempts, last_seq, kind, cancel_requested_at IS NOT NULL AS cancel_requested
+          RETURNING id, attempts, last_seq, kind, cancel_requested_at IS NOT NULL AS cancel_requested,
+                    space_idx, input
          ), appended AS (
              INSERT INTO task_events (task_id, seq, type, data)
              SELECT id, last_seq, 'status', jsonb_build_object('status', 'running', 'attempt', attempts)
                FROM claimed
           RETURNING seq, at
          )
-         SELECT claimed.attempts, appended.seq, appended.at, claimed.kind, claimed.cancel_requested
+         SELECT claimed.attempts, appended.seq, appended.at, claimed.kind, claimed.cancel_requested,
+                claimed.space_idx, claimed.input
            FROM claimed, appended",
     )
     .bind(id)
@@ -171,13 +188,14 @@ async fn claim_queued(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -
     .bind(max_attempts)
     .fetch_optional(db)
     .await?;
-    let Some((attempt, seq, at, kind, cancel_requested)) = row else {
+    let Some((attempt, seq, at, kind, cancel_requested, space, input)) = row else {
         return Ok(None);
     };
     let data = json!({ "status": "running", "attempt": attempt });
     crate::infra::metrics::task_status(&kind, seq, &data);
     let events = vec![Event { seq, kind: EventType::Status, data, at }];
-    Ok(Some(Claim { attempt, events, took_over: None, cancel_requested }))
+    let task = task_row(id, &space, kind, input.0, TaskStatus::Running, attempt, true)?;
+    Ok(Some(Claim { task, attempt, events, took_over: None, cancel_requested }))
 }
 
 /// Renews the run's lease: `lease` from now. `false`: the run no longer
