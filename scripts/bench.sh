@@ -12,10 +12,12 @@
 # database, redis-server and SQS queue for each measurement, spreads its
 # clients over loopback source addresses, raises the open-file limit
 # itself, and prints one Markdown section per benchmark. BENCHMARKS.md is
-# rewritten with the sections, the command, the machine, and bench/NOTES.md
-# (what the figures mean, written by hand). The sections of the last run are
-# kept in target/bench/, so `--stitch` can take in an edited NOTES.md
-# without measuring again.
+# rewritten with the sections, the machine, and bench/NOTES.md (what the
+# figures mean, written by hand). Each section says when, at which commit
+# and by which command it was measured; a run of some phases keeps the other
+# phases' sections as BENCHMARKS.md has them (between its `<!-- bench: … -->`
+# markers). The sections are kept in target/bench/, so `--stitch` can take
+# in an edited NOTES.md without measuring again.
 # Bounded in time: once built, a full run takes about 8 minutes on 2 cores
 # (fan-out and its ceiling are most of it); the release builds from cold, ~30.
 # BENCH_CEILING=<watchers> moves the ceiling attempt (0 skips it).
@@ -43,10 +45,14 @@ stitch() {
     echo "# Benchmarks"
     echo
     cat "$SECTIONS/header"
-    echo "The machine is shared and noisy: read the ratios and medians measured side by side, not single absolute times."
+    echo "Each section says when and at which commit it was measured. The machine is shared and noisy: read the ratios and medians measured side by side, not single absolute times."
     echo
     for phase in "${all_phases[@]}"; do
-      if [[ -f "$SECTIONS/$phase.md" ]]; then cat "$SECTIONS/$phase.md"; fi
+      if [[ -f "$SECTIONS/$phase.md" ]]; then
+        echo "<!-- bench: $phase -->"
+        cat "$SECTIONS/$phase.md"
+        echo "<!-- /bench: $phase -->"
+      fi
     done
     if [[ -f bench/NOTES.md ]]; then cat bench/NOTES.md; fi
   } >BENCHMARKS.md
@@ -86,9 +92,18 @@ build_each() {
 }
 timed build build_each
 
-# A fresh run: sections of an earlier run must not mix into this one.
-rm -rf "$SECTIONS"
+# The phases this run measures start afresh; the others keep the section
+# BENCHMARKS.md has for them, with the date and commit they were measured at.
 mkdir -p "$SECTIONS"
+for phase in "${all_phases[@]}"; do
+  rm -f "$SECTIONS/$phase.md"
+  if ! needs "$phase" && [[ -f BENCHMARKS.md ]]; then
+    awk -v p="$phase" '$0 == "<!-- /bench: " p " -->" { on = 0 } on { print } $0 == "<!-- bench: " p " -->" { on = 1 }' \
+      BENCHMARKS.md >"$SECTIONS/$phase.md"
+    [[ -s "$SECTIONS/$phase.md" ]] || rm -f "$SECTIONS/$phase.md"
+  fi
+done
+measured="Measured by \`scripts/bench.sh ${phases[*]}\` on $(date -u +%Y-%m-%d) at commit \`$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\` — release build, local stack, loopback only."
 for phase in "${phases[@]}"; do
   section="$SECTIONS/$phase.md.partial"
   case "$phase" in
@@ -98,10 +113,8 @@ for phase in "${phases[@]}"; do
     worker)     timed worker "$BIN/reeve-bench" worker --reeve "$BIN/reeve" >"$section" ;;
     coldstart)  timed coldstart "$BIN/reeve-bench" coldstart --bin-dir "$BIN" >"$section" ;;
   esac
+  printf '%s\n\n' "$measured" >>"$section"
   mv "$section" "$SECTIONS/$phase.md"
 done
-{
-  echo "Written by \`scripts/bench.sh ${phases[*]}\` from a run on $(date -u +%Y-%m-%d) at commit \`$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\` — release build, local stack, loopback only."
-  echo "Machine: $("$BIN/reeve-bench" machine 2>/dev/null || uname -m), $(uname -sr)."
-} >"$SECTIONS/header"
+echo "Machine of the last run: $("$BIN/reeve-bench" machine 2>/dev/null || uname -m), $(uname -sr)." >"$SECTIONS/header"
 stitch
