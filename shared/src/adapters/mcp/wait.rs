@@ -57,6 +57,11 @@ pub async fn until_done(
     let mut seen = 0i64;
     let mut last_fraction = -1.0f64;
     loop {
+        // The task first, then its events: every event of a task read as
+        // ended is in the log by then (the end and its events are one
+        // write), so a task that ends between two polls still has each of
+        // its progress events sent before the answer.
+        let task = tasks::find_for_space(db, space, id).await?;
         if let Some(progress) = progress {
             let events = {
                 let mut conn = db.acquire().await?;
@@ -80,7 +85,6 @@ pub async fn until_done(
                 }
             }
         }
-        let task = tasks::find_for_space(db, space, id).await?;
         match task {
             Some(task) if !task.status.is_terminal() && Instant::now() < deadline => {}
             other => return Ok(other),
