@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use reeve_shared::auth::{self, Secret, SpaceIndex};
-use reeve_shared::catalog::Catalog;
-use reeve_shared::http::{ApiContext, Ctx};
-use reeve_shared::redis_client::RedisClient;
-use reeve_shared::settings::ApiSettings;
+use reeve_shared::auth::{self, SpaceIndex};
+use reeve_shared::db::Connect;
+use reeve_shared::http::Ctx;
+use reeve_shared::settings::{self, Config, Needs};
+use reeve_shared::startup;
 use reeve_shared::tasks::{self, Created, TaskRequest};
 use serde_json::json;
 use time::OffsetDateTime;
@@ -47,13 +47,12 @@ pub struct Args {
 /// stays queued: the kind's free quota is the catalog's largest, far above
 /// the run's few hundred tasks (the route still counts it on every create).
 const KIND: &str = "bench";
-fn catalog() -> anyhow::Result<Catalog> {
+fn catalog_toml() -> String {
     let shipped = include_str!("../../reeve.toml");
-    let extra = format!(
-        "[tasks.{KIND}]\ntitle = \"Bench\"\nexecutor = \"digest\"\ntimeout_seconds = 30\ninput_schema = {{ type = \"object\" }}\n\
-         [tasks.{KIND}.quota]\nper_hour = 1000000\nat_once = 10000\n"
-    );
-    Ok(Catalog::parse(&format!("{shipped}\n{extra}"))?)
+    format!(
+        "{shipped}\n[tasks.{KIND}]\ntitle = \"Bench\"\nexecutor = \"digest\"\ntimeout_seconds = 30\n\
+         input_schema = {{ type = \"object\" }}\n[tasks.{KIND}.quota]\nper_hour = 1000000\nat_once = 10000\n"
+    )
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -71,13 +70,10 @@ struct Round {
     failures: usize,
 }
 
-fn secret(name: &'static str) -> anyhow::Result<Secret> {
-    Ok(Secret::new(name, std::env::var(name).with_context(|| name.to_owned())?.into_bytes())?)
-}
-
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let db = BenchDb::create("taskcreate").await?;
-    let aws = reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await;
+    let stack = Config::from_env();
+    let aws = startup::aws_clients(&stack).await;
     let queue_name = format!("reeve-bench-{}", std::process::id());
     let queue_url = aws
         .sqs
@@ -89,17 +85,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .queue_url()
         .context("a queue url")?
         .to_owned();
-    let redis_url = std::env::var("REDIS_URL").context("REDIS_URL")?;
-    let settings = ApiSettings {
-        pepper: secret("REEVE_PEPPER")?,
-        token_key: secret("REEVE_TOKEN_KEY")?,
-        database_url: Secret::text("DATABASE_URL", db.url.clone()),
-        redis_url: redis_url.clone(),
-        bucket: std::env::var("REEVE_BUCKET").context("REEVE_BUCKET")?,
-        queue_url: queue_url.clone(),
-    };
-    let pool = reeve_shared::db::connect_lazy(&db.url)?;
-    let ctx = ApiContext::new(catalog()?, pool, RedisClient::new(&redis_url)?, aws.clone(), settings);
+    // The API's context as `reeve serve` builds it, on the harness's own
+    // database, queue and catalog.
+    let catalog_path = std::env::temp_dir().join(format!("reeve-bench-{}.toml", std::process::id()));
+    std::fs::write(&catalog_path, catalog_toml()).context("writing the bench catalog")?;
+    let config = stack
+        .with(settings::CATALOG, catalog_path.display().to_string())
+        .with(settings::DATABASE_URL, db.url.clone())
+        .with(settings::QUEUE_URL, queue_url.clone());
+    let sdk = startup::sdk().await;
+    let ctx = startup::api(&config, &sdk, Needs::ALL, Connect::Lazily).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let _ = std::fs::remove_file(&catalog_path);
 
     let space = SpaceIndex::from_array(rand_bytes());
     sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'bench')").bind(space.as_bytes()).execute(&ctx.db).await?;

@@ -17,9 +17,12 @@ use axum::routing::get;
 use futures_util::stream;
 use reeve_shared::auth::SpaceIndex;
 use reeve_shared::catalog::Catalog;
+use reeve_shared::db::Connect;
 use reeve_shared::executors::{self, ExecDeps, ExecError, Job, codes};
 use reeve_shared::ids::Id;
 use reeve_shared::outbound::{Outbound, OutboundPolicy};
+use reeve_shared::settings::{self, Config};
+use reeve_shared::startup;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use sqlx::PgPool;
@@ -53,6 +56,7 @@ static ALLOCATOR: Counting = Counting;
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
 const MIB: usize = 1024 * 1024;
+const DEV_CATALOG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../reeve.dev.toml");
 static CHUNK: [u8; 64 * 1024] = [b'r'; 64 * 1024];
 
 /// Serves `/body`: `mib` MiB of static chunks, without a Content-Length.
@@ -70,28 +74,27 @@ async fn server(mib: usize) -> String {
     format!("http://127.0.0.1:{port}/body")
 }
 
+/// The executors' dependencies as the worker binary builds them, allowed to
+/// reach this process's server on loopback. One change: the users' client
+/// waits up to 120 s, not 30, so a slow run under load is never cut short
+/// before its peak is measured.
 async fn deps(pool: PgPool, max_bytes: u64) -> ExecDeps {
-    let policy = OutboundPolicy {
-        allow_http: true,
-        allow: vec!["127.0.0.1".into()],
-        max_redirects: 0,
-        connect_timeout: Duration::from_secs(5),
-        timeout: Duration::from_secs(120),
-    };
-    ExecDeps {
-        db: pool,
-        s3: reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await.s3,
-        bucket: std::env::var("REEVE_BUCKET").expect("REEVE_BUCKET: load the stack's .env"),
-        outbound: Outbound::new(policy.clone()).unwrap(),
-        operators: Outbound::new(policy).unwrap(),
-        fetch_max_bytes: max_bytes,
-        output_retention_days: None,
-    }
+    let config = Config::from_env()
+        .with(settings::CATALOG, DEV_CATALOG)
+        .with_pool(pool)
+        .without(settings::QUEUE_URL)
+        .with(settings::FETCH_ALLOW, "127.0.0.1")
+        .with(settings::ALLOW_HTTP, "1")
+        .with(settings::FETCH_MAX_BYTES, max_bytes.to_string());
+    let sdk = startup::sdk().await;
+    let built = startup::worker(&config, &sdk, Connect::Lazily).await.unwrap_or_else(|e| panic!("{e}")).exec;
+    let patient = OutboundPolicy { timeout: Duration::from_secs(120), ..built.outbound.policy.clone() };
+    ExecDeps { outbound: Outbound::new(patient).unwrap(), ..built }
 }
 
 /// Runs `fetch` on `url`; the result and the peak extra memory meanwhile.
 async fn fetch(deps: &ExecDeps, task_id: Id, url: &str) -> (Result<Value, ExecError>, usize) {
-    let catalog = Catalog::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.dev.toml")).unwrap();
+    let catalog = Catalog::load(std::path::Path::new(DEV_CATALOG)).unwrap();
     let spec = catalog.tasks["fetch"].clone();
     let input = json!({ "url": url });
     let (tx, mut rx) = mpsc::channel(64);

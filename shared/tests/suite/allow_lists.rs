@@ -9,7 +9,6 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -20,7 +19,7 @@ use reeve_shared::catalog::{Executor, TaskSpec};
 use reeve_shared::db::Connect;
 use reeve_shared::executors::{self, ExecDeps, ExecError, Job, codes};
 use reeve_shared::ids::Id;
-use reeve_shared::outbound::{Outbound, OutboundPolicy};
+use reeve_shared::outbound::Outbound;
 use reeve_shared::settings::{self, Config};
 use reeve_shared::startup;
 use serde_json::{Value, json};
@@ -109,24 +108,23 @@ fn resolver(name: &str) -> Vec<IpAddr> {
     }
 }
 
-fn policy(allow: Vec<String>) -> OutboundPolicy {
-    OutboundPolicy { allow_http: true, allow, timeout: Duration::from_secs(5), ..OutboundPolicy::default() }
-}
-
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn fetch_cannot_reach_an_operator_allowed_host_directly_or_by_redirect(pool: sqlx::PgPool) {
     let (port, hits) = executor_host().await;
     let private = format!("http://executor.internal:{port}");
     let public = redirector(format!("{private}/count")).await;
+    // The worker as start-up builds it, with the two lists a deployment
+    // would set. The one stand-in: both clients resolve names through
+    // `resolver`, a deployment's DNS, over the policies start-up read.
+    let config = common::worker_config(&pool)
+        .with(settings::FETCH_ALLOW, format!("public.example:{public}"))
+        .with(settings::OPERATOR_ALLOW, "executor.internal")
+        .with(settings::ALLOW_HTTP, "1");
+    let built = common::worker(&config).await.exec;
     let deps = ExecDeps {
-        db: pool,
-        s3: common::aws().await.s3,
-        bucket: "reeve-test".into(),
-        // The users' list holds only the stand-in for a public host.
-        outbound: Outbound::with_resolver(policy(vec![format!("public.example:{public}")]), resolver).unwrap(),
-        operators: Outbound::with_resolver(policy(vec!["executor.internal".into()]), resolver).unwrap(),
-        fetch_max_bytes: 1024 * 1024,
-        output_retention_days: None,
+        outbound: Outbound::with_resolver(built.outbound.policy.clone(), resolver).unwrap(),
+        operators: Outbound::with_resolver(built.operators.policy.clone(), resolver).unwrap(),
+        ..built
     };
 
     assert_blocked(run(&deps, &spec("fetch"), json!({ "url": format!("{private}/count") })).await, "direct fetch");

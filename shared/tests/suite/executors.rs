@@ -22,7 +22,7 @@ use reeve_shared::catalog::{Executor, TaskSpec};
 use reeve_shared::executors::{self, ExecDeps, ExecError, Job, Report, codes, output_key};
 use reeve_shared::http::{app, task_status_app};
 use reeve_shared::ids::Id;
-use reeve_shared::outbound::{Outbound, OutboundPolicy};
+use reeve_shared::settings;
 use reeve_shared::startup;
 use reeve_shared::uploads::{self, PresignedUpload, UploadRequest};
 use serde_json::{Value, json};
@@ -36,33 +36,16 @@ const MIB: usize = 1024 * 1024;
 /// What `fetch` may download in these tests.
 const FETCH_MAX: u64 = MIB as u64;
 
-fn bucket() -> String {
-    std::env::var("REEVE_BUCKET").expect("REEVE_BUCKET is set: run with the stack's .env")
-}
-
-fn policy() -> OutboundPolicy {
-    OutboundPolicy {
-        allow_http: true,
-        allow: vec!["127.0.0.1".into()],
-        max_redirects: 3,
-        connect_timeout: Duration::from_secs(5),
-        timeout: Duration::from_secs(10),
-    }
-}
-
 /// As the template's default `OutputRetentionDays`.
 const OUTPUT_RETENTION_DAYS: u32 = 30;
 
+/// The executors' dependencies as the worker binary builds them, from a
+/// config that lets them reach the tests' own servers on loopback.
 async fn deps(pool: PgPool) -> ExecDeps {
-    ExecDeps {
-        db: pool,
-        s3: common::aws().await.s3,
-        bucket: bucket(),
-        outbound: Outbound::new(policy()).expect("the test policy is valid"),
-        operators: Outbound::new(policy()).expect("the test policy is valid"),
-        fetch_max_bytes: FETCH_MAX,
-        output_retention_days: Some(OUTPUT_RETENTION_DAYS),
-    }
+    let config = common::loopback_outbound(common::worker_config(&pool))
+        .with(settings::FETCH_MAX_BYTES, FETCH_MAX.to_string())
+        .with(settings::OUTPUT_RETENTION_DAYS, OUTPUT_RETENTION_DAYS.to_string());
+    common::worker(&config).await.exec
 }
 
 fn spec(kind: &str) -> TaskSpec {
