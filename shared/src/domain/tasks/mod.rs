@@ -23,8 +23,6 @@ pub(crate) mod input;
 #[cfg(feature = "s3")]
 pub mod output;
 pub(crate) mod queue;
-#[cfg(feature = "api-tasks")]
-pub(crate) mod quota;
 #[cfg(feature = "catalog")]
 pub(crate) mod shelf;
 #[cfg(feature = "api-tasks")]
@@ -207,7 +205,7 @@ pub async fn find_by_idempotency_key(db: &PgPool, request: &TaskRequest<'_>) -> 
 
 #[cfg(feature = "catalog")]
 /// Stores a task as `queued` with its first event (`seq` 1,
-/// `{"status":"queued"}`), in one transaction.
+/// `{"status":"queued"}`), in one statement.
 ///
 /// With an idempotency key, a second request with the same key answers the
 /// first one's task ([`Created::Replayed`]) or a conflict. Two concurrent
@@ -218,12 +216,9 @@ pub async fn create(db: &PgPool, new: TaskRequest<'_>) -> Result<Created, Create
     // A key whose task vanished between our insert and re-read (its space was
     // deleted) is simply free again: try once more.
     for _ in 0..3 {
-        let mut tx = db.begin().await?;
-        if let Some(task) = insert_queued(&mut tx, new).await? {
-            tx.commit().await?;
+        if let Some(task) = insert_queued(db, new).await? {
             return Ok(Created::New(task));
         }
-        tx.rollback().await?;
         if let Some(task) = find_by_idempotency_key(db, &new).await? {
             return Ok(Created::Replayed(task));
         }
@@ -232,32 +227,63 @@ pub async fn create(db: &PgPool, new: TaskRequest<'_>) -> Result<Created, Create
 }
 
 #[cfg(feature = "catalog")]
-/// The insert of [`create`], inside the caller's transaction: the task
-/// `queued` with its first event. `None`: the idempotency key is taken (by a
-/// committed task, or one whose transaction is still open and has now won).
-pub async fn insert_queued(conn: &mut sqlx::PgConnection, new: TaskRequest<'_>) -> Result<Option<Task>, sqlx::Error> {
-    let hash = new.hash();
-    let sql = concat!(
-        "INSERT INTO tasks (id, space_idx, kind, input, idempotency_key, request_hash)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (space_idx, idempotency_key) DO NOTHING
-         RETURNING ",
-        task_columns!()
-    );
-    let inserted = sqlx::query_as::<_, Task>(sql)
+/// The task `queued` and its first event, written by one statement: `task`
+/// and `event` are its CTEs, and `$1`–`$6` are bound by [`bind_queued`].
+/// `$gate` is the `FROM … WHERE …` that may hold the insert back (the free
+/// quota's), or empty.
+macro_rules! insert_queued_ctes {
+    ($gate:literal) => {
+        concat!(
+            "task AS (
+                 INSERT INTO tasks (id, space_idx, kind, input, idempotency_key, request_hash, last_seq)
+                 SELECT $1, $2, $3, $4, $5, $6, 1 ",
+            $gate,
+            "
+                 ON CONFLICT (space_idx, idempotency_key) DO NOTHING
+                 RETURNING ",
+            task_columns!(),
+            "
+             ), event AS (
+                 INSERT INTO task_events (task_id, seq, type, data)
+                 SELECT id, 1, 'status', '{\"status\": \"queued\"}' FROM task
+             )"
+        )
+    };
+}
+// After `insert_queued_ctes!`, which it uses.
+#[cfg(feature = "api-tasks")]
+pub(crate) mod quota;
+
+#[cfg(feature = "catalog")]
+/// Binds `$1`–`$6` of [`insert_queued_ctes`] for `new`.
+pub(crate) fn bind_queued<'q, O>(
+    query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    new: TaskRequest<'q>,
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+    query
         .bind(Id::new())
         .bind(new.space.as_bytes())
         .bind(new.kind)
         .bind(sqlx::types::Json(new.input))
         .bind(new.idempotency_key)
-        .bind(hash.as_slice())
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some(task) = inserted else {
-        return Ok(None);
-    };
-    append_event(conn, task.id, EventType::Status, &json!({ "status": "queued" })).await?;
-    Ok(Some(task))
+        .bind(new.hash().to_vec())
+}
+
+#[cfg(feature = "catalog")]
+/// The insert of [`create`], alone or inside the caller's transaction: the
+/// task `queued` with its first event. `None`: the idempotency key is taken
+/// (by a committed task, or one whose transaction is still open and has now
+/// won).
+pub async fn insert_queued<'c>(
+    db: impl sqlx::PgExecutor<'c>,
+    new: TaskRequest<'_>,
+) -> Result<Option<Task>, sqlx::Error> {
+    let sql = concat!("WITH ", insert_queued_ctes!(""), " SELECT ", task_columns!(), " FROM task");
+    let task = bind_queued(sqlx::query_as::<_, Task>(sql), new).fetch_optional(db).await?;
+    if let Some(task) = &task {
+        crate::infra::metrics::task_status(&task.kind, 1, &json!({ "status": "queued" }));
+    }
+    Ok(task)
 }
 
 /// The task `id` if it belongs to `space`. Someone else's task is `None`,

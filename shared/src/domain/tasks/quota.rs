@@ -7,8 +7,9 @@
 //! ceiling is its payment, and it is never counted here.
 //!
 //! The check and the insert are one transaction that first takes a lock on
-//! (space, kind), so concurrent creates of one space queue up and each one
-//! counts the tasks the others stored: a burst of parallel requests cannot
+//! (space, kind) and counts in the same round trip (the database function
+//! `quota_lock_and_count`), so concurrent creates of one space queue up and
+//! each one counts the tasks the others stored: a burst of parallel requests cannot
 //! slip past the quota together. Other spaces, and other kinds, never wait
 //! for it.
 //!
@@ -20,12 +21,14 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
 use utoipa::ToSchema;
 
-use super::{CreateError, Created, TaskRequest, insert_queued};
+use super::{CreateError, Created, Task, TaskRequest, bind_queued};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::{Catalog, Quota, TaskSpec};
+use crate::domain::ids::Id;
 
 /// What a client over the at-once cap is told to wait: a free task's run
 /// is short, and its stream says when it ends.
@@ -115,64 +118,67 @@ enum Admitted {
 }
 
 async fn create_within(db: &PgPool, new: TaskRequest<'_>, quota: Quota) -> Result<Admitted, CreateError> {
-    let mut tx = db.begin().await?;
-    // Held until commit or rollback: the next create of this space and kind
-    // counts after this one is stored or given up.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!("reeve.quota:{}:{}", new.space.to_hex(), new.kind))
-        .execute(&mut *tx)
+    // One statement, so one transaction of its own: `quota_lock_and_count`
+    // locks (space, kind) until it ends and counts after the lock (migration
+    // 0009 says why that is a function), and the task is inserted only under
+    // both ceilings. The next create of this space and kind counts after
+    // this one is stored or given up.
+    let sql = concat!(
+        "WITH used AS (SELECT this_hour, unfinished FROM quota_lock_and_count($2, $3)), ",
+        insert_queued_ctes!("FROM used WHERE used.this_hour < $7 AND used.unfinished < $8"),
+        " SELECT used.this_hour, used.unfinished, ",
+        task_columns!(),
+        " FROM used LEFT JOIN task ON true"
+    );
+    let row = bind_queued(sqlx::query_as::<_, Admission>(sql), new)
+        .bind(i64::from(quota.per_hour))
+        .bind(i64::from(quota.at_once))
+        .fetch_one(db)
         .await?;
-    let (this_hour, unfinished) = counts(&mut tx, new.space, new.kind).await?;
-    let limit = if this_hour >= i64::from(quota.per_hour) {
-        Some(Limit::PerHour(quota.per_hour))
-    } else if unfinished >= i64::from(quota.at_once) {
-        Some(Limit::AtOnce(quota.at_once))
-    } else {
-        None
-    };
-    if let Some(limit) = limit {
-        let retry_after = match limit {
-            Limit::PerHour(n) => hour_frees_in(&mut tx, new.space, new.kind, n).await?,
-            Limit::AtOnce(_) => AT_ONCE_RETRY,
-        };
-        tx.rollback().await?;
-        tracing::info!(kind = new.kind, %limit, "free task refused: quota exceeded");
-        return Ok(Admitted::Refused(QuotaExceeded { kind: new.kind.to_owned(), limit, retry_after }));
+    if let Some(task) = row.task {
+        crate::infra::metrics::task_status(&task.kind, 1, &serde_json::json!({ "status": "queued" }));
+        return Ok(Admitted::Stored(Created::New(task)));
     }
-    let Some(task) = insert_queued(&mut tx, new).await? else {
-        // The idempotency key is taken: by this same request (its task is
-        // answered again) or by another one (a conflict). Create tells which.
-        tx.rollback().await?;
+    let limit = if row.this_hour >= i64::from(quota.per_hour) {
+        Limit::PerHour(quota.per_hour)
+    } else if row.unfinished >= i64::from(quota.at_once) {
+        Limit::AtOnce(quota.at_once)
+    } else {
+        // Under both ceilings, so the idempotency key is taken: by this same
+        // request (its task is answered again) or by another one (a
+        // conflict). Create tells which.
         return Ok(Admitted::Stored(super::create(db, new).await?));
     };
-    tx.commit().await?;
-    Ok(Admitted::Stored(Created::New(task)))
+    let retry_after = match limit {
+        Limit::PerHour(n) => hour_frees_in(db, new.space, new.kind, n).await?,
+        Limit::AtOnce(_) => AT_ONCE_RETRY,
+    };
+    tracing::info!(kind = new.kind, %limit, "free task refused: quota exceeded");
+    Ok(Admitted::Refused(QuotaExceeded { kind: new.kind.to_owned(), limit, retry_after }))
 }
 
-/// The space's tasks of `kind` created in the last hour, and those queued
-/// or running.
-async fn counts(conn: &mut PgConnection, space: &SpaceIndex, kind: &str) -> Result<(i64, i64), sqlx::Error> {
-    sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE created_at > now() - interval '1 hour'),
-                count(*) FILTER (WHERE status IN ('queued', 'running'))
-           FROM tasks
-          WHERE space_idx = $1 AND kind = $2
-            AND (created_at > now() - interval '1 hour' OR status IN ('queued', 'running'))",
-    )
-    .bind(space.as_bytes())
-    .bind(kind)
-    .fetch_one(conn)
-    .await
+/// The counts the admission read, and the task it stored, if any.
+struct Admission {
+    this_hour: i64,
+    unfinished: i64,
+    task: Option<Task>,
+}
+
+impl<'r> sqlx::FromRow<'r, PgRow> for Admission {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        // Without a stored task, its columns are NULL (the LEFT JOIN).
+        let stored = row.try_get::<Option<Id>, _>("id")?.is_some();
+        Ok(Admission {
+            this_hour: row.try_get("this_hour")?,
+            unfinished: row.try_get("unfinished")?,
+            task: if stored { Some(Task::from_row(row)?) } else { None },
+        })
+    }
 }
 
 /// How long until the hour holds fewer than `per_hour` tasks: until the
 /// `per_hour`-th newest of them is an hour old.
-async fn hour_frees_in(
-    conn: &mut PgConnection,
-    space: &SpaceIndex,
-    kind: &str,
-    per_hour: u32,
-) -> Result<Duration, sqlx::Error> {
+async fn hour_frees_in(db: &PgPool, space: &SpaceIndex, kind: &str, per_hour: u32) -> Result<Duration, sqlx::Error> {
     let seconds: Option<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM created_at + interval '1 hour' - now())::float8
            FROM tasks
@@ -183,7 +189,7 @@ async fn hour_frees_in(
     .bind(space.as_bytes())
     .bind(kind)
     .bind(i64::from(per_hour))
-    .fetch_optional(conn)
+    .fetch_optional(db)
     .await?;
     Ok(Duration::from_secs(seconds.map_or(1.0, f64::ceil).max(1.0) as u64))
 }
