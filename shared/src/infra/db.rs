@@ -45,10 +45,29 @@ fn options(url: &str) -> Result<PgConnectOptions, DbError> {
     PgConnectOptions::from_str(url).map_err(|_| DbError::BadUrl)
 }
 
+/// A connection used this recently is handed out without a ping first.
+/// sqlx pings every connection before handing it out: a round trip before
+/// each query, a third of the worker's claim. A connection that just
+/// answered is almost surely alive; one that sat idle (a Lambda frozen
+/// between invocations, a failover meanwhile) is checked, as HikariCP does
+/// with its 500 ms `aliveBypassWindowMs`.
+pub const PING_AFTER_IDLE: Duration = Duration::from_millis(500);
+
 fn pool_options() -> PgPoolOptions {
     // Lambdas serve one request at a time; a handful of connections is plenty
     // and keeps a scaled-out fleet under Postgres's connection limit.
-    PgPoolOptions::new().max_connections(8).acquire_timeout(Duration::from_secs(5))
+    PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(5))
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
 }
 
 /// Connects now, so a wrong URL or a stopped server fails at start-up with a

@@ -43,6 +43,28 @@ async fn ids_of_any_other_length_are_refused_by_the_schema(pool: PgPool) {
     assert!(err.to_string().contains("check constraint"), "{err}");
 }
 
+/// A failover, or Postgres restarting, ends the pool's connections while
+/// they sit idle. The pool pings a connection idle for `PING_AFTER_IDLE`
+/// before handing it out, so the first query after the pause finds the dead
+/// one, drops it, and runs on a new connection instead of failing.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_connection_that_died_while_idle_is_replaced_before_a_query_uses_it(pool: PgPool) {
+    let app_pool = db::connect(&common::database_url(&pool)).await.unwrap();
+    let before: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&app_pool).await.unwrap();
+
+    let ended: bool =
+        sqlx::query_scalar("SELECT pg_terminate_backend($1)").bind(before).fetch_one(&pool).await.unwrap();
+    assert!(ended, "the pool's connection was ended from outside");
+    tokio::time::sleep(db::PING_AFTER_IDLE + std::time::Duration::from_millis(100)).await;
+
+    let after: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&app_pool)
+        .await
+        .expect("the query after the pause runs on a new connection");
+    assert_ne!(after, before);
+    app_pool.close().await;
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn migrating_again_is_a_no_op(pool: PgPool) {
     db::migrate(&pool).await.expect("second run");
