@@ -826,9 +826,17 @@ async fn a_message_held_for_a_slot_at_shutdown_is_given_back_unstarted(pool: PgP
 
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let stop = async {
-        // Both received (none visible) while one runs: then shut down.
+        // Both received (none visible) while one runs: then shut down. A
+        // shutdown before the slot's claim would give both back.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while queue_counts(&sqs, &api.queue.url).await != (0, 2) {
+        let running = || async {
+            let mut statuses = Vec::new();
+            for id in ids {
+                statuses.push(row(&pool, id).await.status);
+            }
+            statuses.iter().any(|s| s == "running")
+        };
+        while queue_counts(&sqs, &api.queue.url).await != (0, 2) || !running().await {
             assert!(Instant::now() < deadline, "the poller never held both messages");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
