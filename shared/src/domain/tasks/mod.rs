@@ -281,9 +281,16 @@ pub async fn insert_queued<'c>(
     let sql = concat!("WITH ", insert_queued_ctes!(""), " SELECT ", task_columns!(), " FROM task");
     let task = bind_queued(sqlx::query_as::<_, Task>(sql), new).fetch_optional(db).await?;
     if let Some(task) = &task {
-        crate::infra::metrics::task_status(&task.kind, 1, &json!({ "status": "queued" }));
+        count_created(task);
     }
     Ok(task)
+}
+
+#[cfg(feature = "catalog")]
+/// Counts a task [`insert_queued_ctes`] stored, as [`append_event`] counts a
+/// status event it writes.
+fn count_created(task: &Task) {
+    crate::infra::metrics::task_status(&task.kind, 1, &json!({ "status": "queued" }));
 }
 
 /// The task `id` if it belongs to `space`. Someone else's task is `None`,

@@ -6,11 +6,11 @@
 //! free task, so free work needs a ceiling of its own; a priced task's
 //! ceiling is its payment, and it is never counted here.
 //!
-//! The check and the insert are one transaction that first takes a lock on
-//! (space, kind) and counts in the same round trip (the database function
-//! `quota_lock_and_count`), so concurrent creates of one space queue up and
-//! each one counts the tasks the others stored: a burst of parallel requests cannot
-//! slip past the quota together. Other spaces, and other kinds, never wait
+//! The check and the insert are one statement, in a transaction of its own,
+//! that first takes a lock on (space, kind) and counts after it (the
+//! database function `quota_lock_and_count`), so concurrent creates of one
+//! space queue up and each one counts the tasks the others stored: a burst
+//! of parallel requests cannot slip past the quota together. Other spaces, and other kinds, never wait
 //! for it.
 //!
 //! The hour is a sliding one: a task counts for the 60 minutes after it was
@@ -136,7 +136,7 @@ async fn create_within(db: &PgPool, new: TaskRequest<'_>, quota: Quota) -> Resul
         .fetch_one(db)
         .await?;
     if let Some(task) = row.task {
-        crate::infra::metrics::task_status(&task.kind, 1, &serde_json::json!({ "status": "queued" }));
+        super::count_created(&task);
         return Ok(Admitted::Stored(Created::New(task)));
     }
     let limit = if row.this_hour >= i64::from(quota.per_hour) {
