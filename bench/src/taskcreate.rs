@@ -132,7 +132,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut out = String::from("## Task create\n\n");
     out.push_str(&format!(
         "`POST /v1/tasks/{{kind}}` (a free kind, a small object input) through the API's router in-process, against a \
-         bare loop of the same `INSERT` (the task and its first event, one transaction) and SQS `SendMessage`, on one \
+         bare loop of the same `INSERT` (the task and its first event, one statement) and SQS `SendMessage`, on one \
          connection pool and a queue of the harness's own in the local SQS. Each client sends its requests one after \
          another; {} rounds of {} tasks per client for each side, alternating. Throughput is the median round's; \
          p50/p99 are over every request of every round.\n\n",

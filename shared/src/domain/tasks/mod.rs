@@ -6,7 +6,8 @@
 //! - [`events`]: the durable event log and [`append_event`].
 //! - [`queue`]: the SQS message that hands a task to the worker.
 //! - [`transition`]: the one fenced status change (conditional `UPDATE` plus
-//!   its events, in one transaction) that every writer after create uses.
+//!   its events, in one statement; with a credit it leaves, in one
+//!   transaction) that every writer after create uses.
 //! - [`cancel`]: cancel now (`queued`) or ask the worker (`running`).
 //! - [`list`]: a space's tasks, newest first, with a cursor.
 //! - [`submit`]: creating a task end to end: input, uploads, payment or
