@@ -23,7 +23,7 @@ use crate::domain::auth::AuthError;
 use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::login_limits::{Action, Limited};
 use crate::domain::payments::challenge::Resource;
-use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse};
+use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse, UptoRefusal};
 use crate::domain::spaces::SpaceError;
 use crate::domain::tasks::{Limit, QuotaExceeded, SubmitError, UploadProblem};
 use crate::domain::uploads::CreateError;
@@ -46,7 +46,7 @@ fn every_pay_error() -> Vec<PayError> {
         network: "eip155:84532".into(),
         payer: String::new(),
     };
-    let all = vec![
+    let mut all = vec![
         PayError::Required(challenge("PAYMENT-SIGNATURE header is required")),
         PayError::Malformed("not base64".into()),
         PayError::Mismatch(challenge("payment_mismatch")),
@@ -67,6 +67,9 @@ fn every_pay_error() -> Vec<PayError> {
         PayError::Db(sqlx::Error::PoolTimedOut),
         PayError::Db(sqlx::Error::RowNotFound),
     ];
+    for refusal in UptoRefusal::ALL {
+        all.push(PayError::Refused { challenge: challenge(refusal.code()), refusal, detail: "3 s left".into() });
+    }
     for e in &all {
         // No `_`: a new variant stops here until it is listed above.
         match e {
@@ -75,6 +78,7 @@ fn every_pay_error() -> Vec<PayError> {
             | PayError::Mismatch(_)
             | PayError::Replayed(_)
             | PayError::Invalid { .. }
+            | PayError::Refused { .. }
             | PayError::Failed { .. }
             | PayError::NotSettled(_)
             | PayError::Pending { .. }

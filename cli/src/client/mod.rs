@@ -328,3 +328,31 @@ pub async fn report(client: Option<&Client>, opts: &ClientOpts, error: &ClientEr
         other => eprintln!("error: {other}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A paid create the server refuses answers `402` with an error
+    /// envelope (the challenge only in `PAYMENT-REQUIRED`): its code and
+    /// message reach the user as they are, not a table of requirements. A
+    /// metered payment from a payer that never approved Permit2 is one.
+    #[test]
+    fn a_refused_payment_shows_the_servers_code_and_message() {
+        let message = "the payer has not approved Permit2 (0x000000000022D473030F116dDEE9F6B43aC78BA3) to spend \
+                       this token: send approve(Permit2, max) from the payer once. Nothing was charged";
+        let answer = Answer {
+            status: StatusCode::PAYMENT_REQUIRED,
+            headers: reqwest::header::HeaderMap::new(),
+            body: json!({"error": {"code": "permit2_approval_required", "message": message, "request_id": "r"}}),
+        };
+        let error = answer.checked().unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Refused { status: 402, code, message: m }
+                if code == "permit2_approval_required" && m == message),
+            "{error:?}"
+        );
+        assert_eq!(error.to_json()["error"]["message"], message);
+        assert_eq!(error.exit_code(), ExitCode::from(EXIT_REFUSED));
+    }
+}

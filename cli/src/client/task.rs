@@ -78,10 +78,19 @@ pub struct CreateArgs {
     /// Follow the task to its end, like `reeve task watch`.
     #[arg(long)]
     pub watch: bool,
-    /// Pay a priced task's 402 with x402: signs an EIP-3009 authorization
-    /// with the key in REEVE_WALLET_KEY (or --wallet-key-file), never an argument.
+    /// Pay a priced task's 402 with x402, with the key in REEVE_WALLET_KEY
+    /// (or --wallet-key-file), never an argument: an EIP-3009 authorization
+    /// of an `exact` price, or for a metered (`upto`) one a Permit2
+    /// authorization of its ceiling, of which only what the task uses is
+    /// charged.
     #[arg(long)]
     pub pay: bool,
+    /// The payment network's JSON-RPC endpoint, for --pay of a metered
+    /// price: a URL, or `eip155:<chain id>=URL` pairs separated by commas.
+    /// There reeve reads whether the payer approved Permit2, to sign the
+    /// token's permit instead when the server offers gas sponsoring.
+    #[arg(long, value_name = "URL|NETWORK=URL,…", env = reeve_shared::settings::CHAIN_RPC_URLS, hide_env_values = true)]
+    pub chain_rpc: Option<String>,
     /// A file holding the paying wallet's private key (hex), for --pay.
     #[arg(long, value_name = "PATH", requires = "pay")]
     pub wallet_key_file: Option<PathBuf>,
@@ -274,10 +283,16 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             let challenge: reeve_shared::payments::PaymentRequired = serde_json::from_value(challenge)
                 .map_err(|e| ClientError::Usage(format!("--pay: the server's 402 is not an x402 v2 challenge: {e}")))?;
-            let signature = crate::pay::payment_header(&challenge, &key, now).map_err(pay_error)?;
+            let signed = crate::pay::payment_header(&challenge, &key, now, args.chain_rpc.as_deref())
+                .await
+                .map_err(pay_error)?;
+            // On stderr even with --json: stdout stays the one JSON document.
+            if let Some(note) = &signed.note {
+                eprintln!("--pay: {note}");
+            }
             let timeout = crate::pay::choose(&challenge).map_or(300, |r| u64::from(r.max_timeout_seconds));
             let mut paid = headers.clone();
-            paid.push(("payment-signature", signature));
+            paid.push(("payment-signature", signed.header));
             let answer = pay_until_settled(client, &path, &body, &paid, timeout).await?;
             let mut accepted = answer.body;
             // The settlement receipt is the user's proof of what was paid.
@@ -291,6 +306,15 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
                     );
                 }
                 accepted["payment"] = receipt;
+            } else if accepted["payment"]["status"] == "authorized" && !opts.json {
+                // Metered: nothing is charged until the task ends.
+                eprintln!(
+                    "authorized: up to {} of {} on {} from {}; charged for what the task uses when it ends",
+                    accepted["payment"]["authorized"].as_str().unwrap_or("?"),
+                    accepted["payment"]["asset"].as_str().unwrap_or("?"),
+                    accepted["payment"]["network"].as_str().unwrap_or("?"),
+                    accepted["payment"]["payer"].as_str().unwrap_or("?"),
+                );
             }
             accepted
         }

@@ -524,6 +524,36 @@ async fn a_priced_task_is_paid_with_pay_and_the_payment_shows_in_reeve_space() {
     serve.cleanup().await;
 }
 
+/// A metered task (the development catalog's `fetch-metered`): `--pay` signs
+/// its ceiling through Permit2, and, the payer never having approved
+/// Permit2, the token's permit the 402 offers; nothing is charged at create,
+/// and a task canceled before it ran releases its authorization.
+#[tokio::test]
+async fn a_metered_task_is_authorized_with_pay_and_released_when_canceled() {
+    let chain = chain::ChainLock::shared().await;
+    let payer = chain::Payer::new(&chain, 1_000_000).await;
+    let serve = Serve::start(&["--no-worker"]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let create = ["task", "create", "fetch-metered", "--input", "url=https://example.com/", "--pay", "--json"];
+    let paid = serve.reeve_with(&create, &[("REEVE_WALLET_KEY", payer.key.as_str())]);
+    let task = paid.expect(0).json();
+    assert_eq!(task["status"], "queued", "{task}");
+    assert_eq!(task["payment"]["status"], "authorized", "{task}");
+    assert_eq!(task["payment"]["authorized"], "100000", "the ceiling, 0.10: {task}");
+    assert_eq!(chain::balance(&payer.address).await, 1_000_000, "nothing charged at create");
+
+    let id = task["id"].as_str().unwrap();
+    serve.reeve(&["task", "cancel", id]).expect(0);
+    let shown = serve.reeve(&["task", "get", id, "--json"]).expect(0).json();
+    assert_eq!(
+        (&shown["status"], &shown["payment"]["status"]),
+        (&serde_json::json!("canceled"), &serde_json::json!("released")),
+        "{shown}"
+    );
+    assert_eq!(chain::balance(&payer.address).await, 1_000_000, "nothing charged");
+    serve.cleanup().await;
+}
+
 /// Forwards to the stack's facilitator, but loses the answer of the first
 /// `/settle` (a 502 after the real one settled). Every payment document it
 /// was sent is kept.

@@ -289,6 +289,7 @@ mod tasks {
                 PayError::Mismatch(_) => "payment_mismatch",
                 PayError::Replayed(_) => "payment_replayed",
                 PayError::Invalid { .. } => "payment_invalid",
+                PayError::Refused { refusal, .. } => refusal.code(),
                 PayError::Failed { .. } => "payment_failed",
                 PayError::NotSettled(_) => "payment_not_settled",
                 PayError::Pending { .. } => "payment_pending",
@@ -308,6 +309,7 @@ mod tasks {
                 | PayError::Mismatch(_)
                 | PayError::Replayed(_)
                 | PayError::Invalid { .. }
+                | PayError::Refused { .. }
                 | PayError::Failed { .. }
                 | PayError::NotSettled(_) => ErrorKind::Payment,
                 PayError::Pending { .. }
@@ -332,6 +334,7 @@ mod tasks {
                     "this payment already paid for another request; sign a new one for this request".into()
                 }
                 PayError::Invalid { reason, .. } => format!("the payment was refused: {reason}"),
+                PayError::Refused { refusal, detail, .. } => refusal.message(detail),
                 PayError::Failed { reason, .. } => {
                     format!("the payment could not be settled ({reason}); nothing was charged and no task was created")
                 }
@@ -378,6 +381,7 @@ mod tasks {
                 | PayError::Replayed(c)
                 | PayError::NotSettled(c)
                 | PayError::Invalid { challenge: c, .. }
+                | PayError::Refused { challenge: c, .. }
                 | PayError::Failed { challenge: c, .. } => Some(c),
                 _ => None,
             }

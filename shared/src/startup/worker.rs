@@ -20,20 +20,19 @@ pub async fn lambda_worker() -> WorkerContext {
 pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Result<WorkerContext, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
     let catalog = catalog_file(&config, &mut problems);
-    // For the sweep that runs beside a long-lived worker.
-    #[cfg(feature = "chain")]
+    // To prove a metered task's capture, and for the sweep that runs beside
+    // a long-lived worker.
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
+    // To settle what a metered task used.
+    let facilitator = catalog.as_ref().and_then(|catalog| {
+        super::facilitator_check::facilitator_for(&config, catalog).map_err(|e| problems.push(e)).ok().flatten()
+    });
     let (catalog, worker_settings, users, operators) = worker_parts(&config, catalog, problems)?;
     let db = postgres(&config, worker_settings.database_url.expose_str(), connect).await?;
     let redis = RedisClient::new(&worker_settings.redis_url)?;
     let s3 = aws::s3(sdk, config.s3_endpoint().is_some());
-    #[allow(unused_mut)]
-    let mut ctx = worker_on(catalog, db, redis, (s3, aws::sqs(sdk)), worker_settings, users, operators);
-    #[cfg(feature = "chain")]
-    {
-        ctx.chains = chains;
-    }
-    Ok(ctx)
+    let ctx = worker_on(catalog, db, redis, (s3, aws::sqs(sdk)), worker_settings, users, operators);
+    Ok(WorkerContext { chains, facilitator, ..ctx })
 }
 
 #[cfg(feature = "worker")]

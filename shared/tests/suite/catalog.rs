@@ -90,7 +90,10 @@ fn shipped_catalog_loads_with_free_and_priced_tasks() {
     assert_ne!(payments.facilitator_url, "https://x402.org/facilitator", "x402.org settles testnets only");
     assert!(payments.facilitator_url.starts_with("https://"), "{}", payments.facilitator_url);
     assert_eq!(catalog.warnings(), [], "the shipped catalog prices no testnet asset");
-    assert_eq!(catalog.summary(), "3 tasks (digest free, fetch 1 price, http 1 price), 1 asset, uploads up to 100 MiB");
+    assert_eq!(
+        catalog.summary(),
+        "4 tasks (digest free, fetch 1 price, fetch-metered 1 metered price, http 1 price), 1 asset, uploads up to 100 MiB"
+    );
 }
 
 /// The development catalog sells what reeve.toml sells, so the tests run the
@@ -518,7 +521,7 @@ fn each_rule_reports_one_problem_at_its_path() {
             "price unknown key",
             task(&format!("{PRICED}\nnetwork = \"eip155:1\"")),
             "tasks.t.accepts[0].network",
-            "unknown key (expected one of: asset, amount, amount_usd)",
+            "unknown key (expected one of: asset, scheme, amount, amount_usd, unit, rate, rate_usd)",
         ),
         // payments
         ("priced without payments", priced(PAYMENTS, ""), "payments", "missing; priced tasks (t) need [payments]"),
@@ -771,14 +774,19 @@ fn public_view_shows_prices_as_strings_and_hides_endpoints() {
     assert_eq!(
         fetch["prices"],
         json!([
-            {"asset": "usdc-base", "network": "eip155:8453", "amount": "10000", "amount_usd": "0.01"},
+            {"asset": "usdc-base", "network": "eip155:8453", "scheme": "exact", "amount": "10000", "amount_usd": "0.01",
+             "summary": "0.01 USD (10000 atomic units of usdc-base)"},
         ])
     );
     assert_eq!(fetch["input_schema"]["properties"]["url"]["format"], "uri");
     assert_eq!(fetch["timeout_seconds"], 120);
 
     let http = view["tasks"].as_array().unwrap().iter().find(|task| task["kind"] == "http").unwrap();
-    assert_eq!(http["prices"], json!([{"asset": "usdc-base", "network": "eip155:8453", "amount": "5000"}]));
+    assert_eq!(
+        http["prices"],
+        json!([{"asset": "usdc-base", "network": "eip155:8453", "scheme": "exact", "amount": "5000",
+                "summary": "5000 atomic units of usdc-base"}])
+    );
     let digest = view["tasks"].as_array().unwrap().iter().find(|task| task["kind"] == "digest").unwrap();
     assert_eq!((digest["free"].clone(), digest["prices"].clone()), (json!(true), json!([])));
     assert_eq!(digest["quota"], json!({"per_hour": 100, "at_once": 10}), "a free task shows its quota");

@@ -304,7 +304,12 @@ async fn cancel_racing_the_completion_leaves_exactly_one_terminal_state(pool: Pg
         let claim = claim(&pool, id, Duration::ZERO, 5).await.unwrap().unwrap();
         let result = json!({"done": true});
         let (completed, canceled) = tokio::join!(
-            tasks::transition(&pool, id, Fence::Run(claim.attempt), Change::Complete { result: &result }),
+            tasks::transition(
+                &pool,
+                id,
+                Fence::Run(claim.attempt),
+                Change::Complete { result: &result, payment: None }
+            ),
             tasks::cancel(&pool, &space, id),
         );
         let completed = completed.unwrap().is_some();

@@ -20,6 +20,7 @@ mod lifecycle;
 mod limit;
 mod load;
 mod mcp;
+mod metered;
 mod openapi;
 mod page;
 mod payments;

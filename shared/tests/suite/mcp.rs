@@ -221,7 +221,8 @@ async fn an_agent_creates_a_space_uploads_and_gets_a_digest_with_the_mcp_sdk(poo
     assert_eq!(price["free"], false);
     assert_eq!(
         price["prices"][1],
-        json!({"asset": "local", "network": "eip155:84532", "amount": "10000", "amount_usd": "0.01"})
+        json!({"asset": "local", "network": "eip155:84532", "scheme": "exact", "amount": "10000", "amount_usd": "0.01",
+               "summary": "0.01 USD (10000 atomic units of local)"})
     );
     let description = tool(PAID)["description"].as_str().unwrap();
     assert!(description.contains("$0.01 in local on eip155:84532"), "{description}");

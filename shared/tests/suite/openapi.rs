@@ -24,7 +24,7 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 14] = [
+const ROUTES: [(&str, &str); 15] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -33,6 +33,7 @@ const ROUTES: [(&str, &str); 14] = [
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
     ("POST", "/v1/tasks/fetch"),
+    ("POST", "/v1/tasks/fetch-metered"),
     ("POST", "/v1/tasks/http"),
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
@@ -42,10 +43,11 @@ const ROUTES: [(&str, &str); 14] = [
 ];
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 9] = [
+const BEARER_ROUTES: [(&str, &str); 10] = [
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
     ("POST", "/v1/tasks/fetch"),
+    ("POST", "/v1/tasks/fetch-metered"),
     ("POST", "/v1/tasks/http"),
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
@@ -194,7 +196,12 @@ type FunctionRouter = (&'static str, utoipa::openapi::OpenApi, BTreeSet<Route>, 
 
 fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
     let same = |routes: &[(&str, &str)]| (expected(routes), expected(routes));
-    let creates = expected(&[("POST", "/v1/tasks/digest"), ("POST", "/v1/tasks/fetch"), ("POST", "/v1/tasks/http")]);
+    let creates = expected(&[
+        ("POST", "/v1/tasks/digest"),
+        ("POST", "/v1/tasks/fetch"),
+        ("POST", "/v1/tasks/fetch-metered"),
+        ("POST", "/v1/tasks/http"),
+    ]);
     let mut all = vec![];
     let (own, global) = same(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions")]);
     all.push(("auth", http::login::router().into_openapi(), own, global, http::auth_app(ctx.auth.clone())));

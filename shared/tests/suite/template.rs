@@ -725,7 +725,8 @@ fn every_paying_function_gets_the_chain_endpoints() {
         .map(|file| read(&format!("shared/src/startup/{file}")))
         .collect::<Vec<_>>()
         .join("\n");
-    let builders = ["lambda_task_create", "lambda_mcp", "lambda_sweeper"];
+    // The worker proves what a metered task's capture charged.
+    let builders = ["lambda_task_create", "lambda_mcp", "lambda_sweeper", "lambda_worker"];
     // Each builder is `or_exit(inner(…))`; the inner one reads them.
     let reads = |builder: &str| {
         let body = startup.split(&format!("pub async fn {builder}()")).nth(1).expect("the builder exists");
@@ -750,7 +751,7 @@ fn every_paying_function_gets_the_chain_endpoints() {
             None => assert!(!has, "{function} is given chain endpoints it never reads"),
         }
     }
-    assert_eq!(paying, builders.len(), "task-create, mcp and sweeper are all in the template");
+    assert_eq!(paying, builders.len(), "task-create, mcp, sweeper and worker are all in the template");
 }
 
 /// Task create verifies and settles a payment before it answers. Its

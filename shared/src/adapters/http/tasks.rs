@@ -108,6 +108,10 @@ struct Accepted {
     events_url: String,
     #[serde(with = "time::serde::rfc3339")]
     created_at: OffsetDateTime,
+    /// A metered task's payment: authorized up to its ceiling, nothing
+    /// charged until it ends (no `PAYMENT-RESPONSE` then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payment: Option<crate::domain::payments::MeteredPayment>,
 }
 
 /// Create a task
@@ -166,7 +170,10 @@ struct Accepted {
                 `payment_invalid` (the facilitator's verification refused it), `payment_failed` (settling it \
                 failed; `PAYMENT-RESPONSE` carries `{success: false, errorReason}` too), `payment_not_settled` (an \
                 earlier answer was `payment_pending`, and the payment's `validBefore` has since passed without it \
-                being used on chain). None of them charges anything or creates a task.",
+                being used on chain). A metered (`upto`) payment may also be refused with \
+                `permit2_approval_required` (approve Permit2 once, or sign the offered EIP-2612 permit), \
+                `ceiling_too_low`, `deadline_too_short`, `wrong_spender`, `wrong_facilitator` or `wrong_pay_to`. \
+                None of them charges anything or creates a task.",
             headers(
                 ("PAYMENT-REQUIRED" = String,
                     description = "The same JSON as the body, base64 (standard alphabet, padded)."),
@@ -550,6 +557,7 @@ fn accepted(submitted: Submitted) -> Response {
         status: task.status,
         events_url: format!("/v1/tasks/{}/events", task.id),
         created_at: task.created_at,
+        payment: task.payment.clone(),
     };
     let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();
     let location = HeaderValue::from_str(&format!("/v1/tasks/{}", task.id)).expect("ids are ASCII");

@@ -106,7 +106,7 @@ pub async fn run(
     };
     let settlement = match submitted.paid {
         Paid::Payment(settlement) => Some(settlement),
-        Paid::Nothing | Paid::Credit(_) => None,
+        Paid::Nothing | Paid::Credit(_) | Paid::Authorized => None,
     };
     let mut task = submitted.task;
     // The wait is measured from now, after the payment: settle and wait

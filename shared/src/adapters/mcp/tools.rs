@@ -483,6 +483,24 @@ fn object(value: Value) -> Arc<JsonObject> {
 mod tests {
     use super::*;
 
+    /// A metered task's payment, charged.
+    fn metered_payment() -> crate::domain::payments::MeteredPayment {
+        crate::domain::payments::MeteredPayment {
+            scheme: "upto".into(),
+            status: crate::domain::payments::MeteredStatus::Charged,
+            network: "eip155:84532".into(),
+            asset: "0x036CbD53842c5426634e7929541eC2318f3dCF7e".into(),
+            payer: "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".into(),
+            authorized: "100000".into(),
+            unit: "KiB".into(),
+            rate: "10".into(),
+            used: Some(3),
+            charged: Some("1".into()),
+            transaction: Some(format!("0x{}", "ab".repeat(32))),
+            reason: None,
+        }
+    }
+
     /// The outputSchema names every field a task tool answers with, no more,
     /// and stands alone: an MCP client has no components to resolve.
     #[test]
@@ -496,6 +514,7 @@ mod tests {
             result: None,
             error: None,
             attempts: 0,
+            payment: Some(metered_payment()),
             cancel_requested_at: None,
             created_at: now,
             updated_at: now,
@@ -532,6 +551,7 @@ mod tests {
             result: Some(json!({ "sha256": "0".repeat(64), "size": 3 })),
             error: None,
             attempts: 1,
+            payment: Some(metered_payment()),
             cancel_requested_at: None,
             created_at: now,
             updated_at: now,

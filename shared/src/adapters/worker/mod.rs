@@ -61,6 +61,7 @@ pub mod backoff;
 pub(crate) mod batch;
 mod ends;
 mod lease;
+mod metered;
 #[cfg(feature = "poller")]
 pub(crate) mod poller;
 mod reports;
@@ -91,6 +92,7 @@ use reports::record_reports;
 use crate::domain::auth::Secret;
 use crate::domain::catalog::{Catalog, TaskSpec};
 use crate::domain::executors::{self, ExecDeps, ExecError, Job};
+use crate::domain::ids::Id;
 use crate::domain::tasks::events::Publisher;
 use crate::domain::tasks::{Change, Fence, QueueMessage, transition};
 use crate::infra::redis_client::RedisClient;
@@ -224,11 +226,13 @@ pub struct WorkerContext {
     pub visibility: Option<Visibility>,
     /// How long before an invocation's deadline its runs are stopped.
     pub deadline_margin: Duration,
-    /// Each payment network's JSON-RPC endpoint: not the worker's, but the
-    /// sweep that runs beside it (`reeve work`, `reeve serve`) reconciles
-    /// payments with them.
-    #[cfg(feature = "chain")]
+    /// Each payment network's JSON-RPC endpoint: a metered task's capture
+    /// is proven with them, and the sweep that runs beside a long-lived
+    /// worker (`reeve work`, `reeve serve`) reconciles payments with them.
     pub chains: crate::domain::payments::Chains,
+    /// Settles what a metered task used; `None` when the catalog prices
+    /// nothing.
+    pub facilitator: Option<crate::domain::payments::Facilitator>,
 }
 
 impl WorkerContext {
@@ -243,8 +247,8 @@ impl WorkerContext {
             settings,
             visibility: None,
             deadline_margin: DEADLINE_MARGIN,
-            #[cfg(feature = "chain")]
             chains: crate::domain::payments::Chains::none(),
+            facilitator: None,
         }
     }
 }
@@ -381,6 +385,10 @@ async fn run_task(
     if claim.cancel_requested {
         return cancel(ctx, id, attempt).await;
     }
+    let metered = match metered::before_run(ctx, id, attempt, spec).await {
+        Ok(metered) => metered,
+        Err(ended) => return ended,
+    };
     // Dropping the run stops the executor: a cancel asked for meanwhile
     // wins over whatever it was doing.
     let started = std::time::Instant::now();
@@ -403,17 +411,24 @@ async fn run_task(
             return Outcome::retry("the run's lease ran out before it could be renewed");
         }
     };
+    let took = started.elapsed();
     match result {
-        Ok(value) => match transition(&ctx.db, id, Fence::Run(attempt), Change::Complete { result: &value }).await {
-            Ok(Some(events)) => {
-                ctx.events.publish_all(id, &events).await;
-                tracing::info!(attempt, "completed");
-                Outcome::Done
-            }
-            Ok(None) => lost(attempt),
-            Err(e) => retry("recording the result", e),
-        },
+        Ok(value) => {
+            // Delivery follows capture: a metered task's result is written
+            // only once what it used is settled.
+            let payment = match &metered {
+                None => None,
+                Some(auth) => {
+                    match metered::after_run(ctx, (id, attempt, receive_count), spec, auth, &value, took).await {
+                        Ok(payment) => Some(payment),
+                        Err(ended) => return ended,
+                    }
+                }
+            };
+            complete(ctx, id, attempt, &value, payment.as_ref()).await
+        }
         Err(Ok(ExecError::Permanent { code, message })) => fail(ctx, id, attempt, code, &message).await,
+
         Err(Ok(ExecError::Retryable(reason))) => {
             retry_later(ctx, id, attempt, receive_count, Retryable::Exec(reason, None)).await
         }
@@ -421,6 +436,20 @@ async fn run_task(
             retry_later(ctx, id, attempt, receive_count, Retryable::Exec(reason, Some(after))).await
         }
         Err(Err(why)) => retry_later(ctx, id, attempt, receive_count, why).await,
+    }
+}
+
+/// Ends a run with its result (and a metered task's `payment`, its
+/// receipt, in the final event).
+async fn complete(ctx: &WorkerContext, id: Id, attempt: i32, result: &Value, payment: Option<&Value>) -> Outcome {
+    match transition(&ctx.db, id, Fence::Run(attempt), Change::Complete { result, payment }).await {
+        Ok(Some(events)) => {
+            ctx.events.publish_all(id, &events).await;
+            tracing::info!(attempt, "completed");
+            Outcome::Done
+        }
+        Ok(None) => lost(attempt),
+        Err(e) => retry("recording the result", e),
     }
 }
 

@@ -53,11 +53,18 @@ pub const MAX_WORKER_TIMEOUT_SECONDS: u32 = validate::MAX_TASK_TIMEOUT_SECONDS a
 #[cfg(feature = "catalog")]
 pub(crate) use validate::facilitator_url as check_facilitator_url;
 #[cfg(feature = "catalog")]
-pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicQuota, PublicTask, PublicUploads};
+pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicQuota, PublicTask, PublicUploads, price_summary};
 
 /// The longest original file name an upload may declare, in bytes (a
 /// common file-system limit).
 pub const MAX_FILENAME_BYTES: usize = 255;
+
+#[cfg(feature = "catalog")]
+/// The least queue time a metered payment's deadline must leave beyond the
+/// task's timeout and the time to settle (and so the least
+/// `metered_queue_seconds`): shorter, and the task would expire before any
+/// worker could take it.
+pub const METERED_MIN_QUEUE_SECONDS: u32 = 10;
 
 #[cfg(feature = "catalog")]
 /// The executors a task may name, in the order error messages list them.
@@ -166,10 +173,100 @@ impl Executor {
 pub struct Price {
     /// An id from [`Catalog::assets`].
     pub asset: String,
-    /// In atomic units of the asset, already converted from `amount_usd`.
+    /// In atomic units of the asset, already converted from `amount_usd`:
+    /// the price of an `exact` price, the ceiling per task of a metered one
+    /// (what its `402` asks the payer to authorize).
     pub amount: u128,
-    /// The USD price as written, kept for display only.
+    /// The USD price (or ceiling) as written, kept for display only.
     pub amount_usd: Option<String>,
+    /// `Some` for a metered price (`scheme = "upto"`): charged per unit the
+    /// task used, up to `amount`, when it ends.
+    pub meter: Option<Meter>,
+}
+
+#[cfg(feature = "catalog")]
+impl Price {
+    /// The x402 scheme this price is paid with.
+    pub fn scheme(&self) -> &'static str {
+        if self.meter.is_some() { "upto" } else { "exact" }
+    }
+}
+
+#[cfg(feature = "catalog")]
+/// A metered price's rate: so many atomic units of the asset per `unit`
+/// the task used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meter {
+    pub unit: Unit,
+    /// Atomic units of the asset per unit used.
+    pub rate: u128,
+    /// The USD rate as written, kept for display only.
+    pub rate_usd: Option<String>,
+}
+
+#[cfg(feature = "catalog")]
+impl Meter {
+    /// What `used` (in the unit's base: bytes, or milliseconds) costs, capped
+    /// at `ceiling`: rounded up to the next atomic unit, so a fraction of one
+    /// unit of the asset is the most a rounding ever adds.
+    pub fn charge(&self, used: u64, ceiling: u128) -> u128 {
+        let per = self.unit.base();
+        let scaled = u128::from(used).saturating_mul(self.rate);
+        scaled.div_ceil(u128::from(per)).min(ceiling)
+    }
+}
+
+#[cfg(feature = "catalog")]
+/// What a metered price counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Byte,
+    KiB,
+    MiB,
+    GiB,
+    /// Seconds an `http` call took, counted in milliseconds.
+    Second,
+}
+
+#[cfg(feature = "catalog")]
+impl Unit {
+    pub const ALL: [Unit; 5] = [Unit::Byte, Unit::KiB, Unit::MiB, Unit::GiB, Unit::Second];
+
+    /// The name `unit` takes in `reeve.toml`, and in the catalog view.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Byte => "byte",
+            Unit::KiB => "KiB",
+            Unit::MiB => "MiB",
+            Unit::GiB => "GiB",
+            Unit::Second => "second",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Unit::ALL.into_iter().find(|u| u.name() == name)
+    }
+
+    /// How many of what an executor measures (bytes, or milliseconds) make
+    /// one unit.
+    pub fn base(self) -> u64 {
+        match self {
+            Unit::Byte => 1,
+            Unit::KiB => 1 << 10,
+            Unit::MiB => 1 << 20,
+            Unit::GiB => 1 << 30,
+            Unit::Second => 1000,
+        }
+    }
+
+    /// Whether an executor measures this unit: bytes fetched (`fetch`) or
+    /// hashed (`digest`), or the seconds an `http` call took.
+    pub fn measured_by(self, executor: &str) -> bool {
+        match self {
+            Unit::Second => executor == "http",
+            _ => executor == "fetch" || executor == "digest",
+        }
+    }
 }
 
 #[cfg(feature = "catalog")]
@@ -180,6 +277,10 @@ pub struct Payments {
     pub facilitator_url: String,
     /// How long a signed payment stays valid (x402 `maxTimeoutSeconds`).
     pub max_timeout_seconds: u32,
+    /// How long a metered task may wait in the queue: its `upto`
+    /// requirement's `maxTimeoutSeconds` is this, plus the kind's timeout,
+    /// plus the time to settle.
+    pub metered_queue_seconds: u32,
     /// What the catalog is for: mainnet (the default) or testnet.
     pub network_kind: NetworkKind,
 }

@@ -9,7 +9,7 @@ use toml::{Table, Value};
 
 use super::read::{Fields, KeyPath, Problems, bounded};
 use super::uploads::uploads;
-use super::{Asset, Catalog, EXECUTORS, Executor, NetworkKind, Payments, Price, Problem, Quota, TaskSpec};
+use super::{Asset, Catalog, EXECUTORS, Executor, Meter, NetworkKind, Payments, Price, Problem, Quota, TaskSpec, Unit};
 use super::{amount, formats, schema};
 
 const ROOT_KEYS: &[&str] = &["payments", "uploads", "assets", "tasks"];
@@ -20,8 +20,11 @@ const QUOTA_KEYS: &[&str] = &["per_hour", "at_once"];
 /// A quota is a ceiling: one no space could reach is a typo, not a setting.
 const MAX_QUOTA_PER_HOUR: i64 = 1_000_000;
 const MAX_QUOTA_AT_ONCE: i64 = 10_000;
-const PRICE_KEYS: &[&str] = &["asset", "amount", "amount_usd"];
-const PAYMENTS_KEYS: &[&str] = &["network_kind", "pay_to", "facilitator_url", "max_timeout_seconds"];
+const PRICE_KEYS: &[&str] = &["asset", "scheme", "amount", "amount_usd", "unit", "rate", "rate_usd"];
+const PAYMENTS_KEYS: &[&str] =
+    &["network_kind", "pay_to", "facilitator_url", "max_timeout_seconds", "metered_queue_seconds"];
+/// How long a metered task may wait in the queue, within its authorization.
+const DEFAULT_METERED_QUEUE_SECONDS: u32 = 600;
 
 const DEFAULT_TASK_TIMEOUT_SECONDS: u32 = 60;
 /// Lambda's maximum run time; the worker runs tasks inside one invocation.
@@ -137,7 +140,7 @@ fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Pr
     let schema = f.required("input_schema", p).and_then(|schema| f.verify("input_schema", schema::compile(schema), p));
     let listed = f.optional::<&[Value]>("accepts", p);
     let accepts = match listed {
-        Some(items) => prices(&f.at("accepts"), items, assets, p),
+        Some(items) => prices(&f.at("accepts"), items, assets, executor.as_ref(), p),
         None => Some(Vec::new()),
     };
     let quota = quota(f, listed.is_some_and(|items| !items.is_empty()), p);
@@ -202,18 +205,45 @@ fn http_endpoint(f: &Fields, p: &mut Problems) -> Option<String> {
     Some(endpoint.to_owned())
 }
 
-/// `None` if any entry is broken; each broken entry has been reported.
-fn prices(path: &KeyPath, items: &[Value], assets: &Assets, p: &mut Problems) -> Option<Vec<Price>> {
+/// `None` if any entry is broken; each broken entry has been reported. A
+/// task's prices are all `exact` or all metered: a payer offered both would
+/// pick one, and the task would be charged by a rule its catalog view does
+/// not single out.
+fn prices(
+    path: &KeyPath,
+    items: &[Value],
+    assets: &Assets,
+    executor: Option<&Executor>,
+    p: &mut Problems,
+) -> Option<Vec<Price>> {
     let mut seen = BTreeSet::new();
     let prices: Vec<Option<Price>> = items
         .iter()
         .enumerate()
-        .map(|(index, item)| price(&Fields::of(path.index(index), item, p)?, assets, &mut seen, p))
+        .map(|(index, item)| price(&Fields::of(path.index(index), item, p)?, assets, executor, &mut seen, p))
         .collect();
-    prices.into_iter().collect()
+    let prices: Option<Vec<Price>> = prices.into_iter().collect();
+    if let Some(prices) = &prices
+        && let Some(first) = prices.first()
+        && let Some(index) = prices.iter().position(|price| price.scheme() != first.scheme())
+    {
+        let (one, other) = (first.scheme(), prices[index].scheme());
+        path.index(index).report(
+            p,
+            format!("scheme {other:?} differs from accepts[0]'s {one:?}; a task's prices are all exact or all upto"),
+        );
+        return None;
+    }
+    prices
 }
 
-fn price<'a>(f: &Fields<'a>, assets: &Assets, seen: &mut BTreeSet<&'a str>, p: &mut Problems) -> Option<Price> {
+fn price<'a>(
+    f: &Fields<'a>,
+    assets: &Assets,
+    executor: Option<&Executor>,
+    seen: &mut BTreeSet<&'a str>,
+    p: &mut Problems,
+) -> Option<Price> {
     f.deny_unknown(PRICE_KEYS, p);
     let id = f.required::<&str>("asset", p).and_then(|id| {
         let checked = if !assets.declared.contains(id) {
@@ -228,44 +258,109 @@ fn price<'a>(f: &Fields<'a>, assets: &Assets, seen: &mut BTreeSet<&'a str>, p: &
     // Present but broken assets were reported in [assets]; prices in them
     // are still checked as far as possible without the asset.
     let asset = id.and_then(|id| Some((id, assets.valid.get(id)?)));
-    let amount = match (f.has("amount"), f.has("amount_usd")) {
+    let metered = match f.optional::<&str>("scheme", p) {
+        None | Some("exact") => false,
+        Some("upto") => true,
+        Some(other) => {
+            f.at("scheme").report(p, format!("unknown scheme {other:?} (known: exact, upto)"));
+            return None;
+        }
+    };
+    let meter = if metered {
+        meter(f, asset, executor, p).map(Some)
+    } else {
+        for key in ["unit", "rate", "rate_usd"] {
+            if f.has(key) {
+                f.at(key).report(p, "only a metered price (scheme = \"upto\") has a unit and a rate");
+            }
+        }
+        Some(None)
+    };
+    // The price of an exact price; the ceiling per task of a metered one.
+    let amount = amount_of(f, "amount", asset, p);
+    let (amount, amount_usd) = amount?;
+    let meter = meter?;
+    if let Some(meter) = &meter
+        && amount < meter.rate
+    {
+        f.path.report(p, "the ceiling (amount) is less than one unit's rate; no task could use a single unit");
+        return None;
+    }
+    Some(Price { asset: id?.to_owned(), amount, amount_usd, meter })
+}
+
+/// The unit and rate of a metered price: a unit its executor measures, a
+/// rate of at least one atomic unit, on an EVM asset (x402's `upto` pays
+/// through Permit2).
+fn meter(f: &Fields, asset: Option<(&str, &Asset)>, executor: Option<&Executor>, p: &mut Problems) -> Option<Meter> {
+    let unit = f.required::<&str>("unit", p).and_then(|name| {
+        let known = || Unit::ALL.map(Unit::name).join(", ");
+        let checked = match (Unit::parse(name), executor) {
+            (None, _) => Err(format!("unknown unit {name:?} (known: {})", known())),
+            (Some(unit), Some(executor)) if !unit.measured_by(executor.name()) => {
+                let measured: Vec<&str> =
+                    Unit::ALL.into_iter().filter(|u| u.measured_by(executor.name())).map(Unit::name).collect();
+                Err(format!(
+                    "executor {:?} does not measure {name:?}; it measures {}",
+                    executor.name(),
+                    measured.join(", ")
+                ))
+            }
+            (Some(unit), _) => Ok(unit),
+        };
+        f.verify("unit", checked, p)
+    });
+    let rate = amount_of(f, "rate", asset, p);
+    if let Some((id, asset)) = asset
+        && !formats::is_evm(&asset.network)
+    {
+        f.at("scheme").report(p, format!("asset {id:?} is not on an EVM network; upto pays through Permit2"));
+        return None;
+    }
+    let (rate, rate_usd) = rate?;
+    Some(Meter { unit: unit?, rate, rate_usd })
+}
+
+/// `key` (atomic units) or `key_usd`, exactly one of them.
+fn amount_of(f: &Fields, key: &str, asset: Option<(&str, &Asset)>, p: &mut Problems) -> Option<(u128, Option<String>)> {
+    let usd_key = format!("{key}_usd");
+    match (f.has(key), f.has(&usd_key)) {
         (true, true) => {
-            f.path.report(p, "both amount and amount_usd are set; set exactly one");
+            f.path.report(p, format!("both {key} and {usd_key} are set; set exactly one"));
             None
         }
         (false, false) => {
-            f.path.report(p, "neither amount nor amount_usd is set; set exactly one");
+            f.path.report(p, format!("neither {key} nor {usd_key} is set; set exactly one"));
             None
         }
         (true, false) => f
-            .optional::<&str>("amount", p)
-            .and_then(|amount| f.verify("amount", amount::atomic(amount), p))
+            .optional::<&str>(key, p)
+            .and_then(|amount| f.verify(key, amount::atomic(amount), p))
             .map(|atomic| (atomic, None)),
-        (false, true) => usd_price(f, asset, p),
-    };
-
-    let (amount, amount_usd) = amount?;
-    Some(Price { asset: id?.to_owned(), amount, amount_usd })
+        (false, true) => usd_price(f, &usd_key, asset, p),
+    }
 }
 
-/// Resolves `amount_usd` to atomic units, returning it with the text as written.
-fn usd_price(f: &Fields, asset: Option<(&str, &Asset)>, p: &mut Problems) -> Option<(u128, Option<String>)> {
-    let written = f.optional::<&str>("amount_usd", p)?;
-    let usd = f.verify("amount_usd", amount::usd(written), p)?;
+/// Resolves `key` (`amount_usd`, `rate_usd`) to atomic units, returning
+/// it with the text as written.
+fn usd_price(f: &Fields, key: &str, asset: Option<(&str, &Asset)>, p: &mut Problems) -> Option<(u128, Option<String>)> {
+    let written = f.optional::<&str>(key, p)?;
+    let usd = f.verify(key, amount::usd(written), p)?;
     let (id, asset) = asset?;
     if !asset.usd_peg {
-        f.at("amount_usd").report(
+        let atomic = key.trim_end_matches("_usd");
+        f.at(key).report(
             p,
             format!(
-                "asset {id:?} is not marked usd_peg = true, so it cannot be priced in USD; use amount (atomic units)"
+                "asset {id:?} is not marked usd_peg = true, so it cannot be priced in USD; use {atomic} (atomic units)"
             ),
         );
         return None;
     }
-    let atomic = f.verify("amount_usd", usd.to_atomic(asset.decimals), p)?;
+    let atomic = f.verify(key, usd.to_atomic(asset.decimals), p)?;
     if atomic == 0 {
         let decimals = asset.decimals;
-        f.at("amount_usd").report(p, format!("amount_usd {written:?} is 0 atomic units of {id} ({decimals} decimals)"));
+        f.at(key).report(p, format!("{key} {written:?} is 0 atomic units of {id} ({decimals} decimals)"));
         return None;
     }
     Some((atomic, Some(written.to_owned())))
@@ -303,6 +398,9 @@ fn payments(root: &Fields, priced: &[&str], p: &mut Problems) -> Option<Payments
         .and_then(|url| f.verify("facilitator_url", facilitator_url(url), p).map(|()| url));
     let max_timeout_seconds =
         f.int_in("max_timeout_seconds", 1..=MAX_PAYMENT_TIMEOUT_SECONDS, p).unwrap_or(DEFAULT_PAYMENT_TIMEOUT_SECONDS);
+    let metered_queue_seconds = f
+        .int_in("metered_queue_seconds", i64::from(super::METERED_MIN_QUEUE_SECONDS)..=MAX_PAYMENT_TIMEOUT_SECONDS, p)
+        .unwrap_or(DEFAULT_METERED_QUEUE_SECONDS);
     let network_kind = match f.optional::<&str>("network_kind", p) {
         Some(name) => f.verify("network_kind", NetworkKind::parse(name), p)?,
         None => NetworkKind::default(),
@@ -312,6 +410,7 @@ fn payments(root: &Fields, priced: &[&str], p: &mut Problems) -> Option<Payments
         pay_to: pay_to?.to_owned(),
         facilitator_url: facilitator_url?.to_owned(),
         max_timeout_seconds,
+        metered_queue_seconds,
         network_kind,
     })
 }

@@ -80,12 +80,30 @@ pub struct PublicPrice {
     pub asset: String,
     /// The asset's CAIP-2 network.
     pub network: Option<String>,
+    /// `exact`: `amount` is paid before the task is queued. `upto`
+    /// (metered): the payer authorizes up to `amount`, and is charged
+    /// `rate` per `unit` the task used, capped at `amount`, when it ends;
+    /// nothing if it fails or is canceled.
+    pub scheme: String,
     /// Atomic units, as a decimal string: they may not fit a JSON number.
+    /// The price of an `exact` price; the ceiling per task of a metered one.
     pub amount: String,
-    /// The price in US dollars as the operator wrote it, for a USD-pegged
-    /// asset priced that way.
+    /// The price (or ceiling) in US dollars as the operator wrote it, for a
+    /// USD-pegged asset priced that way.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub amount_usd: Option<String>,
+    /// What a metered price counts: `byte`, `KiB`, `MiB`, `GiB` (bytes
+    /// fetched or hashed) or `second` (an `http` call's time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// A metered price's atomic units per `unit`, as a decimal string.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_usd: Option<String>,
+    /// The price in words, e.g. `up to 0.10 USD (100000 atomic units),
+    /// charged 0.001 USD per MiB`.
+    pub summary: String,
 }
 
 /// What `POST /v1/uploads` accepts.
@@ -149,11 +167,17 @@ impl Catalog {
     }
 
     fn price_view(&self, price: &Price) -> PublicPrice {
+        let meter = price.meter.as_ref();
         PublicPrice {
             asset: price.asset.clone(),
             network: self.assets.get(&price.asset).map(|asset| asset.network.clone()),
+            scheme: price.scheme().to_owned(),
             amount: price.amount.to_string(),
             amount_usd: price.amount_usd.clone(),
+            unit: meter.map(|m| m.unit.name().to_owned()),
+            rate: meter.map(|m| m.rate.to_string()),
+            rate_usd: meter.and_then(|m| m.rate_usd.clone()),
+            summary: price_summary(price),
         }
     }
 
@@ -163,10 +187,13 @@ impl Catalog {
         let tasks: Vec<String> = self
             .tasks
             .iter()
-            .map(|(kind, task)| match task.accepts.len() {
-                0 => format!("{kind} free"),
-                1 => format!("{kind} 1 price"),
-                n => format!("{kind} {n} prices"),
+            .map(|(kind, task)| {
+                let metered = if task.accepts.iter().any(|p| p.meter.is_some()) { "metered " } else { "" };
+                match task.accepts.len() {
+                    0 => format!("{kind} free"),
+                    1 => format!("{kind} 1 {metered}price"),
+                    n => format!("{kind} {n} {metered}prices"),
+                }
             })
             .collect();
         let task_list = if tasks.is_empty() { String::new() } else { format!(" ({})", tasks.join(", ")) };
@@ -176,6 +203,27 @@ impl Catalog {
             plural(self.assets.len(), "asset"),
             human_bytes(self.uploads.max_bytes),
         )
+    }
+}
+
+/// A price in words, as the catalog view, the `402`'s resource description
+/// and the MCP tool descriptions give it.
+pub fn price_summary(price: &Price) -> String {
+    let said = |atomic: u128, usd: &Option<String>| match usd {
+        Some(usd) => format!("{usd} USD ({atomic} atomic units of {})", price.asset),
+        None => format!("{atomic} atomic units of {}", price.asset),
+    };
+    match &price.meter {
+        None => said(price.amount, &price.amount_usd),
+        Some(meter) => format!(
+            "up to {}, charged {} per {} used; nothing if the task fails",
+            said(price.amount, &price.amount_usd),
+            match &meter.rate_usd {
+                Some(usd) => format!("{usd} USD"),
+                None => format!("{} atomic units", meter.rate),
+            },
+            meter.unit.name()
+        ),
     }
 }
 

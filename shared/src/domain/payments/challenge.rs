@@ -17,7 +17,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::catalog::{Catalog, TaskSpec};
+use crate::domain::catalog::{Catalog, TaskSpec, price_summary};
 
 pub const X402_VERSION: u32 = 2;
 
@@ -35,9 +35,28 @@ pub const PAYMENT_IDENTIFIER: &str = "payment-identifier";
 /// The x402 discovery extension.
 pub const BAZAAR: &str = "bazaar";
 
-/// The only scheme Reeve offers: a fixed amount, paid with an EIP-3009
-/// authorization.
+/// A fixed amount, paid with an EIP-3009 authorization before the task is
+/// queued.
 pub const SCHEME_EXACT: &str = "exact";
+/// A metered price: the payer signs a ceiling through Permit2, and Reeve
+/// settles what the task used when it ends (nothing if it fails).
+pub const SCHEME_UPTO: &str = "upto";
+/// The extension through which an `upto` payer that never approved Permit2
+/// signs the token's EIP-2612 permit instead, and pays no gas.
+pub const EIP2612_GAS_SPONSORING: &str = "eip2612GasSponsoring";
+
+/// What an authorization must still have left after a metered task's
+/// timeout, so the worker can settle what it used: the facilitator wants 6 s
+/// left by its own clock, and a settle takes a few.
+pub const UPTO_SETTLE_SECONDS: u32 = 30;
+pub use crate::domain::catalog::METERED_MIN_QUEUE_SECONDS as UPTO_MIN_QUEUE_SECONDS;
+
+/// `maxTimeoutSeconds` of a metered price: the queue wait (`[payments]
+/// metered_queue_seconds`), the kind's timeout and the time to settle.
+/// Standard clients sign `deadline = now + maxTimeoutSeconds`.
+pub fn upto_timeout(queue_seconds: u32, task_timeout: u32) -> u32 {
+    queue_seconds + task_timeout + UPTO_SETTLE_SECONDS
+}
 
 /// The body of a `402` and, base64-encoded, its `PAYMENT-REQUIRED` header.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -69,11 +88,15 @@ pub struct Resource {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PaymentRequirements {
-    /// Always `exact`: a fixed amount, paid with an EIP-3009 authorization.
+    /// `exact`: a fixed amount, paid with an EIP-3009 authorization before
+    /// the task is queued. `upto`: a metered price; the payer signs
+    /// `amount` as a ceiling through Permit2, and is charged what the task
+    /// used when it ends, nothing if it fails.
     pub scheme: String,
     /// CAIP-2, e.g. `eip155:8453`.
     pub network: String,
-    /// Atomic units, as a decimal string (it may not fit a JSON number).
+    /// Atomic units, as a decimal string (it may not fit a JSON number):
+    /// the price, or for `upto` the ceiling.
     pub amount: String,
     /// The token contract.
     pub asset: String,
@@ -83,12 +106,17 @@ pub struct PaymentRequirements {
     pub extra: Extra,
 }
 
-/// The token's EIP-712 domain.
+/// The token's EIP-712 domain; for `upto`, also the address that settles.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
 #[schema(as = PaymentExtra)]
 pub struct Extra {
     pub name: String,
     pub version: String,
+    /// `upto` only: the facilitator's address (from its `/supported`), which
+    /// the payer names in its signed witness: no one else can settle it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facilitator_address: Option<String>,
 }
 
 /// The challenge for `task`, or `None` when it is free. `resource_url` is the
@@ -118,33 +146,54 @@ pub fn payment_required(
             tracing::error!(asset = %price.asset, "a price names an unknown asset");
             return None;
         };
+        let max_timeout_seconds = match price.meter {
+            None => payments.max_timeout_seconds,
+            Some(_) => upto_timeout(payments.metered_queue_seconds, task.timeout_seconds),
+        };
         accepts.push(PaymentRequirements {
-            scheme: SCHEME_EXACT.to_owned(),
+            scheme: price.scheme().to_owned(),
             network: asset.network.clone(),
             amount: price.amount.to_string(),
             asset: asset.contract.clone(),
             pay_to: payments.pay_to.clone(),
-            max_timeout_seconds: payments.max_timeout_seconds,
-            extra: Extra { name: asset.name.clone(), version: asset.version.clone() },
+            max_timeout_seconds,
+            // The facilitator's address comes from its `/supported`
+            // (`supported::settleable`).
+            extra: Extra { name: asset.name.clone(), version: asset.version.clone(), facilitator_address: None },
         });
     }
+    let description = match task.accepts.as_slice() {
+        [price] if price.meter.is_some() => format!("{}: {}", task.title, price_summary(price)),
+        _ => task.title.clone(),
+    };
     Some(PaymentRequired {
         x402_version: X402_VERSION,
         error: error.to_owned(),
-        resource: Resource {
-            url: resource_url.to_owned(),
-            description: task.title.clone(),
-            mime_type: "application/json".to_owned(),
-        },
+        resource: Resource { url: resource_url.to_owned(), description, mime_type: "application/json".to_owned() },
         accepts,
         extensions: extensions(task),
     })
 }
 
-/// The two extensions Reeve honours, in the shape x402's SDKs declare them.
+/// The extensions Reeve honours, in the shape x402's SDKs declare them:
+/// `payment-identifier`, `bazaar`, and for a metered task
+/// `eip2612GasSponsoring` (the facilitator settles with the token's permit).
 fn extensions(task: &TaskSpec) -> serde_json::Map<String, serde_json::Value> {
     use serde_json::json;
     let mut map = serde_json::Map::new();
+    if task.accepts.iter().any(|price| price.meter.is_some()) {
+        map.insert(
+            EIP2612_GAS_SPONSORING.to_owned(),
+            json!({
+                "info": {
+                    "description": "No Permit2 approval yet? Sign the token's EIP-2612 permit for Permit2 \
+                                    instead: the facilitator applies it when it settles, and you pay no gas.",
+                    "version": "1"
+                },
+                "schema": {}
+            }),
+        );
+    }
     map.insert(
         PAYMENT_IDENTIFIER.to_owned(),
         json!({

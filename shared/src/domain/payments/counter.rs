@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use sqlx::PgConnection;
 
 use super::ledger::Credit;
+use super::upto::MeteredPayment;
 use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
 use crate::domain::request::TaskRequest;
@@ -40,6 +41,19 @@ pub trait Counter: Sync {
         key: &str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// What a metered price (`upto`) of `kind` in `asset` (its contract)
+    /// charges, and the kind's timeout; `None`: not metered there.
+    fn metering(&self, kind: &str, asset: &str) -> Option<Metering>;
+
+    /// Records a metered task's payment as its buyer sees it (`tasks.payment`)
+    /// in the caller's transaction, and returns the task with it.
+    fn authorized(
+        &self,
+        conn: &mut PgConnection,
+        task: Self::Task,
+        payment: &MeteredPayment,
+    ) -> impl Future<Output = Result<Self::Task, sqlx::Error>> + Send;
+
     /// Appends the event that says how the task was paid, when it is not
     /// the plain case (a credit, a charge learnt late).
     fn note(
@@ -48,6 +62,17 @@ pub trait Counter: Sync {
         task: &Self::Task,
         note: &Note<'_>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+/// A metered price, as the catalog sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metering {
+    /// The kind's `timeout_seconds`.
+    pub timeout_seconds: u32,
+    /// The unit's name (`byte`, `KiB`, `MiB`, `GiB`, `second`).
+    pub unit: &'static str,
+    /// Atomic units per unit.
+    pub rate: u128,
 }
 
 /// How a task was paid, for its event log.

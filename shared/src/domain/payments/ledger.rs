@@ -31,6 +31,15 @@ pub enum AttemptStatus {
     Settled,
     /// Nothing was charged, and nothing can be any more by this attempt.
     Failed,
+    /// `upto`: its create's `/verify` is under way (claimed), or died
+    /// (unclaimed). Nothing can be charged yet.
+    Verifying,
+    /// `upto`: verified, its task stored; nothing charged until it ends.
+    Authorized,
+    /// `upto`: the used amount was sent to be settled; the chain decides.
+    Capturing,
+    /// `upto`: nothing was charged, nor ever will be.
+    Released,
 }
 
 impl AttemptStatus {
@@ -39,6 +48,10 @@ impl AttemptStatus {
             "settling" => AttemptStatus::Settling,
             "settled" => AttemptStatus::Settled,
             "failed" => AttemptStatus::Failed,
+            "verifying" => AttemptStatus::Verifying,
+            "authorized" => AttemptStatus::Authorized,
+            "capturing" => AttemptStatus::Capturing,
+            "released" => AttemptStatus::Released,
             _ => return None,
         })
     }
@@ -48,6 +61,10 @@ impl AttemptStatus {
             AttemptStatus::Settling => "settling",
             AttemptStatus::Settled => "settled",
             AttemptStatus::Failed => "failed",
+            AttemptStatus::Verifying => "verifying",
+            AttemptStatus::Authorized => "authorized",
+            AttemptStatus::Capturing => "capturing",
+            AttemptStatus::Released => "released",
         }
     }
 }
@@ -119,6 +136,10 @@ pub struct NewAttempt<'a> {
     pub amount: &'a str,
     pub pay_to: &'a str,
     pub valid_before: &'a str,
+    /// `Some` for `upto`: the signed document, which the worker settles
+    /// with when the task ends. The attempt starts `verifying`, not
+    /// `settling`.
+    pub upto_document: Option<&'a Value>,
 }
 
 /// The columns an [`Attempt`] is read from, as a literal for `concat!`
@@ -161,9 +182,11 @@ pub async fn insert_attempt(conn: &mut PgConnection, new: &NewAttempt<'_>) -> Re
     let inserted = sqlx::query(
         "INSERT INTO payment_attempts
              (id, network, payer, nonce, payload_hash, space_idx, kind, request_hash, payment_id, asset, amount,
-              input, idempotency_key, pay_to, valid_before, claimed_until)
+              input, idempotency_key, pay_to, valid_before, claimed_until, scheme, document, status)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::numeric,
-                 now() + make_interval(secs => $16))
+                 now() + make_interval(secs => $16),
+                 CASE WHEN $17::jsonb IS NULL THEN 'exact' ELSE 'upto' END, $17,
+                 CASE WHEN $17::jsonb IS NULL THEN 'settling' ELSE 'verifying' END)
          ON CONFLICT DO NOTHING",
     )
     .bind(id)
@@ -182,6 +205,7 @@ pub async fn insert_attempt(conn: &mut PgConnection, new: &NewAttempt<'_>) -> Re
     .bind(new.pay_to)
     .bind(new.valid_before)
     .bind(f64::from(CLAIM_SECONDS))
+    .bind(new.upto_document.map(sqlx::types::Json))
     .execute(conn)
     .await?
     .rows_affected();
@@ -274,7 +298,7 @@ pub async fn claim_attempt(db: &PgPool, id: Id, from: AttemptStatus) -> Result<C
     }
     let moved = sqlx::query(
         "UPDATE payment_attempts
-            SET status = 'settling', updated_at = now(),
+            SET status = CASE WHEN scheme = 'upto' THEN 'verifying' ELSE 'settling' END, updated_at = now(),
                 claimed_until = now() + make_interval(secs => $3)
           WHERE id = $1 AND status = $2 AND (claimed_until IS NULL OR claimed_until <= now())",
     )
@@ -296,12 +320,13 @@ pub async fn claim_attempt(db: &PgPool, id: Id, from: AttemptStatus) -> Result<C
 }
 
 /// Nothing was charged and nothing can be by this attempt (the facilitator
-/// refused it, or its `validBefore` passed unused): `failed` with the
-/// reason. `false`: it had moved on.
+/// refused it, or its `validBefore` passed unused; for `upto`, its create's
+/// `/verify` refused it): `failed` with the reason. `false`: it had moved
+/// on.
 pub async fn fail_attempt(db: &PgPool, id: Id, reason: &str) -> Result<bool, sqlx::Error> {
     let moved = sqlx::query(
         "UPDATE payment_attempts SET status = 'failed', reason = $2, claimed_until = NULL, updated_at = now()
-          WHERE id = $1 AND status = 'settling'",
+          WHERE id = $1 AND status IN ('settling', 'verifying')",
     )
     .bind(id)
     .bind(reason)
@@ -380,8 +405,13 @@ pub async fn record_settled(conn: &mut PgConnection, p: &SettledPayment<'_>) -> 
     if moved == 0 {
         return Ok(false);
     }
-    // Counted once per attempt: only the update that moved it to `settled`
-    // gets here (an unknown outcome resolved on retry included).
+    insert_payment(conn, p).await?;
+    Ok(true)
+}
+
+/// The `payments` row of a charge, and its count: once per attempt, since
+/// only the update that moved it to `settled` gets here.
+async fn insert_payment(conn: &mut PgConnection, p: &SettledPayment<'_>) -> Result<(), sqlx::Error> {
     crate::infra::metrics::payment_settled(p.network, p.asset);
     sqlx::query(
         "INSERT INTO payments (id, task_id, network, payer, amount, asset, transaction, space_idx, pay_to)
@@ -398,7 +428,187 @@ pub async fn record_settled(conn: &mut PgConnection, p: &SettledPayment<'_>) -> 
     .bind(p.pay_to)
     .execute(&mut *conn)
     .await?;
+    Ok(())
+}
+
+// ------------------------------------------------------------ metered (upto)
+//
+// An `upto` attempt is `verifying` while its create asks `/verify`, then
+// `authorized` with its task, and only when the task ends `capturing` (the
+// worker sent the used amount to be settled), then `settled` (charged) or
+// `failed` (the capture was refused); or `released`, nothing charged. Each
+// move that changes what the buyer sees rewrites the task's `payment` in
+// the same statement.
+
+/// Verified: the attempt holds its task now, nothing charged.
+pub async fn authorize_attempt(conn: &mut PgConnection, id: Id, task_id: Id) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE payment_attempts SET status = 'authorized', task_id = $2, claimed_until = NULL, reason = NULL,
+                updated_at = now()
+          WHERE id = $1 AND status = 'verifying' AND task_id IS NULL",
+    )
+    .bind(id)
+    .bind(task_id)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(moved == 1)
+}
+
+/// The task's metered authorization: the attempt's state and what the
+/// worker settles with. `None`: the task is not metered.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OpenAuthorization {
+    pub attempt: Id,
+    #[sqlx(try_from = "String")]
+    pub status: AttemptStatus,
+    pub network: String,
+    pub asset: String,
+    pub payer: String,
+    pub pay_to: Option<String>,
+    /// The ceiling, atomic units.
+    pub amount: String,
+    /// The signed deadline, decimal unix seconds.
+    pub valid_before: Option<String>,
+    pub transaction: Option<String>,
+    pub from_block: Option<i64>,
+    #[sqlx(json)]
+    pub document: Value,
+    /// The task's `payment`, as its buyer sees it.
+    #[sqlx(json)]
+    pub payment: Value,
+    #[sqlx(rename = "space_idx")]
+    pub space: Vec<u8>,
+}
+
+pub async fn open_authorization(db: &PgPool, task_id: Id) -> Result<Option<OpenAuthorization>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT a.id AS attempt, a.status, a.network, a.asset, a.payer, a.pay_to, a.amount,
+                a.valid_before::text AS valid_before, a.transaction, a.from_block, a.document, t.payment,
+                a.space_idx
+           FROM payment_attempts a JOIN tasks t ON t.id = a.task_id
+          WHERE a.task_id = $1 AND a.scheme = 'upto' AND a.document IS NOT NULL AND t.payment IS NOT NULL",
+    )
+    .bind(task_id)
+    .fetch_optional(db)
+    .await
+}
+
+/// Starts (or resumes) a capture of `charged`: `authorized → capturing`.
+/// A capture already under way keeps the amount it started with, which an
+/// earlier settle may have charged. `None`: it is neither any more.
+pub async fn start_capture(db: &PgPool, id: Id, charged: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE payment_attempts
+            SET charged = CASE WHEN status = 'authorized' THEN $2 ELSE charged END,
+                status = 'capturing', updated_at = now()
+          WHERE id = $1 AND status IN ('authorized', 'capturing')
+      RETURNING charged",
+    )
+    .bind(id)
+    .bind(charged)
+    .fetch_optional(db)
+    .await
+}
+
+/// A capture's settlement named this transaction before its outcome was
+/// known.
+pub async fn capture_named(db: &PgPool, id: Id, transaction: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE payment_attempts SET transaction = $2, updated_at = now() WHERE id = $1 AND status = 'capturing'",
+    )
+    .bind(id)
+    .bind(transaction)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
+
+/// A capture proven on chain: the attempt `settled`, its payment recorded,
+/// and the task's `payment` set to `view`, in one transaction. `false`: it
+/// was not capturing any more.
+pub async fn record_captured(db: &PgPool, p: &SettledPayment<'_>, view: &Value) -> Result<bool, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let moved = sqlx::query(
+        "UPDATE payment_attempts SET status = 'settled', transaction = $2, claimed_until = NULL, reason = NULL,
+                updated_at = now()
+          WHERE id = $1 AND status = 'capturing'",
+    )
+    .bind(p.attempt)
+    .bind(p.transaction)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if moved == 0 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    insert_payment(&mut tx, p).await?;
+    set_view(&mut tx, p.task_id, view).await?;
+    tx.commit().await?;
     Ok(true)
+}
+
+/// The payer refused the capture (revoked its approval, moved its funds):
+/// nothing was charged; the attempt `failed` and the task's `payment` says
+/// so. `false`: it was not capturing any more.
+pub async fn refuse_capture(db: &PgPool, id: Id, task_id: Id, reason: &str, view: &Value) -> Result<bool, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let moved = sqlx::query(
+        "UPDATE payment_attempts SET status = 'failed', reason = $2, claimed_until = NULL, updated_at = now()
+          WHERE id = $1 AND status = 'capturing'",
+    )
+    .bind(id)
+    .bind(reason)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if moved == 1 {
+        set_view(&mut tx, task_id, view).await?;
+        crate::infra::metrics::payment_failed(reason);
+    }
+    tx.commit().await?;
+    Ok(moved == 1)
+}
+
+/// Releases the task's authorization if nothing was sent to be settled
+/// yet: `authorized → released` with `reason`, and the task's `payment`
+/// says nothing was charged. Called in the transaction that ends the task
+/// (failed, canceled), and by the worker for a task that used nothing.
+/// Returns the task's `payment` as it is now (`None`: not metered).
+pub async fn release_if_authorized(
+    conn: &mut PgConnection,
+    task_id: Id,
+    reason: &str,
+) -> Result<Option<Value>, sqlx::Error> {
+    let released: Option<sqlx::types::Json<Value>> = sqlx::query_scalar(
+        "WITH released AS (
+             UPDATE payment_attempts SET status = 'released', reason = $2, claimed_until = NULL, updated_at = now()
+              WHERE task_id = $1 AND scheme = 'upto' AND status = 'authorized'
+          RETURNING task_id)
+         UPDATE tasks SET payment = payment || jsonb_build_object('status', 'released', 'charged', '0', 'reason', $2)
+          WHERE id = (SELECT task_id FROM released)
+      RETURNING payment",
+    )
+    .bind(task_id)
+    .bind(reason)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(view) = released {
+        return Ok(Some(view.0));
+    }
+    let current: Option<Option<sqlx::types::Json<Value>>> =
+        sqlx::query_scalar("SELECT payment FROM tasks WHERE id = $1").bind(task_id).fetch_optional(&mut *conn).await?;
+    Ok(current.flatten().map(|view| view.0))
+}
+
+async fn set_view(conn: &mut PgConnection, task_id: Id, view: &Value) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE tasks SET payment = $2 WHERE id = $1")
+        .bind(task_id)
+        .bind(sqlx::types::Json(view))
+        .execute(conn)
+        .await
+        .map(|_| ())
 }
 
 /// A charge whose task can no longer be created: the attempt is `settled`

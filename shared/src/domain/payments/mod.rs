@@ -4,6 +4,8 @@
 //! the ledger of attempts, payments and credits.
 //!
 //! Module map:
+//! - [`order`]: what paying for a request is made of ([`Order`], [`Bought`],
+//!   [`PayError`]) and the answers every scheme gives alike.
 //! - [`checkout`]: [`pay`], the one call that pays for a request or refuses:
 //!   attempt, verify, settle, prove, store or credit, in the order that
 //!   keeps "no charge without a task, no task without a charge".
@@ -21,9 +23,19 @@
 //! - [`ledger`]: attempts (recorded before settling), payments, credits.
 //!
 //! - [`counter`]: the [`Counter`] through which the caller stores a task.
+//! - [`upto`]: metered prices (x402 `upto`): the contracts, the refusals,
+//!   and a metered task's payment as its buyer sees it.
+//! - [`authorize`]: a metered payment at create: checked, verified, and its
+//!   task stored authorized, nothing charged.
+//! - [`capture`]: when a metered task ends, what it used settled and proven
+//!   on chain, or its authorization released.
 //!
 //! Nothing here names a task: the caller stores one through a [`Counter`].
 
+#[cfg(feature = "api-tasks")]
+pub(crate) mod authorize;
+#[cfg(all(feature = "chain", feature = "catalog"))]
+pub(crate) mod capture;
 #[cfg(feature = "chain")]
 pub(crate) mod chain;
 #[cfg(feature = "catalog")]
@@ -35,6 +47,8 @@ pub(crate) mod counter;
 pub(crate) mod facilitator;
 pub(crate) mod ledger;
 #[cfg(feature = "api-tasks")]
+pub(crate) mod order;
+#[cfg(feature = "api-tasks")]
 pub(crate) mod payload;
 #[cfg(feature = "chain")]
 pub(crate) mod proof;
@@ -42,7 +56,10 @@ pub(crate) mod proof;
 pub(crate) mod reconcile;
 #[cfg(feature = "catalog")]
 pub(crate) mod supported;
+pub(crate) mod upto;
 
+#[cfg(all(feature = "chain", feature = "catalog"))]
+pub use capture::{Authorization as MeteredAuthorization, Captured, Capturer};
 #[cfg(feature = "chain")]
 pub use chain::{CHAIN_RPC_URLS, Chains};
 #[cfg(feature = "catalog")]
@@ -51,22 +68,32 @@ pub use challenge::{
     SIGNATURE_REQUIRED, payment_required,
 };
 #[cfg(feature = "api-tasks")]
-pub use checkout::{
-    Bought, CLOCK_SKEW, Checkout, Order, PayError, RETRY_AFTER, STORE_MARGIN, bought_before, held_key, pay,
-};
-pub use counter::{Counter, Note};
+pub use checkout::{held_key, pay};
+pub use counter::{Counter, Metering, Note};
 #[cfg(feature = "outbound")]
 pub use facilitator::{Facilitator, FacilitatorError};
 pub use ledger::{Credit, PaymentRecord, credit_if_owed, receipt};
 #[cfg(feature = "api-tasks")]
-pub use payload::{Accepted, Authorization, ExactPayload, PaymentInput, PaymentPayload};
+pub use order::{Bought, CLOCK_SKEW, Checkout, Order, PayError, RETRY_AFTER, STORE_MARGIN, bought_before};
+#[cfg(feature = "api-tasks")]
+pub use payload::{
+    Accepted, Authorization, ExactPayload, PaymentInput, PaymentPayload, Permit2Authorization, SchemePayload,
+    TokenPermissions, UptoPayload, UptoWitness,
+};
 #[cfg(feature = "chain")]
 pub use reconcile::{Reconciled, reconcile};
 #[cfg(feature = "catalog")]
 pub use supported::{SupportedKind, settleable, settles, unsupported_prices};
+pub use upto::{AUTHORIZATION_EXPIRED, MeteredPayment, MeteredStatus, PAYMENT_NOT_CAPTURED, UptoRefusal};
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
+
+/// Seconds since the Unix epoch, by this machine's clock: what a signed
+/// `validBefore` or `deadline` is compared with.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs()
+}
 
 /// The `PAYMENT-RESPONSE` header: base64 JSON of the settlement, as x402
 /// clients read it. Sent with a paid `202`, and with `success: false` and

@@ -1,9 +1,12 @@
 //! The client's payment: the `PAYMENT-SIGNATURE` header, decoded and checked
 //! against what this task kind offers.
 //!
-//! Only the `exact` scheme with an EIP-3009 authorization is accepted (the
-//! only one Reeve offers). The document itself is kept as sent: it goes to the
-//! facilitator verbatim, so fields this parser does not know survive.
+//! Two schemes: `exact`, an EIP-3009 authorization of the price, and
+//! `upto`, a Permit2 `PermitWitnessTransferFrom` of a ceiling to x402's upto
+//! proxy, witnessing `payTo` and the facilitator (what `@x402/evm` and the
+//! Python SDK's upto clients sign). The document itself is kept as sent: it
+//! goes to the facilitator verbatim, so fields this parser does not know
+//! survive (the `eip2612GasSponsoring` permit among them).
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -23,15 +26,19 @@ pub struct Payment {
     /// SHA-256 of the canonical document: the same payment has one hash.
     pub hash: [u8; 32],
     pub accepted: Accepted,
-    /// `authorization.from`, lowercase.
+    /// `authorization.from` (`permit2Authorization.from`), lowercase.
     pub payer: String,
-    /// `authorization.nonce`, lowercase.
+    /// `authorization.nonce`, lowercase hex; for `upto` the Permit2 nonce,
+    /// a decimal string.
     pub nonce: String,
     /// The `payment-identifier` extension's id, if the client sent one.
     pub payment_id: Option<String>,
-    /// `authorization.validBefore` (unix seconds, as signed): after it, an
-    /// authorization never used can never be.
+    /// `authorization.validBefore` (`permit2Authorization.deadline`; unix
+    /// seconds, as signed): after it, an authorization never used can never
+    /// be.
     pub valid_before: String,
+    /// `Some` for an `upto` payment: what its Permit2 signature permits.
+    pub upto: Option<Permit2Authorization>,
 }
 
 /// A payment as a client sent it: the `PAYMENT-SIGNATURE` header of an HTTP
@@ -88,12 +95,58 @@ impl From<&PaymentRequirements> for Accepted {
 pub struct PaymentPayload {
     pub x402_version: u32,
     pub accepted: Accepted,
-    pub payload: ExactPayload,
+    pub payload: SchemePayload,
     /// The challenge's `resource`, repeated; unchecked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<serde_json::Map<String, Value>>,
+}
+
+/// What the scheme signed: an EIP-3009 authorization (`exact`) or a Permit2
+/// one (`upto`), told apart by their fields.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SchemePayload {
+    Exact(ExactPayload),
+    Upto(UptoPayload),
+}
+
+/// The `upto` scheme's payload: a Permit2 authorization and its signature.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UptoPayload {
+    pub signature: String,
+    pub permit2_authorization: Permit2Authorization,
+}
+
+/// Permit2's `PermitWitnessTransferFrom` as x402's upto clients sign it:
+/// `permitted.amount` is the ceiling, `spender` the upto proxy, and the
+/// witness names `payTo` and the one facilitator that may settle it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Permit2Authorization {
+    pub from: String,
+    pub permitted: TokenPermissions,
+    pub spender: String,
+    /// A decimal string (Permit2's unordered nonces are 256-bit).
+    pub nonce: String,
+    pub deadline: String,
+    pub witness: UptoWitness,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenPermissions {
+    pub token: String,
+    pub amount: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UptoWitness {
+    pub to: String,
+    pub facilitator: String,
+    pub valid_after: String,
 }
 
 /// The scheme's payload: an EIP-3009 authorization and its signature.
@@ -150,26 +203,45 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
         return Err(format!("the payment must be at most {MAX_HEADER_BYTES} bytes of JSON"));
     }
     let parsed: PaymentPayload = serde_json::from_value(document.clone())
-        .map_err(|e| format!("the payment is not an x402 v2 exact payment: {e}"))?;
+        .map_err(|_| "the payment is not an x402 v2 exact or upto payment".to_owned())?;
     if parsed.x402_version != X402_VERSION {
         return Err(format!("x402Version must be {X402_VERSION}"));
     }
-    let a = &parsed.payload.authorization;
     let numeric = |s: &str| !s.is_empty() && s.len() <= 78 && s.bytes().all(|b| b.is_ascii_digit());
-    if !hex_of_len(&a.from, 40) || !hex_of_len(&a.to, 40) {
-        return Err("authorization.from and .to must be 0x-prefixed 20-byte addresses".to_owned());
-    }
-    if !hex_of_len(&a.nonce, 64) {
-        return Err("authorization.nonce must be a 0x-prefixed 32-byte value".to_owned());
-    }
-    if !numeric(&a.value) || !numeric(&a.valid_after) || !numeric(&a.valid_before) {
-        return Err("authorization.value, .validAfter and .validBefore must be decimal strings".to_owned());
-    }
-    let sig = &parsed.payload.signature;
-    if !(sig.starts_with("0x")
-        && sig.len() > 2
-        && sig.len().is_multiple_of(2)
-        && sig[2..].bytes().all(|b| b.is_ascii_hexdigit()))
+    let (payer, nonce, valid_before, upto, signature) = match &parsed.payload {
+        SchemePayload::Exact(exact) => {
+            let a = &exact.authorization;
+            if !hex_of_len(&a.from, 40) || !hex_of_len(&a.to, 40) {
+                return Err("authorization.from and .to must be 0x-prefixed 20-byte addresses".to_owned());
+            }
+            if !hex_of_len(&a.nonce, 64) {
+                return Err("authorization.nonce must be a 0x-prefixed 32-byte value".to_owned());
+            }
+            if !numeric(&a.value) || !numeric(&a.valid_after) || !numeric(&a.valid_before) {
+                return Err("authorization.value, .validAfter and .validBefore must be decimal strings".to_owned());
+            }
+            (&a.from, &a.nonce, &a.valid_before, None, &exact.signature)
+        }
+        SchemePayload::Upto(upto) => {
+            let a = &upto.permit2_authorization;
+            let addresses = [&a.from, &a.permitted.token, &a.spender, &a.witness.to, &a.witness.facilitator];
+            if !addresses.iter().all(|address| hex_of_len(address, 40)) {
+                return Err("permit2Authorization's from, permitted.token, spender, witness.to and \
+                            witness.facilitator must be 0x-prefixed 20-byte addresses"
+                    .to_owned());
+            }
+            if ![&a.permitted.amount, &a.nonce, &a.deadline, &a.witness.valid_after].iter().all(|n| numeric(n)) {
+                return Err("permit2Authorization's permitted.amount, nonce, deadline and witness.validAfter \
+                            must be decimal strings"
+                    .to_owned());
+            }
+            (&a.from, &a.nonce, &a.deadline, Some(a.clone()), &upto.signature)
+        }
+    };
+    if !(signature.starts_with("0x")
+        && signature.len() > 2
+        && signature.len().is_multiple_of(2)
+        && signature[2..].bytes().all(|b| b.is_ascii_hexdigit()))
     {
         return Err("payload.signature must be 0x-prefixed hex".to_owned());
     }
@@ -201,9 +273,10 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
     });
     let hash: [u8; 32] = Sha256::digest(crate::infra::canonical_json::canonical_json(&named).as_bytes()).into();
     Ok(Payment {
-        valid_before: a.valid_before.clone(),
-        payer: a.from.to_ascii_lowercase(),
-        nonce: a.nonce.to_ascii_lowercase(),
+        valid_before: valid_before.clone(),
+        payer: payer.to_ascii_lowercase(),
+        nonce: nonce.to_ascii_lowercase(),
+        upto,
         accepted: parsed.accepted,
         document,
         hash,
@@ -294,7 +367,7 @@ mod tests {
                 edit(&|v| {
                     v.as_object_mut().unwrap().remove("payload");
                 }),
-                "not an x402 v2",
+                "not an x402 v2 exact or upto",
             ),
             ("short nonce", edit(&|v| v["payload"]["authorization"]["nonce"] = json!("0x12")), "nonce"),
             ("bad payer", edit(&|v| v["payload"]["authorization"]["from"] = json!("alice")), "addresses"),
@@ -321,7 +394,11 @@ mod tests {
             asset: "0x036cbd53842c5426634e7929541ec2318f3dcf7e".into(),
             pay_to: "0x209693bc6afc0c5328ba36faf03c514ef312287c".into(),
             max_timeout_seconds: 300,
-            extra: super::super::challenge::Extra { name: "USDC".into(), version: "2".into() },
+            extra: super::super::challenge::Extra {
+                name: "USDC".into(),
+                version: "2".into(),
+                facilitator_address: None,
+            },
         };
         assert!(decode(&encode(&sample())).unwrap().accepted.matches(&offered));
         for (field, value) in [

@@ -18,7 +18,7 @@
 
 use serde::Deserialize;
 
-use super::challenge::{PaymentRequired, SCHEME_EXACT, X402_VERSION};
+use super::challenge::{PaymentRequired, SCHEME_UPTO, X402_VERSION};
 use crate::domain::catalog::{Catalog, Problem};
 
 /// One `(x402Version, scheme, network)` a facilitator settles.
@@ -30,6 +30,23 @@ pub struct SupportedKind {
     /// CAIP-2 for x402 v2 (`eip155:8453`); v1 used names (`base`). A
     /// reference of `*` stands for every network of its namespace.
     pub network: String,
+    /// For `upto`, `{"facilitatorAddress"}`: who settles, which the payer
+    /// names in what it signs.
+    #[serde(default)]
+    pub extra: Option<serde_json::Value>,
+}
+
+impl SupportedKind {
+    fn lists(&self, scheme: &str, network: &str) -> bool {
+        let network_listed = self.network == network
+            || self.network.strip_suffix(":*").is_some_and(|namespace| network.split(':').next() == Some(namespace));
+        self.x402_version == X402_VERSION && self.scheme == scheme && network_listed
+    }
+
+    /// The address an `upto` payer must name as its facilitator.
+    fn facilitator_address(&self) -> Option<&str> {
+        self.extra.as_ref()?.get("facilitatorAddress")?.as_str()
+    }
 }
 
 /// `GET /supported`'s answer; only `kinds` matters here.
@@ -38,37 +55,34 @@ pub(crate) struct Supported {
     pub kinds: Vec<SupportedKind>,
 }
 
-/// Does a facilitator listing `kinds` settle Reeve's payments (x402 v2, the
-/// exact scheme) on `network`?
-pub fn settles(kinds: &[SupportedKind], network: &str) -> bool {
-    kinds.iter().any(|k| {
-        let network_listed = k.network == network
-            || k.network.strip_suffix(":*").is_some_and(|namespace| network.split(':').next() == Some(namespace));
-        k.x402_version == X402_VERSION && k.scheme == SCHEME_EXACT && network_listed
-    })
+/// Does a facilitator listing `kinds` settle x402 v2 payments of `scheme`
+/// on `network`?
+pub fn settles(kinds: &[SupportedKind], scheme: &str, network: &str) -> bool {
+    kinds.iter().any(|k| k.lists(scheme, network))
 }
 
 /// Every price of `catalog` in a network the facilitator at `url` (listing
 /// `kinds`) does not settle, at its TOML path.
 pub fn unsupported_prices(catalog: &Catalog, kinds: &[SupportedKind], url: &str) -> Vec<Problem> {
-    let mut listed: Vec<&str> = kinds
-        .iter()
-        .filter(|k| k.x402_version == X402_VERSION && k.scheme == SCHEME_EXACT)
-        .map(|k| k.network.as_str())
-        .collect();
-    listed.dedup();
-    let listed = if listed.is_empty() { "none".to_owned() } else { listed.join(", ") };
     let mut problems = Vec::new();
     for (kind, task) in &catalog.tasks {
         for (index, price) in task.accepts.iter().enumerate() {
             let Some(asset) = catalog.assets.get(&price.asset) else { continue };
-            if !settles(kinds, &asset.network) {
+            let scheme = price.scheme();
+            let mut listed: Vec<&str> = kinds
+                .iter()
+                .filter(|k| k.x402_version == X402_VERSION && k.scheme == scheme)
+                .map(|k| k.network.as_str())
+                .collect();
+            listed.dedup();
+            let listed = if listed.is_empty() { "none".to_owned() } else { listed.join(", ") };
+            if !settles(kinds, scheme, &asset.network) {
                 problems.push(Problem {
                     // Kinds are ids (letters, digits, - and _): bare TOML keys.
                     path: format!("tasks.{kind}.accepts[{index}]"),
                     message: format!(
                         "asset {:?} is on {}, which the facilitator {url} does not settle (x402 v{X402_VERSION}, \
-                         scheme {SCHEME_EXACT}; it lists: {listed}): no payment in it could be settled",
+                         scheme {scheme}; it lists: {listed}): no payment in it could be settled",
                         price.asset, asset.network
                     ),
                 });
@@ -81,17 +95,22 @@ pub fn unsupported_prices(catalog: &Catalog, kinds: &[SupportedKind], url: &str)
 /// `challenge` with only the prices a facilitator listing `kinds` settles:
 /// the others are refused (logged with their TOML path, `tasks.<kind>`'s
 /// accepts in the same order), and a payment in them finds no offer to
-/// match. `None` when no price of the kind is left: the task cannot be paid
-/// for here, and must not look free either.
+/// match. An `upto` offer gets the facilitator's address, without which no
+/// client can sign it. `None` when no price of the kind is left: the task
+/// cannot be paid for here, and must not look free either.
 pub fn settleable(mut challenge: PaymentRequired, kinds: &[SupportedKind], kind: &str) -> Option<PaymentRequired> {
     let mut index = 0;
-    challenge.accepts.retain(|offer| {
-        let settled = settles(kinds, &offer.network);
+    challenge.accepts.retain_mut(|offer| {
+        let listed = kinds.iter().find(|k| k.lists(&offer.scheme, &offer.network));
+        if offer.scheme == SCHEME_UPTO {
+            offer.extra.facilitator_address = listed.and_then(|k| k.facilitator_address()).map(str::to_owned);
+        }
+        let settled = listed.is_some() && (offer.scheme != SCHEME_UPTO || offer.extra.facilitator_address.is_some());
         if !settled {
             tracing::error!(
                 price = %format!("tasks.{kind}.accepts[{index}]"),
                 network = %offer.network,
-                "not offered: the facilitator does not settle this network"
+                "not offered: the facilitator does not settle this scheme on this network"
             );
         }
         index += 1;
@@ -105,19 +124,19 @@ mod tests {
     use super::*;
 
     fn kind(version: u32, scheme: &str, network: &str) -> SupportedKind {
-        SupportedKind { x402_version: version, scheme: scheme.into(), network: network.into() }
+        SupportedKind { x402_version: version, scheme: scheme.into(), network: network.into(), extra: None }
     }
 
     #[test]
-    fn a_network_is_settled_in_v2_with_the_exact_scheme_only() {
+    fn a_network_is_settled_in_v2_with_the_scheme_asked_for() {
         let local = [kind(2, "exact", "eip155:84532"), kind(1, "exact", "base")];
-        assert!(settles(&local, "eip155:84532"));
-        assert!(!settles(&local, "eip155:8453"), "v1's `base` is not v2's eip155:8453");
-        assert!(!settles(&[kind(1, "exact", "eip155:8453")], "eip155:8453"), "v1 only");
-        assert!(!settles(&[kind(2, "upto", "eip155:8453")], "eip155:8453"), "another scheme");
+        assert!(settles(&local, "exact", "eip155:84532"));
+        assert!(!settles(&local, "upto", "eip155:84532"), "another scheme");
+        assert!(!settles(&local, "exact", "eip155:8453"), "v1's `base` is not v2's eip155:8453");
+        assert!(!settles(&[kind(1, "exact", "eip155:8453")], "exact", "eip155:8453"), "v1 only");
         let every_evm = [kind(2, "exact", "eip155:*")];
-        assert!(settles(&every_evm, "eip155:8453"));
-        assert!(!settles(&every_evm, "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp"));
+        assert!(settles(&every_evm, "exact", "eip155:8453"));
+        assert!(!settles(&every_evm, "exact", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp"));
     }
 
     #[test]

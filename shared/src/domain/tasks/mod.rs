@@ -24,8 +24,6 @@ pub(crate) mod input;
 #[cfg(feature = "s3")]
 pub mod output;
 pub(crate) mod queue;
-#[cfg(feature = "catalog")]
-pub(crate) mod shelf;
 #[cfg(feature = "api-tasks")]
 pub(crate) mod submit;
 
@@ -134,6 +132,12 @@ pub struct Task {
     pub error: Option<Value>,
     /// How many times a worker has started the task.
     pub attempts: i32,
+    /// A metered task's payment (x402 `upto`): authorized up to a ceiling,
+    /// then charged what it used with its transaction, or released with
+    /// nothing charged. Absent for a free task and one paid a fixed price.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[sqlx(json(nullable))]
+    pub payment: Option<crate::domain::payments::MeteredPayment>,
     /// When `POST /v1/tasks/{id}/cancel` asked a running task to stop;
     /// `null` otherwise. Its worker ends it `canceled` within a second.
     #[serde(with = "time::serde::rfc3339::option")]
@@ -148,13 +152,15 @@ pub struct Task {
 /// takes only `'static` SQL, never a string built at run time.
 macro_rules! task_columns {
     () => {
-        "id, kind, status, progress, result, error, attempts, cancel_requested_at, created_at, updated_at"
+        "id, kind, status, progress, result, error, attempts, payment, cancel_requested_at, created_at, updated_at"
     };
 }
 
 // After `task_columns!`, which they use.
 pub(crate) mod cancel;
 pub(crate) mod list;
+#[cfg(feature = "catalog")]
+pub(crate) mod shelf;
 pub(crate) mod transition;
 
 pub use cancel::{CancelOutcome, cancel, cancel_requested};

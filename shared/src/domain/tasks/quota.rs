@@ -106,14 +106,15 @@ pub async fn create(
         return Ok(super::create(db, new).await);
     };
     match create_within(db, new, quota).await {
-        Ok(Admitted::Stored(created)) => Ok(Ok(created)),
+        Ok(Admitted::Stored(created)) => Ok(Ok(*created)),
         Ok(Admitted::Refused(exceeded)) => Err(exceeded),
         Err(e) => Ok(Err(e)),
     }
 }
 
+// Boxed: a task (with its metered payment) dwarfs the refusal.
 enum Admitted {
-    Stored(Created),
+    Stored(Box<Created>),
     Refused(QuotaExceeded),
 }
 
@@ -137,7 +138,7 @@ async fn create_within(db: &PgPool, new: TaskRequest<'_>, quota: Quota) -> Resul
         .await?;
     if let Some(task) = row.task {
         super::count_created(&task);
-        return Ok(Admitted::Stored(Created::New(task)));
+        return Ok(Admitted::Stored(Box::new(Created::New(task))));
     }
     let limit = if row.this_hour >= i64::from(quota.per_hour) {
         Limit::PerHour(quota.per_hour)
@@ -147,7 +148,7 @@ async fn create_within(db: &PgPool, new: TaskRequest<'_>, quota: Quota) -> Resul
         // Under both ceilings, so the idempotency key is taken: by this same
         // request (its task is answered again) or by another one (a
         // conflict). Create tells which.
-        return Ok(Admitted::Stored(super::create(db, new).await?));
+        return Ok(Admitted::Stored(Box::new(super::create(db, new).await?)));
     };
     let retry_after = match limit {
         Limit::PerHour(n) => hour_frees_in(db, new.space, new.kind, n).await?,

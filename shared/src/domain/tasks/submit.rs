@@ -85,6 +85,9 @@ pub enum Paid {
     Payment(PaymentResponse),
     /// Paid with this credit.
     Credit(Credit),
+    /// A metered task, authorized up to its ceiling (the task's `payment`
+    /// says so): nothing charged until it ends.
+    Authorized,
 }
 
 /// Why a task was not created. Its code, kind and message are in the one
@@ -191,6 +194,7 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
     match payments::pay(checkout, order, &challenge, &Shelf { catalog: cx.catalog }).await? {
         Bought::Settled { task, settlement } => queue(cx, task, Paid::Payment(settlement)).await,
         Bought::Credit { task, credit } => queue(cx, task, Paid::Credit(credit)).await,
+        Bought::Authorized { task } => queue(cx, task, Paid::Authorized).await,
         Bought::Before { task, receipt } => answer_paid(cx, request.space, task, receipt).await,
         // The key was taken meanwhile: by this same request, or a conflict.
         Bought::KeyTaken => match find_keyed(cx.db, request).await? {

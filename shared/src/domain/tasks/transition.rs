@@ -29,8 +29,9 @@ pub enum Fence<'a> {
 /// The change, with what it records.
 #[derive(Debug, Clone, Copy)]
 pub enum Change<'a> {
-    /// `→ completed` with the executor's result: events `result`, `status`.
-    Complete { result: &'a Value },
+    /// `→ completed` with the executor's result: events `result`, `status`
+    /// (carrying a metered task's `payment`, its receipt).
+    Complete { result: &'a Value, payment: Option<&'a Value> },
     /// `→ failed` with `{"code","message"}` (see [`super::task_error`]):
     /// events `error`, `status` (carrying the error too).
     Fail { error: &'a Value },
@@ -60,8 +61,12 @@ impl Change<'_> {
     fn events(&self) -> Vec<(EventType, Value)> {
         let status = self.to().as_str();
         match *self {
-            Change::Complete { result } => {
-                vec![(EventType::Result, result.clone()), (EventType::Status, json!({ "status": status }))]
+            Change::Complete { result, payment } => {
+                let mut data = json!({ "status": status });
+                if let Some(payment) = payment {
+                    data["payment"] = payment.clone();
+                }
+                vec![(EventType::Result, result.clone()), (EventType::Status, data)]
             }
             Change::Fail { error } => vec![
                 (EventType::Error, error.clone()),
@@ -147,7 +152,7 @@ pub async fn transition_in(
         Fence::Run(attempt) => (vec![TaskStatus::Running.as_str()], Some(attempt)),
     };
     let (sql, payload): (&'static str, Option<&Value>) = match change {
-        Change::Complete { result } => {
+        Change::Complete { result, .. } => {
             (with_events!("status = 'completed', result = $4, progress = 1, lease_until = NULL"), Some(result))
         }
         Change::Fail { error } => (with_events!("status = 'failed', error = $4, lease_until = NULL"), Some(error)),
@@ -168,7 +173,7 @@ pub async fn transition_in(
     let Some(&(_, _, ref task_kind, attempts)) = rows.first() else {
         return Ok(None);
     };
-    let events: Vec<Event> = rows
+    let mut events: Vec<Event> = rows
         .iter()
         .zip(kinds.into_iter().zip(data))
         .map(|(&(seq, at, _, _), (kind, data))| Event { seq, kind, data, at })
@@ -177,18 +182,31 @@ pub async fn transition_in(
         crate::infra::metrics::task_status(task_kind, event.seq, &event.data);
     }
     // A paid task that ends without doing its work leaves a credit on its
-    // space, in the same transaction as the change that ended it.
-    match change {
-        Change::Fail { error } => {
-            if let Some(code) = error["code"].as_str() {
-                crate::domain::payments::credit_if_owed(conn, id, code).await?;
-            }
-        }
+    // space, and a metered one's authorization is released (nothing
+    // charged), in the same transaction as the change that ended it.
+    let (credited, released) = match change {
+        Change::Fail { error } => (error["code"].as_str(), error["code"].as_str()),
         // Only a task no worker ever claimed was canceled before it ran.
-        Change::Cancel if attempts == 0 => {
-            crate::domain::payments::credit_if_owed(conn, id, "canceled").await?;
+        Change::Cancel if attempts == 0 => (Some("canceled"), Some("canceled")),
+        Change::Cancel => (None, Some("canceled")),
+        Change::Complete { .. } | Change::Requeue { .. } => (None, None),
+    };
+    if let Some(code) = credited {
+        crate::domain::payments::credit_if_owed(conn, id, code).await?;
+    }
+    if let Some(reason) = released {
+        // The final event carries a metered task's receipt.
+        if let Some(payment) = crate::domain::payments::ledger::release_if_authorized(conn, id, reason).await?
+            && let Some(last) = events.last_mut()
+        {
+            last.data["payment"] = payment;
+            sqlx::query("UPDATE task_events SET data = $3 WHERE task_id = $1 AND seq = $2")
+                .bind(id)
+                .bind(last.seq)
+                .bind(sqlx::types::Json(&last.data))
+                .execute(&mut *conn)
+                .await?;
         }
-        Change::Cancel | Change::Complete { .. } | Change::Requeue { .. } => {}
     }
     Ok(Some(events))
 }

@@ -1,0 +1,503 @@
+//! Metered tasks (x402 `upto`) against the real local payment stack:
+//! Permit2 and x402's upto proxy on anvil, the @x402 facilitator, and the
+//! official Python SDK's upto client as the payer (the TypeScript one too,
+//! once). A metered task is authorized up to its ceiling at create, charged
+//! what it used when it ends, and charged nothing when it fails; every
+//! balance is read from the chain.
+//!
+//! Each test pays from a fresh key to a fresh `payTo`, and ends with
+//! [`assert_books_balance`]: every transfer to `payTo` is one metered task's
+//! capture, of exactly what that task was charged.
+
+use crate::common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use base64::Engine;
+use common::chain::{
+    ChainLock, Client, PERMIT2, Payer, allowance, balance, charges_to, eth_balance, fresh_address, rpc_url,
+};
+use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
+use reeve_shared::http::app;
+use reeve_shared::ids::Id;
+use reeve_shared::payments::CHAIN_RPC_URLS;
+use reeve_shared::settings::{self, Config};
+use reeve_shared::tasks::events_after;
+use reeve_shared::worker::{Outcome, WorkerContext, process};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+/// 7 atomic units (0.000007 test USDC) per KiB downloaded.
+const RATE: u128 = 7;
+/// At most 0.001 test USDC per task: 142 KiB and a bit.
+const CEILING: u128 = 1_000;
+const FUNDS: u128 = 1_000_000;
+
+fn decode(header: &str) -> Value {
+    serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(header).unwrap()).unwrap()
+}
+
+fn encode(v: &Value) -> String {
+    base64::engine::general_purpose::STANDARD.encode(v.to_string())
+}
+
+/// `metered`: a fetch charged per KiB with a ceiling; `brief`: the same
+/// with a one-second timeout, whose authorization is asked to last
+/// `queue_seconds` of queue more than it needs.
+fn catalog(pay_to: &str, queue_seconds: u32) -> String {
+    let kind = |kind: &str, timeout: u32| {
+        format!(
+            r#"
+            [tasks.{kind}]
+            title = "Metered fetch"
+            description = "Fetch a URL, paid per KiB"
+            executor = "fetch"
+            timeout_seconds = {timeout}
+            [tasks.{kind}.input_schema]
+            type = "object"
+            required = ["url"]
+            [tasks.{kind}.input_schema.properties.url]
+            type = "string"
+            [[tasks.{kind}.accepts]]
+            asset = "local"
+            scheme = "upto"
+            unit = "KiB"
+            rate = "{RATE}"
+            amount = "{CEILING}"
+            "#
+        )
+    };
+    let tasks = format!("{}\n{}", kind("metered", 60), kind("brief", 1));
+    let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+    common::paid_catalog_text(pay_to, &facilitator, 300, &tasks).replace(
+        "max_timeout_seconds = 300",
+        &format!("max_timeout_seconds = 300\nmetered_queue_seconds = {queue_seconds}"),
+    )
+}
+
+struct Shop {
+    app: Router,
+    token: String,
+    pay_to: String,
+    queue: TestQueue,
+    pool: PgPool,
+    config: Config,
+}
+
+impl Shop {
+    async fn new(pool: &PgPool) -> Shop {
+        Self::queueing(pool, 600).await
+    }
+
+    async fn queueing(pool: &PgPool, queue_seconds: u32) -> Shop {
+        let pay_to = fresh_address();
+        let queue = TestQueue::new().await;
+        let config = common::with_catalog(common::config(pool), &catalog(&pay_to, queue_seconds))
+            .with(settings::QUEUE_URL, &queue.url)
+            .with(CHAIN_RPC_URLS, format!("eip155:84532={}", rpc_url()));
+        let app = app(common::api(&config).await);
+        let token = new_session(&app).await.1;
+        Shop { app, token, pay_to, queue, pool: pool.clone(), config }
+    }
+
+    async fn worker(&self) -> WorkerContext {
+        let config = self.config.clone().without(settings::QUEUE_URL).with(settings::WORKER_CONCURRENCY, "1");
+        common::worker(&common::loopback_outbound(config)).await
+    }
+
+    async fn create(&self, kind: &str, input: &Value, payment: Option<&str>) -> Reply {
+        let mut request = post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({ "input": input }));
+        if let Some(p) = payment {
+            request.headers_mut().insert("payment-signature", p.parse().unwrap());
+        }
+        send(&self.app, request).await
+    }
+
+    /// The challenge header of a 402 for `kind`.
+    async fn challenge(&self, kind: &str) -> String {
+        let reply = self.create(kind, &json!({"url": "http://127.0.0.1:1/"}), None).await;
+        assert_eq!(reply.status, StatusCode::PAYMENT_REQUIRED, "{}", reply.body);
+        reply.headers["payment-required"].to_str().unwrap().to_owned()
+    }
+
+    async fn task(&self, id: Id) -> Value {
+        let reply = send(&self.app, get_authed(&format!("/v1/tasks/{id}"), &self.token)).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        reply.body
+    }
+
+    async fn run(&self, worker: &WorkerContext, id: Id) -> Outcome {
+        process(worker, &json!({"task_id": id, "kind": "metered"}).to_string(), 1).await
+    }
+
+    async fn tasks(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&self.pool).await.unwrap()
+    }
+
+    async fn attempt(&self, id: Id) -> (String, Option<String>) {
+        sqlx::query_as("SELECT status, reason FROM payment_attempts WHERE task_id = $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn done(self) {
+        self.queue.delete().await;
+    }
+}
+
+async fn events(pool: &PgPool, id: Id) -> Vec<reeve_shared::tasks::Event> {
+    events_after(&mut pool.acquire().await.unwrap(), id, 0).await.unwrap()
+}
+
+fn id_of(reply: &Reply) -> Id {
+    reply.body["id"].as_str().unwrap_or_else(|| panic!("no id in {}", reply.body)).parse().unwrap()
+}
+
+/// Serves `bytes` bytes at `/file` on a loopback port of its own.
+async fn file_of(bytes: usize) -> SocketAddr {
+    let body = vec![b'r'; bytes];
+    let router = Router::new().route("/file", axum::routing::get(move || async move { body.clone() }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+/// Every transfer to `pay_to` is one metered task's capture: one payment
+/// row naming it, of the same amount, whose task shows it charged.
+async fn assert_books_balance(pool: &PgPool, pay_to: &str) {
+    let charges = charges_to(pay_to).await;
+    for charge in &charges {
+        let rows: Vec<(Id, String)> =
+            sqlx::query_as("SELECT task_id, amount FROM payments WHERE lower(transaction) = $1 AND lower(pay_to) = $2")
+                .bind(&charge.transaction)
+                .bind(pay_to.to_ascii_lowercase())
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        assert_eq!(rows.len(), 1, "{charge:?}: exactly one task");
+        let (task, amount) = &rows[0];
+        assert_eq!(amount, &charge.value.to_string(), "{charge:?}");
+        let shown: sqlx::types::Json<Value> =
+            sqlx::query_scalar("SELECT payment FROM tasks WHERE id = $1").bind(task).fetch_one(pool).await.unwrap();
+        assert_eq!(shown["status"], "charged", "{charge:?}: {}", shown.0);
+        assert_eq!(shown["charged"], charge.value.to_string(), "{charge:?}: the amount that task used");
+        assert_eq!(shown["transaction"], charge.transaction.as_str());
+    }
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM payments WHERE lower(pay_to) = $1")
+        .bind(pay_to.to_ascii_lowercase())
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(recorded, charges.len() as i64, "no payment recorded without its transfer");
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_metered_fetch_is_charged_exactly_what_it_downloaded_once_it_ends(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let site = file_of(5 * 1024).await;
+
+    let challenge = shop.challenge("metered").await;
+    let offered = decode(&challenge);
+    let accepts = offered["accepts"].as_array().unwrap();
+    assert_eq!(accepts.len(), 1, "{offered}");
+    assert_eq!(accepts[0]["scheme"], "upto");
+    assert_eq!(accepts[0]["amount"], CEILING.to_string(), "the ceiling is asked for");
+    assert_eq!(accepts[0]["maxTimeoutSeconds"], 600 + 60 + 30, "queue, timeout and settle");
+    assert!(accepts[0]["extra"]["facilitatorAddress"].as_str().is_some_and(|a| a.len() == 42), "{offered}");
+    assert!(offered["extensions"]["eip2612GasSponsoring"].is_object(), "{offered}");
+    assert!(offered["resource"]["description"].as_str().unwrap().contains("up to"), "{offered}");
+    let catalog = send(&shop.app, common::get("/v1/catalog")).await.body;
+    let price = &catalog["tasks"].as_array().unwrap().iter().find(|t| t["kind"] == "metered").unwrap()["prices"][0];
+    assert_eq!((&price["scheme"], &price["unit"], &price["rate"]), (&json!("upto"), &json!("KiB"), &json!("7")));
+    assert!(price["summary"].as_str().unwrap().starts_with("up to 1000 atomic units"), "{price}");
+
+    let signature = payer.sign(&challenge).await;
+    assert_eq!(decode(&signature)["accepted"]["scheme"], "upto");
+    let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert!(!reply.headers.contains_key("payment-response"), "nothing was settled at create");
+    let id = id_of(&reply);
+    assert_eq!(reply.body["payment"]["status"], "authorized", "{}", reply.body);
+    assert_eq!(reply.body["payment"]["authorized"], CEILING.to_string());
+    assert_eq!(balance(&payer.address).await, FUNDS, "nothing moves at create");
+    assert_eq!(shop.queue.drain().await.len(), 1, "queued");
+
+    let worker = shop.worker().await;
+    assert_eq!(shop.run(&worker, id).await, Outcome::Done);
+    let task = shop.task(id).await;
+    assert_eq!(task["status"], "completed", "{task}");
+    let used = 5 * RATE;
+    assert_eq!(balance(&payer.address).await, FUNDS - used, "the payer paid exactly size × rate");
+    assert_eq!(balance(&shop.pay_to).await, used, "payTo got the same");
+    let charges = charges_to(&shop.pay_to).await;
+    assert_eq!(charges.len(), 1, "one Transfer");
+    let payment = &task["payment"];
+    assert_eq!(payment["status"], "charged", "{task}");
+    assert_eq!(payment["charged"], used.to_string());
+    assert_eq!(payment["used"], 5 * 1024);
+    assert_eq!(payment["transaction"], charges[0].transaction.as_str());
+    assert!(task["result"]["url"].is_string(), "delivered once captured: {task}");
+
+    // The final event carries the receipt; the Space lists the payment.
+    let events = events(&pool, id).await;
+    let last = events.last().unwrap();
+    assert_eq!((&last.data["status"], &last.data["payment"]["status"]), (&json!("completed"), &json!("charged")));
+    let space = send(&shop.app, get_authed("/v1/space", &shop.token)).await.body;
+    assert_eq!(space["payments"][0]["amount"], used.to_string(), "{space}");
+    assert_eq!(space["credits"], json!([]));
+    assert_eq!(shop.attempt(id).await.0, "settled");
+
+    // The same signature again: the same task, never a second charge; for
+    // another input, a replay.
+    let again = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!((again.status, id_of(&again)), (StatusCode::ACCEPTED, id), "{}", again.body);
+    let other = shop.create("metered", &json!({"url": format!("http://{site}/other")}), Some(&signature)).await;
+    assert_eq!((other.status, other.code()), (StatusCode::PAYMENT_REQUIRED, "payment_replayed"), "{}", other.body);
+    assert_eq!(shop.tasks().await, 1);
+    assert_eq!(balance(&payer.address).await, FUNDS - used, "sending it again moves nothing");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// A task that uses more than its ceiling completes, and is charged exactly
+/// the ceiling: it is not cut off.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn over_the_ceiling_a_task_completes_and_is_charged_exactly_the_ceiling(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let site = file_of(300 * 1024).await;
+    let signature = payer.sign(&shop.challenge("metered").await).await;
+    let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = id_of(&reply);
+    assert_eq!(shop.run(&shop.worker().await, id).await, Outcome::Done);
+    let task = shop.task(id).await;
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["result"]["size"], 300 * 1024, "the whole file, not cut off");
+    assert_eq!(task["payment"]["charged"], CEILING.to_string(), "300 KiB × 7 is over the ceiling: {task}");
+    assert_eq!(balance(&payer.address).await, FUNDS - CEILING);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// Failed, canceled before it ran: nothing moves, no credit, and the
+/// authorization is recorded as released.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_failed_or_canceled_metered_task_costs_nothing_and_releases_its_authorization(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let worker = shop.worker().await;
+
+    // Fails: nothing listens at the URL.
+    let signature = payer.sign(&shop.challenge("metered").await).await;
+    let failing = shop.create("metered", &json!({"url": "http://127.0.0.1:1/"}), Some(&signature)).await;
+    assert_eq!(failing.status, StatusCode::ACCEPTED, "{}", failing.body);
+    let failing = id_of(&failing);
+    assert_eq!(shop.run(&worker, failing).await, Outcome::Failed("fetch_unreachable"));
+
+    // Canceled while queued: never run.
+    let signature = payer.sign(&shop.challenge("metered").await).await;
+    let canceled = shop.create("metered", &json!({"url": "http://127.0.0.1:1/"}), Some(&signature)).await;
+    let canceled = id_of(&canceled);
+    let reply =
+        send(&shop.app, post_json(&format!("/v1/tasks/{canceled}/cancel"), Some(&shop.token), &json!({}))).await;
+    assert!(reply.status.is_success(), "{}", reply.body);
+
+    for (id, status) in [(failing, "failed"), (canceled, "canceled")] {
+        let task = shop.task(id).await;
+        assert_eq!(task["status"], status, "{task}");
+        assert_eq!(task["payment"]["status"], "released", "{task}");
+        assert_eq!(task["payment"]["charged"], "0");
+        assert_eq!(shop.attempt(id).await.0, "released");
+        let events = events(&pool, id).await;
+        assert_eq!(events.last().unwrap().data["payment"]["status"], "released", "the final event says so");
+    }
+    assert_eq!(balance(&payer.address).await, FUNDS, "nothing moved");
+    assert!(charges_to(&shop.pay_to).await.is_empty(), "no transfer");
+    let credits: i64 = sqlx::query_scalar("SELECT count(*) FROM credits").fetch_one(&pool).await.unwrap();
+    assert_eq!(credits, 0, "no credit: nothing was paid");
+    shop.done().await;
+}
+
+/// A task still queued when its authorization could no longer be settled
+/// after a run is not started: `authorization_expired`, nothing charged.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_task_held_in_the_queue_past_its_authorization_fails_authorization_expired(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    // The payer signs now + 12 s of queue + 1 s of run + 30 s to settle.
+    let shop = Shop::queueing(&pool, 12).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let site = file_of(1024).await;
+    let signature = payer.sign(&shop.challenge("brief").await).await;
+    let reply = shop.create("brief", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = id_of(&reply);
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    let worker = shop.worker().await;
+    let outcome = process(&worker, &json!({"task_id": id, "kind": "brief"}).to_string(), 1).await;
+    assert_eq!(outcome, Outcome::Failed("authorization_expired"));
+    let task = shop.task(id).await;
+    assert_eq!(
+        (&task["error"]["code"], &task["payment"]["status"]),
+        (&json!("authorization_expired"), &json!("released"))
+    );
+    assert_eq!(task["attempts"], 1, "claimed, and not run: {task}");
+    assert_eq!(balance(&payer.address).await, FUNDS, "nothing charged");
+    shop.done().await;
+}
+
+/// The payer revokes its Permit2 approval before the capture: the task ends
+/// `payment_not_captured`, its stored output is deleted, nothing moved.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_capture_the_payer_revoked_ends_payment_not_captured_and_the_output_is_gone(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let site = file_of(2048).await;
+    let signature = payer.sign(&shop.challenge("metered").await).await;
+    let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = id_of(&reply);
+    payer.approve_permit2(&chain, 0).await;
+
+    let worker = shop.worker().await;
+    assert_eq!(shop.run(&worker, id).await, Outcome::Failed("payment_not_captured"));
+    let task = shop.task(id).await;
+    assert_eq!(task["status"], "failed", "{task}");
+    assert_eq!(task["error"]["code"], "payment_not_captured");
+    assert!(task["error"]["message"].as_str().unwrap().contains("output was deleted"), "{task}");
+    assert_eq!(task["payment"]["status"], "not_captured", "{task}");
+    assert!(task["result"].is_null(), "nothing delivered: {task}");
+    // It was stored (the run logged where), and is gone.
+    let events = events(&pool, id).await;
+    let stored = events.iter().find_map(|e| e.data["line"].as_str()?.strip_prefix("stored as ").map(str::to_owned));
+    let key = stored.unwrap_or_else(|| panic!("the run stored its output: {events:?}"));
+    let found = worker.exec.s3.head_object().bucket(&worker.exec.bucket).key(&key).send().await;
+    assert!(found.is_err(), "the output of an unpaid task is deleted: {key}");
+    assert!(events.iter().any(|e| e.data.to_string().contains("payment_not_captured")), "the log says why");
+    assert_eq!(balance(&payer.address).await, FUNDS, "nothing moved");
+    assert!(charges_to(&shop.pay_to).await.is_empty());
+    shop.done().await;
+}
+
+/// A payer that never approved Permit2 and holds no gas pays through the
+/// token's EIP-2612 permit the 402 offers.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_payer_without_approval_pays_through_the_offered_permit(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    assert_eq!(eth_balance(&payer.address).await, 0);
+    let site = file_of(3 * 1024).await;
+    let signature = payer.sign(&shop.challenge("metered").await).await;
+    assert!(decode(&signature)["extensions"]["eip2612GasSponsoring"]["info"]["signature"].is_string());
+    let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = id_of(&reply);
+    assert_eq!(shop.run(&shop.worker().await, id).await, Outcome::Done);
+    assert_eq!(balance(&payer.address).await, FUNDS - 3 * RATE);
+    assert_eq!(allowance(&payer.address, PERMIT2).await, CEILING - 3 * RATE, "the permit approved the ceiling");
+    assert_eq!(eth_balance(&payer.address).await, 0, "the payer spent no gas");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// Each bad metered payment is refused with its own code, and nothing is
+/// stored.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn bad_metered_payments_are_refused_each_with_its_own_code(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let challenge = shop.challenge("metered").await;
+
+    // Not approved, and sponsoring not taken up: the client signs Permit2
+    // alone (the 402 as a client that ignores the extension sees it).
+    let mut bare = decode(&challenge);
+    bare["extensions"].as_object_mut().unwrap().remove("eip2612GasSponsoring");
+    let unsponsored = payer.sign(&encode(&bare)).await;
+    let reply = shop.create("metered", &input, Some(&unsponsored)).await;
+    assert_eq!(
+        (reply.status, reply.code()),
+        (StatusCode::PAYMENT_REQUIRED, "permit2_approval_required"),
+        "{}",
+        reply.body
+    );
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("approve(Permit2, max)") && message.contains("permit"), "says how: {message}");
+    assert!(reply.headers.contains_key("payment-required"), "the challenge comes again");
+
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let good = decode(&payer.sign(&challenge).await);
+    let edit = |f: &dyn Fn(&mut Value)| {
+        let mut v = good.clone();
+        f(&mut v);
+        encode(&v)
+    };
+    let authorization = "/payload/permit2Authorization";
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let cases = [
+        ("ceiling_too_low", edit(&|v| v.pointer_mut(authorization).unwrap()["permitted"]["amount"] = json!("999"))),
+        (
+            "deadline_too_short",
+            edit(&|v| v.pointer_mut(authorization).unwrap()["deadline"] = json!((now + 20).to_string())),
+        ),
+        (
+            "wrong_facilitator",
+            edit(&|v| v.pointer_mut(authorization).unwrap()["witness"]["facilitator"] = json!(fresh_address())),
+        ),
+        ("wrong_spender", edit(&|v| v.pointer_mut(authorization).unwrap()["spender"] = json!(PERMIT2))),
+        ("wrong_pay_to", edit(&|v| v.pointer_mut(authorization).unwrap()["witness"]["to"] = json!(fresh_address()))),
+    ];
+    for (code, payment) in cases {
+        let reply = shop.create("metered", &input, Some(&payment)).await;
+        assert_eq!((reply.status, reply.code()), (StatusCode::PAYMENT_REQUIRED, code), "{}", reply.body);
+        assert!(reply.body["error"]["message"].as_str().unwrap().contains("Nothing was charged"), "{}", reply.body);
+    }
+    // An unknown scheme matches nothing offered.
+    let reply = shop.create("metered", &input, Some(&edit(&|v| v["accepted"]["scheme"] = json!("exact")))).await;
+    assert_eq!(reply.status, StatusCode::PAYMENT_REQUIRED, "{}", reply.body);
+    assert!(["payment_mismatch", "invalid_payment"].contains(&reply.code()), "{}", reply.body);
+
+    assert_eq!(shop.tasks().await, 0, "nothing stored");
+    assert_eq!(balance(&payer.address).await, FUNDS);
+    // The good payment still buys its task.
+    let reply = shop.create("metered", &input, Some(&encode(&good))).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    shop.done().await;
+}
+
+/// The official TypeScript client pays a metered task too.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_typescript_upto_client_pays_a_metered_task(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let site = file_of(10 * 1024).await;
+    let signature = payer.sign_with(Client::TypeScript, &shop.challenge("metered").await).await;
+    let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = id_of(&reply);
+    assert_eq!(shop.run(&shop.worker().await, id).await, Outcome::Done);
+    assert_eq!(shop.task(id).await["payment"]["charged"], (10 * RATE).to_string());
+    assert_eq!(balance(&payer.address).await, FUNDS - 10 * RATE);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
