@@ -23,9 +23,10 @@
 use super::challenge::{PaymentRequired, PaymentRequirements, UPTO_MIN_QUEUE_SECONDS, UPTO_SETTLE_SECONDS};
 use super::counter::{Counter, Metering, store_in};
 use super::facilitator::Facilitator;
-use super::ledger::{self, AttemptStatus, Claim, NewAttempt};
+use super::ledger::{self, AttemptStatus, Claim};
 use super::order::{
-    Bought, Checkout, Order, PayError, bought_before, budget, check_window, key_holder, replayed, with_error,
+    Bought, Checkout, Order, PayError, Recorded, bought_before, budget, check_window, key_holder, record_attempt,
+    replayed, with_error,
 };
 use super::payload::{Payment, Permit2Authorization};
 use super::upto::{MeteredPayment, MeteredStatus, UPTO_PROXY, UptoRefusal};
@@ -58,39 +59,12 @@ pub(super) async fn authorize<C: Counter>(
     check_window(payment, offer, challenge)?;
 
     let request_hash = request.hash();
-    let new = NewAttempt {
-        network: &offer.network,
-        payer: &payment.payer,
-        nonce: &payment.nonce,
-        payload_hash: &payment.hash,
-        space: request.space,
-        kind: request.kind,
-        input: request.input,
-        idempotency_key: request.idempotency_key,
-        request_hash: &request_hash,
-        payment_id: payment.payment_id.as_deref(),
-        asset: &offer.asset,
-        amount: &offer.amount,
-        pay_to: &offer.pay_to,
-        valid_before: &payment.valid_before,
-        upto_document: Some(&payment.document),
-    };
-    let inserted = {
-        let mut tx = cx.db.begin().await?;
-        if let Some(key) = request.idempotency_key {
-            ledger::lock_key(&mut tx, request.space, key).await?;
-            if counter.key_taken(&mut tx, request.space, key).await? {
-                tx.rollback().await?;
-                return Ok(Bought::KeyTaken);
-            }
-        }
-        let inserted = ledger::insert_attempt(&mut tx, &new).await?;
-        tx.commit().await?;
-        inserted
-    };
-    let attempt = match inserted {
-        Some(attempt) => attempt,
-        None => match collision(cx, order, payment, offer, &request_hash, challenge).await? {
+    let document = Some(&payment.document);
+    let recorded = record_attempt(cx.db, request, &request_hash, (payment, offer), document, counter).await?;
+    let attempt = match recorded {
+        Recorded::KeyTaken => return Ok(Bought::KeyTaken),
+        Recorded::New(attempt) => attempt,
+        Recorded::Collided => match collision(cx, order, payment, offer, &request_hash, challenge).await? {
             Again::Verify(attempt) => attempt,
             Again::Answer(answer) => return answer,
         },

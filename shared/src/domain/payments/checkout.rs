@@ -57,10 +57,10 @@ use super::PaymentResponse;
 use super::challenge::{PaymentRequired, PaymentRequirements, SCHEME_EXACT, SCHEME_UPTO};
 use super::counter::{Counter, Note, store_in};
 use super::facilitator::{Facilitator, FacilitatorError, Settled};
-use super::ledger::{self, AttemptStatus, Claim, NewAttempt, SettledPayment};
+use super::ledger::{self, AttemptStatus, Claim, SettledPayment};
 use super::order::{
-    Bought, CONFIRM_POLL, CONFIRM_WAIT, Checkout, Order, PENDING, PayError, STORE_MARGIN, bought_before, budget,
-    check_window, key_holder, not_settled, replayed, with_error,
+    Bought, CONFIRM_POLL, CONFIRM_WAIT, Checkout, Order, PENDING, PayError, Recorded, STORE_MARGIN, bought_before,
+    budget, check_window, key_holder, not_settled, record_attempt, replayed, with_error,
 };
 use super::payload::{Payment, PaymentInput};
 use super::proof::{self, Owed, Proof};
@@ -170,42 +170,11 @@ async fn with_payment<C: Counter>(
         }
     }
 
-    let new = NewAttempt {
-        network: &offer.network,
-        payer: &payment.payer,
-        nonce: &payment.nonce,
-        payload_hash: &payment.hash,
-        space: request.space,
-        kind: request.kind,
-        input: request.input,
-        idempotency_key: request.idempotency_key,
-        request_hash: &request_hash,
-        payment_id: payment.payment_id.as_deref(),
-        asset: &offer.asset,
-        amount: &offer.amount,
-        pay_to: &offer.pay_to,
-        valid_before: &payment.valid_before,
-        upto_document: None,
-    };
-    let inserted = {
-        let mut tx = cx.db.begin().await?;
-        if let Some(key) = request.idempotency_key {
-            ledger::lock_key(&mut tx, request.space, key).await?;
-            // A task holds the key already (a free or credit-paid one):
-            // nothing is settled; the caller answers that task, or a
-            // conflict.
-            if counter.key_taken(&mut tx, request.space, key).await? {
-                tx.rollback().await?;
-                return Ok(Bought::KeyTaken);
-            }
-        }
-        let inserted = ledger::insert_attempt(&mut tx, &new).await?;
-        tx.commit().await?;
-        inserted
-    };
-    let claimed = match inserted {
-        Some(attempt) => Claimed { attempt, resuming: false, from_block: None },
-        None => match collision(cx, order, &payment, &offer, &request_hash, challenge, counter).await? {
+    let recorded = record_attempt(cx.db, request, &request_hash, (&payment, &offer), None, counter).await?;
+    let claimed = match recorded {
+        Recorded::KeyTaken => return Ok(Bought::KeyTaken),
+        Recorded::New(attempt) => Claimed { attempt, resuming: false, from_block: None },
+        Recorded::Collided => match collision(cx, order, &payment, &offer, &request_hash, challenge, counter).await? {
             Resume::Claimed(claimed) => claimed,
             Resume::Answer(answer) => return *answer,
         },

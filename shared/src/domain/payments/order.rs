@@ -11,8 +11,9 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 
 use super::challenge::{PaymentRequired, PaymentRequirements};
+use super::counter::Counter;
 use super::facilitator::Facilitator;
-use super::ledger::{self, Attempt, AttemptStatus, Credit};
+use super::ledger::{self, Attempt, AttemptStatus, Credit, NewAttempt};
 use super::payload::{Payment, PaymentInput};
 use super::upto::UptoRefusal;
 use super::{PaymentResponse, chain};
@@ -218,4 +219,60 @@ pub(super) fn budget(deadline: Option<Instant>) -> Result<Option<Duration>, ()> 
     let Some(deadline) = deadline else { return Ok(None) };
     let left = deadline.saturating_duration_since(Instant::now()).saturating_sub(STORE_MARGIN);
     if left < MIN_CALL { Err(()) } else { Ok(Some(left)) }
+}
+
+/// What recording a payment's attempt came to.
+pub(super) enum Recorded {
+    /// Recorded, and claimed by this request.
+    New(Id),
+    /// It collides with an earlier attempt (the same authorization, an open
+    /// attempt with the same `Idempotency-Key`, or the same
+    /// `payment-identifier` id).
+    Collided,
+    /// A task holds the request's `Idempotency-Key` already (a free or
+    /// credit-paid one): nothing was recorded, and the caller answers that
+    /// task, or a conflict.
+    KeyTaken,
+}
+
+/// Records `payment`'s attempt for `offer` and the request it pays for,
+/// under the request's key lock ([`ledger::lock_key`]), before the
+/// facilitator is asked anything. `upto_document`: a metered payment's
+/// signed document, which the worker settles with later.
+pub(super) async fn record_attempt<C: Counter>(
+    db: &PgPool,
+    request: &TaskRequest<'_>,
+    request_hash: &[u8; 32],
+    (payment, offer): (&Payment, &PaymentRequirements),
+    upto_document: Option<&serde_json::Value>,
+    counter: &C,
+) -> Result<Recorded, sqlx::Error> {
+    let new = NewAttempt {
+        network: &offer.network,
+        payer: &payment.payer,
+        nonce: &payment.nonce,
+        payload_hash: &payment.hash,
+        space: request.space,
+        kind: request.kind,
+        input: request.input,
+        idempotency_key: request.idempotency_key,
+        request_hash,
+        payment_id: payment.payment_id.as_deref(),
+        asset: &offer.asset,
+        amount: &offer.amount,
+        pay_to: &offer.pay_to,
+        valid_before: &payment.valid_before,
+        upto_document,
+    };
+    let mut tx = db.begin().await?;
+    if let Some(key) = request.idempotency_key {
+        ledger::lock_key(&mut tx, request.space, key).await?;
+        if counter.key_taken(&mut tx, request.space, key).await? {
+            tx.rollback().await?;
+            return Ok(Recorded::KeyTaken);
+        }
+    }
+    let inserted = ledger::insert_attempt(&mut tx, &new).await?;
+    tx.commit().await?;
+    Ok(inserted.map_or(Recorded::Collided, Recorded::New))
 }
