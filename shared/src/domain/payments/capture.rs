@@ -141,7 +141,7 @@ impl Capturer<'_> {
             return Ok(Captured::Open("no amount recorded for the capture".into()));
         };
         let view = MeteredPayment { charged: Some(charged.clone()), status: MeteredStatus::Capturing, ..view };
-        let capture = Capture { by: *self, auth, task, charged: &charged, view };
+        let capture = Capture { by: *self, auth, task, charged: &charged, view, resuming };
         // An earlier run's settle may have gone through: the chain first.
         if resuming && let Some(done) = capture.find_on_chain(auth.row.transaction.as_deref()).await? {
             return Ok(done);
@@ -157,6 +157,8 @@ struct Capture<'a> {
     task: Id,
     charged: &'a str,
     view: MeteredPayment,
+    /// An earlier run sent this capture already: its settle may still land.
+    resuming: bool,
 }
 
 impl Capture<'_> {
@@ -185,6 +187,15 @@ impl Capture<'_> {
                     return self.confirm(&settled.transaction).await;
                 }
                 let reason = settled.error_reason.unwrap_or_else(|| "settle_failed".into());
+                // A second settle of a spent authorization is refused too:
+                // after an earlier run's settle, a refusal proves nothing
+                // (that one may still land), so the chain must tell.
+                if self.resuming {
+                    tracing::warn!(%reason, "capture refused after an earlier settle; the chain decides");
+                    return Ok(Captured::Open(format!(
+                        "refused ({reason}) after an earlier settle that may still land"
+                    )));
+                }
                 tracing::warn!(%reason, message = ?settled.error_message, "facilitator: capture refused");
                 self.refused(&reason).await
             }
@@ -251,6 +262,11 @@ impl Capture<'_> {
                 .to_block(to);
             for log in chain.logs(&filter).await? {
                 let Some(hash) = log.transaction_hash else { continue };
+                // Another task's capture (the same payer, payTo and amount)
+                // is not this one's.
+                if ledger::transaction_recorded(self.by.db, &format!("{hash:#x}")).await.unwrap_or(true) {
+                    continue;
+                }
                 if let Some(receipt) = chain.receipt(hash).await?
                     && owed.paid_by(&receipt)
                 {
