@@ -9,7 +9,12 @@
 //!   claims it over the lapsed lease;
 //! - a task that has been claimed as often as the queue would deliver it
 //!   (`REEVE_MAX_RECEIVES`) is failed as `retries_exhausted` instead, since
-//!   sending it again would only run it past its limit.
+//!   sending it again would only run it past its limit;
+//! - but a metered task whose capture is under way (its run finished, what
+//!   it used sent to be settled, the outcome open) is sent again whatever
+//!   its count, and never failed: the next worker resumes the capture with
+//!   the run's held result, without running it again, before the payer's
+//!   authorization runs out (see `payments::capture`).
 //!
 //! A lapsed lease is acted on at the first sweep after it lapsed, whatever
 //! `older_than` says: a lease is short and renewed every few seconds, so
@@ -32,7 +37,7 @@
 //!
 //! The dead-letter queue's consumer ([`Sweeper::dead_lettered`]) fails each
 //! task SQS gave up on as `dead_lettered`, unless a live worker still holds
-//! it.
+//! it, or its capture is under way (then it is sent again).
 //!
 //! `reeve sweep` runs one sweep; `reeve work` and `reeve serve`'s worker
 //! sweep every [`EVERY`] ([`Sweeper::spawn_every`]); in AWS the `sweeper`
@@ -94,6 +99,8 @@ pub mod codes {
 pub enum SweepError {
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
+    #[error("queue: {0}")]
+    Queue(#[from] queue::QueueError),
 }
 
 /// What one sweep did.
@@ -122,6 +129,8 @@ pub enum DeadLetter {
     /// A live worker holds the task (the dead message was a duplicate): left
     /// to it; if that worker dies, a sweep sends the task again.
     StillRunning,
+    /// Its metered capture is under way: sent again, to be resumed.
+    Resent,
     /// Not a task message: dropped.
     Unreadable,
 }
@@ -255,7 +264,7 @@ impl Sweeper {
         loop {
             let batch: Vec<Candidate> = sqlx::query_as(concat!(
                 r#"SELECT id, kind, status, attempts FROM tasks
-                  WHERE id > $1 AND attempts >= $2 AND "#,
+                  WHERE id > $1 AND attempts >= $2 AND payment->>'status' IS DISTINCT FROM 'capturing' AND "#,
                 stranded!("$3"),
                 r#"
                   ORDER BY id LIMIT $4"#
@@ -291,7 +300,7 @@ impl Sweeper {
                 r#"UPDATE tasks SET updated_at = now()
                   WHERE id IN (
                         SELECT id FROM tasks
-                         WHERE attempts < $1 AND "#,
+                         WHERE (attempts < $1 OR payment->>'status' = 'capturing') AND "#,
                 stranded!("$2"),
                 r#"
                          ORDER BY id LIMIT $3
@@ -366,18 +375,28 @@ impl Sweeper {
         // Twice at most: a task that moves between the read and the write is
         // read again once, and then whatever it became decides.
         for _ in 0..2 {
-            let row: Option<(String, i32, bool)> = sqlx::query_as(
-                "SELECT status, attempts, (lease_until IS NOT NULL AND lease_until >= now()) FROM tasks WHERE id = $1",
+            let row: Option<(String, i32, bool, bool)> = sqlx::query_as(
+                "SELECT status, attempts, (lease_until IS NOT NULL AND lease_until >= now()),
+                        payment->>'status' IS NOT DISTINCT FROM 'capturing'
+                   FROM tasks WHERE id = $1",
             )
             .bind(id)
             .fetch_optional(&self.db)
             .await?;
-            let Some((status, attempts, live)) = row else { return Ok(DeadLetter::Finished) };
-            let message = "the queue gave up delivering this task";
+            let Some((status, attempts, live, capturing)) = row else { return Ok(DeadLetter::Finished) };
+            let why = "the queue gave up delivering this task";
             match TaskStatus::parse(&status) {
                 Some(TaskStatus::Running) if live => return Ok(DeadLetter::StillRunning),
+                // Its capture is under way: it ends charged or with nothing
+                // charged, never dead-lettered. A fresh message resumes it.
+                Some(TaskStatus::Queued | TaskStatus::Running) if capturing => {
+                    queue::enqueue(&self.sqs, &self.queue_url, id, &message.kind).await?;
+                    tracing::warn!(task_id = %id, "dead-lettered during its capture; sent again");
+                    crate::infra::metrics::sweeper_action("resent_capturing", 1);
+                    return Ok(DeadLetter::Resent);
+                }
                 Some(TaskStatus::Queued | TaskStatus::Running) => {
-                    if self.fail(id, &status, attempts, codes::DEAD_LETTERED, message).await? {
+                    if self.fail(id, &status, attempts, codes::DEAD_LETTERED, why).await? {
                         tracing::warn!(task_id = %id, attempts, "dead-lettered; failed");
                         crate::infra::metrics::sweeper_action("failed_dead_lettered", 1);
                         return Ok(DeadLetter::Failed);

@@ -414,6 +414,12 @@ impl OwnFacilitator {
     /// before it answers `settlement_pending` with the broadcast hash.
     pub async fn start(confirmation: Duration) -> OwnFacilitator {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Self::start_on(port, confirmation).await
+    }
+
+    /// [`OwnFacilitator::start`] on `port`: the same facilitator (the same
+    /// account, so the same address a payer names) started again.
+    pub async fn start_on(port: u16, confirmation: Duration) -> OwnFacilitator {
         let child = std::process::Command::new("node")
             .arg(root().join("scripts/payments/facilitator.mjs"))
             .args([rpc_url(), "127.0.0.1".to_owned(), port.to_string(), "8".to_owned()])

@@ -12,13 +12,16 @@
 use crate::common;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
 use base64::Engine;
 use common::chain::{
-    ChainLock, Client, PERMIT2, Payer, allowance, balance, charges_to, eth_balance, fresh_address, rpc_url,
+    ChainLock, Client, OwnFacilitator, PERMIT2, Payer, allowance, balance, charges_to, eth_balance, fresh_address,
+    rpc_url,
 };
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::http::app;
@@ -47,7 +50,7 @@ fn encode(v: &Value) -> String {
 /// `metered`: a fetch charged per KiB with a ceiling; `brief`: the same
 /// with a one-second timeout, whose authorization is asked to last
 /// `queue_seconds` of queue more than it needs.
-fn catalog(pay_to: &str, queue_seconds: u32) -> String {
+fn catalog(pay_to: &str, queue_seconds: u32, facilitator: &str) -> String {
     let kind = |kind: &str, timeout: u32| {
         format!(
             r#"
@@ -71,8 +74,7 @@ fn catalog(pay_to: &str, queue_seconds: u32) -> String {
         )
     };
     let tasks = format!("{}\n{}", kind("metered", 60), kind("brief", 1));
-    let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
-    common::paid_catalog_text(pay_to, &facilitator, 300, &tasks).replace(
+    common::paid_catalog_text(pay_to, facilitator, 300, &tasks).replace(
         "max_timeout_seconds = 300",
         &format!("max_timeout_seconds = 300\nmetered_queue_seconds = {queue_seconds}"),
     )
@@ -93,9 +95,14 @@ impl Shop {
     }
 
     async fn queueing(pool: &PgPool, queue_seconds: u32) -> Shop {
+        let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+        Self::settling_through(pool, queue_seconds, &facilitator).await
+    }
+
+    async fn settling_through(pool: &PgPool, queue_seconds: u32, facilitator: &str) -> Shop {
         let pay_to = fresh_address();
         let queue = TestQueue::new().await;
-        let config = common::with_catalog(common::config(pool), &catalog(&pay_to, queue_seconds))
+        let config = common::with_catalog(common::config(pool), &catalog(&pay_to, queue_seconds, facilitator))
             .with(settings::QUEUE_URL, &queue.url)
             .with(CHAIN_RPC_URLS, format!("eip155:84532={}", rpc_url()));
         let app = app(common::api(&config).await);
@@ -130,7 +137,12 @@ impl Shop {
     }
 
     async fn run(&self, worker: &WorkerContext, id: Id) -> Outcome {
-        process(worker, &json!({"task_id": id, "kind": "metered"}).to_string(), 1).await
+        self.delivery(worker, id, 1).await
+    }
+
+    /// The queue's `receive_count`th delivery of the task's message.
+    async fn delivery(&self, worker: &WorkerContext, id: Id, receive_count: u32) -> Outcome {
+        process(worker, &json!({"task_id": id, "kind": "metered"}).to_string(), receive_count).await
     }
 
     async fn tasks(&self) -> i64 {
@@ -160,12 +172,26 @@ fn id_of(reply: &Reply) -> Id {
 
 /// Serves `bytes` bytes at `/file` on a loopback port of its own.
 async fn file_of(bytes: usize) -> SocketAddr {
+    counted_file_of(bytes).await.0
+}
+
+/// [`file_of`], and how many times the file was asked for.
+async fn counted_file_of(bytes: usize) -> (SocketAddr, Arc<AtomicUsize>) {
     let body = vec![b'r'; bytes];
-    let router = Router::new().route("/file", axum::routing::get(move || async move { body.clone() }));
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let router = Router::new().route(
+        "/file",
+        axum::routing::get(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let body = body.clone();
+            async move { body }
+        }),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    addr
+    (addr, asked)
 }
 
 /// Every transfer to `pay_to` is one metered task's capture: one payment
@@ -357,6 +383,131 @@ async fn a_task_held_in_the_queue_past_its_authorization_fails_authorization_exp
     );
     assert_eq!(task["attempts"], 1, "claimed, and not run: {task}");
     assert_eq!(balance(&payer.address).await, FUNDS, "nothing charged");
+    shop.done().await;
+}
+
+/// The facilitator cannot be reached when the run ends: the capture's
+/// outcome is open, and the capture holds the task. It waits in the queue
+/// with its run's result held, is not run again, and is not ended by the
+/// retry limit, the sweeper or a cancel; once the facilitator is back, the
+/// next delivery charges it once and delivers the held result.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_open_capture_holds_its_task_until_it_is_charged_once_without_running_it_again(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut facilitator = OwnFacilitator::start_on(port, Duration::from_secs(30)).await;
+    let shop = Shop::settling_through(&pool, 600, &facilitator.url).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let (site, asked) = counted_file_of(5 * 1024).await;
+    let signature = payer.sign(&shop.challenge("metered").await).await;
+    let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = id_of(&reply);
+    let used = 5 * RATE;
+
+    facilitator.stop();
+    // Two deliveries at most: the second is the queue's last.
+    let config = shop.config.clone().without(settings::QUEUE_URL).with(settings::MAX_RECEIVES, "2");
+    let worker = common::worker(&common::loopback_outbound(config)).await;
+    for delivery in [1, 2] {
+        let outcome = shop.delivery(&worker, id, delivery).await;
+        assert!(matches!(outcome, Outcome::Retry(_)), "delivery {delivery}: {outcome:?}");
+        let task = shop.task(id).await;
+        assert_eq!(task["status"], "queued", "delivery {delivery}, not retries_exhausted: {task}");
+        assert_eq!(task["payment"]["status"], "capturing", "{task}");
+        assert_eq!(task["payment"]["charged"], used.to_string(), "the amount is fixed: {task}");
+        assert!(task["result"].is_null(), "nothing delivered before the capture: {task}");
+        assert_eq!(shop.attempt(id).await.0, "capturing");
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "delivery {delivery}: the run is held, not run again");
+    }
+
+    // Its owner asks to cancel: too late, the payer may be charged already.
+    let reply = send(&shop.app, post_json(&format!("/v1/tasks/{id}/cancel"), Some(&shop.token), &json!({}))).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "a request, not a cancel: {}", reply.body);
+    // The sweeper sends it again, past the limit, rather than failing it.
+    let sweeper = reeve_shared::startup::sweeper(
+        &shop.config.clone().with(settings::SWEEP_OLDER_THAN, "300"),
+        &reeve_shared::startup::sdk().await,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let report = sweeper.sweep(Duration::ZERO).await.unwrap();
+    assert_eq!((report.exhausted, report.resent_queued), (0, 1), "{report:?}");
+    assert_eq!(shop.queue.drain().await.len(), 2, "queued at create, and sent again by the sweep");
+    assert_eq!(shop.task(id).await["status"], "queued");
+
+    let _facilitator = OwnFacilitator::start_on(port, Duration::from_secs(30)).await;
+    assert_eq!(shop.delivery(&worker, id, 1).await, Outcome::Done);
+    let task = shop.task(id).await;
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["result"]["size"], 5 * 1024, "the held result: {task}");
+    assert!(task["result"]["url"].is_string(), "{task}");
+    assert_eq!(task["payment"]["status"], "charged", "{task}");
+    assert_eq!(task["payment"]["charged"], used.to_string());
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "fetched once in all");
+    assert_eq!(balance(&payer.address).await, FUNDS - used, "charged once, exactly what was used");
+    assert_eq!(charges_to(&shop.pay_to).await.len(), 1);
+    let events = events(&pool, id).await;
+    assert!(
+        events.iter().any(|e| e.data["line"].as_str().is_some_and(|l| l.contains("payment is being settled"))),
+        "the log says why it waited: {events:?}"
+    );
+    assert_eq!(events.last().unwrap().data["payment"]["status"], "charged", "the final event has the receipt");
+    // Another delivery changes nothing.
+    assert_eq!(shop.delivery(&worker, id, 1).await, Outcome::Done);
+    assert_eq!(balance(&payer.address).await, FUNDS - used);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// A capture that can never land (the facilitator never comes back) ends
+/// once the chain is past the signed deadline: `payment_not_captured`,
+/// nothing charged, the held output deleted. No capture waits for ever.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_capture_that_never_lands_ends_with_nothing_charged_once_its_deadline_passed(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let mut facilitator = OwnFacilitator::start(Duration::from_secs(30)).await;
+    // A short authorization: 12 s of queue (2 s more than create insists
+    // on, for the signing), 1 s of run, 30 s to settle.
+    let shop = Shop::settling_through(&pool, 12, &facilitator.url).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let site = file_of(2048).await;
+    let signature = payer.sign(&shop.challenge("brief").await).await;
+    let deadline: u64 = decode(&signature)["payload"]["permit2Authorization"]["deadline"]
+        .as_str()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("a deadline in {}", decode(&signature)));
+    let reply = shop.create("brief", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = id_of(&reply);
+    facilitator.stop();
+
+    let worker = shop.worker().await;
+    let brief = json!({"task_id": id, "kind": "brief"}).to_string();
+    assert!(matches!(process(&worker, &brief, 1).await, Outcome::Retry(_)));
+    assert_eq!(shop.task(id).await["payment"]["status"], "capturing");
+    while common::chain::chain_time().await <= deadline {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(process(&worker, &brief, 2).await, Outcome::Failed("payment_not_captured"));
+    let task = shop.task(id).await;
+    assert_eq!(task["status"], "failed", "{task}");
+    assert!(task["error"]["message"].as_str().unwrap().contains("expired"), "{task}");
+    assert_eq!(
+        (&task["payment"]["status"], &task["payment"]["reason"]),
+        (&json!("not_captured"), &json!("authorization_expired")),
+        "{task}"
+    );
+    let events = events(&pool, id).await;
+    let stored = events.iter().find_map(|e| e.data["line"].as_str()?.strip_prefix("stored as ").map(str::to_owned));
+    let key = stored.unwrap_or_else(|| panic!("the run stored its output: {events:?}"));
+    let found = worker.exec.s3.head_object().bucket(&worker.exec.bucket).key(&key).send().await;
+    assert!(found.is_err(), "the output of an unpaid task is deleted: {key}");
+    assert_eq!(balance(&payer.address).await, FUNDS, "nothing moved");
+    assert!(charges_to(&shop.pay_to).await.is_empty());
+    assert_eq!(shop.attempt(id).await, ("failed".into(), Some("authorization_expired".into())));
     shop.done().await;
 }
 

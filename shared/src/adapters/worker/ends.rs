@@ -93,7 +93,7 @@ pub(super) async fn cancel(ctx: &WorkerContext, id: Id, attempt: i32) -> Outcome
 
 /// A retryable end of a run: back to `queued` for the next delivery after
 /// the backoff, or, on the queue's last delivery, `failed` with
-/// `retries_exhausted`.
+/// `retries_exhausted` (never a capture under way).
 pub(super) async fn retry_later(
     ctx: &WorkerContext,
     id: Id,
@@ -101,6 +101,10 @@ pub(super) async fn retry_later(
     receive_count: u32,
     why: Retryable,
 ) -> Outcome {
+    // A capture under way holds its task: the payer may be charged already,
+    // so neither a cancel nor the retry limit ends it, and it goes back to
+    // the queue until the chain decides (see `payments::capture`).
+    let holds = matches!(why, Retryable::Capture(..));
     // The owner sees the events: a timeout is theirs to know, the internal
     // cause of anything else goes to the logs only.
     let (reason, shown, after) = match why {
@@ -118,13 +122,14 @@ pub(super) async fn retry_later(
             "the worker ran out of time".to_owned(),
             Duration::ZERO,
         ),
+        Retryable::Capture(reason, after) => (reason, "its payment is being settled".to_owned(), after),
     };
     tracing::warn!(attempt, %reason, "attempt failed with a retryable error");
     // Its owner asked it to stop: no other attempt.
-    if matches!(crate::domain::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
+    if !holds && matches!(crate::domain::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
         return cancel(ctx, id, attempt).await;
     }
-    if attempt >= ctx.settings.max_receives as i32 || receive_count >= ctx.settings.max_receives {
+    if !holds && (attempt >= ctx.settings.max_receives as i32 || receive_count >= ctx.settings.max_receives) {
         let message = format!("gave up after {attempt} attempts; the last one failed: {shown}");
         return fail(ctx, id, attempt, codes::RETRIES_EXHAUSTED, &message).await;
     }
@@ -133,10 +138,18 @@ pub(super) async fn retry_later(
     let due = time::OffsetDateTime::now_utc() + after;
     let shown_due = due.replace_nanosecond(0).unwrap_or(due).format(&Rfc3339).unwrap_or_default();
     let next = attempt + 1;
-    let line = format!(
-        "attempt {attempt} did not finish ({shown}); attempt {next} is due in {} s, at {shown_due}",
-        after.as_secs()
-    );
+    let line = if holds {
+        format!(
+            "attempt {attempt} finished and {shown}; the outcome is not known yet, asked again in {} s, at \
+             {shown_due} (the task is not run again)",
+            after.as_secs()
+        )
+    } else {
+        format!(
+            "attempt {attempt} did not finish ({shown}); attempt {next} is due in {} s, at {shown_due}",
+            after.as_secs()
+        )
+    };
     match transition(&ctx.db, id, Fence::Run(attempt), Change::Requeue { line: &line, due: Some(due) }).await {
         Ok(Some(events)) => {
             ctx.events.publish_all(id, &events).await;

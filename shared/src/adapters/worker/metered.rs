@@ -7,13 +7,15 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::ends::{fail, retry_later};
-use super::{Outcome, Retryable, WorkerContext, retry};
+use super::{Outcome, Retryable, WorkerContext, complete, retry};
 use crate::domain::catalog::{Executor, TaskSpec};
 use crate::domain::ids::Id;
-use crate::domain::payments::{AUTHORIZATION_EXPIRED, Captured, Capturer, MeteredAuthorization, PAYMENT_NOT_CAPTURED};
+use crate::domain::payments::{
+    AUTHORIZATION_EXPIRED, Captured, Capturer, Held, MeteredAuthorization, PAYMENT_NOT_CAPTURED,
+};
 
-/// How long a capture whose outcome is open waits before the next run tries
-/// again (its amount fixed, and the chain asked first).
+/// How long a capture whose outcome is open waits before the next delivery
+/// tries again (its amount fixed, and the chain asked first).
 const CAPTURE_RETRY: Duration = Duration::from_secs(10);
 
 /// The task's authorization, if it is metered; `Err`: the run ends here
@@ -39,44 +41,54 @@ pub(super) async fn before_run(
     Ok(auth)
 }
 
-/// What the finished run used, settled: the task's `payment` to deliver
-/// its result with. `Err`: the run ends here (capture refused, or its
-/// outcome open and the task back in the queue).
-pub(super) async fn after_run(
+/// What a finished run used: bytes fetched or hashed, or milliseconds the
+/// call took.
+pub(super) fn used(spec: &TaskSpec, result: &Value, took: Duration) -> u64 {
+    match spec.executor {
+        Executor::Fetch | Executor::Digest => result["size"].as_u64().unwrap_or(0),
+        Executor::Http { .. } => u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+/// Ends a metered task's run: what it used settled, then its result
+/// delivered with the task's `payment`. Delivery follows capture: refused,
+/// the output is deleted; open, the task waits in the queue with the run
+/// held, and the next delivery only resumes the capture.
+pub(super) async fn deliver(
     ctx: &WorkerContext,
     run: (Id, i32, u32),
-    spec: &TaskSpec,
     auth: &MeteredAuthorization,
-    result: &Value,
-    took: Duration,
-) -> Result<Value, Outcome> {
+    held: &Held,
+) -> Outcome {
     let (id, attempt, receive_count) = run;
-    let used = match spec.executor {
-        // Bytes fetched or hashed.
-        Executor::Fetch | Executor::Digest => result["size"].as_u64().unwrap_or(0),
-        // Milliseconds the call took.
-        Executor::Http { .. } => u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
-    };
     let capturer = Capturer { db: &ctx.db, facilitator: ctx.facilitator.as_ref(), chains: &ctx.chains };
-    match capturer.capture(auth, id, used).await {
-        Ok(Captured::Charged(payment) | Captured::Released(payment)) => Ok(payment.to_value()),
+    match capturer.capture(auth, id, held).await {
+        Ok(Captured::Charged(payment) | Captured::Released(payment)) => {
+            complete(ctx, id, attempt, &held.result, Some(&payment.to_value())).await
+        }
         Ok(Captured::Refused { reason, .. }) => {
             // Nothing was paid for it: nobody gets it.
-            if let Some(key) = result["key"].as_str()
+            if let Some(key) = held.result["key"].as_str()
                 && let Err(e) = ctx.exec.s3.delete_object().bucket(&ctx.exec.bucket).key(key).send().await
             {
                 tracing::error!(error = %e, key, "could not delete the output of a task whose payment was refused");
             }
-            let message = format!(
-                "the payer refused the capture of what the task used ({reason}: its Permit2 approval or its funds \
-                 were withdrawn); nothing was charged and the output was deleted"
-            );
-            Err(fail(ctx, id, attempt, PAYMENT_NOT_CAPTURED, &message).await)
+            let message = if reason == AUTHORIZATION_EXPIRED {
+                "what the task used could not be settled before its payment authorization expired; nothing was \
+                 charged and the output was deleted"
+                    .to_owned()
+            } else {
+                format!(
+                    "the payer refused the capture of what the task used ({reason}: its Permit2 approval or its \
+                     funds were withdrawn); nothing was charged and the output was deleted"
+                )
+            };
+            fail(ctx, id, attempt, PAYMENT_NOT_CAPTURED, &message).await
         }
         Ok(Captured::Open(why)) => {
-            tracing::warn!(%why, "the capture's outcome is open; the task goes back to the queue");
-            Err(retry_later(ctx, id, attempt, receive_count, Retryable::Exec(why, Some(CAPTURE_RETRY))).await)
+            tracing::warn!(%why, "the capture's outcome is open; the task waits in the queue with its run held");
+            retry_later(ctx, id, attempt, receive_count, Retryable::Capture(why, CAPTURE_RETRY)).await
         }
-        Err(e) => Err(retry("capturing the payment", e)),
+        Err(e) => retry("capturing the payment", e),
     }
 }

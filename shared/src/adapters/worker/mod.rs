@@ -93,6 +93,7 @@ use crate::domain::auth::Secret;
 use crate::domain::catalog::{Catalog, TaskSpec};
 use crate::domain::executors::{self, ExecDeps, ExecError, Job};
 use crate::domain::ids::Id;
+use crate::domain::payments::Held;
 use crate::domain::tasks::events::Publisher;
 use crate::domain::tasks::{Change, Fence, QueueMessage, transition};
 use crate::infra::redis_client::RedisClient;
@@ -305,6 +306,9 @@ enum Retryable {
     Exec(String, Option<Duration>),
     /// Stopped before the invocation's deadline.
     Deadline,
+    /// A finished run's capture, whose outcome is open, and the wait before
+    /// it is resumed.
+    Capture(String, Duration),
 }
 
 async fn run_task(
@@ -381,14 +385,23 @@ async fn run_task(
         return fail(ctx, id, attempt, codes::UNKNOWN_KIND, &message).await;
     };
 
-    // Asked to cancel during an earlier attempt, which was handed back.
-    if claim.cancel_requested {
-        return cancel(ctx, id, attempt).await;
-    }
     let metered = match metered::before_run(ctx, id, attempt, spec).await {
         Ok(metered) => metered,
         Err(ended) => return ended,
     };
+    // An earlier run finished and its capture is under way: that run's
+    // result is delivered once charged, and nothing runs again (nor can a
+    // cancel stop it now: the payer may be charged already).
+    if let Some(auth) = &metered
+        && let Some(held) = auth.held()
+    {
+        tracing::info!(attempt, "resuming the capture of an earlier run");
+        return metered::deliver(ctx, (id, attempt, receive_count), auth, held).await;
+    }
+    // Asked to cancel during an earlier attempt, which was handed back.
+    if claim.cancel_requested {
+        return cancel(ctx, id, attempt).await;
+    }
     // Dropping the run stops the executor: a cancel asked for meanwhile
     // wins over whatever it was doing.
     let started = std::time::Instant::now();
@@ -413,20 +426,13 @@ async fn run_task(
     };
     let took = started.elapsed();
     match result {
-        Ok(value) => {
-            // Delivery follows capture: a metered task's result is written
-            // only once what it used is settled.
-            let payment = match &metered {
-                None => None,
-                Some(auth) => {
-                    match metered::after_run(ctx, (id, attempt, receive_count), spec, auth, &value, took).await {
-                        Ok(payment) => Some(payment),
-                        Err(ended) => return ended,
-                    }
-                }
-            };
-            complete(ctx, id, attempt, &value, payment.as_ref()).await
-        }
+        Ok(value) => match &metered {
+            None => complete(ctx, id, attempt, &value, None).await,
+            Some(auth) => {
+                let held = Held { used: metered::used(spec, &value, took), result: value };
+                metered::deliver(ctx, (id, attempt, receive_count), auth, &held).await
+            }
+        },
         Err(Ok(ExecError::Permanent { code, message })) => fail(ctx, id, attempt, code, &message).await,
 
         Err(Ok(ExecError::Retryable(reason))) => {

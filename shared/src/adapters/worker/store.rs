@@ -100,7 +100,8 @@ fn secs(lease: Duration) -> f64 {
 
 /// `queued`, or `running` with a lapsed (or missing) lease, becomes
 /// `running` with a lease of `lease` from now, if it has had fewer than
-/// `max_attempts` runs. `None` when the task is in neither state (terminal,
+/// `max_attempts` runs or its metered capture is under way (which only
+/// resumes the capture, and no limit ends). `None` when the task is in neither state (terminal,
 /// gone, or held by a live lease) or out of attempts.
 ///
 /// A `queued` task, the common case, is claimed in one statement. Any
@@ -127,7 +128,7 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
                 "UPDATE tasks
                     SET status = 'running', attempts = attempts + 1,
                         lease_until = now() + make_interval(secs => $2), updated_at = now()
-                  WHERE id = $1 AND attempts < $3
+                  WHERE id = $1 AND (attempts < $3 OR payment->>'status' = 'capturing')
                     AND (status = 'queued'
                          OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
                  RETURNING attempts, cancel_requested_at IS NOT NULL",
@@ -170,7 +171,7 @@ async fn claim_queued(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -
              UPDATE tasks
                 SET status = 'running', attempts = attempts + 1, last_seq = last_seq + 1,
                     lease_until = now() + make_interval(secs => $2), updated_at = now()
-              WHERE id = $1 AND status = 'queued' AND attempts < $3
+              WHERE id = $1 AND status = 'queued' AND (attempts < $3 OR payment->>'status' = 'capturing')
           RETURNING id, attempts, last_seq, kind, cancel_requested_at IS NOT NULL AS cancel_requested,
                     space_idx, input
          ), appended AS (

@@ -6,8 +6,9 @@
 //! - Used nothing: nothing is sent to be settled (an `upto` settle of 0
 //!   would not even use the authorization); it is released.
 //! - Used something: the attempt moves `capturing` with the amount (what
-//!   the units cost, capped at the ceiling, fixed from then on), and the
-//!   facilitator's `/settle` gets it as `paymentRequirements.amount`.
+//!   the units cost, capped at the ceiling, fixed from then on) and the
+//!   run's result (held, never shown, until the capture is decided), and the
+//!   facilitator's `/settle` gets the amount as `paymentRequirements.amount`.
 //!   - A transaction: its receipt must have succeeded, hold the token's
 //!     `Transfer` of exactly that amount from the payer to `payTo`, and a
 //!     `Settled` log of x402's upto proxy: only the facilitator the payer
@@ -16,9 +17,12 @@
 //!     funds): [`Captured::Refused`], and the task ends
 //!     `payment_not_captured`.
 //!   - Anything else (unreachable, cut off, not mined yet): the outcome is
-//!     open, and the attempt stays `capturing` with the amount. The worker
-//!     tries again later; a settle again of a spent authorization is
-//!     refused, so a resumed capture asks the chain for the transfer first.
+//!     open, and the attempt stays `capturing` with the amount. A worker
+//!     resumes it later, without running the task again; a settle again of
+//!     a spent authorization is refused, so a resumed capture asks the chain
+//!     for the transfer first. Once the chain is past the signed deadline
+//!     with no transfer, nothing can ever be charged: refused
+//!     (`authorization_expired`), so every capture ends.
 
 use std::time::Duration;
 
@@ -31,7 +35,7 @@ use tokio::time::Instant;
 use super::chain::{Chains, parse_hash};
 use super::challenge::{PaymentRequirements, UPTO_SETTLE_SECONDS};
 use super::facilitator::Facilitator;
-use super::ledger::{self, AttemptStatus, OpenAuthorization, SettledPayment};
+use super::ledger::{self, AttemptStatus, Held, OpenAuthorization, SettledPayment};
 use super::proof::search_range;
 use super::upto::{MeteredPayment, MeteredStatus, UPTO_PROXY};
 use crate::domain::auth::SpaceIndex;
@@ -84,6 +88,12 @@ impl Authorization {
     pub fn view(&self) -> &MeteredPayment {
         &self.view
     }
+
+    /// The run whose capture is under way, if one is: the task is not run
+    /// again, only its capture resumed.
+    pub fn held(&self) -> Option<&Held> {
+        self.row.held.as_ref().filter(|_| self.row.status == AttemptStatus::Capturing)
+    }
 }
 
 /// What became of a capture.
@@ -109,10 +119,10 @@ pub struct Capturer<'a> {
 }
 
 impl Capturer<'_> {
-    /// Settles what task `task` used (`used`: bytes, or milliseconds for
-    /// `second`) under `auth`. See the module documentation.
-    pub async fn capture(&self, auth: &Authorization, task: Id, used: u64) -> Result<Captured, sqlx::Error> {
-        let view = MeteredPayment { used: Some(used), ..auth.view.clone() };
+    /// Settles what task `task`'s run used under `auth`, holding the run
+    /// until it is decided. See the module documentation.
+    pub async fn capture(&self, auth: &Authorization, task: Id, run: &Held) -> Result<Captured, sqlx::Error> {
+        let view = MeteredPayment { used: Some(run.used), ..auth.view.clone() };
         match auth.row.status {
             AttemptStatus::Settled => return Ok(Captured::Charged(auth.view.clone())),
             AttemptStatus::Authorized | AttemptStatus::Capturing => {}
@@ -123,7 +133,7 @@ impl Capturer<'_> {
             return Ok(Captured::Open(format!("unknown unit {:?}", view.unit)));
         };
         let meter = Meter { unit, rate: view.rate.parse().unwrap_or(0), rate_usd: None };
-        let charge = meter.charge(used, ceiling);
+        let charge = meter.charge(run.used, ceiling);
         if auth.row.status == AttemptStatus::Authorized && charge == 0 {
             let mut conn = self.db.acquire().await?;
             let released = ledger::release_if_authorized(&mut conn, task, "nothing used").await?;
@@ -131,20 +141,33 @@ impl Capturer<'_> {
                 Some(Ok(released)) => released,
                 _ => MeteredPayment { status: MeteredStatus::Released, charged: Some("0".into()), ..view },
             };
-            return Ok(Captured::Released(MeteredPayment { used: Some(used), ..released }));
+            return Ok(Captured::Released(MeteredPayment { used: Some(run.used), ..released }));
         }
         let resuming = auth.row.status == AttemptStatus::Capturing;
-        let Some(charged) = ledger::start_capture(self.db, auth.row.attempt, &charge.to_string()).await? else {
+        let Some((charged, held)) = ledger::start_capture(self.db, auth.row.attempt, &charge.to_string(), run).await?
+        else {
             return Ok(Captured::Open("the authorization moved on meanwhile".into()));
         };
         let Some(charged) = Some(charged).filter(|c| c.parse::<u128>().is_ok()) else {
             return Ok(Captured::Open("no amount recorded for the capture".into()));
         };
-        let view = MeteredPayment { charged: Some(charged.clone()), status: MeteredStatus::Capturing, ..view };
+        let view = MeteredPayment {
+            charged: Some(charged.clone()),
+            used: Some(held.used),
+            status: MeteredStatus::Capturing,
+            ..view
+        };
         let capture = Capture { by: *self, auth, task, charged: &charged, view, resuming };
-        // An earlier run's settle may have gone through: the chain first.
-        if resuming && let Some(done) = capture.find_on_chain(auth.row.transaction.as_deref()).await? {
-            return Ok(done);
+        if resuming {
+            // An earlier run's settle may have gone through: the chain first.
+            if let Some(done) = capture.find_on_chain(auth.row.transaction.as_deref()).await? {
+                return Ok(done);
+            }
+            // Past the signed deadline with nothing paid, nothing ever can
+            // be: Permit2 refuses the signature from then on.
+            if capture.expired_unpaid().await {
+                return capture.refused(super::upto::AUTHORIZATION_EXPIRED).await;
+            }
         }
         capture.settle().await
     }
@@ -288,6 +311,27 @@ impl Capture<'_> {
                 Ok(None)
             }
         }
+    }
+
+    /// Whether the chain is past the authorization's deadline, and no
+    /// transfer paid this capture in any block up to it. `false` when the
+    /// chain cannot tell (unreadable, or the blocks since the attempt began
+    /// are more than one search covers).
+    async fn expired_unpaid(&self) -> bool {
+        let row = &self.auth.row;
+        let Some(deadline) = row.valid_before.as_deref().and_then(|d| d.parse::<u64>().ok()) else { return false };
+        if super::unix_now() <= deadline {
+            return false;
+        }
+        let Ok(chain) = self.by.chains.get(&row.network) else { return false };
+        let Ok(head) = chain.head().await else { return false };
+        let (_, to) = search_range(row.from_block.and_then(|b| u64::try_from(b).ok()), head.number);
+        if head.timestamp <= deadline || to < head.number {
+            return false;
+        }
+        // The whole range, named transaction or not: a dropped one is in no
+        // block, a landed one is in the logs.
+        matches!(self.find_on_chain(None).await, Ok(None))
     }
 
     async fn record(&self, transaction: &str) -> Result<Captured, sqlx::Error> {

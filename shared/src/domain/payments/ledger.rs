@@ -6,7 +6,7 @@
 //! payments and credits, so the attempt's states and the locks each change
 //! takes are read in one place.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 use time::OffsetDateTime;
@@ -479,13 +479,27 @@ pub struct OpenAuthorization {
     pub payment: Value,
     #[sqlx(rename = "space_idx")]
     pub space: Vec<u8>,
+    /// A capture's run: its result and what it used (see [`start_capture`]).
+    #[sqlx(json(nullable))]
+    pub held: Option<Held>,
+}
+
+/// What a finished run of a metered task produced and used, held with its
+/// attempt from the start of its capture until the capture is decided: the
+/// result is delivered only once charged, and no run executes the task
+/// again meanwhile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    pub result: Value,
+    /// Bytes, or milliseconds for `second`.
+    pub used: u64,
 }
 
 pub async fn open_authorization(db: &PgPool, task_id: Id) -> Result<Option<OpenAuthorization>, sqlx::Error> {
     sqlx::query_as(
         "SELECT a.id AS attempt, a.status, a.network, a.asset, a.payer, a.pay_to, a.amount,
                 a.valid_before::text AS valid_before, a.transaction, a.from_block, a.document, t.payment,
-                a.space_idx
+                a.space_idx, a.held
            FROM payment_attempts a JOIN tasks t ON t.id = a.task_id
           WHERE a.task_id = $1 AND a.scheme = 'upto' AND a.document IS NOT NULL AND t.payment IS NOT NULL",
     )
@@ -494,21 +508,36 @@ pub async fn open_authorization(db: &PgPool, task_id: Id) -> Result<Option<OpenA
     .await
 }
 
-/// Starts (or resumes) a capture of `charged`: `authorized → capturing`.
-/// A capture already under way keeps the amount it started with, which an
-/// earlier settle may have charged. `None`: it is neither any more.
-pub async fn start_capture(db: &PgPool, id: Id, charged: &str) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "UPDATE payment_attempts
-            SET charged = CASE WHEN status = 'authorized' THEN $2 ELSE charged END,
-                status = 'capturing', updated_at = now()
-          WHERE id = $1 AND status IN ('authorized', 'capturing')
-      RETURNING charged",
+/// Starts (or resumes) a capture of `charged`: `authorized → capturing`,
+/// with the run's result and use held, and the task's `payment` reading
+/// `capturing` (which holds the task: see `migrations/0011_held_captures.sql`).
+/// A capture already under way keeps the amount and the run it started
+/// with, which an earlier settle may have charged. `None`: it is neither
+/// any more.
+pub async fn start_capture(
+    db: &PgPool,
+    id: Id,
+    charged: &str,
+    held: &Held,
+) -> Result<Option<(String, Held)>, sqlx::Error> {
+    let started: Option<(String, sqlx::types::Json<Held>)> = sqlx::query_as(
+        "WITH started AS (
+             UPDATE payment_attempts
+                SET charged = CASE WHEN status = 'authorized' THEN $2 ELSE charged END,
+                    held = COALESCE(held, $3), status = 'capturing', updated_at = now()
+              WHERE id = $1 AND status IN ('authorized', 'capturing')
+          RETURNING task_id, charged, held)
+         UPDATE tasks SET payment = payment || jsonb_build_object(
+                    'status', 'capturing', 'charged', started.charged, 'used', started.held->'used')
+           FROM started WHERE tasks.id = started.task_id
+      RETURNING started.charged, started.held",
     )
     .bind(id)
     .bind(charged)
+    .bind(sqlx::types::Json(held))
     .fetch_optional(db)
-    .await
+    .await?;
+    Ok(started.map(|(charged, held)| (charged, held.0)))
 }
 
 /// A capture's settlement named this transaction before its outcome was

@@ -33,26 +33,31 @@ pub enum CancelOutcome {
 /// the task `canceled`: exactly one terminal state.
 pub async fn cancel(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<CancelOutcome>, sqlx::Error> {
     let mut tx = db.begin().await?;
-    let row: Option<(String, bool, bool)> = sqlx::query_as(
-        "SELECT status, (lease_until IS NULL OR lease_until < now()), cancel_requested_at IS NOT NULL
+    let row: Option<(String, bool, bool, bool)> = sqlx::query_as(
+        "SELECT status, (lease_until IS NULL OR lease_until < now()), cancel_requested_at IS NOT NULL,
+                payment->>'status' IS NOT DISTINCT FROM 'capturing'
            FROM tasks WHERE id = $1 AND space_idx = $2 FOR UPDATE",
     )
     .bind(id)
     .bind(space.as_bytes())
     .fetch_optional(&mut *tx)
     .await?;
-    let Some((status, lease_expired, already_asked)) = row else {
+    let Some((status, lease_expired, already_asked, capturing)) = row else {
         return Ok(None);
     };
     let status = TaskStatus::parse(&status)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown task status {status:?}").into()))?;
-    let now = status == TaskStatus::Queued || (status == TaskStatus::Running && lease_expired);
+    // A metered task whose run finished and whose capture is under way may
+    // have charged its payer already: like a run that ends before it sees
+    // the request, it is asked, and ends with its result (or with nothing
+    // charged), never canceled.
+    let now = !capturing && (status == TaskStatus::Queued || (status == TaskStatus::Running && lease_expired));
     let outcome = if now {
         let events = transition_in(&mut tx, id, Fence::From(&[status]), Change::Cancel)
             .await?
             .ok_or_else(|| sqlx::Error::Protocol("a locked row changed under its lock".into()))?;
         Outcome::Canceled(events)
-    } else if status != TaskStatus::Running {
+    } else if status != TaskStatus::Running && !capturing {
         Outcome::Finished
     } else if already_asked {
         Outcome::Requested(None)
@@ -61,7 +66,7 @@ pub async fn cancel(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<Ca
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        let data = json!({ "status": "running", "cancel_requested": true });
+        let data = json!({ "status": status.as_str(), "cancel_requested": true });
         Outcome::Requested(Some(append_event(&mut tx, id, EventType::Status, &data).await?))
     };
     tx.commit().await?;

@@ -92,14 +92,24 @@ impl Change<'_> {
 /// the event counter by as many events as it appends, and the `INSERT`
 /// numbers them from it. On a pool that is one round trip with no
 /// `BEGIN`/`COMMIT`, and it is as atomic as the transaction it replaced.
+///
+/// Only a requeue moves a task whose metered capture is under way
+/// (`payment.status` = `capturing`): it may have charged the payer already,
+/// so its run's result is delivered or the chain shows nothing was charged
+/// (see `migrations/0011_held_captures.sql`), and nothing else ends it.
 macro_rules! with_events {
     ($set:literal) => {
+        with_events!($set, " AND payment->>'status' IS DISTINCT FROM 'capturing'")
+    };
+    ($set:literal, $held:literal) => {
         concat!(
             "WITH moved AS (
                  UPDATE tasks SET ",
             $set,
             ", last_seq = last_seq + cardinality($5::text[]), updated_at = now()
-                  WHERE id = $1 AND status = ANY($2) AND ($3::int4 IS NULL OR attempts = $3)
+                  WHERE id = $1 AND status = ANY($2) AND ($3::int4 IS NULL OR attempts = $3)",
+            $held,
+            "
               RETURNING id, last_seq, kind, attempts
              ), appended AS (
                  INSERT INTO task_events (task_id, seq, type, data)
@@ -156,7 +166,7 @@ pub async fn transition_in(
             (with_events!("status = 'completed', result = $4, progress = 1, lease_until = NULL"), Some(result))
         }
         Change::Fail { error } => (with_events!("status = 'failed', error = $4, lease_until = NULL"), Some(error)),
-        Change::Requeue { .. } => (with_events!("status = 'queued', lease_until = NULL, progress = 0"), None),
+        Change::Requeue { .. } => (with_events!("status = 'queued', lease_until = NULL, progress = 0", ""), None),
         Change::Cancel => (with_events!("status = 'canceled', lease_until = NULL"), None),
     };
     let (kinds, data): (Vec<EventType>, Vec<Value>) = change.events().into_iter().unzip();

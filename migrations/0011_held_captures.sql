@@ -1,0 +1,11 @@
+-- A metered task's capture holds its task until the chain decides.
+-- When a run ends, what it produced and what it used are kept with the
+-- attempt as it moves to `capturing` (`held`), and the task's `payment`
+-- reads `capturing`. From then on:
+--   - no later run executes the task again: a worker that picks it up only
+--     resumes the capture, and delivers the held result once it is charged;
+--   - nothing fails or cancels the task (not the retry limit, the sweeper
+--     or the dead-letter queue), since the payer may already have been
+--     charged for it; it ends charged, or `payment_not_captured` once the
+--     chain shows that nothing can be charged any more.
+ALTER TABLE payment_attempts ADD COLUMN held JSONB;
