@@ -29,8 +29,8 @@ pub async fn check_facilitator(catalog: &Catalog, facilitator: Option<&Facilitat
     let url = facilitator.url().to_owned();
     match facilitator.supported().await {
         Err(error) => FacilitatorCheck::Unknown { url, error },
-        Ok(kinds) => {
-            let refused = payments::unsupported_prices(catalog, &kinds, &url);
+        Ok(supported) => {
+            let refused = payments::unsupported_prices(catalog, &supported.kinds, &url);
             let mut networks: Vec<String> = catalog
                 .tasks
                 .values()
@@ -39,7 +39,7 @@ pub async fn check_facilitator(catalog: &Catalog, facilitator: Option<&Facilitat
                 .collect();
             networks.sort();
             networks.dedup();
-            facilitator.remember(kinds);
+            facilitator.remember(supported);
             if refused.is_empty() {
                 FacilitatorCheck::Settles { url, networks }
             } else {

@@ -795,7 +795,8 @@ fn public_view_shows_prices_as_strings_and_hides_endpoints() {
     assert_eq!(
         view["assets"][0],
         json!({"id": "usdc-base", "network": "eip155:8453", "contract": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
-               "decimals": 6, "usd_peg": true, "name": "USD Coin", "version": "2"})
+               "decimals": 6, "usd_peg": true, "eip2612": true, "name": "USD Coin", "version": "2"}),
+        "a token has EIP-2612 permit unless its asset says otherwise"
     );
     assert_eq!(view["uploads"]["max_bytes"], 104_857_600);
     assert_eq!(view["uploads"]["url_expiry_seconds"], 900);

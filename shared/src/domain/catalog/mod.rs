@@ -93,6 +93,10 @@ pub struct Asset {
     pub decimals: u8,
     /// Worth one US dollar per whole token, so `amount_usd` may price in it.
     pub usd_peg: bool,
+    /// The token has EIP-2612 `permit`, so a metered price in it offers
+    /// `eip2612GasSponsoring`: a payer without a Permit2 approval signs a
+    /// permit instead of sending a transaction.
+    pub eip2612: bool,
     /// The EIP-712 domain name x402 signs with, e.g. `USD Coin`.
     pub name: String,
     /// The EIP-712 domain version, e.g. `2`.

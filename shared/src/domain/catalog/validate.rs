@@ -13,7 +13,7 @@ use super::{Asset, Catalog, EXECUTORS, Executor, Meter, NetworkKind, Payments, P
 use super::{amount, formats, schema};
 
 const ROOT_KEYS: &[&str] = &["payments", "uploads", "assets", "tasks"];
-const ASSET_KEYS: &[&str] = &["network", "contract", "decimals", "usd_peg", "name", "version"];
+const ASSET_KEYS: &[&str] = &["network", "contract", "decimals", "usd_peg", "eip2612", "name", "version"];
 const TASK_KEYS: &[&str] =
     &["title", "description", "executor", "endpoint", "timeout_seconds", "input_schema", "accepts", "quota"];
 const QUOTA_KEYS: &[&str] = &["per_hour", "at_once"];
@@ -113,6 +113,8 @@ fn asset(id: &str, f: &Fields, p: &mut Problems) -> Option<Asset> {
     });
     let decimals = f.required("decimals", p).and_then(|n| f.verify("decimals", bounded(n, 0..=MAX_DECIMALS), p));
     let usd_peg = f.optional("usd_peg", p).unwrap_or(false);
+    // USDC and its kin have it; a token without it says so.
+    let eip2612 = f.optional("eip2612", p).unwrap_or(true);
     let name = required_text(f, "name", p);
     let version = required_text(f, "version", p);
 
@@ -122,6 +124,7 @@ fn asset(id: &str, f: &Fields, p: &mut Problems) -> Option<Asset> {
         contract: contract?.to_owned(),
         decimals: decimals?,
         usd_peg,
+        eip2612,
         name: name?,
         version: version?,
     })

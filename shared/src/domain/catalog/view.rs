@@ -34,6 +34,9 @@ pub struct PublicAsset {
     pub decimals: u8,
     /// Whether one token is worth one US dollar.
     pub usd_peg: bool,
+    /// Whether the token has EIP-2612 `permit` (a metered price in it
+    /// offers `eip2612GasSponsoring`).
+    pub eip2612: bool,
     /// The token's EIP-712 domain name.
     pub name: String,
     /// The token's EIP-712 domain version.
@@ -132,6 +135,7 @@ impl Catalog {
                 contract: asset.contract.clone(),
                 decimals: asset.decimals,
                 usd_peg: asset.usd_peg,
+                eip2612: asset.eip2612,
                 name: asset.name.clone(),
                 version: asset.version.clone(),
             })

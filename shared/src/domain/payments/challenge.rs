@@ -17,7 +17,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::catalog::{Catalog, TaskSpec, price_summary};
+use crate::domain::catalog::{Catalog, Price, TaskSpec, price_summary};
 
 pub const X402_VERSION: u32 = 2;
 
@@ -171,17 +171,21 @@ pub fn payment_required(
         error: error.to_owned(),
         resource: Resource { url: resource_url.to_owned(), description, mime_type: "application/json".to_owned() },
         accepts,
-        extensions: extensions(task),
+        extensions: extensions(catalog, task),
     })
 }
 
 /// The extensions Reeve honours, in the shape x402's SDKs declare them:
-/// `payment-identifier`, `bazaar`, and for a metered task
-/// `eip2612GasSponsoring` (the facilitator settles with the token's permit).
-fn extensions(task: &TaskSpec) -> serde_json::Map<String, serde_json::Value> {
+/// `payment-identifier`, `bazaar`, and for a metered task whose every
+/// metered price is in a token with EIP-2612 `permit`,
+/// `eip2612GasSponsoring` (the facilitator settles with the token's permit;
+/// kept only if the facilitator lists it, see `supported::settleable`).
+fn extensions(catalog: &Catalog, task: &TaskSpec) -> serde_json::Map<String, serde_json::Value> {
     use serde_json::json;
     let mut map = serde_json::Map::new();
-    if task.accepts.iter().any(|price| price.meter.is_some()) {
+    let metered: Vec<&Price> = task.accepts.iter().filter(|price| price.meter.is_some()).collect();
+    let permits = |price: &&Price| catalog.assets.get(&price.asset).is_some_and(|asset| asset.eip2612);
+    if !metered.is_empty() && metered.iter().all(permits) {
         map.insert(
             EIP2612_GAS_SPONSORING.to_owned(),
             json!({
@@ -398,6 +402,42 @@ mod tests {
         assert_eq!(decoded, challenge.to_json());
         assert_eq!(PaymentRequired::from_header_value(&header), Some(challenge.clone()));
         assert_eq!(challenge.error, "payment_mismatch");
+    }
+
+    /// Gas sponsoring is offered for a metered price in a token with
+    /// EIP-2612 `permit` (and kept only while the facilitator lists it:
+    /// `supported`'s tests).
+    #[test]
+    fn gas_sponsoring_is_offered_where_the_token_has_a_permit() {
+        let metered = |kind: &str, asset: &str| {
+            format!(
+                r#"
+                [tasks.{kind}]
+                title = "Metered"
+                description = "d"
+                executor = "fetch"
+                input_schema = {{ type = "object" }}
+                [[tasks.{kind}.accepts]]
+                asset = "{asset}"
+                scheme = "upto"
+                unit = "MiB"
+                rate = "10"
+                amount = "1000"
+                "#
+            )
+        };
+        let text = format!(
+            "{CATALOG}\n[assets.plain]\nnetwork = \"eip155:84532\"\ncontract = \"0x1111111111111111111111111111111111111111\"\n\
+             decimals = 6\nname = \"Plain\"\nversion = \"1\"\neip2612 = false\n{}{}",
+            metered("permitted", "usdc-base"),
+            metered("plain", "plain")
+        );
+        let c = Catalog::parse(&text).unwrap_or_else(|e| panic!("{e}"));
+        let offered =
+            |kind: &str| payment_required(&c, c.task(kind).unwrap(), "/v1/tasks/x", SIGNATURE_REQUIRED).unwrap();
+        assert!(offered("permitted").extensions.contains_key(EIP2612_GAS_SPONSORING));
+        assert!(!offered("plain").extensions.contains_key(EIP2612_GAS_SPONSORING), "the token has no permit");
+        assert!(!offered("priced").extensions.contains_key(EIP2612_GAS_SPONSORING), "exact prices need none");
     }
 
     #[test]

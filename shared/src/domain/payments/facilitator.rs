@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::challenge::{PaymentRequirements, X402_VERSION};
-use super::supported::{Supported, SupportedKind};
+use super::supported::Supported;
 use crate::infra::outbound::{Outbound, OutboundError, OutboundPolicy};
 
 /// Replaces the catalog's `facilitator_url` for this deployment (the local
@@ -55,7 +55,7 @@ pub struct Facilitator {
 enum Known {
     #[default]
     Unasked,
-    Kinds(Arc<[SupportedKind]>),
+    Kinds(Arc<Supported>),
     FailedAt(Instant),
 }
 
@@ -144,12 +144,13 @@ impl Facilitator {
         &self.base
     }
 
-    /// `GET /supported`: the kinds this facilitator settles.
-    pub async fn supported(&self) -> Result<Vec<SupportedKind>, FacilitatorError> {
+    /// `GET /supported`: the kinds this facilitator settles, and the
+    /// extensions it honours.
+    pub async fn supported(&self) -> Result<Supported, FacilitatorError> {
         self.ask_supported(SUPPORTED_TIMEOUT).await
     }
 
-    async fn ask_supported(&self, timeout: Duration) -> Result<Vec<SupportedKind>, FacilitatorError> {
+    async fn ask_supported(&self, timeout: Duration) -> Result<Supported, FacilitatorError> {
         let url = format!("{}/supported", self.base);
         let asked = tokio::time::timeout(timeout, self.outbound.get(&url, MAX_SUPPORTED_BYTES)).await;
         let answer = match asked {
@@ -165,14 +166,14 @@ impl Facilitator {
         }
         let supported: Supported = serde_json::from_slice(&answer.body)
             .map_err(|e| FacilitatorError::Unknown(format!("/supported answered an unreadable body: {e}")))?;
-        Ok(supported.kinds)
+        Ok(supported)
     }
 
     /// What `/supported` answered this process, asking it the first time
     /// (and again [`SUPPORTED_RETRY`] after a failure). `None` while it
     /// cannot be known: the caller then goes on as if every network were
     /// settled, and `/verify` or `/settle` tell.
-    pub async fn known_kinds(&self) -> Option<Arc<[SupportedKind]>> {
+    pub async fn known(&self) -> Option<Arc<Supported>> {
         match &*self.known.lock().expect("never poisoned") {
             Known::Kinds(kinds) => return Some(kinds.clone()),
             Known::FailedAt(at) if at.elapsed() < SUPPORTED_RETRY => return None,
@@ -181,10 +182,10 @@ impl Facilitator {
         let answer = self.ask_supported(KNOWN_TIMEOUT).await;
         let mut known = self.known.lock().expect("never poisoned");
         match answer {
-            Ok(kinds) => {
-                let kinds: Arc<[SupportedKind]> = kinds.into();
-                *known = Known::Kinds(kinds.clone());
-                Some(kinds)
+            Ok(supported) => {
+                let supported = Arc::new(supported);
+                *known = Known::Kinds(supported.clone());
+                Some(supported)
             }
             Err(e) => {
                 tracing::warn!(error = %e, facilitator = %self.base, "cannot tell which networks the facilitator settles");
@@ -195,8 +196,8 @@ impl Facilitator {
     }
 
     /// Keeps an answer to `/supported` got elsewhere (start-up's check).
-    pub fn remember(&self, kinds: Vec<SupportedKind>) {
-        *self.known.lock().expect("never poisoned") = Known::Kinds(kinds.into());
+    pub fn remember(&self, supported: Supported) {
+        *self.known.lock().expect("never poisoned") = Known::Kinds(Arc::new(supported));
     }
 
     /// `/verify`, within `budget` if given (else its own timeout). It moves

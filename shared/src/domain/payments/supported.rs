@@ -18,7 +18,7 @@
 
 use serde::Deserialize;
 
-use super::challenge::{PaymentRequired, SCHEME_UPTO, X402_VERSION};
+use super::challenge::{EIP2612_GAS_SPONSORING, PaymentRequired, SCHEME_UPTO, X402_VERSION};
 use crate::domain::catalog::{Catalog, Problem};
 
 /// One `(x402Version, scheme, network)` a facilitator settles.
@@ -49,10 +49,13 @@ impl SupportedKind {
     }
 }
 
-/// `GET /supported`'s answer; only `kinds` matters here.
-#[derive(Debug, Deserialize)]
-pub(crate) struct Supported {
+/// `GET /supported`'s answer: what it settles, and the extensions it
+/// honours (`eip2612GasSponsoring`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct Supported {
     pub kinds: Vec<SupportedKind>,
+    #[serde(default)]
+    pub extensions: Vec<String>,
 }
 
 /// Does a facilitator listing `kinds` settle x402 v2 payments of `scheme`
@@ -92,13 +95,19 @@ pub fn unsupported_prices(catalog: &Catalog, kinds: &[SupportedKind], url: &str)
     problems
 }
 
-/// `challenge` with only the prices a facilitator listing `kinds` settles:
-/// the others are refused (logged with their TOML path, `tasks.<kind>`'s
-/// accepts in the same order), and a payment in them finds no offer to
-/// match. An `upto` offer gets the facilitator's address, without which no
-/// client can sign it. `None` when no price of the kind is left: the task
+/// `challenge` with only the prices the facilitator settles: the others
+/// are refused (logged with their TOML path, `tasks.<kind>`'s accepts in the
+/// same order), and a payment in them finds no offer to match. An `upto`
+/// offer gets the facilitator's address, without which no client can sign
+/// it, and `eip2612GasSponsoring` stays offered only if the facilitator
+/// lists it. `None` when no price of the kind is left: the task
 /// cannot be paid for here, and must not look free either.
-pub fn settleable(mut challenge: PaymentRequired, kinds: &[SupportedKind], kind: &str) -> Option<PaymentRequired> {
+pub fn settleable(mut challenge: PaymentRequired, supported: &Supported, kind: &str) -> Option<PaymentRequired> {
+    let kinds = &supported.kinds;
+    // A permit the facilitator would not apply would be signed for nothing.
+    if !supported.extensions.iter().any(|e| e == EIP2612_GAS_SPONSORING) {
+        challenge.extensions.remove(EIP2612_GAS_SPONSORING);
+    }
     let mut index = 0;
     challenge.accepts.retain_mut(|offer| {
         let listed = kinds.iter().find(|k| k.lists(&offer.scheme, &offer.network));
@@ -137,6 +146,54 @@ mod tests {
         let every_evm = [kind(2, "exact", "eip155:*")];
         assert!(settles(&every_evm, "exact", "eip155:8453"));
         assert!(!settles(&every_evm, "exact", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp"));
+    }
+
+    /// The permit a payer would sign for a facilitator that does not apply
+    /// it is not offered; the price stays payable with an approval.
+    #[test]
+    fn gas_sponsoring_stays_offered_only_if_the_facilitator_lists_it() {
+        let catalog = crate::domain::catalog::Catalog::parse(
+            r#"
+            [payments]
+            pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
+            facilitator_url = "https://x402.org/facilitator"
+            [assets.usdc]
+            network = "eip155:8453"
+            contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+            decimals = 6
+            name = "USD Coin"
+            version = "2"
+            [tasks.metered]
+            title = "Metered"
+            description = "d"
+            executor = "fetch"
+            input_schema = { type = "object" }
+            [[tasks.metered.accepts]]
+            asset = "usdc"
+            scheme = "upto"
+            unit = "MiB"
+            rate = "10"
+            amount = "1000"
+            "#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let challenge = || {
+            super::super::payment_required(&catalog, catalog.task("metered").unwrap(), "/v1/tasks/metered", "x")
+                .unwrap()
+        };
+        assert!(challenge().extensions.contains_key(EIP2612_GAS_SPONSORING), "the token has a permit");
+        let supported = |extensions: &[&str]| Supported {
+            kinds: vec![SupportedKind {
+                extra: Some(serde_json::json!({"facilitatorAddress": "0x23618e81E3f5cdF7f54C3d65f7FBc0aBf5B21E8f"})),
+                ..kind(2, "upto", "eip155:8453")
+            }],
+            extensions: extensions.iter().map(|e| e.to_string()).collect(),
+        };
+        let kept = settleable(challenge(), &supported(&[EIP2612_GAS_SPONSORING]), "metered").unwrap();
+        assert!(kept.extensions.contains_key(EIP2612_GAS_SPONSORING));
+        let dropped = settleable(challenge(), &supported(&[]), "metered").unwrap();
+        assert!(!dropped.extensions.contains_key(EIP2612_GAS_SPONSORING), "a permit nobody would apply");
+        assert!(dropped.accepts[0].extra.facilitator_address.is_some(), "still payable, with an approval");
     }
 
     #[test]

@@ -182,8 +182,8 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
     // Only what the facilitator settles is offered (payments::supported);
     // it is asked once per process, here rather than at a Lambda's init.
     let challenge = match cx.facilitator {
-        Some(facilitator) => match facilitator.known_kinds().await {
-            Some(kinds) => payments::settleable(challenge, &kinds, request.kind)
+        Some(facilitator) => match facilitator.known().await {
+            Some(supported) => payments::settleable(challenge, &supported, request.kind)
                 .ok_or(SubmitError::Payment(PayError::FacilitatorUnavailable))?,
             None => challenge,
         },
