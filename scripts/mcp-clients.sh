@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The official MCP clients against a real `reeve serve`, on a database and a
 # queue of this run's own, paying on the local chain through the stack's
-# facilitator (tests/mcp/catalog.toml prices a digest there):
+# facilitator (tests/mcp/catalog.toml prices a digest there, per task and
+# metered per byte):
 #   1. the MCP conformance suite (@modelcontextprotocol/conformance), with the
 #      requirement sets of MCP 2026-07-28 and 2025-11-25, and the baseline of
 #      the checks that need the suite's own fixture server
 #      (tests/mcp/conformance-baseline.yml, each entry with its reason);
 #   2. the TypeScript SDK (@modelcontextprotocol/sdk), paying with the
-#      TypeScript x402 client (@x402/core + @x402/evm): tests/mcp/sdk.test.mjs.
+#      TypeScript x402 client (@x402/core + @x402/evm, its exact and upto
+#      schemes): tests/mcp/sdk.test.mjs.
 # The Python SDK (`mcp`, `x402[mcp]`) and rmcp run in `cargo test`
 # (shared/tests/suite/mcp.rs, cli/tests/suite/mcp.rs).
 # Needs the stack up (with scripts/payments.sh's chain), node and npm, the

@@ -12,7 +12,9 @@ from the environment: REEVE_MCP_TEXT (the file to upload), REEVE_MCP_KIND (a
 priced tool), REEVE_WALLET_KEY (the payer's key; never an argument), and for
 pay-base64 the token and upload of an earlier run (REEVE_MCP_TOKEN,
 REEVE_MCP_UPLOAD); for progress, how many times to repeat the text
-(REEVE_MCP_REPEAT).
+(REEVE_MCP_REPEAT); for pay-metered, the URL the metered tool fetches
+(REEVE_MCP_FETCH_URL) and the chain's RPC (REEVE_CHAIN_RPC_URL), which the
+upto client reads to sign the token's permit when Permit2 is not approved.
 """
 
 import asyncio
@@ -151,15 +153,25 @@ async def progress() -> dict:
 def payer():
     """coinbase's async x402 client on the local chain only, so it picks the
     local requirement; spend controls off (the local token is not one it knows).
-    Every payload it signs is kept, so a test can send one again."""
+    Both EVM schemes are registered, as a wallet that pays any Reeve tool has
+    them: `exact` (EIP-3009) and `upto` (a Permit2 ceiling, charged what the
+    task used). Given the chain's RPC, the signer reads the payer's Permit2
+    allowance, so a payer that never approved it (and holds no gas) signs the
+    token's EIP-2612 permit the challenge offers. Every payload it signs is
+    kept, so a test can send one again."""
     from eth_account import Account
     from x402 import x402Client
     from x402.mechanisms.evm.exact import ExactEvmScheme
-    from x402.mechanisms.evm.signers import EthAccountSigner
+    from x402.mechanisms.evm.signers import EthAccountSigner, EthAccountSignerWithRPC
+    from x402.mechanisms.evm.upto import UptoEvmScheme
 
+    account = Account.from_key(env("REEVE_WALLET_KEY"))
+    rpc = os.environ.get("REEVE_CHAIN_RPC_URL")
+    signer = EthAccountSignerWithRPC(account, rpc) if rpc else EthAccountSigner(account)
     client = x402Client()
     client.set_spend_controls(False)
-    client.register(NETWORK, ExactEvmScheme(signer=EthAccountSigner(Account.from_key(env("REEVE_WALLET_KEY")))))
+    client.register(NETWORK, ExactEvmScheme(signer=signer))
+    client.register(NETWORK, UptoEvmScheme(signer))
     signed: list = []
     client.on_after_payment_creation(lambda ctx: signed.append(ctx.payment_payload))
     return client, signed
@@ -191,6 +203,34 @@ async def pay() -> dict:
         out["replayed"] = await call(s, kind, arguments, meta=again)
     out["token"] = space["token"]
     out["upload_id"] = upload
+    return out
+
+
+async def pay_metered() -> dict:
+    """A metered tool with only a wallet: the tool as listed, its challenge
+    (a call without payment), then a call through x402's MCP session (it sees
+    the payment required, signs the upto ceiling, and retries), waiting for
+    the task to end and be charged."""
+    from x402.mcp import x402MCPSession
+
+    kind = env("REEVE_MCP_KIND")
+    client, signed = payer()
+    out: dict = {}
+    async with session() as (s, _):
+        out["tool"] = next(dump(t) for t in (await s.list_tools()).tools if t.name == kind)
+        space = structured(await call(s, "create_space", {}))
+    async with session(space["token"]) as (s, _):
+        arguments = {"url": env("REEVE_MCP_FETCH_URL"), "wait_seconds": 20}
+        out["unpaid"] = await call(s, kind, arguments)
+        paid = await x402MCPSession(s, client).call_tool(kind, arguments, read_timeout_seconds=TIMEOUT)
+        out["paid"] = {
+            "payment_made": paid.payment_made,
+            "is_error": paid.is_error,
+            "payment_response": dump(paid.payment_response) if hasattr(paid.payment_response, "model_dump") else paid.payment_response,
+            "result": dump(paid.raw_result),
+        }
+    out["signed"] = [p.model_dump(mode="json", by_alias=True, exclude_none=True) for p in signed]
+    out["token"] = space["token"]
     return out
 
 
@@ -252,6 +292,7 @@ SCENARIOS = {
     "progress": progress,
     "pay": pay,
     "pay-base64": pay_base64,
+    "pay-metered": pay_metered,
     "bad": bad,
 }
 

@@ -8,7 +8,9 @@
 //   REEVE_CHAIN_RPC_URL  the local chain
 //
 // The resend (an agent whose answer was lost) gets what it bought, not a
-// second charge. Every answer goes through `Client.callTool` after
+// second charge. A metered tool (x402's upto) is paid with @x402/evm's upto
+// client, from a wallet that never approved Permit2: it signs the token's
+// permit the challenge offers, and is charged what the task used. Every answer goes through `Client.callTool` after
 // `listTools`, so the SDK checks each `structuredContent` against the tool's
 // outputSchema, errors and payment requests included: the check that made
 // this client throw at Reeve's payment answer before.
@@ -19,7 +21,10 @@ import { createHash } from "node:crypto";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { x402Client } from "@x402/core/client";
+import { toClientEvmSigner } from "@x402/evm";
 import { registerExactEvmScheme } from "@x402/evm/exact/client";
+import { UptoEvmScheme } from "@x402/evm/upto/client";
+import { createPublicClient, http } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 
 const URL_ = new URL(process.env.REEVE_MCP_URL);
@@ -30,6 +35,10 @@ const TOKEN = "0x036CbD53842c5426634e7929541eC2318f3dCF7e";
 // tests/mcp/catalog.toml: paid_digest costs $0.01 of the 6-decimal token.
 const PAID = "paid_digest";
 const PRICE = 10000n;
+// And metered_digest: up to 0.1 of it, 3 atomic units per byte hashed.
+const METERED = "metered_digest";
+const RATE = 3n;
+const CEILING = 100000n;
 // keccak256("Transfer(address,address,uint256)")
 const TRANSFER = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef";
 const TEXT = "hello, reeve, from the TypeScript SDK\n";
@@ -64,7 +73,7 @@ async function connect(token) {
   return client;
 }
 
-let anonymous, agent, tools, space, upload, x402;
+let anonymous, agent, tools, space, upload, x402, metered;
 
 before(async () => {
   anonymous = await connect();
@@ -80,6 +89,14 @@ before(async () => {
   x402 = new x402Client();
   // The local chain only, so the local price of the challenge is the one signed.
   registerExactEvmScheme(x402, { signer: PAYER, networks: [NETWORK] });
+  // Both schemes, as a wallet that pays any tool has them. The signer reads
+  // the chain (the payer's Permit2 allowance, for the permit); the local
+  // token is none of the SDK's known assets, so spend controls name it.
+  const signer = toClientEvmSigner(PAYER, createPublicClient({ transport: http(RPC) }));
+  metered = new x402Client();
+  registerExactEvmScheme(metered, { signer, networks: [NETWORK] });
+  metered.register(NETWORK, new UptoEvmScheme(signer))
+    .setSpendControls({ allowedAssets: [{ network: NETWORK, asset: TOKEN }] });
 });
 
 after(async () => {
@@ -174,4 +191,38 @@ test("the same payment sent again: the task it bought and its receipt, and no se
   assert.equal(await balance(PAYER.address), before, "nothing moved");
   const listed = await agent.callTool({ name: "list_tasks", arguments: { kind: PAID } });
   assert.deepEqual(listed.structuredContent.tasks.map((t) => t.id), [paid.structuredContent.id], "one paid task");
+});
+
+test("a metered tool paid with the TypeScript upto client: charged exactly what it used, once, when it ended", async () => {
+  const tool = tools.find((t) => t.name === METERED);
+  const summary = `up to ${CEILING} atomic units of usdc-base-sepolia, charged ${RATE} atomic units per byte used; `
+    + "nothing if the task fails";
+  assert.ok(tool.description.includes(`Metered price: on ${NETWORK}, ${summary}.`), tool.description);
+  const price = tool._meta["reeve/price"].prices[0];
+  assert.deepEqual([price.scheme, price.unit, price.rate, price.summary], ["upto", "byte", RATE.toString(), summary]);
+
+  const before = await balance(PAYER.address);
+  const unpaid = await agent.callTool({ name: METERED, arguments: { upload_id: upload.upload_id } });
+  assert.equal(unpaid.isError, true);
+  const offered = unpaid.structuredContent;
+  assert.deepEqual([offered.accepts[0].scheme, offered.accepts[0].amount], ["upto", CEILING.toString()]);
+  assert.ok(offered.extensions.eip2612GasSponsoring, JSON.stringify(offered));
+  const signed = await metered.createPaymentPayload(offered);
+  assert.equal(signed.accepted.scheme, "upto");
+  assert.ok(signed.extensions?.eip2612GasSponsoring?.info?.signature, "the permit, in place of an approval");
+
+  const answer = await agent.callTool({ name: METERED, arguments: { upload_id: upload.upload_id, wait_seconds: 20 },
+    _meta: { "x402/payment": signed } }, undefined, TIMEOUT);
+  assert.notEqual(answer.isError, true, JSON.stringify(answer));
+  const task = answer.structuredContent;
+  assert.deepEqual([task.kind, task.status, task.result.sha256], [METERED, "completed", SHA256]);
+  const used = BigInt(Buffer.byteLength(TEXT)) * RATE;
+  const payment = task.payment;
+  assert.deepEqual([payment.scheme, payment.status, payment.charged, payment.used],
+    ["upto", "charged", used.toString(), Buffer.byteLength(TEXT)], JSON.stringify(payment));
+  const receipt = answer._meta["x402/payment-response"];
+  assert.deepEqual([receipt.success, receipt.amount, receipt.transaction], [true, used.toString(), payment.transaction]);
+  assert.equal(await balance(PAYER.address), before - used, "the payer paid exactly bytes × rate");
+  assert.deepEqual(await transfers(receipt.transaction), [[word(PAYER.address), word(offered.accepts[0].payTo), used]],
+    "the capture moved what was used from the payer to payTo, and nothing else");
 });

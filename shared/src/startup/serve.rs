@@ -56,7 +56,7 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
         api_origin,
         limits,
     );
-    let worker = match worker {
+    let mut worker = match worker {
         Some((catalog, worker_settings, users, operators)) => {
             let redis = RedisClient::new(&redis_url)?;
             let clients = (aws.s3.clone(), aws.sqs.clone());
@@ -68,6 +68,11 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     };
     let redis = RedisClient::new(&redis_url)?;
     let api = ApiContext::with_operators(catalog, db, redis, aws, api_settings, operators, chains);
+    // The worker settles metered tasks through the API's facilitator (one
+    // client, one `/supported` answer for the process).
+    if let Some(ctx) = worker.as_mut() {
+        ctx.facilitator = api.task_create.facilitator.clone();
+    }
     // A long-lived process may ask the facilitator before it serves; a
     // Lambda asks on its first priced request instead (payments::supported).
     let source = config.catalog_path().display().to_string();

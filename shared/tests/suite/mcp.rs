@@ -16,8 +16,11 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::TestQueue;
-use common::chain::{ChainLock, Payer, balance, fresh_address, python, root};
+use common::chain::{
+    ChainLock, PERMIT2, Payer, allowance, balance, charges_to, eth_balance, fresh_address, python, root, rpc_url,
+};
 use reeve_shared::mcp::{self, McpSettings};
+use reeve_shared::payments::CHAIN_RPC_URLS;
 use reeve_shared::settings;
 use reeve_shared::startup;
 use reeve_shared::worker::Poller;
@@ -35,8 +38,16 @@ fn facilitator_url() -> String {
     std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into())
 }
 
+/// The metered fetch's rate: 7 atomic units of the local token per KiB.
+const RATE: u128 = 7;
+/// Its ceiling per task.
+const CEILING: u128 = 1_000;
+/// The metered kind's tool.
+const METERED: &str = "metered_fetch";
+
 /// A free digest and a priced one; the mainnet price comes first, so the
-/// SDK must choose the local one.
+/// SDK must choose the local one. And a fetch metered per KiB (x402's
+/// `upto`), on the local chain only.
 fn catalog(pay_to: &str) -> String {
     let digest = |kind: &str, prices: &str| {
         format!(
@@ -55,6 +66,25 @@ fn catalog(pay_to: &str) -> String {
             "#
         )
     };
+    let metered = format!(
+        r#"
+        [tasks.{METERED}]
+        title = "Metered fetch"
+        description = "Fetch a URL, paid per KiB"
+        executor = "fetch"
+        [tasks.{METERED}.input_schema]
+        type = "object"
+        required = ["url"]
+        [tasks.{METERED}.input_schema.properties.url]
+        type = "string"
+        [[tasks.{METERED}.accepts]]
+        asset = "local"
+        scheme = "upto"
+        unit = "KiB"
+        rate = "{RATE}"
+        amount = "{CEILING}"
+        "#
+    );
     let tasks = format!(
         r#"
         [uploads]
@@ -62,6 +92,7 @@ fn catalog(pay_to: &str) -> String {
         content_types = ["text/plain"]
         {}
         {}
+        {metered}
         "#,
         digest("digest", ""),
         digest(PAID, &common::cent_on_mainnet_then_local(PAID)),
@@ -89,7 +120,11 @@ impl Endpoint {
         let pay_to = fresh_address();
         let queue = TestQueue::new().await;
         let catalog = catalog(&pay_to);
-        let config = common::with_catalog(common::config(pool), &catalog).with(settings::QUEUE_URL, &queue.url);
+        // The chain's RPC: the worker proves a metered capture from its receipt.
+        let chain = format!("eip155:84532={}", rpc_url());
+        let config = common::with_catalog(common::config(pool), &catalog)
+            .with(settings::QUEUE_URL, &queue.url)
+            .with(CHAIN_RPC_URLS, &chain);
         let sdk = startup::sdk().await;
         // The Lambda's router on the same stores: any Host, as the template's
         // default McpAllowedHosts (`*`) says.
@@ -102,7 +137,9 @@ impl Endpoint {
         let served = router.clone();
         tokio::spawn(async move { axum::serve(listener, served).await.unwrap() });
 
-        let worker = common::worker(&common::with_catalog(common::worker_config(pool), &catalog)).await;
+        // Its fetch may reach the test's own file server on loopback.
+        let worker_config = common::with_catalog(common::worker_config(pool), &catalog).with(CHAIN_RPC_URLS, &chain);
+        let worker = common::worker(&common::loopback_outbound(worker_config)).await;
         let aws = common::aws().await;
         let mut poller = Poller::connect(Arc::new(worker), aws.sqs.clone(), queue.url.clone()).await.unwrap();
         poller.wait_time_seconds = 1;
@@ -225,7 +262,8 @@ async fn an_agent_creates_a_space_uploads_and_gets_a_digest_with_the_mcp_sdk(poo
                "summary": "0.01 USD (10000 atomic units of local)"})
     );
     let description = tool(PAID)["description"].as_str().unwrap();
-    assert!(description.contains("$0.01 in local on eip155:84532"), "{description}");
+    assert!(description.contains("Price per task: on eip155:8453, 0.01 USD"), "{description}");
+    assert!(description.contains("or on eip155:84532, 0.01 USD (10000 atomic units of local)"), "{description}");
 
     // No token: a tool error naming the tools that give one.
     assert_eq!(refused(&seen["anonymous_list_tasks"], "anonymous"), "missing_token");
@@ -344,6 +382,149 @@ async fn a_wallet_alone_pays_for_a_priced_tool_with_the_x402_mcp_client(pool: Pg
     assert!(seen["unpaid"]["result"]["content"][0]["text"].as_str().unwrap().contains("\"x402Version\":2"));
     assert_eq!(ok(&seen["paid"], "paid with base64")["result"]["sha256"], sha256(TEXT));
     assert_eq!(balance(&payer.address).await, before.0 - 2 * PRICE);
+    drop(chain);
+    endpoint.done().await;
+}
+
+/// Serves `bytes` bytes at `/file` on a loopback port of its own: what a
+/// metered fetch downloads, of a size the test knows.
+async fn file_of(bytes: usize) -> String {
+    let body = vec![b'r'; bytes];
+    let router = Router::new().route("/file", axum::routing::get(move || async move { body.clone() }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    format!("http://{addr}/file")
+}
+
+/// An agent with only a wallet (tokens, no Permit2 approval, no gas) calls a
+/// metered tool through x402's MCP session: it signs the upto ceiling (with
+/// the token's permit the challenge offers), the call waits for the fetch,
+/// and the payer is charged exactly what it downloaded, once, on chain.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_wallet_alone_pays_a_metered_tool_exactly_what_it_used_with_the_x402_mcp_client(pool: PgPool) {
+    const FUNDS: u128 = 1_000_000;
+    let chain = ChainLock::shared().await;
+    let endpoint = Endpoint::start(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let url = file_of(6 * 1024).await;
+    let rpc = rpc_url();
+    let env = [
+        ("REEVE_MCP_KIND", METERED),
+        ("REEVE_WALLET_KEY", payer.key.as_str()),
+        ("REEVE_MCP_FETCH_URL", url.as_str()),
+        ("REEVE_CHAIN_RPC_URL", rpc.as_str()),
+    ];
+    let seen = endpoint.client("pay-metered", &env).await;
+
+    // The tool says what it may cost, and that a failure costs nothing.
+    let summary = format!(
+        "up to {CEILING} atomic units of local, charged {RATE} atomic units per KiB used; nothing if the task fails"
+    );
+    let description = seen["tool"]["description"].as_str().unwrap();
+    assert!(description.contains(&format!("Metered price: on eip155:84532, {summary}.")), "{description}");
+    let price = &seen["tool"]["_meta"]["reeve/price"]["prices"][0];
+    assert_eq!((&price["scheme"], &price["unit"], &price["rate"]), (&json!("upto"), &json!("KiB"), &json!("7")));
+    assert_eq!((&price["amount"], &price["summary"]), (&json!(CEILING.to_string()), &json!(summary)), "{price}");
+
+    // Unpaid, it asks for the ceiling over upto, the resource saying "up to"
+    // and the discovery entry describing the tool as listed.
+    let challenge = &seen["unpaid"]["result"]["structuredContent"];
+    let offered = &challenge["accepts"][0];
+    assert_eq!((&offered["scheme"], &offered["amount"]), (&json!("upto"), &json!(CEILING.to_string())), "{challenge}");
+    assert!(offered["extra"]["facilitatorAddress"].as_str().is_some_and(|a| a.len() == 42), "{challenge}");
+    assert!(challenge["extensions"]["eip2612GasSponsoring"].is_object(), "{challenge}");
+    assert_eq!(challenge["resource"]["url"], format!("mcp://tool/{METERED}"));
+    assert_eq!(challenge["resource"]["description"], format!("Metered fetch: {summary}"));
+    assert_eq!(challenge["extensions"]["bazaar"]["info"]["input"]["description"], description);
+
+    // One payment signed, for the ceiling, with the permit in place of an
+    // approval.
+    let signed = seen["signed"].as_array().unwrap();
+    assert_eq!(signed.len(), 1, "{seen}");
+    assert_eq!(signed[0]["accepted"]["scheme"], "upto");
+    assert_eq!(signed[0]["accepted"]["amount"], CEILING.to_string());
+    assert!(signed[0]["extensions"]["eip2612GasSponsoring"]["info"]["signature"].is_string(), "{}", signed[0]);
+
+    // The call answers the completed task, charged what it used.
+    let paid = &seen["paid"];
+    assert_eq!((paid["payment_made"].as_bool(), paid["is_error"].as_bool()), (Some(true), Some(false)), "{seen}");
+    let task = &paid["result"]["structuredContent"];
+    assert_eq!((task["kind"].as_str(), task["status"].as_str()), (Some(METERED), Some("completed")), "{task}");
+    assert_eq!(task["result"]["size"], 6 * 1024, "{task}");
+    let used = 6 * RATE;
+    let charges = charges_to(&endpoint.pay_to).await;
+    assert_eq!(charges.len(), 1, "one Transfer: {charges:?}");
+    assert_eq!(charges[0].value, used);
+    let payment = &task["payment"];
+    assert_eq!((payment["scheme"].as_str(), payment["status"].as_str()), (Some("upto"), Some("charged")), "{task}");
+    assert_eq!(payment["authorized"], CEILING.to_string());
+    assert_eq!((&payment["used"], &payment["charged"]), (&json!(6 * 1024), &json!(used.to_string())), "{task}");
+    assert_eq!(payment["transaction"].as_str().map(str::to_ascii_lowercase), Some(charges[0].transaction.clone()));
+    assert_eq!(payment["payer"].as_str().map(str::to_ascii_lowercase), Some(payer.address.to_ascii_lowercase()));
+    // x402's settle response, as the SDK read it: that transaction and amount.
+    let settlement = &paid["result"]["_meta"]["x402/payment-response"];
+    assert_eq!((settlement["success"].as_bool(), &settlement["amount"]), (Some(true), &json!(used.to_string())));
+    assert_eq!(settlement["transaction"], payment["transaction"], "{paid}");
+    assert_eq!(paid["payment_response"]["transaction"], payment["transaction"]);
+    assert_eq!(paid["payment_response"]["amount"], used.to_string());
+
+    // On chain: exactly what was used moved, and the payer spent no gas.
+    assert_eq!(balance(&payer.address).await, FUNDS - used, "the payer paid exactly size × rate");
+    assert_eq!(balance(&endpoint.pay_to).await, used, "payTo got the same");
+    assert_eq!(allowance(&payer.address, PERMIT2).await, CEILING - used, "the permit approved the ceiling");
+    assert_eq!(eth_balance(&payer.address).await, 0, "a wallet alone: no gas spent");
+    assert_eq!(endpoint.counts().await, (1, 1));
+
+    // Called as a task (the tasks extension, through the `mcp` Lambda's
+    // handler): the handle settles nothing, and tasks/get's final result
+    // carries the capture, with the amount used.
+    let token = seen["token"].as_str().unwrap();
+    let call = |payment: Option<String>| {
+        let url = url.clone();
+        sample_event("mcp-tools-call-task", Some(token), move |params| {
+            params["name"] = json!(METERED);
+            params["arguments"] = json!({ "url": url });
+            if let Some(payment) = payment {
+                params["_meta"]["x402/payment"] = json!(payment);
+            }
+        })
+    };
+    use crate::lambda_events::through_lambda;
+    let unpaid = through_lambda(endpoint.lambda.clone(), &call(None)).await;
+    let challenge = &unpaid.body["result"]["structuredContent"];
+    assert_eq!(challenge["accepts"][0]["scheme"], "upto", "{}", unpaid.body);
+    let signature = payer.sign(&challenge.to_string()).await;
+    let handle = through_lambda(endpoint.lambda.clone(), &call(Some(signature))).await;
+    let handle = &handle.body["result"];
+    assert_eq!(handle["resultType"], "task", "{handle}");
+    assert!(handle["_meta"].get("x402/payment-response").is_none(), "nothing settled at the call: {handle}");
+    let id = handle["taskId"].as_str().unwrap().to_owned();
+    let get = sample_event("mcp-tasks-get", Some(token), |params| params["taskId"] = json!(id));
+    let mut done = Value::Null;
+    for _ in 0..150 {
+        done = through_lambda(endpoint.lambda.clone(), &get).await.body["result"].clone();
+        if done["status"] != "working" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(done["status"], "completed", "{done}");
+    let task = &done["result"]["structuredContent"];
+    assert_eq!(
+        (&task["payment"]["status"], &task["payment"]["charged"]),
+        (&json!("charged"), &json!(used.to_string()))
+    );
+    let settlement = &done["result"]["_meta"]["x402/payment-response"];
+    assert_eq!(
+        (settlement["success"].as_bool(), &settlement["amount"]),
+        (Some(true), &json!(used.to_string())),
+        "{done}"
+    );
+    assert_eq!(settlement["transaction"], task["payment"]["transaction"]);
+    let charges = charges_to(&endpoint.pay_to).await;
+    assert_eq!(charges.len(), 2, "one Transfer per task");
+    assert_eq!(balance(&payer.address).await, FUNDS - 2 * used);
     drop(chain);
     endpoint.done().await;
 }

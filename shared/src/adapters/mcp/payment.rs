@@ -5,13 +5,18 @@
 //! verify, settle before queueing, replay refusal, `payment-identifier`,
 //! credits spent before asking — is the REST API's payment path, reached
 //! through the same [`crate::domain::tasks::submit`].
+//!
+//! A metered tool (x402's `upto`) is only authorized by the call, so its
+//! settlement exists once the task has ended and been charged: a call that
+//! waited that long, and `tasks/get` after, carry it, with the `amount`
+//! used; until then the task's `payment` says where it is.
 
 use base64::Engine;
 use serde_json::{Value, json};
 
 use super::failure::ToolResult;
 use crate::domain::payments::challenge::BAZAAR;
-use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse};
+use crate::domain::payments::{MeteredPayment, MeteredStatus, PayError, PaymentRequired, PaymentResponse};
 
 /// Where a request carries its payment.
 pub const PAYMENT_META: &str = "x402/payment";
@@ -45,10 +50,28 @@ pub fn response_meta(settlement: &PaymentResponse) -> Value {
     json!({ PAYMENT_RESPONSE_META: settlement })
 }
 
+/// The `_meta` of a metered task's result once its capture went through:
+/// x402's settle response with the `amount` settled (what the task used,
+/// not the ceiling signed). `None` until then (authorized, capturing) and
+/// when nothing was charged: a metered call settles nothing at create, so
+/// only a call that waited for its task to end has a settlement to show.
+pub fn metered_response_meta(payment: &MeteredPayment) -> Option<Value> {
+    if payment.status != MeteredStatus::Charged {
+        return None;
+    }
+    let settled = PaymentResponse::settled(payment.transaction.as_deref(), &payment.network, &payment.payer);
+    let mut meta = response_meta(&settled);
+    meta[PAYMENT_RESPONSE_META]["amount"] = json!(payment.charged.as_deref().unwrap_or("0"));
+    Some(meta)
+}
+
 /// The REST challenge made into the MCP one: the resource is the tool, an
 /// unpaid call's `error` says where the payment goes, and the `bazaar`
 /// discovery entry describes the tool (`type: "mcp"`) rather than the
-/// route, so a facilitator's discovery list shows it as an MCP tool.
+/// route, so a facilitator's discovery list shows it as an MCP tool, with
+/// `description` the tool's own as listed (its price in words). The
+/// resource's description stays the REST one: for a metered task it says
+/// "up to X, charged per unit", what the payer is asked to sign for.
 pub fn for_tool(
     mut challenge: PaymentRequired,
     tool: &str,
@@ -59,7 +82,6 @@ pub fn for_tool(
         challenge.error = PAYMENT_REQUIRED.to_owned();
     }
     challenge.resource.url = resource_url(tool);
-    challenge.resource.description = description.to_owned();
     challenge.extensions.insert(BAZAAR.to_owned(), bazaar(tool, input_schema, description));
     challenge
 }
@@ -118,4 +140,82 @@ fn bazaar(tool: &str, input_schema: &Value, description: &str) -> Value {
             "required": ["input"]
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::payments::challenge::Resource;
+
+    fn metered(status: MeteredStatus, charged: Option<&str>, transaction: Option<&str>) -> MeteredPayment {
+        MeteredPayment {
+            scheme: "upto".into(),
+            status,
+            network: "eip155:84532".into(),
+            asset: "0x036CbD53842c5426634e7929541eC2318f3dCF7e".into(),
+            payer: "0x70997970c51812dc3a010c7d01b50e0d17dc79c8".into(),
+            authorized: "1000".into(),
+            unit: "KiB".into(),
+            rate: "7".into(),
+            used: charged.map(|_| 6 * 1024),
+            charged: charged.map(str::to_owned),
+            transaction: transaction.map(str::to_owned),
+            reason: None,
+        }
+    }
+
+    /// Once charged, a metered result carries x402's settle response with
+    /// what was settled (what the task used), not the ceiling signed; before
+    /// that, and when nothing was charged, there is no settlement to show.
+    #[test]
+    fn a_metered_task_shows_a_settlement_of_what_it_used_only_once_charged() {
+        let transaction = format!("0x{}", "ab".repeat(32));
+        let charged = metered(MeteredStatus::Charged, Some("42"), Some(&transaction));
+        let meta = metered_response_meta(&charged).expect("charged");
+        assert_eq!(
+            meta,
+            json!({ PAYMENT_RESPONSE_META: {
+                "success": true,
+                "transaction": transaction,
+                "network": "eip155:84532",
+                "payer": "0x70997970c51812dc3a010c7d01b50e0d17dc79c8",
+                "amount": "42"
+            }})
+        );
+        for status in
+            [MeteredStatus::Authorized, MeteredStatus::Capturing, MeteredStatus::Released, MeteredStatus::NotCaptured]
+        {
+            assert_eq!(metered_response_meta(&metered(status, None, None)), None, "{status:?}");
+        }
+    }
+
+    /// The MCP challenge keeps the REST resource's description (for a
+    /// metered task, "up to …"), names the tool, and its discovery entry
+    /// describes the tool as listed.
+    #[test]
+    fn the_tools_challenge_keeps_the_price_in_words_and_describes_the_tool_as_listed() {
+        let rest = PaymentRequired {
+            x402_version: 2,
+            error: crate::domain::payments::SIGNATURE_REQUIRED.to_owned(),
+            resource: Resource {
+                url: "https://api.example/v1/tasks/metered".into(),
+                description: "Metered fetch: up to 1000 atomic units of local, charged 7 atomic units per KiB used; \
+                              nothing if the task fails"
+                    .into(),
+                mime_type: "application/json".into(),
+            },
+            accepts: Vec::new(),
+            extensions: serde_json::Map::new(),
+        };
+        let schema = json!({ "type": "object", "required": ["url"] });
+        let challenge = for_tool(rest.clone(), "metered", &schema, "Metered fetch: Fetches a URL. Metered price: …");
+        assert_eq!(challenge.error, PAYMENT_REQUIRED);
+        assert_eq!(challenge.resource.url, "mcp://tool/metered");
+        assert_eq!(challenge.resource.description, rest.resource.description);
+        let input = &challenge.extensions[BAZAAR]["info"]["input"];
+        assert_eq!(
+            (&input["type"], &input["toolName"], &input["description"], &input["inputSchema"]),
+            (&json!("mcp"), &json!("metered"), &json!("Metered fetch: Fetches a URL. Metered price: …"), &schema)
+        );
+    }
 }

@@ -31,7 +31,7 @@ use super::wait::Progress;
 use super::{payment, rfc3339, space, task, upload};
 use crate::domain::auth::{self, SpaceIndex};
 use crate::domain::error::{TaskRefusal, TokenRefusal};
-use crate::domain::payments::{self, PaymentResponse};
+use crate::domain::payments;
 use crate::domain::tasks::{self, Task, TaskStatus};
 
 /// How often a client holding a task handle should poll `tasks/get`.
@@ -124,7 +124,7 @@ impl ReeveMcp {
         let deadline = invocation.map(crate::domain::tasks::deadline_of);
         let call = task::KindCall { tool, kind, arguments };
         let created = task::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
-        let meta = created.settlement.as_ref().map(|s| meta_object(payment::response_meta(s)));
+        let meta = created.settlement.map(meta_object);
         if as_task {
             let mut handle = CreateTaskResult::new(mcp_task(&created.task));
             if let Some(meta) = meta {
@@ -178,13 +178,13 @@ fn mcp_task(task: &Task) -> McpTask {
 
 /// Reeve's task as `tasks/get` answers it: once it has ended, its final
 /// result is the tool result the call would have answered had it waited,
-/// with the receipt of the payment that bought it (`None`: free, or paid
-/// with a credit) in `_meta["x402/payment-response"]`, as on the handle.
-fn detailed(task: Task, receipt: Option<PaymentResponse>) -> DetailedTask {
+/// with the receipt of the payment that bought it (`None`: free, paid with
+/// a credit, or metered and not charged) as `_meta`, as on the handle.
+fn detailed(task: Task, receipt: Option<Value>) -> DetailedTask {
     let handle = mcp_task(&task);
     let payload = match handle.status {
         McpStatus::Completed => {
-            let meta = receipt.map(|receipt| meta_object(payment::response_meta(&receipt)));
+            let meta = receipt.map(meta_object);
             let result = serde_json::to_value(task_result(task).with_meta(meta)).expect("results serialise");
             TaskPayload::Completed { result: as_object(result) }
         }
@@ -285,9 +285,14 @@ impl ServerHandler for ReeveMcp {
         // Read from the same store as the task, so a final result never
         // misses the receipt its call was answered with.
         let receipt = match mcp_task(&task).status {
-            McpStatus::Completed => {
-                payments::receipt(&self.ctx.db, task.id).await.map_err(|e| task_method_error(ToolFailure::from(e)))?
-            }
+            // A metered task's own record has the amount it was charged.
+            McpStatus::Completed => match task.payment.as_ref().and_then(payment::metered_response_meta) {
+                Some(charged) => Some(charged),
+                None => payments::receipt(&self.ctx.db, task.id)
+                    .await
+                    .map_err(|e| task_method_error(ToolFailure::from(e)))?
+                    .map(|receipt| payment::response_meta(&receipt)),
+            },
             _ => None,
         };
         Ok(GetTaskResult::new(detailed(task, receipt)))

@@ -15,7 +15,6 @@ use super::wait::{self, MAX_WAIT_SECONDS, Progress};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::error::TaskRefusal;
 use crate::domain::ids::Id;
-use crate::domain::payments::PaymentResponse;
 use crate::domain::tasks::{
     self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, Task, TaskRequest, TaskStatus,
 };
@@ -34,10 +33,11 @@ pub fn view(task: Task) -> Value {
     serde_json::to_value(TaskView { task, events_url }).expect("plain fields serialise")
 }
 
-/// What a kind's tool did: the task, and the settlement when this call paid.
+/// What a kind's tool did: the task, and the `_meta` of the settlement when
+/// this call paid (for a metered task, once it was charged).
 pub struct Created {
     pub task: Task,
-    pub settlement: Option<PaymentResponse>,
+    pub settlement: Option<Value>,
 }
 
 /// How a kind's tool answers once its task is created.
@@ -95,9 +95,13 @@ pub async fn run(
         Err(e) => {
             return Err(match ToolFailure::from(e) {
                 ToolFailure::Payment { code, challenge } => {
-                    let schema = ctx.tools.tool(tool).map(|t| Value::Object((*t.input_schema).clone()));
+                    // The tool as listed: its schema, and its description,
+                    // which says the price (for a metered one, "up to").
+                    let listed = ctx.tools.tool(tool);
+                    let schema = listed.map(|t| Value::Object((*t.input_schema).clone()));
+                    let description = listed.and_then(|t| t.description.as_deref()).unwrap_or(&spec.description);
                     let challenge =
-                        payment::for_tool(*challenge, tool, &schema.unwrap_or_else(|| json!({})), &spec.description);
+                        payment::for_tool(*challenge, tool, &schema.unwrap_or_else(|| json!({})), description);
                     ToolFailure::Payment { code, challenge: Box::new(challenge) }
                 }
                 other => other,
@@ -105,7 +109,7 @@ pub async fn run(
         }
     };
     let settlement = match submitted.paid {
-        Paid::Payment(settlement) => Some(settlement),
+        Paid::Payment(settlement) => Some(payment::response_meta(&settlement)),
         Paid::Nothing | Paid::Credit(_) | Paid::Authorized => None,
     };
     let mut task = submitted.task;
@@ -119,6 +123,11 @@ pub async fn run(
             task = ended;
         }
     }
+    // A metered call settles nothing at create: once its task has ended
+    // within the wait and been charged, the result carries that settlement
+    // (with the amount used, which a replay's stored receipt lacks), as
+    // `tasks/get` does from the payment recorded.
+    let settlement = task.payment.as_ref().and_then(payment::metered_response_meta).or(settlement);
     let task = ctx.links().present(space, task).await;
     Ok(Created { task, settlement })
 }

@@ -7,7 +7,7 @@
 //! `wait_seconds`. A kind named like a fixed tool is offered as
 //! `task_<kind>`.
 //!
-//! Its last 90 lines are its unit tests.
+//! Its last 196 lines are its unit tests.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -449,10 +449,21 @@ fn kind_description(task: &PublicTask) -> String {
         "Free.".to_owned()
     } else {
         let prices: Vec<String> = task.prices.iter().map(price_text).collect();
+        // The catalog keeps a kind's prices all exact or all upto.
+        let metered = task.prices.iter().any(|p| p.scheme == "upto");
+        let (lead, when) = if metered {
+            (
+                "Metered price",
+                " The payment authorizes the ceiling when the tool is called and is settled for what the task \
+                 used when it ends; the task's `payment` shows what was charged, and in which transaction.",
+            )
+        } else {
+            ("Price per task", "")
+        };
         format!(
-            "Price per task: {}. Paid with x402: called without a payment it answers the payment requirements \
+            "{lead}: {}.{when} Paid with x402: called without a payment it answers the payment requirements \
              (isError, with the x402 PaymentRequired); sign one and call again with it in _meta[\"x402/payment\"].",
-            prices.join(", or ")
+            prices.join("; or ")
         )
     };
     format!(
@@ -463,12 +474,13 @@ fn kind_description(task: &PublicTask) -> String {
     )
 }
 
+/// A price as the catalog says it in words (`summary`: the amount, or for a
+/// metered price the ceiling, the rate and that a failure costs nothing),
+/// after the network it is paid on: the summary names the asset by its
+/// catalog id only.
 fn price_text(price: &PublicPrice) -> String {
     let network = price.network.as_deref().unwrap_or("an unknown network");
-    match &price.amount_usd {
-        Some(usd) => format!("${usd} in {} on {network} ({} atomic units)", price.asset, price.amount),
-        None => format!("{} atomic units of {} on {network}", price.amount, price.asset),
-    }
+    format!("on {network}, {}", price.summary)
 }
 
 fn object(value: Value) -> Arc<JsonObject> {
@@ -482,6 +494,93 @@ fn object(value: Value) -> Arc<JsonObject> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kind paid per task on two networks, and a fetch metered per KiB.
+    const PRICED: &str = r#"
+        [payments]
+        pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
+        facilitator_url = "https://x402.org/facilitator"
+        max_timeout_seconds = 120
+
+        [assets.usdc-base]
+        network = "eip155:8453"
+        contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+        decimals = 6
+        usd_peg = true
+        name = "USD Coin"
+        version = "2"
+
+        [assets.usdc-base-sepolia]
+        network = "eip155:84532"
+        contract = "0x036CbD53842c5426634e7929541eC2318f3dCF7e"
+        decimals = 6
+        usd_peg = true
+        name = "USDC"
+        version = "2"
+
+        [tasks.priced]
+        title = "Priced"
+        description = "Hashes a file."
+        executor = "digest"
+        input_schema = { type = "object" }
+        [[tasks.priced.accepts]]
+        asset = "usdc-base"
+        amount_usd = "0.01"
+        [[tasks.priced.accepts]]
+        asset = "usdc-base-sepolia"
+        amount_usd = "0.01"
+
+        [tasks.metered]
+        title = "Metered fetch"
+        description = "Fetches a URL"
+        executor = "fetch"
+        input_schema = { type = "object" }
+        [[tasks.metered.accepts]]
+        asset = "usdc-base-sepolia"
+        scheme = "upto"
+        unit = "MiB"
+        rate_usd = "0.001"
+        amount_usd = "0.10"
+    "#;
+
+    fn listed(tools: &Tools, name: &str) -> (String, Value) {
+        let tool = tools.tool(name).unwrap_or_else(|| panic!("no {name} tool"));
+        let meta = serde_json::to_value(tool.meta.as_ref().unwrap()).unwrap();
+        (tool.description.as_deref().unwrap().to_owned(), meta)
+    }
+
+    /// A metered tool says what it may cost in the catalog's own words (the
+    /// ceiling, the rate per unit, nothing for a failure) and when it is
+    /// charged; a per-task one says its price on each network.
+    #[test]
+    fn a_metered_tool_says_up_to_its_ceiling_charged_per_unit_and_nothing_if_it_fails() {
+        let catalog = Catalog::parse(PRICED).unwrap_or_else(|e| panic!("{e}"));
+        let tools = Tools::new(&catalog);
+
+        let (description, meta) = listed(&tools, "metered");
+        let summary = "up to 0.10 USD (100000 atomic units of usdc-base-sepolia), charged 0.001 USD per MiB used; \
+                       nothing if the task fails";
+        assert!(description.contains(&format!("Metered price: on eip155:84532, {summary}.")), "{description}");
+        assert!(description.contains("settled for what the task used when it ends"), "{description}");
+        assert!(!description.contains("Price per task"), "{description}");
+        let price = &meta[PRICE_META]["prices"][0];
+        assert_eq!(
+            (&price["scheme"], &price["unit"], &price["rate_usd"], &price["amount"], &price["summary"]),
+            (&json!("upto"), &json!("MiB"), &json!("0.001"), &json!("100000"), &json!(summary)),
+            "{meta}"
+        );
+        assert_eq!(meta[PRICE_META]["free"], false);
+
+        let (description, _) = listed(&tools, "priced");
+        assert!(
+            description.contains(
+                "Price per task: on eip155:8453, 0.01 USD (10000 atomic units of usdc-base); or on eip155:84532, \
+                 0.01 USD (10000 atomic units of usdc-base-sepolia)."
+            ),
+            "{description}"
+        );
+        assert!(!description.contains("up to") && !description.contains("Metered"), "{description}");
+    }
 
     /// A metered task's payment, charged.
     fn metered_payment() -> crate::domain::payments::MeteredPayment {
