@@ -17,6 +17,9 @@ cd "$ROOT"
 command -v node >/dev/null || die "node is missing: apt-get install nodejs npm"
 [[ -x ${REEVE_CHROMIUM:-/usr/bin/chromium} ]] || die "chromium is missing: apt-get install chromium"
 load_dev_env
+# The page is compiled into the binary (include_str!): build it, so the test
+# never drives an older page than the working tree's.
+[[ -n ${REEVE_BIN:-} ]] || cargo build --locked -q -p reeve-cli --bin reeve || die "cannot build reeve"
 bash scripts/payments.sh status >/dev/null || die "the local payment stack is down: scripts/payments.sh up"
 # The lockfile pins playwright-core; it drives Debian's Chromium and never
 # downloads a browser of its own.

@@ -7,8 +7,10 @@
 // A person creates a Space, picks a file, watches the digest run to the end
 // and reads the SHA-256; a priced task shows its payment requirements and is
 // paid with the browser's wallet, and the receipt names the chain's
-// transaction; every refusal is shown in words; the task list cancels a
-// queued task, and the credit a canceled paid task leaves pays the next one.
+// transaction; every refusal is shown in words; a metered task (x402 upto)
+// is authorized up to its ceiling with Permit2 and the token's permit, then
+// charged exactly what it used; the task list cancels a queued task, and the
+// credit a canceled paid task leaves pays the next one.
 // A separate relay serves the page calling the API it was configured with,
 // whatever API a link names. With REEVE_CONSOLE_SCREENSHOTS=1 it saves those
 // states as docs/console-*.png.
@@ -53,8 +55,13 @@ const PRICE = 10000n;
 const FACILITATOR_ACCOUNT = "2";
 // keccak256("Transfer(address,address,uint256)")
 const TRANSFER = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef";
+// catalog.toml's fetch-metered: 0.001 USDC per MiB, at most 0.10; and what
+// x402's upto scheme signs for.
+const METERED = { rate: 1000n, ceiling: 100000n, unit: 1024n * 1024n };
+const PERMIT2 = "0x000000000022D473030F116dDEE9F6B43aC78BA3";
+const UPTO_PROXY = "0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002";
 
-let serve, worker, relay, facilitator, facilitatorPort, signer, base, relayBase, context, page, profile, payer;
+let serve, worker, relay, facilitator, facilitatorPort, signer, base, relayBase, context, page, profile, payer, site;
 const pageErrors = [];
 
 function freePort() {
@@ -95,6 +102,10 @@ async function rpc(method, params) {
 const word = (address) => `0x${address.slice(2).toLowerCase().padStart(64, "0")}`;
 async function balance(address) {
   return BigInt(await rpc("eth_call", [{ to: TOKEN, data: `0x70a08231${word(address).slice(2)}` }, "latest"]));
+}
+// How much of `owner`'s token Permit2 may move.
+async function permit2Allowance(owner) {
+  return BigInt(await rpc("eth_call", [{ to: TOKEN, data: `0xdd62ed3e${word(owner).slice(2)}${word(PERMIT2).slice(2)}` }, "latest"]));
 }
 
 // confirmationMs: how long a settle waits for its receipt before it answers
@@ -198,7 +209,8 @@ before(async () => {
   const help = spawnSync(REEVE, ["serve", "--help"], { encoding: "utf8" }).stdout || "";
   const noWorker = help.includes("--no-worker") ? ["--no-worker"] : [];
   serve = run("serve", REEVE, ["serve", "--bind", `127.0.0.1:${port}`, ...noWorker], env);
-  worker = run("work", REEVE, ["work"], env);
+  // The metered fetch downloads from the test's own server on loopback.
+  worker = run("work", REEVE, ["work"], { ...env, REEVE_FETCH_ALLOW: "127.0.0.1", REEVE_OUTBOUND_ALLOW_HTTP: "1" });
   // A relay alone, as in AWS: its page calls the API it is configured with.
   relay = run("relay", REEVE, ["relay", "--bind", `127.0.0.1:${relayPort}`, "--metrics-bind", `127.0.0.1:${relayMetricsPort}`],
     { ...env, REEVE_API_ORIGIN: base });
@@ -225,6 +237,7 @@ after(async () => {
   await context?.close();
   if (profile) rmSync(profile, { recursive: true, force: true });
   await Promise.all([stop(worker), stop(serve), stop(relay), stop(facilitator)]);
+  site?.close();
   signer?.child.stdin.end();
   await stop(signer?.child);
 });
@@ -293,10 +306,12 @@ test("a digest task from the file picker to its SHA-256", async () => {
   await page.goto(`${base}/`);
   await page.waitForSelector("body[data-catalog=loaded]");
   const kinds = await page.locator("#catalog tbody tr").evaluateAll((rows) => rows.map((r) => r.dataset.kind));
-  assert.deepEqual(kinds.sort(), ["digest", "paid-digest"]);
+  assert.deepEqual(kinds.sort(), ["digest", "fetch-metered", "paid-digest"]);
   assert.equal(await page.locator("#catalog tr[data-kind=digest] td").nth(2).textContent(), "free");
   assert.equal(await page.locator("#catalog tr[data-kind=paid-digest] td").nth(2).textContent(),
     "0.01 USDC on Base Sepolia (test) (eip155:84532)");
+  assert.equal(await page.locator("#catalog tr[data-kind=fetch-metered] td").nth(2).textContent(),
+    "up to 0.1 USDC on Base Sepolia (test) (eip155:84532), charged 0.001 USDC per MiB used");
   // Base is named too, though the local facilitator cannot settle it.
   assert.equal(await page.evaluate(() => networkText("eip155:8453")), "Base (eip155:8453)");
   await shot("1-catalog");
@@ -527,6 +542,201 @@ test("a settlement still pending is said so (payment_pending), and the page rese
     await stop(facilitator);
     facilitator = await startFacilitator();
   }
+});
+
+// ---------------------------------------------------------------- metered
+// A file of `size` bytes at `${url}`, served on loopback for the metered
+// fetch: what it downloads, and so what it is charged, is known.
+async function serveFile(size) {
+  const body = randomBytes(size);
+  site = createHttpServer((req, res) => {
+    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": String(body.length) });
+    res.end(req.method === "HEAD" ? undefined : body);
+  });
+  await new Promise((ok) => site.listen(0, "127.0.0.1", ok));
+  return { body, url: `http://127.0.0.1:${site.address().port}/file` };
+}
+// The metered fetch of `url` up to its payment table.
+async function metered(url) {
+  await page.click("#catalog tr[data-kind=fetch-metered] button");
+  await page.waitForSelector("#in-url");
+  await page.fill("#in-url", url);
+  await page.click("#task-create");
+  await page.waitForSelector(`#payment:not([hidden]) #payment-table button.pay[data-scheme=upto]`);
+}
+// The receipt's states (data-metered), in order, however fast they follow
+// each other: a failure may end the task before a poll sees it authorized.
+async function recordReceipt() {
+  await page.evaluate(() => {
+    window.receiptStates?.observer.disconnect();
+    const receipt = document.getElementById("receipt"), old = [];
+    const observer = new MutationObserver((records) => { for (const r of records) old.push(r.oldValue); });
+    observer.observe(receipt, { attributes: true, attributeFilter: ["data-metered"], attributeOldValue: true });
+    window.receiptStates = { observer, seen: () => [...old.slice(1), receipt.dataset.metered] };
+  });
+}
+const receiptStates = () => page.evaluate(() => window.receiptStates.seen());
+// A payer of its own for the metered tests: a fresh key holding test USDC
+// and no gas, which never approved Permit2, so it pays through the token's
+// permit (eip2612GasSponsoring) and nothing of anvil's account 2's standing
+// (which other runs may have approved) decides the path taken.
+let meteredPayer;
+const METERED_FUNDS = 1_000_000n;
+async function freshMeteredPayer() {
+  if (!meteredPayer) {
+    meteredPayer = await signer.ask({ op: "account" });
+    await signer.ask({ op: "fund", address: meteredPayer.address, amount: String(METERED_FUNDS) });
+  }
+  wallet.reset();
+  Object.assign(wallet, { chainId: 84532, address: meteredPayer.address, key: meteredPayer.key });
+  return meteredPayer.address;
+}
+
+test("a metered price with no gas sponsoring offered: a payer that never approved Permit2 is told to approve it, and nothing is signed", async () => {
+  const from = await freshMeteredPayer();
+  assert.equal(await permit2Allowance(from), 0n);
+  // The same 402 without its eip2612GasSponsoring extension, as a server
+  // that offers none would send it.
+  await page.route(`${base}/v1/tasks/fetch-metered`, async (route) => {
+    const res = await route.fetch();
+    const strip = (doc) => { delete doc.extensions?.eip2612GasSponsoring; return doc; };
+    const header = strip(JSON.parse(Buffer.from(res.headers()["payment-required"], "base64")));
+    const headers = { ...res.headers(), "payment-required": Buffer.from(JSON.stringify(header)).toString("base64") };
+    delete headers["content-length"];
+    await route.fulfill({ status: res.status(), headers, body: JSON.stringify(strip(await res.json())) });
+  }, { times: 1 });
+  await metered("http://127.0.0.1:9/never-fetched");
+  const signed = wallet.signed.length, tasksBefore = (await tasks()).length;
+  await page.click(`#payment-table button.pay[data-scheme=upto]`);
+  await page.waitForSelector("#pay-status[data-code=permit2_approval_required]", { timeout: 20_000 });
+  assert.match(await text("#pay-status"),
+    new RegExp(`^The paying account has not let Permit2 \\(${PERMIT2}\\) move its USDC, which a metered payment needs\\. Send approve\\(${PERMIT2}, max\\) on the token ${TOKEN} once .*Nothing was signed or charged\\. permit2_approval_required: ${from} lets Permit2 .* move 0 USDC, below the ceiling of 0\\.1 USDC, and this server offers no signed permit instead$`));
+  assert.equal(wallet.signed.length, signed, "no signature was asked for");
+  assert.equal((await tasks()).length, tasksBefore, "no task was created");
+  assert.equal(await balance(from), METERED_FUNDS);
+});
+
+test("a wallet that cannot read the chain signs Permit2's authorization alone; the server's permit2_approval_required is said in words", async () => {
+  const from = await freshMeteredPayer();
+  wallet.readsChain = false;
+  await metered("http://127.0.0.1:9/never-fetched");
+  const signed = wallet.signed.length, tasksBefore = (await tasks()).length;
+  await page.click(`#payment-table button.pay[data-scheme=upto]`);
+  await page.waitForSelector("#pay-status[data-code=permit2_approval_required]", { timeout: 20_000 });
+  assert.deepEqual(wallet.signed.slice(signed).map((t) => t.primaryType), ["PermitWitnessTransferFrom"], "no permit without its nonce");
+  const shown = await text("#pay-status");
+  assert.match(shown, new RegExp(`^The paying account ${from} has not let Permit2 \\(${PERMIT2}\\) move its USDC, which a metered payment needs\\. .* permit2_approval_required: .*approve\\(Permit2, max\\)`), shown);
+  assert.equal(await page.locator("#payment-table button.pay:enabled").count(), 1, "Pay again possible");
+  assert.equal((await tasks()).length, tasksBefore, "no task was created");
+  assert.equal(await balance(from), METERED_FUNDS);
+  wallet.reset();
+});
+
+test("a metered task: the wallet authorizes up to the ceiling (Permit2 and the token's permit, no gas), the page shows it authorized, then charged exactly what the fetch used", async () => {
+  const from = await freshMeteredPayer();
+  // 1.5 MiB and a byte: 1500.001 units' worth of 1000 atomic per MiB,
+  // rounded up to 1501 atomic units (0.001501 USDC).
+  const { body, url } = await serveFile(1.5 * 1024 * 1024 + 1);
+  const charge = (BigInt(body.length) * METERED.rate + METERED.unit - 1n) / METERED.unit;
+  assert.equal(charge, 1501n);
+  const sent = [];
+  const watchHeaders = (r) => { const h = r.headers()["payment-signature"]; if (h) sent.push(JSON.parse(Buffer.from(h, "base64"))); };
+  page.on("request", watchHeaders);
+
+  await metered(url);
+  const rows = await page.locator("#payment-table tbody tr").allTextContents();
+  assert.equal(rows.length, 1, rows.join("\n"));
+  assert.match(rows[0], /^Base Sepolia \(test\) eip155:84532\s*up to 0\.1 USDC \(100000 atomic\), charged 0\.001 USDC per MiB used0x036CbD53…8f3dCF7e0x209693Bc6afc0C5328bA36FaF03C514EF312287CPay$/);
+  const challenge = JSON.parse(await text("#payment-json"));
+  const [offer] = challenge.accepts;
+  assert.equal(offer.scheme, "upto");
+  assert.ok(challenge.extensions.eip2612GasSponsoring, "the 402 offers gas sponsoring");
+
+  const calls = wallet.calls.length, signed = wallet.signed.length;
+  await recordReceipt();
+  await page.click(`#payment-table button.pay[data-scheme=upto]`);
+  await page.waitForSelector("#receipt[data-metered=authorized]", { timeout: 30_000 });
+  // Account, chain, balance, Permit2's allowance, the token's permit nonce,
+  // then two signatures: Permit2's, then the token's permit.
+  assert.deepEqual(wallet.calls.slice(calls), ["eth_requestAccounts", "eth_chainId", "eth_call", "eth_call", "eth_call",
+    "eth_signTypedData_v4", "eth_signTypedData_v4"]);
+  const [witness, permit] = wallet.signed.slice(signed);
+  assert.equal(witness.primaryType, "PermitWitnessTransferFrom");
+  assert.deepEqual(witness.domain, { name: "Permit2", chainId: 84532, verifyingContract: PERMIT2 });
+  assert.deepEqual(witness.message.permitted, { token: TOKEN, amount: String(METERED.ceiling) });
+  assert.equal(witness.message.spender, UPTO_PROXY);
+  assert.deepEqual(witness.message.witness, { to: PAY_TO, facilitator: offer.extra.facilitatorAddress, validAfter: "0" });
+  assert.match(witness.message.nonce, /^[0-9]+$/);
+  const lifetime = Number(witness.message.deadline) - Date.now() / 1000;
+  assert.ok(lifetime > offer.maxTimeoutSeconds - 30 && lifetime <= offer.maxTimeoutSeconds, `deadline is now + maxTimeoutSeconds: ${lifetime}`);
+  assert.equal(permit.primaryType, "Permit");
+  assert.deepEqual(permit.domain, { name: "USDC", version: "2", chainId: 84532, verifyingContract: TOKEN });
+  assert.deepEqual(permit.message, { owner: from, spender: PERMIT2, value: String(METERED.ceiling), nonce: "0", deadline: witness.message.deadline });
+  // What was sent: the upto payload and the permit as the extension's info.
+  assert.equal(sent.length, 1);
+  const [payment] = sent;
+  assert.deepEqual(payment.accepted, offer);
+  assert.deepEqual(payment.payload.permit2Authorization, { from, ...witness.message });
+  assert.deepEqual(payment.extensions, { eip2612GasSponsoring: { info: { from, asset: TOKEN, spender: PERMIT2,
+    amount: String(METERED.ceiling), nonce: "0", deadline: witness.message.deadline, signature: payment.extensions.eip2612GasSponsoring.info.signature, version: "1" } } });
+  assert.match(payment.extensions.eip2612GasSponsoring.info.signature, /^0x[0-9a-f]{130}$/);
+
+  assert.match(await text("#receipt-metered"),
+    /^Authorized up to 0\.1 USDC: nothing is charged yet\. When the task ends you are charged what it used, 0\.001 USDC per MiB, at most that; nothing if it fails or is canceled\.$/);
+  assert.equal((await text("#receipt-payer")).toLowerCase(), from.toLowerCase());
+
+  // The fetch runs, the worker charges what it downloaded, and the final
+  // status event carries the charge.
+  await page.waitForSelector("#receipt[data-metered=charged]", { timeout: 60_000 });
+  await page.waitForSelector("body[data-finished]", { timeout: 30_000 });
+  page.off("request", watchHeaders);
+  assert.equal(await page.locator("body").getAttribute("data-finished"), "completed");
+  assert.deepEqual(await receiptStates(), ["authorized", "charged"]);
+  assert.equal(await text("#receipt-charged"), "0.001501 USDC");
+  assert.match(await text("#receipt-metered"), /^Charged 0\.001501 USDC of up to 0\.1 USDC for 1\.5 MiB used\.$/);
+  const result = JSON.parse(await text("#result-json"));
+  assert.equal(result.sha256, createHash("sha256").update(body).digest("hex"));
+  assert.match(await text("#log"), /status completed — charged 0\.001501 USDC/);
+
+  // The chain's own record: one Transfer of exactly the charge, from the
+  // payer to payTo, and the payer's balance fell by exactly that; the permit
+  // was applied (Permit2 may move what is left of the ceiling), and the
+  // payer paid no gas.
+  const tx = await text("#receipt-transaction");
+  const receipt = await rpc("eth_getTransactionReceipt", [tx]);
+  assert.equal(receipt.status, "0x1", JSON.stringify(receipt));
+  const transfers = receipt.logs.filter((l) => l.address.toLowerCase() === TOKEN.toLowerCase() && l.topics[0] === TRANSFER);
+  assert.deepEqual(transfers.map((t) => [t.topics[1], t.topics[2], BigInt(t.data)]), [[word(from), word(PAY_TO), charge]]);
+  assert.equal(await balance(from), METERED_FUNDS - charge, "the payer's balance fell by exactly what was charged");
+  assert.equal(await permit2Allowance(from), METERED.ceiling - charge);
+  assert.equal(BigInt(await rpc("eth_getBalance", [from, "latest"])), 0n, "the payer spent no gas");
+  await page.waitForSelector(`#payments tr[data-transaction="${tx}"]`);
+  assert.match(await page.locator(`#payments tr[data-transaction="${tx}"]`).textContent(), /0\.001501 USDC/);
+  wallet.reset();
+});
+
+test("a metered task that fails is charged nothing: the page shows its authorization released", async () => {
+  // Permit2 may move only what is left of the last ceiling now, so this
+  // payment signs the token's permit again, with its next nonce.
+  const from = await freshMeteredPayer();
+  const before = await balance(from);
+  const calls = wallet.calls.length, signed = wallet.signed.length;
+  // A port nothing listens on: the fetch fails (fetch_unreachable), at once
+  // and for good.
+  await metered(`http://127.0.0.1:${await freePort()}/file`);
+  await recordReceipt();
+  await page.click(`#payment-table button.pay[data-scheme=upto]`);
+  await page.waitForSelector("#receipt[data-metered=released]", { timeout: 60_000 });
+  await page.waitForSelector("body[data-finished=failed]", { timeout: 30_000 });
+  assert.deepEqual(await receiptStates(), ["authorized", "released"]);
+  assert.equal(wallet.calls.length - calls, 7, wallet.calls.slice(calls).join(" "));
+  const [, permit] = wallet.signed.slice(signed);
+  assert.equal(permit.message.nonce, "1", "the token's next permit nonce");
+  assert.match(await text("#receipt-metered"), /^Nothing was charged: the authorization of up to 0\.1 USDC was released/);
+  assert.equal(await page.locator("#receipt-charged").count(), 0);
+  assert.match(await text("#log"), /status failed — fetch_unreachable: .* — payment released/);
+  assert.equal(await balance(from), before, "nothing was charged");
+  wallet.reset();
 });
 
 test("the task list shows the Space's tasks, and a queued one is canceled", async () => {

@@ -9,6 +9,8 @@ JSON request per line on stdin with one JSON line on stdout:
         -> {"signature": "0x…"}        eth-account's sign_typed_data
     {"op": "account"}
         -> {"key": "0x…", "address": "0x…"}   a fresh key, holding nothing
+    {"op": "fund", "address": "0x…", "amount": "<atomic units>"}
+        -> {"funded": "0x<transaction>"}   test USDC minted to it, mined
     {"op": "pause"}
         -> {"paused": true}   the chain held exclusive, mining stopped
     {"op": "resume"}
@@ -25,6 +27,10 @@ until this one is done instead of stalling its payments midway. To pause
 mining itself, it trades its shared hold for the exclusive one, and back.
 It is released when this process exits, however it exits, and mining is
 restored first if this process stopped it.
+
+Funding mints as the chain harness does: from anvil's account 9 (unlocked),
+which the test token lets mint, one send at a time machine-wide (its "mint"
+lock), since anvil numbers the minter's transactions from its pending count.
 """
 
 import fcntl
@@ -32,6 +38,7 @@ import json
 import os
 import re
 import sys
+import time
 import urllib.request
 
 from eth_account import Account
@@ -39,6 +46,10 @@ from eth_account import Account
 MNEMONIC = "test test test test test test test test test test test junk"
 RPC = os.environ.get("REEVE_CHAIN_RPC_URL", "http://127.0.0.1:8545")
 BLOCK_SECONDS = 1
+# The local chain's test USDC, and anvil's account 9, which mints it.
+TOKEN = "0x036CbD53842c5426634e7929541eC2318f3dCF7e"
+MINTER = "0xa0Ee7A142d267C1f36714E4a8F75612F20a79720"
+MINT = "0x40c10f19"  # mint(address,uint256)
 
 
 def lock(role, mode):
@@ -53,7 +64,25 @@ def rpc(method, params):
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
     req = urllib.request.Request(RPC, body, {"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as answer:
-        return json.load(answer).get("result")
+        answer = json.load(answer)
+    if "error" in answer:
+        raise RuntimeError(f"{method}: {answer['error']}")
+    return answer.get("result")
+
+
+def fund(address, amount):
+    """Mints `amount` of the test token to `address`; returns once mined."""
+    data = MINT + address[2:].lower().rjust(64, "0") + format(int(amount), "064x")
+    with lock("mint", fcntl.LOCK_EX):
+        tx = rpc("eth_sendTransaction", [{"from": MINTER, "to": TOKEN, "data": data}])
+    for _ in range(100):
+        receipt = rpc("eth_getTransactionReceipt", [tx])
+        if receipt:
+            if receipt["status"] != "0x1":
+                raise RuntimeError(f"the mint {tx} failed")
+            return tx
+        time.sleep(0.1)
+    raise RuntimeError(f"the mint {tx} was not mined in 10 s")
 
 
 def hold(mode):
@@ -104,6 +133,8 @@ def answer_one(chain, payer, request):
     if op == "account":
         fresh = Account.create()
         return {"key": "0x" + fresh.key.hex().removeprefix("0x"), "address": fresh.address}
+    if op == "fund":
+        return {"funded": fund(request["address"], request["amount"])}
     if op == "pause" and not chain["paused"]:
         # Shared for exclusive: never both, or it would wait for itself.
         chain["lock"].close()
