@@ -264,7 +264,7 @@ impl Sweeper {
         loop {
             let batch: Vec<Candidate> = sqlx::query_as(concat!(
                 r#"SELECT id, kind, status, attempts FROM tasks
-                  WHERE id > $1 AND attempts >= $2 AND payment->>'status' IS DISTINCT FROM 'capturing' AND "#,
+                  WHERE id > $1 AND attempts >= $2 AND coalesce(payment->>'status', '') NOT IN ('capturing', 'charged') AND "#,
                 stranded!("$3"),
                 r#"
                   ORDER BY id LIMIT $4"#
@@ -300,7 +300,7 @@ impl Sweeper {
                 r#"UPDATE tasks SET updated_at = now()
                   WHERE id IN (
                         SELECT id FROM tasks
-                         WHERE (attempts < $1 OR payment->>'status' = 'capturing') AND "#,
+                         WHERE (attempts < $1 OR payment->>'status' IN ('capturing', 'charged')) AND "#,
                 stranded!("$2"),
                 r#"
                          ORDER BY id LIMIT $3
@@ -377,7 +377,7 @@ impl Sweeper {
         for _ in 0..2 {
             let row: Option<(String, i32, bool, bool)> = sqlx::query_as(
                 "SELECT status, attempts, (lease_until IS NOT NULL AND lease_until >= now()),
-                        payment->>'status' IS NOT DISTINCT FROM 'capturing'
+                        coalesce(payment->>'status' IN ('capturing', 'charged'), false)
                    FROM tasks WHERE id = $1",
             )
             .bind(id)

@@ -128,7 +128,7 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
                 "UPDATE tasks
                     SET status = 'running', attempts = attempts + 1,
                         lease_until = now() + make_interval(secs => $2), updated_at = now()
-                  WHERE id = $1 AND (attempts < $3 OR payment->>'status' = 'capturing')
+                  WHERE id = $1 AND (attempts < $3 OR payment->>'status' IN ('capturing', 'charged'))
                     AND (status = 'queued'
                          OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
                  RETURNING attempts, cancel_requested_at IS NOT NULL",
@@ -171,7 +171,7 @@ async fn claim_queued(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -
              UPDATE tasks
                 SET status = 'running', attempts = attempts + 1, last_seq = last_seq + 1,
                     lease_until = now() + make_interval(secs => $2), updated_at = now()
-              WHERE id = $1 AND status = 'queued' AND (attempts < $3 OR payment->>'status' = 'capturing')
+              WHERE id = $1 AND status = 'queued' AND (attempts < $3 OR payment->>'status' IN ('capturing', 'charged'))
           RETURNING id, attempts, last_seq, kind, cancel_requested_at IS NOT NULL AS cancel_requested,
                     space_idx, input
          ), appended AS (

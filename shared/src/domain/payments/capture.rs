@@ -89,10 +89,12 @@ impl Authorization {
         &self.view
     }
 
-    /// The run whose capture is under way, if one is: the task is not run
-    /// again, only its capture resumed.
+    /// The run whose capture is under way (or done, its task not yet
+    /// completed), if one is: the task is not run again, only its capture
+    /// resumed and that run's result delivered.
     pub fn held(&self) -> Option<&Held> {
-        self.row.held.as_ref().filter(|_| self.row.status == AttemptStatus::Capturing)
+        let holds = matches!(self.row.status, AttemptStatus::Capturing | AttemptStatus::Settled);
+        self.row.held.as_ref().filter(|_| holds)
     }
 }
 

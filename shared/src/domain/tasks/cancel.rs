@@ -35,18 +35,19 @@ pub async fn cancel(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<Ca
     let mut tx = db.begin().await?;
     let row: Option<(String, bool, bool, bool)> = sqlx::query_as(
         "SELECT status, (lease_until IS NULL OR lease_until < now()), cancel_requested_at IS NOT NULL,
-                payment->>'status' IS NOT DISTINCT FROM 'capturing'
+                coalesce(payment->>'status' IN ('capturing', 'charged'), false)
            FROM tasks WHERE id = $1 AND space_idx = $2 FOR UPDATE",
     )
     .bind(id)
     .bind(space.as_bytes())
     .fetch_optional(&mut *tx)
     .await?;
-    let Some((status, lease_expired, already_asked, capturing)) = row else {
+    let Some((status, lease_expired, already_asked, charging)) = row else {
         return Ok(None);
     };
     let status = TaskStatus::parse(&status)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown task status {status:?}").into()))?;
+    let capturing = charging && !status.is_terminal();
     // A metered task whose run finished and whose capture is under way may
     // have charged its payer already: like a run that ends before it sees
     // the request, it is asked, and ends with its result (or with nothing

@@ -93,13 +93,16 @@ impl Change<'_> {
 /// numbers them from it. On a pool that is one round trip with no
 /// `BEGIN`/`COMMIT`, and it is as atomic as the transaction it replaced.
 ///
-/// Only a requeue moves a task whose metered capture is under way
-/// (`payment.status` = `capturing`): it may have charged the payer already,
-/// so its run's result is delivered or the chain shows nothing was charged
-/// (see `migrations/0011_held_captures.sql`), and nothing else ends it.
+/// A fail or a cancel never moves a task whose metered capture is under way
+/// or done (`payment.status` `capturing` or `charged`): its payer may have
+/// been charged already, so its run's result is delivered, or the chain
+/// shows nothing was charged (see `migrations/0011_held_captures.sql`).
 macro_rules! with_events {
     ($set:literal) => {
-        with_events!($set, " AND payment->>'status' IS DISTINCT FROM 'capturing'")
+        with_events!($set, "")
+    };
+    ($set:literal, held) => {
+        with_events!($set, " AND coalesce(payment->>'status', '') NOT IN ('capturing', 'charged')")
     };
     ($set:literal, $held:literal) => {
         concat!(
@@ -165,9 +168,11 @@ pub async fn transition_in(
         Change::Complete { result, .. } => {
             (with_events!("status = 'completed', result = $4, progress = 1, lease_until = NULL"), Some(result))
         }
-        Change::Fail { error } => (with_events!("status = 'failed', error = $4, lease_until = NULL"), Some(error)),
-        Change::Requeue { .. } => (with_events!("status = 'queued', lease_until = NULL, progress = 0", ""), None),
-        Change::Cancel => (with_events!("status = 'canceled', lease_until = NULL"), None),
+        Change::Fail { error } => {
+            (with_events!("status = 'failed', error = $4, lease_until = NULL", held), Some(error))
+        }
+        Change::Requeue { .. } => (with_events!("status = 'queued', lease_until = NULL, progress = 0"), None),
+        Change::Cancel => (with_events!("status = 'canceled', lease_until = NULL", held), None),
     };
     let (kinds, data): (Vec<EventType>, Vec<Value>) = change.events().into_iter().unzip();
     let types: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
