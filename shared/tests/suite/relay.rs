@@ -582,6 +582,32 @@ async fn a_lost_publish_cannot_hang_a_stream(pool: PgPool) {
     hub_forgets_everything(&relay.hub).await;
 }
 
+/// Two clients of a task no publish reaches (Redis down, say): the late one
+/// reads everything up to the terminal status from Postgres, and the early
+/// one, which is still behind, must hear of it too and end, not wait for
+/// ever because another client has read it.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_late_client_reading_the_end_does_not_leave_an_early_one_waiting(pool: PgPool) {
+    let relay = start_relay(pool.clone(), &common::redis_url()).await;
+    let task = new_task(&pool).await;
+    progress(&pool, "", task, 2).await;
+    let early = tokio::spawn(read_all_within(connect(&relay, task, None).await, Duration::from_secs(10)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Within one Postgres check of the hub's: the rest of the events, the
+    // terminal status among them, then a late client that saw the task
+    // running (its row's status is written last here, so the late client
+    // subscribes, as one does that connects just before the end) and
+    // replays all of it.
+    progress(&pool, "", task, 2).await;
+    let n = emit(&pool, "", task, EventType::Status, json!({"status": "completed"})).await;
+    let late = connect(&relay, task, None).await;
+    assert_eq!(seqs(&read_all_within(late, Duration::from_secs(10)).await), (1..=n).collect::<Vec<_>>());
+    sqlx::query("UPDATE tasks SET status = 'completed' WHERE id = $1").bind(task).execute(&pool).await.unwrap();
+    assert_eq!(seqs(&early.await.unwrap()), (1..=n).collect::<Vec<_>>(), "the early client ends too");
+    hub_forgets_everything(&relay.hub).await;
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_database_error_ends_the_stream_with_a_retry_hint(pool: PgPool) {
     let redis_url = common::redis_url();

@@ -67,7 +67,9 @@ struct Entry {
     clients: usize,
     /// Set once Redis confirmed the SUBSCRIBE (or while it is unreachable).
     ready: watch::Sender<bool>,
-    /// The highest seq this task's clients were sent or read.
+    /// A seq every client of this task has, or will get from its receiver:
+    /// the highest one Redis delivered (to all of them), or one the only
+    /// client read itself. Postgres ahead of it is a [`Signal::Behind`].
     known: i64,
     /// When the task last heard from Redis or was checked.
     heard: Instant,
@@ -119,9 +121,15 @@ impl Drop for Subscription {
 
 impl Subscription {
     /// The client has everything up to `seq` (read from Postgres), so the hub
-    /// need not tell this task about events up to it.
+    /// need not tell this task about events up to it, if it is the task's
+    /// only client. A read of one client's does not reach the others: were
+    /// it to count, a client that connected late and read the terminal
+    /// status would keep an earlier client, still behind, from ever being
+    /// told (while Redis is down, nothing else would tell it).
     pub fn observe(&self, seq: i64) {
-        if let Some(entry) = self.shared.tasks.lock().expect("hub lock").get_mut(&self.task) {
+        if let Some(entry) = self.shared.tasks.lock().expect("hub lock").get_mut(&self.task)
+            && entry.clients == 1
+        {
             entry.known = entry.known.max(seq);
         }
     }
