@@ -14,7 +14,10 @@
 //!   it used sent to be settled, the outcome open) is sent again whatever
 //!   its count, and never failed: the next worker resumes the capture with
 //!   the run's held result, without running it again, before the payer's
-//!   authorization runs out (see `payments::capture`).
+//!   authorization runs out (see `payments::capture`). Such a task waiting
+//!   in the queue is sent again once it has not changed for
+//!   [`CAPTURE_SILENCE`], by every sweep, lapsed-lease ones too: its
+//!   authorization may have less time left than `older_than`.
 //!
 //! A lapsed lease is acted on at the first sweep after it lapsed, whatever
 //! `older_than` says: a lease is short and renewed every few seconds, so
@@ -158,12 +161,17 @@ type Candidate = (Id, String, String, i32);
 /// The tasks no worker is on: `running` under a lease that lapsed since
 /// the task last changed (a re-send is a change, so each lapse is acted on
 /// once), or `queued` or `running` without a live lease and left alone for
-/// `older_than` (the parameter named, in seconds; NULL for lapsed leases
-/// only).
+/// `older_than` (the first parameter named, in seconds; NULL for lapsed
+/// leases only), or `queued` with its capture under way and left alone for
+/// the second ([`CAPTURE_SILENCE`]) whatever `older_than` is.
 macro_rules! stranded {
-    ($older_than:literal) => {
+    ($older_than:literal, $capture_silence:literal) => {
         concat!(
             "((status = 'running' AND lease_until < now() AND updated_at <= lease_until)
+              OR (status = 'queued' AND payment->>'status' IN ('capturing', 'charged')
+                  AND updated_at < now() - make_interval(secs => ",
+            $capture_silence,
+            "::float8))
               OR (updated_at < now() - make_interval(secs => ",
             $older_than,
             "::float8)
@@ -172,6 +180,12 @@ macro_rules! stranded {
         )
     };
 }
+
+/// How long a task whose capture is under way may wait in the queue
+/// unclaimed before a sweep sends it again.
+/// Its worker asks again after 10 s, and the payer's authorization may have
+/// less than a minute left, so a lost message cannot wait for `older_than`.
+pub const CAPTURE_SILENCE: Duration = Duration::from_secs(30);
 
 impl Sweeper {
     /// One sweep over every task left alone for `older_than`.
@@ -265,7 +279,7 @@ impl Sweeper {
             let batch: Vec<Candidate> = sqlx::query_as(concat!(
                 r#"SELECT id, kind, status, attempts FROM tasks
                   WHERE id > $1 AND attempts >= $2 AND coalesce(payment->>'status', '') NOT IN ('capturing', 'charged') AND "#,
-                stranded!("$3"),
+                stranded!("$3", "$5"),
                 r#"
                   ORDER BY id LIMIT $4"#
             ))
@@ -273,6 +287,7 @@ impl Sweeper {
             .bind(self.max_attempts as i32)
             .bind(older_than.map(|d| d.as_secs_f64()))
             .bind(BATCH)
+            .bind(CAPTURE_SILENCE.as_secs_f64())
             .fetch_all(&self.db)
             .await?;
             let Some(last) = batch.last() else { return Ok(()) };
@@ -301,7 +316,7 @@ impl Sweeper {
                   WHERE id IN (
                         SELECT id FROM tasks
                          WHERE (attempts < $1 OR payment->>'status' IN ('capturing', 'charged')) AND "#,
-                stranded!("$2"),
+                stranded!("$2", "$4"),
                 r#"
                          ORDER BY id LIMIT $3
                            FOR UPDATE SKIP LOCKED)
@@ -310,6 +325,7 @@ impl Sweeper {
             .bind(self.max_attempts as i32)
             .bind(older_than.map(|d| d.as_secs_f64()))
             .bind(BATCH)
+            .bind(CAPTURE_SILENCE.as_secs_f64())
             .fetch_all(&self.db)
             .await?;
             let full = batch.len() as i64 == BATCH;

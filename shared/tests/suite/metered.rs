@@ -425,14 +425,27 @@ async fn an_open_capture_holds_its_task_until_it_is_charged_once_without_running
     // Its owner asks to cancel: too late, the payer may be charged already.
     let reply = send(&shop.app, post_json(&format!("/v1/tasks/{id}/cancel"), Some(&shop.token), &json!({}))).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "a request, not a cancel: {}", reply.body);
-    // The sweeper sends it again, past the limit, rather than failing it.
+    // Its message is lost. The sweeper sends it again, past the limit,
+    // rather than failing it, and soon: not `older_than` (300 s) later, which
+    // its authorization may not last.
     let sweeper = reeve_shared::startup::sweeper(
         &shop.config.clone().with(settings::SWEEP_OLDER_THAN, "300"),
         &reeve_shared::startup::sdk().await,
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let report = sweeper.sweep(Duration::ZERO).await.unwrap();
+    let report = sweeper.sweep(Duration::from_secs(300)).await.unwrap();
+    assert_eq!((report.exhausted, report.resent_queued), (0, 0), "just requeued, its message on its way: {report:?}");
+    let silence = reeve_shared::sweeper::CAPTURE_SILENCE.as_secs_f64() + 1.0;
+    sqlx::query("UPDATE tasks SET updated_at = now() - make_interval(secs => $2) WHERE id = $1")
+        .bind(id)
+        .bind(silence)
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Even a sweep for lapsed leases only, which runs every few seconds.
+    let mut report = Default::default();
+    sweeper.sweep_lapsed(&mut report).await.unwrap();
     assert_eq!((report.exhausted, report.resent_queued), (0, 1), "{report:?}");
     assert_eq!(shop.queue.drain().await.len(), 2, "queued at create, and sent again by the sweep");
     assert_eq!(shop.task(id).await["status"], "queued");

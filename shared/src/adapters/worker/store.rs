@@ -101,8 +101,9 @@ fn secs(lease: Duration) -> f64 {
 /// `queued`, or `running` with a lapsed (or missing) lease, becomes
 /// `running` with a lease of `lease` from now, if it has had fewer than
 /// `max_attempts` runs or its metered capture is under way (which only
-/// resumes the capture, and no limit ends). `None` when the task is in neither state (terminal,
-/// gone, or held by a live lease) or out of attempts.
+/// resumes the capture, and no limit ends). `None` when the task is in
+/// neither state (terminal, gone, or held by a live lease) or out of
+/// attempts.
 ///
 /// A `queued` task, the common case, is claimed in one statement. Any
 /// other is read under lock first, so that a claim over a lapsed lease
