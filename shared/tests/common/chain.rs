@@ -269,6 +269,22 @@ impl Payer {
         wait_mined(&hash).await;
     }
 
+    /// Spends a Permit2 unordered `nonce` (decimal) of the payer's itself,
+    /// with `invalidateUnorderedNonces`: any signature over it is void from
+    /// then on, and nothing moves. Sent as the payer, like
+    /// [`Payer::approve_permit2`].
+    pub async fn invalidate_permit2_nonce(&self, _chain: &ChainLock, nonce: &str) {
+        let nonce: alloy_primitives::U256 = nonce.parse().unwrap();
+        let (word, bit) = (nonce >> 8, (nonce & alloy_primitives::U256::from(0xff)).to::<usize>());
+        let mask = alloy_primitives::U256::from(1) << bit;
+        rpc("anvil_setBalance", json!([self.address, "0xde0b6b3a7640000"])).await;
+        rpc("anvil_impersonateAccount", json!([self.address])).await;
+        let data = format!("0x3ff9dcb1{word:064x}{mask:064x}");
+        let hash = rpc("eth_sendTransaction", json!([{"from": self.address, "to": PERMIT2, "data": data}])).await;
+        rpc("anvil_stopImpersonatingAccount", json!([self.address])).await;
+        wait_mined(&hash).await;
+    }
+
     /// The `PAYMENT-SIGNATURE` for a 402's `PAYMENT-REQUIRED` header, made
     /// by coinbase's x402 SDK (it parses the challenge and picks the
     /// requirement of the one network it has registered, the local chain).
@@ -504,4 +520,82 @@ pub async fn charges_to(to: &str) -> Vec<Charge> {
         charges.push(Charge { transaction: transaction.to_ascii_lowercase(), value, authorization });
     }
     charges
+}
+
+/// What a [`ScriptedFacilitator`] does with one `/settle`.
+#[derive(Debug, Clone)]
+pub enum Settle {
+    /// Passed to the real facilitator, and its answer returned.
+    Forward,
+    /// Passed to the real facilitator, which goes on (its transaction
+    /// lands), but the caller gets a `502` at once: a slow settle whose
+    /// answer was lost.
+    ForwardLost,
+    /// Not passed on: this JSON is the answer.
+    Answer(Value),
+}
+
+/// A facilitator in front of a real one whose `/settle` answers follow a
+/// script, one [`Settle`] per call (then [`Settle::Forward`]): what a slow,
+/// lost or lying facilitator does, against the real chain. Every other route
+/// (`/supported`, `/verify`) is the real one's.
+pub struct ScriptedFacilitator {
+    pub url: String,
+    script: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Settle>>>,
+    /// How many `/settle` calls it took.
+    pub settles: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ScriptedFacilitator {
+    pub async fn start(real: &str) -> ScriptedFacilitator {
+        use axum::body::Bytes;
+        use axum::http::{Method, StatusCode, Uri};
+        use std::sync::atomic::Ordering;
+        let script = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let settles = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (real, queued, counter) = (real.to_owned(), script.clone(), settles.clone());
+        let handler = move |method: Method, uri: Uri, body: Bytes| {
+            let (real, queued, counter) = (real.clone(), queued.clone(), counter.clone());
+            async move {
+                let settle = uri.path() == "/settle";
+                let forward = async move {
+                    let url = format!("{real}{}", uri.path());
+                    let request = match method {
+                        Method::GET => reqwest::Client::new().get(url),
+                        _ => reqwest::Client::new().post(url).header("content-type", "application/json").body(body),
+                    };
+                    match request.send().await {
+                        Ok(answer) => (
+                            StatusCode::from_u16(answer.status().as_u16()).unwrap(),
+                            answer.bytes().await.unwrap_or_default(),
+                        ),
+                        Err(_) => (StatusCode::BAD_GATEWAY, Bytes::new()),
+                    }
+                };
+                if !settle {
+                    return forward.await;
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                let step = queued.lock().unwrap().pop_front().unwrap_or(Settle::Forward);
+                match step {
+                    Settle::Forward => forward.await,
+                    Settle::ForwardLost => {
+                        tokio::spawn(forward);
+                        (StatusCode::BAD_GATEWAY, Bytes::from_static(b"lost"))
+                    }
+                    Settle::Answer(answer) => (StatusCode::OK, Bytes::from(answer.to_string())),
+                }
+            }
+        };
+        let router = axum::Router::new().fallback(handler);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        ScriptedFacilitator { url, script, settles }
+    }
+
+    /// The next `/settle` calls do these, in order.
+    pub fn then(&self, steps: impl IntoIterator<Item = Settle>) {
+        self.script.lock().unwrap().extend(steps);
+    }
 }

@@ -11,7 +11,7 @@ use super::{Outcome, Retryable, WorkerContext, complete, retry};
 use crate::domain::catalog::{Executor, TaskSpec};
 use crate::domain::ids::Id;
 use crate::domain::payments::{
-    AUTHORIZATION_EXPIRED, Captured, Capturer, Held, MeteredAuthorization, PAYMENT_NOT_CAPTURED,
+    AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, Captured, Capturer, Held, MeteredAuthorization, PAYMENT_NOT_CAPTURED,
 };
 
 /// How long a capture whose outcome is open waits before the next delivery
@@ -73,15 +73,18 @@ pub(super) async fn deliver(
             {
                 tracing::error!(error = %e, key, "could not delete the output of a task whose payment was refused");
             }
-            let message = if reason == AUTHORIZATION_EXPIRED {
-                "what the task used could not be settled before its payment authorization expired; nothing was \
-                 charged and the output was deleted"
-                    .to_owned()
-            } else {
-                format!(
-                    "the payer refused the capture of what the task used ({reason}: its Permit2 approval or its \
-                     funds were withdrawn); nothing was charged and the output was deleted"
-                )
+            let message = match reason.as_str() {
+                AUTHORIZATION_EXPIRED => "what the task used could not be settled before its payment authorization \
+                                          expired; nothing was charged and the output was deleted"
+                    .to_owned(),
+                AUTHORIZATION_SPENT => "the payer used its payment authorization's Permit2 nonce elsewhere, so what \
+                                        the task used could not be settled; nothing was charged and the output was \
+                                        deleted"
+                    .to_owned(),
+                other => format!(
+                    "the capture of what the task used was refused ({other}); nothing was charged and \
+                                  the output was deleted"
+                ),
             };
             fail(ctx, id, attempt, PAYMENT_NOT_CAPTURED, &message).await
         }

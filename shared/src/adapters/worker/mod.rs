@@ -396,7 +396,7 @@ async fn run_task(
         && let Some(held) = auth.held()
     {
         tracing::info!(attempt, "resuming the capture of an earlier run");
-        return metered::deliver(ctx, (id, attempt, receive_count), auth, held).await;
+        return deliver_leased(ctx, (id, attempt, receive_count), auth, held, claimed_at).await;
     }
     // Asked to cancel during an earlier attempt, which was handed back.
     if claim.cancel_requested {
@@ -430,7 +430,14 @@ async fn run_task(
             None => complete(ctx, id, attempt, &value, None).await,
             Some(auth) => {
                 let held = Held { used: metered::used(spec, &value, took), result: value };
-                metered::deliver(ctx, (id, attempt, receive_count), auth, &held).await
+                // The run's renewals stopped with it: renew once, and keep
+                // renewing from there while the capture waits.
+                let renewed_at = tokio::time::Instant::now();
+                match store::extend_lease(&ctx.db, id, attempt, ctx.settings.lease).await {
+                    Ok(true) => deliver_leased(ctx, (id, attempt, receive_count), auth, &held, renewed_at).await,
+                    Ok(false) => lost(attempt),
+                    Err(e) => retry("renewing the lease before the capture", e),
+                }
             }
         },
         Err(Ok(ExecError::Permanent { code, message })) => fail(ctx, id, attempt, code, &message).await,
@@ -442,6 +449,28 @@ async fn run_task(
             retry_later(ctx, id, attempt, receive_count, Retryable::Exec(reason, Some(after))).await
         }
         Err(Err(why)) => retry_later(ctx, id, attempt, receive_count, why).await,
+    }
+}
+
+/// Delivers a finished metered run once its capture is decided, holding the
+/// task's lease meanwhile (counted from `leased_at`): a settle and its
+/// confirmation can outlast a lease, and a second worker taking over a
+/// capture in flight would send a second settle of the same authorization.
+/// A capture cut short is safe to resume: the next run asks the chain first.
+async fn deliver_leased(
+    ctx: &WorkerContext,
+    run: (Id, i32, u32),
+    auth: &crate::domain::payments::MeteredAuthorization,
+    held: &Held,
+    leased_at: tokio::time::Instant,
+) -> Outcome {
+    let (id, attempt, _) = run;
+    tokio::select! {
+        outcome = metered::deliver(ctx, run, auth, held) => outcome,
+        lost_lease = keep_lease(ctx, id, attempt, leased_at) => match lost_lease {
+            Lost::Taken => lost(attempt),
+            Lost::Expired => Outcome::retry("the capture's lease ran out before it could be renewed"),
+        },
     }
 }
 

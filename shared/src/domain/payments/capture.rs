@@ -9,52 +9,42 @@
 //!   the units cost, capped at the ceiling, fixed from then on) and the
 //!   run's result (held, never shown, until the capture is decided), and the
 //!   facilitator's `/settle` gets the amount as `paymentRequirements.amount`.
-//!   - A transaction: its receipt must have succeeded, hold the token's
-//!     `Transfer` of exactly that amount from the payer to `payTo`, and a
-//!     `Settled` log of x402's upto proxy: only the facilitator the payer
-//!     named can make the proxy move it. Then the payment is recorded, once.
-//!   - Refused: nothing moved (the payer revoked its approval or moved its
-//!     funds): [`Captured::Refused`], and the task ends
-//!     `payment_not_captured`.
-//!   - Anything else (unreachable, cut off, not mined yet): the outcome is
-//!     open, and the attempt stays `capturing` with the amount. A worker
-//!     resumes it later, without running the task again; a settle again of
-//!     a spent authorization is refused, so a resumed capture asks the chain
-//!     for the transfer first. Once the chain is past the signed deadline
-//!     with no transfer, nothing can ever be charged: refused
-//!     (`authorization_expired`), so every capture ends.
+//!   - Paid only as [`super::capture_proof`] proves it: a successful settle
+//!     of this authorization's own nonce and witness, moving the amount to
+//!     `payTo`. Then the payment is recorded, once.
+//!   - Anything else keeps the capture open: a refusal (the payer revoked
+//!     its approval, say: it may restore it), a reverted or unrelated
+//!     transaction (a second settle may revert while the first one pays),
+//!     an unreachable facilitator or chain. A worker resumes it later,
+//!     without running the task again, and asks the chain first.
+//!   - Nothing charged only once the chain is past the signed deadline
+//!     (by [`RESOLVE_MARGIN`]): the nonce unused, or spent by the payer
+//!     without a settle to `payTo`. That decision is read once and is final,
+//!     so every capture ends, and none loops.
 
 use std::time::Duration;
 
-use alloy_primitives::{Address, U256};
-use alloy_rpc_types_eth::{Filter, TransactionReceipt};
-use alloy_sol_types::{SolEvent, sol};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use super::chain::{Chains, parse_hash};
+use super::capture_proof::{self, Decided, Paid, Signed};
+use super::chain::{Chain, Chains};
 use super::challenge::{PaymentRequirements, UPTO_SETTLE_SECONDS};
 use super::facilitator::Facilitator;
 use super::ledger::{self, AttemptStatus, Held, OpenAuthorization, SettledPayment};
-use super::proof::search_range;
-use super::upto::{MeteredPayment, MeteredStatus, UPTO_PROXY};
+use super::upto::{AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, MeteredPayment, MeteredStatus};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::{Meter, Unit};
 use crate::domain::ids::Id;
-
-sol! {
-    /// ERC-20.
-    event Transfer(address indexed from, address indexed to, uint256 value);
-    /// x402's upto proxy, after a settle.
-    event Settled();
-    /// x402's upto proxy, after a settle that applied an EIP-2612 permit.
-    event SettledWithPermit();
-}
 
 /// How long a capture waits for the chain to show a settlement the
 /// facilitator reported.
 const CONFIRM_WAIT: Duration = Duration::from_secs(20);
 const CONFIRM_POLL: Duration = Duration::from_millis(500);
+/// How far past the signed deadline the chain must be before the nonce
+/// decides an open capture: a few blocks on any chain, so an endpoint a
+/// little behind, or a short reorg, cannot undo what it read.
+pub const RESOLVE_MARGIN: Duration = Duration::from_secs(6);
 
 /// A metered task's authorization, as the worker reads it before a run.
 #[derive(Debug, Clone)]
@@ -159,16 +149,18 @@ impl Capturer<'_> {
             status: MeteredStatus::Capturing,
             ..view
         };
-        let capture = Capture { by: *self, auth, task, charged: &charged, view, resuming };
+        let Some(signed) = Signed::of(&auth.row.document) else {
+            return Ok(Captured::Open("the stored authorization cannot be read".into()));
+        };
+        let capture = Capture { by: *self, auth, task, charged: &charged, view, signed };
         if resuming {
-            // An earlier run's settle may have gone through: the chain first.
-            if let Some(done) = capture.find_on_chain(auth.row.transaction.as_deref()).await? {
+            // An earlier run's settle may have gone through: the chain first,
+            // then, past the deadline, the nonce decides for good.
+            if let Some(done) = capture.paid_on_chain(auth.row.transaction.as_deref()).await? {
                 return Ok(done);
             }
-            // Past the signed deadline with nothing paid, nothing ever can
-            // be: Permit2 refuses the signature from then on.
-            if capture.expired_unpaid().await {
-                return capture.refused(super::upto::AUTHORIZATION_EXPIRED).await;
+            if let Some(done) = capture.decide().await? {
+                return Ok(done);
             }
         }
         capture.settle().await
@@ -182,8 +174,7 @@ struct Capture<'a> {
     task: Id,
     charged: &'a str,
     view: MeteredPayment,
-    /// An earlier run sent this capture already: its settle may still land.
-    resuming: bool,
+    signed: Signed,
 }
 
 impl Capture<'_> {
@@ -197,8 +188,11 @@ impl Capture<'_> {
         };
         requirements.amount = self.charged.to_owned();
         match facilitator.settle(document, &requirements, None).await {
-            Ok(settled) if settled.success && !settled.transaction.is_empty() => {
-                tracing::info!(transaction = %settled.transaction, charged = self.charged, "facilitator: captured");
+            // Whatever the facilitator says of it, a transaction it names
+            // is only what the chain shows it to be.
+            Ok(settled) if !settled.transaction.is_empty() => {
+                tracing::info!(transaction = %settled.transaction, success = settled.success, charged = self.charged,
+                               "facilitator: capture sent");
                 ledger::capture_named(self.by.db, self.auth.row.attempt, &settled.transaction).await?;
                 self.confirm(&settled.transaction).await
             }
@@ -206,23 +200,15 @@ impl Capture<'_> {
                 Ok(Captured::Open("the facilitator settled without a transaction".into()))
             }
             Ok(settled) => {
-                // A refusal may still hide a transaction it sent.
-                if !settled.transaction.is_empty() {
-                    ledger::capture_named(self.by.db, self.auth.row.attempt, &settled.transaction).await?;
-                    return self.confirm(&settled.transaction).await;
-                }
+                // A refusal proves nothing: an earlier settle may still land,
+                // and a payer who withdrew its approval may restore it. The
+                // capture stays open until its deadline; then the nonce says.
                 let reason = settled.error_reason.unwrap_or_else(|| "settle_failed".into());
-                // A second settle of a spent authorization is refused too:
-                // after an earlier run's settle, a refusal proves nothing
-                // (that one may still land), so the chain must tell.
-                if self.resuming {
-                    tracing::warn!(%reason, "capture refused after an earlier settle; the chain decides");
-                    return Ok(Captured::Open(format!(
-                        "refused ({reason}) after an earlier settle that may still land"
-                    )));
-                }
                 tracing::warn!(%reason, message = ?settled.error_message, "facilitator: capture refused");
-                self.refused(&reason).await
+                Ok(Captured::Open(format!(
+                    "the facilitator refused the capture ({reason}); it is tried again until the authorization's \
+                     deadline, then the chain decides"
+                )))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "capture outcome unknown");
@@ -244,12 +230,37 @@ impl Capture<'_> {
         Ok(Captured::Refused { payment, reason: reason.to_owned() })
     }
 
-    /// Waits (a while) for `transaction` to show the transfer, and records it.
+    /// The network's endpoint. Without one nothing can be proven, so the
+    /// capture stays open (start-up refuses a priced network without one).
+    fn chain(&self) -> Option<&Chain> {
+        self.by.chains.get(&self.auth.row.network).ok()
+    }
+
+    fn from_block(&self) -> Option<u64> {
+        self.auth.row.from_block.and_then(|b| u64::try_from(b).ok())
+    }
+
+    /// Waits (a while) for `transaction` to be mined, and records the
+    /// settle of this authorization if the chain shows one.
     async fn confirm(&self, transaction: &str) -> Result<Captured, sqlx::Error> {
+        let Some(chain) = self.chain() else {
+            return Ok(Captured::Open(format!("no chain endpoint to prove {transaction}")));
+        };
         let until = Instant::now() + CONFIRM_WAIT;
         loop {
-            if let Some(done) = self.find_on_chain(Some(transaction)).await? {
-                return Ok(done);
+            match capture_proof::find(chain, &self.signed, self.from_block(), Some(transaction), None).await {
+                Ok(found) => {
+                    if let Some(paid) = found.paid {
+                        return self.record(&paid).await;
+                    }
+                    if found.named_mined {
+                        tracing::warn!(%transaction, "the capture's transaction did not pay this authorization");
+                        return Ok(Captured::Open(format!(
+                            "{transaction} did not settle this authorization; the nonce decides"
+                        )));
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the chain to confirm a capture"),
             }
             if Instant::now() + CONFIRM_POLL >= until {
                 return Ok(Captured::Open(format!("{transaction} is not on chain yet")));
@@ -258,147 +269,77 @@ impl Capture<'_> {
         }
     }
 
-    /// The transfer that paid this capture: in `named`'s receipt, or found
-    /// in the token's logs since the attempt began. `None`: not (yet).
-    async fn find_on_chain(&self, named: Option<&str>) -> Result<Option<Captured>, sqlx::Error> {
-        let row = &self.auth.row;
-        let Ok(chain) = self.by.chains.get(&row.network) else {
-            // No endpoint for this network (start-up warned): the
-            // facilitator's word is all there is.
-            return match named {
-                Some(transaction) => self.record(transaction).await.map(Some),
+    /// The settle of this authorization, if the chain shows one: in
+    /// `named`'s receipt, or among the payer's transfers to `payTo` since
+    /// the attempt began. `None`: not (yet), or the chain cannot tell.
+    async fn paid_on_chain(&self, named: Option<&str>) -> Result<Option<Captured>, sqlx::Error> {
+        let Some(chain) = self.chain() else { return Ok(None) };
+        match capture_proof::find(chain, &self.signed, self.from_block(), named, None).await {
+            Ok(found) => match found.paid {
+                Some(paid) => self.record(&paid).await.map(Some),
                 None => Ok(None),
-            };
-        };
-        let Some(owed) = Owed::of(row, self.charged) else { return Ok(None) };
-        let read = async {
-            if let Some(named) = named {
-                let Some(receipt) = chain.receipt(parse_hash(named)?).await? else { return Ok(None) };
-                return Ok(Some((named.to_ascii_lowercase(), owed.paid_by(&receipt))));
-            }
-            let head = chain.head().await?.number;
-            let (from, to) = search_range(row.from_block.and_then(|b| u64::try_from(b).ok()), head);
-            let filter = Filter::new()
-                .address(owed.asset)
-                .event_signature(Transfer::SIGNATURE_HASH)
-                .topic1(owed.payer.into_word())
-                .topic2(owed.pay_to.into_word())
-                .from_block(from)
-                .to_block(to);
-            for log in chain.logs(&filter).await? {
-                let Some(hash) = log.transaction_hash else { continue };
-                // Another task's capture (the same payer, payTo and amount)
-                // is not this one's.
-                if ledger::transaction_recorded(self.by.db, &format!("{hash:#x}")).await.unwrap_or(true) {
-                    continue;
-                }
-                if let Some(receipt) = chain.receipt(hash).await?
-                    && owed.paid_by(&receipt)
-                {
-                    return Ok(Some((format!("{hash:#x}"), true)));
-                }
-            }
-            Ok::<_, super::chain::ChainError>(None)
-        };
-        match read.await {
-            Ok(Some((transaction, true))) => self.record(&transaction).await.map(Some),
-            // Mined, and it paid nothing (reverted): nothing was charged.
-            Ok(Some((transaction, false))) => {
-                tracing::warn!(%transaction, "the capture's transaction did not pay");
-                self.refused("settlement_reverted").await.map(Some)
-            }
-            Ok(None) => Ok(None),
+            },
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read the chain to confirm a capture");
+                tracing::warn!(error = %e, "cannot read the chain to look for a capture");
                 Ok(None)
             }
         }
     }
 
-    /// Whether the chain is past the authorization's deadline, and no
-    /// transfer paid this capture in any block up to it. `false` when the
-    /// chain cannot tell (unreadable, or the blocks since the attempt began
-    /// are more than one search covers).
-    async fn expired_unpaid(&self) -> bool {
-        let row = &self.auth.row;
-        let Some(deadline) = row.valid_before.as_deref().and_then(|d| d.parse::<u64>().ok()) else { return false };
-        if super::unix_now() <= deadline {
-            return false;
+    /// Past the signed deadline (and [`RESOLVE_MARGIN`]), the chain's
+    /// final word: paid, or nothing charged. `None` before then, or when
+    /// the chain cannot be read.
+    async fn decide(&self) -> Result<Option<Captured>, sqlx::Error> {
+        let Some(chain) = self.chain() else { return Ok(None) };
+        let margin = RESOLVE_MARGIN.as_secs();
+        match capture_proof::decide(chain, &self.signed, self.from_block(), margin).await {
+            Ok(None) => Ok(None),
+            Ok(Some(Decided::Paid(paid))) => self.record(&paid).await.map(Some),
+            Ok(Some(Decided::Unused)) => self.refused(AUTHORIZATION_EXPIRED).await.map(Some),
+            Ok(Some(Decided::Spent)) => {
+                tracing::warn!("the payer spent the authorization's nonce without settling it to payTo");
+                self.refused(AUTHORIZATION_SPENT).await.map(Some)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the chain to decide a capture past its deadline");
+                Ok(None)
+            }
         }
-        let Ok(chain) = self.by.chains.get(&row.network) else { return false };
-        let Ok(head) = chain.head().await else { return false };
-        let (_, to) = search_range(row.from_block.and_then(|b| u64::try_from(b).ok()), head.number);
-        if head.timestamp <= deadline || to < head.number {
-            return false;
-        }
-        // The whole range, named transaction or not: a dropped one is in no
-        // block, a landed one is in the logs.
-        matches!(self.find_on_chain(None).await, Ok(None))
     }
 
-    async fn record(&self, transaction: &str) -> Result<Captured, sqlx::Error> {
+    /// Records `paid`: the amount the chain moved, which is what was asked
+    /// unless the facilitator settled another (never above the ceiling:
+    /// Permit2 refuses more than was signed). The books follow the chain.
+    async fn record(&self, paid: &Paid) -> Result<Captured, sqlx::Error> {
         let row = &self.auth.row;
         let space = SpaceIndex::from_slice(&row.space).ok_or_else(|| sqlx::Error::Decode("space_idx".into()))?;
+        let amount = paid.amount.to_string();
+        if amount != self.charged {
+            tracing::error!(transaction = %paid.transaction, asked = self.charged, moved = %amount,
+                            "the facilitator settled another amount than asked; recording what moved");
+        }
         let payment = MeteredPayment {
             status: MeteredStatus::Charged,
-            transaction: Some(transaction.to_owned()),
+            transaction: Some(paid.transaction.clone()),
+            charged: Some(amount.clone()),
             ..self.view.clone()
         };
-        let paid = SettledPayment {
+        let settled = SettledPayment {
             attempt: row.attempt,
             task_id: self.task,
             space: &space,
             network: &row.network,
             payer: &row.payer,
             asset: &row.asset,
-            amount: self.charged,
+            amount: &amount,
             pay_to: row.pay_to.as_deref().unwrap_or_default(),
-            transaction,
+            transaction: &paid.transaction,
         };
-        if ledger::record_captured(self.by.db, &paid, &payment.to_value()).await? {
-            tracing::info!(%transaction, charged = self.charged, "metered task charged");
+        if ledger::record_captured(self.by.db, &settled, &payment.to_value()).await? {
+            tracing::info!(transaction = %paid.transaction, charged = %amount, "metered task charged");
             Ok(Captured::Charged(payment))
         } else {
             Ok(Captured::Open("the authorization moved on meanwhile".into()))
         }
-    }
-}
-
-/// What the capture's transfer must be, in the chain's types.
-struct Owed {
-    asset: Address,
-    payer: Address,
-    pay_to: Address,
-    amount: U256,
-    proxy: Address,
-}
-
-impl Owed {
-    fn of(row: &OpenAuthorization, charged: &str) -> Option<Owed> {
-        Some(Owed {
-            asset: row.asset.parse().ok()?,
-            payer: row.payer.parse().ok()?,
-            pay_to: row.pay_to.as_deref()?.parse().ok()?,
-            amount: U256::from_str_radix(charged, 10).ok()?,
-            proxy: UPTO_PROXY.parse().ok()?,
-        })
-    }
-
-    /// The receipt succeeded, the proxy settled in it, and the token moved
-    /// exactly the amount from the payer to `payTo`.
-    fn paid_by(&self, receipt: &TransactionReceipt) -> bool {
-        if !receipt.inner.status() {
-            return false;
-        }
-        let logs = receipt.inner.logs();
-        let settled = logs.iter().filter(|log| log.address() == self.proxy).any(|log| {
-            let topic = log.topics().first();
-            topic == Some(&Settled::SIGNATURE_HASH) || topic == Some(&SettledWithPermit::SIGNATURE_HASH)
-        });
-        let transferred = logs.iter().filter(|log| log.address() == self.asset).any(|log| {
-            Transfer::decode_log(&log.inner)
-                .is_ok_and(|e| e.data.from == self.payer && e.data.to == self.pay_to && e.data.value == self.amount)
-        });
-        settled && transferred
     }
 }

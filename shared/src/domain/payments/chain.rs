@@ -61,6 +61,15 @@ impl std::fmt::Debug for Chain {
     }
 }
 
+/// What a transaction asked for: its sender, the contract it called (none
+/// for a deployment) and the call's data.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct SentTransaction {
+    pub from: Address,
+    pub to: Option<Address>,
+    pub input: Bytes,
+}
+
 /// A block's number and time (unix seconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {
@@ -179,6 +188,18 @@ impl Chain {
     /// A transaction's receipt: `None` while it is not mined (or unknown).
     pub async fn receipt(&self, transaction: B256) -> Result<Option<TransactionReceipt>, ChainError> {
         self.bounded("eth_getTransactionReceipt", self.provider.get_transaction_receipt(transaction)).await
+    }
+
+    /// A transaction as it was sent: who sent it, to whom, and its
+    /// calldata (what it asked a contract to do). `None`: unknown.
+    pub async fn transaction(&self, transaction: B256) -> Result<Option<SentTransaction>, ChainError> {
+        let sent: Option<SentTransaction> = self
+            .bounded(
+                "eth_getTransactionByHash",
+                self.provider.raw_request("eth_getTransactionByHash".into(), (transaction,)),
+            )
+            .await?;
+        Ok(sent)
     }
 
     /// A view call to `to` at block `at`.

@@ -578,15 +578,6 @@ pub async fn record_captured(db: &PgPool, p: &SettledPayment<'_>, view: &Value) 
     Ok(true)
 }
 
-/// Whether a payment already names `transaction` (each transfer pays for
-/// one task only).
-pub async fn transaction_recorded(db: &PgPool, transaction: &str) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM payments WHERE lower(transaction) = lower($1))")
-        .bind(transaction)
-        .fetch_one(db)
-        .await
-}
-
 /// The payer refused the capture (revoked its approval, moved its funds):
 /// nothing was charged; the attempt `failed` and the task's `payment` says
 /// so. `false`: it was not capturing any more.

@@ -29,6 +29,8 @@
 //!   task stored authorized, nothing charged.
 //! - [`capture`]: when a metered task ends, what it used settled and proven
 //!   on chain, or its authorization released.
+//! - [`capture_proof`]: what proves a capture paid (a settle of its own
+//!   nonce and witness) or never to be paid (the nonce, past the deadline).
 //!
 //! Nothing here names a task: the caller stores one through a [`Counter`].
 
@@ -36,6 +38,8 @@
 pub(crate) mod authorize;
 #[cfg(all(feature = "chain", feature = "catalog"))]
 pub(crate) mod capture;
+#[cfg(feature = "chain")]
+pub(crate) mod capture_proof;
 #[cfg(feature = "chain")]
 pub(crate) mod chain;
 #[cfg(feature = "catalog")]
@@ -59,7 +63,7 @@ pub(crate) mod supported;
 pub(crate) mod upto;
 
 #[cfg(all(feature = "chain", feature = "catalog"))]
-pub use capture::{Authorization as MeteredAuthorization, Captured, Capturer};
+pub use capture::{Authorization as MeteredAuthorization, Captured, Capturer, RESOLVE_MARGIN};
 #[cfg(feature = "chain")]
 pub use chain::{CHAIN_RPC_URLS, Chains};
 #[cfg(feature = "catalog")]
@@ -84,7 +88,9 @@ pub use payload::{
 pub use reconcile::{Reconciled, reconcile};
 #[cfg(feature = "catalog")]
 pub use supported::{SupportedKind, settleable, settles, unsupported_prices};
-pub use upto::{AUTHORIZATION_EXPIRED, MeteredPayment, MeteredStatus, PAYMENT_NOT_CAPTURED, UptoRefusal};
+pub use upto::{
+    AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, MeteredPayment, MeteredStatus, PAYMENT_NOT_CAPTURED, UptoRefusal,
+};
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};

@@ -27,6 +27,10 @@ pub const AUTHORIZATION_EXPIRED: &str = "authorization_expired";
 /// approval, or moved its funds): nothing was charged, and the task's
 /// output was deleted.
 pub const PAYMENT_NOT_CAPTURED: &str = "payment_not_captured";
+/// Why a capture charged nothing: the payer used the authorization's
+/// Permit2 nonce itself (invalidated it, or spent it on a transfer of its
+/// own), so the signature can never settle.
+pub const AUTHORIZATION_SPENT: &str = "authorization_spent";
 
 /// Why a metered payment was refused before anything was stored: each its
 /// own code, and a message that says what to do.
