@@ -20,11 +20,12 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
-use super::metered::{FUNDS, RATE, Shop, assert_books_balance, decode, file_of, id_of};
+use super::metered::{FUNDS, RATE, Shop, assert_books_balance, decode, events, file_of, id_of, output_of, stored};
 use crate::common::chain::{
     ChainLock, OWN_FACILITATOR_ACCOUNT, OwnFacilitator, Payer, ScriptedFacilitator, Settle, TOKEN, UPTO_PROXY, balance,
     chain_time, charges_to, fresh_address, rpc, wait_mined, wait_pending_from, word,
 };
+use crate::common::{get_authed, post_json, send};
 use reeve_shared::ids::Id;
 use reeve_shared::payments::RESOLVE_MARGIN;
 use reeve_shared::worker::{Outcome, WorkerContext, process};
@@ -53,17 +54,6 @@ async fn wait_past(deadline: u64) {
     while chain_time().await <= deadline + RESOLVE_MARGIN.as_secs() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-}
-
-/// Where `fetch` stores task `id`'s output.
-async fn output_of(pool: &PgPool, id: Id) -> String {
-    let space: Vec<u8> =
-        sqlx::query_scalar("SELECT space_idx FROM tasks WHERE id = $1").bind(id).fetch_one(pool).await.unwrap();
-    reeve_shared::tasks::output_key(&reeve_shared::auth::SpaceIndex::from_slice(&space).unwrap(), id)
-}
-
-async fn stored(worker: &WorkerContext, key: &str) -> bool {
-    worker.exec.s3.head_object().bucket(&worker.exec.bucket).key(key).send().await.is_ok()
 }
 
 /// A mined transaction's receipt status (`0x1` succeeded, `0x0` reverted).
@@ -307,6 +297,81 @@ async fn a_payer_who_pulls_its_money_during_the_run_is_charged_nothing_and_gets_
         assert_eq!(balance(&payer.address).await, left, "{how:?}: nothing was taken");
     }
     assert!(charges_to(&shop.pay_to).await.is_empty(), "nothing reached payTo");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// Uploads `bytes` as a text file through the API; answers its upload id.
+async fn upload(shop: &Shop, bytes: &[u8]) -> String {
+    let body = json!({"filename": "words.txt", "content_type": "text/plain", "size": bytes.len()});
+    let reply = send(&shop.app, post_json("/v1/uploads", Some(&shop.token), &body)).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    let mut put = reqwest::Client::new().put(reply.body["url"].as_str().unwrap()).body(bytes.to_vec());
+    for (name, value) in reply.body["headers"].as_object().unwrap() {
+        if name != "content-length" {
+            put = put.header(name, value.as_str().unwrap());
+        }
+    }
+    assert!(put.send().await.unwrap().status().is_success());
+    reply.body["upload_id"].as_str().unwrap().to_owned()
+}
+
+/// Everything a buyer can read of task `id`: its event log (what every
+/// stream replays), its view and the task list.
+async fn everything_readable(shop: &Shop, id: Id) -> String {
+    let events = events(&shop.pool, id).await;
+    let view = shop.task(id).await;
+    let list = send(&shop.app, get_authed("/v1/tasks", &shop.token)).await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.body);
+    format!("{}\n{view}\n{}", serde_json::to_string(&events).unwrap(), list.body)
+}
+
+/// A metered `digest`'s answer is its SHA-256, which it also logs while it
+/// runs. Until the capture is proven, the hash is nowhere a buyer can read
+/// (its progress shows only a fraction); once charged, the held log line and
+/// the result are published in their order, and the event sequence has no
+/// gap.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_metered_digest_shows_its_hash_nowhere_before_the_capture_is_proven(pool: PgPool) {
+    use sha2::Digest as _;
+    let chain = ChainLock::shared().await;
+    let scripted = ScriptedFacilitator::start(&shared_facilitator()).await;
+    let shop = Shop::settling_through(&pool, 600, &scripted.url).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let bytes = b"the quick brown fox\n".repeat(300);
+    let sha = hex::encode(sha2::Sha256::digest(&bytes));
+    let upload_id = upload(&shop, &bytes).await;
+    let input = json!({"upload_id": upload_id});
+    let challenge = shop.create("hashed", &input, None).await;
+    assert_eq!(challenge.status, StatusCode::PAYMENT_REQUIRED, "{}", challenge.body);
+    let signature = payer.sign(challenge.headers["payment-required"].to_str().unwrap()).await;
+    let reply = shop.create("hashed", &input, Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = id_of(&reply);
+    let worker = shop.worker().await;
+
+    // The run ends; its capture's answer is lost, so it is not proven yet.
+    scripted.then([Settle::Answer(json!({"success": false, "errorReason": "unexpected_settle_error",
+                                          "network": "eip155:84532", "payer": payer.address}))]);
+    assert!(matches!(deliver(&worker, id, "hashed", 1).await, Outcome::Retry(_)));
+    let seen = everything_readable(&shop, id).await;
+    assert!(!seen.contains(&sha), "the hash before the capture: {seen}");
+    let progress: Vec<Value> =
+        events(&pool, id).await.into_iter().filter(|e| e.kind.as_str() == "progress").map(|e| e.data).collect();
+    assert!(!progress.is_empty(), "its progress is shown");
+    assert!(progress.iter().all(|p| p.as_object().unwrap().keys().eq(["fraction"])), "a fraction only: {progress:?}");
+
+    assert_eq!(deliver(&worker, id, "hashed", 2).await, Outcome::Done);
+    let task = shop.task(id).await;
+    assert_eq!(task["payment"]["status"], "charged", "{task}");
+    assert_eq!(task["result"]["sha256"], sha.as_str(), "{task}");
+    let events = events(&pool, id).await;
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>(), "no gap for Last-Event-ID");
+    let logged = events.iter().position(|e| e.data["line"].as_str().is_some_and(|l| l.contains(&sha)));
+    let result = events.iter().position(|e| e.kind.as_str() == "result");
+    assert!(matches!((logged, result), (Some(l), Some(r)) if l < r), "the held line, then the result: {events:?}");
     assert_books_balance(&pool, &shop.pay_to).await;
     shop.done().await;
 }

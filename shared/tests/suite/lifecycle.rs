@@ -308,7 +308,7 @@ async fn cancel_racing_the_completion_leaves_exactly_one_terminal_state(pool: Pg
                 &pool,
                 id,
                 Fence::Run(claim.attempt),
-                Change::Complete { result: &result, payment: None }
+                Change::Complete { result: &result, payment: None, held: &[] }
             ),
             tasks::cancel(&pool, &space, id),
         );

@@ -49,7 +49,8 @@ pub(crate) fn encode(v: &Value) -> String {
 
 /// `metered`: a fetch charged per KiB with a ceiling; `brief` and `short`:
 /// the same with a timeout of one and eight seconds, whose authorizations
-/// are asked to last `queue_seconds` of queue more than they need.
+/// are asked to last `queue_seconds` of queue more than they need;
+/// `hashed`: an upload's SHA-256 (`digest`), charged per KiB.
 pub(crate) fn catalog(pay_to: &str, queue_seconds: u32, facilitator: &str) -> String {
     let kind = |kind: &str, timeout: u32| {
         format!(
@@ -73,7 +74,27 @@ pub(crate) fn catalog(pay_to: &str, queue_seconds: u32, facilitator: &str) -> St
             "#
         )
     };
-    let tasks = format!("{}\n{}\n{}", kind("metered", 60), kind("brief", 1), kind("short", 8));
+    let hashed = format!(
+        r#"
+        [tasks.hashed]
+        title = "Metered digest"
+        description = "SHA-256 of an upload, paid per KiB"
+        executor = "digest"
+        timeout_seconds = 30
+        [tasks.hashed.input_schema]
+        type = "object"
+        required = ["upload_id"]
+        [tasks.hashed.input_schema.properties.upload_id]
+        type = "string"
+        [[tasks.hashed.accepts]]
+        asset = "local"
+        scheme = "upto"
+        unit = "KiB"
+        rate = "{RATE}"
+        amount = "{CEILING}"
+        "#
+    );
+    let tasks = format!("{}\n{}\n{}\n{hashed}", kind("metered", 60), kind("brief", 1), kind("short", 8));
     common::paid_catalog_text(pay_to, facilitator, 300, &tasks).replace(
         "max_timeout_seconds = 300",
         &format!("max_timeout_seconds = 300\nmetered_queue_seconds = {queue_seconds}"),
@@ -192,6 +213,17 @@ pub(crate) async fn counted_file_of(bytes: usize) -> (SocketAddr, Arc<AtomicUsiz
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     (addr, asked)
+}
+
+/// Where `fetch` stores task `id`'s output.
+pub(crate) async fn output_of(pool: &PgPool, id: Id) -> String {
+    let space: Vec<u8> =
+        sqlx::query_scalar("SELECT space_idx FROM tasks WHERE id = $1").bind(id).fetch_one(pool).await.unwrap();
+    reeve_shared::tasks::output_key(&reeve_shared::auth::SpaceIndex::from_slice(&space).unwrap(), id)
+}
+
+pub(crate) async fn stored(worker: &WorkerContext, key: &str) -> bool {
+    worker.exec.s3.head_object().bucket(&worker.exec.bucket).key(key).send().await.is_ok()
 }
 
 /// Every transfer to `pay_to` is one metered task's capture: one payment
@@ -502,6 +534,7 @@ async fn a_capture_that_never_lands_ends_with_nothing_charged_once_its_deadline_
     let brief = json!({"task_id": id, "kind": "brief"}).to_string();
     assert!(matches!(process(&worker, &brief, 1).await, Outcome::Retry(_)));
     assert_eq!(shop.task(id).await["payment"]["status"], "capturing");
+    assert!(stored(&worker, &output_of(&pool, id).await).await, "the run's output is stored, held");
     while common::chain::chain_time().await <= deadline + reeve_shared::payments::RESOLVE_MARGIN.as_secs() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -514,11 +547,8 @@ async fn a_capture_that_never_lands_ends_with_nothing_charged_once_its_deadline_
         (&json!("not_captured"), &json!("authorization_expired")),
         "{task}"
     );
-    let events = events(&pool, id).await;
-    let stored = events.iter().find_map(|e| e.data["line"].as_str()?.strip_prefix("stored as ").map(str::to_owned));
-    let key = stored.unwrap_or_else(|| panic!("the run stored its output: {events:?}"));
-    let found = worker.exec.s3.head_object().bucket(&worker.exec.bucket).key(&key).send().await;
-    assert!(found.is_err(), "the output of an unpaid task is deleted: {key}");
+    let key = output_of(&pool, id).await;
+    assert!(!stored(&worker, &key).await, "the output of an unpaid task is deleted: {key}");
     assert_eq!(balance(&payer.address).await, FUNDS, "nothing moved");
     assert!(charges_to(&shop.pay_to).await.is_empty());
     assert_eq!(shop.attempt(id).await, ("failed".into(), Some("authorization_expired".into())));

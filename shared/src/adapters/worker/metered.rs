@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::ends::{fail, retry_later};
+use super::ends::{fail, lost, retry_later};
+use super::lease::{Lost, keep_lease};
 use super::{Outcome, Retryable, WorkerContext, complete, retry};
 use crate::domain::catalog::{Executor, TaskSpec};
 use crate::domain::ids::Id;
@@ -54,17 +55,31 @@ pub(super) fn used(spec: &TaskSpec, result: &Value, took: Duration) -> u64 {
 /// delivered with the task's `payment`. Delivery follows capture: refused,
 /// the output is deleted; open, the task waits in the queue with the run
 /// held, and the next delivery only resumes the capture.
+///
+/// The task's lease (counted from `leased_at`) is renewed while the capture
+/// waits: a settle and its confirmation can outlast a lease, and a second
+/// worker taking over a capture in flight would send a second settle of the
+/// same authorization. A capture cut short is safe to resume: the next run
+/// asks the chain first.
 pub(super) async fn deliver(
     ctx: &WorkerContext,
     run: (Id, i32, u32),
     auth: &MeteredAuthorization,
     held: &Held,
+    leased_at: tokio::time::Instant,
 ) -> Outcome {
     let (id, attempt, receive_count) = run;
     let capturer = Capturer { db: &ctx.db, facilitator: ctx.facilitator.as_ref(), chains: &ctx.chains };
-    match capturer.capture(auth, id, held).await {
+    let captured = tokio::select! {
+        captured = capturer.capture(auth, id, held) => captured,
+        lost_lease = keep_lease(ctx, id, attempt, leased_at) => return match lost_lease {
+            Lost::Taken => lost(attempt),
+            Lost::Expired => Outcome::retry("the capture's lease ran out before it could be renewed"),
+        },
+    };
+    match captured {
         Ok(Captured::Charged(payment) | Captured::Released(payment)) => {
-            complete(ctx, id, attempt, &held.result, Some(&payment.to_value())).await
+            complete(ctx, id, attempt, &held.result, Some(&payment.to_value()), &held.reports).await
         }
         Ok(Captured::Refused { reason, .. }) => {
             // Nothing was paid for it: nobody gets it.

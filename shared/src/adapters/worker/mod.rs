@@ -93,7 +93,8 @@ use crate::domain::auth::Secret;
 use crate::domain::catalog::{Catalog, TaskSpec};
 use crate::domain::executors::{self, ExecDeps, ExecError, Job};
 use crate::domain::ids::Id;
-use crate::domain::payments::Held;
+use crate::domain::payments::{Held, HeldReport};
+use crate::domain::tasks::EventType;
 use crate::domain::tasks::events::Publisher;
 use crate::domain::tasks::{Change, Fence, QueueMessage, transition};
 use crate::infra::redis_client::RedisClient;
@@ -396,7 +397,7 @@ async fn run_task(
         && let Some(held) = auth.held()
     {
         tracing::info!(attempt, "resuming the capture of an earlier run");
-        return deliver_leased(ctx, (id, attempt, receive_count), auth, held, claimed_at).await;
+        return metered::deliver(ctx, (id, attempt, receive_count), auth, held, claimed_at).await;
     }
     // Asked to cancel during an earlier attempt, which was handed back.
     if claim.cancel_requested {
@@ -406,12 +407,12 @@ async fn run_task(
     // wins over whatever it was doing.
     let started = std::time::Instant::now();
     let run = tokio::select! {
-        run = execute(ctx, task, spec, attempt, claimed_at, stop_at) => run,
+        run = execute(ctx, task, spec, attempt, metered.is_some(), claimed_at, stop_at) => run,
         () = cancel_asked(ctx, id, attempt) => return cancel(ctx, id, attempt).await,
     };
     crate::infra::metrics::task_run(&task.kind, started.elapsed());
-    let result = match run {
-        Ok(result) => result,
+    let (result, held_reports) = match run {
+        Ok(ended) => ended,
         Err(Lost::Taken) => {
             tracing::warn!(attempt, "lost the task to another run while executing; stopped, writing nothing more");
             return Outcome::Done;
@@ -427,14 +428,14 @@ async fn run_task(
     let took = started.elapsed();
     match result {
         Ok(value) => match &metered {
-            None => complete(ctx, id, attempt, &value, None).await,
+            None => complete(ctx, id, attempt, &value, None, &[]).await,
             Some(auth) => {
-                let held = Held { used: metered::used(spec, &value, took), result: value };
+                let held = Held { used: metered::used(spec, &value, took), result: value, reports: held_reports };
                 // The run's renewals stopped with it: renew once, and keep
                 // renewing from there while the capture waits.
                 let renewed_at = tokio::time::Instant::now();
                 match store::extend_lease(&ctx.db, id, attempt, ctx.settings.lease).await {
-                    Ok(true) => deliver_leased(ctx, (id, attempt, receive_count), auth, &held, renewed_at).await,
+                    Ok(true) => metered::deliver(ctx, (id, attempt, receive_count), auth, &held, renewed_at).await,
                     Ok(false) => lost(attempt),
                     Err(e) => retry("renewing the lease before the capture", e),
                 }
@@ -452,32 +453,19 @@ async fn run_task(
     }
 }
 
-/// Delivers a finished metered run once its capture is decided, holding the
-/// task's lease meanwhile (counted from `leased_at`): a settle and its
-/// confirmation can outlast a lease, and a second worker taking over a
-/// capture in flight would send a second settle of the same authorization.
-/// A capture cut short is safe to resume: the next run asks the chain first.
-async fn deliver_leased(
-    ctx: &WorkerContext,
-    run: (Id, i32, u32),
-    auth: &crate::domain::payments::MeteredAuthorization,
-    held: &Held,
-    leased_at: tokio::time::Instant,
-) -> Outcome {
-    let (id, attempt, _) = run;
-    tokio::select! {
-        outcome = metered::deliver(ctx, run, auth, held) => outcome,
-        lost_lease = keep_lease(ctx, id, attempt, leased_at) => match lost_lease {
-            Lost::Taken => lost(attempt),
-            Lost::Expired => Outcome::retry("the capture's lease ran out before it could be renewed"),
-        },
-    }
-}
-
 /// Ends a run with its result (and a metered task's `payment`, its
-/// receipt, in the final event).
-async fn complete(ctx: &WorkerContext, id: Id, attempt: i32, result: &Value, payment: Option<&Value>) -> Outcome {
-    match transition(&ctx.db, id, Fence::Run(attempt), Change::Complete { result, payment }).await {
+/// receipt, in the final event), after the reports it `held` back.
+async fn complete(
+    ctx: &WorkerContext,
+    id: Id,
+    attempt: i32,
+    result: &Value,
+    payment: Option<&Value>,
+    held: &[HeldReport],
+) -> Outcome {
+    let held: Vec<(EventType, Value)> =
+        held.iter().filter_map(|r| Some((EventType::parse(&r.kind)?, r.data.clone()))).collect();
+    match transition(&ctx.db, id, Fence::Run(attempt), Change::Complete { result, payment, held: &held }).await {
         Ok(Some(events)) => {
             ctx.events.publish_all(id, &events).await;
             tracing::info!(attempt, "completed");
@@ -488,17 +476,23 @@ async fn complete(ctx: &WorkerContext, id: Id, attempt: i32, result: &Value, pay
     }
 }
 
-/// Runs the job with its reports recorded and its lease kept alive, bounded
-/// by the task's timeout. `Err`: the run lost the task meanwhile, and the
-/// executor was stopped. `Ok(Err(Err(_)))`: timed out, or stopped at `stop_at`.
+/// What a run ended with: its result, or why it did not finish; and the
+/// reports a metered run held back (see [`reports`]).
+type RunEnd = (Result<Value, Result<ExecError, Retryable>>, Vec<HeldReport>);
+
+/// Runs the job with its reports recorded (a `metered` run's held back) and
+/// its lease kept alive, bounded by the task's timeout. `Err`: the run lost
+/// the task meanwhile, and the executor was stopped. `Ok((Err(Err(_)), _))`:
+/// timed out, or stopped at `stop_at`.
 async fn execute(
     ctx: &WorkerContext,
     task: &store::TaskRow,
     spec: &TaskSpec,
     attempt: i32,
+    metered: bool,
     claimed_at: tokio::time::Instant,
     stop_at: Option<tokio::time::Instant>,
-) -> Result<Result<Value, Result<ExecError, Retryable>>, Lost> {
+) -> Result<RunEnd, Lost> {
     let id = task.id;
     let (reports, receiver) = mpsc::channel(REPORT_BUFFER);
     let job = Job { task_id: id, space: task.space, input: &task.input, spec, reports };
@@ -521,10 +515,7 @@ async fn execute(
     };
     // The executor owns the only sender: once it returns (or is dropped on
     // timeout) the reporter drains what is left and ends.
-    let work = async {
-        let (result, ()) = tokio::join!(run, record_reports(ctx, id, attempt, receiver));
-        result
-    };
+    let work = async { tokio::join!(run, record_reports(ctx, id, attempt, receiver, metered.then_some(spec))) };
     tokio::select! {
         result = work => Ok(result),
         lost = keep_lease(ctx, id, attempt, claimed_at) => Err(lost),

@@ -493,6 +493,21 @@ pub struct Held {
     pub result: Value,
     /// Bytes, or milliseconds for `second`.
     pub used: u64,
+    /// What the run reported that may carry its result (log lines, a
+    /// progress report's details), in the order it came: published only
+    /// once the capture is charged, just before the result, and deleted
+    /// with the output if it is not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reports: Vec<HeldReport>,
+}
+
+/// One report a metered run held back: its event's type (`log`,
+/// `progress`) and data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldReport {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub data: Value,
 }
 
 pub async fn open_authorization(db: &PgPool, task_id: Id) -> Result<Option<OpenAuthorization>, sqlx::Error> {
@@ -578,13 +593,15 @@ pub async fn record_captured(db: &PgPool, p: &SettledPayment<'_>, view: &Value) 
     Ok(true)
 }
 
-/// The payer refused the capture (revoked its approval, moved its funds):
-/// nothing was charged; the attempt `failed` and the task's `payment` says
-/// so. `false`: it was not capturing any more.
+/// The chain shows the capture can never be paid: nothing was charged; the
+/// attempt `failed`, what the run held (its result and reports) is
+/// dropped, and the task's `payment` says so. `false`: it was not
+/// capturing any more.
 pub async fn refuse_capture(db: &PgPool, id: Id, task_id: Id, reason: &str, view: &Value) -> Result<bool, sqlx::Error> {
     let mut tx = db.begin().await?;
     let moved = sqlx::query(
-        "UPDATE payment_attempts SET status = 'failed', reason = $2, claimed_until = NULL, updated_at = now()
+        "UPDATE payment_attempts SET status = 'failed', reason = $2, claimed_until = NULL, held = NULL,
+                updated_at = now()
           WHERE id = $1 AND status = 'capturing'",
     )
     .bind(id)

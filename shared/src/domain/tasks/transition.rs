@@ -30,8 +30,11 @@ pub enum Fence<'a> {
 #[derive(Debug, Clone, Copy)]
 pub enum Change<'a> {
     /// `→ completed` with the executor's result: events `result`, `status`
-    /// (carrying a metered task's `payment`, its receipt).
-    Complete { result: &'a Value, payment: Option<&'a Value> },
+    /// (carrying a metered task's `payment`, its receipt), after the events
+    /// of the reports a metered run held back until it was charged
+    /// (`held`, in the order they came), so that they keep their order and
+    /// the sequence has no gap.
+    Complete { result: &'a Value, payment: Option<&'a Value>, held: &'a [(EventType, Value)] },
     /// `→ failed` with `{"code","message"}` (see [`super::task_error`]):
     /// events `error`, `status` (carrying the error too).
     Fail { error: &'a Value },
@@ -61,12 +64,14 @@ impl Change<'_> {
     fn events(&self) -> Vec<(EventType, Value)> {
         let status = self.to().as_str();
         match *self {
-            Change::Complete { result, payment } => {
+            Change::Complete { result, payment, held } => {
                 let mut data = json!({ "status": status });
                 if let Some(payment) = payment {
                     data["payment"] = payment.clone();
                 }
-                vec![(EventType::Result, result.clone()), (EventType::Status, data)]
+                let mut events = held.to_vec();
+                events.extend([(EventType::Result, result.clone()), (EventType::Status, data)]);
+                events
             }
             Change::Fail { error } => vec![
                 (EventType::Error, error.clone()),
