@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use reeve_shared::catalog::{Catalog, CatalogError, EXECUTORS, Executor, NetworkKind, Problem, Quota, Uploads};
+use reeve_shared::catalog::{Catalog, CatalogError, Executor, NetworkKind, Problem, Quota, Uploads};
+use reeve_shared::executors::{Digest, Fetch, Http};
 use serde_json::json;
 
 /// What deployments ship (the template's CatalogLayer): mainnet prices only.
@@ -63,16 +64,16 @@ fn shipped_catalog_loads_with_free_and_priced_tasks() {
 
     let digest = catalog.task("digest").expect("digest task");
     assert!(digest.is_free());
-    assert_eq!(digest.executor, Executor::Digest);
+    assert_eq!(digest.executor, Executor::Digest(Digest));
 
     let fetch = catalog.task("fetch").expect("fetch task");
-    assert_eq!(fetch.executor, Executor::Fetch);
+    assert_eq!(fetch.executor, Executor::Fetch(Fetch));
     let prices: Vec<(&str, u128, Option<&str>)> =
         fetch.accepts.iter().map(|price| (price.asset.as_str(), price.amount, price.amount_usd.as_deref())).collect();
     assert_eq!(prices, [("usdc-base", 10_000, Some("0.01"))]);
 
     let http = catalog.task("http").expect("http task");
-    assert_eq!(http.executor, Executor::Http { endpoint: "https://example.com/reeve/echo".into() });
+    assert_eq!(http.executor, Executor::Http(Http { endpoint: "https://example.com/reeve/echo".into() }));
     assert_eq!((http.accepts[0].asset.as_str(), http.accepts[0].amount), ("usdc-base", 5_000));
     assert_eq!(http.accepts[0].amount_usd, None);
 
@@ -715,7 +716,7 @@ input_schema = { type = "object" }
 
 #[test]
 fn every_listed_executor_is_accepted() {
-    for &name in EXECUTORS {
+    for &name in Executor::NAMES {
         let endpoint = if name == "http" { "\nendpoint = \"https://example.com/run\"" } else { "" };
         let catalog = parse_ok(&catalog_with("", &format!("executor = \"{name}\"{endpoint}")));
         assert_eq!(catalog.task("t").unwrap().executor.name(), name);

@@ -19,7 +19,7 @@ use axum::routing::{any, get, post};
 use common::{ctx, new_session, post_json, send, shipped_catalog};
 use reeve_shared::auth::{self, SpaceIndex};
 use reeve_shared::catalog::{Executor, TaskSpec};
-use reeve_shared::executors::{self, ExecDeps, ExecError, Job, Report, codes, output_key};
+use reeve_shared::executors::{self, ExecDeps, ExecError, Http, Job, Report, codes, output_key};
 use reeve_shared::http::{app, task_status_app};
 use reeve_shared::ids::Id;
 use reeve_shared::settings;
@@ -54,7 +54,7 @@ fn spec(kind: &str) -> TaskSpec {
 
 fn http_spec(endpoint: &str, timeout_seconds: u32) -> TaskSpec {
     let mut spec = spec("http");
-    spec.executor = Executor::Http { endpoint: endpoint.to_owned() };
+    spec.executor = Executor::Http(Http { endpoint: endpoint.to_owned() });
     spec.timeout_seconds = timeout_seconds;
     spec
 }

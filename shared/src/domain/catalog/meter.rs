@@ -1,9 +1,10 @@
-//! What a metered price counts: its [`Unit`], and the [`Meter`] that turns
-//! what a run used into a charge.
+//! What a metered price counts: its [`Unit`], the [`Quantity`] an executor
+//! measures, and the [`Meter`] that turns what a run used into a charge.
 //!
-//! A file of its own, below the rest of the catalog, so that what names
-//! units need not reach the catalog's own module (which will hold the
-//! executors that measure them).
+//! A file of its own, below the rest of the catalog: each executor says what
+//! it measures in terms of these, and the catalog's [`TaskSpec`](super::TaskSpec)
+//! holds the executors, so the executors must not need the catalog's own
+//! module to say it.
 
 /// A metered price's rate: so many atomic units of the asset per `unit`
 /// the task used.
@@ -34,7 +35,7 @@ pub enum Unit {
     KiB,
     MiB,
     GiB,
-    /// Seconds an `http` call took, counted in milliseconds.
+    /// Seconds a run took, counted in milliseconds.
     Second,
 }
 
@@ -68,12 +69,22 @@ impl Unit {
         }
     }
 
-    /// Whether an executor measures this unit: bytes fetched (`fetch`) or
-    /// hashed (`digest`), or the seconds an `http` call took.
-    pub fn measured_by(self, executor: &str) -> bool {
+    /// What the unit counts: an executor priced in it must measure the same
+    /// quantity ([`Executor::meters`](crate::domain::executors::Executor::meters)).
+    pub fn quantity(self) -> Quantity {
         match self {
-            Unit::Second => executor == "http",
-            _ => executor == "fetch" || executor == "digest",
+            Unit::Byte | Unit::KiB | Unit::MiB | Unit::GiB => Quantity::Bytes,
+            Unit::Second => Quantity::Milliseconds,
         }
     }
+}
+
+/// What an executor counts for a metered price: the quantity a finished
+/// run's usage is given in, and so which units it can be priced in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantity {
+    /// Bytes: priced per `byte`, `KiB`, `MiB` or `GiB`.
+    Bytes,
+    /// Milliseconds of run time: priced per `second`.
+    Milliseconds,
 }

@@ -21,12 +21,12 @@
 #[cfg(feature = "catalog")]
 mod amount;
 mod error;
-mod formats;
+pub(crate) mod formats;
 #[cfg(feature = "catalog")]
 pub(crate) mod meter;
 #[cfg(feature = "catalog")]
 mod networks;
-mod read;
+pub(crate) mod read;
 #[cfg(feature = "catalog")]
 mod schema;
 pub(crate) mod uploads;
@@ -39,9 +39,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+/// Which executor runs a kind: declared by the executors, each in its own
+/// file, and listed once in their registry.
+#[cfg(feature = "catalog")]
+pub use crate::domain::executors::registry::Executor;
 pub use error::{CatalogError, Problem};
 #[cfg(feature = "catalog")]
-pub use meter::{Meter, Unit};
+pub use meter::{Meter, Quantity, Unit};
 #[cfg(feature = "catalog")]
 pub use networks::{NetworkKind, testnet_name};
 pub use uploads::{MAX_FILENAME_BYTES, Uploads};
@@ -68,10 +72,6 @@ pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicQuota, PublicTask,
 /// `metered_queue_seconds`): shorter, and the task would expire before any
 /// worker could take it.
 pub const METERED_MIN_QUEUE_SECONDS: u32 = 10;
-
-#[cfg(feature = "catalog")]
-/// The executors a task may name, in the order error messages list them.
-pub const EXECUTORS: &[&str] = &["digest", "fetch", "http"];
 
 #[cfg(feature = "catalog")]
 /// The validated catalog. Every value in it has passed the checks in
@@ -147,30 +147,6 @@ pub struct Quota {
 impl Default for Quota {
     fn default() -> Self {
         Quota { per_hour: 100, at_once: 10 }
-    }
-}
-
-#[cfg(feature = "catalog")]
-/// Which code runs a task. Only `http` carries configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Executor {
-    Digest,
-    Fetch,
-    /// POSTs the input to `endpoint` and returns its JSON.
-    Http {
-        endpoint: String,
-    },
-}
-
-#[cfg(feature = "catalog")]
-impl Executor {
-    /// The name used for `executor` in `reeve.toml`; one of [`EXECUTORS`].
-    pub fn name(&self) -> &'static str {
-        match self {
-            Executor::Digest => "digest",
-            Executor::Fetch => "fetch",
-            Executor::Http { .. } => "http",
-        }
     }
 }
 
