@@ -723,6 +723,39 @@ fn every_listed_executor_is_accepted() {
     }
 }
 
+/// Which units each executor's metered price may count, written out: a
+/// registry change that lets an executor be priced in what it does not
+/// measure, or stops one being priced in what it does, fails here.
+#[test]
+fn a_metered_price_counts_only_what_its_executor_measures() {
+    let bytes = ["byte", "KiB", "MiB", "GiB"];
+    let measured: [(&str, &[&str]); 3] = [("digest", &bytes), ("fetch", &bytes), ("http", &["second"])];
+    assert_eq!(measured.map(|(name, _)| name), Executor::NAMES, "a row per registered executor");
+    for (name, units) in measured {
+        let endpoint = if name == "http" { "\nendpoint = \"https://example.com/run\"" } else { "" };
+        for unit in ["byte", "KiB", "MiB", "GiB", "second"] {
+            let text = catalog_with(
+                "",
+                &format!(
+                    "executor = \"{name}\"{endpoint}\n[[tasks.t.accepts]]\nasset = \"coin\"\nscheme = \"upto\"\n\
+                     unit = \"{unit}\"\nrate = \"1\"\namount = \"1000\""
+                ),
+            );
+            if units.contains(&unit) {
+                let meter = parse_ok(&text).task("t").unwrap().accepts[0].meter.clone().unwrap();
+                assert_eq!(meter.unit.name(), unit);
+            } else {
+                let shown: Vec<String> = problems(&text).iter().map(ToString::to_string).collect();
+                let want = format!(
+                    "tasks.t.accepts[0].unit: executor {name:?} does not measure {unit:?}; it measures {}",
+                    units.join(", ")
+                );
+                assert_eq!(shown, [want]);
+            }
+        }
+    }
+}
+
 #[test]
 fn local_facilitators_may_use_plain_http() {
     for url in ["http://127.0.0.1:4021/facilitator", "http://localhost:4021", "http://[::1]:8080/x"] {
