@@ -42,7 +42,7 @@ pub use adapters::sweeper;
 pub use adapters::upload_guard;
 #[cfg(feature = "worker")]
 pub use adapters::worker;
-#[cfg(feature = "worker")]
+#[cfg(feature = "catalog")]
 pub use domain::executors;
 #[cfg(feature = "relay")]
 pub use domain::relay;

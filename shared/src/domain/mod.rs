@@ -8,7 +8,7 @@
 pub mod auth;
 pub mod catalog;
 pub mod error;
-#[cfg(feature = "worker")]
+#[cfg(feature = "catalog")]
 pub mod executors;
 pub mod ids;
 #[cfg(feature = "api-auth")]

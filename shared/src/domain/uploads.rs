@@ -22,12 +22,12 @@ use sqlx::{PgExecutor, PgPool};
 use time::OffsetDateTime;
 
 use crate::domain::auth::SpaceIndex;
-use crate::domain::catalog;
+use crate::domain::catalog::uploads::Uploads;
 use crate::domain::ids::Id;
 
 /// Every object key of an upload starts with this (the guard's trigger prefix).
 pub const KEY_PREFIX: &str = "incoming/tasks/";
-pub use crate::domain::catalog::MAX_FILENAME_BYTES;
+pub use crate::domain::catalog::uploads::MAX_FILENAME_BYTES;
 /// Longest sanitised name used in an object key, in characters (all ASCII).
 pub const MAX_KEY_NAME_CHARS: usize = 100;
 
@@ -226,7 +226,7 @@ struct Declared {
     size: u64,
 }
 
-fn validate(policy: &catalog::Uploads, request: UploadRequest) -> Result<Declared, CreateError> {
+fn validate(policy: &Uploads, request: UploadRequest) -> Result<Declared, CreateError> {
     let filename = request.filename.ok_or(CreateError::InvalidFilename("filename is required"))?;
     if filename.trim().is_empty() {
         return Err(CreateError::InvalidFilename("filename must not be empty"));
@@ -258,7 +258,7 @@ pub async fn create(
     db: &PgPool,
     s3: &aws_sdk_s3::Client,
     bucket: &str,
-    policy: &catalog::Uploads,
+    policy: &Uploads,
     space: &SpaceIndex,
     request: UploadRequest,
     expires_in: Duration,
@@ -352,7 +352,7 @@ pub async fn store(
     db: &PgPool,
     s3: &aws_sdk_s3::Client,
     bucket: &str,
-    policy: &catalog::Uploads,
+    policy: &Uploads,
     space: &SpaceIndex,
     file: InlineFile,
 ) -> Result<Id, CreateError> {

@@ -17,7 +17,7 @@ use axum::routing::{any, get, post};
 use reeve_shared::auth::{self, Secret, SpaceId, SpaceIndex};
 use reeve_shared::catalog::{Executor, TaskSpec};
 use reeve_shared::db::Connect;
-use reeve_shared::executors::{self, ExecDeps, ExecError, Job, codes};
+use reeve_shared::executors::{self, ExecDeps, ExecError, Http, Job, codes};
 use reeve_shared::ids::Id;
 use reeve_shared::outbound::Outbound;
 use reeve_shared::settings::{self, Config};
@@ -73,7 +73,7 @@ fn spec(kind: &str) -> TaskSpec {
 
 fn http_spec(endpoint: String) -> TaskSpec {
     let mut spec = spec("http");
-    spec.executor = Executor::Http { endpoint };
+    spec.executor = Executor::Http(Http { endpoint });
     spec.timeout_seconds = 5;
     spec
 }

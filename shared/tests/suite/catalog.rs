@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use reeve_shared::catalog::{Catalog, CatalogError, EXECUTORS, Executor, NetworkKind, Problem, Quota, Uploads};
+use reeve_shared::catalog::{Catalog, CatalogError, Executor, NetworkKind, Problem, Quota, Uploads};
+use reeve_shared::executors::{Digest, Fetch, Http};
 use serde_json::json;
 
 /// What deployments ship (the template's CatalogLayer): mainnet prices only.
@@ -63,16 +64,16 @@ fn shipped_catalog_loads_with_free_and_priced_tasks() {
 
     let digest = catalog.task("digest").expect("digest task");
     assert!(digest.is_free());
-    assert_eq!(digest.executor, Executor::Digest);
+    assert_eq!(digest.executor, Executor::Digest(Digest));
 
     let fetch = catalog.task("fetch").expect("fetch task");
-    assert_eq!(fetch.executor, Executor::Fetch);
+    assert_eq!(fetch.executor, Executor::Fetch(Fetch));
     let prices: Vec<(&str, u128, Option<&str>)> =
         fetch.accepts.iter().map(|price| (price.asset.as_str(), price.amount, price.amount_usd.as_deref())).collect();
     assert_eq!(prices, [("usdc-base", 10_000, Some("0.01"))]);
 
     let http = catalog.task("http").expect("http task");
-    assert_eq!(http.executor, Executor::Http { endpoint: "https://example.com/reeve/echo".into() });
+    assert_eq!(http.executor, Executor::Http(Http { endpoint: "https://example.com/reeve/echo".into() }));
     assert_eq!((http.accepts[0].asset.as_str(), http.accepts[0].amount), ("usdc-base", 5_000));
     assert_eq!(http.accepts[0].amount_usd, None);
 
@@ -715,10 +716,43 @@ input_schema = { type = "object" }
 
 #[test]
 fn every_listed_executor_is_accepted() {
-    for &name in EXECUTORS {
+    for &name in Executor::NAMES {
         let endpoint = if name == "http" { "\nendpoint = \"https://example.com/run\"" } else { "" };
         let catalog = parse_ok(&catalog_with("", &format!("executor = \"{name}\"{endpoint}")));
         assert_eq!(catalog.task("t").unwrap().executor.name(), name);
+    }
+}
+
+/// Which units each executor's metered price may count, written out: a
+/// registry change that lets an executor be priced in what it does not
+/// measure, or stops one being priced in what it does, fails here.
+#[test]
+fn a_metered_price_counts_only_what_its_executor_measures() {
+    let bytes = ["byte", "KiB", "MiB", "GiB"];
+    let measured: [(&str, &[&str]); 3] = [("digest", &bytes), ("fetch", &bytes), ("http", &["second"])];
+    assert_eq!(measured.map(|(name, _)| name), Executor::NAMES, "a row per registered executor");
+    for (name, units) in measured {
+        let endpoint = if name == "http" { "\nendpoint = \"https://example.com/run\"" } else { "" };
+        for unit in ["byte", "KiB", "MiB", "GiB", "second"] {
+            let text = catalog_with(
+                "",
+                &format!(
+                    "executor = \"{name}\"{endpoint}\n[[tasks.t.accepts]]\nasset = \"coin\"\nscheme = \"upto\"\n\
+                     unit = \"{unit}\"\nrate = \"1\"\namount = \"1000\""
+                ),
+            );
+            if units.contains(&unit) {
+                let meter = parse_ok(&text).task("t").unwrap().accepts[0].meter.clone().unwrap();
+                assert_eq!(meter.unit.name(), unit);
+            } else {
+                let shown: Vec<String> = problems(&text).iter().map(ToString::to_string).collect();
+                let want = format!(
+                    "tasks.t.accepts[0].unit: executor {name:?} does not measure {unit:?}; it measures {}",
+                    units.join(", ")
+                );
+                assert_eq!(shown, [want]);
+            }
+        }
     }
 }
 

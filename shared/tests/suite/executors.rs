@@ -19,7 +19,7 @@ use axum::routing::{any, get, post};
 use common::{ctx, new_session, post_json, send, shipped_catalog};
 use reeve_shared::auth::{self, SpaceIndex};
 use reeve_shared::catalog::{Executor, TaskSpec};
-use reeve_shared::executors::{self, ExecDeps, ExecError, Job, Report, codes, output_key};
+use reeve_shared::executors::{self, ExecDeps, ExecError, Http, Job, Report, codes, output_key};
 use reeve_shared::http::{app, task_status_app};
 use reeve_shared::ids::Id;
 use reeve_shared::settings;
@@ -54,7 +54,7 @@ fn spec(kind: &str) -> TaskSpec {
 
 fn http_spec(endpoint: &str, timeout_seconds: u32) -> TaskSpec {
     let mut spec = spec("http");
-    spec.executor = Executor::Http { endpoint: endpoint.to_owned() };
+    spec.executor = Executor::Http(Http { endpoint: endpoint.to_owned() });
     spec.timeout_seconds = timeout_seconds;
     spec
 }
@@ -108,6 +108,22 @@ fn assert_progress_runs_0_to_1(reports: &[Report]) {
     assert_eq!(fractions.first(), Some(&0.0), "starts at 0.0: {fractions:?}");
     assert_eq!(fractions.last(), Some(&1.0), "ends at 1.0: {fractions:?}");
     assert!(fractions.windows(2).all(|w| w[0] < w[1]), "strictly increasing: {fractions:?}");
+}
+
+/// What a metered task's stream may show before its payment is captured:
+/// the reports its executor discloses. Some progress, never a log line, and
+/// none of `secrets` (parts of the result) in any of them.
+#[track_caller]
+fn assert_shown_before_capture_hides(spec: &TaskSpec, reports: &[Report], secrets: &[&str]) {
+    let shown: Vec<&Report> = reports.iter().filter(|r| executors::discloses(&spec.executor, r)).collect();
+    assert!(!shown.is_empty(), "how far it got is shown: {reports:?}");
+    for report in shown {
+        assert!(matches!(report, Report::Progress { .. }), "only progress is shown: {report:?}");
+        let text = format!("{report:?}");
+        for secret in secrets {
+            assert!(!text.contains(secret), "{report:?} shows {secret:?} of the result before the capture");
+        }
+    }
 }
 
 #[track_caller]
@@ -212,6 +228,8 @@ async fn digest_streams_an_upload_made_through_the_api(pool: PgPool) {
         assert!((mib..mib + MIB as u64).contains(bytes), "a report per MiB: {marks:?}");
     }
     assert!(logs(&reports).iter().any(|l| l.contains(&sha256_hex(&bytes))), "{:?}", logs(&reports));
+    // The log line is the result itself: held until a metered task is paid.
+    assert_shown_before_capture_hides(&spec("digest"), &reports, &[&sha256_hex(&bytes)]);
 
     // The upload is still pending (no guard ran here): digest leaves statuses alone.
     assert_eq!(status_of(&pool, upload_id).await, "pending");
@@ -452,6 +470,7 @@ async fn fetch_stores_the_body_with_a_working_download_link(pool: PgPool) {
     assert_progress_runs_0_to_1(&reports);
     assert!(progress(&reports).len() >= 3, "start, downloaded, stored: {reports:?}");
     assert!(!logs(&reports).is_empty());
+    assert_shown_before_capture_hides(&spec("fetch"), &reports, &[&key, &sha256_hex(&bytes), "image/png"]);
 
     // What the bucket holds.
     let stored = deps.s3.get_object().bucket(&deps.bucket).key(&key).send().await.expect("stored");
@@ -668,6 +687,9 @@ async fn http_returns_the_endpoints_json(pool: PgPool) {
     assert_eq!(result.expect("http succeeds"), json!({ "echo": input, "ok": true }));
     assert_eq!(*seen.posted.lock().unwrap(), vec![input.clone()], "the endpoint saw the input once");
     assert_progress_runs_0_to_1(&reports);
+    // Not even the answer's size: a yes and a no may differ in nothing else.
+    let spec = http_spec(&format!("{base}/echo"), 5);
+    assert_shown_before_capture_hides(&spec, &reports, &["echo", "bytes"]);
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]

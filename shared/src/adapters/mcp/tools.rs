@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::failure::{ToolFailure, ToolResult};
 use super::wait::MAX_WAIT_SECONDS;
-use crate::domain::catalog::{Catalog, Executor, PublicPrice, PublicTask};
+use crate::domain::catalog::{Catalog, PublicPrice, PublicTask};
 use crate::domain::payments::PaymentRequired;
 use crate::domain::tasks::Task;
 
@@ -300,35 +300,6 @@ fn inline_refs(schema: &mut Value, named: &HashMap<String, Value>) {
     }
 }
 
-/// What an executor's result looks like, where Reeve knows it (an `http`
-/// task answers whatever its endpoint answers). Loose on purpose: the
-/// fields an agent relies on are required, and more may be added.
-fn executor_output(executor: &Executor) -> Value {
-    match executor {
-        Executor::Digest => json!({
-            "type": "object",
-            "properties": { "sha256": { "type": "string", "pattern": "^[0-9a-f]{64}$" }, "size": { "type": "integer" } },
-            "required": ["sha256", "size"]
-        }),
-        // `url` is signed as the result is read; null once the output has
-        // expired (`expired` then says when).
-        Executor::Fetch => json!({
-            "type": "object",
-            "properties": {
-                "key": { "type": "string" }, "size": { "type": "integer" },
-                "sha256": { "type": "string" }, "url": { "type": ["string", "null"] },
-                "expired": {
-                    "type": "object",
-                    "properties": { "at": { "type": "string" }, "message": { "type": "string" } },
-                    "required": ["at", "message"]
-                }
-            },
-            "required": ["key", "size", "sha256", "url"]
-        }),
-        Executor::Http { .. } => json!({}),
-    }
-}
-
 /// What a tool name names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Named<'a> {
@@ -370,7 +341,7 @@ impl Tools {
             let mut meta = MetaObject::new();
             meta.insert(PRICE_META.into(), json!({ "free": task.free, "prices": task.prices }));
             let priced = if task.free { Priced::No } else { Priced::Yes };
-            let output = output_schema(task_schema(&executor_output(&spec.executor)), priced);
+            let output = output_schema(task_schema(&spec.executor.output_schema()), priced);
             list.push(
                 Tool::new(name.clone(), kind_description(&task), object(kind_input_schema(&task.input_schema)))
                     .with_title(task.title.clone())
@@ -494,6 +465,7 @@ fn object(value: Value) -> Arc<JsonObject> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::executors::{Digest, Executor};
 
     /// A kind paid per task on two networks, and a fetch metered per KiB.
     const PRICED: &str = r#"
@@ -670,7 +642,7 @@ mod tests {
                 "maxTimeoutSeconds": 300, "extra": { "name": "USDC", "version": "2" } }],
             "extensions": { "bazaar": {} }
         });
-        let digest = executor_output(&Executor::Digest);
+        let digest = Executor::from(Digest).output_schema();
         let priced = jsonschema::validator_for(&output_schema(task_schema(&digest), Priced::Yes)).unwrap();
         let free = jsonschema::validator_for(&output_schema(task_schema(&digest), Priced::No)).unwrap();
         for (what, answer) in [("the task", &view), ("a tool error", &refused), ("a payment request", &challenge)] {

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::ends::{fail, lost, retry_later};
 use super::lease::{Lost, keep_lease};
 use super::{Outcome, Retryable, WorkerContext, complete, retry};
-use crate::domain::catalog::{Executor, TaskSpec};
+use crate::domain::catalog::TaskSpec;
 use crate::domain::ids::Id;
 use crate::domain::payments::{
     AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, Captured, Capturer, Held, MeteredAuthorization, PAYMENT_NOT_CAPTURED,
@@ -42,13 +42,10 @@ pub(super) async fn before_run(
     Ok(auth)
 }
 
-/// What a finished run used: bytes fetched or hashed, or milliseconds the
-/// call took.
+/// What a finished run used, as its executor measures it (bytes fetched
+/// or hashed, milliseconds a call took).
 pub(super) fn used(spec: &TaskSpec, result: &Value, took: Duration) -> u64 {
-    match spec.executor {
-        Executor::Fetch | Executor::Digest => result["size"].as_u64().unwrap_or(0),
-        Executor::Http { .. } => u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
-    }
+    spec.executor.used(result, took)
 }
 
 /// Ends a metered task's run: what it used settled, then its result

@@ -10,6 +10,8 @@
 //! - [`validate`]: the rules for each section, building a [`Catalog`].
 //! - [`formats`]: ids, CAIP-2 networks, EVM addresses, URLs, media types.
 //! - [`amount`]: atomic amounts and exact USD-to-atomic conversion.
+//! - [`meter`]: the units a metered price counts, and its charge.
+//! - [`uploads`]: the `[uploads]` section, alone (presign and the guard).
 //! - [`networks`]: what a catalog is for (`network_kind`), and which
 //!   networks are testnets.
 //! - [`schema`]: task input schemas, from TOML to a compiled JSON Schema.
@@ -19,13 +21,15 @@
 #[cfg(feature = "catalog")]
 mod amount;
 mod error;
-mod formats;
+pub(crate) mod formats;
+#[cfg(feature = "catalog")]
+pub(crate) mod meter;
 #[cfg(feature = "catalog")]
 mod networks;
-mod read;
+pub(crate) mod read;
 #[cfg(feature = "catalog")]
 mod schema;
-mod uploads;
+pub(crate) mod uploads;
 #[cfg(feature = "catalog")]
 mod validate;
 #[cfg(feature = "catalog")]
@@ -35,9 +39,16 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+/// Which executor runs a kind: declared by the executors, each in its own
+/// file, and listed once in their registry.
+#[cfg(feature = "catalog")]
+pub use crate::domain::executors::registry::Executor;
 pub use error::{CatalogError, Problem};
 #[cfg(feature = "catalog")]
+pub use meter::{Meter, Quantity, Unit};
+#[cfg(feature = "catalog")]
 pub use networks::{NetworkKind, testnet_name};
+pub use uploads::{MAX_FILENAME_BYTES, Uploads};
 #[cfg(feature = "catalog")]
 pub use validate::RUN_MARGIN_SECONDS;
 
@@ -55,20 +66,12 @@ pub(crate) use validate::facilitator_url as check_facilitator_url;
 #[cfg(feature = "catalog")]
 pub use view::{PublicAsset, PublicCatalog, PublicPrice, PublicQuota, PublicTask, PublicUploads, price_summary};
 
-/// The longest original file name an upload may declare, in bytes (a
-/// common file-system limit).
-pub const MAX_FILENAME_BYTES: usize = 255;
-
 #[cfg(feature = "catalog")]
 /// The least queue time a metered payment's deadline must leave beyond the
 /// task's timeout and the time to settle (and so the least
 /// `metered_queue_seconds`): shorter, and the task would expire before any
 /// worker could take it.
 pub const METERED_MIN_QUEUE_SECONDS: u32 = 10;
-
-#[cfg(feature = "catalog")]
-/// The executors a task may name, in the order error messages list them.
-pub const EXECUTORS: &[&str] = &["digest", "fetch", "http"];
 
 #[cfg(feature = "catalog")]
 /// The validated catalog. Every value in it has passed the checks in
@@ -148,30 +151,6 @@ impl Default for Quota {
 }
 
 #[cfg(feature = "catalog")]
-/// Which code runs a task. Only `http` carries configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Executor {
-    Digest,
-    Fetch,
-    /// POSTs the input to `endpoint` and returns its JSON.
-    Http {
-        endpoint: String,
-    },
-}
-
-#[cfg(feature = "catalog")]
-impl Executor {
-    /// The name used for `executor` in `reeve.toml`; one of [`EXECUTORS`].
-    pub fn name(&self) -> &'static str {
-        match self {
-            Executor::Digest => "digest",
-            Executor::Fetch => "fetch",
-            Executor::Http { .. } => "http",
-        }
-    }
-}
-
-#[cfg(feature = "catalog")]
 /// One way to pay for a task (`[[tasks.<kind>.accepts]]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Price {
@@ -197,83 +176,6 @@ impl Price {
 }
 
 #[cfg(feature = "catalog")]
-/// A metered price's rate: so many atomic units of the asset per `unit`
-/// the task used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Meter {
-    pub unit: Unit,
-    /// Atomic units of the asset per unit used.
-    pub rate: u128,
-    /// The USD rate as written, kept for display only.
-    pub rate_usd: Option<String>,
-}
-
-#[cfg(feature = "catalog")]
-impl Meter {
-    /// What `used` (in the unit's base: bytes, or milliseconds) costs, capped
-    /// at `ceiling`: rounded up to the next atomic unit, so a fraction of one
-    /// unit of the asset is the most a rounding ever adds.
-    pub fn charge(&self, used: u64, ceiling: u128) -> u128 {
-        let per = self.unit.base();
-        let scaled = u128::from(used).saturating_mul(self.rate);
-        scaled.div_ceil(u128::from(per)).min(ceiling)
-    }
-}
-
-#[cfg(feature = "catalog")]
-/// What a metered price counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    Byte,
-    KiB,
-    MiB,
-    GiB,
-    /// Seconds an `http` call took, counted in milliseconds.
-    Second,
-}
-
-#[cfg(feature = "catalog")]
-impl Unit {
-    pub const ALL: [Unit; 5] = [Unit::Byte, Unit::KiB, Unit::MiB, Unit::GiB, Unit::Second];
-
-    /// The name `unit` takes in `reeve.toml`, and in the catalog view.
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Byte => "byte",
-            Unit::KiB => "KiB",
-            Unit::MiB => "MiB",
-            Unit::GiB => "GiB",
-            Unit::Second => "second",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        Unit::ALL.into_iter().find(|u| u.name() == name)
-    }
-
-    /// How many of what an executor measures (bytes, or milliseconds) make
-    /// one unit.
-    pub fn base(self) -> u64 {
-        match self {
-            Unit::Byte => 1,
-            Unit::KiB => 1 << 10,
-            Unit::MiB => 1 << 20,
-            Unit::GiB => 1 << 30,
-            Unit::Second => 1000,
-        }
-    }
-
-    /// Whether an executor measures this unit: bytes fetched (`fetch`) or
-    /// hashed (`digest`), or the seconds an `http` call took.
-    pub fn measured_by(self, executor: &str) -> bool {
-        match self {
-            Unit::Second => executor == "http",
-            _ => executor == "fetch" || executor == "digest",
-        }
-    }
-}
-
-#[cfg(feature = "catalog")]
 /// Where payments go (`[payments]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Payments {
@@ -287,42 +189,6 @@ pub struct Payments {
     pub metered_queue_seconds: u32,
     /// What the catalog is for: mainnet (the default) or testnet.
     pub network_kind: NetworkKind,
-}
-
-/// Limits for presigned uploads (`[uploads]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Uploads {
-    pub max_bytes: u64,
-    pub content_types: Vec<String>,
-    pub url_expiry_seconds: u32,
-}
-
-impl Default for Uploads {
-    fn default() -> Self {
-        Uploads {
-            max_bytes: 100 * 1024 * 1024,
-            content_types: [
-                "application/octet-stream",
-                "text/plain",
-                "application/pdf",
-                "image/png",
-                "image/jpeg",
-                "application/json",
-            ]
-            .map(String::from)
-            .to_vec(),
-            url_expiry_seconds: 900,
-        }
-    }
-}
-
-impl Uploads {
-    /// The limit in force: `max_bytes`, lowered to the deployment's cap
-    /// (`REEVE_UPLOAD_MAX_BYTES`, the template's `UploadMaxBytes`) if it has one.
-    pub fn capped(mut self, cap: Option<u64>) -> Uploads {
-        self.max_bytes = cap.map_or(self.max_bytes, |cap| cap.min(self.max_bytes));
-        self
-    }
 }
 
 #[cfg(feature = "catalog")]

@@ -9,11 +9,11 @@ use toml::{Table, Value};
 
 use super::Problem;
 
-pub(super) type Problems = Vec<Problem>;
+pub(crate) type Problems = Vec<Problem>;
 
 /// A TOML path as an operator would write it: `tasks.fetch.accepts[0].asset`.
 #[derive(Debug, Clone, Default)]
-pub(super) struct KeyPath(String);
+pub(crate) struct KeyPath(String);
 
 impl KeyPath {
     pub fn key(&self, key: &str) -> KeyPath {
@@ -52,7 +52,7 @@ impl fmt::Display for KeyPath {
 }
 
 /// The TOML types a field can be read as.
-pub(super) trait FromToml<'a>: Sized {
+pub(crate) trait FromToml<'a>: Sized {
     const EXPECTED: &'static str;
     fn from_toml(value: &'a Value) -> Option<Self>;
 }
@@ -93,7 +93,7 @@ impl<'a> FromToml<'a> for &'a [Value] {
 }
 
 /// A TOML table together with where it sits in the file.
-pub(super) struct Fields<'a> {
+pub(crate) struct Fields<'a> {
     pub path: KeyPath,
     table: &'a Table,
 }

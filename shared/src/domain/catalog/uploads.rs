@@ -1,11 +1,54 @@
 //! The `[uploads]` section on its own: what presign and the upload guard
 //! need of the catalog, read without the task schemas (and without the
-//! JSON Schema compiler the rest of the catalog needs).
+//! JSON Schema compiler the rest of the catalog needs). [`Uploads`] is
+//! defined here, not in the catalog's module, so that `domain::uploads`
+//! (which the `digest` executor calls) does not reach the module that holds
+//! the executors.
 
 use toml::{Table, Value};
 
 use super::read::{Fields, KeyPath, Problems, bounded};
-use super::{CatalogError, Uploads, formats};
+use super::{CatalogError, formats};
+
+/// The longest original file name an upload may declare, in bytes (a
+/// common file-system limit).
+pub const MAX_FILENAME_BYTES: usize = 255;
+
+/// Limits for presigned uploads (`[uploads]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uploads {
+    pub max_bytes: u64,
+    pub content_types: Vec<String>,
+    pub url_expiry_seconds: u32,
+}
+
+impl Default for Uploads {
+    fn default() -> Self {
+        Uploads {
+            max_bytes: 100 * 1024 * 1024,
+            content_types: [
+                "application/octet-stream",
+                "text/plain",
+                "application/pdf",
+                "image/png",
+                "image/jpeg",
+                "application/json",
+            ]
+            .map(String::from)
+            .to_vec(),
+            url_expiry_seconds: 900,
+        }
+    }
+}
+
+impl Uploads {
+    /// The limit in force: `max_bytes`, lowered to the deployment's cap
+    /// (`REEVE_UPLOAD_MAX_BYTES`, the template's `UploadMaxBytes`) if it has one.
+    pub fn capped(mut self, cap: Option<u64>) -> Uploads {
+        self.max_bytes = cap.map_or(self.max_bytes, |cap| cap.min(self.max_bytes));
+        self
+    }
+}
 
 const UPLOADS_KEYS: &[&str] = &["max_bytes", "content_types", "url_expiry_seconds"];
 /// The largest object S3 accepts in a single PUT, which is what presigning issues.

@@ -9,13 +9,15 @@ use toml::{Table, Value};
 
 use super::read::{Fields, KeyPath, Problems, bounded};
 use super::uploads::uploads;
-use super::{Asset, Catalog, EXECUTORS, Executor, Meter, NetworkKind, Payments, Price, Problem, Quota, TaskSpec, Unit};
+use super::{Asset, Catalog, Executor, Meter, NetworkKind, Payments, Price, Problem, Quota, TaskSpec, Unit};
 use super::{amount, formats, schema};
 
 const ROOT_KEYS: &[&str] = &["payments", "uploads", "assets", "tasks"];
 const ASSET_KEYS: &[&str] = &["network", "contract", "decimals", "usd_peg", "eip2612", "name", "version"];
-const TASK_KEYS: &[&str] =
-    &["title", "description", "executor", "endpoint", "timeout_seconds", "input_schema", "accepts", "quota"];
+/// The keys every kind may have, around the executors' own ([`Executor::keys`]),
+/// in the order an unknown key's message lists them.
+const TASK_KEYS: (&[&str], &[&str]) =
+    (&["title", "description", "executor"], &["timeout_seconds", "input_schema", "accepts", "quota"]);
 const QUOTA_KEYS: &[&str] = &["per_hour", "at_once"];
 /// A quota is a ceiling: one no space could reach is a typo, not a setting.
 const MAX_QUOTA_PER_HOUR: i64 = 1_000_000;
@@ -131,11 +133,14 @@ fn asset(id: &str, f: &Fields, p: &mut Problems) -> Option<Asset> {
 }
 
 fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Problems) -> Option<TaskSpec> {
-    f.deny_unknown(TASK_KEYS, p);
+    let (before, after) = TASK_KEYS;
+    let own = Executor::keys().map(|key| key.key);
+    let keys: Vec<&str> = before.iter().copied().chain(own).chain(after.iter().copied()).collect();
+    f.deny_unknown(&keys, p);
     let kind = f.path.verify(formats::id("task kind", kind), p);
     let title = required_text(f, "title", p);
     let description = f.optional::<&str>("description", p).unwrap_or_default();
-    let executor = executor(f, p);
+    let executor = Executor::configure(f, p);
     let timeout_seconds = f
         .int_in("timeout_seconds", 1..=MAX_TASK_TIMEOUT_SECONDS, p)
         .and_then(|secs: u32| f.verify("timeout_seconds", fits_the_worker(secs, worker_timeout), p))
@@ -178,34 +183,6 @@ fn quota(f: &Fields, priced: bool, p: &mut Problems) -> Option<Quota> {
         per_hour: q.int_in("per_hour", 1..=MAX_QUOTA_PER_HOUR, p).unwrap_or(defaults.per_hour),
         at_once: q.int_in("at_once", 1..=MAX_QUOTA_AT_ONCE, p).unwrap_or(defaults.at_once),
     })
-}
-
-fn executor(f: &Fields, p: &mut Problems) -> Option<Executor> {
-    let name = f.required::<&str>("executor", p)?;
-    let executor = match name {
-        "digest" => Executor::Digest,
-        "fetch" => Executor::Fetch,
-        "http" => return http_endpoint(f, p).map(|endpoint| Executor::Http { endpoint }),
-        unknown => {
-            let known = EXECUTORS.join(", ");
-            f.at("executor").report(p, format!("unknown executor {unknown:?} (known: {known})"));
-            return None;
-        }
-    };
-    if f.has("endpoint") {
-        f.at("endpoint").report(p, format!("only executor \"http\" takes an endpoint, not {name:?}"));
-    }
-    Some(executor)
-}
-
-fn http_endpoint(f: &Fields, p: &mut Problems) -> Option<String> {
-    if !f.has("endpoint") {
-        f.at("endpoint").report(p, "missing; executor \"http\" needs the URL to POST the input to");
-        return None;
-    }
-    let endpoint = f.optional::<&str>("endpoint", p)?;
-    f.verify("endpoint", formats::http_url(endpoint), p)?;
-    Some(endpoint.to_owned())
 }
 
 /// `None` if any entry is broken; each broken entry has been reported. A
@@ -300,9 +277,9 @@ fn meter(f: &Fields, asset: Option<(&str, &Asset)>, executor: Option<&Executor>,
         let known = || Unit::ALL.map(Unit::name).join(", ");
         let checked = match (Unit::parse(name), executor) {
             (None, _) => Err(format!("unknown unit {name:?} (known: {})", known())),
-            (Some(unit), Some(executor)) if !unit.measured_by(executor.name()) => {
+            (Some(unit), Some(executor)) if !executor.meters(unit) => {
                 let measured: Vec<&str> =
-                    Unit::ALL.into_iter().filter(|u| u.measured_by(executor.name())).map(Unit::name).collect();
+                    Unit::ALL.into_iter().filter(|u| executor.meters(*u)).map(Unit::name).collect();
                 Err(format!(
                     "executor {:?} does not measure {name:?}; it measures {}",
                     executor.name(),

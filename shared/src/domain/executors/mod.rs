@@ -1,9 +1,15 @@
 //! Executors: the real work behind each task kind (docs/architecture.md#queue-and-worker).
 //!
-//! Each executor is a small type behind [`TaskExecutor`]; [`run`] picks the
-//! one a task's catalog entry names (static dispatch, no boxing). While it
-//! runs, an executor reports progress and log lines through [`Job::reports`];
-//! the worker turns each [`Report`] into a durable event.
+//! Each executor is one file: a type that declares everything about itself
+//! through [`ExecutorKind`] (its name in `reeve.toml`, the keys of its
+//! table and their checks, what it meters and how a finished run's usage is
+//! read, the schema of its result, which of its reports may be shown before
+//! a metered task is paid) and does its work through [`TaskExecutor`]. The
+//! [`registry`] lists each once; from that list come the [`Executor`] a
+//! catalog entry holds, the names error messages offer, and [`run`]'s
+//! dispatch (static, no boxing), so a name cannot drift from its behaviour.
+//! While it runs, an executor reports progress and log lines through
+//! [`Job::reports`]; the worker turns each [`Report`] into a durable event.
 //!
 //! Failures are [`ExecError`]s: `Retryable` for Reeve's own trouble (the
 //! worker lets SQS redeliver, and a paid task that never gets past it is
@@ -16,6 +22,11 @@
 //! upload id, their URL) and never an internal host, key or credential; the
 //! detail goes to the logs instead.
 //!
+//! The declarations are built wherever the catalog is (the catalog function
+//! checks them, MCP shows their result schemas); running needs the worker's
+//! clients, so that half of each file, and [`ExecDeps`], [`Job`] and
+//! [`ExecError`], exist with the `worker` feature only.
+//!
 //! - [`Digest`]: SHA-256 and size of an upload, streamed from S3.
 //! - [`Fetch`]: downloads a URL through the guarded client into `outputs/`.
 //! - [`Http`]: POSTs the input to an operator-configured endpoint.
@@ -23,21 +34,95 @@
 mod digest;
 mod fetch;
 mod http;
+pub(crate) mod registry;
 
+#[cfg(feature = "worker")]
 use std::future::Future;
+use std::time::Duration;
 
 use serde_json::Value;
+#[cfg(feature = "worker")]
 use sqlx::PgPool;
+#[cfg(feature = "worker")]
 use tokio::sync::mpsc;
 
+#[cfg(feature = "worker")]
 use crate::domain::auth::SpaceIndex;
-use crate::domain::catalog::{Executor, TaskSpec};
+#[cfg(feature = "worker")]
+use crate::domain::catalog::TaskSpec;
+use crate::domain::catalog::meter::Quantity;
+use crate::domain::catalog::read::{Fields, Problems};
+#[cfg(feature = "worker")]
 use crate::domain::ids::Id;
+#[cfg(feature = "worker")]
 use crate::infra::outbound::{Outbound, OutboundError};
 
 pub use digest::Digest;
-pub use fetch::{Fetch, output_key};
+pub use fetch::Fetch;
+#[cfg(feature = "worker")]
+pub use fetch::output_key;
 pub use http::Http;
+pub use registry::Executor;
+
+/// One executor, declared whole in its own file and listed once in the
+/// [`registry`]. Everything Reeve says or checks about an executor comes
+/// from here, so adding one is its file and its line in the registry.
+pub(crate) trait ExecutorKind: Sized {
+    /// What `executor = "…"` says in `reeve.toml`.
+    const NAME: &'static str;
+
+    /// The keys of a `[tasks.<kind>]` table that this executor reads
+    /// beyond those every kind has. A kind whose executor does not read one
+    /// of them is told which executor does.
+    const KEYS: &'static [TaskKey] = &[];
+
+    /// Builds the executor from its kind's table, each problem reported at
+    /// its TOML path; `None` if there was one.
+    fn configure(task: &Fields<'_>, problems: &mut Problems) -> Option<Self>;
+
+    /// What a metered price of this executor counts: a unit of another
+    /// quantity is refused when the catalog is loaded.
+    fn measures(&self) -> Quantity;
+
+    /// How much of [`measures`](Self::measures) a finished run used, from
+    /// its result and how long it took.
+    fn used(&self, result: &Value, took: Duration) -> u64;
+
+    /// The JSON Schema of a completed task's `result`, as MCP announces it
+    /// in the kind's tool. Loose on purpose: the fields an agent relies on
+    /// are required, and more may be added.
+    fn output_schema(&self) -> Value;
+
+    /// Whether `report` may be shown while a metered task's payment is not
+    /// yet captured: `true` only for what says nothing of the result (how
+    /// far it got, the units counted so far). Anything else is held with
+    /// the result. Held is the default, so a new executor cannot leak a
+    /// result before it is paid for by forgetting to say.
+    fn discloses(&self, report: &Report) -> bool {
+        let _ = report;
+        false
+    }
+}
+
+/// A key of a `[tasks.<kind>]` table that only some executors read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TaskKey {
+    pub key: &'static str,
+    /// How a message names it: "an endpoint".
+    pub noun: &'static str,
+    /// A value it accepts, as TOML: what the registry's tests configure
+    /// each executor with.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub example: &'static str,
+}
+
+/// Whether `report`, sent by a task `executor` runs, may be shown before
+/// the task's payment is captured (see [`ExecutorKind::discloses`]): what
+/// the worker asks of each report of a metered task, whose stream must hold
+/// every other one until the capture.
+pub fn discloses(executor: &Executor, report: &Report) -> bool {
+    executor.discloses(report)
+}
 
 /// What an executor tells the worker while it runs; the worker turns each
 /// into a durable event.
@@ -53,6 +138,7 @@ pub enum Report {
     },
 }
 
+#[cfg(feature = "worker")]
 /// Everything executors share, built once per process.
 #[derive(Clone)]
 pub struct ExecDeps {
@@ -73,6 +159,7 @@ pub struct ExecDeps {
     pub output_retention_days: Option<u32>,
 }
 
+#[cfg(feature = "worker")]
 /// One task to run.
 pub struct Job<'a> {
     pub task_id: Id,
@@ -82,6 +169,7 @@ pub struct Job<'a> {
     pub reports: mpsc::Sender<Report>,
 }
 
+#[cfg(feature = "worker")]
 impl Job<'_> {
     /// Sends a progress report. Waits while the worker's channel is full
     /// (back-pressure); a worker that stopped listening is not an error.
@@ -95,6 +183,7 @@ impl Job<'_> {
     }
 }
 
+#[cfg(feature = "worker")]
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     /// Infrastructure trouble (S3, Postgres, a timeout): try again later.
@@ -110,6 +199,7 @@ pub enum ExecError {
     Permanent { code: &'static str, message: String },
 }
 
+#[cfg(feature = "worker")]
 impl ExecError {
     pub fn permanent(code: &'static str, message: impl Into<String>) -> Self {
         ExecError::Permanent { code, message: message.into() }
@@ -134,6 +224,7 @@ impl ExecError {
     }
 }
 
+#[cfg(feature = "worker")]
 /// The stable codes of [`ExecError::Permanent`].
 pub mod codes {
     /// The input lacks a field the executor needs, or it has the wrong form.
@@ -164,7 +255,9 @@ pub mod codes {
     pub const BAD_EXECUTOR_RESPONSE: &str = "bad_executor_response";
 }
 
-/// An executor: runs one job to a JSON result.
+#[cfg(feature = "worker")]
+/// An executor's work: runs one job to a JSON result. The [`registry`]
+/// calls it for every executor it lists, so each must have it.
 ///
 /// Implementations may write `async fn run`; the trait spells out the
 /// future so that callers can rely on it being `Send`.
@@ -172,15 +265,13 @@ pub trait TaskExecutor {
     fn run(&self, deps: &ExecDeps, job: &Job<'_>) -> impl Future<Output = Result<Value, ExecError>> + Send;
 }
 
+#[cfg(feature = "worker")]
 /// Runs the executor the task's catalog entry names.
 pub async fn run(deps: &ExecDeps, job: Job<'_>) -> Result<Value, ExecError> {
-    match &job.spec.executor {
-        Executor::Digest => Digest.run(deps, &job).await,
-        Executor::Fetch => Fetch.run(deps, &job).await,
-        Executor::Http { endpoint } => Http { endpoint: endpoint.clone() }.run(deps, &job).await,
-    }
+    job.spec.executor.run(deps, &job).await
 }
 
+#[cfg(feature = "worker")]
 /// The string field `name` of the input, or `invalid_input`.
 fn input_str<'v>(input: &'v Value, name: &str) -> Result<&'v str, ExecError> {
     input
@@ -189,6 +280,7 @@ fn input_str<'v>(input: &'v Value, name: &str) -> Result<&'v str, ExecError> {
         .ok_or_else(|| ExecError::permanent(codes::INVALID_INPUT, format!("input.{name} must be a string")))
 }
 
+#[cfg(feature = "worker")]
 /// How the guarded client's refusals look to a task's owner, shared by
 /// `fetch` and `http`. `target` names what was called in owner-safe words
 /// ("the URL", "the executor endpoint"). The client's own message may name
@@ -217,7 +309,7 @@ fn outbound_error(target: &str, e: OutboundError) -> ExecError {
 }
 
 /// Lower-case hex SHA-256.
-#[cfg(test)]
+#[cfg(all(test, feature = "worker"))]
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     let digest: [u8; 32] = sha2::Sha256::digest(bytes).into();
