@@ -57,9 +57,9 @@ pub(super) async fn record_reports(
             };
             let (progress, kind, data) = match metered {
                 None => (progress, kind, data),
-                Some(spec) if discloses(spec, report) => (progress, kind, data),
-                // The fraction alone says how far it got, and nothing of what
-                // it found.
+                Some(spec) if spec.executor.discloses(report) => (progress, kind, data),
+                // Held back, but how far it got is the fraction alone, which
+                // says nothing of what it found.
                 Some(_) if kind == EventType::Progress => (progress, kind, json!({ "fraction": data["fraction"] })),
                 Some(_) => {
                     if held.len() < HELD_REPORTS_MAX {
@@ -82,12 +82,6 @@ pub(super) async fn record_reports(
         held.push(HeldReport { kind: EventType::Log.as_str().to_owned(), data: json!({ "line": line }) });
     }
     held
-}
-
-/// Whether the kind's executor declares `report` free of result data.
-/// Until executors declare it, none is.
-fn discloses(_spec: &TaskSpec, _report: &Report) -> bool {
-    false
 }
 
 /// The event a report becomes: `(tasks.progress, type, data)`.
