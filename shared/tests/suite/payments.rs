@@ -504,6 +504,86 @@ async fn the_payment_identifier_makes_a_paid_retry_answer_the_same_task(pool: Pg
     shop.done().await;
 }
 
+/// Every number of a payment has one spelling (issue 37): the signed
+/// payment with one of its numbers written any other way (a leading zero, a
+/// sign, whitespace, hex, past 2^256 − 1) is `400 invalid_payment` naming
+/// the field, before anything is recorded or settled; as signed, it pays
+/// once.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_payment_number_spelled_any_other_way_is_refused_naming_its_field(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signed = decode(&payer.sign(&shop.challenge("fetch").await).await);
+    let at = |pointer: &str| signed.pointer(pointer).and_then(Value::as_str).unwrap().to_owned();
+    let valid_before = at("/payload/authorization/validBefore");
+    let past_u256 = "115792089237316195423570985008687907853269984665640564039457584007913129639936";
+    let cases = [
+        ("/accepted/amount", "accepted.amount", format!("0{PRICE}")),
+        ("/payload/authorization/value", "authorization.value", format!("0{PRICE}")),
+        ("/payload/authorization/value", "authorization.value", format!("+{PRICE}")),
+        ("/payload/authorization/value", "authorization.value", format!("{PRICE:#x}")),
+        ("/payload/authorization/validBefore", "authorization.validBefore", format!(" {valid_before}")),
+        ("/payload/authorization/validBefore", "authorization.validBefore", format!("{valid_before}\n")),
+        ("/payload/authorization/validBefore", "authorization.validBefore", format!("-{valid_before}")),
+        ("/payload/authorization/validAfter", "authorization.validAfter", "00".to_owned()),
+        ("/payload/authorization/validAfter", "authorization.validAfter", past_u256.to_owned()),
+        ("/payload/authorization/nonce", "authorization.nonce", format!("{}0", at("/payload/authorization/nonce"))),
+    ];
+    for (pointer, field, text) in cases {
+        let mut payment = signed.clone();
+        *payment.pointer_mut(pointer).unwrap() = json!(text);
+        let reply = shop.create("fetch", &input, Some(&encode(&payment))).await;
+        assert_eq!((reply.status, reply.code()), (StatusCode::BAD_REQUEST, "invalid_payment"), "{field} {text:?}");
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(field), "{field} {text:?}: {message}");
+    }
+    assert!(shop.attempts().await.is_empty(), "refused before anything was recorded");
+    assert_eq!(balance(&payer.address).await, 1_000_000, "nothing charged");
+
+    let reply = shop.create("fetch", &input, Some(&encode(&signed))).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "as signed, it pays once");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// `exact`'s nonce is 32 bytes, whatever the case of its hex: written in
+/// upper case, a paid payment is the same authorization, a replay from the
+/// Space that paid and from any other, and buys nothing more.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_exact_nonce_in_upper_case_replays_the_lower_case_one_and_buys_nothing(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+    let first = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{}", first.body);
+
+    let mut upper = decode(&signature);
+    let nonce = upper["payload"]["authorization"]["nonce"].as_str().unwrap().to_owned();
+    assert_eq!(nonce, nonce.to_ascii_lowercase(), "the SDK signs it lowercase");
+    upper["payload"]["authorization"]["nonce"] = json!(format!("0x{}", nonce[2..].to_ascii_uppercase()));
+    let upper = encode(&upper);
+    let (_, other_token) = new_session(&shop.app).await;
+    let mut other_space = shop.request("fetch", &input, Some(&upper));
+    other_space.headers_mut().insert("authorization", format!("Bearer {other_token}").parse().unwrap());
+    for (name, request) in
+        [("the same Space", shop.request("fetch", &input, Some(&upper))), ("another Space", other_space)]
+    {
+        let reply = send(&shop.app, request).await;
+        assert_eq!((reply.status, reply.code()), (StatusCode::PAYMENT_REQUIRED, "payment_replayed"), "{name}");
+    }
+    assert_eq!(shop.attempts().await.len(), 1, "one authorization, one attempt");
+    assert_eq!(shop.tasks().await, 1);
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "charged once");
+    assert_eq!(charges_to(&shop.pay_to).await.len(), 1);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_paid_task_that_fails_leaves_a_credit_that_pays_the_next_one(pool: PgPool) {
     let chain = ChainLock::shared().await;
