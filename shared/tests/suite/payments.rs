@@ -1549,6 +1549,113 @@ async fn slow_settle_facilitator(delay: Duration) -> SocketAddr {
     serve(router).await
 }
 
+/// One `tools/call` of `tool` with `arguments` and `payment` in
+/// `_meta["x402/payment"]`, through the `mcp` function's router; its
+/// `result`.
+async fn mcp_call(router: &Router, token: &str, tool: &str, arguments: Value, payment: &Value) -> Value {
+    use tower::ServiceExt;
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": tool, "arguments": arguments, "_meta": {"x402/payment": payment},
+    }});
+    let request = Request::post(reeve_shared::mcp::PATH)
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {token}"))
+        .body(Body::from(call.to_string()))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let body: Value =
+        serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap();
+    body["result"].clone()
+}
+
+/// The payment `signature` carrying x402's `payment-identifier` id `id`.
+fn identified(signature: &str, id: &str) -> Value {
+    let mut payment = decode(signature);
+    payment["extensions"] = json!({"payment-identifier": {"info": {"required": false, "id": id}}});
+    payment
+}
+
+/// MCP has no `Idempotency-Key`: a paid call's `payment-identifier` id is
+/// its key. Sent again, with the same payment or with a fresh signature
+/// under the same id (x402's clients sign afresh whenever they are asked to
+/// pay), the call answers the task it bought and its stored receipt, with
+/// one charge; the id with another input is a conflict that charges nothing.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_mcp_call_sent_again_under_its_payment_identifier_is_the_same_task_and_one_charge(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let shop = Shop::new(&pool).await;
+    let ctx = startup::mcp(&shop.config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
+    let router = reeve_shared::mcp::router(ctx);
+    let challenge = shop.challenge("fetch").await;
+    let id = "pay_mcp_resent_0123456789";
+    let url = json!({"url": "http://127.0.0.1:1/"});
+    let payment = identified(&payer.sign(&challenge).await, id);
+
+    let first = mcp_call(&router, &shop.token, "fetch", url.clone(), &payment).await;
+    assert_ne!(first["isError"], true, "{first}");
+    let task = first["structuredContent"]["id"].as_str().unwrap_or_else(|| panic!("{first}")).to_owned();
+    let receipt = first["_meta"]["x402/payment-response"].clone();
+    assert_eq!(receipt["success"], true, "{first}");
+
+    let fresh = identified(&payer.sign(&challenge).await, id);
+    for (name, payment) in [("the same payment", &payment), ("a fresh signature under the same id", &fresh)] {
+        let again = mcp_call(&router, &shop.token, "fetch", url.clone(), payment).await;
+        assert_eq!(again["structuredContent"]["id"], task.as_str(), "{name}: {again}");
+        assert_eq!(again["_meta"]["x402/payment-response"], receipt, "{name}: the stored receipt");
+    }
+    let other = identified(&payer.sign(&challenge).await, id);
+    let conflict = mcp_call(&router, &shop.token, "fetch", json!({"url": "http://127.0.0.1:2/"}), &other).await;
+    assert_eq!(conflict["isError"], true, "{conflict}");
+    assert_eq!(conflict["structuredContent"]["error"]["code"], "idempotency_conflict", "{conflict}");
+
+    assert_eq!(shop.tasks().await, 1, "one task");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "one charge");
+    assert_eq!(charges_to(&shop.pay_to).await.len(), 1);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// While the payment of an MCP call is pending, the call sent again under
+/// its `payment-identifier` id with a fresh signature is `payment_pending`
+/// (it was `payment_identifier_conflict`, which has a client sign under a
+/// new id: a second charge), settles nothing, and once the first payment is
+/// resolved answers its task.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_mcp_call_resent_under_its_identifier_while_its_payment_is_pending_waits_and_charges_once(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let lossy = lossy_facilitator().await;
+    let shop = Shop::with(&pool, &format!("http://{lossy}"), 300).await;
+    let ctx = startup::mcp(&shop.config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
+    let router = reeve_shared::mcp::router(ctx);
+    let challenge = shop.challenge("fetch").await;
+    let id = "pay_mcp_pending_0123456789";
+    let url = json!({"url": "http://127.0.0.1:1/"});
+    let (payment, fresh) =
+        (identified(&payer.sign(&challenge).await, id), identified(&payer.sign(&challenge).await, id));
+
+    let first = mcp_call(&router, &shop.token, "fetch", url.clone(), &payment).await;
+    assert_eq!(first["structuredContent"]["error"]["code"], "payment_pending", "{first}");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "the settle went through");
+    let resent = mcp_call(&router, &shop.token, "fetch", url.clone(), &fresh).await;
+    assert_eq!(resent["structuredContent"]["error"]["code"], "payment_pending", "{resent}");
+    assert_eq!(shop.attempts().await.len(), 1, "the fresh signature was never settled");
+
+    // The same payment again resolves it from the chain: its one task,
+    // which the fresh signature under the id then answers too.
+    let resolved = mcp_call(&router, &shop.token, "fetch", url.clone(), &payment).await;
+    let task = resolved["structuredContent"]["id"].as_str().unwrap_or_else(|| panic!("{resolved}")).to_owned();
+    let again = mcp_call(&router, &shop.token, "fetch", url, &fresh).await;
+    assert_eq!(again["structuredContent"]["id"], task.as_str(), "{again}");
+    assert_eq!(shop.tasks().await, 1, "one task");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "one charge");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
 /// An MCP paid call asking to wait 25 s, through the Lambda handler with a
 /// 24 s deadline in its context, and a settle that takes 3 s: the wait is
 /// cut to what is left after the settle, so the agent gets its task and

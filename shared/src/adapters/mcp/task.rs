@@ -74,6 +74,7 @@ pub async fn run(
     let wait = if ours { wait_seconds(arguments.remove(WAIT_SECONDS))? } else { 0 };
     let input = Value::Object(arguments);
     let resource_url = payment::resource_url(tool);
+    let key = payment::identifier_key(payment);
     let cx = SubmitContext {
         catalog: &ctx.catalog,
         db: &ctx.db,
@@ -85,7 +86,7 @@ pub async fn run(
         chains: &ctx.chains,
     };
     let submission = Submission {
-        request: TaskRequest { space, kind, input: &input, idempotency_key: None },
+        request: TaskRequest { space, kind, input: &input, idempotency_key: key.as_deref() },
         payment: payment.map(crate::domain::payments::PaymentInput::Header),
         resource_url: &resource_url,
         deadline,
