@@ -1549,13 +1549,12 @@ async fn slow_settle_facilitator(delay: Duration) -> SocketAddr {
     serve(router).await
 }
 
-/// One `tools/call` of `tool` with `arguments` and `payment` in
-/// `_meta["x402/payment"]`, through the `mcp` function's router; its
-/// `result`.
-async fn mcp_call(router: &Router, token: &str, tool: &str, arguments: Value, payment: &Value) -> Value {
+/// One `tools/call` of `tool` with `arguments` and `meta` as its `_meta`,
+/// through the `mcp` function's router; its `result`.
+async fn mcp_call(router: &Router, token: &str, tool: &str, arguments: Value, meta: Value) -> Value {
     use tower::ServiceExt;
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": tool, "arguments": arguments, "_meta": {"x402/payment": payment},
+        "name": tool, "arguments": arguments, "_meta": meta,
     }});
     let request = Request::post(reeve_shared::mcp::PATH)
         .header("host", "127.0.0.1")
@@ -1594,7 +1593,7 @@ async fn an_mcp_call_sent_again_under_its_payment_identifier_is_the_same_task_an
     let url = json!({"url": "http://127.0.0.1:1/"});
     let payment = identified(&payer.sign(&challenge).await, id);
 
-    let first = mcp_call(&router, &shop.token, "fetch", url.clone(), &payment).await;
+    let first = mcp_call(&router, &shop.token, "fetch", url.clone(), json!({"x402/payment": payment})).await;
     assert_ne!(first["isError"], true, "{first}");
     let task = first["structuredContent"]["id"].as_str().unwrap_or_else(|| panic!("{first}")).to_owned();
     let receipt = first["_meta"]["x402/payment-response"].clone();
@@ -1602,12 +1601,14 @@ async fn an_mcp_call_sent_again_under_its_payment_identifier_is_the_same_task_an
 
     let fresh = identified(&payer.sign(&challenge).await, id);
     for (name, payment) in [("the same payment", &payment), ("a fresh signature under the same id", &fresh)] {
-        let again = mcp_call(&router, &shop.token, "fetch", url.clone(), payment).await;
+        let again = mcp_call(&router, &shop.token, "fetch", url.clone(), json!({"x402/payment": payment})).await;
         assert_eq!(again["structuredContent"]["id"], task.as_str(), "{name}: {again}");
         assert_eq!(again["_meta"]["x402/payment-response"], receipt, "{name}: the stored receipt");
     }
     let other = identified(&payer.sign(&challenge).await, id);
-    let conflict = mcp_call(&router, &shop.token, "fetch", json!({"url": "http://127.0.0.1:2/"}), &other).await;
+    let conflict =
+        mcp_call(&router, &shop.token, "fetch", json!({"url": "http://127.0.0.1:2/"}), json!({"x402/payment": other}))
+            .await;
     assert_eq!(conflict["isError"], true, "{conflict}");
     assert_eq!(conflict["structuredContent"]["error"]["code"], "idempotency_conflict", "{conflict}");
 
@@ -1619,39 +1620,61 @@ async fn an_mcp_call_sent_again_under_its_payment_identifier_is_the_same_task_an
 }
 
 /// While the payment of an MCP call is pending, the call sent again under
-/// its `payment-identifier` id with a fresh signature is `payment_pending`
-/// (it was `payment_identifier_conflict`, which has a client sign under a
-/// new id: a second charge), settles nothing, and once the first payment is
-/// resolved answers its task.
+/// its `payment-identifier` id, with a fresh signature or with no payment
+/// and the id in `_meta["reeve/payment-identifier"]`, is `payment_pending`
+/// (a fresh signature was `payment_identifier_conflict`, which has a client
+/// sign under a new id: a second charge), settles nothing, and the Space's
+/// credit does not pay for it; once the payment is resolved, each answers
+/// its one task.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_mcp_call_resent_under_its_identifier_while_its_payment_is_pending_waits_and_charges_once(pool: PgPool) {
     let chain = ChainLock::shared().await;
     let payer = Payer::new(&chain, 1_000_000).await;
+    let shop = Shop::new(&pool).await;
+    // A credit of the price: a paid task canceled before it ran.
+    let challenge = shop.challenge("fetch").await;
+    let reply =
+        shop.create("fetch", &json!({"url": "http://127.0.0.1:1/a"}), Some(&payer.sign(&challenge).await)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let canceled =
+        send(&shop.app, post_json(&format!("/v1/tasks/{}/cancel", id_of(&reply)), Some(&shop.token), &json!({}))).await;
+    assert_eq!(canceled.status, StatusCode::OK, "{}", canceled.body);
+    assert_eq!(shop.space().await["credits"].as_array().unwrap().len(), 1);
+
+    // The call's settle goes through; its answer is lost.
     let lossy = lossy_facilitator().await;
-    let shop = Shop::with(&pool, &format!("http://{lossy}"), 300).await;
+    let shop = shop.through(&format!("http://{lossy}")).await;
     let ctx = startup::mcp(&shop.config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
     let router = reeve_shared::mcp::router(ctx);
-    let challenge = shop.challenge("fetch").await;
     let id = "pay_mcp_pending_0123456789";
-    let url = json!({"url": "http://127.0.0.1:1/"});
+    let url = json!({"url": "http://127.0.0.1:1/b"});
     let (payment, fresh) =
         (identified(&payer.sign(&challenge).await, id), identified(&payer.sign(&challenge).await, id));
+    let paid = |payment: &Value| json!({"x402/payment": payment});
+    let named = json!({"reeve/payment-identifier": id});
 
-    let first = mcp_call(&router, &shop.token, "fetch", url.clone(), &payment).await;
+    let first = mcp_call(&router, &shop.token, "fetch", url.clone(), paid(&payment)).await;
     assert_eq!(first["structuredContent"]["error"]["code"], "payment_pending", "{first}");
-    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "the settle went through");
-    let resent = mcp_call(&router, &shop.token, "fetch", url.clone(), &fresh).await;
-    assert_eq!(resent["structuredContent"]["error"]["code"], "payment_pending", "{resent}");
-    assert_eq!(shop.attempts().await.len(), 1, "the fresh signature was never settled");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - 2 * PRICE, "the settle went through");
+    for (name, meta) in [("a fresh signature", paid(&fresh)), ("no payment, naming the id", named.clone())] {
+        let resent = mcp_call(&router, &shop.token, "fetch", url.clone(), meta).await;
+        assert_eq!(resent["structuredContent"]["error"]["code"], "payment_pending", "{name}: {resent}");
+    }
+    assert_eq!(shop.attempts().await.len(), 2, "the fresh signature was never settled");
+    assert_eq!(shop.space().await["credits"][0]["spent_by"], Value::Null, "the credit is not spent");
 
     // The same payment again resolves it from the chain: its one task,
-    // which the fresh signature under the id then answers too.
-    let resolved = mcp_call(&router, &shop.token, "fetch", url.clone(), &payment).await;
+    // which the call under the id answers too, paid afresh or not at all.
+    let resolved = mcp_call(&router, &shop.token, "fetch", url.clone(), paid(&payment)).await;
     let task = resolved["structuredContent"]["id"].as_str().unwrap_or_else(|| panic!("{resolved}")).to_owned();
-    let again = mcp_call(&router, &shop.token, "fetch", url, &fresh).await;
-    assert_eq!(again["structuredContent"]["id"], task.as_str(), "{again}");
-    assert_eq!(shop.tasks().await, 1, "one task");
-    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "one charge");
+    for (name, meta) in [("a fresh signature", paid(&fresh)), ("no payment, naming the id", named)] {
+        let again = mcp_call(&router, &shop.token, "fetch", url.clone(), meta).await;
+        assert_eq!(again["structuredContent"]["id"], task.as_str(), "{name}: {again}");
+        assert_eq!(again["_meta"]["x402/payment-response"]["success"], true, "{name}: its receipt");
+    }
+    assert_eq!(shop.tasks().await, 2, "the canceled one, and this call's");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - 2 * PRICE, "one charge for the call");
+    assert_eq!(shop.space().await["credits"][0]["spent_by"], Value::Null, "the credit is still there");
     assert_books_balance(&pool, &shop.pay_to).await;
     shop.done().await;
 }

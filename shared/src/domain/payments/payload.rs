@@ -217,6 +217,14 @@ pub fn uint256(field: &str, text: &str) -> Result<alloy_primitives::U256, String
     alloy_primitives::U256::from_str_radix(text, 10).or_else(|_| wrong("it is larger than 2^256 - 1"))
 }
 
+/// What the `payment-identifier` extension's schema allows of an id.
+pub const PAYMENT_IDENTIFIER_RULE: &str = "the payment-identifier id must be 16 to 128 letters, digits, '-' or '_'";
+
+/// Whether `id` is a `payment-identifier` id ([`PAYMENT_IDENTIFIER_RULE`]).
+pub fn payment_identifier(id: &str) -> bool {
+    (16..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// `uint256` for every `(field, text)`, in order: the first refusal.
 fn uint256s(fields: &[(&str, &str)]) -> Result<(), String> {
     fields.iter().try_for_each(|(field, text)| uint256(field, text).map(|_| ()))
@@ -298,15 +306,8 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
         None => None,
         Some(ext) => match ext.pointer("/info/id") {
             None | Some(Value::Null) => None,
-            Some(Value::String(id))
-                if (16..=128).contains(&id.len())
-                    && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
-            {
-                Some(id.clone())
-            }
-            Some(_) => {
-                return Err("the payment-identifier id must be 16 to 128 letters, digits, '-' or '_'".to_owned());
-            }
+            Some(Value::String(id)) if payment_identifier(id) => Some(id.clone()),
+            Some(_) => return Err(PAYMENT_IDENTIFIER_RULE.to_owned()),
         },
     };
     // The hash names the payment: what was signed and the requirement it
