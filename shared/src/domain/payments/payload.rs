@@ -480,7 +480,9 @@ mod tests {
             ("2^256", over, "larger than 2^256 - 1"),
             ("empty", "", "empty"),
         ];
-        let fields: [(&str, fn() -> Value, &str); 8] = [
+        // A field's name, the sample it is in, and where.
+        type Field = (&'static str, fn() -> Value, &'static str);
+        let fields: [Field; 8] = [
             ("accepted.amount", sample, "/accepted/amount"),
             ("authorization.value", sample, "/payload/authorization/value"),
             ("authorization.validAfter", sample, "/payload/authorization/validAfter"),
