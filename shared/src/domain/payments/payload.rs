@@ -314,7 +314,12 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
     // pays, as parsed. The rest (`resource`, `extensions`, fields a client
     // adds or leaves out, nulls it writes or omits) is unsigned and
     // advisory, so the same payment sent again by another client library,
-    // or re-serialised, is still the same payment.
+    // or re-serialised, is still the same payment. Its numbers are
+    // canonical by now, so they hash as the chain reads them; the hex of
+    // `exact`'s nonce and of the signature is hashed as written, which keeps
+    // every stored hash valid: a copy in another case is the same
+    // authorization (one attempt) but not the same document, so it is
+    // refused as a replay rather than answered as a resend.
     let paid = &parsed.accepted;
     let named = serde_json::json!({
         "accepted": [&paid.scheme, &paid.network, &paid.amount, paid.asset.to_ascii_lowercase(),
