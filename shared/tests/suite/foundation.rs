@@ -91,6 +91,54 @@ async fn migrating_again_is_a_no_op(pool: PgPool) {
     );
 }
 
+/// Upto attempts stored before payment numbers had one spelling are brought
+/// to it (`0012_canonical_payment_numbers.sql`): a nonce written `"0…"`
+/// takes its canonical decimal, so a new payment of the same nonce collides
+/// with it; where the old bug already stored two spellings of one nonce, one
+/// takes the canonical form and the other keeps its text as history.
+#[sqlx::test(migrations = false)]
+async fn stored_upto_nonces_are_brought_to_their_canonical_decimal(pool: PgPool) {
+    db::MIGRATOR.run_to(11, &pool).await.unwrap();
+    let space = [9u8; 16];
+    sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')").bind(space).execute(&pool).await.unwrap();
+    let rows = [
+        ("upto", "0x70997970c51812dc3a010c7d01b50e0d17dc79c8", "000123", 1),
+        ("upto", "0x70997970c51812dc3a010c7d01b50e0d17dc79c8", "0123", 2),
+        ("upto", "0x70997970c51812dc3a010c7d01b50e0d17dc79c8", "00", 3),
+        ("upto", "0x70997970c51812dc3a010c7d01b50e0d17dc79c8", "77", 4),
+        ("upto", "0x70997970c51812dc3a010c7d01b50e0d17dc79c8", "077", 5),
+        ("upto", "0x3c44cdddb6a900fa2b585dd299e03d12fa4293bc", "0123", 6),
+        ("exact", "0x3c44cdddb6a900fa2b585dd299e03d12fa4293bc", "0x00ab", 7),
+    ];
+    for (scheme, payer, nonce, at) in rows {
+        sqlx::query(
+            "INSERT INTO payment_attempts (id, network, payer, nonce, payload_hash, space_idx, kind, request_hash,
+                                           asset, amount, scheme, status, created_at)
+             VALUES ($1, 'eip155:84532', $2, $3, $4, $5, 'metered', $4, '0xToken', '1000', $6, 'released',
+                     now() - make_interval(secs => 100 - $7))",
+        )
+        .bind(Id::new())
+        .bind(payer)
+        .bind(nonce)
+        .bind([0u8; 32].as_slice())
+        .bind(space)
+        .bind(scheme)
+        .bind(f64::from(at))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    db::migrate(&pool).await.unwrap();
+    let nonces: Vec<(String, String)> =
+        sqlx::query_as("SELECT payer, nonce FROM payment_attempts ORDER BY created_at").fetch_all(&pool).await.unwrap();
+    let nonces: Vec<&str> = nonces.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(
+        nonces,
+        ["123", "0123", "0", "77", "077", "123", "0x00ab"],
+        "the earliest spelling of each nonce takes its canonical form, unless one holds it; exact is untouched"
+    );
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn healthz_is_ok_when_both_stores_answer(pool: PgPool) {
     let reply = send(&app(ctx(pool).await), get("/healthz")).await;

@@ -326,6 +326,74 @@ async fn a_metered_fetch_is_charged_exactly_what_it_downloaded_once_it_ends(pool
     shop.done().await;
 }
 
+/// A Permit2 nonce is a uint256: `"0123"` and `"123"` are one nonce to the
+/// chain. A signature that bought a task, resent with its nonce written
+/// `"0…"`, once bought a second task in the same Space (issue 37); now it is
+/// `400 invalid_payment` naming the nonce, from that Space and any other,
+/// and so is every other number of the payment spelled any other way. The
+/// one task runs and is charged once.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_permit2_nonce_with_a_leading_zero_buys_no_second_task_in_any_space(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let site = file_of(2 * 1024).await;
+    let input = json!({"url": format!("http://{site}/file")});
+    let signature = payer.sign(&shop.challenge("metered").await).await;
+    let first = shop.create("metered", &input, Some(&signature)).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{}", first.body);
+    let id = id_of(&first);
+
+    let signed = decode(&signature);
+    let at = |pointer: &str| signed.pointer(pointer).and_then(Value::as_str).unwrap().to_owned();
+    let (nonce, deadline) = (at("/payload/permit2Authorization/nonce"), at("/payload/permit2Authorization/deadline"));
+    let past_u256 = "115792089237316195423570985008687907853269984665640564039457584007913129639936";
+    let (_, other_token) = new_session(&shop.app).await;
+    let spaces = [("the same Space", shop.token.as_str()), ("another Space", other_token.as_str())];
+    let cases = [
+        ("/payload/permit2Authorization/nonce", "permit2Authorization.nonce", format!("0{nonce}")),
+        ("/payload/permit2Authorization/nonce", "permit2Authorization.nonce", format!("00{nonce}")),
+        ("/payload/permit2Authorization/nonce", "permit2Authorization.nonce", format!("+{nonce}")),
+        (
+            "/payload/permit2Authorization/permitted/amount",
+            "permit2Authorization.permitted.amount",
+            format!("{CEILING:#x}"),
+        ),
+        ("/payload/permit2Authorization/deadline", "permit2Authorization.deadline", format!(" {deadline}")),
+        (
+            "/payload/permit2Authorization/witness/validAfter",
+            "permit2Authorization.witness.validAfter",
+            past_u256.into(),
+        ),
+        ("/accepted/amount", "accepted.amount", format!("0{CEILING}")),
+    ];
+    for (pointer, field, text) in cases {
+        let mut payment = signed.clone();
+        *payment.pointer_mut(pointer).unwrap() = json!(text);
+        for (space, token) in spaces {
+            let mut request = post_json("/v1/tasks/metered", Some(token), &json!({ "input": input }));
+            request.headers_mut().insert("payment-signature", encode(&payment).parse().unwrap());
+            let reply = send(&shop.app, request).await;
+            assert_eq!(
+                (reply.status, reply.code()),
+                (StatusCode::BAD_REQUEST, "invalid_payment"),
+                "{field} {text:?}, {space}"
+            );
+            let message = reply.body["error"]["message"].as_str().unwrap();
+            assert!(message.starts_with(field), "{field} {text:?}, {space}: {message}");
+        }
+    }
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM payment_attempts").fetch_one(&pool).await.unwrap();
+    assert_eq!((shop.tasks().await, attempts), (1, 1), "one signature, one attempt, one task");
+
+    assert_eq!(shop.run(&shop.worker().await, id).await, Outcome::Done);
+    assert_eq!(shop.task(id).await["payment"]["status"], "charged");
+    assert_eq!(balance(&payer.address).await, FUNDS - 2 * RATE, "charged once, what the one task used");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
 /// A task that uses more than its ceiling completes, and is charged exactly
 /// the ceiling: it is not cut off.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]

@@ -504,6 +504,86 @@ async fn the_payment_identifier_makes_a_paid_retry_answer_the_same_task(pool: Pg
     shop.done().await;
 }
 
+/// Every number of a payment has one spelling (issue 37): the signed
+/// payment with one of its numbers written any other way (a leading zero, a
+/// sign, whitespace, hex, past 2^256 − 1) is `400 invalid_payment` naming
+/// the field, before anything is recorded or settled; as signed, it pays
+/// once.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_payment_number_spelled_any_other_way_is_refused_naming_its_field(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signed = decode(&payer.sign(&shop.challenge("fetch").await).await);
+    let at = |pointer: &str| signed.pointer(pointer).and_then(Value::as_str).unwrap().to_owned();
+    let valid_before = at("/payload/authorization/validBefore");
+    let past_u256 = "115792089237316195423570985008687907853269984665640564039457584007913129639936";
+    let cases = [
+        ("/accepted/amount", "accepted.amount", format!("0{PRICE}")),
+        ("/payload/authorization/value", "authorization.value", format!("0{PRICE}")),
+        ("/payload/authorization/value", "authorization.value", format!("+{PRICE}")),
+        ("/payload/authorization/value", "authorization.value", format!("{PRICE:#x}")),
+        ("/payload/authorization/validBefore", "authorization.validBefore", format!(" {valid_before}")),
+        ("/payload/authorization/validBefore", "authorization.validBefore", format!("{valid_before}\n")),
+        ("/payload/authorization/validBefore", "authorization.validBefore", format!("-{valid_before}")),
+        ("/payload/authorization/validAfter", "authorization.validAfter", "00".to_owned()),
+        ("/payload/authorization/validAfter", "authorization.validAfter", past_u256.to_owned()),
+        ("/payload/authorization/nonce", "authorization.nonce", format!("{}0", at("/payload/authorization/nonce"))),
+    ];
+    for (pointer, field, text) in cases {
+        let mut payment = signed.clone();
+        *payment.pointer_mut(pointer).unwrap() = json!(text);
+        let reply = shop.create("fetch", &input, Some(&encode(&payment))).await;
+        assert_eq!((reply.status, reply.code()), (StatusCode::BAD_REQUEST, "invalid_payment"), "{field} {text:?}");
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(field), "{field} {text:?}: {message}");
+    }
+    assert!(shop.attempts().await.is_empty(), "refused before anything was recorded");
+    assert_eq!(balance(&payer.address).await, 1_000_000, "nothing charged");
+
+    let reply = shop.create("fetch", &input, Some(&encode(&signed))).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "as signed, it pays once");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// `exact`'s nonce is 32 bytes, whatever the case of its hex: written in
+/// upper case, a paid payment is the same authorization, a replay from the
+/// Space that paid and from any other, and buys nothing more.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_exact_nonce_in_upper_case_replays_the_lower_case_one_and_buys_nothing(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let input = json!({"url": "http://127.0.0.1:1/"});
+    let signature = payer.sign(&shop.challenge("fetch").await).await;
+    let first = shop.create("fetch", &input, Some(&signature)).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{}", first.body);
+
+    let mut upper = decode(&signature);
+    let nonce = upper["payload"]["authorization"]["nonce"].as_str().unwrap().to_owned();
+    assert_eq!(nonce, nonce.to_ascii_lowercase(), "the SDK signs it lowercase");
+    upper["payload"]["authorization"]["nonce"] = json!(format!("0x{}", nonce[2..].to_ascii_uppercase()));
+    let upper = encode(&upper);
+    let (_, other_token) = new_session(&shop.app).await;
+    let mut other_space = shop.request("fetch", &input, Some(&upper));
+    other_space.headers_mut().insert("authorization", format!("Bearer {other_token}").parse().unwrap());
+    for (name, request) in
+        [("the same Space", shop.request("fetch", &input, Some(&upper))), ("another Space", other_space)]
+    {
+        let reply = send(&shop.app, request).await;
+        assert_eq!((reply.status, reply.code()), (StatusCode::PAYMENT_REQUIRED, "payment_replayed"), "{name}");
+    }
+    assert_eq!(shop.attempts().await.len(), 1, "one authorization, one attempt");
+    assert_eq!(shop.tasks().await, 1);
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "charged once");
+    assert_eq!(charges_to(&shop.pay_to).await.len(), 1);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_paid_task_that_fails_leaves_a_credit_that_pays_the_next_one(pool: PgPool) {
     let chain = ChainLock::shared().await;
@@ -1467,6 +1547,136 @@ async fn slow_settle_facilitator(delay: Duration) -> SocketAddr {
             }),
         );
     serve(router).await
+}
+
+/// One `tools/call` of `tool` with `arguments` and `meta` as its `_meta`,
+/// through the `mcp` function's router; its `result`.
+async fn mcp_call(router: &Router, token: &str, tool: &str, arguments: Value, meta: Value) -> Value {
+    use tower::ServiceExt;
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": tool, "arguments": arguments, "_meta": meta,
+    }});
+    let request = Request::post(reeve_shared::mcp::PATH)
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {token}"))
+        .body(Body::from(call.to_string()))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let body: Value =
+        serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap();
+    body["result"].clone()
+}
+
+/// The payment `signature` carrying x402's `payment-identifier` id `id`.
+fn identified(signature: &str, id: &str) -> Value {
+    let mut payment = decode(signature);
+    payment["extensions"] = json!({"payment-identifier": {"info": {"required": false, "id": id}}});
+    payment
+}
+
+/// MCP has no `Idempotency-Key`: a paid call's `payment-identifier` id is
+/// its key. Sent again, with the same payment or with a fresh signature
+/// under the same id (x402's clients sign afresh whenever they are asked to
+/// pay), the call answers the task it bought and its stored receipt, with
+/// one charge; the id with another input is a conflict that charges nothing.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_mcp_call_sent_again_under_its_payment_identifier_is_the_same_task_and_one_charge(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let shop = Shop::new(&pool).await;
+    let ctx = startup::mcp(&shop.config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
+    let router = reeve_shared::mcp::router(ctx);
+    let challenge = shop.challenge("fetch").await;
+    let id = "pay_mcp_resent_0123456789";
+    let url = json!({"url": "http://127.0.0.1:1/"});
+    let payment = identified(&payer.sign(&challenge).await, id);
+
+    let first = mcp_call(&router, &shop.token, "fetch", url.clone(), json!({"x402/payment": payment})).await;
+    assert_ne!(first["isError"], true, "{first}");
+    let task = first["structuredContent"]["id"].as_str().unwrap_or_else(|| panic!("{first}")).to_owned();
+    let receipt = first["_meta"]["x402/payment-response"].clone();
+    assert_eq!(receipt["success"], true, "{first}");
+
+    let fresh = identified(&payer.sign(&challenge).await, id);
+    for (name, payment) in [("the same payment", &payment), ("a fresh signature under the same id", &fresh)] {
+        let again = mcp_call(&router, &shop.token, "fetch", url.clone(), json!({"x402/payment": payment})).await;
+        assert_eq!(again["structuredContent"]["id"], task.as_str(), "{name}: {again}");
+        assert_eq!(again["_meta"]["x402/payment-response"], receipt, "{name}: the stored receipt");
+    }
+    let other = identified(&payer.sign(&challenge).await, id);
+    let conflict =
+        mcp_call(&router, &shop.token, "fetch", json!({"url": "http://127.0.0.1:2/"}), json!({"x402/payment": other}))
+            .await;
+    assert_eq!(conflict["isError"], true, "{conflict}");
+    assert_eq!(conflict["structuredContent"]["error"]["code"], "idempotency_conflict", "{conflict}");
+
+    assert_eq!(shop.tasks().await, 1, "one task");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - PRICE, "one charge");
+    assert_eq!(charges_to(&shop.pay_to).await.len(), 1);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// While the payment of an MCP call is pending, the call sent again under
+/// its `payment-identifier` id, with a fresh signature or with no payment
+/// and the id in `_meta["reeve/payment-identifier"]`, is `payment_pending`
+/// (a fresh signature was `payment_identifier_conflict`, which has a client
+/// sign under a new id: a second charge), settles nothing, and the Space's
+/// credit does not pay for it; once the payment is resolved, each answers
+/// its one task.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_mcp_call_resent_under_its_identifier_while_its_payment_is_pending_waits_and_charges_once(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let shop = Shop::new(&pool).await;
+    // A credit of the price: a paid task canceled before it ran.
+    let challenge = shop.challenge("fetch").await;
+    let reply =
+        shop.create("fetch", &json!({"url": "http://127.0.0.1:1/a"}), Some(&payer.sign(&challenge).await)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let canceled =
+        send(&shop.app, post_json(&format!("/v1/tasks/{}/cancel", id_of(&reply)), Some(&shop.token), &json!({}))).await;
+    assert_eq!(canceled.status, StatusCode::OK, "{}", canceled.body);
+    assert_eq!(shop.space().await["credits"].as_array().unwrap().len(), 1);
+
+    // The call's settle goes through; its answer is lost.
+    let lossy = lossy_facilitator().await;
+    let shop = shop.through(&format!("http://{lossy}")).await;
+    let ctx = startup::mcp(&shop.config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
+    let router = reeve_shared::mcp::router(ctx);
+    let id = "pay_mcp_pending_0123456789";
+    let url = json!({"url": "http://127.0.0.1:1/b"});
+    let (payment, fresh) =
+        (identified(&payer.sign(&challenge).await, id), identified(&payer.sign(&challenge).await, id));
+    let paid = |payment: &Value| json!({"x402/payment": payment});
+    let named = json!({"reeve/payment-identifier": id});
+
+    let first = mcp_call(&router, &shop.token, "fetch", url.clone(), paid(&payment)).await;
+    assert_eq!(first["structuredContent"]["error"]["code"], "payment_pending", "{first}");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - 2 * PRICE, "the settle went through");
+    for (name, meta) in [("a fresh signature", paid(&fresh)), ("no payment, naming the id", named.clone())] {
+        let resent = mcp_call(&router, &shop.token, "fetch", url.clone(), meta).await;
+        assert_eq!(resent["structuredContent"]["error"]["code"], "payment_pending", "{name}: {resent}");
+    }
+    assert_eq!(shop.attempts().await.len(), 2, "the fresh signature was never settled");
+    assert_eq!(shop.space().await["credits"][0]["spent_by"], Value::Null, "the credit is not spent");
+
+    // The same payment again resolves it from the chain: its one task,
+    // which the call under the id answers too, paid afresh or not at all.
+    let resolved = mcp_call(&router, &shop.token, "fetch", url.clone(), paid(&payment)).await;
+    let task = resolved["structuredContent"]["id"].as_str().unwrap_or_else(|| panic!("{resolved}")).to_owned();
+    for (name, meta) in [("a fresh signature", paid(&fresh)), ("no payment, naming the id", named)] {
+        let again = mcp_call(&router, &shop.token, "fetch", url.clone(), meta).await;
+        assert_eq!(again["structuredContent"]["id"], task.as_str(), "{name}: {again}");
+        assert_eq!(again["_meta"]["x402/payment-response"]["success"], true, "{name}: its receipt");
+    }
+    assert_eq!(shop.tasks().await, 2, "the canceled one, and this call's");
+    assert_eq!(balance(&payer.address).await, 1_000_000 - 2 * PRICE, "one charge for the call");
+    assert_eq!(shop.space().await["credits"][0]["spent_by"], Value::Null, "the credit is still there");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
 }
 
 /// An MCP paid call asking to wait 25 s, through the Lambda handler with a

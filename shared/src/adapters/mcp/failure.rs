@@ -37,7 +37,8 @@ pub type ToolResult<T> = Result<T, ToolFailure>;
 /// How messages name what a tool call sends.
 pub const WORDING: Wording = Wording {
     input: "the arguments",
-    idempotency_key: "idempotency key",
+    // A call's only key is its payment's x402 payment-identifier id.
+    idempotency_key: "payment-identifier id",
     payment: "_meta[\"x402/payment\"]",
     retry_after: "retry_after_seconds",
     catalog: "tools/list",

@@ -2,9 +2,11 @@
 //! `params._meta["x402/payment"]`, the settlement leaves in the result's
 //! `_meta["x402/payment-response"]`, and an unpaid call answers a tool error
 //! whose structured content is the `PaymentRequired`. Everything between —
-//! verify, settle before queueing, replay refusal, `payment-identifier`,
-//! credits spent before asking — is the REST API's payment path, reached
-//! through the same [`crate::domain::tasks::submit`].
+//! verify, settle before queueing, replay refusal, credits spent before
+//! asking — is the REST API's payment path, reached through the same
+//! [`crate::domain::tasks::submit`]. A payment's `payment-identifier` id is
+//! the call's idempotency key ([`identifier_key`]), as `Idempotency-Key` is
+//! a REST create's.
 //!
 //! A metered tool (x402's `upto`) is only authorized by the call, so its
 //! settlement exists once the task has ended and been charged: a call that
@@ -16,7 +18,10 @@ use serde_json::{Value, json};
 
 use super::failure::ToolResult;
 use crate::domain::payments::challenge::BAZAAR;
-use crate::domain::payments::{MeteredPayment, MeteredStatus, PayError, PaymentRequired, PaymentResponse};
+use crate::domain::payments::payload::{PAYMENT_IDENTIFIER_RULE, payment_identifier};
+use crate::domain::payments::{
+    MeteredPayment, MeteredStatus, PayError, PaymentInput, PaymentRequired, PaymentResponse,
+};
 
 /// Where a request carries its payment.
 pub const PAYMENT_META: &str = "x402/payment";
@@ -43,6 +48,44 @@ pub fn from_meta(meta: Option<&Value>) -> ToolResult<Option<String>> {
             Err(PayError::Malformed("the payment is neither a PaymentPayload object nor its base64".into()).into())
         }
     }
+}
+
+/// What a call's `payment-identifier` id is stored as: the call's
+/// idempotency key, in a namespace of its own so that it never meets a key
+/// a REST client chose (`Idempotency-Key`) in the same Space.
+pub const IDENTIFIER_KEY_PREFIX: &str = "x402-payment-identifier:";
+
+/// Where a call names the `payment-identifier` id it is sent again under
+/// without a payment: Reeve's own `_meta` key, since x402 carries the id
+/// only inside a payment. An agent whose paid call was answered
+/// `payment_pending` calls again with no payment and this id: it gets the
+/// task once the payment is resolved, waits meanwhile, and no credit of its
+/// Space pays for the call while that payment may still charge.
+pub const IDENTIFIER_META: &str = "reeve/payment-identifier";
+
+/// The idempotency key of a call: the x402 `payment-identifier` id its
+/// payment carries, or else the id it names in `_meta["reeve/payment-identifier"]`
+/// ([`IDENTIFIER_META`]). MCP has no `Idempotency-Key` header, and x402's
+/// clients sign afresh each time they are asked to pay, keeping the id: so
+/// the id is what makes a call sent again (with the same payment, a new
+/// one, or none) answer the task it bought, with one charge, or wait while
+/// its payment is pending; and a credit never pays under a key whose
+/// payment is pending. All of that is the REST `Idempotency-Key`'s path
+/// through [`crate::domain::tasks::submit`]; this only names the key. A
+/// payment that does not decode carries none: `submit` refuses it
+/// `invalid_payment`.
+pub fn identifier_key(payment: Option<&str>, named: Option<&Value>) -> ToolResult<Option<String>> {
+    let carried = payment.and_then(|p| PaymentInput::Header(p).decode().ok()).and_then(|p| p.payment_id);
+    let id = match (carried, named) {
+        (Some(id), _) => Some(id),
+        (None, None | Some(Value::Null)) => None,
+        (None, Some(Value::String(id))) if payment_identifier(id) => Some(id.clone()),
+        (None, Some(_)) => {
+            let why = format!("_meta[\"{IDENTIFIER_META}\"]: {PAYMENT_IDENTIFIER_RULE}");
+            return Err(PayError::Malformed(why).into());
+        }
+    };
+    Ok(id.map(|id| format!("{IDENTIFIER_KEY_PREFIX}{id}")))
 }
 
 /// The `_meta` of a paid result.

@@ -106,11 +106,12 @@ impl ReeveMcp {
         tool: &str,
         kind: &str,
         arguments: Map<String, Value>,
-        request_meta: Option<&Value>,
+        (request_meta, named_id): (Option<&Value>, Option<&Value>),
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<CallToolResponse> {
         let space = self.session(context)?;
         let payment = payment::from_meta(request_meta)?;
+        let key = payment::identifier_key(payment.as_deref(), named_id)?;
         let as_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
         let answer = if as_task {
             // A task handle answers at once; the client polls tasks/get.
@@ -122,7 +123,7 @@ impl ReeveMcp {
         let invocation =
             context.extensions.get::<Parts>().and_then(|parts| parts.extensions.get::<lambda_http::Context>());
         let deadline = invocation.map(crate::domain::tasks::deadline_of);
-        let call = task::KindCall { tool, kind, arguments };
+        let call = task::KindCall { tool, kind, arguments, key };
         let created = task::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
         let meta = created.settlement.map(meta_object);
         if as_task {
@@ -253,11 +254,10 @@ impl ServerHandler for ReeveMcp {
                 }
                 Named::Kind(kind) => {
                     // rmcp hands the request's `_meta` over in the context.
-                    let meta = context
-                        .meta
-                        .get(payment::PAYMENT_META)
-                        .or_else(|| request.meta.as_ref().and_then(|m| m.get(payment::PAYMENT_META)));
-                    self.kind(name, kind, arguments, meta, &context).await
+                    let meta =
+                        |key: &str| context.meta.get(key).or_else(|| request.meta.as_ref().and_then(|m| m.get(key)));
+                    let paid = (meta(payment::PAYMENT_META), meta(payment::IDENTIFIER_META));
+                    self.kind(name, kind, arguments, paid, &context).await
                 }
             }
         }

@@ -55,6 +55,8 @@ pub struct KindCall<'a> {
     pub tool: &'a str,
     pub kind: &'a str,
     pub arguments: Map<String, Value>,
+    /// Its idempotency key ([`payment::identifier_key`]).
+    pub key: Option<String>,
 }
 
 /// A kind's tool. `deadline` is the Lambda invocation's, which bounds the
@@ -67,7 +69,7 @@ pub async fn run(
     deadline: Option<tokio::time::Instant>,
     answer: Answer,
 ) -> ToolResult<Created> {
-    let KindCall { tool, kind, mut arguments } = call;
+    let KindCall { tool, kind, mut arguments, key } = call;
     let spec = ctx.catalog.task(kind).ok_or_else(|| ToolFailure::internal("a tool names no kind"))?;
     // A kind whose own input has a `wait_seconds` keeps it: its tool does not wait.
     let ours = spec.input_schema.pointer(&format!("/properties/{WAIT_SECONDS}")).is_none();
@@ -85,7 +87,7 @@ pub async fn run(
         chains: &ctx.chains,
     };
     let submission = Submission {
-        request: TaskRequest { space, kind, input: &input, idempotency_key: None },
+        request: TaskRequest { space, kind, input: &input, idempotency_key: key.as_deref() },
         payment: payment.map(crate::domain::payments::PaymentInput::Header),
         resource_url: &resource_url,
         deadline,

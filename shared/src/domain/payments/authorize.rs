@@ -20,6 +20,8 @@
 //! that cannot be asked is `facilitator_unavailable`, and the same payment
 //! may simply be sent again.
 
+use alloy_primitives::U256;
+
 use super::challenge::{PaymentRequired, PaymentRequirements, UPTO_MIN_QUEUE_SECONDS, UPTO_SETTLE_SECONDS};
 use super::counter::{Counter, Metering, store_in};
 use super::facilitator::Facilitator;
@@ -28,7 +30,7 @@ use super::order::{
     Bought, Checkout, Order, PayError, Recorded, bought_before, budget, check_window, key_holder, record_attempt,
     replayed, with_error,
 };
-use super::payload::{Payment, Permit2Authorization};
+use super::payload::{Payment, Permit2Authorization, uint256};
 use super::upto::{MeteredPayment, MeteredStatus, UPTO_PROXY, UptoRefusal};
 use crate::domain::ids::Id;
 
@@ -104,9 +106,11 @@ fn check_terms(
         // unknown, so nothing can be checked (nor settled) now.
         None => return Err(PayError::FacilitatorUnavailable),
     }
-    let ceiling: u128 = offer.amount.parse().unwrap_or(u128::MAX);
-    // Digits only (checked when decoded); longer than a u128 is plenty.
-    let signed_ceiling: u128 = signed.permitted.amount.parse().unwrap_or(u128::MAX);
+    // Both are uint256s: the signed one was parsed as one when decoded, and
+    // a requirement's is the catalog's (never out of range; if it were,
+    // nothing signed could reach it).
+    let ceiling = uint256("amount", &offer.amount).unwrap_or(U256::MAX);
+    let signed_ceiling = uint256("permitted.amount", &signed.permitted.amount).unwrap_or(U256::ZERO);
     if signed_ceiling < ceiling {
         return refuse(UptoRefusal::CeilingTooLow, format!("signed {signed_ceiling}, required {ceiling}"));
     }

@@ -165,7 +165,13 @@ async fn with_payment<C: Counter>(
         && (earlier.payload_hash != payment.hash || earlier.request_hash != request_hash)
     {
         // An id whose payment charged nothing may name a new one.
-        if earlier.status != AttemptStatus::Failed || !ledger::release_payment_id(cx.db, earlier.id).await? {
+        let released = earlier.status == AttemptStatus::Failed && ledger::release_payment_id(cx.db, earlier.id).await?;
+        // Another payment under the request's own key (an MCP call's key is
+        // its payment-identifier id): the key answers, as for any payment
+        // sent again under it: its task, or wait for its payment, never a
+        // conflict that has the client sign a new one.
+        let keyed = request.idempotency_key.is_some() && earlier.idempotency_key.as_deref() == request.idempotency_key;
+        if !released && !keyed {
             return Err(PayError::IdentifierConflict);
         }
     }

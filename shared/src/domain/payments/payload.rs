@@ -7,6 +7,15 @@
 //! Python SDK's upto clients sign). The document itself is kept as sent: it
 //! goes to the facilitator verbatim, so fields this parser does not know
 //! survive (the `eip2612GasSponsoring` permit among them).
+//!
+//! Every number in a payment has one spelling. The chain reads a Permit2
+//! nonce `"0123"` and `"123"` as one nonce; Reeve, comparing text, read two
+//! authorizations, and one signature bought two tasks. So each number is
+//! parsed into the integer it is on chain (a `uint256`, checked in range),
+//! and anything but its canonical decimal (digits, no leading zero, no sign,
+//! no space, no `0x`) is refused naming the field; `exact`'s `bytes32`
+//! nonce is `0x` and 64 hex digits, kept lowercase. The attempt is then
+//! unique on that one form.
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -29,13 +38,13 @@ pub struct Payment {
     /// `authorization.from` (`permit2Authorization.from`), lowercase.
     pub payer: String,
     /// `authorization.nonce`, lowercase hex; for `upto` the Permit2 nonce,
-    /// a decimal string.
+    /// in canonical decimal (see [`uint256`]).
     pub nonce: String,
     /// The `payment-identifier` extension's id, if the client sent one.
     pub payment_id: Option<String>,
     /// `authorization.validBefore` (`permit2Authorization.deadline`; unix
-    /// seconds, as signed): after it, an authorization never used can never
-    /// be.
+    /// seconds, in canonical decimal): after it, an authorization never used
+    /// can never be.
     pub valid_before: String,
     /// `Some` for an `upto` payment: what its Permit2 signature permits.
     pub upto: Option<Permit2Authorization>,
@@ -180,6 +189,47 @@ fn hex_of_len(s: &str, digits: usize) -> bool {
     s.len() == digits + 2 && s.starts_with("0x") && s[2..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// A `uint256` as x402 writes one: a decimal string. Only the canonical
+/// spelling is taken (digits only, no leading zero but `"0"` itself, at most
+/// 2^256 − 1), so that one integer has one text wherever Reeve stores or
+/// compares it. `field` names it in the refusal; the value is not echoed.
+pub fn uint256(field: &str, text: &str) -> Result<alloy_primitives::U256, String> {
+    let wrong = |what: &str| Err(format!("{field} must be a uint256 in decimal digits: {what}"));
+    if text.is_empty() {
+        return wrong("it is empty");
+    }
+    if text.starts_with("0x") || text.starts_with("0X") {
+        return wrong("it is hex; write it in decimal");
+    }
+    if text.starts_with(['+', '-']) {
+        return wrong("it has a sign");
+    }
+    if text.bytes().any(|b| b.is_ascii_whitespace()) {
+        return wrong("it holds whitespace");
+    }
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        return wrong("it holds a character that is not a digit");
+    }
+    if text.len() > 1 && text.starts_with('0') {
+        return wrong("it has a leading zero");
+    }
+    // Digits only by now (ruint's parser would also skip `_`).
+    alloy_primitives::U256::from_str_radix(text, 10).or_else(|_| wrong("it is larger than 2^256 - 1"))
+}
+
+/// What the `payment-identifier` extension's schema allows of an id.
+pub const PAYMENT_IDENTIFIER_RULE: &str = "the payment-identifier id must be 16 to 128 letters, digits, '-' or '_'";
+
+/// Whether `id` is a `payment-identifier` id ([`PAYMENT_IDENTIFIER_RULE`]).
+pub fn payment_identifier(id: &str) -> bool {
+    (16..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// `uint256` for every `(field, text)`, in order: the first refusal.
+fn uint256s(fields: &[(&str, &str)]) -> Result<(), String> {
+    fields.iter().try_for_each(|(field, text)| uint256(field, text).map(|_| ()))
+}
+
 /// Decodes the header: base64 (standard or URL-safe alphabet) of the x402 v2
 /// payment JSON. The message says what is wrong, without echoing the value.
 pub fn decode(header: &str) -> Result<Payment, String> {
@@ -207,20 +257,24 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
     if parsed.x402_version != X402_VERSION {
         return Err(format!("x402Version must be {X402_VERSION}"));
     }
-    let numeric = |s: &str| !s.is_empty() && s.len() <= 78 && s.bytes().all(|b| b.is_ascii_digit());
+    uint256("accepted.amount", &parsed.accepted.amount)?;
     let (payer, nonce, valid_before, upto, signature) = match &parsed.payload {
         SchemePayload::Exact(exact) => {
             let a = &exact.authorization;
             if !hex_of_len(&a.from, 40) || !hex_of_len(&a.to, 40) {
                 return Err("authorization.from and .to must be 0x-prefixed 20-byte addresses".to_owned());
             }
+            // Hex of either case is the same 32 bytes to the token: kept
+            // lowercase, the one form the attempt is unique on.
             if !hex_of_len(&a.nonce, 64) {
-                return Err("authorization.nonce must be a 0x-prefixed 32-byte value".to_owned());
+                return Err("authorization.nonce must be a 0x-prefixed 32-byte value (0x and 64 hex digits)".to_owned());
             }
-            if !numeric(&a.value) || !numeric(&a.valid_after) || !numeric(&a.valid_before) {
-                return Err("authorization.value, .validAfter and .validBefore must be decimal strings".to_owned());
-            }
-            (&a.from, &a.nonce, &a.valid_before, None, &exact.signature)
+            uint256s(&[
+                ("authorization.value", &a.value),
+                ("authorization.validAfter", &a.valid_after),
+                ("authorization.validBefore", &a.valid_before),
+            ])?;
+            (&a.from, a.nonce.to_ascii_lowercase(), &a.valid_before, None, &exact.signature)
         }
         SchemePayload::Upto(upto) => {
             let a = &upto.permit2_authorization;
@@ -230,12 +284,15 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
                             witness.facilitator must be 0x-prefixed 20-byte addresses"
                     .to_owned());
             }
-            if ![&a.permitted.amount, &a.nonce, &a.deadline, &a.witness.valid_after].iter().all(|n| numeric(n)) {
-                return Err("permit2Authorization's permitted.amount, nonce, deadline and witness.validAfter \
-                            must be decimal strings"
-                    .to_owned());
-            }
-            (&a.from, &a.nonce, &a.deadline, Some(a.clone()), &upto.signature)
+            uint256s(&[
+                ("permit2Authorization.permitted.amount", &a.permitted.amount),
+                ("permit2Authorization.deadline", &a.deadline),
+                ("permit2Authorization.witness.validAfter", &a.witness.valid_after),
+            ])?;
+            // Permit2's nonce is a uint256: its canonical decimal is the
+            // one text an attempt is unique on.
+            let nonce = uint256("permit2Authorization.nonce", &a.nonce)?.to_string();
+            (&a.from, nonce, &a.deadline, Some(a.clone()), &upto.signature)
         }
     };
     if !(signature.starts_with("0x")
@@ -249,22 +306,20 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
         None => None,
         Some(ext) => match ext.pointer("/info/id") {
             None | Some(Value::Null) => None,
-            Some(Value::String(id))
-                if (16..=128).contains(&id.len())
-                    && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
-            {
-                Some(id.clone())
-            }
-            Some(_) => {
-                return Err("the payment-identifier id must be 16 to 128 letters, digits, '-' or '_'".to_owned());
-            }
+            Some(Value::String(id)) if payment_identifier(id) => Some(id.clone()),
+            Some(_) => return Err(PAYMENT_IDENTIFIER_RULE.to_owned()),
         },
     };
     // The hash names the payment: what was signed and the requirement it
     // pays, as parsed. The rest (`resource`, `extensions`, fields a client
     // adds or leaves out, nulls it writes or omits) is unsigned and
     // advisory, so the same payment sent again by another client library,
-    // or re-serialised, is still the same payment.
+    // or re-serialised, is still the same payment. Its numbers are
+    // canonical by now, so they hash as the chain reads them; the hex of
+    // `exact`'s nonce and of the signature is hashed as written, which keeps
+    // every stored hash valid: a copy in another case is the same
+    // authorization (one attempt) but not the same document, so it is
+    // refused as a replay rather than answered as a resend.
     let paid = &parsed.accepted;
     let named = serde_json::json!({
         "accepted": [&paid.scheme, &paid.network, &paid.amount, paid.asset.to_ascii_lowercase(),
@@ -275,7 +330,7 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
     Ok(Payment {
         valid_before: valid_before.clone(),
         payer: payer.to_ascii_lowercase(),
-        nonce: nonce.to_ascii_lowercase(),
+        nonce,
         upto,
         accepted: parsed.accepted,
         document,
@@ -382,6 +437,112 @@ mod tests {
         for (name, header, want) in cases {
             let err = decode(&header).expect_err(name);
             assert!(err.contains(want), "{name}: {err}");
+        }
+    }
+
+    fn upto_sample() -> Value {
+        json!({
+            "x402Version": 2,
+            "accepted": {
+                "scheme": "upto", "network": "eip155:84532", "amount": "1000",
+                "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+                "payTo": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C", "maxTimeoutSeconds": 690,
+                "extra": {"name": "USDC", "version": "2"}
+            },
+            "payload": {
+                "signature": "0xabcd",
+                "permit2Authorization": {
+                    "from": "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
+                    "permitted": {"token": "0x036CbD53842c5426634e7929541eC2318f3dCF7e", "amount": "1000"},
+                    "spender": "0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002",
+                    "nonce": "123",
+                    "deadline": "1796117988",
+                    "witness": {
+                        "to": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
+                        "facilitator": "0x23618e81E3f5cdF7f54C3d65f7FBc0aBf5B21E8f",
+                        "validAfter": "0"
+                    }
+                }
+            }
+        })
+    }
+
+    /// Every number of both schemes has one spelling: anything else is
+    /// refused naming the field, so no two texts of one nonce (or amount,
+    /// or deadline) are ever two payments.
+    #[test]
+    fn every_payment_number_is_canonical_decimal_or_refused_naming_its_field() {
+        let max = "115792089237316195423570985008687907853269984665640564039457584007913129639935";
+        let over = "115792089237316195423570985008687907853269984665640564039457584007913129639936";
+        let spellings: [(&str, &str, &str); 9] = [
+            ("a leading zero", "0123", "leading zero"),
+            ("a plus sign", "+123", "sign"),
+            ("a minus sign", "-1", "sign"),
+            ("a space before", " 123", "whitespace"),
+            ("a newline after", "123\n", "whitespace"),
+            ("hex", "0x7b", "hex"),
+            ("an underscore", "1_23", "not a digit"),
+            ("2^256", over, "larger than 2^256 - 1"),
+            ("empty", "", "empty"),
+        ];
+        // A field's name, the sample it is in, and where.
+        type Field = (&'static str, fn() -> Value, &'static str);
+        let fields: [Field; 8] = [
+            ("accepted.amount", sample, "/accepted/amount"),
+            ("authorization.value", sample, "/payload/authorization/value"),
+            ("authorization.validAfter", sample, "/payload/authorization/validAfter"),
+            ("authorization.validBefore", sample, "/payload/authorization/validBefore"),
+            ("permit2Authorization.permitted.amount", upto_sample, "/payload/permit2Authorization/permitted/amount"),
+            ("permit2Authorization.nonce", upto_sample, "/payload/permit2Authorization/nonce"),
+            ("permit2Authorization.deadline", upto_sample, "/payload/permit2Authorization/deadline"),
+            (
+                "permit2Authorization.witness.validAfter",
+                upto_sample,
+                "/payload/permit2Authorization/witness/validAfter",
+            ),
+        ];
+        for (field, document, pointer) in fields {
+            for (case, text, why) in spellings {
+                let mut v = document();
+                *v.pointer_mut(pointer).unwrap() = json!(text);
+                let err = decode(&encode(&v)).expect_err(&format!("{field}, {case}"));
+                assert!(err.starts_with(field) && err.contains(why), "{field}, {case}: {err}");
+            }
+            let mut v = document();
+            *v.pointer_mut(pointer).unwrap() = json!(max);
+            assert!(decode(&encode(&v)).is_ok(), "{field}: 2^256 - 1 is a uint256");
+            *v.pointer_mut(pointer).unwrap() = json!("0");
+            assert!(decode(&encode(&v)).is_ok(), "{field}: 0 is canonical");
+        }
+        let upto = decode(&encode(&upto_sample())).unwrap();
+        assert_eq!((upto.nonce.as_str(), upto.valid_before.as_str()), ("123", "1796117988"));
+        let mut zero = upto_sample();
+        zero["payload"]["permit2Authorization"]["nonce"] = json!("0");
+        assert_eq!(decode(&encode(&zero)).unwrap().nonce, "0");
+    }
+
+    /// `exact`'s nonce is 32 bytes of hex whatever its case, stored in one:
+    /// upper and lower case are one authorization.
+    #[test]
+    fn an_exact_nonce_is_one_authorization_in_either_case() {
+        let lower = decode(&encode(&sample())).unwrap();
+        let mut upper = sample();
+        let nonce =
+            upper["payload"]["authorization"]["nonce"].as_str().unwrap().to_ascii_uppercase().replacen("0X", "0x", 1);
+        upper["payload"]["authorization"]["nonce"] = json!(nonce);
+        let upper = decode(&encode(&upper)).unwrap();
+        assert_eq!(upper.nonce, lower.nonce);
+        assert_eq!(lower.nonce, lower.nonce.to_ascii_lowercase());
+        for (case, nonce) in [
+            ("0X prefix", format!("0X{}", &nonce[2..])),
+            ("63 digits", nonce[..65].to_owned()),
+            ("65 digits", format!("{nonce}0")),
+            ("decimal", "123".to_owned()),
+        ] {
+            let mut v = sample();
+            v["payload"]["authorization"]["nonce"] = json!(nonce);
+            let err = decode(&encode(&v)).expect_err(case);
+            assert!(err.starts_with("authorization.nonce"), "{case}: {err}");
         }
     }
 
