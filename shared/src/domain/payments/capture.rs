@@ -120,11 +120,19 @@ impl Capturer<'_> {
             AttemptStatus::Authorized | AttemptStatus::Capturing => {}
             other => return Ok(Captured::Open(format!("its authorization is {other:?}, not capturable"))),
         }
-        let ceiling: u128 = auth.row.amount.parse().unwrap_or(0);
+        // Stored canonical by create; a ceiling past u128 caps nothing a
+        // charge could reach. Unreadable numbers never read as "free".
+        let Ok(ceiling) = auth.row.amount.parse::<alloy_primitives::U256>() else {
+            return Ok(Captured::Open(format!("the stored ceiling {:?} is not a number", auth.row.amount)));
+        };
+        let ceiling = u128::try_from(ceiling).unwrap_or(u128::MAX);
         let Some(unit) = Unit::parse(&view.unit) else {
             return Ok(Captured::Open(format!("unknown unit {:?}", view.unit)));
         };
-        let meter = Meter { unit, rate: view.rate.parse().unwrap_or(0), rate_usd: None };
+        let Ok(rate) = view.rate.parse() else {
+            return Ok(Captured::Open(format!("the stored rate {:?} is not a number", view.rate)));
+        };
+        let meter = Meter { unit, rate, rate_usd: None };
         let charge = meter.charge(run.used, ceiling);
         if auth.row.status == AttemptStatus::Authorized && charge == 0 {
             let mut conn = self.db.acquire().await?;
