@@ -30,6 +30,22 @@ pub fn rpc_url() -> String {
     std::env::var("REEVE_CHAIN_RPC_URL").unwrap_or_else(|_| "http://127.0.0.1:8545".into())
 }
 
+/// Base mainnet's public JSON-RPC endpoint: what `REEVE_CHAIN_RPC_URLS`
+/// names for `common::USDC_BASE`'s network. No local client pays there (the
+/// local facilitator does not settle it), so no test ever reaches it.
+pub const BASE_RPC: &str = "https://mainnet.base.org";
+
+/// `REEVE_CHAIN_RPC_URLS` for the tests' catalogs: the local chain, and Base
+/// mainnet, which start-up insists on for a catalog that prices there.
+pub fn chain_rpc_urls() -> String {
+    chain_rpc_urls_at(&rpc_url())
+}
+
+/// [`chain_rpc_urls`] with the local network's endpoint at `local`.
+pub fn chain_rpc_urls_at(local: &str) -> String {
+    format!("eip155:84532={local},eip155:8453={BASE_RPC}")
+}
+
 /// The project's Python (scripts/stack.sh installs the x402 SDK into it).
 pub fn python() -> PathBuf {
     std::env::var_os("REEVE_PAYER_PYTHON").map(PathBuf::from).unwrap_or_else(|| root().join(".venv/bin/python"))

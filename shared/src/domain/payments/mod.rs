@@ -61,7 +61,7 @@ pub(crate) mod upto;
 #[cfg(all(feature = "chain", feature = "catalog"))]
 pub use capture::{Authorization as MeteredAuthorization, Captured, Capturer};
 #[cfg(feature = "chain")]
-pub use chain::{CHAIN_RPC_URLS, Chains};
+pub use chain::{CHAIN_CONFIRMATIONS, CHAIN_RPC_URLS, Chains};
 #[cfg(feature = "catalog")]
 pub use challenge::{
     PAYMENT_REQUIRED_HEADER, PAYMENT_RESPONSE_HEADER, PAYMENT_SIGNATURE_HEADER, PaymentRequired, PaymentRequirements,
