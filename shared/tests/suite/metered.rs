@@ -21,7 +21,6 @@ use axum::http::StatusCode;
 use base64::Engine;
 use common::chain::{
     ChainLock, Client, OwnFacilitator, PERMIT2, Payer, allowance, balance, charges_to, eth_balance, fresh_address,
-    rpc_url,
 };
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::http::app;
@@ -104,7 +103,7 @@ impl Shop {
         let queue = TestQueue::new().await;
         let config = common::with_catalog(common::config(pool), &catalog(&pay_to, queue_seconds, facilitator))
             .with(settings::QUEUE_URL, &queue.url)
-            .with(CHAIN_RPC_URLS, format!("eip155:84532={}", rpc_url()));
+            .with(CHAIN_RPC_URLS, common::chain::chain_rpc_urls());
         let app = app(common::api(&config).await);
         let token = new_session(&app).await.1;
         Shop { app, token, pay_to, queue, pool: pool.clone(), config }
@@ -192,6 +191,30 @@ async fn counted_file_of(bytes: usize) -> (SocketAddr, Arc<AtomicUsize>) {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     (addr, asked)
+}
+
+/// [`counted_file_of`] whose answers wait, each, until `gate` is notified:
+/// the test acts while the run is under way.
+async fn gated_file_of(bytes: usize) -> (SocketAddr, Arc<AtomicUsize>, Arc<tokio::sync::Notify>) {
+    let body = vec![b'r'; bytes];
+    let asked = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let (counter, opened) = (asked.clone(), gate.clone());
+    let router = Router::new().route(
+        "/file",
+        axum::routing::get(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let (body, opened) = (body.clone(), opened.clone());
+            async move {
+                opened.notified().await;
+                body
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    (addr, asked, gate)
 }
 
 /// Every transfer to `pay_to` is one metered task's capture: one payment
@@ -524,7 +547,8 @@ async fn a_capture_that_never_lands_ends_with_nothing_charged_once_its_deadline_
     shop.done().await;
 }
 
-/// The payer revokes its Permit2 approval before the capture: the task ends
+/// The payer revokes its Permit2 approval during the run (after the
+/// run-start check let it start): the capture is refused, the task ends
 /// `payment_not_captured`, its stored output is deleted, nothing moved.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_capture_the_payer_revoked_ends_payment_not_captured_and_the_output_is_gone(pool: PgPool) {
@@ -532,15 +556,24 @@ async fn a_capture_the_payer_revoked_ends_payment_not_captured_and_the_output_is
     let shop = Shop::new(&pool).await;
     let payer = Payer::new(&chain, FUNDS).await;
     payer.approve_permit2(&chain, u128::MAX).await;
-    let site = file_of(2048).await;
+    let (site, asked, gate) = gated_file_of(2048).await;
     let signature = payer.sign(&shop.challenge("metered").await).await;
     let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
     let id = id_of(&reply);
-    payer.approve_permit2(&chain, 0).await;
 
     let worker = shop.worker().await;
-    assert_eq!(shop.run(&worker, id).await, Outcome::Failed("payment_not_captured"));
+    let revoke_while_it_runs = async {
+        common::wait_until("the run to ask for the file", Duration::from_secs(20), || {
+            let asked = asked.clone();
+            async move { asked.load(Ordering::SeqCst) == 1 }
+        })
+        .await;
+        payer.approve_permit2(&chain, 0).await;
+        gate.notify_one();
+    };
+    let (outcome, ()) = tokio::join!(shop.run(&worker, id), revoke_while_it_runs);
+    assert_eq!(outcome, Outcome::Failed("payment_not_captured"));
     let task = shop.task(id).await;
     assert_eq!(task["status"], "failed", "{task}");
     assert_eq!(task["error"]["code"], "payment_not_captured");
@@ -662,6 +695,109 @@ async fn the_typescript_upto_client_pays_a_metered_task(pool: PgPool) {
     assert_eq!(shop.run(&shop.worker().await, id).await, Outcome::Done);
     assert_eq!(shop.task(id).await["payment"]["charged"], (10 * RATE).to_string());
     assert_eq!(balance(&payer.address).await, FUNDS - 10 * RATE);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// What a payer may do between create and run to take back what it
+/// authorized: revoke Permit2's approval, move its funds away, or
+/// invalidate the Permit2 nonce it signed. The worker reads the chain before
+/// the run (one Multicall3 read) and the task never runs: it fails with the
+/// code that says which, its authorization released, nothing charged. With
+/// nothing taken back, the same check lets the task run and be charged.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_authorization_withdrawn_between_create_and_run_never_runs_and_charges_nothing(pool: PgPool) {
+    #[derive(Debug, Clone, Copy)]
+    enum Withdrawn {
+        Nothing,
+        Approval,
+        Funds,
+        Nonce,
+    }
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let worker = shop.worker().await;
+    let cases = [
+        (Withdrawn::Nothing, None),
+        (Withdrawn::Approval, Some("payment_revoked")),
+        (Withdrawn::Funds, Some("insufficient_funds")),
+        (Withdrawn::Nonce, Some("payment_revoked")),
+    ];
+    for (withdrawn, code) in cases {
+        let payer = Payer::new(&chain, FUNDS).await;
+        payer.approve_permit2(&chain, u128::MAX).await;
+        let (site, asked) = counted_file_of(2 * 1024).await;
+        let signature = payer.sign(&shop.challenge("metered").await).await;
+        let nonce = decode(&signature)["payload"]["permit2Authorization"]["nonce"].as_str().unwrap().to_owned();
+        let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+        assert_eq!(reply.status, StatusCode::ACCEPTED, "{withdrawn:?}: {}", reply.body);
+        let id = id_of(&reply);
+        match withdrawn {
+            Withdrawn::Nothing => {}
+            Withdrawn::Approval => payer.approve_permit2(&chain, 0).await,
+            Withdrawn::Funds => payer.transfer(&chain, &fresh_address(), FUNDS - CEILING + 1).await,
+            Withdrawn::Nonce => payer.invalidate_permit2_nonce(&chain, &nonce).await,
+        }
+        let before = balance(&payer.address).await;
+
+        let outcome = shop.run(&worker, id).await;
+        let task = shop.task(id).await;
+        let Some(code) = code else {
+            assert_eq!(outcome, Outcome::Done, "{task}");
+            assert_eq!((&task["status"], &task["payment"]["status"]), (&json!("completed"), &json!("charged")));
+            assert_eq!(asked.load(Ordering::SeqCst), 1, "it ran");
+            assert_eq!(balance(&payer.address).await, before - 2 * RATE, "charged what it used");
+            continue;
+        };
+        assert_eq!(outcome, Outcome::Failed(code), "{withdrawn:?}: {task}");
+        assert_eq!((&task["status"], &task["error"]["code"]), (&json!("failed"), &json!(code)), "{task}");
+        let message = task["error"]["message"].as_str().unwrap();
+        assert!(message.contains("not started") && message.contains("nothing was charged"), "{message}");
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "{withdrawn:?}: the executor never started");
+        assert!(task["result"].is_null(), "{task}");
+        assert_eq!((&task["payment"]["status"], &task["payment"]["charged"]), (&json!("released"), &json!("0")));
+        assert_eq!(shop.attempt(id).await, ("released".into(), Some(code.into())), "{withdrawn:?}");
+        let events = events(&pool, id).await;
+        assert_eq!(events.last().unwrap().data["payment"]["status"], "released", "the final event says so");
+        assert_eq!(balance(&payer.address).await, before, "{withdrawn:?}: nothing moved");
+    }
+    assert_eq!(charges_to(&shop.pay_to).await.len(), 1, "only the task whose authorization stood was charged");
+    let credits: i64 = sqlx::query_scalar("SELECT count(*) FROM credits").fetch_one(&pool).await.unwrap();
+    assert_eq!(credits, 0, "no credit: nothing was paid");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// A chain that cannot be read before the run decides nothing: the task
+/// is neither run nor failed, it waits in the queue with its authorization
+/// intact, and the next delivery, the chain readable, runs it and charges it.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_run_whose_authorization_cannot_be_checked_waits_until_the_chain_answers(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let (site, asked) = counted_file_of(3 * 1024).await;
+    let signature = payer.sign(&shop.challenge("metered").await).await;
+    let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = id_of(&reply);
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let unreachable = common::chain::chain_rpc_urls_at(&format!("http://{closed}"));
+    let config = shop.config.clone().without(settings::QUEUE_URL).with(CHAIN_RPC_URLS, unreachable);
+    let blind = common::worker(&common::loopback_outbound(config)).await;
+    let outcome = shop.run(&blind, id).await;
+    assert!(matches!(outcome, Outcome::Retry(_)), "{outcome:?}");
+    let task = shop.task(id).await;
+    assert_eq!((&task["status"], &task["payment"]["status"]), (&json!("queued"), &json!("authorized")), "{task}");
+    assert_eq!(asked.load(Ordering::SeqCst), 0, "not run on an authorization nobody could check");
+
+    assert_eq!(shop.delivery(&shop.worker().await, id, 2).await, Outcome::Done);
+    let task = shop.task(id).await;
+    assert_eq!(task["payment"]["charged"], (3 * RATE).to_string(), "{task}");
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    assert_eq!(balance(&payer.address).await, FUNDS - 3 * RATE);
     assert_books_balance(&pool, &shop.pay_to).await;
     shop.done().await;
 }

@@ -27,6 +27,9 @@
 //!   and a metered task's payment as its buyer sees it.
 //! - [`authorize`]: a metered payment at create: checked, verified, and its
 //!   task stored authorized, nothing charged.
+//! - [`run_check`]: before a metered task runs, the chain read once to see
+//!   that its authorization can still be settled (approval, funds, nonce,
+//!   deadline).
 //! - [`capture`]: when a metered task ends, what it used settled and proven
 //!   on chain, or its authorization released.
 //!
@@ -54,6 +57,8 @@ pub(crate) mod payload;
 pub(crate) mod proof;
 #[cfg(feature = "chain")]
 pub(crate) mod reconcile;
+#[cfg(all(feature = "chain", feature = "catalog"))]
+pub(crate) mod run_check;
 #[cfg(feature = "catalog")]
 pub(crate) mod supported;
 pub(crate) mod upto;
@@ -82,9 +87,14 @@ pub use payload::{
 };
 #[cfg(feature = "chain")]
 pub use reconcile::{Reconciled, reconcile};
+#[cfg(all(feature = "chain", feature = "catalog"))]
+pub use run_check::{RunCheck, check_before_run, read_once as read_run_check};
 #[cfg(feature = "catalog")]
 pub use supported::{SupportedKind, settleable, settles, unsupported_prices};
-pub use upto::{AUTHORIZATION_EXPIRED, MeteredPayment, MeteredStatus, PAYMENT_NOT_CAPTURED, UptoRefusal};
+pub use upto::{
+    AUTHORIZATION_EXPIRED, INSUFFICIENT_FUNDS, MeteredPayment, MeteredStatus, PAYMENT_NOT_CAPTURED, PAYMENT_REVOKED,
+    UptoRefusal,
+};
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
