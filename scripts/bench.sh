@@ -20,7 +20,9 @@
 # in an edited NOTES.md without measuring again.
 # Bounded in time: once built, a full run takes about 8 minutes on 2 cores
 # (fan-out and its ceiling are most of it); the release builds from cold, ~30.
-# BENCH_CEILING=<watchers> moves the ceiling attempt (0 skips it).
+# BENCH_CEILING=<watchers> moves the ceiling attempt (0 skips it). `worker` also
+# times a metered task's run-start check (its one Multicall3 read) on the
+# stack's anvil (REEVE_CHAIN_RPC_URL), beside a plain JSON-RPC round trip.
 set -euo pipefail
 LOG_TAG="bench"
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh

@@ -25,8 +25,10 @@
 #                in @uniswap/v4-periphery 1.0.3 for placing it there.
 #   upto proxy   0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002 (@x402/evm's address for it):
 #                scripts/payments/UptoPermit2Proxy.sol, written against @x402/evm's ABI.
-#   Multicall3   0xcA11bde05977b3631167028862bE2a173976CA11, viem's bytecode: the
-#                facilitator explains a failing upto payment through it.
+#   Multicall3   0xcA11bde05977b3631167028862bE2a173976CA11, viem's bytecode (Multicall3
+#                as deployed on every public chain): the facilitator explains a failing
+#                upto payment through it, and Reeve's worker reads a metered task's
+#                authorization through its aggregate3 in one round trip before the run.
 #   facilitator  127.0.0.1:4021  scripts/payments/facilitator.mjs: @x402/core 2.27's
 #                                facilitator with @x402/evm's exact and upto schemes and
 #                                the eip2612GasSponsoring extension.
@@ -82,10 +84,15 @@ token_ready() {
     eth_call "$TOKEN_ADDRESS" 0x7ecebe000000000000000000000000000000000000000000000000000000000000000000 | grep -q '"result":"0x0'
 }
 # Permit2's DOMAIN_SEPARATOR(), the proxy's PERMIT2() and Multicall3's
-# getChainId() answer.
+# getChainId() answer, and Multicall3's aggregate3([]) answers an empty list
+# (what the worker's run-start check calls).
 permit2_ready() { eth_call "$PERMIT2_ADDRESS" 0x3644e515 | grep -q '"result":"0x[0-9a-f]\{64\}"'; }
 upto_proxy_ready() { eth_call "$UPTO_PROXY_ADDRESS" 0x6afdd850 | grep -qi '000000000022d473030f116ddee9f6b43ac78ba3'; }
-multicall3_ready() { eth_call "$MULTICALL3_ADDRESS" 0x3408e470 | grep -q '"result":"0x0*14a34"'; }
+AGGREGATE3_NONE=0x82ad56cb$(printf '%064x%064x' 32 0)
+multicall3_ready() {
+  eth_call "$MULTICALL3_ADDRESS" 0x3408e470 | grep -q '"result":"0x0*14a34"' &&
+    eth_call "$MULTICALL3_ADDRESS" "$AGGREGATE3_NONE" | grep -q "\"result\":\"0x$(printf '%064x%064x' 32 0)\""
+}
 contracts_ready() { token_ready && permit2_ready && upto_proxy_ready && multicall3_ready; }
 
 ensure_npm() {

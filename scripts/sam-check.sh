@@ -213,7 +213,8 @@ PY
 
 # .env as a sam --env-vars file (for every function). REEVE_CATALOG is the
 # template's /opt/reeve.toml, the catalog layer: it must also win over the
-# shell's (relative) value, which sam would pass on otherwise.
+# shell's (relative) value, which sam would pass on otherwise. Base mainnet,
+# where that catalog prices, gets a chain endpoint.
 write_env_vars() {
   (umask 077 && "$VENV_DIR/bin/python" - "$ENV_FILE" "$WORK_DIR/env.json" <<'PY'
 import json, sys
@@ -221,6 +222,12 @@ from dotenv import dotenv_values
 # As the shell reads it: quotes removed, nothing expanded in a quoted value.
 values = {k: v for k, v in dotenv_values(sys.argv[1], interpolate=False).items() if v is not None}
 values["REEVE_CATALOG"] = "/opt/reeve.toml"
+# That catalog prices on Base mainnet, and a function that takes or proves
+# payments starts only with a chain endpoint for every network priced: Base's
+# public one (no sample event pays, so it is never reached), beside the
+# local chain's.
+local_chain = values.get("REEVE_CHAIN_RPC_URLS", "")
+values["REEVE_CHAIN_RPC_URLS"] = ",".join(filter(None, [local_chain, "eip155:8453=https://mainnet.base.org"]))
 # The MCP endpoint answers the Host of the sample events (their API's).
 mcp = {"REEVE_MCP_ALLOWED_HOSTS": "a1b2c3d4e5.execute-api.eu-west-1.amazonaws.com"}
 with open(sys.argv[2], "w") as f:

@@ -27,6 +27,13 @@
 //!   from the first `running` event to the last `completed`. The floor
 //!   drains as many messages the same way.
 //!
+//! - **Run-start check**: a metered task's one chain read before its run
+//!   (`payments::run_check`: a Multicall3 `aggregate3` `eth_call` of the
+//!   payer's balance, Permit2 allowance, Permit2 nonce word and permit
+//!   nonce), timed one after another on the local chain, beside one plain
+//!   JSON-RPC round trip to the same endpoint: what a metered task's start
+//!   adds to a free one's.
+//!
 //! Sides alternate within each measurement, so the shared machine's noise
 //! falls on both. A task that fails, a request that errs or a side that
 //! completes nothing fails the run: a broken run never prints a ratio.
@@ -71,6 +78,13 @@ pub struct Args {
     /// Throughput rounds per side, alternating.
     #[arg(long, default_value_t = 2)]
     throughput_rounds: usize,
+    /// The chain whose Multicall3 the run-start check reads (the local
+    /// stack's anvil, where scripts/payments.sh places it).
+    #[arg(long, env = "REEVE_CHAIN_RPC_URL", default_value = "http://127.0.0.1:8545")]
+    chain_rpc: String,
+    /// Run-start checks timed, one after another; 0 leaves them out.
+    #[arg(long, default_value_t = 200)]
+    checks: usize,
 }
 
 /// SQS's largest batch and longest long poll: what `reeve work`'s poller
@@ -432,6 +446,10 @@ fn ms(sorted: &[u64], q: f64) -> f64 {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     ensure!(args.backlog >= 1000, "the backlog is at least 1,000 tasks");
+    let checks = match args.checks {
+        0 => None,
+        n => Some(run_check_cost(&args.chain_rpc, n).await.context("timing the run-start check")?),
+    };
     let db = BenchDb::create("worker").await?;
     sqlx::query("CREATE TABLE bench_floor (key TEXT PRIMARY KEY, at TIMESTAMPTZ NOT NULL)").execute(&db.pool).await?;
     let redis = OwnRedis::start().await?;
@@ -457,7 +475,52 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     db.drop_now().await?;
     let (latency, throughput) = result?;
     print!("{}", report(&args, &latency, &throughput));
+    if let Some((check, floor)) = checks {
+        print!("{}", check_report(&args, &check, &floor));
+    }
     Ok(())
+}
+
+/// A metered task's run-start check, its one chain read timed `n` times one
+/// after another, beside one JSON-RPC round trip to the same endpoint (the
+/// latest block), alternating: (the check's µs, the round trip's µs), each
+/// sorted.
+async fn run_check_cost(rpc: &str, n: usize) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+    use reeve_shared::payments::{Chains, read_run_check};
+    let chains = Chains::parse(&format!("eip155:84532={rpc}")).map_err(|p| anyhow::anyhow!(p.join("; ")))?;
+    let chain = chains.get("eip155:84532")?;
+    // The local chain's token, and anvil's account 1 as the payer.
+    let (token, payer) = ("0x036CbD53842c5426634e7929541eC2318f3dCF7e", "0x70997970C51812dc3A010C7d01b50e0d17dc79C8");
+    let (mut check, mut floor) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        let started = Instant::now();
+        chain.head().await?;
+        floor.push(started.elapsed().as_micros() as u64);
+        let started = Instant::now();
+        read_run_check(chain, token, payer, &i.to_string(), true).await.map_err(anyhow::Error::msg)?;
+        check.push(started.elapsed().as_micros() as u64);
+    }
+    check.sort_unstable();
+    floor.sort_unstable();
+    Ok((check, floor))
+}
+
+fn check_report(args: &Args, check: &[u64], floor: &[u64]) -> String {
+    format!(
+        "**Run-start check**: before a metered task runs, the worker reads its authorization on chain in one \
+         Multicall3 `aggregate3` `eth_call` (the payer's balance, its Permit2 allowance, Permit2's nonce word and \
+         the token's permit nonce). {} reads one after another on the local anvil, beside one plain JSON-RPC \
+         round trip to it (`eth_getBlockByNumber`), alternating. A free task pays none of it.\n\n\
+         | reads | round trip p50 ms | round trip p99 ms | check p50 ms | check p99 ms | check p50 ÷ round trip \
+         p50 |\n|---|---|---|---|---|---|\n| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n\n",
+        check.len(),
+        args.checks,
+        ms(floor, 0.5),
+        ms(floor, 0.99),
+        ms(check, 0.5),
+        ms(check, 0.99),
+        ms(check, 0.5) / ms(floor, 0.5).max(0.001),
+    )
 }
 
 /// (Reeve's tasks/s, the floor's), one pair per round.

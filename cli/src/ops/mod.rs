@@ -19,14 +19,20 @@ use reeve_shared::settings::{self, Config, QUEUE_URL};
 use reeve_shared::worker::Poller;
 use reeve_shared::{aws, startup, telemetry};
 
-/// `reeve config check`: every problem with its TOML path, then (with
-/// `--facilitator`) whether the facilitator settles every price.
+/// `reeve config check`: every problem with its TOML path, and every
+/// network priced without a chain endpoint (`REEVE_CHAIN_RPC_URLS`), then
+/// (with `--facilitator`) whether the facilitator settles every price.
 pub async fn config_check(file: &Path, ask_facilitator: bool) -> ExitCode {
     // Checked as every start-up checks it: against the worker's time limit
     // (REEVE_WORKER_TIMEOUT_SECONDS) too.
     let config = Config::from_env().with(settings::CATALOG, file.display().to_string());
     let mut problems = Vec::new();
     let catalog = startup::catalog_file(&config, &mut problems);
+    // Every network it prices in needs a chain endpoint to prove payments
+    // (REEVE_CHAIN_RPC_URLS), as every paying process's start-up insists.
+    if let Some(catalog) = &catalog {
+        startup::chain_endpoints(&config, Some(catalog), &mut problems);
+    }
     let catalog = match catalog {
         Some(catalog) if problems.is_empty() => catalog,
         _ => {

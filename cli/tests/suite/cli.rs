@@ -5,11 +5,16 @@ use std::process::{Command, Output};
 
 use crate::common::FreshDb;
 
+/// A chain endpoint for every network the shipped catalogs price in (Base
+/// mainnet's public one, never reached here), as their start-up insists.
+const CHAIN_RPC_URLS: &str = "eip155:8453=https://mainnet.base.org,eip155:84532=http://127.0.0.1:8545";
+
 fn reeve(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));
     // Run where no `.env` can be picked up, so each test controls the
     // environment it starts with.
     cmd.current_dir(std::env::temp_dir()).args(args).env_remove("RUST_BACKTRACE");
+    cmd.env("REEVE_CHAIN_RPC_URLS", CHAIN_RPC_URLS);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -188,6 +193,7 @@ fn serve_names_at_start_up_each_price_its_facilitator_does_not_settle() {
         .current_dir(std::env::temp_dir())
         .args(["serve", "--no-worker", "--catalog", &repo("reeve.toml"), "--bind", "127.0.0.1:0"])
         .env("REEVE_FACILITATOR_URL", local_facilitator())
+        .env("REEVE_CHAIN_RPC_URLS", CHAIN_RPC_URLS)
         .env("DATABASE_URL", database_url)
         .env("REEVE_LOG_FORMAT", "text")
         .stderr(std::process::Stdio::piped())

@@ -49,3 +49,35 @@ fn work_reports_every_problem_and_exits_1() {
         assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
     }
 }
+
+/// A catalog that prices in a network needs a chain endpoint for it, where
+/// every payment on it is proven: without one `reeve serve`, `reeve work`
+/// and `reeve config check` refuse it, naming the variable and the network
+/// (the development catalog prices on eip155:84532).
+#[test]
+fn a_priced_network_without_a_chain_endpoint_is_refused_with_the_variable_s_name() {
+    let catalog = concat!(env!("CARGO_MANIFEST_DIR"), "/../reeve.dev.toml");
+    let wanted = "REEVE_CHAIN_RPC_URLS has no JSON-RPC endpoint for eip155:84532, which tasks.";
+    for command in
+        [&["serve", "--catalog", catalog][..], &["work", "--catalog", catalog], &["config", "check", "--file", catalog]]
+    {
+        let (code, err) = reeve(command, &[]);
+        assert_eq!(code, Some(1), "{command:?}: {err}");
+        assert!(err.contains(wanted), "{command:?}: missing {wanted:?} in:\n{err}");
+        assert_eq!(err.matches(wanted).count(), 1, "{command:?}: once, with every price on it:\n{err}");
+    }
+    let (code, err) = reeve(
+        &["config", "check", "--file", catalog],
+        &[("REEVE_CHAIN_RPC_URLS", "eip155:84532=http://127.0.0.1:8545")],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = reeve(
+        &["config", "check", "--file", catalog],
+        &[
+            ("REEVE_CHAIN_RPC_URLS", "eip155:84532=http://127.0.0.1:8545"),
+            ("REEVE_CHAIN_CONFIRMATIONS", "eip155:8453=3"),
+        ],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("REEVE_CHAIN_CONFIRMATIONS: eip155:8453 has no endpoint"), "{err}");
+}

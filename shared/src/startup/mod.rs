@@ -208,19 +208,30 @@ fn deployed_uploads(config: &Config, problems: &mut Vec<String>) -> Option<crate
 }
 
 #[cfg(feature = "chain")]
-/// `REEVE_CHAIN_RPC_URLS`, each payment network's JSON-RPC endpoint, for
-/// resolving a settlement whose outcome was lost (task create, the sweeps).
-/// A malformed value is a problem; a priced network without one is logged.
-fn chain_endpoints(config: &Config, catalog: Option<&Catalog>, problems: &mut Vec<String>) -> Chains {
-    let chains = match config.get(crate::domain::payments::CHAIN_RPC_URLS) {
+/// `REEVE_CHAIN_RPC_URLS`, each payment network's JSON-RPC endpoint, with
+/// `REEVE_CHAIN_CONFIRMATIONS`, the blocks each waits before a read proves
+/// anything: what proves a payment (task create, MCP, the worker's pre-run
+/// check and capture, the sweeps). A malformed value is a problem, and so is
+/// each network `catalog` prices in without an endpoint: a payment there
+/// could only be taken on the facilitator's word.
+pub fn chain_endpoints(config: &Config, catalog: Option<&Catalog>, problems: &mut Vec<String>) -> Chains {
+    use crate::domain::payments::{CHAIN_CONFIRMATIONS, CHAIN_RPC_URLS};
+    let chains = match config.get(CHAIN_RPC_URLS) {
         None => Chains::none(),
         Some(text) => Chains::parse(&text).unwrap_or_else(|found| {
             problems.extend(found);
             Chains::none()
         }),
     };
+    let chains = match config.get(CHAIN_CONFIRMATIONS) {
+        None => chains,
+        Some(text) => chains.clone().with_confirmations(&text).unwrap_or_else(|found| {
+            problems.extend(found);
+            chains
+        }),
+    };
     if let Some(catalog) = catalog {
-        chains.warn_missing(catalog);
+        problems.extend(chains.unproven_prices(catalog));
     }
     chains
 }

@@ -143,10 +143,10 @@ pub const MCP_ALLOWED_ORIGINS: &str = "REEVE_MCP_ALLOWED_ORIGINS";
 // Names that belong to a lower floor, which reads them itself; here too, so
 // every variable Reeve reads is named in this file (the README's table is
 // checked against the code by shared/tests/suite/environment.rs).
-#[cfg(feature = "chain")]
-pub use crate::domain::payments::CHAIN_RPC_URLS;
 #[cfg(feature = "outbound")]
 pub use crate::domain::payments::facilitator::FACILITATOR_URL_VAR as FACILITATOR_URL;
+#[cfg(feature = "chain")]
+pub use crate::domain::payments::{CHAIN_CONFIRMATIONS, CHAIN_RPC_URLS};
 #[cfg(feature = "outbound")]
 pub use crate::infra::outbound::{ALLOW_HTTP, FETCH_ALLOW, OPERATOR_ALLOW};
 pub use crate::infra::telemetry::LOG_FORMAT;

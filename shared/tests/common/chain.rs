@@ -30,6 +30,22 @@ pub fn rpc_url() -> String {
     std::env::var("REEVE_CHAIN_RPC_URL").unwrap_or_else(|_| "http://127.0.0.1:8545".into())
 }
 
+/// Base mainnet's public JSON-RPC endpoint: what `REEVE_CHAIN_RPC_URLS`
+/// names for `common::USDC_BASE`'s network. No local client pays there (the
+/// local facilitator does not settle it), so no test ever reaches it.
+pub const BASE_RPC: &str = "https://mainnet.base.org";
+
+/// `REEVE_CHAIN_RPC_URLS` for the tests' catalogs: the local chain, and Base
+/// mainnet, which start-up insists on for a catalog that prices there.
+pub fn chain_rpc_urls() -> String {
+    chain_rpc_urls_at(&rpc_url())
+}
+
+/// [`chain_rpc_urls`] with the local network's endpoint at `local`.
+pub fn chain_rpc_urls_at(local: &str) -> String {
+    format!("eip155:84532={local},eip155:8453={BASE_RPC}")
+}
+
 /// The project's Python (scripts/stack.sh installs the x402 SDK into it).
 pub fn python() -> PathBuf {
     std::env::var_os("REEVE_PAYER_PYTHON").map(PathBuf::from).unwrap_or_else(|| root().join(".venv/bin/python"))
@@ -260,27 +276,36 @@ impl Payer {
     /// `approve(Permit2, max)`; 0 revokes it). anvil sends the transaction
     /// as the payer (impersonated) after giving it the gas: the chain sees
     /// exactly what the payer's own wallet would send.
-    pub async fn approve_permit2(&self, _chain: &ChainLock, amount: u128) {
-        rpc("anvil_setBalance", json!([self.address, "0xde0b6b3a7640000"])).await;
-        rpc("anvil_impersonateAccount", json!([self.address])).await;
+    pub async fn approve_permit2(&self, chain: &ChainLock, amount: u128) {
         let data = format!("0x095ea7b3{}{:064x}", word(PERMIT2), amount);
-        let hash = rpc("eth_sendTransaction", json!([{"from": self.address, "to": TOKEN, "data": data}])).await;
-        rpc("anvil_stopImpersonatingAccount", json!([self.address])).await;
-        wait_mined(&hash).await;
+        self.send(chain, TOKEN, &data).await;
     }
 
-    /// Spends a Permit2 unordered `nonce` (decimal) of the payer's itself,
-    /// with `invalidateUnorderedNonces`: any signature over it is void from
-    /// then on, and nothing moves. Sent as the payer, like
-    /// [`Payer::approve_permit2`].
-    pub async fn invalidate_permit2_nonce(&self, _chain: &ChainLock, nonce: &str) {
+    /// Moves `amount` of its tokens to `to` (`transfer`), from its own
+    /// account: what a payer that empties its wallet sends.
+    pub async fn transfer(&self, chain: &ChainLock, to: &str, amount: u128) {
+        let data = format!("0xa9059cbb{}{:064x}", word(to), amount);
+        self.send(chain, TOKEN, &data).await;
+    }
+
+    /// Invalidates its Permit2 nonce `nonce` (decimal), as a payer that
+    /// takes back a signature it gave sends to Permit2:
+    /// `invalidateUnorderedNonces(nonce >> 8, 1 << (nonce & 0xff))`.
+    pub async fn invalidate_permit2_nonce(&self, chain: &ChainLock, nonce: &str) {
         let nonce: alloy_primitives::U256 = nonce.parse().unwrap();
-        let (word, bit) = (nonce >> 8, (nonce & alloy_primitives::U256::from(0xff)).to::<usize>());
+        let (word_pos, bit) = (nonce >> 8, nonce & alloy_primitives::U256::from(0xff));
         let mask = alloy_primitives::U256::from(1) << bit;
+        let data = format!("0x3ff9dcb1{word_pos:064x}{mask:064x}");
+        self.send(chain, PERMIT2, &data).await;
+    }
+
+    /// Sends `data` to `to` as the payer: anvil sends it impersonated,
+    /// after giving it the gas, so the chain sees exactly what the payer's
+    /// own wallet would send.
+    async fn send(&self, _chain: &ChainLock, to: &str, data: &str) {
         rpc("anvil_setBalance", json!([self.address, "0xde0b6b3a7640000"])).await;
         rpc("anvil_impersonateAccount", json!([self.address])).await;
-        let data = format!("0x3ff9dcb1{word:064x}{mask:064x}");
-        let hash = rpc("eth_sendTransaction", json!([{"from": self.address, "to": PERMIT2, "data": data}])).await;
+        let hash = rpc("eth_sendTransaction", json!([{"from": self.address, "to": to, "data": data}])).await;
         rpc("anvil_stopImpersonatingAccount", json!([self.address])).await;
         wait_mined(&hash).await;
     }

@@ -113,7 +113,8 @@ pub const TOKEN_KEY: &str = "test-token-key-test-token-key-test!!";
 
 /// What a binary is given, as a test gives it: the stack's variables (the
 /// `.env` scripts/test.sh loads), the development catalog, the tests' own
-/// secrets, a 1 MiB fetch cap, and the database `#[sqlx::test]` made for
+/// secrets, a 1 MiB fetch cap, a chain endpoint for every network the
+/// tests' catalogs price in, and the database `#[sqlx::test]` made for
 /// this test, both as `DATABASE_URL` and as its open pool (start-up checks
 /// the URL, then takes the pool where it would open one). Contexts come from
 /// it through the binaries' own builders: [`api`], [`worker`], [`relay`].
@@ -131,6 +132,7 @@ pub fn config_opening_a_pool(pool: &PgPool) -> Config {
         .with(settings::TOKEN_KEY, TOKEN_KEY)
         .with(settings::FETCH_MAX_BYTES, (1024 * 1024).to_string())
         .with(settings::DATABASE_URL, database_url(pool))
+        .with(settings::CHAIN_RPC_URLS, chain::chain_rpc_urls())
 }
 
 /// The URL of `pool`'s database: the stack's `DATABASE_URL` (its host and

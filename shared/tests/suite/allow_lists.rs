@@ -149,6 +149,7 @@ async fn the_worker_gives_the_operator_allow_list_to_http_only(_pool: sqlx::PgPo
         ("REEVE_BUCKET", "reeve-test".to_owned()),
         ("REEVE_OPERATOR_ALLOW", "127.0.0.1".to_owned()),
         ("REEVE_OUTBOUND_ALLOW_HTTP", "1".to_owned()),
+        ("REEVE_CHAIN_RPC_URLS", common::chain::chain_rpc_urls()),
     ];
     let config = Config::from_vars(vars).with(settings::CATALOG, catalog.display().to_string());
     let worker = startup::worker(&config, &sdk, Connect::Lazily).await.unwrap_or_else(|e| panic!("{e}"));

@@ -22,8 +22,8 @@ use tokio::sync::Notify;
 
 use super::metered::{FUNDS, RATE, Shop, assert_books_balance, decode, events, file_of, id_of, output_of, stored};
 use crate::common::chain::{
-    ChainLock, OWN_FACILITATOR_ACCOUNT, OwnFacilitator, Payer, ScriptedFacilitator, Settle, TOKEN, UPTO_PROXY, balance,
-    chain_time, charges_to, fresh_address, rpc, wait_mined, wait_pending_from, word,
+    ChainLock, OWN_FACILITATOR_ACCOUNT, OwnFacilitator, Payer, ScriptedFacilitator, Settle, UPTO_PROXY, balance,
+    chain_time, charges_to, fresh_address, rpc, wait_pending_from,
 };
 use crate::common::{get_authed, post_json, send};
 use reeve_shared::ids::Id;
@@ -225,14 +225,7 @@ enum Pull {
 async fn pull(chain: &ChainLock, payer: &Payer, how: Pull, signature: &str) {
     match how {
         Pull::RevokeApproval => payer.approve_permit2(chain, 0).await,
-        Pull::MoveFunds => {
-            rpc("anvil_setBalance", json!([payer.address, "0xde0b6b3a7640000"])).await;
-            rpc("anvil_impersonateAccount", json!([payer.address])).await;
-            let data = format!("0xa9059cbb{}{:064x}", word(&fresh_address()), FUNDS);
-            let hash = rpc("eth_sendTransaction", json!([{"from": payer.address, "to": TOKEN, "data": data}])).await;
-            rpc("anvil_stopImpersonatingAccount", json!([payer.address])).await;
-            wait_mined(&hash).await;
-        }
+        Pull::MoveFunds => payer.transfer(chain, &fresh_address(), FUNDS).await,
         Pull::InvalidateNonce => {
             let nonce = decode(signature)["payload"]["permit2Authorization"]["nonce"].as_str().unwrap().to_owned();
             payer.invalidate_permit2_nonce(chain, &nonce).await;

@@ -121,7 +121,7 @@ impl Endpoint {
         let queue = TestQueue::new().await;
         let catalog = catalog(&pay_to);
         // The chain's RPC: the worker proves a metered capture from its receipt.
-        let chain = format!("eip155:84532={}", rpc_url());
+        let chain = common::chain::chain_rpc_urls();
         let config = common::with_catalog(common::config(pool), &catalog)
             .with(settings::QUEUE_URL, &queue.url)
             .with(CHAIN_RPC_URLS, &chain);
@@ -612,6 +612,7 @@ async fn the_mcp_function_starts_from_its_configuration() {
     use reeve_shared::settings::{self, Config};
     let sdk = reeve_shared::startup::sdk().await;
     let catalog = root().join("reeve.dev.toml").display().to_string();
+    let chain = common::chain::chain_rpc_urls();
     let vars = |extra: &[(&str, &str)]| {
         let mut vars: Vec<(String, String)> = [
             ("REEVE_PEPPER", "test-pepper-test-pepper-test-pepper!"),
@@ -621,6 +622,7 @@ async fn the_mcp_function_starts_from_its_configuration() {
             ("REEVE_BUCKET", "reeve-test"),
             ("REEVE_QUEUE_URL", "http://127.0.0.1:5000/000000000000/q"),
             (settings::CATALOG, catalog.as_str()),
+            (settings::CHAIN_RPC_URLS, chain.as_str()),
         ]
         .iter()
         .chain(extra)

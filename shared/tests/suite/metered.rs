@@ -21,7 +21,6 @@ use axum::http::StatusCode;
 use base64::Engine;
 use common::chain::{
     ChainLock, Client, OwnFacilitator, PERMIT2, Payer, allowance, balance, charges_to, eth_balance, fresh_address,
-    rpc_url,
 };
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::http::app;
@@ -125,7 +124,7 @@ impl Shop {
         let queue = TestQueue::new().await;
         let config = common::with_catalog(common::config(pool), &catalog(&pay_to, queue_seconds, facilitator))
             .with(settings::QUEUE_URL, &queue.url)
-            .with(CHAIN_RPC_URLS, format!("eip155:84532={}", rpc_url()));
+            .with(CHAIN_RPC_URLS, common::chain::chain_rpc_urls());
         let app = app(common::api(&config).await);
         let token = new_session(&app).await.1;
         Shop { app, token, pay_to, queue, pool: pool.clone(), config }
@@ -726,6 +725,109 @@ async fn the_typescript_upto_client_pays_a_metered_task(pool: PgPool) {
     assert_eq!(shop.run(&shop.worker().await, id).await, Outcome::Done);
     assert_eq!(shop.task(id).await["payment"]["charged"], (10 * RATE).to_string());
     assert_eq!(balance(&payer.address).await, FUNDS - 10 * RATE);
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// What a payer may do between create and run to take back what it
+/// authorized: revoke Permit2's approval, move its funds away, or
+/// invalidate the Permit2 nonce it signed. The worker reads the chain before
+/// the run (one Multicall3 read) and the task never runs: it fails with the
+/// code that says which, its authorization released, nothing charged. With
+/// nothing taken back, the same check lets the task run and be charged.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_authorization_withdrawn_between_create_and_run_never_runs_and_charges_nothing(pool: PgPool) {
+    #[derive(Debug, Clone, Copy)]
+    enum Withdrawn {
+        Nothing,
+        Approval,
+        Funds,
+        Nonce,
+    }
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let worker = shop.worker().await;
+    let cases = [
+        (Withdrawn::Nothing, None),
+        (Withdrawn::Approval, Some("payment_revoked")),
+        (Withdrawn::Funds, Some("insufficient_funds")),
+        (Withdrawn::Nonce, Some("payment_revoked")),
+    ];
+    for (withdrawn, code) in cases {
+        let payer = Payer::new(&chain, FUNDS).await;
+        payer.approve_permit2(&chain, u128::MAX).await;
+        let (site, asked) = counted_file_of(2 * 1024).await;
+        let signature = payer.sign(&shop.challenge("metered").await).await;
+        let nonce = decode(&signature)["payload"]["permit2Authorization"]["nonce"].as_str().unwrap().to_owned();
+        let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+        assert_eq!(reply.status, StatusCode::ACCEPTED, "{withdrawn:?}: {}", reply.body);
+        let id = id_of(&reply);
+        match withdrawn {
+            Withdrawn::Nothing => {}
+            Withdrawn::Approval => payer.approve_permit2(&chain, 0).await,
+            Withdrawn::Funds => payer.transfer(&chain, &fresh_address(), FUNDS - CEILING + 1).await,
+            Withdrawn::Nonce => payer.invalidate_permit2_nonce(&chain, &nonce).await,
+        }
+        let before = balance(&payer.address).await;
+
+        let outcome = shop.run(&worker, id).await;
+        let task = shop.task(id).await;
+        let Some(code) = code else {
+            assert_eq!(outcome, Outcome::Done, "{task}");
+            assert_eq!((&task["status"], &task["payment"]["status"]), (&json!("completed"), &json!("charged")));
+            assert_eq!(asked.load(Ordering::SeqCst), 1, "it ran");
+            assert_eq!(balance(&payer.address).await, before - 2 * RATE, "charged what it used");
+            continue;
+        };
+        assert_eq!(outcome, Outcome::Failed(code), "{withdrawn:?}: {task}");
+        assert_eq!((&task["status"], &task["error"]["code"]), (&json!("failed"), &json!(code)), "{task}");
+        let message = task["error"]["message"].as_str().unwrap();
+        assert!(message.contains("not started") && message.contains("nothing was charged"), "{message}");
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "{withdrawn:?}: the executor never started");
+        assert!(task["result"].is_null(), "{task}");
+        assert_eq!((&task["payment"]["status"], &task["payment"]["charged"]), (&json!("released"), &json!("0")));
+        assert_eq!(shop.attempt(id).await, ("released".into(), Some(code.into())), "{withdrawn:?}");
+        let events = events(&pool, id).await;
+        assert_eq!(events.last().unwrap().data["payment"]["status"], "released", "the final event says so");
+        assert_eq!(balance(&payer.address).await, before, "{withdrawn:?}: nothing moved");
+    }
+    assert_eq!(charges_to(&shop.pay_to).await.len(), 1, "only the task whose authorization stood was charged");
+    let credits: i64 = sqlx::query_scalar("SELECT count(*) FROM credits").fetch_one(&pool).await.unwrap();
+    assert_eq!(credits, 0, "no credit: nothing was paid");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
+/// A chain that cannot be read before the run decides nothing: the task
+/// is neither run nor failed, it waits in the queue with its authorization
+/// intact, and the next delivery, the chain readable, runs it and charges it.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_run_whose_authorization_cannot_be_checked_waits_until_the_chain_answers(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let (site, asked) = counted_file_of(3 * 1024).await;
+    let signature = payer.sign(&shop.challenge("metered").await).await;
+    let reply = shop.create("metered", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = id_of(&reply);
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let unreachable = common::chain::chain_rpc_urls_at(&format!("http://{closed}"));
+    let config = shop.config.clone().without(settings::QUEUE_URL).with(CHAIN_RPC_URLS, unreachable);
+    let blind = common::worker(&common::loopback_outbound(config)).await;
+    let outcome = shop.run(&blind, id).await;
+    assert!(matches!(outcome, Outcome::Retry(_)), "{outcome:?}");
+    let task = shop.task(id).await;
+    assert_eq!((&task["status"], &task["payment"]["status"]), (&json!("queued"), &json!("authorized")), "{task}");
+    assert_eq!(asked.load(Ordering::SeqCst), 0, "not run on an authorization nobody could check");
+
+    assert_eq!(shop.delivery(&shop.worker().await, id, 2).await, Outcome::Done);
+    let task = shop.task(id).await;
+    assert_eq!(task["payment"]["charged"], (3 * RATE).to_string(), "{task}");
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    assert_eq!(balance(&payer.address).await, FUNDS - 3 * RATE);
     assert_books_balance(&pool, &shop.pay_to).await;
     shop.done().await;
 }

@@ -25,13 +25,13 @@ use axum::http::{HeaderValue, Request, StatusCode};
 use base64::Engine;
 use common::chain::{
     ChainLock, OWN_FACILITATOR_ACCOUNT, OwnFacilitator, Payer, TOKEN, balance, chain_time, charges_to, fresh_address,
-    rpc, rpc_url, wait_pending_from,
+    rpc, wait_pending_from,
 };
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::catalog::Catalog;
 use reeve_shared::http::app;
 use reeve_shared::ids::Id;
-use reeve_shared::payments::CHAIN_RPC_URLS;
+use reeve_shared::payments::{CHAIN_CONFIRMATIONS, CHAIN_RPC_URLS};
 use reeve_shared::settings::{self, Config};
 use reeve_shared::startup;
 use reeve_shared::sweeper::{SweepReport, Sweeper};
@@ -149,7 +149,7 @@ impl Shop {
         let queue = TestQueue::new().await;
         let config = common::with_catalog(common::config(pool), &catalog(&pay_to, facilitator, max_timeout))
             .with(settings::QUEUE_URL, &queue.url)
-            .with(CHAIN_RPC_URLS, format!("eip155:84532={}", rpc_url()))
+            .with(CHAIN_RPC_URLS, common::chain::chain_rpc_urls())
             .with(settings::SWEEP_OLDER_THAN, "300");
         let app = app(common::api(&config).await);
         let token = match token {
@@ -290,6 +290,39 @@ async fn a_paid_task_settles_on_chain_then_runs_to_completion(pool: PgPool) {
     assert_eq!(space["payments"][0]["amount"], "10000");
     assert_eq!(space["payments"][0]["task_id"], id.to_string());
     assert_eq!(space["credits"], json!([]));
+    shop.done().await;
+}
+
+/// A payment counts only once its transfer has its network's confirmations
+/// after it (`REEVE_CHAIN_CONFIRMATIONS`): with 0 (the default), a paid
+/// create answers as soon as the transfer is mined; with 3, only once 3
+/// more blocks followed the one that holds it. Either way: one task, one
+/// charge, books that balance.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_payment_is_proven_only_once_its_network_s_confirmations_followed_it(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let site = serve(Router::new().route("/page", axum::routing::get(|| async { "paid for" }))).await;
+    for confirmations in [0u64, 3] {
+        let config = shop.config.clone().with(CHAIN_CONFIRMATIONS, format!("eip155:84532={confirmations}"));
+        let confirming = app(common::api(&config).await);
+        let payer = Payer::new(&chain, 1_000_000).await;
+        let signature = payer.sign(&shop.challenge("fetch").await).await;
+        let input = json!({"url": format!("http://{site}/page?confirmations={confirmations}")});
+        let reply = send(&confirming, shop.request("fetch", &input, Some(&signature))).await;
+        let answered_at =
+            u64::from_str_radix(rpc("eth_blockNumber", json!([])).await.as_str().unwrap()[2..].as_ref(), 16).unwrap();
+        assert_eq!(reply.status, StatusCode::ACCEPTED, "{confirmations}: {}", reply.body);
+        let transaction = decode(reply.headers["payment-response"].to_str().unwrap())["transaction"].clone();
+        let receipt = rpc("eth_getTransactionReceipt", json!([transaction])).await;
+        let mined = u64::from_str_radix(&receipt["blockNumber"].as_str().unwrap()[2..], 16).unwrap();
+        assert!(
+            answered_at >= mined + confirmations,
+            "{confirmations} confirmations: answered at block {answered_at}, the transfer is in {mined}"
+        );
+    }
+    assert_eq!(shop.tasks().await, 2, "one task per payment");
+    assert_books_balance(&pool, &shop.pay_to).await;
     shop.done().await;
 }
 
@@ -1505,8 +1538,11 @@ async fn a_stalled_chain_endpoint_does_not_keep_a_sweep_from_resending_a_lost_ta
     shop.queue.drain().await;
 
     let stalled = stalled_endpoint().await;
-    let sweeper =
-        shop.sweeper(&shop.config.clone().with(CHAIN_RPC_URLS, format!("eip155:84532=http://{stalled}"))).await;
+    let sweeper = shop
+        .sweeper(
+            &shop.config.clone().with(CHAIN_RPC_URLS, common::chain::chain_rpc_urls_at(&format!("http://{stalled}"))),
+        )
+        .await;
     // The scheduled invocation, as the sweeper Lambda runs it, 12 s before
     // its deadline.
     let started = std::time::Instant::now();

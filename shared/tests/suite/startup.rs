@@ -42,12 +42,18 @@ async fn create_secret(sdk: &SdkConfig, value: &str) -> String {
     created.arn().expect("an ARN").to_owned()
 }
 
-/// These variables, and the shipped catalog unless they name another.
+/// These variables, the shipped catalog unless they name another, and the
+/// local chain's endpoint (which that catalog prices on) unless they name
+/// theirs.
 fn config(vars: &[(&str, String)]) -> Config {
     let config = Config::from_vars(vars.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    match config.get(settings::CATALOG) {
+    let config = match config.get(settings::CATALOG) {
         Some(_) => config,
         None => config.with(settings::CATALOG, catalog().display().to_string()),
+    };
+    match config.get(settings::CHAIN_RPC_URLS) {
+        Some(_) => config,
+        None => config.with(settings::CHAIN_RPC_URLS, common::chain::chain_rpc_urls()),
     }
 }
 
@@ -176,4 +182,60 @@ async fn the_worker_and_the_guard_read_the_database_url_by_arn() {
     assert_eq!(problems.len(), 2, "{problems:?}");
     assert!(problems[0].starts_with("DATABASE_URL is not set"), "{problems:?}");
     assert!(problems[1].starts_with("REEVE_FETCH_ALLOW:"), "{problems:?}");
+}
+
+/// A catalog that prices in a network needs that network's chain endpoint,
+/// where every payment on it is proven: each start-up that takes or proves
+/// payments (every route, task create, MCP, the worker, the sweeper)
+/// refuses to start without one, naming the variable and the network among
+/// its other problems. Its confirmations are checked as well, and given
+/// there, read on the real chain: the confirmed head is that many blocks
+/// behind the latest (0 by default: the latest itself).
+#[tokio::test]
+async fn a_priced_network_without_a_chain_endpoint_stops_every_paying_start_up() {
+    use reeve_shared::payments::{CHAIN_CONFIRMATIONS, CHAIN_RPC_URLS};
+    let sdk = moto();
+    let mut vars = plain(&common::redis_url());
+    vars.push(("DATABASE_URL", std::env::var("DATABASE_URL").unwrap()));
+    vars.push(("REEVE_PEPPER", PEPPER.to_owned()));
+    vars.push(("REEVE_TOKEN_KEY", TOKEN_KEY.to_owned()));
+    let without = config(&vars).without(CHAIN_RPC_URLS);
+    let wanted = "REEVE_CHAIN_RPC_URLS has no JSON-RPC endpoint for eip155:84532, which tasks.";
+    let refusals = [
+        ("every route", startup::api(&without, &sdk, Needs::ALL, Connect::Lazily).await.err()),
+        ("task create", startup::task_create(&without, &sdk).await.err()),
+        ("mcp", startup::mcp(&without, &sdk).await.err()),
+        ("worker", startup::worker(&without, &sdk, Connect::Lazily).await.err()),
+        ("sweeper", startup::sweeper(&without, &sdk).await.err()),
+    ];
+    for (builder, refused) in refusals {
+        let problems = refused.unwrap_or_else(|| panic!("{builder} started without a chain endpoint")).problems();
+        assert_eq!(problems.iter().filter(|p| p.starts_with(wanted)).count(), 1, "{builder}: {problems:?}");
+    }
+
+    let out_of_range = config(&vars).with(CHAIN_CONFIRMATIONS, "eip155:84532=99");
+    let problems = startup::worker(&out_of_range, &sdk, Connect::Lazily).await.err().unwrap().problems();
+    assert_eq!(problems, ["REEVE_CHAIN_CONFIRMATIONS: eip155:84532: blocks must be an integer from 0 to 64"]);
+
+    let _chain = common::chain::ChainLock::shared().await;
+    for confirmations in [None, Some(0), Some(3)] {
+        let given = match confirmations {
+            Some(n) => config(&vars).with(CHAIN_CONFIRMATIONS, format!("eip155:84532={n}")),
+            None => config(&vars),
+        };
+        let worker = startup::worker(&given, &sdk, Connect::Lazily).await.unwrap_or_else(|e| panic!("{e}"));
+        let chain = worker.chains.get("eip155:84532").unwrap();
+        assert_eq!(chain.confirmations(), confirmations.unwrap_or(0));
+        // The chain mines a block a second: read the head on both sides.
+        let before = chain.head().await.unwrap();
+        let confirmed = chain.confirmed_head().await.unwrap();
+        let after = chain.head().await.unwrap();
+        let behind = confirmations.unwrap_or(0);
+        assert!(
+            (before.number.saturating_sub(behind)..=after.number.saturating_sub(behind)).contains(&confirmed.number),
+            "{confirmations:?}: {confirmed:?} between {before:?} and {after:?}"
+        );
+        let block = chain.block(confirmed.number).await.unwrap();
+        assert_eq!(block, confirmed, "the confirmed block's own time");
+    }
 }

@@ -12,34 +12,54 @@ use super::{Outcome, Retryable, WorkerContext, complete, retry};
 use crate::domain::catalog::TaskSpec;
 use crate::domain::ids::Id;
 use crate::domain::payments::{
-    AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, Captured, Capturer, Held, MeteredAuthorization, PAYMENT_NOT_CAPTURED,
+    self, AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, Captured, Capturer, Held, MeteredAuthorization,
+    PAYMENT_NOT_CAPTURED, RunCheck,
 };
 
 /// How long a capture whose outcome is open waits before the next delivery
 /// tries again (its amount fixed, and the chain asked first).
 const CAPTURE_RETRY: Duration = Duration::from_secs(10);
 
-/// The task's authorization, if it is metered; `Err`: the run ends here
-/// (expired, or the database could not be read).
+/// How long a run whose authorization the chain could not check waits before
+/// the next delivery asks again.
+const CHECK_RETRY: Duration = Duration::from_secs(5);
+
+/// The task's authorization, if it is metered; `Err`: the run ends here.
+/// An authorization not yet sent to be settled is checked on chain first
+/// ([`payments::check_before_run`]): withdrawn, underfunded or too near its
+/// deadline, the task fails with the code that says which and nothing runs
+/// (the failure releases the authorization: nothing is charged); a chain
+/// that cannot be read sends the run back to the queue, to ask again.
 pub(super) async fn before_run(
     ctx: &WorkerContext,
-    id: Id,
-    attempt: i32,
+    run: (Id, i32, u32),
     spec: &TaskSpec,
 ) -> Result<Option<MeteredAuthorization>, Outcome> {
+    let (id, attempt, receive_count) = run;
     let auth = match MeteredAuthorization::of(&ctx.db, id).await {
         Ok(auth) => auth,
         Err(e) => return Err(retry("reading the task's payment authorization", e)),
     };
-    if let Some(auth) = &auth
-        && auth.is_authorized()
-        && !auth.outlives(Duration::from_secs(spec.timeout_seconds.into()))
-    {
+    let Some(authorized) = auth.as_ref().filter(|auth| auth.is_authorized()) else { return Ok(auth) };
+    let timeout = Duration::from_secs(spec.timeout_seconds.into());
+    if !authorized.outlives(timeout) {
         let message = "its payment authorization would expire before what it uses could be settled, so it was \
                        not started; nothing was charged. Create it again with a new payment";
         return Err(fail(ctx, id, attempt, AUTHORIZATION_EXPIRED, message).await);
     }
-    Ok(auth)
+    match payments::check_before_run(&ctx.db, &ctx.chains, id, timeout).await {
+        Ok(Some(RunCheck::Stands) | None) => Ok(auth),
+        Ok(Some(RunCheck::Refused { code, message })) => {
+            tracing::info!(code, "the payer's authorization no longer stands; not run");
+            Err(fail(ctx, id, attempt, code, &message).await)
+        }
+        Ok(Some(RunCheck::Unreadable(why))) => {
+            tracing::warn!(%why, "cannot check the payment authorization on chain; the run waits");
+            let why = format!("checking the payment authorization on chain: {why}");
+            Err(retry_later(ctx, id, attempt, receive_count, Retryable::Exec(why, Some(CHECK_RETRY))).await)
+        }
+        Err(e) => Err(retry("reading the payment authorization's terms", e)),
+    }
 }
 
 /// What a finished run used, as its executor measures it (bytes fetched

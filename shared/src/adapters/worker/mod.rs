@@ -386,7 +386,7 @@ async fn run_task(
         return fail(ctx, id, attempt, codes::UNKNOWN_KIND, &message).await;
     };
 
-    let metered = match metered::before_run(ctx, id, attempt, spec).await {
+    let metered = match metered::before_run(ctx, (id, attempt, receive_count), spec).await {
         Ok(metered) => metered,
         Err(ended) => return ended,
     };

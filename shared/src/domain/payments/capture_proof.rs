@@ -12,8 +12,8 @@
 //! once, so at most one transaction can ever be that proof.
 //!
 //! Nothing paid is proven only by the nonce itself, read with Permit2's
-//! `nonceBitmap` at a block past the signed deadline (from then on Permit2
-//! refuses the signature, so the state read there is final):
+//! `nonceBitmap` at a confirmed block past the signed deadline (from then
+//! on Permit2 refuses the signature, so the state read there is final):
 //! - unused: the authorization can never be used; nothing was charged;
 //! - used, and no transaction in the blocks since the attempt began settled
 //!   it through the proxy: the payer spent the nonce itself
@@ -144,7 +144,9 @@ pub struct Found {
 
 /// Looks for the settle of `signed`: first the transaction a facilitator
 /// named, then the token's transfers from the payer to `payTo` since the
-/// attempt began (`from_block`), up to `until` (the head when `None`).
+/// attempt began (`from_block`), up to `until` (the confirmed head when
+/// `None`). Nothing past the network's confirmations counts: a named
+/// transaction mined later is "not mined" yet.
 pub async fn find(
     chain: &Chain,
     signed: &Signed,
@@ -152,20 +154,22 @@ pub async fn find(
     named: Option<&str>,
     until: Option<u64>,
 ) -> Result<Found, ChainError> {
+    let end = match until {
+        Some(block) => block,
+        None => chain.confirmed_head().await?.number,
+    };
     let mut named_mined = false;
     if let Some(named) = named {
         let hash = super::chain::parse_hash(named)?;
-        if let Some(receipt) = chain.receipt(hash).await? {
+        if let Some(receipt) = chain.receipt(hash).await?
+            && receipt.block_number.is_some_and(|mined| mined <= end)
+        {
             named_mined = true;
             if let Some(paid) = settled_in(chain, signed, hash, &receipt).await? {
                 return Ok(Found { paid: Some(paid), named_mined });
             }
         }
     }
-    let end = match until {
-        Some(block) => block,
-        None => chain.head().await?.number,
-    };
     let (start, end) = search_range(from_block, end);
     let mut at = start;
     while at <= end {
@@ -226,16 +230,17 @@ pub enum Decided {
     Spent,
 }
 
-/// Decides `signed` from the chain once a block is past its deadline by
-/// `margin` seconds; `None` while none is. The state read there is final:
-/// Permit2 refuses the signature in every block after the deadline.
+/// Decides `signed` from the chain once a confirmed block is past its
+/// deadline by `margin` seconds; `None` while none is. The state read there
+/// is final: Permit2 refuses the signature in every block after the
+/// deadline.
 pub async fn decide(
     chain: &Chain,
     signed: &Signed,
     from_block: Option<u64>,
     margin: u64,
 ) -> Result<Option<Decided>, ChainError> {
-    let head: Block = chain.head().await?;
+    let head: Block = chain.confirmed_head().await?;
     if head.timestamp <= signed.deadline.saturating_add(margin) {
         return Ok(None);
     }

@@ -7,6 +7,17 @@
 //! like the facilitator's URL. They are reached through the operators'
 //! outbound policy with the endpoint's own host as the only allow-list
 //! entry: never through the users' client, which task inputs steer.
+//!
+//! A catalog that prices in a network without an endpoint is refused
+//! ([`Chains::unproven_prices`]): without one, a payment on it could only
+//! be taken on the facilitator's word.
+//!
+//! What counts as proof is read at [`Chain::confirmed_head`]: the latest
+//! block less the network's confirmations ([`CHAIN_CONFIRMATIONS`], 0 unless
+//! set), so a block a reorganisation could still drop proves nothing.
+//!
+//! [`Chain::aggregate3`] reads several view calls at one block in one round
+//! trip, through Multicall3 at its canonical address ([`MULTICALL3`]).
 
 use std::collections::BTreeMap;
 use std::future::IntoFuture;
@@ -17,12 +28,39 @@ use alloy_primitives::{Address, B256, Bytes};
 use alloy_provider::{Provider, RootProvider};
 use alloy_rpc_client::RpcClient;
 use alloy_rpc_types_eth::{BlockId, BlockNumberOrTag, Filter, Log, TransactionReceipt, TransactionRequest};
+use alloy_sol_types::{SolCall, sol};
 use alloy_transport_http::Http;
 
 use crate::infra::outbound::{Outbound, OutboundPolicy};
 
 /// The operator setting: `network=url` pairs, comma-separated.
 pub const CHAIN_RPC_URLS: &str = "REEVE_CHAIN_RPC_URLS";
+
+/// The operator setting: `network=n` pairs, comma-separated: how many
+/// blocks must follow one before what it holds counts as proof. 0 for a
+/// network not listed.
+pub const CHAIN_CONFIRMATIONS: &str = "REEVE_CHAIN_CONFIRMATIONS";
+
+/// The most confirmations a network may be given: more would outwait the
+/// paid create's budget on any chain and prove nothing more.
+pub const MAX_CONFIRMATIONS: u64 = 64;
+
+/// Multicall3, at its canonical address on every chain (scripts/payments.sh
+/// places it on the local one).
+pub const MULTICALL3: &str = "0xcA11bde05977b3631167028862bE2a173976CA11";
+
+sol! {
+    /// Multicall3's `Call3`: a call that may fail without failing the rest.
+    struct Call3 { address target; bool allowFailure; bytes callData; }
+    /// Multicall3's `Result`.
+    struct Call3Result { bool success; bytes returnData; }
+    /// Multicall3: every call at the same block.
+    function aggregate3(Call3[] calls) external payable returns (Call3Result[] returnData);
+    /// Multicall3: the block's timestamp.
+    function getCurrentBlockTimestamp() external view returns (uint256 timestamp);
+    /// Multicall3: the block's number.
+    function getBlockNumber() external view returns (uint256 blockNumber);
+}
 
 /// One JSON-RPC call may take this long: a sweep reads several, and a paid
 /// create waits for a few.
@@ -53,11 +91,16 @@ pub struct Chain {
     /// The whole URL, only to scrub it from an error's text.
     url: String,
     provider: RootProvider<Ethereum>,
+    /// Blocks that must follow one before it proves anything.
+    confirmations: u64,
 }
 
 impl std::fmt::Debug for Chain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Chain").field("endpoint", &self.shown).finish_non_exhaustive()
+        f.debug_struct("Chain")
+            .field("endpoint", &self.shown)
+            .field("confirmations", &self.confirmations)
+            .finish_non_exhaustive()
     }
 }
 
@@ -110,17 +153,57 @@ impl Chains {
         if problems.is_empty() { Ok(chains) } else { Err(problems) }
     }
 
-    /// Logs the catalog's payment networks that have no endpoint: an
-    /// unknown settlement on one of them stays pending until it has.
-    pub fn warn_missing(&self, catalog: &crate::domain::catalog::Catalog) {
-        let missing = self.missing(catalog.assets.values().map(|a| a.network.as_str()));
-        if !missing.is_empty() && catalog.payments.is_some() {
-            tracing::warn!(
-                networks = %missing.join(", "),
-                "no JSON-RPC endpoint ({CHAIN_RPC_URLS}) for these payment networks: a payment on them whose \
-                 settlement's outcome is lost stays pending until one is set"
-            );
+    /// Sets each network's confirmations from [`CHAIN_CONFIRMATIONS`]'
+    /// value (`eip155:8453=3,…`); a network not listed keeps 0. Every
+    /// problem is reported: a malformed pair, a number out of range, a
+    /// network without an endpoint.
+    pub fn with_confirmations(mut self, text: &str) -> Result<Chains, Vec<String>> {
+        let mut problems = Vec::new();
+        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let Some((network, n)) = entry.split_once('=') else {
+                problems.push(format!("{CHAIN_CONFIRMATIONS}: {entry:?} is not network=blocks"));
+                continue;
+            };
+            let network = network.trim();
+            let Some(n) = n.trim().parse::<u64>().ok().filter(|n| *n <= MAX_CONFIRMATIONS) else {
+                problems.push(format!(
+                    "{CHAIN_CONFIRMATIONS}: {network}: blocks must be an integer from 0 to {MAX_CONFIRMATIONS}"
+                ));
+                continue;
+            };
+            match self.by_network.get_mut(network) {
+                Some(chain) => chain.confirmations = n,
+                None => problems.push(format!(
+                    "{CHAIN_CONFIRMATIONS}: {network} has no endpoint in {CHAIN_RPC_URLS} to confirm blocks on"
+                )),
+            }
         }
+        if problems.is_empty() { Ok(self) } else { Err(problems) }
+    }
+
+    /// One problem per network `catalog` prices in that has no endpoint,
+    /// naming the variable, the network and the prices on it: a payment
+    /// there could only be taken on the facilitator's word.
+    pub fn unproven_prices(&self, catalog: &crate::domain::catalog::Catalog) -> Vec<String> {
+        let mut by_network: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for (kind, task) in &catalog.tasks {
+            for (index, price) in task.accepts.iter().enumerate() {
+                let Some(asset) = catalog.assets.get(&price.asset) else { continue };
+                if !self.by_network.contains_key(&asset.network) {
+                    by_network.entry(&asset.network).or_default().push(format!("tasks.{kind}.accepts[{index}]"));
+                }
+            }
+        }
+        by_network
+            .into_iter()
+            .map(|(network, prices)| {
+                format!(
+                    "{CHAIN_RPC_URLS} has no JSON-RPC endpoint for {network}, which {} prices in: without one no \
+                     payment on it can be proven; add {network}=https://… to {CHAIN_RPC_URLS}",
+                    prices.join(", ")
+                )
+            })
+            .collect()
     }
 
     pub fn get(&self, network: &str) -> Result<&Chain, ChainError> {
@@ -164,12 +247,29 @@ impl Chain {
         outbound.check_url(url).map_err(|_| format!("{shown}: refused by the outbound policy"))?;
         let transport = Http::with_client(outbound.reqwest_client(), parsed);
         let provider = RootProvider::new(RpcClient::new(transport, loopback));
-        Ok(Chain { shown, url: url.to_owned(), provider })
+        Ok(Chain { shown, url: url.to_owned(), provider, confirmations: 0 })
+    }
+
+    /// The blocks that must follow one before it proves anything.
+    pub fn confirmations(&self) -> u64 {
+        self.confirmations
     }
 
     /// The latest block.
     pub async fn head(&self) -> Result<Block, ChainError> {
         self.block(BlockNumberOrTag::Latest).await
+    }
+
+    /// The latest block that has the network's confirmations after it: the
+    /// last one whose contents count as proof (the head itself with 0
+    /// confirmations; one read more otherwise). A payment, a nonce's use or
+    /// a deadline passed is read at or before it, never past it.
+    pub async fn confirmed_head(&self) -> Result<Block, ChainError> {
+        let head = self.head().await?;
+        if self.confirmations == 0 {
+            return Ok(head);
+        }
+        self.block(head.number.saturating_sub(self.confirmations)).await
     }
 
     /// Block `at`.
@@ -206,6 +306,49 @@ impl Chain {
     pub async fn call(&self, to: Address, input: Vec<u8>, at: u64) -> Result<Bytes, ChainError> {
         let request = TransactionRequest::default().to(to).input(input.into());
         self.bounded("eth_call", self.provider.call(request).block(BlockId::number(at))).await
+    }
+
+    /// Each of `calls` (`to`, input) run at block `at`, in one `eth_call`
+    /// through Multicall3's `aggregate3`, each allowed to fail alone: their
+    /// answers in order (`None` for a call that reverted), and the block's
+    /// number and timestamp as Multicall3 read them.
+    pub async fn aggregate3(
+        &self,
+        calls: &[(Address, Vec<u8>)],
+        at: BlockId,
+    ) -> Result<(Block, Vec<Option<Bytes>>), ChainError> {
+        let multicall: Address = MULTICALL3.parse().expect("a valid address");
+        let mut call3: Vec<Call3> = calls
+            .iter()
+            .map(|(target, input)| Call3 { target: *target, allowFailure: true, callData: input.clone().into() })
+            .collect();
+        for input in [getBlockNumberCall {}.abi_encode(), getCurrentBlockTimestampCall {}.abi_encode()] {
+            call3.push(Call3 { target: multicall, allowFailure: false, callData: input.into() });
+        }
+        let request =
+            TransactionRequest::default().to(multicall).input(aggregate3Call { calls: call3 }.abi_encode().into());
+        let answer = self.bounded("eth_call aggregate3", self.provider.call(request).block(at)).await?;
+        let mut results = aggregate3Call::abi_decode_returns(&answer)
+            .map_err(|e| ChainError::Rpc(format!("{}: Multicall3 answered {e}", self.shown)))?;
+        let number_of = |r: Option<Call3Result>| -> Result<u64, ChainError> {
+            let r = r
+                .filter(|r| r.success)
+                .ok_or_else(|| ChainError::Rpc(format!("{}: Multicall3 did not say its block", self.shown)))?;
+            let n = alloy_primitives::U256::from_be_slice(&r.returnData[..r.returnData.len().min(32)]);
+            u64::try_from(n).map_err(|_| ChainError::Rpc(format!("{}: Multicall3 answered {n}", self.shown)))
+        };
+        let timestamp = number_of(results.pop())?;
+        let number = number_of(results.pop())?;
+        if results.len() != calls.len() {
+            return Err(ChainError::Rpc(format!(
+                "{}: Multicall3 answered {} calls of {}",
+                self.shown,
+                results.len(),
+                calls.len()
+            )));
+        }
+        let answers = results.into_iter().map(|r| r.success.then_some(r.returnData)).collect();
+        Ok((Block { number, timestamp }, answers))
     }
 
     /// One call within [`RPC_TIMEOUT`], its error without the endpoint's path.
@@ -254,5 +397,70 @@ mod tests {
         assert!(problems[0].contains("must use https"), "{problems:?}");
         assert!(Chains::parse("eip155:1=https://a,eip155:1=https://b").unwrap_err()[0].contains("twice"));
         assert!(Chains::parse("").unwrap().missing(["eip155:1"]) == ["eip155:1"]);
+    }
+
+    #[test]
+    fn confirmations_are_per_network_bounded_and_only_where_there_is_an_endpoint() {
+        let chains = Chains::parse("eip155:84532=http://127.0.0.1:8545, eip155:8453=https://rpc.example").unwrap();
+        let chains = chains.with_confirmations("eip155:8453=3").unwrap();
+        assert_eq!(chains.get("eip155:8453").unwrap().confirmations(), 3);
+        assert_eq!(chains.get("eip155:84532").unwrap().confirmations(), 0, "0 unless set");
+        let chains = Chains::parse("eip155:8453=https://rpc.example").unwrap();
+        let problems = chains.with_confirmations("eip155:8453=65, eip155:1=2, eip155:8453").unwrap_err();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems.iter().all(|p| p.starts_with(CHAIN_CONFIRMATIONS)), "{problems:?}");
+        assert!(problems[1].contains("eip155:1") && problems[1].contains(CHAIN_RPC_URLS), "{problems:?}");
+    }
+
+    #[test]
+    fn every_network_priced_without_an_endpoint_is_named_with_its_prices() {
+        let catalog = crate::domain::catalog::Catalog::parse(
+            r#"
+            [payments]
+            pay_to = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
+            facilitator_url = "https://x402.org/facilitator"
+            [assets.base]
+            network = "eip155:8453"
+            contract = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+            decimals = 6
+            name = "USD Coin"
+            version = "2"
+            [assets.sepolia]
+            network = "eip155:84532"
+            contract = "0x036CbD53842c5426634e7929541eC2318f3dCF7e"
+            decimals = 6
+            name = "USDC"
+            version = "2"
+            [assets.unused]
+            network = "eip155:1"
+            contract = "0xA0b86991c6218b36c1d19D4a2e9Eb0cE3606eB48"
+            decimals = 6
+            name = "USD Coin"
+            version = "2"
+            [tasks.digest]
+            title = "Digest"
+            description = "d"
+            executor = "digest"
+            timeout_seconds = 60
+            [tasks.digest.input_schema]
+            type = "object"
+            [[tasks.digest.accepts]]
+            asset = "base"
+            amount = "10000"
+            [[tasks.digest.accepts]]
+            asset = "sepolia"
+            amount = "10000"
+            "#,
+        )
+        .expect("a valid catalog");
+        let problems = Chains::none().unproven_prices(&catalog);
+        assert_eq!(problems.len(), 2, "one per priced network, none for an asset nothing prices: {problems:?}");
+        assert!(problems[0].starts_with(CHAIN_RPC_URLS) && problems[0].contains("eip155:8453"), "{problems:?}");
+        assert!(problems[0].contains("tasks.digest.accepts[0]"), "{problems:?}");
+        assert!(problems[1].contains("eip155:84532") && problems[1].contains("tasks.digest.accepts[1]"));
+        let local = Chains::parse("eip155:84532=http://127.0.0.1:8545").unwrap();
+        assert_eq!(local.unproven_prices(&catalog).len(), 1);
+        let both = Chains::parse("eip155:84532=http://127.0.0.1:8545,eip155:8453=https://rpc.example").unwrap();
+        assert!(both.unproven_prices(&catalog).is_empty());
     }
 }

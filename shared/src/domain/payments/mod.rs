@@ -27,6 +27,9 @@
 //!   and a metered task's payment as its buyer sees it.
 //! - [`authorize`]: a metered payment at create: checked, verified, and its
 //!   task stored authorized, nothing charged.
+//! - [`run_check`]: before a metered task runs, the chain read once to see
+//!   that its authorization can still be settled (approval, funds, nonce,
+//!   deadline).
 //! - [`capture`]: when a metered task ends, what it used settled and proven
 //!   on chain, or its authorization released.
 //! - [`capture_proof`]: what proves a capture paid (a settle of its own
@@ -58,6 +61,8 @@ pub(crate) mod payload;
 pub(crate) mod proof;
 #[cfg(feature = "chain")]
 pub(crate) mod reconcile;
+#[cfg(all(feature = "chain", feature = "catalog"))]
+pub(crate) mod run_check;
 #[cfg(feature = "catalog")]
 pub(crate) mod supported;
 pub(crate) mod upto;
@@ -65,7 +70,7 @@ pub(crate) mod upto;
 #[cfg(all(feature = "chain", feature = "catalog"))]
 pub use capture::{Authorization as MeteredAuthorization, Captured, Capturer, RESOLVE_MARGIN};
 #[cfg(feature = "chain")]
-pub use chain::{CHAIN_RPC_URLS, Chains};
+pub use chain::{CHAIN_CONFIRMATIONS, CHAIN_RPC_URLS, Chains};
 #[cfg(feature = "catalog")]
 pub use challenge::{
     PAYMENT_REQUIRED_HEADER, PAYMENT_RESPONSE_HEADER, PAYMENT_SIGNATURE_HEADER, PaymentRequired, PaymentRequirements,
@@ -86,10 +91,13 @@ pub use payload::{
 };
 #[cfg(feature = "chain")]
 pub use reconcile::{Reconciled, reconcile};
+#[cfg(all(feature = "chain", feature = "catalog"))]
+pub use run_check::{RunCheck, check_before_run, read_once as read_run_check};
 #[cfg(feature = "catalog")]
 pub use supported::{SupportedKind, settleable, settles, unsupported_prices};
 pub use upto::{
-    AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, MeteredPayment, MeteredStatus, PAYMENT_NOT_CAPTURED, UptoRefusal,
+    AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, INSUFFICIENT_FUNDS, MeteredPayment, MeteredStatus,
+    PAYMENT_NOT_CAPTURED, PAYMENT_REVOKED, UptoRefusal,
 };
 
 use base64::Engine;

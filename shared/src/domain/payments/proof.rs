@@ -26,6 +26,12 @@
 //! When a facilitator names the transaction (a settle answer, or one that
 //! reverted), its receipt is read first: the common case costs one read.
 //!
+//! Every read stops at the network's confirmed head
+//! ([`Chain::confirmed_head`]: the latest block less its confirmations,
+//! `REEVE_CHAIN_CONFIRMATIONS`): a transaction in a later block is not
+//! proof yet, and "unused" is said of the confirmed block, never of one a
+//! reorganisation could replace.
+//!
 //! Only this file knows EIP-3009; another scheme proves its payment its own
 //! way and gives the same [`Proof`].
 
@@ -105,17 +111,32 @@ pub async fn prove(
     named: Option<&str>,
 ) -> Result<Proof, ChainError> {
     let parsed = Parsed::of(owed)?;
+    // Nothing past the network's confirmations proves anything: a block a
+    // reorganisation could still drop is read as if not yet mined. (With
+    // none, a mined receipt is confirmed: the common case costs one read.)
+    let mut confirmed = None;
     if let Some(named) = named {
         let hash = parse_hash(named)?;
         if let Some(receipt) = chain.receipt(hash).await?
             && parsed.paid_by(&receipt)
         {
-            return Ok(Proof::Paid { transaction: named.to_ascii_lowercase() });
+            if chain.confirmations() == 0 {
+                return Ok(Proof::Paid { transaction: named.to_ascii_lowercase() });
+            }
+            let head = chain.confirmed_head().await?;
+            if receipt.block_number.is_some_and(|mined| mined <= head.number) {
+                return Ok(Proof::Paid { transaction: named.to_ascii_lowercase() });
+            }
+            confirmed = Some(head);
         }
-        // Not mined yet, reverted (front-run, say), or not ours: the log
-        // says which transaction used the nonce, if any did.
+        // Not mined (or not confirmed) yet, reverted (front-run, say), or
+        // not ours: the log says which transaction used the nonce, if any
+        // did.
     }
-    let head = chain.head().await?;
+    let head = match confirmed {
+        Some(head) => head,
+        None => chain.confirmed_head().await?,
+    };
     let (start, end) = search_range(from_block, head.number);
     let last = if end == head.number { head } else { chain.block(end).await? };
     let mut at = start;

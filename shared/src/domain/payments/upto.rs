@@ -23,6 +23,13 @@ pub const UPTO_PROXY: &str = "0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002";
 /// A metered task that could not be started in time to settle what it would
 /// use: nothing was charged.
 pub const AUTHORIZATION_EXPIRED: &str = "authorization_expired";
+/// A metered task not started because its payer withdrew the authorization
+/// after create (revoked Permit2's approval, or used or invalidated the
+/// Permit2 nonce): nothing ran, nothing was charged.
+pub const PAYMENT_REVOKED: &str = "payment_revoked";
+/// A metered task not started because its payer's balance no longer covers
+/// the ceiling it authorized: nothing ran, nothing was charged.
+pub const INSUFFICIENT_FUNDS: &str = "insufficient_funds";
 /// The payer refused the capture of what its task used (revoked Permit2's
 /// approval, or moved its funds): nothing was charged, and the task's
 /// output was deleted.

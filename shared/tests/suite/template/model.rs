@@ -66,6 +66,45 @@ impl Template {
     /// The template with its conditions evaluated for `parameters` (the
     /// others at their defaults) and every branch not taken removed.
     pub fn resolve(&self, parameters: &[(&str, &str)]) -> Value {
+        let values = self.parameter_values(parameters);
+        let conditions = self.doc["Conditions"].as_object().cloned().unwrap_or_default();
+        let mut evaluated = BTreeMap::new();
+        for name in conditions.keys() {
+            let v = condition(name, &conditions, &values, &mut evaluated);
+            evaluated.insert(name.clone(), v);
+        }
+        let mut doc = self.doc.clone();
+        let resources = doc["Resources"].as_object_mut().unwrap();
+        resources.retain(|_, r| r.get("Condition").and_then(Value::as_str).is_none_or(|c| evaluated[c]));
+        prune(&mut doc, &evaluated);
+        doc
+    }
+}
+
+impl Template {
+    /// The `AssertDescription` of every rule assertion that fails for
+    /// `parameters` (the others at their defaults): what CloudFormation
+    /// answers before it makes anything. `Fn::Not`, `Fn::Equals` and
+    /// `Fn::Contains` on parameters are modelled, as the rules use them.
+    pub fn rule_failures(&self, parameters: &[(&str, &str)]) -> Vec<String> {
+        let values = self.parameter_values(parameters);
+        let mut failures = Vec::new();
+        for rule in self.doc["Rules"].as_object().into_iter().flat_map(|r| r.values()) {
+            if let Some(condition) = rule.get("RuleCondition")
+                && !eval_rule(condition, &values)
+            {
+                continue;
+            }
+            for assertion in rule["Assertions"].as_array().unwrap() {
+                if !eval_rule(&assertion["Assert"], &values) {
+                    failures.push(assertion["AssertDescription"].as_str().unwrap_or_default().trim().to_owned());
+                }
+            }
+        }
+        failures
+    }
+
+    fn parameter_values(&self, parameters: &[(&str, &str)]) -> BTreeMap<String, Value> {
         let mut values: BTreeMap<String, Value> = BTreeMap::new();
         for (name, p) in self.doc["Parameters"].as_object().unwrap() {
             if let Some(default) = p.get("Default") {
@@ -78,17 +117,30 @@ impl Template {
             values.insert((*name).to_owned(), parameter_value(p, &json!(value)));
         }
         values.insert("AWS::Region".into(), json!("us-east-1"));
-        let conditions = self.doc["Conditions"].as_object().cloned().unwrap_or_default();
-        let mut evaluated = BTreeMap::new();
-        for name in conditions.keys() {
-            let v = condition(name, &conditions, &values, &mut evaluated);
-            evaluated.insert(name.clone(), v);
+        values
+    }
+}
+
+/// A rule's condition or assertion, for parameter values.
+fn eval_rule(expr: &Value, values: &BTreeMap<String, Value>) -> bool {
+    let (op, args) = single(expr).unwrap_or_else(|| panic!("not a rule function: {expr}"));
+    match op {
+        "Fn::Not" => !eval_rule(&args[0], values),
+        "Fn::And" => args.as_array().unwrap().iter().all(|a| eval_rule(a, values)),
+        "Fn::Or" => args.as_array().unwrap().iter().any(|a| eval_rule(a, values)),
+        "Fn::Equals" => scalar_text(&eval_value(&args[0], values)) == scalar_text(&eval_value(&args[1], values)),
+        // A list parameter contains a value.
+        "Fn::Contains" => {
+            let list = eval_value(&args[0], values);
+            let wanted = scalar_text(&eval_value(&args[1], values));
+            match list.as_array() {
+                Some(items) => {
+                    items.iter().any(|i| scalar_text(i) == wanted) || (items.is_empty() && wanted.is_empty())
+                }
+                None => scalar_text(&list) == wanted,
+            }
         }
-        let mut doc = self.doc.clone();
-        let resources = doc["Resources"].as_object_mut().unwrap();
-        resources.retain(|_, r| r.get("Condition").and_then(Value::as_str).is_none_or(|c| evaluated[c]));
-        prune(&mut doc, &evaluated);
-        doc
+        other => panic!("rule function {other} is not modelled here"),
     }
 }
 

@@ -4,6 +4,8 @@
 //! refuses, and neither LocalStack nor moto refuses them either. The rest
 //! keep the stack fit to run: nothing stored for ever, a VPC when asked.
 
+use std::path::Path;
+
 use serde_json::Value;
 
 use super::model::{SQS_DEFAULT_RETENTION, SQS_DEFAULT_VISIBILITY, Template, number, target};
@@ -335,4 +337,31 @@ fn everything_stored_expires() {
                 && s["Resource"]["Fn::Sub"].as_str().is_some_and(|r| r.ends_with("/outputs/*"))
         });
     assert!(aborts, "the worker may abort its own multipart uploads under outputs/");
+}
+
+/// A catalog with prices is refused at start-up without a chain endpoint
+/// for each network it prices in; the stack refuses it before anything is
+/// made, with a message that names the parameter: `ChainRpcUrls` is
+/// required unless `FreeCatalog` says the catalog prices nothing. The
+/// shipped catalog prices, so the default asks for it.
+#[test]
+fn a_priced_catalog_cannot_be_deployed_without_a_chain_endpoint() {
+    let t = Template::load();
+    let refused = t.rule_failures(&[("RelayCertificateArn", "arn:aws:acm:us-east-1:1:certificate/x")]);
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(refused[0].starts_with("ChainRpcUrls is required"), "{refused:?}");
+    assert!(refused[0].contains("FreeCatalog=true"), "it says the way out: {refused:?}");
+    let given = t.rule_failures(&[
+        ("RelayCertificateArn", "arn:aws:acm:us-east-1:1:certificate/x"),
+        ("ChainRpcUrls", "eip155:8453=https://mainnet.base.org"),
+    ]);
+    assert!(given.is_empty(), "{given:?}");
+    let free =
+        t.rule_failures(&[("RelayCertificateArn", "arn:aws:acm:us-east-1:1:certificate/x"), ("FreeCatalog", "true")]);
+    assert!(free.is_empty(), "{free:?}");
+
+    let layer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/catalog/reeve.toml");
+    let shipped = reeve_shared::catalog::Catalog::load(&layer).expect("the layer's catalog loads");
+    assert!(shipped.tasks.values().any(|task| !task.is_free()), "the shipped catalog prices something");
+    assert_eq!(t.doc["Parameters"]["FreeCatalog"]["Default"], "false", "so the default asks for an endpoint");
 }
