@@ -4,8 +4,9 @@
 //! A metered run's reports may carry its result (`digest` logs the hash it
 //! computed, `fetch` what it downloaded), and a metered result is for money
 //! that was taken. So until the capture is charged, a metered task shows
-//! only a progress report's fraction, and what its executor declares free
-//! of result data; everything else is held with the run
+//! only a progress report's fraction (with the bytes counted so far, where
+//! its executor declares them free of result data) and the log lines its
+//! executor declares free of it; every other log line is held with the run
 //! ([`HeldReport`]s), published after the charge, or dropped with the
 //! output if nothing can be charged. A new executor's reports are held
 //! unless it says otherwise.
@@ -57,10 +58,19 @@ pub(super) async fn record_reports(
             };
             let (progress, kind, data) = match metered {
                 None => (progress, kind, data),
+                // How far it got: the fraction, and the bytes counted so far
+                // where its executor says they tell nothing of the result.
+                // Stage details are dropped: they are stale by the charge.
+                Some(spec) if kind == EventType::Progress => {
+                    let mut shown = json!({ "fraction": data["fraction"] });
+                    if spec.executor.discloses(report)
+                        && let Some(bytes) = data.get("bytes").filter(|b| b.is_u64())
+                    {
+                        shown["bytes"] = bytes.clone();
+                    }
+                    (progress, kind, shown)
+                }
                 Some(spec) if spec.executor.discloses(report) => (progress, kind, data),
-                // Held back, but how far it got is the fraction alone, which
-                // says nothing of what it found.
-                Some(_) if kind == EventType::Progress => (progress, kind, json!({ "fraction": data["fraction"] })),
                 Some(_) => {
                     if held.len() < HELD_REPORTS_MAX {
                         held.push(HeldReport { kind: kind.as_str().to_owned(), data });
