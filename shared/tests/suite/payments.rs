@@ -214,6 +214,20 @@ impl Shop {
         reply.body
     }
 
+    /// Leaves the Space one credit of the `fetch` price: `payer` pays a
+    /// task, which is canceled before it runs. Answers the challenge it paid.
+    async fn earn_a_credit(&self, payer: &Payer) -> String {
+        let challenge = self.challenge("fetch").await;
+        let reply =
+            self.create("fetch", &json!({"url": "http://127.0.0.1:1/a"}), Some(&payer.sign(&challenge).await)).await;
+        assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+        let cancel = post_json(&format!("/v1/tasks/{}/cancel", id_of(&reply)), Some(&self.token), &json!({}));
+        let canceled = send(&self.app, cancel).await;
+        assert_eq!(canceled.status, StatusCode::OK, "{}", canceled.body);
+        assert_eq!(self.space().await["credits"].as_array().unwrap().len(), 1);
+        challenge
+    }
+
     async fn done(self) {
         self.queue.delete().await;
     }
@@ -1355,15 +1369,7 @@ async fn a_credit_is_not_spent_under_a_key_whose_payment_is_pending(pool: PgPool
     let chain = ChainLock::shared().await;
     let payer = Payer::new(&chain, 1_000_000).await;
     let shop = Shop::new(&pool).await;
-    // A credit of the price: a paid task canceled before it ran.
-    let challenge = shop.challenge("fetch").await;
-    let reply =
-        shop.create("fetch", &json!({"url": "http://127.0.0.1:1/a"}), Some(&payer.sign(&challenge).await)).await;
-    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
-    let canceled =
-        send(&shop.app, post_json(&format!("/v1/tasks/{}/cancel", id_of(&reply)), Some(&shop.token), &json!({}))).await;
-    assert_eq!(canceled.status, StatusCode::OK, "{}", canceled.body);
-    assert_eq!(shop.space().await["credits"].as_array().unwrap().len(), 1);
+    let challenge = shop.earn_a_credit(&payer).await;
 
     // The next payment settles on chain, its answer is lost.
     let lossy = lossy_facilitator().await;
@@ -1667,15 +1673,7 @@ async fn an_mcp_call_resent_under_its_identifier_while_its_payment_is_pending_wa
     let chain = ChainLock::shared().await;
     let payer = Payer::new(&chain, 1_000_000).await;
     let shop = Shop::new(&pool).await;
-    // A credit of the price: a paid task canceled before it ran.
-    let challenge = shop.challenge("fetch").await;
-    let reply =
-        shop.create("fetch", &json!({"url": "http://127.0.0.1:1/a"}), Some(&payer.sign(&challenge).await)).await;
-    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
-    let canceled =
-        send(&shop.app, post_json(&format!("/v1/tasks/{}/cancel", id_of(&reply)), Some(&shop.token), &json!({}))).await;
-    assert_eq!(canceled.status, StatusCode::OK, "{}", canceled.body);
-    assert_eq!(shop.space().await["credits"].as_array().unwrap().len(), 1);
+    let challenge = shop.earn_a_credit(&payer).await;
 
     // The call's settle goes through; its answer is lost.
     let lossy = lossy_facilitator().await;
