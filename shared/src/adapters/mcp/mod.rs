@@ -10,9 +10,11 @@
 //!
 //! Module map:
 //! - [`context`]: what the tools need, and the endpoint's settings.
-//! - [`tools`]: the tool list, built once from the catalog.
+//! - [`tools`]: the tool list, built once from the catalog, and the one
+//!   list of fixed tools (`fixed_tools!`).
 //! - [`server`]: rmcp's `ServerHandler`: dispatch, identity, the tasks extension.
-//! - [`space`], [`upload`], [`task`]: the tools themselves.
+//! - [`space`], [`upload`], [`task`]: the tools themselves, each fixed tool
+//!   declared beside its handler (`tools::FixedTool`).
 //! - [`payment`]: x402's MCP binding around the one payment path.
 //! - [`wait`]: following a task until it ends, with progress notifications.
 //! - [`failure`]: the boundary's errors, each a stable `code`.
