@@ -10,11 +10,9 @@
 //!
 //! Module map:
 //! - [`context`]: what the tools need, and the endpoint's settings.
-//! - [`tools`]: the tool list, built once from the catalog, and the one
-//!   list of fixed tools (`fixed_tools!`).
+//! - [`tools`]: the tool list, built once from the catalog.
 //! - [`server`]: rmcp's `ServerHandler`: dispatch, identity, the tasks extension.
-//! - [`space`], [`upload`], [`task`]: the tools themselves, each fixed tool
-//!   declared beside its handler (`tools::FixedTool`).
+//! - [`space`], [`upload`], [`task`]: the tools themselves.
 //! - [`payment`]: x402's MCP binding around the one payment path.
 //! - [`wait`]: following a task until it ends, with progress notifications.
 //! - [`failure`]: the boundary's errors, each a stable `code`.

@@ -1,7 +1,6 @@
 //! [`ReeveMcp`]: rmcp's `ServerHandler`, one per request (the endpoint is
 //! stateless). It finds the tool, the caller's Space (from `Authorization:
-//! Bearer`), the payment (from `_meta`), and hands each to its tool module:
-//! a fixed tool's own [`FixedTool`] declaration, or a kind's [`task::run`].
+//! Bearer`), the payment (from `_meta`), and hands each to its tool module.
 //!
 //! Tasks extension (`io.modelcontextprotocol/tasks`): a client that declares
 //! it gets a task handle from a kind's tool instead of waiting, and
@@ -19,6 +18,7 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 use tracing::Instrument;
@@ -26,9 +26,9 @@ use tracing::Instrument;
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
 use super::task::Answer;
-use super::tools::{FixedTool, Named};
+use super::tools::{Fixed, Named};
 use super::wait::Progress;
-use super::{payment, rfc3339, task};
+use super::{payment, rfc3339, space, task, upload};
 use crate::domain::auth::{self, SpaceIndex};
 use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::payments;
@@ -78,19 +78,27 @@ impl ReeveMcp {
             })
     }
 
-    /// A fixed tool's call: its caller (a missing session is refused
-    /// first), its arguments checked against its schema and read, then its
-    /// handler.
-    pub async fn fixed<T: FixedTool>(
+    async fn fixed(
         &self,
-        arguments: Value,
+        tool: Fixed,
+        arguments: Map<String, Value>,
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<Value> {
-        let caller = T::Caller::of(self, context)?;
-        self.ctx.tools.check(T::NAME, &arguments)?;
-        let args = serde_json::from_value(arguments)
-            .map_err(|e| ToolFailure::new("invalid_arguments", format!("{} arguments: {e}", T::NAME)))?;
-        T::call(&self.ctx, caller, args).await
+        let ctx = &*self.ctx;
+        let space = if tool.needs_session() { Some(self.session(context)?) } else { None };
+        let arguments = Value::Object(arguments);
+        ctx.tools.check(tool, &arguments)?;
+        let space = space.as_ref();
+        let signed_in = || space.ok_or_else(|| ToolFailure::internal("a session tool without a session"));
+        match tool {
+            Fixed::CreateSpace => space::create(ctx, client_of(context)).await,
+            Fixed::Login => space::login(ctx, client_of(context), parse(tool, arguments)?).await,
+            Fixed::CreateUpload => upload::create(ctx, signed_in()?, parse(tool, arguments)?).await,
+            Fixed::GetTask => task::get(ctx, signed_in()?, parse(tool, arguments)?).await,
+            Fixed::ListTasks => task::list(ctx, signed_in()?, parse(tool, arguments)?).await,
+            Fixed::CancelTask => task::cancel(ctx, signed_in()?, parse(tool, arguments)?).await,
+            Fixed::GetResult => task::result(ctx, signed_in()?, parse(tool, arguments)?).await,
+        }
     }
 
     async fn kind(
@@ -129,30 +137,15 @@ impl ReeveMcp {
     }
 }
 
-/// Who calls a fixed tool, as its handler takes it ([`FixedTool::Caller`]).
-pub trait Caller: Sized + Send {
-    fn of(server: &ReeveMcp, context: &RequestContext<RoleServer>) -> ToolResult<Self>;
+/// The address the call came from (the HTTP request's transport).
+fn client_of(context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
+    context.extensions.get::<Parts>().and_then(|parts| crate::infra::client_addr::client_of(&parts.extensions))
 }
 
-/// A session's Space: a call without a valid token is refused.
-impl Caller for SpaceIndex {
-    fn of(server: &ReeveMcp, context: &RequestContext<RoleServer>) -> ToolResult<SpaceIndex> {
-        server.session(context)
-    }
-}
-
-/// A caller without a session (the tools that give one): only the address
-/// the call came from, for its budget.
-pub struct Anyone {
-    /// The HTTP request's client address (`None`: unknown).
-    pub client: Option<std::net::IpAddr>,
-}
-
-impl Caller for Anyone {
-    fn of(_: &ReeveMcp, context: &RequestContext<RoleServer>) -> ToolResult<Anyone> {
-        let parts = context.extensions.get::<Parts>();
-        Ok(Anyone { client: parts.and_then(|parts| crate::infra::client_addr::client_of(&parts.extensions)) })
-    }
+/// A tool's arguments, past its schema, as its argument type.
+fn parse<T: DeserializeOwned>(tool: Fixed, arguments: Value) -> ToolResult<T> {
+    serde_json::from_value(arguments)
+        .map_err(|e| ToolFailure::new("invalid_arguments", format!("{} arguments: {e}", tool.name())))
 }
 
 fn meta_object(value: Value) -> MetaObject {
@@ -256,10 +249,9 @@ impl ServerHandler for ReeveMcp {
         let arguments = request.arguments.clone().unwrap_or_default();
         let answer = async {
             match named {
-                Named::Fixed(tool) => tool
-                    .call(self, Value::Object(arguments), &context)
-                    .await
-                    .map(|v| CallToolResult::structured(v).into()),
+                Named::Fixed(tool) => {
+                    self.fixed(tool, arguments, &context).await.map(|v| CallToolResult::structured(v).into())
+                }
                 Named::Kind(kind) => {
                     // rmcp hands the request's `_meta` over in the context.
                     let meta =

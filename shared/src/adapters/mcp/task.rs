@@ -1,6 +1,6 @@
 //! The task tools: a kind's tool creates a task (one [`tasks::submit`],
-//! exactly as `POST /v1/tasks/{kind}`), and [`GetTask`], [`ListTasks`],
-//! [`CancelTask`] and [`GetResult`] read and stop the Space's tasks.
+//! exactly as `POST /v1/tasks/{kind}`), and `get_task`, `list_tasks`,
+//! `cancel_task` and `get_result` read and stop the Space's tasks.
 
 use std::time::Duration;
 
@@ -10,10 +10,9 @@ use serde_json::{Map, Value, json};
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
 use super::payment;
-use super::tools::{FixedTool, WAIT_SECONDS, task_schema};
+use super::tools::WAIT_SECONDS;
 use super::wait::{self, MAX_WAIT_SECONDS, Progress};
 use crate::domain::auth::SpaceIndex;
-use crate::domain::catalog::Catalog;
 use crate::domain::error::TaskRefusal;
 use crate::domain::ids::Id;
 use crate::domain::tasks::{
@@ -167,98 +166,26 @@ async fn find(ctx: &McpContext, space: &SpaceIndex, task: &TaskRef) -> ToolResul
     Ok(ctx.links().present(space, task).await)
 }
 
-/// A task tool's one argument: the task id, as every task tool's schema
-/// says it.
-fn task_ref_schema() -> Value {
-    let task_id = json!({ "type": "string", "minLength": 26, "maxLength": 26,
-        "description": "The task id, from a task tool or list_tasks." });
-    json!({
-        "type": "object",
-        "properties": { "task_id": task_id },
-        "required": ["task_id"],
-        "additionalProperties": false
-    })
+pub async fn get(ctx: &McpContext, space: &SpaceIndex, task: TaskRef) -> ToolResult<Value> {
+    Ok(view(find(ctx, space, &task).await?))
 }
 
-/// `get_task`.
-pub struct GetTask;
-
-impl FixedTool for GetTask {
-    const NAME: &'static str = "get_task";
-    const READ_ONLY: bool = true;
-    type Caller = SpaceIndex;
-    type Args = TaskRef;
-
-    fn description(_: &Catalog) -> String {
-        "A task as it is now: status, progress (0 to 1), and its result or error once it \
-         has ended."
-            .into()
-    }
-
-    fn input_schema() -> Value {
-        task_ref_schema()
-    }
-
-    fn output_schema() -> Value {
-        task_schema(&json!({}))
-    }
-
-    async fn call(ctx: &McpContext, space: SpaceIndex, task: TaskRef) -> ToolResult<Value> {
-        Ok(view(find(ctx, &space, &task).await?))
+pub async fn result(ctx: &McpContext, space: &SpaceIndex, task: TaskRef) -> ToolResult<Value> {
+    let task = find(ctx, space, &task).await?;
+    match task.status {
+        TaskStatus::Completed => Ok(json!({ "task_id": task.id, "kind": task.kind, "result": task.result })),
+        TaskStatus::Queued | TaskStatus::Running => Err(ToolFailure::with(
+            "task_not_finished",
+            format!("the task is {}; call again once it has ended, or follow it with get_task", task.status.as_str()),
+            json!({ "task": view(task) }),
+        )),
+        TaskStatus::Failed | TaskStatus::Canceled => Err(ToolFailure::with(
+            "task_not_completed",
+            format!("the task ended {} and has no result", task.status.as_str()),
+            json!({ "task": view(task) }),
+        )),
     }
 }
-
-/// `get_result`.
-pub struct GetResult;
-
-impl FixedTool for GetResult {
-    const NAME: &'static str = "get_result";
-    const READ_ONLY: bool = true;
-    type Caller = SpaceIndex;
-    type Args = TaskRef;
-
-    fn description(_: &Catalog) -> String {
-        "The result of a completed task. A task that failed or was canceled answers its \
-         error; one still queued or running answers task_not_finished (call again, or get_task)."
-            .into()
-    }
-
-    fn input_schema() -> Value {
-        task_ref_schema()
-    }
-
-    fn output_schema() -> Value {
-        let string = json!({ "type": "string" });
-        json!({
-            "type": "object",
-            "properties": { "task_id": string, "kind": string, "result": {} },
-            "required": ["task_id", "kind", "result"]
-        })
-    }
-
-    async fn call(ctx: &McpContext, space: SpaceIndex, task: TaskRef) -> ToolResult<Value> {
-        let task = find(ctx, &space, &task).await?;
-        match task.status {
-            TaskStatus::Completed => Ok(json!({ "task_id": task.id, "kind": task.kind, "result": task.result })),
-            TaskStatus::Queued | TaskStatus::Running => Err(ToolFailure::with(
-                "task_not_finished",
-                format!(
-                    "the task is {}; call again once it has ended, or follow it with get_task",
-                    task.status.as_str()
-                ),
-                json!({ "task": view(task) }),
-            )),
-            TaskStatus::Failed | TaskStatus::Canceled => Err(ToolFailure::with(
-                "task_not_completed",
-                format!("the task ended {} and has no result", task.status.as_str()),
-                json!({ "task": view(task) }),
-            )),
-        }
-    }
-}
-
-/// `list_tasks`.
-pub struct ListTasks;
 
 #[derive(Deserialize)]
 pub struct ListArgs {
@@ -268,87 +195,20 @@ pub struct ListArgs {
     after: Option<String>,
 }
 
-impl FixedTool for ListTasks {
-    const NAME: &'static str = "list_tasks";
-    const READ_ONLY: bool = true;
-    type Caller = SpaceIndex;
-    type Args = ListArgs;
-
-    fn description(_: &Catalog) -> String {
-        "This Space's tasks, newest first, a page at a time: pass the answer's `next` \
-         as `after` for the next page."
-            .into()
-    }
-
-    fn input_schema() -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "status": { "type": "string", "enum": ["queued", "running", "completed", "failed", "canceled"] },
-                "kind": { "type": "string" },
-                "limit": { "type": "integer", "minimum": 1, "maximum": tasks::list::MAX_LIMIT,
-                    "description": "Tasks per page (default 20)." },
-                "after": { "type": "string", "description": "The `next` of the previous page." }
-            },
-            "additionalProperties": false
-        })
-    }
-
-    fn output_schema() -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "tasks": { "type": "array", "items": task_schema(&json!({})) },
-                "next": { "type": ["string", "null"] }
-            },
-            "required": ["tasks", "next"]
-        })
-    }
-
-    async fn call(ctx: &McpContext, space: SpaceIndex, args: ListArgs) -> ToolResult<Value> {
-        let after = match args.after {
-            None => None,
-            Some(after) => Some(
-                after
-                    .parse::<Id>()
-                    .map_err(|_| ToolFailure::new("invalid_arguments", "after must be a task id (a page's `next`)"))?,
-            ),
-        };
-        let limit = args.limit.unwrap_or(tasks::list::DEFAULT_LIMIT);
-        let query = ListQuery { status: args.status, kind: args.kind.as_deref(), after, limit };
-        let page = tasks::list(&ctx.db, &space, query).await?;
-        let tasks = ctx.links().present_all(&space, page.tasks).await;
-        Ok(json!({ "tasks": tasks.into_iter().map(view).collect::<Vec<_>>(), "next": page.next }))
-    }
-}
-
-/// `cancel_task`; `tasks/cancel` cancels through [`cancel`] too.
-pub struct CancelTask;
-
-impl FixedTool for CancelTask {
-    const NAME: &'static str = "cancel_task";
-    const READ_ONLY: bool = false;
-    type Caller = SpaceIndex;
-    type Args = TaskRef;
-
-    fn description(_: &Catalog) -> String {
-        "Cancel a task. A queued task is canceled at once; a running one is asked to \
-         stop and ends canceled within a second (see get_task). A paid task canceled before it ran leaves \
-         a credit that pays for the next task of the same price."
-            .into()
-    }
-
-    fn input_schema() -> Value {
-        task_ref_schema()
-    }
-
-    fn output_schema() -> Value {
-        task_schema(&json!({}))
-    }
-
-    async fn call(ctx: &McpContext, space: SpaceIndex, task: TaskRef) -> ToolResult<Value> {
-        cancel(ctx, &space, task).await
-    }
+pub async fn list(ctx: &McpContext, space: &SpaceIndex, args: ListArgs) -> ToolResult<Value> {
+    let after = match args.after {
+        None => None,
+        Some(after) => Some(
+            after
+                .parse::<Id>()
+                .map_err(|_| ToolFailure::new("invalid_arguments", "after must be a task id (a page's `next`)"))?,
+        ),
+    };
+    let limit = args.limit.unwrap_or(tasks::list::DEFAULT_LIMIT);
+    let query = ListQuery { status: args.status, kind: args.kind.as_deref(), after, limit };
+    let page = tasks::list(&ctx.db, space, query).await?;
+    let tasks = ctx.links().present_all(space, page.tasks).await;
+    Ok(json!({ "tasks": tasks.into_iter().map(view).collect::<Vec<_>>(), "next": page.next }))
 }
 
 pub async fn cancel(ctx: &McpContext, space: &SpaceIndex, task: TaskRef) -> ToolResult<Value> {

@@ -7,27 +7,16 @@
 //! `wait_seconds`. A kind named like a fixed tool is offered as
 //! `task_<kind>`.
 //!
-//! A fixed tool is a type that declares itself ([`FixedTool`]: its name,
-//! description, schemas, caller and handler) beside its handler, in the
-//! module of its concept, and is listed once, in `fixed_tools!`: that
-//! list makes [`Fixed`], the order of `tools/list` and the dispatch.
-//!
-//! Its last 219 lines are its unit tests.
+//! Its last 196 lines are its unit tests.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use rmcp::model::{JsonObject, MetaObject, Tool, ToolAnnotations};
-use rmcp::service::{RequestContext, RoleServer};
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
-use super::server::{Caller, ReeveMcp};
 use super::wait::MAX_WAIT_SECONDS;
-use super::{space, task, upload};
 use crate::domain::catalog::{Catalog, PublicPrice, PublicTask};
 use crate::domain::payments::PaymentRequired;
 use crate::domain::tasks::Task;
@@ -37,93 +26,171 @@ pub const WAIT_SECONDS: &str = "wait_seconds";
 /// The `_meta` key of a kind's price.
 pub const PRICE_META: &str = "reeve/price";
 
-/// A tool that is not a kind, declared in one place, beside its handler:
-/// what `tools/list` shows of it, who may call it, and what it does.
-/// Registered once, in `fixed_tools!`'s list.
-pub trait FixedTool {
-    /// Its name in `tools/list` and `tools/call`.
-    const NAME: &'static str;
-    /// Whether it only reads (its `readOnlyHint`).
-    const READ_ONLY: bool;
-    /// Who calls it, which says whether it needs a session: a session's
-    /// Space ([`SpaceIndex`](crate::domain::auth::SpaceIndex)), or
-    /// [`Anyone`](super::server::Anyone) for the tools that give a session.
-    /// It is found before the arguments are checked, so a call without a
-    /// token is told how to get one.
-    type Caller: Caller;
-    /// Its arguments, read once they pass [`input_schema`](Self::input_schema).
-    type Args: DeserializeOwned + Send;
-
-    fn description(catalog: &Catalog) -> String;
-    fn input_schema() -> Value;
-    /// What it answers; [`output_schema`] adds the tool error's branch.
-    fn output_schema() -> Value;
-    fn call(ctx: &McpContext, caller: Self::Caller, args: Self::Args)
-    -> impl Future<Output = ToolResult<Value>> + Send;
+/// The tools that are not a kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fixed {
+    CreateSpace,
+    Login,
+    CreateUpload,
+    GetTask,
+    ListTasks,
+    CancelTask,
+    GetResult,
 }
 
-/// The arguments of a tool that takes none (its schema refuses any).
-#[derive(Deserialize)]
-pub struct NoArguments {}
+impl Fixed {
+    pub const ALL: [Fixed; 7] = [
+        Fixed::CreateSpace,
+        Fixed::Login,
+        Fixed::CreateUpload,
+        Fixed::GetTask,
+        Fixed::ListTasks,
+        Fixed::CancelTask,
+        Fixed::GetResult,
+    ];
 
-/// Builds [`Fixed`] and its dispatch from the listed [`FixedTool`]s, each
-/// named by its module here; each variant is named as its type.
-macro_rules! fixed_tools {
-    ($($module:ident::$tool:ident),+ $(,)?) => {
-        /// The tools that are not a kind: one variant per registered tool.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum Fixed {
-            $($tool),+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fixed::CreateSpace => "create_space",
+            Fixed::Login => "login",
+            Fixed::CreateUpload => "create_upload",
+            Fixed::GetTask => "get_task",
+            Fixed::ListTasks => "list_tasks",
+            Fixed::CancelTask => "cancel_task",
+            Fixed::GetResult => "get_result",
         }
+    }
 
-        impl Fixed {
-            /// Every registered tool, in the order `tools/list` lists them.
-            pub const ALL: &'static [Fixed] = &[$(Fixed::$tool),+];
+    /// Whether the tool needs a session token (all but the two that give one).
+    pub fn needs_session(self) -> bool {
+        !matches!(self, Fixed::CreateSpace | Fixed::Login)
+    }
 
-            pub fn name(self) -> &'static str {
-                match self {
-                    $(Fixed::$tool => <$module::$tool as FixedTool>::NAME),+
-                }
+    fn description(self, catalog: &Catalog) -> String {
+        match self {
+            Fixed::CreateSpace => "Create a Space: the account-free identity your tasks, uploads and payments belong \
+                to. Answers a fresh 20-digit space_id, shown once (keep it: it is the only way back in), and a \
+                session token for it. Send the token as `Authorization: Bearer <token>` on every other call."
+                .into(),
+            Fixed::Login => "Open a session on a Space: trade its space_id for a session token (valid 15 minutes), \
+                sent as `Authorization: Bearer <token>`. Call it again when a tool says the token expired."
+                .into(),
+            Fixed::CreateUpload => {
+                let uploads = &catalog.uploads;
+                format!(
+                    "Upload an input file. Either inline: content_base64 holds the file (at most {} bytes decoded), \
+                     and it is stored at once; or declare size and get a presigned URL to PUT the bytes to, sending \
+                     exactly the headers given (any size up to {} bytes). Answers an upload_id to name in a task's \
+                     input. content_type is one of: {}.",
+                    super::MAX_INLINE_BYTES.min(uploads.max_bytes as usize),
+                    uploads.max_bytes,
+                    uploads.content_types.join(", "),
+                )
             }
-
-            /// The tool as `tools/list` shows it, and its input schema.
-            fn listed(self, catalog: &Catalog) -> (Tool, Value) {
-                match self {
-                    $(Fixed::$tool => listed::<$module::$tool>(catalog)),+
-                }
-            }
-
-            /// Answers a call of the tool ([`ReeveMcp::fixed`]).
-            pub async fn call(
-                self,
-                server: &ReeveMcp,
-                arguments: Value,
-                context: &RequestContext<RoleServer>,
-            ) -> ToolResult<Value> {
-                match self {
-                    $(Fixed::$tool => server.fixed::<$module::$tool>(arguments, context).await),+
-                }
-            }
+            Fixed::GetTask => "A task as it is now: status, progress (0 to 1), and its result or error once it \
+                has ended."
+                .into(),
+            Fixed::ListTasks => "This Space's tasks, newest first, a page at a time: pass the answer's `next` \
+                as `after` for the next page."
+                .into(),
+            Fixed::CancelTask => "Cancel a task. A queued task is canceled at once; a running one is asked to \
+                stop and ends canceled within a second (see get_task). A paid task canceled before it ran leaves \
+                a credit that pays for the next task of the same price."
+                .into(),
+            Fixed::GetResult => "The result of a completed task. A task that failed or was canceled answers its \
+                error; one still queued or running answers task_not_finished (call again, or get_task)."
+                .into(),
         }
-    };
-}
+    }
 
-fixed_tools!(
-    space::CreateSpace,
-    space::Login,
-    upload::CreateUpload,
-    task::GetTask,
-    task::ListTasks,
-    task::CancelTask,
-    task::GetResult,
-);
+    fn input_schema(self) -> Value {
+        let task_id = json!({ "type": "string", "minLength": 26, "maxLength": 26,
+            "description": "The task id, from a task tool or list_tasks." });
+        match self {
+            Fixed::CreateSpace => json!({ "type": "object", "properties": {}, "additionalProperties": false }),
+            Fixed::Login => json!({
+                "type": "object",
+                "properties": { "space_id": { "type": "string", "pattern": "^[0-9]{20}$",
+                    "description": "The 20-digit Space ID from create_space." } },
+                "required": ["space_id"],
+                "additionalProperties": false
+            }),
+            Fixed::CreateUpload => json!({
+                "type": "object",
+                "properties": {
+                    "filename": { "type": "string", "minLength": 1, "maxLength": 255 },
+                    "content_type": { "type": "string" },
+                    "content_base64": { "type": "string",
+                        "description": "The file itself, base64 (standard alphabet): an inline upload." },
+                    "size": { "type": "integer", "minimum": 1,
+                        "description": "The exact size in bytes: a presigned upload (PUT the bytes yourself)." }
+                },
+                "required": ["filename", "content_type"],
+                "additionalProperties": false
+            }),
+            Fixed::GetTask | Fixed::CancelTask | Fixed::GetResult => json!({
+                "type": "object",
+                "properties": { "task_id": task_id },
+                "required": ["task_id"],
+                "additionalProperties": false
+            }),
+            Fixed::ListTasks => json!({
+                "type": "object",
+                "properties": {
+                    "status": { "type": "string", "enum": ["queued", "running", "completed", "failed", "canceled"] },
+                    "kind": { "type": "string" },
+                    "limit": { "type": "integer", "minimum": 1, "maximum": crate::domain::tasks::list::MAX_LIMIT,
+                        "description": "Tasks per page (default 20)." },
+                    "after": { "type": "string", "description": "The `next` of the previous page." }
+                },
+                "additionalProperties": false
+            }),
+        }
+    }
 
-fn listed<T: FixedTool>(catalog: &Catalog) -> (Tool, Value) {
-    let schema = T::input_schema();
-    let tool = Tool::new(T::NAME, T::description(catalog), object(schema.clone()))
-        .with_raw_output_schema(object(output_schema(T::output_schema(), Priced::No)))
-        .with_annotations(ToolAnnotations::new().read_only(T::READ_ONLY));
-    (tool, schema)
+    fn output_schema(self) -> Value {
+        let string = json!({ "type": "string" });
+        match self {
+            Fixed::CreateSpace => json!({
+                "type": "object",
+                "properties": { "space_id": string, "token": string, "token_type": string,
+                    "expires_at": string, "created_at": string },
+                "required": ["space_id", "token", "token_type", "expires_at", "created_at"]
+            }),
+            Fixed::Login => json!({
+                "type": "object",
+                "properties": { "token": string, "token_type": string, "expires_at": string },
+                "required": ["token", "token_type", "expires_at"]
+            }),
+            Fixed::CreateUpload => json!({
+                "type": "object",
+                "properties": {
+                    "upload_id": string,
+                    "uploaded": { "type": "boolean", "description": "True for an inline upload: it is stored." },
+                    "size": { "type": "integer" },
+                    "url": string,
+                    "method": string,
+                    "headers": { "type": "object", "additionalProperties": { "type": "string" } },
+                    "expires_at": string
+                },
+                "required": ["upload_id", "uploaded", "size"]
+            }),
+            Fixed::GetTask | Fixed::CancelTask => task_schema(&json!({})),
+            Fixed::ListTasks => json!({
+                "type": "object",
+                "properties": {
+                    "tasks": { "type": "array", "items": task_schema(&json!({})) },
+                    "next": { "type": ["string", "null"] }
+                },
+                "required": ["tasks", "next"]
+            }),
+            Fixed::GetResult => json!({
+                "type": "object",
+                "properties": { "task_id": string, "kind": string, "result": {} },
+                "required": ["task_id", "kind", "result"]
+            }),
+        }
+    }
 }
 
 /// A task as the tools answer it: [`Task`]'s own schema, standalone,
@@ -252,11 +319,19 @@ impl Tools {
     pub fn new(catalog: &Catalog) -> Tools {
         let mut list = Vec::new();
         let mut fixed = HashMap::new();
-        for &tool in Fixed::ALL {
-            let (listed, schema) = tool.listed(catalog);
+        for tool in Fixed::ALL {
+            let schema = tool.input_schema();
             let validator = jsonschema::validator_for(&schema).expect("the fixed schemas are valid");
             fixed.insert(tool.name(), (tool, Arc::new(validator)));
-            list.push(listed);
+            let annotations = match tool {
+                Fixed::GetTask | Fixed::ListTasks | Fixed::GetResult => ToolAnnotations::new().read_only(true),
+                _ => ToolAnnotations::new().read_only(false),
+            };
+            list.push(
+                Tool::new(tool.name(), tool.description(catalog), object(schema))
+                    .with_raw_output_schema(object(output_schema(tool.output_schema(), Priced::No)))
+                    .with_annotations(annotations),
+            );
         }
         let mut kinds = HashMap::new();
         for task in catalog.public().tasks {
@@ -296,8 +371,8 @@ impl Tools {
 
     /// Checks a fixed tool's arguments against its input schema, with each
     /// violation and its JSON pointer in the message, as `invalid_input` is.
-    pub fn check(&self, tool: &str, arguments: &Value) -> ToolResult<()> {
-        let (_, validator) = &self.fixed[tool];
+    pub fn check(&self, tool: Fixed, arguments: &Value) -> ToolResult<()> {
+        let (_, validator) = &self.fixed[tool.name()];
         let violations: Vec<String> = validator
             .iter_errors(arguments)
             .take(10)
@@ -309,7 +384,7 @@ impl Tools {
         if violations.is_empty() {
             return Ok(());
         }
-        Err(ToolFailure::new("invalid_arguments", format!("{tool} arguments: {}", violations.join("; "))))
+        Err(ToolFailure::new("invalid_arguments", format!("{} arguments: {}", tool.name(), violations.join("; "))))
     }
 }
 
@@ -477,28 +552,6 @@ mod tests {
             "{description}"
         );
         assert!(!description.contains("up to") && !description.contains("Metered"), "{description}");
-    }
-
-    /// The registered tools come first in `tools/list`, in the order
-    /// registered (what clients see), each found by its name and marked
-    /// read-only only where it declares it.
-    #[test]
-    fn every_registered_tool_is_listed_once_in_order_before_the_kinds() {
-        let catalog = Catalog::parse(PRICED).unwrap_or_else(|e| panic!("{e}"));
-        let tools = Tools::new(&catalog);
-        let fixed: Vec<&str> = Fixed::ALL.iter().map(|tool| tool.name()).collect();
-        assert_eq!(
-            fixed,
-            ["create_space", "login", "create_upload", "get_task", "list_tasks", "cancel_task", "get_result"]
-        );
-        let listed: Vec<&str> = tools.list().iter().map(|tool| tool.name.as_ref()).collect();
-        assert_eq!(listed, [&fixed[..], &["metered", "priced"]].concat());
-        for &tool in Fixed::ALL {
-            assert_eq!(tools.find(tool.name()), Some(Named::Fixed(tool)));
-            let read_only = tools.tool(tool.name()).and_then(|t| t.annotations.as_ref()?.read_only_hint);
-            let reads = matches!(tool, Fixed::GetTask | Fixed::ListTasks | Fixed::GetResult);
-            assert_eq!(read_only, Some(reads), "{}", tool.name());
-        }
     }
 
     /// A metered task's payment, charged.

@@ -10,81 +10,19 @@ use serde_json::{Value, json};
 
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
-use super::tools::FixedTool;
 use super::{MAX_INLINE_BYTES, rfc3339};
 use crate::domain::auth::SpaceIndex;
-use crate::domain::catalog::Catalog;
 use crate::domain::uploads::{self, InlineFile, UploadRequest};
 
-/// `create_upload`.
-pub struct CreateUpload;
-
 #[derive(Deserialize)]
-pub struct CreateUploadArgs {
+pub struct CreateUpload {
     filename: String,
     content_type: String,
     content_base64: Option<String>,
     size: Option<u64>,
 }
 
-impl FixedTool for CreateUpload {
-    const NAME: &'static str = "create_upload";
-    const READ_ONLY: bool = false;
-    type Caller = SpaceIndex;
-    type Args = CreateUploadArgs;
-
-    fn description(catalog: &Catalog) -> String {
-        let uploads = &catalog.uploads;
-        format!(
-            "Upload an input file. Either inline: content_base64 holds the file (at most {} bytes decoded), \
-             and it is stored at once; or declare size and get a presigned URL to PUT the bytes to, sending \
-             exactly the headers given (any size up to {} bytes). Answers an upload_id to name in a task's \
-             input. content_type is one of: {}.",
-            MAX_INLINE_BYTES.min(uploads.max_bytes as usize),
-            uploads.max_bytes,
-            uploads.content_types.join(", "),
-        )
-    }
-
-    fn input_schema() -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "filename": { "type": "string", "minLength": 1, "maxLength": 255 },
-                "content_type": { "type": "string" },
-                "content_base64": { "type": "string",
-                    "description": "The file itself, base64 (standard alphabet): an inline upload." },
-                "size": { "type": "integer", "minimum": 1,
-                    "description": "The exact size in bytes: a presigned upload (PUT the bytes yourself)." }
-            },
-            "required": ["filename", "content_type"],
-            "additionalProperties": false
-        })
-    }
-
-    fn output_schema() -> Value {
-        let string = json!({ "type": "string" });
-        json!({
-            "type": "object",
-            "properties": {
-                "upload_id": string,
-                "uploaded": { "type": "boolean", "description": "True for an inline upload: it is stored." },
-                "size": { "type": "integer" },
-                "url": string,
-                "method": string,
-                "headers": { "type": "object", "additionalProperties": { "type": "string" } },
-                "expires_at": string
-            },
-            "required": ["upload_id", "uploaded", "size"]
-        })
-    }
-
-    async fn call(ctx: &McpContext, space: SpaceIndex, args: CreateUploadArgs) -> ToolResult<Value> {
-        create(ctx, &space, args).await
-    }
-}
-
-async fn create(ctx: &McpContext, space: &SpaceIndex, args: CreateUploadArgs) -> ToolResult<Value> {
+pub async fn create(ctx: &McpContext, space: &SpaceIndex, args: CreateUpload) -> ToolResult<Value> {
     let policy = &ctx.catalog.uploads;
     match (args.content_base64, args.size) {
         (Some(encoded), None) => {
