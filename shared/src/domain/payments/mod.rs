@@ -20,7 +20,8 @@
 //! - [`supported`]: which networks the facilitator settles (`/supported`),
 //!   against the catalog's prices.
 //! - [`chain`]: each network's JSON-RPC endpoint: blocks, logs, receipts.
-//! - [`ledger`]: attempts (recorded before settling), payments, credits.
+//! - [`ledger`]: what Postgres keeps, a file per kind of record: attempts
+//!   (recorded before settling), payments, credits, and metered holds.
 //!
 //! - [`counter`]: the [`Counter`] through which the caller stores a task.
 //! - [`upto`]: metered prices (x402 `upto`): the contracts, the refusals,
