@@ -32,6 +32,7 @@ use super::chain::{Chain, Chains};
 use super::challenge::{PaymentRequirements, UPTO_SETTLE_SECONDS};
 use super::facilitator::Facilitator;
 use super::ledger::{self, AttemptStatus, Held, OpenAuthorization, SettledPayment};
+use super::scheme::Scheme;
 use super::upto::{AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, MeteredPayment, MeteredStatus};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::{Meter, Unit};
@@ -60,6 +61,12 @@ impl Authorization {
         let view = serde_json::from_value(row.payment.clone())
             .map_err(|e| sqlx::Error::Decode(format!("tasks.payment: {e}").into()))?;
         Ok(Some(Authorization { row, view }))
+    }
+
+    /// The scheme whose hooks a run of its task meets: only an `upto`
+    /// authorization holds its task open until it ends.
+    pub fn scheme(&self) -> Scheme {
+        Scheme::Upto
     }
 
     /// Nothing sent to be settled yet.
@@ -244,7 +251,7 @@ impl Capture<'_> {
         self.by.chains.get(&self.auth.row.network).ok()
     }
 
-    fn from_block(&self) -> Option<u64> {
+    fn first_block(&self) -> Option<u64> {
         self.auth.row.from_block.and_then(|b| u64::try_from(b).ok())
     }
 
@@ -256,7 +263,7 @@ impl Capture<'_> {
         };
         let until = Instant::now() + CONFIRM_WAIT;
         loop {
-            match capture_proof::find(chain, &self.signed, self.from_block(), Some(transaction), None).await {
+            match capture_proof::find(chain, &self.signed, self.first_block(), Some(transaction), None).await {
                 Ok(found) => {
                     if let Some(paid) = found.paid {
                         return self.record(&paid).await;
@@ -282,7 +289,7 @@ impl Capture<'_> {
     /// the attempt began. `None`: not (yet), or the chain cannot tell.
     async fn paid_on_chain(&self, named: Option<&str>) -> Result<Option<Captured>, sqlx::Error> {
         let Some(chain) = self.chain() else { return Ok(None) };
-        match capture_proof::find(chain, &self.signed, self.from_block(), named, None).await {
+        match capture_proof::find(chain, &self.signed, self.first_block(), named, None).await {
             Ok(found) => match found.paid {
                 Some(paid) => self.record(&paid).await.map(Some),
                 None => Ok(None),
@@ -300,7 +307,7 @@ impl Capture<'_> {
     async fn decide(&self) -> Result<Option<Captured>, sqlx::Error> {
         let Some(chain) = self.chain() else { return Ok(None) };
         let margin = RESOLVE_MARGIN.as_secs();
-        match capture_proof::decide(chain, &self.signed, self.from_block(), margin).await {
+        match capture_proof::decide(chain, &self.signed, self.first_block(), margin).await {
             Ok(None) => Ok(None),
             Ok(Some(Decided::Paid(paid))) => self.record(&paid).await.map(Some),
             Ok(Some(Decided::Unused)) => self.refused(AUTHORIZATION_EXPIRED).await.map(Some),
