@@ -251,6 +251,7 @@ impl Capture<'_> {
         self.by.chains.get(&self.auth.row.network).ok()
     }
 
+    /// The block the attempt began at: where a search for its settle starts.
     fn first_block(&self) -> Option<u64> {
         self.auth.row.from_block.and_then(|b| u64::try_from(b).ok())
     }
