@@ -259,7 +259,7 @@ impl Sweeper {
     /// queues the tasks that the charges found on chain paid for.
     async fn reconcile(&self, until: tokio::time::Instant, report: &mut SweepReport) -> Result<(), SweepError> {
         let shelf = tasks::Shelf { catalog: &self.catalog };
-        report.payments = payments::reconcile(&self.db, &self.chains, &shelf, until).await?;
+        report.payments = payments::sweep(&self.db, &self.chains, &shelf, until).await?;
         for (id, kind) in std::mem::take(&mut report.payments.created) {
             // Not sent: the task is `queued`, and a later sweep's re-send
             // (after its threshold) finds it.

@@ -1,6 +1,7 @@
 //! A metered task's run begins and ends with its payment: it is started only
 //! if what it uses can still be settled afterwards, and its result is given
-//! only once what it used is settled ([`payments::Capturer`]).
+//! only once what it used is settled. Both are hooks of the authorization's
+//! scheme (`payments::Scheme::before_run`, `payments::Scheme::at_end`).
 
 use std::time::Duration;
 
@@ -12,8 +13,8 @@ use super::{Outcome, Retryable, WorkerContext, complete, retry};
 use crate::domain::catalog::TaskSpec;
 use crate::domain::ids::Id;
 use crate::domain::payments::{
-    self, AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, Captured, Capturer, Held, MeteredAuthorization,
-    PAYMENT_NOT_CAPTURED, RunCheck,
+    AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, Captured, Capturer, Held, MeteredAuthorization, PAYMENT_NOT_CAPTURED,
+    RunCheck,
 };
 
 /// How long a capture whose outcome is open waits before the next delivery
@@ -25,11 +26,12 @@ const CAPTURE_RETRY: Duration = Duration::from_secs(10);
 const CHECK_RETRY: Duration = Duration::from_secs(5);
 
 /// The task's authorization, if it is metered; `Err`: the run ends here.
-/// An authorization not yet sent to be settled is checked on chain first
-/// ([`payments::check_before_run`]): withdrawn, underfunded or too near its
-/// deadline, the task fails with the code that says which and nothing runs
-/// (the failure releases the authorization: nothing is charged); a chain
-/// that cannot be read sends the run back to the queue, to ask again.
+/// An authorization not yet sent to be settled meets its scheme's check
+/// first (`payments::Scheme::before_run`): withdrawn, underfunded or too
+/// near its deadline, the task fails with the code that says which and
+/// nothing runs (the failure releases the authorization: nothing is
+/// charged); a chain that cannot be read sends the run back to the queue,
+/// to ask again.
 pub(super) async fn before_run(
     ctx: &WorkerContext,
     run: (Id, i32, u32),
@@ -42,12 +44,7 @@ pub(super) async fn before_run(
     };
     let Some(authorized) = auth.as_ref().filter(|auth| auth.is_authorized()) else { return Ok(auth) };
     let timeout = Duration::from_secs(spec.timeout_seconds.into());
-    if !authorized.outlives(timeout) {
-        let message = "its payment authorization would expire before what it uses could be settled, so it was \
-                       not started; nothing was charged. Create it again with a new payment";
-        return Err(fail(ctx, id, attempt, AUTHORIZATION_EXPIRED, message).await);
-    }
-    match payments::check_before_run(&ctx.db, &ctx.chains, id, timeout).await {
+    match authorized.scheme().before_run(&ctx.db, &ctx.chains, (id, authorized), timeout).await {
         Ok(Some(RunCheck::Stands) | None) => Ok(auth),
         Ok(Some(RunCheck::Refused { code, message })) => {
             tracing::info!(code, "the payer's authorization no longer stands; not run");
@@ -88,7 +85,7 @@ pub(super) async fn deliver(
     let (id, attempt, receive_count) = run;
     let capturer = Capturer { db: &ctx.db, facilitator: ctx.facilitator.as_ref(), chains: &ctx.chains };
     let captured = tokio::select! {
-        captured = capturer.capture(auth, id, held) => captured,
+        captured = auth.scheme().at_end(&capturer, (id, auth), held) => captured,
         lost_lease = keep_lease(ctx, id, attempt, leased_at) => return match lost_lease {
             Lost::Taken => lost(attempt),
             Lost::Expired => Outcome::retry("the capture's lease ran out before it could be renewed"),

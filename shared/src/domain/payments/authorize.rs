@@ -27,10 +27,11 @@ use super::counter::{Counter, Metering, store_in};
 use super::facilitator::Facilitator;
 use super::ledger::{self, AttemptStatus, Claim};
 use super::order::{
-    Bought, Checkout, Order, PayError, Recorded, bought_before, budget, check_window, key_holder, record_attempt,
-    replayed, with_error,
+    Bought, Checkout, Order, PayError, Recorded, bought_before, check_window, key_holder, record_attempt, replayed,
+    verify_beside_head, with_error,
 };
 use super::payload::{Payment, Permit2Authorization, uint256};
+use super::scheme::Scheme;
 use super::upto::{MeteredPayment, MeteredStatus, UPTO_PROXY, UptoRefusal};
 use crate::domain::ids::Id;
 
@@ -193,43 +194,21 @@ struct Verifying<'a> {
 impl Verifying<'_> {
     async fn verify_and_store<C: Counter>(&self, attempt: Id, counter: &C) -> Result<Bought<C::Task>, PayError> {
         let db = self.cx.db;
-        let Ok(budget) = budget(self.order.deadline) else {
-            ledger::fail_attempt(db, attempt, "deadline").await?;
-            return Err(PayError::FacilitatorUnavailable);
-        };
         // Where a search for the capture's transfer starts, read beside
-        // `/verify`.
-        let head = async {
-            let chain = self.cx.chains.get(&self.offer.network).ok()?;
-            chain.head().await.inspect_err(|e| tracing::warn!(error = %e, "cannot read the chain's head")).ok()
-        };
-        let (verified, head) = tokio::join!(self.facilitator.verify(&self.payment.document, self.offer, budget), head);
-        if let Some(head) = head {
-            ledger::set_from_block(db, attempt, head.number).await?;
-        }
-        match verified {
-            Ok(v) if v.is_valid => {}
-            Ok(v) => {
-                let reason = v.invalid_reason.unwrap_or_else(|| "invalid_payment".into());
-                tracing::info!(%reason, message = ?v.invalid_message, "facilitator: upto payment invalid");
-                ledger::fail_attempt(db, attempt, &reason).await?;
-                if reason == ALLOWANCE_REQUIRED {
-                    let refusal = UptoRefusal::Permit2ApprovalRequired;
-                    let challenge = with_error(self.challenge, refusal.code());
-                    return Err(PayError::Refused { challenge, refusal, detail: String::new() });
-                }
-                let challenge = with_error(self.challenge, "payment_invalid");
-                return Err(PayError::Invalid { challenge, reason });
+        // `/verify`. A payer without Permit2 approval is told how to give it.
+        let (cx, payment, deadline) = (self.cx, (self.payment, self.offer), self.order.deadline);
+        match verify_beside_head(cx, self.facilitator, attempt, payment, self.challenge, deadline).await {
+            Ok(_) => {}
+            Err(PayError::Invalid { reason, .. }) if reason == ALLOWANCE_REQUIRED => {
+                let refusal = UptoRefusal::Permit2ApprovalRequired;
+                let challenge = with_error(self.challenge, refusal.code());
+                return Err(PayError::Refused { challenge, refusal, detail: String::new() });
             }
-            Err(e) => {
-                tracing::error!(error = %e, "facilitator /verify failed");
-                ledger::fail_attempt(db, attempt, "facilitator_unavailable").await?;
-                return Err(PayError::FacilitatorUnavailable);
-            }
+            Err(e) => return Err(e),
         }
 
         let view = MeteredPayment {
-            scheme: "upto".into(),
+            scheme: Scheme::Upto.name().into(),
             status: MeteredStatus::Authorized,
             network: self.offer.network.clone(),
             asset: self.offer.asset.clone(),

@@ -32,6 +32,7 @@ use super::chain::{Chain, Chains};
 use super::challenge::{PaymentRequirements, UPTO_SETTLE_SECONDS};
 use super::facilitator::Facilitator;
 use super::ledger::{self, AttemptStatus, Held, OpenAuthorization, SettledPayment};
+use super::scheme::Scheme;
 use super::upto::{AUTHORIZATION_EXPIRED, AUTHORIZATION_SPENT, MeteredPayment, MeteredStatus};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::{Meter, Unit};
@@ -60,6 +61,12 @@ impl Authorization {
         let view = serde_json::from_value(row.payment.clone())
             .map_err(|e| sqlx::Error::Decode(format!("tasks.payment: {e}").into()))?;
         Ok(Some(Authorization { row, view }))
+    }
+
+    /// The scheme whose hooks a run of its task meets: only an `upto`
+    /// authorization holds its task open until it ends.
+    pub fn scheme(&self) -> Scheme {
+        Scheme::Upto
     }
 
     /// Nothing sent to be settled yet.

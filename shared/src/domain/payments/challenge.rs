@@ -35,12 +35,6 @@ pub const PAYMENT_IDENTIFIER: &str = "payment-identifier";
 /// The x402 discovery extension.
 pub const BAZAAR: &str = "bazaar";
 
-/// A fixed amount, paid with an EIP-3009 authorization before the task is
-/// queued.
-pub const SCHEME_EXACT: &str = "exact";
-/// A metered price: the payer signs a ceiling through Permit2, and Reeve
-/// settles what the task used when it ends (nothing if it fails).
-pub const SCHEME_UPTO: &str = "upto";
 /// The extension through which an `upto` payer that never approved Permit2
 /// signs the token's EIP-2612 permit instead, and pays no gas.
 pub const EIP2612_GAS_SPONSORING: &str = "eip2612GasSponsoring";

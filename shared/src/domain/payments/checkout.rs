@@ -1,7 +1,9 @@
-//! Paying for one request, or refusing: [`pay`], the one call behind every
-//! priced task create (`POST /v1/tasks/{kind}`, and an MCP tool call). It
-//! owns the whole order that keeps "no charge without a task, no task
-//! without a charge":
+//! Paying for one request with an `exact` payment, or refusing: the create
+//! hook of [`Scheme::Exact`], reached through [`super::pay`] (the one call
+//! behind every priced task create, `POST /v1/tasks/{kind}` and an MCP tool
+//! call), and the credit that pays when no payment was sent. It owns the
+//! whole order that keeps "no charge without a task, no task without a
+//! charge":
 //!
 //! 1. The payment is decoded and must be one of the kind's requirements, and
 //!    its `validBefore` no further away than the requirement's
@@ -54,50 +56,36 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 
 use super::PaymentResponse;
-use super::challenge::{PaymentRequired, PaymentRequirements, SCHEME_EXACT, SCHEME_UPTO};
+use super::challenge::{PaymentRequired, PaymentRequirements};
 use super::counter::{Counter, Note, store_in};
 use super::facilitator::{Facilitator, FacilitatorError, Settled};
 use super::ledger::{self, AttemptStatus, Claim, SettledPayment};
 use super::order::{
     Bought, CONFIRM_POLL, CONFIRM_WAIT, Checkout, Order, PENDING, PayError, Recorded, STORE_MARGIN, bought_before,
-    budget, check_window, key_holder, not_settled, record_attempt, replayed, with_error,
+    budget, check_window, key_holder, not_settled, record_attempt, replayed, verify_beside_head, with_error,
 };
-use super::payload::{Payment, PaymentInput};
+use super::payload::Payment;
 use super::proof::{self, Owed, Proof};
 use super::reconcile::{Resolution, resolve_claimed};
+use super::scheme::Scheme;
 use crate::domain::ids::Id;
 use crate::domain::request::TaskRequest;
-
-/// Pays for `order` against `challenge` (the kind's requirements), or
-/// refuses. See the module documentation for the order of things.
-pub async fn pay<C: Counter>(
-    cx: Checkout<'_>,
-    order: Order<'_>,
-    challenge: &PaymentRequired,
-    counter: &C,
-) -> Result<Bought<C::Task>, PayError> {
-    match order.payment {
-        Some(payment) => with_payment(cx, &order, payment, challenge, counter).await,
-        None => with_credit(cx.db, &order.request, challenge, counter).await,
-    }
-}
 
 /// No payment: a credit of the space for one of the kind's prices pays,
 /// else the challenge. Under an `Idempotency-Key` a payment holds, the
 /// answer is that payment's: its task, or wait for it (a standard x402
 /// client probes without a payment when it retries).
-async fn with_credit<C: Counter>(
+pub(super) async fn with_credit<C: Counter>(
     db: &PgPool,
     request: &TaskRequest<'_>,
     challenge: &PaymentRequired,
     counter: &C,
 ) -> Result<Bought<C::Task>, PayError> {
-    // A credit is the price of an `exact` task; a metered one is paid for
-    // what it uses, so a credit never pays for it.
+    // A credit is a fixed price: only a scheme of fixed prices takes one.
     let prices: Vec<(String, String, String)> = challenge
         .accepts
         .iter()
-        .filter(|a| a.scheme == SCHEME_EXACT)
+        .filter(|a| Scheme::named(&a.scheme).is_some_and(Scheme::paid_by_credit))
         .map(|a| (a.network.clone(), a.asset.clone(), a.amount.clone()))
         .collect();
     let mut tx = db.begin().await?;
@@ -139,26 +127,22 @@ pub async fn held_key(
     })
 }
 
-async fn with_payment<C: Counter>(
+/// Pays for `order` with `payment`, an `exact` one matching `offer`:
+/// [`Scheme::Exact`]'s create. See the module documentation.
+pub(super) async fn settle<C: Counter>(
     cx: Checkout<'_>,
     order: &Order<'_>,
-    input: PaymentInput<'_>,
+    payment: &Payment,
+    offer: &PaymentRequirements,
     challenge: &PaymentRequired,
     counter: &C,
 ) -> Result<Bought<C::Task>, PayError> {
     let request = &order.request;
-    let payment = input.decode().map_err(PayError::Malformed)?;
-    let Some(offer) = challenge.accepts.iter().find(|o| payment.accepted.matches(o)).cloned() else {
-        return Err(PayError::Mismatch(with_error(challenge, "payment_mismatch")));
-    };
-    if offer.scheme == SCHEME_UPTO {
-        return super::authorize::authorize(cx, order, &payment, &offer, challenge, counter).await;
-    }
     let Some(facilitator) = cx.facilitator else {
         tracing::error!("a payment arrived but no facilitator client could be built");
         return Err(PayError::FacilitatorUnavailable);
     };
-    check_window(&payment, &offer, challenge)?;
+    check_window(payment, offer, challenge)?;
     let request_hash = request.hash();
     if let Some(id) = &payment.payment_id
         && let Some(earlier) = ledger::find_by_payment_id(cx.db, request.space, id).await?
@@ -176,20 +160,20 @@ async fn with_payment<C: Counter>(
         }
     }
 
-    let recorded = record_attempt(cx.db, request, &request_hash, (&payment, &offer), None, counter).await?;
+    let recorded = record_attempt(cx.db, request, &request_hash, (payment, offer), None, counter).await?;
     let claimed = match recorded {
         Recorded::KeyTaken => return Ok(Bought::KeyTaken),
         Recorded::New(attempt) => Claimed { attempt, resuming: false, from_block: None },
-        Recorded::Collided => match collision(cx, order, &payment, &offer, &request_hash, challenge, counter).await? {
+        Recorded::Collided => match collision(cx, order, payment, offer, &request_hash, challenge, counter).await? {
             Resume::Claimed(claimed) => claimed,
             Resume::Answer(answer) => return *answer,
         },
     };
 
-    let settling = Settling { cx, facilitator, payment: &payment, offer: &offer, challenge, deadline: order.deadline };
+    let settling = Settling { cx, facilitator, payment, offer, challenge, deadline: order.deadline };
     let transaction = settling.settle(claimed).await?;
     let settlement = PaymentResponse::settled(Some(&transaction), &offer.network, &payment.payer);
-    let paid = Paid { offer: &offer, payer: &payment.payer, attempt: claimed.attempt, transaction: &transaction };
+    let paid = Paid { offer, payer: &payment.payer, attempt: claimed.attempt, transaction: &transaction };
     let task = match store_paid(cx.db, request, &paid, counter).await {
         Ok(task) => task,
         Err(e) => {
@@ -341,38 +325,12 @@ impl Settling<'_> {
         let (db, attempt, resuming) = (self.cx.db, claimed.attempt, claimed.resuming);
         let mut from_block = claimed.from_block;
         if !resuming {
-            let Ok(budget) = budget(self.deadline) else {
-                ledger::fail_attempt(db, attempt, "deadline").await?;
-                return Err(PayError::FacilitatorUnavailable);
-            };
             // Where the search for this payment's transfer will start: read
             // beside `/verify`, before anything is settled.
-            let head = async {
-                let chain = self.cx.chains.get(&self.offer.network).ok()?;
-                chain.head().await.inspect_err(|e| tracing::warn!(error = %e, "cannot read the chain's head")).ok()
-            };
-            let (verified, head) =
-                tokio::join!(self.facilitator.verify(&self.payment.document, self.offer, budget), head);
-            if let Some(head) = head {
-                ledger::set_from_block(db, attempt, head.number).await?;
-                from_block = from_block.or(Some(head.number));
-            }
-            match verified {
-                Ok(v) if v.is_valid => {}
-                Ok(v) => {
-                    let reason = v.invalid_reason.unwrap_or_else(|| "invalid_payment".into());
-                    tracing::info!(%reason, message = ?v.invalid_message, "facilitator: payment invalid");
-                    ledger::fail_attempt(db, attempt, &reason).await?;
-                    let challenge = with_error(self.challenge, "payment_invalid");
-                    return Err(PayError::Invalid { challenge, reason });
-                }
-                // `/verify` moves no money, whatever became of it.
-                Err(e) => {
-                    tracing::error!(error = %e, "facilitator /verify failed");
-                    ledger::fail_attempt(db, attempt, "facilitator_unavailable").await?;
-                    return Err(PayError::FacilitatorUnavailable);
-                }
-            }
+            let (cx, payment) = (self.cx, (self.payment, self.offer));
+            let head =
+                verify_beside_head(cx, self.facilitator, attempt, payment, self.challenge, self.deadline).await?;
+            from_block = from_block.or(head);
         }
         let Ok(budget) = budget(self.deadline) else {
             return if resuming {

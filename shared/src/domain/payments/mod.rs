@@ -4,11 +4,19 @@
 //! the ledger of attempts, payments and credits.
 //!
 //! Module map:
+//! - [`scheme`]: the seam where schemes differ: [`Scheme`] (`exact`,
+//!   `upto`) and its hooks at create, before the run, at the end, when a
+//!   task ends without its work, and in the sweep; [`pay`], the one call
+//!   that pays for a request or refuses, picks the scheme there. The
+//!   worker, the sweeper and the task transitions call those hooks, never
+//!   a scheme's module.
 //! - [`order`]: what paying for a request is made of ([`Order`], [`Bought`],
-//!   [`PayError`]) and the answers every scheme gives alike.
-//! - [`checkout`]: [`pay`], the one call that pays for a request or refuses:
-//!   attempt, verify, settle, prove, store or credit, in the order that
-//!   keeps "no charge without a task, no task without a charge".
+//!   [`PayError`]) and the steps every scheme takes alike (the attempt,
+//!   `/verify` beside the chain's head, the answers to a payment sent
+//!   again).
+//! - [`checkout`]: `exact` at create: attempt, verify, settle, prove, store,
+//!   in the order that keeps "no charge without a task, no task without a
+//!   charge"; and a credit paying when no payment was sent.
 //! - [`proof`]: what the chain must show before a payment counts: the
 //!   transfer this authorization made, of exactly the amount, to `payTo`.
 //! - [`reconcile`]: every sweep resolves unknown settlements from the chain.
@@ -20,13 +28,14 @@
 //! - [`supported`]: which networks the facilitator settles (`/supported`),
 //!   against the catalog's prices.
 //! - [`chain`]: each network's JSON-RPC endpoint: blocks, logs, receipts.
-//! - [`ledger`]: attempts (recorded before settling), payments, credits.
+//! - [`ledger`]: what Postgres keeps, a file per kind of record: attempts
+//!   (recorded before settling), payments, credits, and metered holds.
 //!
 //! - [`counter`]: the [`Counter`] through which the caller stores a task.
 //! - [`upto`]: metered prices (x402 `upto`): the contracts, the refusals,
 //!   and a metered task's payment as its buyer sees it.
-//! - [`authorize`]: a metered payment at create: checked, verified, and its
-//!   task stored authorized, nothing charged.
+//! - [`authorize`]: `upto` at create: checked, verified, and its task
+//!   stored authorized, nothing charged.
 //! - [`run_check`]: before a metered task runs, the chain read once to see
 //!   that its authorization can still be settled (approval, funds, nonce,
 //!   deadline).
@@ -63,6 +72,7 @@ pub(crate) mod proof;
 pub(crate) mod reconcile;
 #[cfg(all(feature = "chain", feature = "catalog"))]
 pub(crate) mod run_check;
+pub(crate) mod scheme;
 #[cfg(feature = "catalog")]
 pub(crate) mod supported;
 pub(crate) mod upto;
@@ -77,7 +87,7 @@ pub use challenge::{
     SIGNATURE_REQUIRED, payment_required,
 };
 #[cfg(feature = "api-tasks")]
-pub use checkout::{held_key, pay};
+pub use checkout::held_key;
 pub use counter::{Counter, Metering, Note};
 #[cfg(feature = "outbound")]
 pub use facilitator::{Facilitator, FacilitatorError};
@@ -93,6 +103,11 @@ pub use payload::{
 pub use reconcile::{Reconciled, reconcile};
 #[cfg(all(feature = "chain", feature = "catalog"))]
 pub use run_check::{RunCheck, check_before_run, read_once as read_run_check};
+#[cfg(feature = "api-tasks")]
+pub use scheme::pay;
+#[cfg(feature = "chain")]
+pub use scheme::sweep;
+pub use scheme::{Ended, Scheme, ended_without_work};
 #[cfg(feature = "catalog")]
 pub use supported::{SupportedKind, settleable, settles, unsupported_prices};
 pub use upto::{

@@ -221,6 +221,50 @@ pub(super) fn budget(deadline: Option<Instant>) -> Result<Option<Duration>, ()> 
     if left < MIN_CALL { Err(()) } else { Ok(Some(left)) }
 }
 
+/// `/verify` of `payment` for `offer`, under the claimed `attempt`, with
+/// the chain's head read beside it and recorded as the block where the
+/// search for the payment's transaction starts (before anything is
+/// settled). `Ok`: valid, with that block if the chain could be read.
+/// Otherwise the attempt is failed, since `/verify` moves no money: too
+/// little time left to ask (`facilitator_unavailable`), refused
+/// ([`PayError::Invalid`], with the facilitator's reason), or unanswered.
+pub(super) async fn verify_beside_head(
+    cx: Checkout<'_>,
+    facilitator: &Facilitator,
+    attempt: Id,
+    (payment, offer): (&Payment, &PaymentRequirements),
+    challenge: &PaymentRequired,
+    deadline: Option<Instant>,
+) -> Result<Option<u64>, PayError> {
+    let db = cx.db;
+    let Ok(budget) = budget(deadline) else {
+        ledger::fail_attempt(db, attempt, "deadline").await?;
+        return Err(PayError::FacilitatorUnavailable);
+    };
+    let head = async {
+        let chain = cx.chains.get(&offer.network).ok()?;
+        chain.head().await.inspect_err(|e| tracing::warn!(error = %e, "cannot read the chain's head")).ok()
+    };
+    let (verified, head) = tokio::join!(facilitator.verify(&payment.document, offer, budget), head);
+    if let Some(head) = &head {
+        ledger::set_from_block(db, attempt, head.number).await?;
+    }
+    match verified {
+        Ok(v) if v.is_valid => Ok(head.map(|head| head.number)),
+        Ok(v) => {
+            let reason = v.invalid_reason.unwrap_or_else(|| "invalid_payment".into());
+            tracing::info!(%reason, scheme = %offer.scheme, message = ?v.invalid_message, "facilitator: payment invalid");
+            ledger::fail_attempt(db, attempt, &reason).await?;
+            Err(PayError::Invalid { challenge: with_error(challenge, "payment_invalid"), reason })
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "facilitator /verify failed");
+            ledger::fail_attempt(db, attempt, "facilitator_unavailable").await?;
+            Err(PayError::FacilitatorUnavailable)
+        }
+    }
+}
+
 /// What recording a payment's attempt came to.
 pub(super) enum Recorded {
     /// Recorded, and claimed by this request.

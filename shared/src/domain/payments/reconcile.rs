@@ -68,6 +68,19 @@ pub struct Reconciled {
     pub created: Vec<(Id, String)>,
 }
 
+/// Two passes' reports as one: every scheme's sweep adds to the same.
+impl std::ops::AddAssign for Reconciled {
+    fn add_assign(&mut self, other: Reconciled) {
+        self.settled_late += other.settled_late;
+        self.credited += other.credited;
+        self.not_settled += other.not_settled;
+        self.open += other.open;
+        self.chain_errors += other.chain_errors;
+        self.deferred += other.deferred;
+        self.created.extend(other.created);
+    }
+}
+
 /// What the chain made of one attempt.
 pub(super) enum Resolution {
     /// Charged: this task was created for it now.

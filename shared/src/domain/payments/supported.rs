@@ -18,7 +18,8 @@
 
 use serde::Deserialize;
 
-use super::challenge::{EIP2612_GAS_SPONSORING, PaymentRequired, SCHEME_UPTO, X402_VERSION};
+use super::challenge::{EIP2612_GAS_SPONSORING, PaymentRequired, X402_VERSION};
+use super::scheme::Scheme;
 use crate::domain::catalog::{Catalog, Problem};
 
 /// One `(x402Version, scheme, network)` a facilitator settles.
@@ -111,10 +112,11 @@ pub fn settleable(mut challenge: PaymentRequired, supported: &Supported, kind: &
     let mut index = 0;
     challenge.accepts.retain_mut(|offer| {
         let listed = kinds.iter().find(|k| k.lists(&offer.scheme, &offer.network));
-        if offer.scheme == SCHEME_UPTO {
+        let names_facilitator = Scheme::named(&offer.scheme).is_some_and(Scheme::names_facilitator);
+        if names_facilitator {
             offer.extra.facilitator_address = listed.and_then(|k| k.facilitator_address()).map(str::to_owned);
         }
-        let settled = listed.is_some() && (offer.scheme != SCHEME_UPTO || offer.extra.facilitator_address.is_some());
+        let settled = listed.is_some() && (!names_facilitator || offer.extra.facilitator_address.is_some());
         if !settled {
             tracing::error!(
                 price = %format!("tasks.{kind}.accepts[{index}]"),

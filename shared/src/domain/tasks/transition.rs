@@ -15,6 +15,7 @@ use time::format_description::well_known::Rfc3339;
 use super::TaskStatus;
 use super::events::{Event, EventType};
 use crate::domain::ids::Id;
+use crate::domain::payments::Ended;
 
 /// Where the task must be for the change to apply.
 #[derive(Debug, Clone, Copy)]
@@ -204,19 +205,15 @@ pub async fn transition_in(
     // A paid task that ends without doing its work leaves a credit on its
     // space, and a metered one's authorization is released (nothing
     // charged), in the same transaction as the change that ended it.
-    let (credited, released) = match change {
-        Change::Fail { error } => (error["code"].as_str(), error["code"].as_str()),
+    let ended = match change {
+        Change::Fail { error } => error["code"].as_str().map(Ended::Failed),
         // Only a task no worker ever claimed was canceled before it ran.
-        Change::Cancel if attempts == 0 => (Some("canceled"), Some("canceled")),
-        Change::Cancel => (None, Some("canceled")),
-        Change::Complete { .. } | Change::Requeue { .. } => (None, None),
+        Change::Cancel => Some(Ended::Canceled { before_run: attempts == 0 }),
+        Change::Complete { .. } | Change::Requeue { .. } => None,
     };
-    if let Some(code) = credited {
-        crate::domain::payments::credit_if_owed(conn, id, code).await?;
-    }
-    if let Some(reason) = released {
+    if let Some(ended) = ended {
         // The final event carries a metered task's receipt.
-        if let Some(payment) = crate::domain::payments::ledger::release_if_authorized(conn, id, reason).await?
+        if let Some(payment) = crate::domain::payments::ended_without_work(conn, id, ended).await?
             && let Some(last) = events.last_mut()
         {
             last.data["payment"] = payment;
