@@ -169,6 +169,34 @@ pub fn app(ctx: Ctx) -> Router {
 }
 
 #[cfg(feature = "api")]
+/// Each API Gateway function's HTTP routes, `(METHOD, path)`, under the
+/// name of the function of this crate its `main` serves (`http::auth_app`):
+/// what `template.yaml` must route to that function, no more and no less
+/// (the MCP endpoint, another adapter, is `mcp::PATH`). A route added to a
+/// router and not to the template works under `reeve serve` and is missing in AWS; a test compares the two.
+pub fn lambda_routes() -> Vec<(&'static str, Vec<(String, String)>)> {
+    fn of<S: Clone + Send + Sync + 'static>(router: OpenApiRouter<S>) -> Vec<(String, String)> {
+        let doc = serde_json::to_value(router.into_openapi()).expect("documents serialise");
+        let mut routes = Vec::new();
+        for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+            for method in ["get", "put", "post", "delete", "patch", "head", "options"] {
+                if item.get(method).is_some() {
+                    routes.push((method.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        routes
+    }
+    vec![
+        ("http::auth_app", of(login::router())),
+        ("http::catalog_app", of(catalog::router())),
+        ("http::presign_app", of(uploads::router())),
+        ("http::task_create_app", of(tasks::create_router())),
+        ("http::task_status_app", of(tasks::status_router())),
+    ]
+}
+
+#[cfg(feature = "api")]
 /// Every module's part of the OpenAPI document, merged.
 fn documented() -> utoipa::openapi::OpenApi {
     let mut doc = health::router().into_openapi();
