@@ -24,12 +24,13 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 15] = [
+const ROUTES: [(&str, &str); 16] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
     ("POST", "/v1/spaces"),
     ("POST", "/v1/sessions"),
+    ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
     ("POST", "/v1/tasks/fetch"),
@@ -43,7 +44,8 @@ const ROUTES: [(&str, &str); 15] = [
 ];
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 10] = [
+const BEARER_ROUTES: [(&str, &str); 11] = [
+    ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
     ("POST", "/v1/tasks/fetch"),
@@ -203,7 +205,7 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/http"),
     ]);
     let mut all = vec![];
-    let (own, global) = same(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions")]);
+    let (own, global) = same(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions"), ("DELETE", "/v1/sessions/current")]);
     all.push(("auth", http::login::router().into_openapi(), own, global, http::auth_app(ctx.auth.clone())));
     let (own, global) = same(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")]);
     let catalog = http::catalog_app(ctx.catalog_ctx.clone());

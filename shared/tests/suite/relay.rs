@@ -327,6 +327,10 @@ async fn refusals_come_before_the_stream_as_error_envelopes(pool: PgPool) {
     let relay = start_relay(pool.clone(), &redis_url).await;
     let task = new_task(&pool).await;
     let other_space = auth::issue_token(&token_key(), &SpaceIndex::from_array([1; 16]), OffsetDateTime::now_utc()).0;
+    // A session of the task's own Space, ended (`DELETE /v1/sessions/current`).
+    let ended = auth::issue_token(&token_key(), &SpaceIndex::from_array(SPACE), OffsetDateTime::now_utc()).0;
+    let session = auth::verify_session(&token_key(), &ended, OffsetDateTime::now_utc()).unwrap();
+    reeve_shared::sessions::end_session(&pool, &session).await.unwrap();
     let client = reqwest::Client::new();
     let url = |task: &str| format!("{}/v1/tasks/{task}/events", relay.base);
 
@@ -334,6 +338,7 @@ async fn refusals_come_before_the_stream_as_error_envelopes(pool: PgPool) {
         (client.get(url(&task.to_string())), 401, "missing_token"),
         (client.get(url(&task.to_string())).bearer_auth("not-a-token"), 401, "invalid_token"),
         (client.get(format!("{}?access_token=forged", url(&task.to_string()))), 401, "invalid_token"),
+        (client.get(url(&task.to_string())).bearer_auth(&ended), 401, "invalid_token"),
         (client.get(url(&Id::new().to_string())).bearer_auth(&relay.token), 404, "task_not_found"),
         (client.get(url("not-an-id")).bearer_auth(&relay.token), 404, "task_not_found"),
         (client.get(url(&task.to_string())).bearer_auth(&other_space), 404, "task_not_found"),

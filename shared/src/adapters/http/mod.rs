@@ -19,7 +19,8 @@ macro_rules! doc_400_json {
 macro_rules! doc_401_token {
     () => {
         "`missing_token`: no `Authorization: Bearer` header; `invalid_token`: the token is \
-         malformed, tampered with or expired (open a new session with `POST /v1/sessions`)."
+         malformed, tampered with, expired or ended by `DELETE /v1/sessions/current` (open a new \
+         session with `POST /v1/sessions`)."
     };
 }
 macro_rules! doc_413 {
@@ -125,7 +126,8 @@ fn finish(routes: Router) -> Router {
 }
 
 #[cfg(feature = "api-auth")]
-/// The `auth` function: `POST /v1/spaces`, `POST /v1/sessions`.
+/// The `auth` function: `POST /v1/spaces`, `POST /v1/sessions`,
+/// `DELETE /v1/sessions/current`.
 pub fn auth_app(ctx: Arc<AuthContext>) -> Router {
     finish(routed(login::router(), ctx))
 }

@@ -18,12 +18,10 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
 use serde::Deserialize;
-use time::OffsetDateTime;
 
 use super::error::{self, ApiError, ApiResult, db_error};
-use super::extract::{bearer_token, invalid_token};
+use super::extract::{bearer_token, checked_session};
 use super::health::{self, Health};
-use crate::domain::auth;
 use crate::domain::error::TokenRefusal;
 use crate::domain::ids::Id;
 use crate::domain::relay::{self, Delivery, StreamRefused, TaskPosition};
@@ -116,7 +114,7 @@ async fn task_events(
         let why = "send Authorization: Bearer <token> or ?access_token=<token>";
         return Err(ApiError::refused_saying(&TokenRefusal::Missing, why).into());
     };
-    let space = auth::verify_token(&ctx.token_key, token, OffsetDateTime::now_utc()).map_err(|_| invalid_token())?;
+    let space = checked_session(&ctx.db, &ctx.token_key, token).await?.space;
 
     let last_header = headers.get("last-event-id").map(|v| v.to_str().unwrap_or("-"));
     let after = match last_header.or(query.last_event_id.as_deref()) {

@@ -20,7 +20,7 @@ mod token;
 pub use password::{hash_space_id, verify_space_id};
 pub use secret::Secret;
 pub use space_id::{SpaceId, SpaceIndex, space_index};
-pub use token::{SESSION_TTL, TokenError, issue_token, verify_token};
+pub use token::{SESSION_TTL, SessionId, SessionToken, TokenError, issue_token, verify_session, verify_token};
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;

@@ -102,9 +102,13 @@ fn a_route_is_routed_to_one_function_only() {
 #[test]
 fn the_route_table_covers_the_routes_of_issue_39() {
     let all: Routes = apps().into_values().flatten().collect();
-    for (method, path) in
-        [("POST", "/v1/sessions"), ("POST", "/v1/spaces"), ("GET", "/v1/tasks/{task}"), ("POST", "/mcp")]
-    {
+    for (method, path) in [
+        ("POST", "/v1/sessions"),
+        ("POST", "/v1/spaces"),
+        ("GET", "/v1/tasks/{task}"),
+        ("POST", "/mcp"),
+        ("DELETE", "/v1/sessions/current"),
+    ] {
         assert!(all.contains(&(method.to_owned(), path.to_owned())), "{method} {path} is in no router");
     }
 }
