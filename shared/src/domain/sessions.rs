@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use time::OffsetDateTime;
 
 use crate::domain::auth::{self, Secret, SessionId, SessionToken, TokenError};
+use crate::domain::ids::Id;
 
 /// Why a session was not let in.
 #[derive(Debug, thiserror::Error)]
@@ -77,4 +78,21 @@ pub async fn end_session(db: &PgPool, session: &SessionToken) -> Result<(), sqlx
     .execute(&mut *tx)
     .await?;
     tx.commit().await
+}
+
+/// A stream ticket for `task`, if the session's Space owns it: `None` for a
+/// missing task and another Space's alike, so ids cannot be probed. The
+/// ticket opens that task's stream for [`auth::TICKET_TTL`] to connect.
+pub async fn ticket_for(
+    db: &PgPool,
+    key: &Secret,
+    session: &SessionToken,
+    task: Id,
+) -> Result<Option<(String, OffsetDateTime)>, sqlx::Error> {
+    let owned: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1 AND space_idx = $2)")
+        .bind(task)
+        .bind(session.space.as_bytes().as_slice())
+        .fetch_one(db)
+        .await?;
+    Ok(owned.then(|| auth::issue_ticket(key, session, task.to_bytes(), OffsetDateTime::now_utc())))
 }

@@ -20,7 +20,8 @@ macro_rules! doc_401_token {
     () => {
         "`missing_token`: no `Authorization: Bearer` header; `invalid_token`: the token is \
          malformed, tampered with, expired or ended by `DELETE /v1/sessions/current` (open a new \
-         session with `POST /v1/sessions`)."
+         session with `POST /v1/sessions`); `token_in_url`: a session token in the query string \
+         (send it as the header)."
     };
 }
 macro_rules! doc_413 {
@@ -53,6 +54,7 @@ mod context;
 pub(crate) mod cors;
 pub(crate) mod error;
 pub(crate) mod extract;
+mod no_token_in_url;
 // The relay answers its own `/healthz` with the API's `Health`.
 #[cfg(any(feature = "api", feature = "relay"))]
 pub(crate) mod health;
@@ -70,6 +72,8 @@ pub(crate) mod space_view;
 pub mod stream;
 #[cfg(feature = "api-tasks")]
 pub mod tasks;
+#[cfg(feature = "api-tasks")]
+mod ticket;
 #[cfg(feature = "api-uploads")]
 pub mod uploads;
 
@@ -97,7 +101,7 @@ pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
 #[cfg(feature = "api")]
 pub use openapi::generated as generated_openapi;
 #[cfg(feature = "api-catalog")]
-pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, openapi};
+pub use openapi::{BEARER, STREAM_PATH, TICKET, openapi};
 #[cfg(feature = "relay")]
 pub use relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx, RelayLimits};
 
@@ -122,6 +126,7 @@ fn finish(routes: Router) -> Router {
     routes
         .fallback(error::no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(no_token_in_url::refuse))
         .layer(axum::middleware::from_fn(error::envelope))
 }
 

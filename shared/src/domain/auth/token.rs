@@ -110,6 +110,17 @@ pub fn verify_token(key: &Secret, token: &str, now: OffsetDateTime) -> Result<Sp
     verify_session(key, token, now).map(|session| session.space)
 }
 
+/// Whether `text` has a session token's shape (its length, alphabet and
+/// version), signed or not: what must never sit in a URL, since URLs reach
+/// access logs, browser history and shared links. Needs no key, so every
+/// route can refuse one before anything else.
+pub fn looks_like_session_token(text: &str) -> bool {
+    let mut bytes = [0u8; TOKEN_LEN];
+    text.len() == ENCODED_LEN
+        && matches!(URL_SAFE_NO_PAD.decode_slice(text, &mut bytes), Ok(TOKEN_LEN))
+        && bytes[0] == VERSION
+}
+
 /// [`verify_token`], with the session's id and expiry.
 pub fn verify_session(key: &Secret, token: &str, now: OffsetDateTime) -> Result<SessionToken, TokenError> {
     // Checking the length first bounds the work done on attacker input.
