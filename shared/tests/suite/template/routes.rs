@@ -108,6 +108,7 @@ fn the_route_table_covers_the_routes_of_issue_39() {
         ("GET", "/v1/tasks/{task}"),
         ("POST", "/mcp"),
         ("DELETE", "/v1/sessions/current"),
+        ("POST", "/v1/tasks/{task}/ticket"),
     ] {
         assert!(all.contains(&(method.to_owned(), path.to_owned())), "{method} {path} is in no router");
     }
