@@ -7,7 +7,7 @@ use clap::Command;
 /// Each group's heading and its commands, in the order shown. A command
 /// missing here, or named twice, fails `every_command_is_in_one_group`.
 const GROUPS: &[(&str, &[&str])] = &[
-    ("Space (client of any deployment)", &["space", "login", "catalog"]),
+    ("Space (client of any deployment)", &["space", "login", "logout", "catalog"]),
     ("Upload (client)", &["upload"]),
     ("Task (client)", &["task"]),
     (

@@ -74,6 +74,11 @@ enum Command {
         #[command(flatten)]
         client: ClientOpts,
     },
+    /// End the cached session at once and forget its token (the Space ID stays).
+    Logout {
+        #[command(flatten)]
+        client: ClientOpts,
+    },
     /// The task kinds on offer and their prices.
     Catalog {
         #[command(flatten)]
@@ -162,6 +167,7 @@ fn main() -> ExitCode {
             return run_client(client, |c, o| Box::pin(space::space(c, o, command.unwrap_or(SpaceCommand::Show))));
         }
         Command::Login { args, client } => return run_client(client, |c, o| Box::pin(space::login(c, o, args))),
+        Command::Logout { client } => return run_client(client, |c, o| Box::pin(space::logout(c, o))),
         Command::Catalog { client } => return run_client(client, |c, o| Box::pin(space::catalog(c, o))),
         Command::Upload { args, client } => return run_client(client, |c, o| Box::pin(upload::upload(c, o, args))),
         Command::Task { command, client } => return run_client(client, |c, o| Box::pin(task::task(c, o, command))),

@@ -185,10 +185,10 @@ fn every_task_refusal() -> Vec<TaskRefusal> {
 }
 
 fn every_token_refusal() -> Vec<TokenRefusal> {
-    let all = vec![TokenRefusal::Missing, TokenRefusal::Invalid];
+    let all = vec![TokenRefusal::Missing, TokenRefusal::Invalid, TokenRefusal::InUrl, TokenRefusal::Ticket];
     for e in &all {
         match e {
-            TokenRefusal::Missing | TokenRefusal::Invalid => {}
+            TokenRefusal::Missing | TokenRefusal::Invalid | TokenRefusal::InUrl | TokenRefusal::Ticket => {}
         }
     }
     all

@@ -48,7 +48,7 @@ pub use domain::executors;
 pub use domain::relay;
 #[cfg(feature = "s3")]
 pub use domain::uploads;
-pub use domain::{auth, catalog, ids, payments, tasks};
+pub use domain::{auth, catalog, ids, payments, sessions, tasks};
 #[cfg(feature = "api-auth")]
 pub use domain::{login_limits, spaces};
 #[cfg(feature = "aws")]

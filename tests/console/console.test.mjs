@@ -303,6 +303,11 @@ test("the relay's page calls the API it was configured with, not one a link name
 });
 
 test("a digest task from the file picker to its SHA-256", async () => {
+  // Every URL the page asks for: the stream opens with a ticket, and no URL
+  // ever carries a session token (issue 39).
+  const urls = [];
+  const record = (request) => urls.push(request.url());
+  page.on("request", record);
   await page.goto(`${base}/`);
   await page.waitForSelector("body[data-catalog=loaded]");
   const kinds = await page.locator("#catalog tbody tr").evaluateAll((rows) => rows.map((r) => r.dataset.kind));
@@ -348,6 +353,14 @@ test("a digest task from the file picker to its SHA-256", async () => {
   }
   assert.equal(await page.locator("#receipt").isHidden(), true, "a free task has no receipt");
   await shot("3-completed");
+  page.off("request", record);
+  assert.ok(urls.some((u) => /\/v1\/tasks\/[0-9A-Z]{26}\/ticket$/.test(u)), urls.join("\n"));
+  assert.ok(urls.some((u) => /\/events\?ticket=/.test(u)), urls.join("\n"));
+  const token = await page.evaluate(() => state.token);
+  assert.ok(token);
+  for (const u of urls) {
+    assert.ok(!u.includes("access_token") && !u.includes(token), `a session token in a URL: ${u}`);
+  }
 });
 
 test("a priced task shows its payment requirements, each with a Pay button for the wallet", async () => {

@@ -256,6 +256,31 @@ impl Client {
         Ok(answer)
     }
 
+    /// Ends the cached session on the server (`DELETE /v1/sessions/current`)
+    /// and forgets its token; the Space ID stays. `true` if the server ended
+    /// a session, `false` if there was none to end: no cached token, or one
+    /// the server already refuses (expired or ended), which is forgotten all
+    /// the same. Never opens a session to end it.
+    pub async fn logout(&mut self) -> Result<bool, ClientError> {
+        let Some(token) = self.profile().token else {
+            return Ok(false);
+        };
+        let request = self.http.delete(self.url("/v1/sessions/current")).bearer_auth(&token);
+        let answer = self.send_raw(request).await?;
+        let ended = match answer.status {
+            StatusCode::UNAUTHORIZED => false,
+            _ => {
+                answer.checked()?;
+                true
+            }
+        };
+        self.update_profile(|p| {
+            p.token = None;
+            p.token_expires_at = None;
+        })?;
+        Ok(ended)
+    }
+
     /// The cached token, renewed first if it has expired.
     pub async fn token(&mut self) -> Result<String, ClientError> {
         if let Some(token) = self.profile().live_token(OffsetDateTime::now_utc()) {

@@ -1,5 +1,5 @@
 //! The Space's commands, as `reeve --help` groups them: `space` (create,
-//! show), `login` and `catalog`. Each turns its arguments into requests
+//! show), `login`, `logout` and `catalog`. Each turns its arguments into requests
 //! through [`Client`] and prints the answer, as JSON with `--json`.
 
 use std::process::ExitCode;
@@ -91,6 +91,21 @@ pub async fn login(client: &mut Client, opts: &ClientOpts, args: LoginArgs) -> R
             client.endpoint,
             answer.body["expires_at"].as_str().unwrap_or("?")
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `reeve logout`: ends the cached session on the server at once, not at its
+/// expiry, and forgets its token. The Space ID stays: `reeve login` opens a
+/// new session.
+pub async fn logout(client: &mut Client, opts: &ClientOpts) -> Result<ExitCode, ClientError> {
+    let ended = client.logout().await?;
+    if opts.json {
+        output::json(&json!({ "ended": ended, "profile": client.profile_name }));
+    } else if ended {
+        eprintln!("Logged out of {}: the session is ended.", client.endpoint);
+    } else {
+        eprintln!("No open session for {}; nothing to end.", client.endpoint);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -417,6 +417,40 @@ async fn each_client_command_answers_in_json_and_with_its_exit_code() {
     serve.cleanup().await;
 }
 
+/// `reeve logout` ends the session on the server at once (issue 39): its
+/// token is refused from then on, not at its expiry; the credentials file
+/// forgets it and keeps the Space ID, so the next command logs in again.
+#[tokio::test(flavor = "multi_thread")]
+async fn logout_ends_the_session_on_the_server_and_keeps_the_space() {
+    let serve = Serve::start(&["--no-worker"]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    serve.reeve(&["login"]).expect(0);
+    let cached = |serve: &Serve| -> toml::Value {
+        let file: toml::Value = toml::from_str(&std::fs::read_to_string(serve.credentials()).unwrap()).unwrap();
+        file["profiles"][serve.endpoint.as_str()].clone()
+    };
+    let token = cached(&serve)["token"].as_str().unwrap().to_owned();
+    let space_id = cached(&serve)["space_id"].as_str().unwrap().to_owned();
+    let space = |token: &str| {
+        reqwest::Client::new().get(format!("{}/v1/space", serve.endpoint)).bearer_auth(token.to_owned()).send()
+    };
+    assert_eq!(space(&token).await.unwrap().status(), 200);
+
+    assert_eq!(serve.reeve(&["logout", "--json"]).expect(0).json()["ended"], true);
+    assert_eq!(space(&token).await.unwrap().status(), 401, "the ended token is refused at once");
+    let profile = cached(&serve);
+    assert!(profile.get("token").is_none(), "the token is forgotten: {profile}");
+    assert_eq!(profile["space_id"].as_str(), Some(space_id.as_str()));
+
+    // Nothing left to end: no request, still a success.
+    assert_eq!(serve.reeve(&["logout", "--json"]).expect(0).json()["ended"], false);
+    // The next command opens a new session on the same Space.
+    serve.reeve(&["space", "--json"]).expect(0);
+    let renewed = cached(&serve)["token"].as_str().unwrap().to_owned();
+    assert_ne!(renewed, token);
+    serve.cleanup().await;
+}
+
 #[tokio::test]
 async fn an_unreachable_endpoint_exits_5_and_no_space_exits_4() {
     let home = std::env::temp_dir().join(format!("reeve-client-{}", ulid::Ulid::new()));

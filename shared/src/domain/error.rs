@@ -153,11 +153,21 @@ pub enum TokenRefusal {
     Missing,
     #[error("the session token is invalid or expired")]
     Invalid,
+    /// A session token in a query string: URLs reach access logs, browser
+    /// history and shared links.
+    #[error("a session token in a URL")]
+    InUrl,
+    /// A stream ticket that is malformed, expired, for another task, or
+    /// whose session was ended.
+    #[error("the stream ticket is invalid or expired")]
+    Ticket,
 }
 
 impl TokenRefusal {
     pub const MISSING: &'static str = "missing_token";
     pub const INVALID: &'static str = "invalid_token";
+    pub const IN_URL: &'static str = "token_in_url";
+    pub const TICKET: &'static str = "invalid_ticket";
 }
 
 impl Refusal for TokenRefusal {
@@ -165,6 +175,8 @@ impl Refusal for TokenRefusal {
         match self {
             TokenRefusal::Missing => TokenRefusal::MISSING,
             TokenRefusal::Invalid => TokenRefusal::INVALID,
+            TokenRefusal::InUrl => TokenRefusal::IN_URL,
+            TokenRefusal::Ticket => TokenRefusal::TICKET,
         }
     }
     fn kind(&self) -> ErrorKind {
@@ -174,6 +186,13 @@ impl Refusal for TokenRefusal {
         match self {
             TokenRefusal::Missing => "no session token; open a session for one".into(),
             TokenRefusal::Invalid => "the token is invalid or expired; open a new session".into(),
+            TokenRefusal::InUrl => "a session token must not be sent in a URL, where access logs, browser history and \
+                shared links keep it: send it as Authorization: Bearer <token>, or open a task's stream with a \
+                ticket from POST /v1/tasks/{id}/ticket"
+                .into(),
+            TokenRefusal::Ticket => "the stream ticket is invalid, expired (a ticket is good for 60 s to connect) or \
+                for another task; ask POST /v1/tasks/{id}/ticket for a new one"
+                .into(),
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod payments;
 #[cfg(feature = "relay")]
 pub mod relay;
 pub mod request;
+pub mod sessions;
 #[cfg(feature = "api-auth")]
 pub mod spaces;
 pub mod tasks;

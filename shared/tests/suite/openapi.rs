@@ -14,7 +14,7 @@ use axum::http::{Method, Request, StatusCode};
 use common::{Reply, TestQueue, get, get_authed, new_session, post_json, send};
 use reeve_shared::catalog::Catalog;
 use reeve_shared::http::stream;
-use reeve_shared::http::{self, ACCESS_TOKEN, BEARER, Ctx, STREAM_PATH, app, openapi};
+use reeve_shared::http::{self, BEARER, Ctx, STREAM_PATH, TICKET, app, openapi};
 use reeve_shared::ids::Id;
 use reeve_shared::settings;
 use serde_json::{Value, json};
@@ -24,12 +24,13 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 15] = [
+const ROUTES: [(&str, &str); 17] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
     ("POST", "/v1/spaces"),
     ("POST", "/v1/sessions"),
+    ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
     ("POST", "/v1/tasks/fetch"),
@@ -38,12 +39,14 @@ const ROUTES: [(&str, &str); 15] = [
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
+    ("POST", "/v1/tasks/{task}/ticket"),
     ("GET", "/v1/space"),
     ("GET", "/v1/tasks/{task}/events"),
 ];
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 10] = [
+const BEARER_ROUTES: [(&str, &str); 12] = [
+    ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
     ("POST", "/v1/tasks/fetch"),
@@ -52,6 +55,7 @@ const BEARER_ROUTES: [(&str, &str); 10] = [
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
+    ("POST", "/v1/tasks/{task}/ticket"),
     ("GET", "/v1/space"),
     ("GET", "/v1/tasks/{task}/events"),
 ];
@@ -203,7 +207,7 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/http"),
     ]);
     let mut all = vec![];
-    let (own, global) = same(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions")]);
+    let (own, global) = same(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions"), ("DELETE", "/v1/sessions/current")]);
     all.push(("auth", http::login::router().into_openapi(), own, global, http::auth_app(ctx.auth.clone())));
     let (own, global) = same(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")]);
     let catalog = http::catalog_app(ctx.catalog_ctx.clone());
@@ -221,6 +225,7 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("GET", "/v1/tasks/{task}"),
         ("GET", "/v1/tasks"),
         ("POST", "/v1/tasks/{task}/cancel"),
+        ("POST", "/v1/tasks/{task}/ticket"),
         ("GET", "/v1/space"),
     ]);
     let status = http::task_status_app(ctx.task_status.clone());
@@ -363,22 +368,16 @@ fn bearer_routes_declare_the_security_requirement_and_public_ones_none() {
     assert_eq!(scheme["type"], "http", "{scheme}");
     assert_eq!(scheme["scheme"], "bearer", "{scheme}");
     assert!(doc.get("security").is_none(), "no document-wide requirement: public routes stay public");
-    let query = &doc["components"]["securitySchemes"][ACCESS_TOKEN];
-    assert_eq!(
-        (&query["type"], &query["in"], &query["name"]),
-        (&json!("apiKey"), &json!("query"), &json!("access_token"))
-    );
+    let query = &doc["components"]["securitySchemes"][TICKET];
+    assert_eq!((&query["type"], &query["in"], &query["name"]), (&json!("apiKey"), &json!("query"), &json!("ticket")));
 
     let bearer = expected(&BEARER_ROUTES);
     for (route, op) in operations(&doc) {
         let declared = op.get("security").cloned().unwrap_or(Value::Null);
         if bearer.contains(&route) {
-            // The stream alone also takes the token as a query parameter.
-            let schemes = if route.1 == STREAM_PATH {
-                json!([{ BEARER: [] }, { ACCESS_TOKEN: [] }])
-            } else {
-                json!([{ BEARER: [] }])
-            };
+            // The stream alone also takes a ticket as a query parameter.
+            let schemes =
+                if route.1 == STREAM_PATH { json!([{ BEARER: [] }, { TICKET: [] }]) } else { json!([{ BEARER: [] }]) };
             assert_eq!(declared, schemes, "{route:?}");
             let unauthorized = op["responses"]["401"]["description"].as_str().unwrap_or_default();
             assert!(unauthorized.contains("`missing_token`") && unauthorized.contains("`invalid_token`"), "{route:?}");
@@ -612,9 +611,20 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     // The relay's stream: the refusals as envelopes, the stream as SSE.
     let stream = check("GET", STREAM_PATH, send(&app, get(&format!("/v1/tasks/{id}/events"))).await);
     assert_eq!(stream.code(), "missing_token");
-    let other = format!("/v1/tasks/{}/events?access_token={token}", Id::new());
-    assert_eq!(check("GET", STREAM_PATH, send(&app, get(&other)).await).code(), "task_not_found");
-    let bad_resume = format!("/v1/tasks/{id}/events?access_token={token}&last_event_id=-1");
+    let other = format!("/v1/tasks/{}/events", Id::new());
+    assert_eq!(check("GET", STREAM_PATH, send(&app, get_authed(&other, &token)).await).code(), "task_not_found");
+    let in_url = format!("/v1/tasks/{id}/events?access_token={token}");
+    assert_eq!(check("GET", STREAM_PATH, send(&app, get(&in_url)).await).code(), "token_in_url");
+    let ticket = check(
+        "POST",
+        "/v1/tasks/{task}/ticket",
+        send(&app, post_json(&format!("/v1/tasks/{id}/ticket"), Some(&token), &json!({}))).await,
+    );
+    assert_eq!(ticket.status, StatusCode::OK, "{}", ticket.body);
+    let ticket = ticket.body["ticket"].as_str().unwrap();
+    let another_task = format!("/v1/tasks/{}/events?ticket={ticket}", Id::new());
+    assert_eq!(check("GET", STREAM_PATH, send(&app, get(&another_task)).await).code(), "invalid_ticket");
+    let bad_resume = format!("/v1/tasks/{id}/events?ticket={ticket}&last_event_id=-1");
     assert_eq!(check("GET", STREAM_PATH, send(&app, get(&bad_resume)).await).code(), "invalid_last_event_id");
     let live = app.clone().oneshot(get_authed(&format!("/v1/tasks/{id}/events"), &token)).await.unwrap();
     assert_eq!(live.status(), StatusCode::OK);
@@ -704,7 +714,9 @@ async fn the_document_is_made_from_the_catalog_it_is_served_with() {
     let doc = openapi(&catalog);
     let creates: BTreeSet<Route> = routes_of(&doc)
         .into_iter()
-        .filter(|(m, p)| m == "POST" && p.starts_with("/v1/tasks/") && !p.ends_with("/cancel"))
+        .filter(|(m, p)| {
+            m == "POST" && p.starts_with("/v1/tasks/") && !p.ends_with("/cancel") && !p.ends_with("/ticket")
+        })
         .collect();
     assert_eq!(creates, expected(&[("POST", "/v1/tasks/count-words")]), "one create per kind, and only those");
     let op = &operations(&doc)[&("POST".to_owned(), "/v1/tasks/count-words".to_owned())];
@@ -838,12 +850,11 @@ async fn one_bearer_extractor_serves_every_route(pool: PgPool) {
         }
         let reply = send(&app, request(method, uri, None)).await;
         assert_eq!((reply.status, reply.code()), (StatusCode::UNAUTHORIZED, "missing_token"), "{method} {uri}");
-        // The query token is for EventSource, which cannot send headers:
-        // the stream takes it, the API does not.
+        // A session token in a URL is refused on every route, the stream's
+        // included: EventSource opens the stream with a ticket instead.
         let with_query = format!("{uri}?access_token={token}");
         let reply = send(&app, request(method, &with_query, None)).await;
-        let expected = if uri.ends_with("/events") { *after_auth } else { "missing_token" };
-        assert_eq!(reply.code(), expected, "{method} {with_query}");
+        assert_eq!((reply.status, reply.code()), (StatusCode::UNAUTHORIZED, "token_in_url"), "{method} {with_query}");
     }
 }
 

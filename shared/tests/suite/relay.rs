@@ -120,6 +120,13 @@ async fn start_relay_with(pool: PgPool, redis_url: &str, limits: RelayLimits) ->
     Relay { base, token, hub }
 }
 
+/// A ticket for `task`'s stream from the relay's session, as
+/// `POST /v1/tasks/{id}/ticket` issues it.
+fn ticket_for(relay: &Relay, task: Id) -> String {
+    let session = auth::verify_session(&token_key(), &relay.token, OffsetDateTime::now_utc()).unwrap();
+    auth::issue_ticket(&token_key(), &session, task.to_bytes(), OffsetDateTime::now_utc()).0
+}
+
 async fn new_task(pool: &PgPool) -> Id {
     sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x') ON CONFLICT DO NOTHING")
         .bind(SPACE)
@@ -239,8 +246,10 @@ async fn a_client_resuming_after_event_k_gets_exactly_the_rest_in_order(pool: Pg
         assert_eq!(seqs(&frames), [n], "after {last}");
         assert_eq!(frames[0].data["data"]["status"], "completed");
     }
-    // The same resume point works as a query parameter, for EventSource.
-    let url = format!("{}/v1/tasks/{task}/events?access_token={}&last_event_id=5", relay.base, relay.token);
+    // The same resume point works as a query parameter, for EventSource,
+    // which opens the stream with a ticket.
+    let ticket = ticket_for(&relay, task);
+    let url = format!("{}/v1/tasks/{task}/events?ticket={ticket}&last_event_id=5", relay.base);
     let frames = read_all(reqwest::get(url).await.unwrap()).await;
     assert_eq!(seqs(&frames), [6, 7]);
 }
@@ -327,13 +336,21 @@ async fn refusals_come_before_the_stream_as_error_envelopes(pool: PgPool) {
     let relay = start_relay(pool.clone(), &redis_url).await;
     let task = new_task(&pool).await;
     let other_space = auth::issue_token(&token_key(), &SpaceIndex::from_array([1; 16]), OffsetDateTime::now_utc()).0;
+    // A session of the task's own Space, ended (`DELETE /v1/sessions/current`).
+    let ended = auth::issue_token(&token_key(), &SpaceIndex::from_array(SPACE), OffsetDateTime::now_utc()).0;
+    let session = auth::verify_session(&token_key(), &ended, OffsetDateTime::now_utc()).unwrap();
+    reeve_shared::sessions::end_session(&pool, &session).await.unwrap();
     let client = reqwest::Client::new();
     let url = |task: &str| format!("{}/v1/tasks/{task}/events", relay.base);
 
     let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
         (client.get(url(&task.to_string())), 401, "missing_token"),
         (client.get(url(&task.to_string())).bearer_auth("not-a-token"), 401, "invalid_token"),
-        (client.get(format!("{}?access_token=forged", url(&task.to_string()))), 401, "invalid_token"),
+        (client.get(format!("{}?access_token=forged", url(&task.to_string()))), 401, "token_in_url"),
+        (client.get(format!("{}?access_token={}", url(&task.to_string()), relay.token)), 401, "token_in_url"),
+        (client.get(format!("{}?ticket={}", url(&task.to_string()), relay.token)), 401, "token_in_url"),
+        (client.get(format!("{}?ticket=forged", url(&task.to_string()))), 401, "invalid_ticket"),
+        (client.get(url(&task.to_string())).bearer_auth(&ended), 401, "invalid_token"),
         (client.get(url(&Id::new().to_string())).bearer_auth(&relay.token), 404, "task_not_found"),
         (client.get(url("not-an-id")).bearer_auth(&relay.token), 404, "task_not_found"),
         (client.get(url(&task.to_string())).bearer_auth(&other_space), 404, "task_not_found"),
@@ -904,4 +921,58 @@ async fn one_space_cannot_hold_every_postgres_read_turn() {
     });
     drop(turns.pop());
     tokio::time::timeout(Duration::from_secs(1), waiting).await.expect("a freed turn is handed on").unwrap();
+}
+
+/// A stream ticket opens its one task's stream, within 60 s to connect, and
+/// nothing else (issue 39's bad input): not another task, not after it
+/// expired, not once its session was ended, not as a bearer token.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_ticket_opens_its_own_task_s_stream_and_nothing_else(pool: PgPool) {
+    let redis_url = common::redis_url();
+    let relay = start_relay(pool.clone(), &redis_url).await;
+    let (task, other) = (new_task(&pool).await, new_task(&pool).await);
+    progress(&pool, &redis_url, task, 2).await;
+    finish(&pool, &redis_url, task).await;
+    let events = |task: Id, ticket: &str| format!("{}/v1/tasks/{task}/events?ticket={ticket}", relay.base);
+    let ticket = ticket_for(&relay, task);
+
+    // The ticket opens its task's stream, and the stream runs to the end.
+    let frames = read_all(reqwest::get(events(task, &ticket)).await.unwrap()).await;
+    assert_eq!(seqs(&frames), [1, 2, 3]);
+
+    let session = auth::verify_session(&token_key(), &relay.token, OffsetDateTime::now_utc()).unwrap();
+    let expired = auth::issue_ticket(
+        &token_key(),
+        &session,
+        task.to_bytes(),
+        OffsetDateTime::now_utc() - auth::TICKET_TTL - time::Duration::seconds(1),
+    )
+    .0;
+    let ended = auth::issue_token(&token_key(), &SpaceIndex::from_array(SPACE), OffsetDateTime::now_utc()).0;
+    let ended = auth::verify_session(&token_key(), &ended, OffsetDateTime::now_utc()).unwrap();
+    let of_ended = auth::issue_ticket(&token_key(), &ended, task.to_bytes(), OffsetDateTime::now_utc()).0;
+    reeve_shared::sessions::end_session(&pool, &ended).await.unwrap();
+    let client = reqwest::Client::new();
+    let cases: Vec<(&str, reqwest::RequestBuilder, u16, &str)> = vec![
+        ("another task", client.get(events(other, &ticket)), 401, "invalid_ticket"),
+        ("expired", client.get(events(task, &expired)), 401, "invalid_ticket"),
+        ("its session ended", client.get(events(task, &of_ended)), 401, "invalid_ticket"),
+        (
+            "as a bearer token",
+            client.get(format!("{}/v1/tasks/{task}/events", relay.base)).bearer_auth(&ticket),
+            401,
+            "invalid_token",
+        ),
+        ("a malformed task id", client.get(events_of(&relay.base, "nope", &ticket)), 404, "task_not_found"),
+    ];
+    for (what, request, status, code) in cases {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{what}");
+        let body: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], code, "{what}");
+    }
+}
+
+fn events_of(base: &str, task: &str, ticket: &str) -> String {
+    format!("{base}/v1/tasks/{task}/events?ticket={ticket}")
 }

@@ -8,6 +8,8 @@
 //! - the environment variable names the template sets are exactly the names
 //!   the code reads;
 //! - the bucket policy is exactly `storage_policy`'s statements;
+//! - every route a router serves has its `HttpApi` event on the function
+//!   that runs that router, and no event lacks a handler (`routes`);
 //! - the queue, worker, API and relay settings the design depends on.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,6 +21,8 @@ use serde_json::Value;
 
 /// The template parsed as YAML, for the rules that span resources.
 mod model;
+/// The template's routes against the routers'.
+mod routes;
 /// AWS's deploy-time rules.
 mod rules;
 

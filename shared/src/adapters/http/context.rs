@@ -39,6 +39,8 @@ pub struct ApiSettings {
 pub trait SessionKey {
     /// The key session tokens are signed with.
     fn token_key(&self) -> &Secret;
+    /// Where ended sessions are recorded (`revoked_sessions`).
+    fn db(&self) -> &PgPool;
 }
 
 #[cfg(feature = "api-auth")]
@@ -126,6 +128,9 @@ impl SessionKey for UploadsContext {
     fn token_key(&self) -> &Secret {
         &self.token_key
     }
+    fn db(&self) -> &PgPool {
+        &self.db
+    }
 }
 
 #[cfg(feature = "api-tasks")]
@@ -133,12 +138,28 @@ impl SessionKey for TaskCreateContext {
     fn token_key(&self) -> &Secret {
         &self.settings.token_key
     }
+    fn db(&self) -> &PgPool {
+        &self.db
+    }
 }
 
 #[cfg(feature = "api-tasks")]
 impl SessionKey for TaskStatusContext {
     fn token_key(&self) -> &Secret {
         &self.token_key
+    }
+    fn db(&self) -> &PgPool {
+        &self.db
+    }
+}
+
+#[cfg(feature = "api-auth")]
+impl SessionKey for AuthContext {
+    fn token_key(&self) -> &Secret {
+        &self.settings.token_key
+    }
+    fn db(&self) -> &PgPool {
+        &self.db
     }
 }
 

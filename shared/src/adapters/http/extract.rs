@@ -10,10 +10,13 @@ use time::OffsetDateTime;
 
 use std::sync::Arc;
 
+use sqlx::PgPool;
+
 use super::context::SessionKey;
-use super::error::ApiError;
-use crate::domain::auth::{self, SpaceIndex};
+use super::error::{ApiError, db_error};
+use crate::domain::auth::{Secret, SessionToken, SpaceIndex};
 use crate::domain::error::TokenRefusal;
+use crate::domain::sessions::{self, SessionRefused};
 
 /// A JSON body: `415 unsupported_media_type` unless the request says JSON,
 /// `413 body_too_large` past the body limit, `400 invalid_json` with serde's
@@ -61,8 +64,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 /// The space a bearer token was issued for. Every missing, malformed,
-/// tampered or expired token is the same `401`, so a caller learns nothing
-/// about which check failed.
+/// tampered, expired or ended token is the same `401`, so a caller learns
+/// nothing about which check failed.
 #[derive(Debug, Clone, Copy)]
 pub struct Session(pub SpaceIndex);
 
@@ -70,15 +73,36 @@ impl<S: SessionKey + Send + Sync> FromRequestParts<Arc<S>> for Session {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, ctx: &Arc<S>) -> Result<Self, ApiError> {
+        CurrentSession::from_request_parts(parts, ctx).await.map(|CurrentSession(session)| Session(session.space))
+    }
+}
+
+/// The session a bearer token opens, with its id: for the route that ends it.
+#[derive(Debug, Clone, Copy)]
+pub struct CurrentSession(pub SessionToken);
+
+impl<S: SessionKey + Send + Sync> FromRequestParts<Arc<S>> for CurrentSession {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, ctx: &Arc<S>) -> Result<Self, ApiError> {
         let Some(token) = bearer_token(&parts.headers)? else {
             let why = "send Authorization: Bearer <token> from POST /v1/sessions";
             return Err(ApiError::refused_saying(&TokenRefusal::Missing, why));
         };
-        auth::verify_token(ctx.token_key(), token, OffsetDateTime::now_utc()).map(Session).map_err(|e| {
-            tracing::debug!(reason = ?e, "token refused");
-            invalid_token()
-        })
+        checked_session(ctx.db(), ctx.token_key(), token).await.map(CurrentSession)
     }
+}
+
+/// A session token checked as every route checks one: signed, not expired,
+/// not ended. `503 database_unavailable` when the check cannot be made.
+pub async fn checked_session(db: &PgPool, key: &Secret, token: &str) -> Result<SessionToken, ApiError> {
+    sessions::check_session(db, key, token, OffsetDateTime::now_utc()).await.map_err(|e| match e {
+        SessionRefused::Db(e) => db_error(e),
+        e => {
+            tracing::debug!(reason = %e, "token refused");
+            invalid_token()
+        }
+    })
 }
 
 /// The token of the `Authorization: Bearer <token>` header, for every route

@@ -1,4 +1,5 @@
-//! `POST /v1/spaces` and `POST /v1/sessions`: the auth function's routes.
+//! `POST /v1/spaces`, `POST /v1/sessions` and `DELETE /v1/sessions/current`:
+//! the auth function's routes.
 
 use std::sync::Arc;
 
@@ -13,13 +14,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::context::AuthContext;
-use super::error::{ApiError, ErrorEnvelope};
-use super::extract::JsonBody;
+use super::error::{ApiError, ErrorEnvelope, db_error};
+use super::extract::{CurrentSession, JsonBody};
 use crate::domain::login_limits::Action;
-use crate::domain::spaces;
+use crate::domain::{sessions, spaces};
 
 pub fn router() -> OpenApiRouter<Arc<AuthContext>> {
-    OpenApiRouter::default().routes(routes!(create_space)).routes(routes!(open_session))
+    OpenApiRouter::default().routes(routes!(create_space)).routes(routes!(open_session)).routes(routes!(end_session))
 }
 
 /// A new Space.
@@ -112,4 +113,29 @@ async fn open_session(
         }
         Err(e) => Err(ApiError::refused(&e).into_response()),
     }
+}
+
+/// End this session
+///
+/// Ends the session whose token is sent, at once: from now on every route
+/// (the relay's stream included) refuses that token, as if it had expired.
+/// The Space's other sessions go on. `reeve logout` calls it.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/current",
+    tag = "spaces",
+    security(("bearer" = [])),
+    responses(
+        (status = 204, description = "The session is ended."),
+        (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
+        (status = 500, description = doc_500!(), body = ErrorEnvelope),
+        (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
+    ),
+)]
+async fn end_session(
+    State(ctx): State<Arc<AuthContext>>,
+    CurrentSession(session): CurrentSession,
+) -> Result<StatusCode, ApiError> {
+    sessions::end_session(&ctx.db, &session).await.map_err(db_error)?;
+    Ok(StatusCode::NO_CONTENT)
 }

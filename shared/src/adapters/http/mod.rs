@@ -19,7 +19,9 @@ macro_rules! doc_400_json {
 macro_rules! doc_401_token {
     () => {
         "`missing_token`: no `Authorization: Bearer` header; `invalid_token`: the token is \
-         malformed, tampered with or expired (open a new session with `POST /v1/sessions`)."
+         malformed, tampered with, expired or ended by `DELETE /v1/sessions/current` (open a new \
+         session with `POST /v1/sessions`); `token_in_url`: a session token in the query string \
+         (send it as the header)."
     };
 }
 macro_rules! doc_413 {
@@ -52,6 +54,7 @@ mod context;
 pub(crate) mod cors;
 pub(crate) mod error;
 pub(crate) mod extract;
+mod no_token_in_url;
 // The relay answers its own `/healthz` with the API's `Health`.
 #[cfg(any(feature = "api", feature = "relay"))]
 pub(crate) mod health;
@@ -69,6 +72,8 @@ pub(crate) mod space_view;
 pub mod stream;
 #[cfg(feature = "api-tasks")]
 pub mod tasks;
+#[cfg(feature = "api-tasks")]
+mod ticket;
 #[cfg(feature = "api-uploads")]
 pub mod uploads;
 
@@ -96,7 +101,7 @@ pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
 #[cfg(feature = "api")]
 pub use openapi::generated as generated_openapi;
 #[cfg(feature = "api-catalog")]
-pub use openapi::{ACCESS_TOKEN, BEARER, STREAM_PATH, openapi};
+pub use openapi::{BEARER, STREAM_PATH, TICKET, openapi};
 #[cfg(feature = "relay")]
 pub use relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx, RelayLimits};
 
@@ -121,11 +126,13 @@ fn finish(routes: Router) -> Router {
     routes
         .fallback(error::no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(no_token_in_url::refuse))
         .layer(axum::middleware::from_fn(error::envelope))
 }
 
 #[cfg(feature = "api-auth")]
-/// The `auth` function: `POST /v1/spaces`, `POST /v1/sessions`.
+/// The `auth` function: `POST /v1/spaces`, `POST /v1/sessions`,
+/// `DELETE /v1/sessions/current`.
 pub fn auth_app(ctx: Arc<AuthContext>) -> Router {
     finish(routed(login::router(), ctx))
 }
@@ -166,6 +173,34 @@ pub fn app(ctx: Ctx) -> Router {
             .merge(routed(tasks::create_router(), ctx.task_create.clone()))
             .merge(routed(tasks::status_router(), ctx.task_status.clone())),
     )
+}
+
+#[cfg(feature = "api")]
+/// Each API Gateway function's HTTP routes, `(METHOD, path)`, under the
+/// name of the function of this crate its `main` serves (`http::auth_app`):
+/// what `template.yaml` must route to that function, no more and no less
+/// (the MCP endpoint, another adapter, is `mcp::PATH`). A route added to a
+/// router and not to the template works under `reeve serve` and is missing in AWS; a test compares the two.
+pub fn lambda_routes() -> Vec<(&'static str, Vec<(String, String)>)> {
+    fn of<S: Clone + Send + Sync + 'static>(router: OpenApiRouter<S>) -> Vec<(String, String)> {
+        let doc = serde_json::to_value(router.into_openapi()).expect("documents serialise");
+        let mut routes = Vec::new();
+        for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+            for method in ["get", "put", "post", "delete", "patch", "head", "options"] {
+                if item.get(method).is_some() {
+                    routes.push((method.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        routes
+    }
+    vec![
+        ("http::auth_app", of(login::router())),
+        ("http::catalog_app", of(catalog::router())),
+        ("http::presign_app", of(uploads::router())),
+        ("http::task_create_app", of(tasks::create_router())),
+        ("http::task_status_app", of(tasks::status_router())),
+    ]
 }
 
 #[cfg(feature = "api")]

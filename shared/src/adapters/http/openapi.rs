@@ -33,9 +33,10 @@ const GENERATED: &str = include_str!("openapi.json");
 /// literal, `security(("bearer" = []))`: the macro takes nothing else.
 pub const BEARER: &str = "bearer";
 
-/// The name of the query-token scheme only the relay's stream accepts:
-/// EventSource cannot send an `Authorization` header.
-pub const ACCESS_TOKEN: &str = "access_token";
+/// The name of the query scheme only the relay's stream accepts, a stream
+/// ticket (`POST /v1/tasks/{id}/ticket`): EventSource cannot send an
+/// `Authorization` header, and a session token in a URL is refused.
+pub const TICKET: &str = "ticket";
 
 /// The routed path every task create shares; the document lists one
 /// concrete path per kind instead.
@@ -213,14 +214,19 @@ fn stream(doc: &mut Value) {
         "description": "Served by the relay, not the API functions. An SSE stream: first every event \
             after the resume point, then live ones until the task ends, when the stream closes. Each \
             message has `id: <seq>`, `event: <type>` and `data: <TaskEvent JSON>`; a `:` comment keeps \
-            the connection alive every 15 s. EventSource cannot send headers, so the token may come as \
-            the `access_token` query parameter instead, and the resume point as `last_event_id`. A resume \
+            the connection alive every 15 s. EventSource cannot send headers, so the stream also opens with \
+            `?ticket=` from `POST /v1/tasks/{task}/ticket` (this task only, 60 s to connect; the stream \
+            then lives on), and the resume point may come as `last_event_id`. A session token in the URL \
+            is refused with `token_in_url`. A resume \
             point at or past a finished task's last event gets its terminal status again, then the end. \
             Each relay process caps the streams a Space and a client address hold open at once.",
-        "security": [{ BEARER: [] }, { ACCESS_TOKEN: [] }],
+        "security": [{ BEARER: [] }, { TICKET: [] }],
         "parameters": [
             {"name": "task", "in": "path", "required": true, "description": "The task id.",
                 "schema": {"$ref": "#/components/schemas/Id"}},
+            {"name": "ticket", "in": "query", "required": false,
+                "description": "A stream ticket for this task, from `POST /v1/tasks/{task}/ticket`.",
+                "schema": {"type": "string"}},
             {"name": "last_event_id", "in": "query", "required": false,
                 "description": "Replay only events after this `seq`.",
                 "schema": {"type": "integer", "minimum": 0, "maximum": i64::MAX}},
@@ -238,8 +244,10 @@ fn stream(doc: &mut Value) {
                 }},
             },
             "400": error("`invalid_last_event_id`: the resume point is not a non-negative event number."),
-            "401": error("`missing_token`: neither an `Authorization: Bearer` header nor `access_token`; \
-                `invalid_token`: the token is malformed, tampered with or expired."),
+            "401": error("`missing_token`: neither an `Authorization: Bearer` header nor `ticket`; \
+                `invalid_token`: the token is malformed, tampered with, expired or ended; `invalid_ticket`: \
+                the ticket is malformed, expired, for another task, or its session was ended; \
+                `token_in_url`: a session token in the query string (`access_token` included)."),
             "404": error("`task_not_found`: no such task in this Space (or not a task id at all)."),
             "429": {
                 "description": "`too_many_streams`: this Space or this client address already holds as \
@@ -255,9 +263,10 @@ fn stream(doc: &mut Value) {
     });
     doc["paths"][STREAM_PATH] = json!({ "get": op });
     let components = doc["components"].as_object_mut().expect("components");
-    components["securitySchemes"][ACCESS_TOKEN] = json!({
-        "type": "apiKey", "in": "query", "name": "access_token",
-        "description": "The session token as a query parameter: the relay's stream only, for EventSource.",
+    components["securitySchemes"][TICKET] = json!({
+        "type": "apiKey", "in": "query", "name": "ticket",
+        "description": "A stream ticket from `POST /v1/tasks/{task}/ticket`: the relay's stream of that one task \
+            only, for EventSource, 60 s to connect. Never a session token: one in a URL is `token_in_url`.",
     });
     let schemas = components.entry("schemas").or_insert_with(|| Value::Object(Map::new()));
     schemas["TaskEvent"] = json!({

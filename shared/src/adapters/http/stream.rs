@@ -1,9 +1,12 @@
 //! `GET /v1/tasks/{task}/events`: the relay's SSE stream. The relay yields
 //! domain events; this module makes them SSE frames.
 //!
-//! EventSource cannot set headers, so the token may also come as the
-//! `access_token` query parameter and the resume point as `last_event_id`.
-//! Every refusal happens before the stream starts, as an error envelope.
+//! EventSource cannot set headers, so the stream opens either with the
+//! session token as `Authorization: Bearer`, or with a stream ticket
+//! (`?ticket=`, from `POST /v1/tasks/{id}/ticket`): good for this one task,
+//! read-only, 60 s to connect. A session token in the URL is `401
+//! token_in_url`. The resume point may come as `last_event_id`. Every
+//! refusal happens before the stream starts, as an error envelope.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -18,17 +21,18 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use futures_util::StreamExt;
 use serde::Deserialize;
-use time::OffsetDateTime;
 
 use super::error::{self, ApiError, ApiResult, db_error};
-use super::extract::{bearer_token, invalid_token};
+use super::extract::{bearer_token, checked_session};
 use super::health::{self, Health};
-use crate::domain::auth;
+use crate::domain::auth::{self, SpaceIndex};
 use crate::domain::error::TokenRefusal;
 use crate::domain::ids::Id;
 use crate::domain::relay::{self, Delivery, StreamRefused, TaskPosition};
+use crate::domain::sessions;
 use crate::domain::tasks::{Event, TaskStatus};
 use crate::infra::client_addr::{client_ip, client_key};
+use time::OffsetDateTime;
 
 pub use super::relay_context::{RelayContext, RelayCtx, RelayLimits};
 
@@ -67,6 +71,7 @@ pub fn routes(ctx: RelayCtx) -> Router {
     Router::new()
         .route("/v1/tasks/{task}/events", get(task_events))
         .route("/", get(watch_page))
+        .layer(axum::middleware::from_fn(super::no_token_in_url::refuse))
         .layer(axum::middleware::from_fn(error::envelope))
         .with_state(ctx)
 }
@@ -100,7 +105,7 @@ async fn watch_page(State(ctx): State<RelayCtx>) -> axum::response::Response {
 
 #[derive(Deserialize)]
 struct StreamQuery {
-    access_token: Option<String>,
+    ticket: Option<String>,
     last_event_id: Option<String>,
 }
 
@@ -111,12 +116,19 @@ async fn task_events(
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, StreamFailure> {
-    let bearer = bearer_token(&headers)?;
-    let Some(token) = bearer.or(query.access_token.as_deref()) else {
-        let why = "send Authorization: Bearer <token> or ?access_token=<token>";
-        return Err(ApiError::refused_saying(&TokenRefusal::Missing, why).into());
+    // A malformed id, a missing task and another space's task look the same.
+    let task_id: Option<Id> = task.parse().ok();
+    let space = match (bearer_token(&headers)?, query.ticket.as_deref()) {
+        (Some(token), _) => checked_session(&ctx.db, &ctx.token_key, token).await?.space,
+        (None, Some(ticket)) => {
+            let Some(task) = task_id else { return Err(ApiError::task_not_found().into()) };
+            checked_ticket(&ctx, ticket, task).await?
+        }
+        (None, None) => {
+            let why = "send Authorization: Bearer <token>, or ?ticket= from POST /v1/tasks/{id}/ticket";
+            return Err(ApiError::refused_saying(&TokenRefusal::Missing, why).into());
+        }
     };
-    let space = auth::verify_token(&ctx.token_key, token, OffsetDateTime::now_utc()).map_err(|_| invalid_token())?;
 
     let last_header = headers.get("last-event-id").map(|v| v.to_str().unwrap_or("-"));
     let after = match last_header.or(query.last_event_id.as_deref()) {
@@ -126,8 +138,7 @@ async fn task_events(
         })?,
     };
 
-    // A malformed id, a missing task and another space's task look the same.
-    let task: Id = task.parse().map_err(|_| ApiError::task_not_found())?;
+    let task = task_id.ok_or_else(ApiError::task_not_found)?;
 
     // The caps come before any read: a refused stream costs no Postgres.
     let ip =
@@ -152,6 +163,21 @@ async fn task_events(
 
     let deliveries = relay::events(ctx.db.clone(), ctx.hub.clone(), slot, task, after, position).await;
     Ok(Sse::new(frames(deliveries)).keep_alive(KeepAlive::new().interval(ctx.keepalive)))
+}
+
+/// The Space a stream ticket for `task` opens: signed, for this task, within
+/// its 60 s to connect, and from a session that was not ended since.
+async fn checked_ticket(ctx: &RelayContext, ticket: &str, task: Id) -> Result<SpaceIndex, ApiError> {
+    let now = OffsetDateTime::now_utc();
+    let refused = |why: &dyn std::fmt::Display| {
+        tracing::debug!(reason = %why, "ticket refused");
+        ApiError::refused(&TokenRefusal::Ticket)
+    };
+    let ticket = auth::verify_ticket(&ctx.token_key, ticket, task.to_bytes(), now).map_err(|e| refused(&e))?;
+    if sessions::is_ended(&ctx.db, &ticket.session).await.map_err(db_error)? {
+        return Err(refused(&"its session was ended"));
+    }
+    Ok(ticket.space)
 }
 
 /// Why a stream did not start: an error envelope, or a cap (`429

@@ -74,8 +74,9 @@ pub fn create_router() -> OpenApiRouter<Arc<TaskCreateContext>> {
     OpenApiRouter::default().routes(routes!(create_task))
 }
 
-/// `GET /v1/tasks/{id}`, `GET /v1/tasks`, `POST /v1/tasks/{id}/cancel` and
-/// `GET /v1/space`: the task-status function's routes. They share it because
+/// `GET /v1/tasks/{id}`, `GET /v1/tasks`, `POST /v1/tasks/{id}/cancel`,
+/// `POST /v1/tasks/{id}/ticket` and `GET /v1/space`: the task-status
+/// function's routes. They share it because
 /// each needs only Postgres and the Redis doorbell, no S3 or SQS: the owner
 /// reading and stopping what their Space owns.
 pub fn status_router() -> OpenApiRouter<Arc<TaskStatusContext>> {
@@ -83,6 +84,7 @@ pub fn status_router() -> OpenApiRouter<Arc<TaskStatusContext>> {
         .routes(routes!(task_status))
         .routes(routes!(list_tasks))
         .routes(routes!(cancel_task))
+        .merge(super::ticket::router())
         .merge(super::space_view::router())
 }
 

@@ -14,13 +14,18 @@
 mod password;
 mod secret;
 mod space_id;
+mod ticket;
 mod token;
 
 #[cfg(feature = "api-auth")]
 pub use password::{hash_space_id, verify_space_id};
 pub use secret::Secret;
 pub use space_id::{SpaceId, SpaceIndex, space_index};
-pub use token::{SESSION_TTL, TokenError, issue_token, verify_token};
+pub use ticket::{StreamTicket, TICKET_TTL, TicketError, issue_ticket, verify_ticket};
+pub use token::{
+    SESSION_TTL, SessionId, SessionToken, TokenError, issue_token, looks_like_session_token, verify_session,
+    verify_token,
+};
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
