@@ -156,7 +156,7 @@ async fn spaces_share_one_budget_per_address_over_rest_and_mcp(pool: PgPool) {
     let other = if other == greedy { IpAddr::from([192, 0, 2, 1]) } else { other };
     assert_eq!(f.create_space(other).await.status, 201);
     mcp_ok(&f.tool(other, "create_space", json!({})).await, "another address over MCP");
-    // Every address of one IPv6 /64 is one client.
+    // Every address of one IPv6 /64 is one client (it is of one /56).
     let net = ulid::Ulid::new().random() as u16;
     let v6 = |host: u16| IpAddr::from([0x2001, 0xdb8, net, 7, host, 0, 0, 1]);
     for i in 0..SPACES.burst {
@@ -173,7 +173,7 @@ async fn spaces_share_one_budget_per_address_over_rest_and_mcp(pool: PgPool) {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn sessions_share_one_budget_per_address_over_rest_and_mcp(pool: PgPool) {
     let sessions = Budget { burst: 3, every: Duration::from_secs(60) };
-    let f = functions(pool, LoginLimits { spaces: SPACES, sessions }).await;
+    let f = functions(pool, LoginLimits { spaces: SPACES, sessions, ..LoginLimits::default() }).await;
     let ip = address();
     let unknown = json!({ "space_id": "00000000000000000000" });
 
@@ -213,7 +213,8 @@ async fn requests_at_once_never_pass_the_budget(pool: PgPool) {
     assert_eq!(made, SPACES.burst as usize);
     assert_eq!(f.spaces().await, i64::from(SPACES.burst));
 
-    let limits = LoginLimits { spaces: SPACES, sessions: Budget { burst: 7, every: Duration::from_secs(60) } };
+    let limits =
+        LoginLimits { sessions: Budget { burst: 7, every: Duration::from_secs(60) }, ..LoginLimits::default() };
     let ip = address();
     let spends = (0..40).map(|_| {
         let pool = pool.clone();
@@ -227,7 +228,8 @@ async fn requests_at_once_never_pass_the_budget(pool: PgPool) {
 /// are deleted by later spends.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_budget_refills_and_idle_rows_are_pruned(pool: PgPool) {
-    let limits = LoginLimits { spaces: SPACES, sessions: Budget { burst: 2, every: Duration::from_millis(600) } };
+    let limits =
+        LoginLimits { sessions: Budget { burst: 2, every: Duration::from_millis(600) }, ..LoginLimits::default() };
     let ip = address();
     let spend = || limits.spend(&pool, ip, Action::Session);
     assert!(spend().await.unwrap().is_ok());
@@ -271,7 +273,7 @@ async fn a_budget_refills_and_idle_rows_are_pruned(pool: PgPool) {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn on_a_listener_the_peer_address_is_the_client(pool: PgPool) {
     let sessions = Budget { burst: 2, every: Duration::from_secs(60) };
-    let api = with_limits(common::ctx(pool).await, LoginLimits { spaces: SPACES, sessions });
+    let api = with_limits(common::ctx(pool).await, LoginLimits { spaces: SPACES, sessions, ..LoginLimits::default() });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let settings = McpSettings { allowed_hosts: vec![], allowed_origins: vec![], progress: false };
