@@ -1,4 +1,5 @@
-//! How many Spaces and sessions one client address may make, on every path
+//! How many Spaces and sessions one client (an IPv4 address, an IPv6 /56)
+//! may make, on every path
 //! that makes them: `POST /v1/spaces` and `POST /v1/sessions`, and MCP's
 //! `create_space` and `login`, on Lambda and on `reeve serve` alike.
 //!
@@ -27,6 +28,8 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use crate::infra::client_addr::ClientPrefixes;
+
 /// What is being limited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -53,25 +56,29 @@ pub struct Budget {
     pub every: Duration,
 }
 
-/// Per address: a burst of 10 new Spaces, then one a minute (70 in a first
+/// The default per client (`REEVE_SPACES_BURST`, `REEVE_SPACES_INTERVAL_MS`
+/// move it): a burst of 10 new Spaces, then one a minute (70 in a first
 /// hour).
 pub const SPACES: Budget = Budget { burst: 10, every: Duration::from_secs(60) };
-/// Per address: a burst of 10 sessions, then two a second.
+/// The default per client (`REEVE_SESSIONS_BURST`,
+/// `REEVE_SESSIONS_INTERVAL_MS` move it): a burst of 10 sessions, then two a
+/// second.
 pub const SESSIONS: Budget = Budget { burst: 10, every: Duration::from_millis(500) };
 
 /// Stale rows (of addresses idle past their period) each spend deletes.
 pub const PRUNE: i64 = 16;
 
-/// The budgets of both actions.
+/// The budgets of both actions, and how wide a network counts as one client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoginLimits {
     pub spaces: Budget,
     pub sessions: Budget,
+    pub prefixes: ClientPrefixes,
 }
 
 impl Default for LoginLimits {
     fn default() -> Self {
-        LoginLimits { spaces: SPACES, sessions: SESSIONS }
+        LoginLimits { spaces: SPACES, sessions: SESSIONS, prefixes: ClientPrefixes::DEFAULT }
     }
 }
 
@@ -100,15 +107,20 @@ impl LoginLimits {
         }
     }
 
-    /// Spends one `action` of `client` (an address key from
-    /// `client_addr::client_key`), by the database's clock. `Err(Limited)`
+    /// Spends one `action` of the client `address` belongs to (its network
+    /// by [`LoginLimits::prefixes`]), by the database's clock. `Err(Limited)`
     /// when it is over the budget: nothing was spent, and the caller must
     /// not do the work.
-    pub async fn spend(&self, db: &PgPool, client: IpAddr, action: Action) -> Result<Result<(), Limited>, sqlx::Error> {
+    pub async fn spend(
+        &self,
+        db: &PgPool,
+        address: IpAddr,
+        action: Action,
+    ) -> Result<Result<(), Limited>, sqlx::Error> {
         let budget = self.budget(action);
         let every = budget.every.as_secs_f64();
         let burst = every * f64::from(budget.burst.max(1));
-        let client = client.to_string();
+        let client = self.prefixes.network(address).to_string();
         // The old row's values on the right of SET; the new ones in RETURNING.
         // `wait`: how long until one more fits, for a refused request.
         let (allowed, wait): (bool, f64) = sqlx::query_as(

@@ -2,10 +2,11 @@
 //! (the login limits, the relay's caps on open streams). Pure functions of
 //! the request, so every build that limits anything has them.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::ConnectInfo;
 use axum::http::{Extensions, HeaderMap};
+use ipnet::IpNet;
 
 /// The address a request came from, as its transport saw it: the TCP peer
 /// (`reeve serve`, served with its connect info), or on Lambda API
@@ -25,19 +26,47 @@ pub fn client_of(extensions: &Extensions) -> Option<IpAddr> {
     None
 }
 
-/// The client an address belongs to: an IPv4 address (an IPv4-mapped IPv6
-/// address counts as its IPv4 address), or an IPv6 /64.
-pub fn client_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(v4) => IpAddr::V4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
-                IpAddr::V6(Ipv6Addr::from(prefix))
-            }
-        },
+/// How wide a network counts as one client: an IPv4 prefix and an IPv6
+/// prefix, in bits. One holder commonly has a whole IPv6 network (a home
+/// line gets a /56, a server a /64, a company a /48), so counting IPv6 per
+/// address, or even per /64, hands one holder thousands of budgets; an IPv4
+/// address is scarce, and many users share one behind a NAT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientPrefixes {
+    /// 0..=32.
+    pub v4: u8,
+    /// 0..=128.
+    pub v6: u8,
+}
+
+impl ClientPrefixes {
+    /// Each IPv4 address, each IPv6 /56.
+    pub const DEFAULT: ClientPrefixes = ClientPrefixes { v4: 32, v6: 56 };
+
+    /// The network `ip` belongs to, as one client (an IPv4-mapped IPv6
+    /// address counts as its IPv4 address). A prefix longer than the
+    /// address's bits is taken as the whole address.
+    pub fn network(&self, ip: IpAddr) -> IpNet {
+        let ip = ip.to_canonical();
+        let prefix = match ip {
+            IpAddr::V4(_) => self.v4.min(32),
+            IpAddr::V6(_) => self.v6.min(128),
+        };
+        IpNet::new(ip, prefix).expect("a prefix within the address's bits").trunc()
     }
+}
+
+impl Default for ClientPrefixes {
+    fn default() -> Self {
+        ClientPrefixes::DEFAULT
+    }
+}
+
+/// The client an address belongs to by the default prefixes (an IPv4
+/// address, an IPv6 /56), as its network's first address: what the relay's
+/// caps on open streams count.
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    ClientPrefixes::DEFAULT.network(ip).network()
 }
 
 /// The client behind `proxy_hops` proxies that each append the address they
@@ -118,16 +147,32 @@ mod tests {
     }
 
     #[test]
-    fn an_ipv6_slash_64_is_one_client() {
-        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
-        let b: IpAddr = "2001:db8:1:2:ffff:1:2:3".parse().unwrap();
-        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert_eq!(client_key(a), client_key(b));
-        assert_ne!(client_key(a), client_key(c));
-        assert_eq!(client_key(a), "2001:db8:1:2::".parse::<IpAddr>().unwrap());
-        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
-        assert_eq!(client_key(mapped), "192.0.2.7".parse::<IpAddr>().unwrap());
-        let v4: IpAddr = "192.0.2.8".parse().unwrap();
-        assert_eq!(client_key(v4), v4);
+    fn one_network_is_one_client() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let defaults = ClientPrefixes::DEFAULT;
+        let wide = ClientPrefixes { v4: 24, v6: 48 };
+        // (prefixes, one address, another, the same client?)
+        let cases = [
+            // IPv6: one /56 is one client, whatever its /64s.
+            (defaults, "2001:db8:1:200::1", "2001:db8:1:2ff:ffff:1:2:3", true),
+            (defaults, "2001:db8:1:2aa::1", "2001:db8:1:2aa::2", true),
+            (defaults, "2001:db8:1:200::1", "2001:db8:1:300::1", false),
+            (defaults, "2001:db8:1:2ff::1", "2001:db8:1:300::1", false),
+            // IPv4: each address is a client; a mapped address is its IPv4 one.
+            (defaults, "192.0.2.7", "192.0.2.7", true),
+            (defaults, "192.0.2.7", "192.0.2.8", false),
+            (defaults, "::ffff:192.0.2.7", "192.0.2.7", true),
+            // Other prefixes, other networks.
+            (wide, "192.0.2.7", "192.0.2.200", true),
+            (wide, "192.0.2.7", "192.0.3.7", false),
+            (wide, "2001:db8:1:ff00::1", "2001:db8:1:1::1", true),
+            (wide, "2001:db8:1::1", "2001:db8:2::1", false),
+        ];
+        for (prefixes, a, b, same) in cases {
+            assert_eq!(prefixes.network(ip(a)) == prefixes.network(ip(b)), same, "{a} and {b} by {prefixes:?}");
+        }
+        assert_eq!(defaults.network(ip("2001:db8:1:2aa::1")).to_string(), "2001:db8:1:200::/56");
+        assert_eq!(defaults.network(ip("::ffff:192.0.2.7")).to_string(), "192.0.2.7/32");
+        assert_eq!(client_key(ip("2001:db8:1:2aa::1")), ip("2001:db8:1:200::"));
     }
 }

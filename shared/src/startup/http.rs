@@ -19,13 +19,15 @@ pub async fn lambda_auth() -> Arc<AuthContext> {
 }
 
 #[cfg(feature = "api-auth")]
-/// Creating Spaces and opening sessions: the pepper, the token key, Postgres.
+/// Creating Spaces and opening sessions: the pepper, the token key, Postgres,
+/// and the login budgets.
 pub async fn auth(config: &Config, sdk: &SdkConfig) -> Result<Arc<AuthContext>, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &Needs::AUTH.secrets()).await;
     let mut env = config.env();
     let pepper = env.secret(settings::PEPPER);
     let token_key = env.secret(settings::TOKEN_KEY);
     let database_url = env.secret_text(settings::DATABASE_URL);
+    let limits = settings::login_limits(&mut env);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
     let (Some(pepper), Some(token_key), Some(database_url), true) =
@@ -33,7 +35,7 @@ pub async fn auth(config: &Config, sdk: &SdkConfig) -> Result<Arc<AuthContext>, 
     else {
         return Err(StartupError::Config(problems));
     };
-    Ok(AuthContext::new(postgres_lazily(&config, database_url.expose_str())?, pepper, token_key))
+    Ok(AuthContext::new(postgres_lazily(&config, database_url.expose_str())?, pepper, token_key, limits))
 }
 
 #[cfg(feature = "api-catalog")]
@@ -122,6 +124,8 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
         redis_url: String::new(),
         bucket,
         queue_url,
+        // Task create spends no login budget.
+        limits: Default::default(),
     };
     let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
     Ok(TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains))

@@ -15,7 +15,7 @@ pub async fn lambda_mcp() -> Arc<McpContext> {
 
 /// `POST /mcp` alone: what auth, presign, task-create and task-status use
 /// together (its tools do what they do): both secrets, the catalog, Postgres,
-/// Redis, the bucket and the queue. A Lambda's reply is buffered whole, so
+/// Redis, the bucket, the queue and the login budgets. A Lambda's reply is buffered whole, so
 /// it sends no progress notifications.
 #[cfg(feature = "mcp")]
 pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, StartupError> {
@@ -29,6 +29,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
     let bucket = env.required(settings::BUCKET);
     let queue_url = env.required(settings::QUEUE_URL);
     let mcp_settings = settings::mcp_settings(&env, false);
+    let limits = settings::login_limits(&mut env);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
@@ -47,7 +48,12 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
     };
     // One Argon2id run per core at a time, as the auth function allows.
     let argon2 = Argon2Limit::new(std::thread::available_parallelism().map_or(2, |n| n.get()));
-    Ok(McpContext::new(Arc::new(catalog), stores, (pepper, token_key), argon2, mcp_settings))
+    let mut ctx = McpContext::new(Arc::new(catalog), stores, (pepper, token_key), argon2, mcp_settings);
+    // The same budgets as the `auth` function's (one Postgres row per client).
+    if let Some(fresh) = Arc::get_mut(&mut ctx) {
+        fresh.limits = limits;
+    }
+    Ok(ctx)
 }
 
 /// The MCP endpoint beside the API, on its catalog, secrets and stores

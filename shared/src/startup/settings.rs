@@ -25,6 +25,8 @@ use crate::adapters::worker::Backoff;
 #[cfg(feature = "worker")]
 pub use crate::adapters::worker::WorkerSettings;
 use crate::domain::auth::Secret;
+use crate::domain::login_limits::{Budget, LoginLimits};
+use crate::infra::client_addr::ClientPrefixes;
 #[cfg(feature = "outbound")]
 use crate::infra::outbound::OutboundPolicy;
 
@@ -78,6 +80,19 @@ pub const UPLOAD_MAX_BYTES: &str = "REEVE_UPLOAD_MAX_BYTES";
 pub const WORKER_TIMEOUT: &str = "REEVE_WORKER_TIMEOUT_SECONDS";
 /// The scheduled sweep's threshold in seconds (default 300).
 pub const SWEEP_OLDER_THAN: &str = "REEVE_SWEEP_OLDER_THAN_SECONDS";
+/// The login budgets (`crate::domain::login_limits`), per client: how many
+/// Spaces (default 10) and sessions (default 10) one client may make at
+/// once, and every how many milliseconds one more fits (default 60000, one
+/// a minute, and 500, two a second).
+pub const SPACES_BURST: &str = "REEVE_SPACES_BURST";
+pub const SPACES_INTERVAL: &str = "REEVE_SPACES_INTERVAL_MS";
+pub const SESSIONS_BURST: &str = "REEVE_SESSIONS_BURST";
+pub const SESSIONS_INTERVAL: &str = "REEVE_SESSIONS_INTERVAL_MS";
+/// How wide a network the login budgets count as one client: an IPv4
+/// prefix (0 to 32, default 32: each address) and an IPv6 prefix (0 to 128,
+/// default 56: one holder's usual network).
+pub const CLIENT_IPV4_PREFIX: &str = "REEVE_CLIENT_IPV4_PREFIX";
+pub const CLIENT_IPV6_PREFIX: &str = "REEVE_CLIENT_IPV6_PREFIX";
 /// Set by Lambda in every function's environment.
 const LAMBDA_FUNCTION_NAME: &str = "AWS_LAMBDA_FUNCTION_NAME";
 /// The variables that move S3 off AWS (a local server); the SDK reads them
@@ -402,13 +417,34 @@ pub fn api_settings<F: Fn(&str) -> Option<String>>(
     let redis_url = env.required(REDIS_URL);
     let bucket = env.required(BUCKET);
     let queue_url = env.required(QUEUE_URL);
+    let limits = login_limits(env);
     let problems = env.take_problems();
     match (pepper, token_key, database_url) {
         (Some(pepper), Some(token_key), Some(database_url)) if problems.is_empty() => {
-            Ok(ApiSettings { pepper, token_key, database_url, redis_url, bucket, queue_url })
+            Ok(ApiSettings { pepper, token_key, database_url, redis_url, bucket, queue_url, limits })
         }
         _ => Err(SettingsError { problems }),
     }
+}
+
+/// The login budgets and the prefixes that group addresses into clients
+/// ([`SPACES_BURST`] … [`CLIENT_IPV6_PREFIX`]), each the shipped default
+/// when unset. An interval of 0 would be no limit at all, and a burst of 0
+/// one the limiter cannot keep (it lets one through), so each is at least 1;
+/// an interval is at most a day.
+pub fn login_limits<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> LoginLimits {
+    let defaults = LoginLimits::default();
+    let mut budget = |burst_name: &str, interval_name: &str, default: Budget| Budget {
+        burst: env.number(burst_name, default.burst.into(), 1, 1_000_000) as u32,
+        every: Duration::from_millis(env.number(interval_name, default.every.as_millis() as u64, 1, 86_400_000)),
+    };
+    let spaces = budget(SPACES_BURST, SPACES_INTERVAL, defaults.spaces);
+    let sessions = budget(SESSIONS_BURST, SESSIONS_INTERVAL, defaults.sessions);
+    let prefixes = ClientPrefixes {
+        v4: env.number(CLIENT_IPV4_PREFIX, defaults.prefixes.v4.into(), 0, 32) as u8,
+        v6: env.number(CLIENT_IPV6_PREFIX, defaults.prefixes.v6.into(), 0, 128) as u8,
+    };
+    LoginLimits { spaces, sessions, prefixes }
 }
 
 /// What the worker (the `worker` Lambda and `reeve work`) needs.
@@ -651,6 +687,82 @@ mod tests {
         assert_eq!(err.problems.len(), 2, "{err}");
         assert!(err.problems[0].starts_with("REEVE_TOKEN_KEY is not set (nor REEVE_TOKEN_KEY_SECRET_ARN"));
         assert!(err.problems[1].starts_with("DATABASE_URL is not set"));
+    }
+
+    #[test]
+    fn login_budgets_default_to_the_shipped_ones_and_move_by_setting() {
+        let none: &[(&str, &str)] = &[];
+        assert_eq!(login_limits(&mut env(none)), LoginLimits::default());
+        assert_eq!(
+            LoginLimits::default().prefixes,
+            ClientPrefixes { v4: 32, v6: 56 },
+            "each IPv4 address, each IPv6 /56"
+        );
+        let mut e = env(&[
+            (SPACES_BURST, "3"),
+            (SPACES_INTERVAL, "1000"),
+            (SESSIONS_BURST, "20"),
+            (SESSIONS_INTERVAL, "250"),
+            (CLIENT_IPV4_PREFIX, "24"),
+            (CLIENT_IPV6_PREFIX, "48"),
+        ]);
+        let limits = login_limits(&mut e);
+        assert!(e.finish().is_ok());
+        assert_eq!(
+            limits,
+            LoginLimits {
+                spaces: Budget { burst: 3, every: Duration::from_secs(1) },
+                sessions: Budget { burst: 20, every: Duration::from_millis(250) },
+                prefixes: ClientPrefixes { v4: 24, v6: 48 },
+            }
+        );
+    }
+
+    #[test]
+    fn bad_login_budgets_are_refused_each_by_its_name() {
+        // (variable, bad value)
+        let cases = [
+            (SPACES_BURST, "0"),
+            (SESSIONS_BURST, "0"),
+            (SPACES_INTERVAL, "0"),
+            (SESSIONS_INTERVAL, "0"),
+            (SPACES_BURST, "ten"),
+            (CLIENT_IPV4_PREFIX, "33"),
+            (CLIENT_IPV6_PREFIX, "129"),
+            (CLIENT_IPV6_PREFIX, "-1"),
+        ];
+        for (name, value) in cases {
+            let vars = [(name, value)];
+            let mut e = env(&vars);
+            login_limits(&mut e);
+            let problems = e.take_problems();
+            assert_eq!(problems.len(), 1, "{name}={value}: {problems:?}");
+            assert!(problems[0].starts_with(&format!("{name} must be an integer from ")), "{problems:?}");
+        }
+        // At start-up: every one at once, with the API's other settings.
+        let err = api_settings(
+            &mut env(&[
+                (PEPPER, LONG),
+                (TOKEN_KEY, LONG),
+                (DATABASE_URL, "postgres://localhost/reeve"),
+                (REDIS_URL, "redis://x"),
+                (BUCKET, "b"),
+                (QUEUE_URL, "q"),
+                (SPACES_BURST, "0"),
+                (SESSIONS_INTERVAL, "0"),
+                (CLIENT_IPV6_PREFIX, "200"),
+            ]),
+            Needs::ALL,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.problems,
+            vec![
+                "REEVE_SPACES_BURST must be an integer from 1 to 1000000".to_string(),
+                "REEVE_SESSIONS_INTERVAL_MS must be an integer from 1 to 86400000".to_string(),
+                "REEVE_CLIENT_IPV6_PREFIX must be an integer from 0 to 128".to_string(),
+            ]
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ use common::chain::root;
 use reeve_shared::http::{self, ApiContext, AuthContext, Ctx};
 use reeve_shared::login_limits::{Action, Budget, LoginLimits, SPACES};
 use reeve_shared::mcp::{self, McpSettings};
+use reeve_shared::startup::settings;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -44,7 +45,11 @@ struct Functions {
 }
 
 async fn functions(pool: PgPool, limits: LoginLimits) -> Functions {
-    let api = with_limits(common::ctx(pool).await, limits);
+    functions_on(with_limits(common::ctx(pool).await, limits))
+}
+
+/// The two routers on `api`, with the budgets it was built with.
+fn functions_on(api: Ctx) -> Functions {
     let settings = McpSettings { allowed_hosts: vec![], allowed_origins: vec![], progress: false };
     let mcp = mcp::router(reeve_shared::startup::mcp_beside(&api, settings));
     Functions { auth: http::auth_app(api.auth.clone()), mcp, api }
@@ -156,7 +161,8 @@ async fn spaces_share_one_budget_per_address_over_rest_and_mcp(pool: PgPool) {
     let other = if other == greedy { IpAddr::from([192, 0, 2, 1]) } else { other };
     assert_eq!(f.create_space(other).await.status, 201);
     mcp_ok(&f.tool(other, "create_space", json!({})).await, "another address over MCP");
-    // Every address of one IPv6 /64 is one client.
+    // Every address of one IPv6 /64 is one client (of one /56: see
+    // `a_client_is_a_network_and_its_budget_a_setting`).
     let net = ulid::Ulid::new().random() as u16;
     let v6 = |host: u16| IpAddr::from([0x2001, 0xdb8, net, 7, host, 0, 0, 1]);
     for i in 0..SPACES.burst {
@@ -166,6 +172,40 @@ async fn spaces_share_one_budget_per_address_over_rest_and_mcp(pool: PgPool) {
     assert_eq!(f.spaces().await, i64::from(SPACES.burst) * 2 + 2);
 }
 
+/// A client is a network, and its budget is a setting: built through
+/// start-up as the `auth` Lambda is, with `REEVE_SPACES_BURST=3`, exactly 3
+/// Spaces are made per client over REST, the 4th refused. Two addresses of
+/// one client (one IPv4 address; two /64s of one IPv6 /56) share the 3; an
+/// address of another client (the next IPv4 address; the next /56) has 3
+/// of its own.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_client_is_a_network_and_its_budget_a_setting(pool: PgPool) {
+    let config = common::config(&pool).with(settings::SPACES_BURST, "3");
+    let f = functions_on(common::api(&config).await);
+    let v4 = address();
+    let IpAddr::V4(octets) = v4 else { unreachable!() };
+    let [a, b, c, d] = octets.octets();
+    let net = ulid::Ulid::new().random() as u16;
+    let v6 = |subnet: u16, host: u16| IpAddr::from([0x2001, 0xdb8, net, subnet, 0, 0, 0, host]);
+    // (an address, another of the same client, one of another client)
+    let cases = [(v4, v4, IpAddr::from([a, b, c, d ^ 1])), (v6(0x0700, 1), v6(0x07ff, 2), v6(0x0800, 1))];
+    let mut made = 0;
+    for (first, same, other) in cases {
+        for (i, from) in [first, first, same].into_iter().enumerate() {
+            let answer = f.create_space(from).await;
+            assert_eq!(answer.status, 201, "space {i} from {from}: {}", answer.body);
+        }
+        rest_refused(&f.create_space(first).await, 50..=60, &format!("the 4th from {first}"));
+        rest_refused(&f.create_space(same).await, 50..=60, &format!("the 4th from {same}, of {first}'s client"));
+        for i in 0..3 {
+            assert_eq!(f.create_space(other).await.status, 201, "space {i} from {other}, another client");
+        }
+        rest_refused(&f.create_space(other).await, 50..=60, &format!("the 4th from {other}"));
+        made += 6;
+    }
+    assert_eq!(f.spaces().await, made, "a refused create makes no Space");
+}
+
 /// Sessions the same way, on a budget of 3 then one a minute (the shipped
 /// one refills in half a second, too fast to test without a race): REST's
 /// `POST /v1/sessions` and MCP's `login` spend it together, an unknown
@@ -173,7 +213,7 @@ async fn spaces_share_one_budget_per_address_over_rest_and_mcp(pool: PgPool) {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn sessions_share_one_budget_per_address_over_rest_and_mcp(pool: PgPool) {
     let sessions = Budget { burst: 3, every: Duration::from_secs(60) };
-    let f = functions(pool, LoginLimits { spaces: SPACES, sessions }).await;
+    let f = functions(pool, LoginLimits { spaces: SPACES, sessions, ..LoginLimits::default() }).await;
     let ip = address();
     let unknown = json!({ "space_id": "00000000000000000000" });
 
@@ -213,7 +253,8 @@ async fn requests_at_once_never_pass_the_budget(pool: PgPool) {
     assert_eq!(made, SPACES.burst as usize);
     assert_eq!(f.spaces().await, i64::from(SPACES.burst));
 
-    let limits = LoginLimits { spaces: SPACES, sessions: Budget { burst: 7, every: Duration::from_secs(60) } };
+    let limits =
+        LoginLimits { sessions: Budget { burst: 7, every: Duration::from_secs(60) }, ..LoginLimits::default() };
     let ip = address();
     let spends = (0..40).map(|_| {
         let pool = pool.clone();
@@ -227,7 +268,8 @@ async fn requests_at_once_never_pass_the_budget(pool: PgPool) {
 /// are deleted by later spends.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_budget_refills_and_idle_rows_are_pruned(pool: PgPool) {
-    let limits = LoginLimits { spaces: SPACES, sessions: Budget { burst: 2, every: Duration::from_millis(600) } };
+    let limits =
+        LoginLimits { sessions: Budget { burst: 2, every: Duration::from_millis(600) }, ..LoginLimits::default() };
     let ip = address();
     let spend = || limits.spend(&pool, ip, Action::Session);
     assert!(spend().await.unwrap().is_ok());
@@ -271,7 +313,7 @@ async fn a_budget_refills_and_idle_rows_are_pruned(pool: PgPool) {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn on_a_listener_the_peer_address_is_the_client(pool: PgPool) {
     let sessions = Budget { burst: 2, every: Duration::from_secs(60) };
-    let api = with_limits(common::ctx(pool).await, LoginLimits { spaces: SPACES, sessions });
+    let api = with_limits(common::ctx(pool).await, LoginLimits { spaces: SPACES, sessions, ..LoginLimits::default() });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let settings = McpSettings { allowed_hosts: vec![], allowed_origins: vec![], progress: false };

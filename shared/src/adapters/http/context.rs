@@ -33,6 +33,8 @@ pub struct ApiSettings {
     pub redis_url: String,
     pub bucket: String,
     pub queue_url: String,
+    /// The login budgets (`REEVE_SPACES_BURST` and its kin).
+    pub limits: crate::domain::login_limits::LoginLimits,
 }
 
 /// A context whose routes take a session token.
@@ -165,13 +167,18 @@ impl SessionKey for AuthContext {
 
 #[cfg(feature = "api-auth")]
 impl AuthContext {
-    pub fn new(db: PgPool, pepper: Secret, token_key: Secret) -> Arc<AuthContext> {
+    pub fn new(
+        db: PgPool,
+        pepper: Secret,
+        token_key: Secret,
+        limits: crate::domain::login_limits::LoginLimits,
+    ) -> Arc<AuthContext> {
         let permits = std::thread::available_parallelism().map_or(2, |n| n.get());
         Arc::new(AuthContext {
             db,
             settings: AuthSettings { pepper, token_key },
             argon2: Argon2Limit::new(permits),
-            limits: Default::default(),
+            limits,
         })
     }
 }
@@ -253,7 +260,7 @@ impl ApiContext {
         chains: crate::domain::payments::Chains,
     ) -> Ctx {
         let catalog = Arc::new(catalog);
-        let auth = AuthContext::new(db.clone(), settings.pepper.clone(), settings.token_key.clone());
+        let auth = AuthContext::new(db.clone(), settings.pepper.clone(), settings.token_key.clone(), settings.limits);
         let uploads = Arc::new(UploadsContext {
             db: db.clone(),
             token_key: settings.token_key.clone(),

@@ -5,8 +5,9 @@
 //! `429 rate_limited` with `Retry-After`, and nothing is made.
 //!
 //! A client is its address as the transport saw it
-//! ([`crate::infra::client_addr::client_of`]), one IPv6 /64 counted as one client
-//! (a host is commonly handed a whole /64). Clients behind one NAT share a
+//! ([`crate::infra::client_addr::client_of`]), every address of one network
+//! counted as one client (by default an IPv6 /56, a common home line's
+//! prefix, and each IPv4 address). Clients behind one NAT share a
 //! budget; behind a reverse proxy of its own, `reeve serve` sees only the
 //! proxy, so limit there instead (on AWS, API Gateway gives the real source
 //! address, and the template's optional WAF rules add an edge limit).
@@ -17,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use super::context::AuthContext;
 use super::error::ApiError;
 use crate::domain::login_limits::Action;
-use crate::infra::client_addr::{client_key, client_of};
+use crate::infra::client_addr::client_of;
 
 /// Spends one `action` of the request's client: `Err` is the answer to send
 /// instead of doing the work.
@@ -25,7 +26,7 @@ pub async fn spend(ctx: &AuthContext, extensions: &Extensions, action: Action) -
     let Some(client) = client_of(extensions) else {
         return Ok(());
     };
-    match ctx.limits.spend(&ctx.db, client_key(client), action).await {
+    match ctx.limits.spend(&ctx.db, client, action).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(limited)) => {
             let mut response = ApiError::refused(&limited).into_response();

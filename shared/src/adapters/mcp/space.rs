@@ -15,7 +15,6 @@ use super::failure::{ToolFailure, ToolResult};
 use super::rfc3339;
 use crate::domain::login_limits::Action;
 use crate::domain::{auth, spaces};
-use crate::infra::client_addr::client_key;
 
 /// Spends one `action` of `client` (`None`: an address nobody knows, not
 /// limited). Over the budget: `rate_limited` with `retry_after_seconds`,
@@ -24,7 +23,7 @@ async fn spend(ctx: &McpContext, client: Option<IpAddr>, action: Action) -> Tool
     let Some(client) = client else {
         return Ok(());
     };
-    ctx.limits.spend(&ctx.db, client_key(client), action).await?.map_err(|limited| ToolFailure::refused(&limited))
+    ctx.limits.spend(&ctx.db, client, action).await?.map_err(|limited| ToolFailure::refused(&limited))
 }
 
 /// A fresh Space, and a session on it: the Space ID is shown this once.

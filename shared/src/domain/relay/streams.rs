@@ -43,7 +43,7 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(10);
 pub struct StreamCaps {
     /// Open streams of one space.
     pub per_space: usize,
-    /// Open streams from one client address (an IPv4 address or an IPv6 /64).
+    /// Open streams from one client address (an IPv4 address or an IPv6 /56).
     pub per_ip: usize,
 }
 
