@@ -109,9 +109,8 @@ async fn prometheus_shows_the_request_task_queue_and_relay_metrics_after_a_task_
     assert_eq!(status_of(&pool, &id).await, "completed");
 
     // A watcher replays the finished task and leaves.
-    let (status, stream) =
-        text(&app, Request::get(format!("/v1/tasks/{id}/events?access_token={token}")).body(Body::empty()).unwrap())
-            .await;
+    let watch = Request::get(format!("/v1/tasks/{id}/events")).header("authorization", format!("Bearer {token}"));
+    let (status, stream) = text(&app, watch.body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
     assert!(stream.contains("\"completed\""), "{stream}");
 
