@@ -83,6 +83,7 @@ async fn migrating_again_is_a_no_op(pool: PgPool) {
             "login_limits",
             "payment_attempts",
             "payments",
+            "revoked_sessions",
             "spaces",
             "task_events",
             "tasks",
