@@ -1,5 +1,5 @@
 //! The relay's page as a watcher in a real browser: headless Chromium loads
-//! it with a task and a token in the fragment (a link `reeve` can print),
+//! it with a task and a stream ticket in the fragment (a share link),
 //! follows the stream through EventSource, and the page ends showing
 //! `completed` with a full progress bar and readable log lines. The whole
 //! console, from a file picker to a result, is tests/console (run by
@@ -38,9 +38,12 @@ async fn the_page_shows_a_task_reach_completed_with_a_full_bar(pool: PgPool) {
     drop(conn);
 
     let ctx = common::relay(&common::config(&pool));
-    let (token, _) = auth::issue_token(&ctx.token_key, &SpaceIndex::from_array(space), OffsetDateTime::now_utc());
+    let now = OffsetDateTime::now_utc();
+    let (token, _) = auth::issue_token(&ctx.token_key, &SpaceIndex::from_array(space), now);
+    let session = auth::verify_session(&ctx.token_key, &token, now).unwrap();
+    let (ticket, _) = auth::issue_ticket(&ctx.token_key, &session, task.to_bytes(), now);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/#task={task}&token={token}", listener.local_addr().unwrap());
+    let url = format!("http://{}/#task={task}&ticket={ticket}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, routes(ctx)).await.unwrap() });
 
     let profile = std::env::temp_dir().join(format!("reeve-chromium-{}", Id::new()));
