@@ -11,8 +11,10 @@
 //! Module map:
 //! - [`context`]: what the tools need, and the endpoint's settings.
 //! - [`tools`]: the tool list, built once from the catalog.
+//! - [`kind`]: a catalog kind's tool: its listing, and its call (one submit).
+//! - [`schema`]: the schemas the listings share.
 //! - [`server`]: rmcp's `ServerHandler`: dispatch, identity, the tasks extension.
-//! - [`space`], [`upload`], [`task`]: the tools themselves.
+//! - [`space`], [`upload`], [`task`]: the fixed tools' handlers.
 //! - [`payment`]: x402's MCP binding around the one payment path.
 //! - [`wait`]: following a task until it ends, with progress notifications.
 //! - [`failure`]: the boundary's errors, each a stable `code`.
@@ -40,7 +42,9 @@
 
 mod context;
 pub(crate) mod failure;
+mod kind;
 mod payment;
+mod schema;
 mod server;
 mod space;
 mod task;
@@ -106,14 +110,10 @@ fn routed(ctx: Arc<McpContext>, listening: Option<SocketAddr>) -> Router {
         .with_allowed_origins(ctx.settings.allowed_origins_at(listening))
         // An empty list refuses every browser Origin rather than allowing all.
         .enforce_origin_validation();
-    let service = StreamableHttpService::new(
-        {
-            let ctx = ctx.clone();
-            move || Ok(server::ReeveMcp::new(ctx.clone()))
-        },
-        Arc::new(NeverSessionManager::default()),
-        config,
-    );
+    // The tool list is built here, once; each request gets a clone.
+    let server = server::ReeveMcp::new(ctx);
+    let service =
+        StreamableHttpService::new(move || Ok(server.clone()), Arc::new(NeverSessionManager::default()), config);
     Router::new().route_service(PATH, service).layer(axum::middleware::from_fn(as_json_rpc))
 }
 

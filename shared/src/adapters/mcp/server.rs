@@ -1,5 +1,6 @@
 //! [`ReeveMcp`]: rmcp's `ServerHandler`, one per request (the endpoint is
-//! stateless). It finds the tool, the caller's Space (from `Authorization:
+//! stateless), each a clone of the one made with the endpoint, which holds
+//! the tool list. It finds the tool, the caller's Space (from `Authorization:
 //! Bearer`), the payment (from `_meta`), and hands each to its tool module.
 //!
 //! Tasks extension (`io.modelcontextprotocol/tasks`): a client that declares
@@ -15,6 +16,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CreateTaskResult, DetailedTask,
     ErrorData, GetTaskParams, GetTaskResult, Implementation, JsonObject, ListToolsResult, MetaObject,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Task as McpTask, TaskPayload, TaskStatus as McpStatus,
+    Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
@@ -25,8 +27,8 @@ use tracing::Instrument;
 
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
-use super::task::Answer;
-use super::tools::{Fixed, Named};
+use super::kind::{self, Answer, KindCall};
+use super::tools::{Fixed, Named, Tools};
 use super::wait::Progress;
 use super::{payment, rfc3339, space, task, upload};
 use crate::domain::auth::{self, SpaceIndex};
@@ -40,11 +42,15 @@ const POLL_INTERVAL_MS: u64 = 1000;
 #[derive(Clone)]
 pub struct ReeveMcp {
     ctx: Arc<McpContext>,
+    tools: Arc<Tools>,
 }
 
 impl ReeveMcp {
+    /// The server of one endpoint, its tool list built from the catalog
+    /// here, once; every request is served by a clone.
     pub fn new(ctx: Arc<McpContext>) -> ReeveMcp {
-        ReeveMcp { ctx }
+        let tools = Arc::new(Tools::new(&ctx.catalog));
+        ReeveMcp { ctx, tools }
     }
 
     /// The Space of the request's session token. A missing or expired token
@@ -87,7 +93,7 @@ impl ReeveMcp {
         let ctx = &*self.ctx;
         let space = if tool.needs_session() { Some(self.session(context)?) } else { None };
         let arguments = Value::Object(arguments);
-        ctx.tools.check(tool, &arguments)?;
+        self.tools.check(tool, &arguments)?;
         let space = space.as_ref();
         let signed_in = || space.ok_or_else(|| ToolFailure::internal("a session tool without a session"));
         match tool {
@@ -103,8 +109,7 @@ impl ReeveMcp {
 
     async fn kind(
         &self,
-        tool: &str,
-        kind: &str,
+        (listed, kind): (&Tool, &str),
         arguments: Map<String, Value>,
         (request_meta, named_id): (Option<&Value>, Option<&Value>),
         context: &RequestContext<RoleServer>,
@@ -123,8 +128,8 @@ impl ReeveMcp {
         let invocation =
             context.extensions.get::<Parts>().and_then(|parts| parts.extensions.get::<lambda_http::Context>());
         let deadline = invocation.map(crate::domain::tasks::deadline_of);
-        let call = task::KindCall { tool, kind, arguments, key };
-        let created = task::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
+        let call = KindCall { listed, kind, arguments, key };
+        let created = kind::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
         let meta = created.settlement.map(meta_object);
         if as_task {
             let mut handle = CreateTaskResult::new(mcp_task(&created.task));
@@ -230,7 +235,7 @@ impl ServerHandler for ReeveMcp {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.ctx.tools.list().to_vec()))
+        Ok(ListToolsResult::with_all_items(self.tools.list().to_vec()))
     }
 
     async fn call_tool(
@@ -240,7 +245,7 @@ impl ServerHandler for ReeveMcp {
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.as_ref();
         // The one call that is not a tool result: there is no tool to answer.
-        let Some(named) = self.ctx.tools.find(name) else {
+        let Some(named) = self.tools.find(name) else {
             return Err(ErrorData::invalid_params(
                 format!("no tool named {name:?}; tools/list lists them"),
                 Some(json!({ "code": "unknown_tool" })),
@@ -252,12 +257,12 @@ impl ServerHandler for ReeveMcp {
                 Named::Fixed(tool) => {
                     self.fixed(tool, arguments, &context).await.map(|v| CallToolResult::structured(v).into())
                 }
-                Named::Kind(kind) => {
+                Named::Kind { kind, listed } => {
                     // rmcp hands the request's `_meta` over in the context.
                     let meta =
                         |key: &str| context.meta.get(key).or_else(|| request.meta.as_ref().and_then(|m| m.get(key)));
                     let paid = (meta(payment::PAYMENT_META), meta(payment::IDENTIFIER_META));
-                    self.kind(name, kind, arguments, paid, &context).await
+                    self.kind((listed, kind), arguments, paid, &context).await
                 }
             }
         }

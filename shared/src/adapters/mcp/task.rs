@@ -1,23 +1,16 @@
-//! The task tools: a kind's tool creates a task (one [`tasks::submit`],
-//! exactly as `POST /v1/tasks/{kind}`), and `get_task`, `list_tasks`,
-//! `cancel_task` and `get_result` read and stop the Space's tasks.
-
-use std::time::Duration;
+//! The task tools: `get_task`, `list_tasks`, `cancel_task` and
+//! `get_result` read and stop the Space's tasks (a kind's tool creates one:
+//! [`super::kind`]).
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
-use super::payment;
-use super::tools::WAIT_SECONDS;
-use super::wait::{self, MAX_WAIT_SECONDS, Progress};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::error::TaskRefusal;
 use crate::domain::ids::Id;
-use crate::domain::tasks::{
-    self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, Task, TaskRequest, TaskStatus,
-};
+use crate::domain::tasks::{self, CancelOutcome, ListQuery, Task, TaskStatus};
 
 /// A task as every task tool answers it: the REST answer's fields
 /// ([`Task`]), and where its events stream.
@@ -31,118 +24,6 @@ struct TaskView {
 pub fn view(task: Task) -> Value {
     let events_url = format!("/v1/tasks/{}/events", task.id);
     serde_json::to_value(TaskView { task, events_url }).expect("plain fields serialise")
-}
-
-/// What a kind's tool did: the task, and the `_meta` of the settlement when
-/// this call paid (for a metered task, once it was charged).
-pub struct Created {
-    pub task: Task,
-    pub settlement: Option<Value>,
-}
-
-/// How a kind's tool answers once its task is created.
-pub enum Answer {
-    /// With the task as it is after `wait_seconds` (none: at once), sending
-    /// progress there if given.
-    Wait(Option<Progress>),
-    /// At once, whatever `wait_seconds` says: the tasks extension's handle.
-    Handle,
-}
-
-/// A call of a kind's tool: `arguments` is the task's input, plus
-/// `wait_seconds`.
-pub struct KindCall<'a> {
-    pub tool: &'a str,
-    pub kind: &'a str,
-    pub arguments: Map<String, Value>,
-    /// Its idempotency key ([`payment::identifier_key`]).
-    pub key: Option<String>,
-}
-
-/// A kind's tool. `deadline` is the Lambda invocation's, which bounds the
-/// payment as for the REST create.
-pub async fn run(
-    ctx: &McpContext,
-    space: &SpaceIndex,
-    call: KindCall<'_>,
-    payment: Option<&str>,
-    deadline: Option<tokio::time::Instant>,
-    answer: Answer,
-) -> ToolResult<Created> {
-    let KindCall { tool, kind, mut arguments, key } = call;
-    let spec = ctx.catalog.task(kind).ok_or_else(|| ToolFailure::internal("a tool names no kind"))?;
-    // A kind whose own input has a `wait_seconds` keeps it: its tool does not wait.
-    let ours = spec.input_schema.pointer(&format!("/properties/{WAIT_SECONDS}")).is_none();
-    let wait = if ours { wait_seconds(arguments.remove(WAIT_SECONDS))? } else { 0 };
-    let input = Value::Object(arguments);
-    let resource_url = payment::resource_url(tool);
-    let cx = SubmitContext {
-        catalog: &ctx.catalog,
-        db: &ctx.db,
-        s3: &ctx.aws.s3,
-        bucket: &ctx.bucket,
-        sqs: &ctx.aws.sqs,
-        queue_url: &ctx.queue_url,
-        facilitator: ctx.facilitator.as_ref(),
-        chains: &ctx.chains,
-    };
-    let submission = Submission {
-        request: TaskRequest { space, kind, input: &input, idempotency_key: key.as_deref() },
-        payment: payment.map(crate::domain::payments::PaymentInput::Header),
-        resource_url: &resource_url,
-        deadline,
-    };
-    let submitted = match tasks::submit(&cx, submission).await {
-        Ok(submitted) => submitted,
-        Err(e) => {
-            return Err(match ToolFailure::from(e) {
-                ToolFailure::Payment { code, challenge } => {
-                    // The tool as listed: its schema, and its description,
-                    // which says the price (for a metered one, "up to").
-                    let listed = ctx.tools.tool(tool);
-                    let schema = listed.map(|t| Value::Object((*t.input_schema).clone()));
-                    let description = listed.and_then(|t| t.description.as_deref()).unwrap_or(&spec.description);
-                    let challenge =
-                        payment::for_tool(*challenge, tool, &schema.unwrap_or_else(|| json!({})), description);
-                    ToolFailure::Payment { code, challenge: Box::new(challenge) }
-                }
-                other => other,
-            });
-        }
-    };
-    let settlement = match submitted.paid {
-        Paid::Payment(settlement) => Some(payment::response_meta(&settlement)),
-        Paid::Nothing | Paid::Credit(_) | Paid::Authorized => None,
-    };
-    let mut task = submitted.task;
-    // The wait is measured from now, after the payment: settle and wait
-    // together must fit the invocation, or the client gets no answer and
-    // its retry of the same payment is a second charge's signature.
-    let wait = wait::within(Duration::from_secs(wait), deadline);
-    if let (Answer::Wait(progress), false) = (answer, wait.is_zero()) {
-        let ended = wait::until_done(&ctx.db, space, task.id, wait, progress.as_ref()).await?;
-        if let Some(ended) = ended {
-            task = ended;
-        }
-    }
-    // A metered call settles nothing at create: once its task has ended
-    // within the wait and been charged, the result carries that settlement
-    // (with the amount used, which a replay's stored receipt lacks), as
-    // `tasks/get` does from the payment recorded.
-    let settlement = task.payment.as_ref().and_then(payment::metered_response_meta).or(settlement);
-    let task = ctx.links().present(space, task).await;
-    Ok(Created { task, settlement })
-}
-
-fn wait_seconds(value: Option<Value>) -> ToolResult<u64> {
-    match value {
-        None | Some(Value::Null) => Ok(0),
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n <= MAX_WAIT_SECONDS) => Ok(n.as_u64().unwrap_or(0)),
-        Some(_) => Err(ToolFailure::new(
-            "invalid_arguments",
-            format!("{WAIT_SECONDS} must be a whole number of seconds from 0 to {MAX_WAIT_SECONDS}"),
-        )),
-    }
 }
 
 #[derive(Deserialize)]
