@@ -10,11 +10,14 @@
 //!
 //! Module map:
 //! - [`context`]: what the tools need, and the endpoint's settings.
-//! - [`tools`]: the tool list, built once from the catalog.
+//! - [`tool`]: what a tool that is not a kind declares ([`tool::FixedTool`]):
+//!   name, description, schemas, who may call it, its handler.
+//! - [`tools`]: those tools, one file each, and the registry that lists
+//!   them and builds the tool list once, with the kinds'.
 //! - [`kind`]: a catalog kind's tool: its listing, and its call (one submit).
+//! - [`task`]: a task as the task tools answer it.
 //! - [`schema`]: the schemas the listings share.
 //! - [`server`]: rmcp's `ServerHandler`: dispatch, identity, the tasks extension.
-//! - [`space`], [`upload`], [`task`]: the fixed tools' handlers.
 //! - [`payment`]: x402's MCP binding around the one payment path.
 //! - [`wait`]: following a task until it ends, with progress notifications.
 //! - [`failure`]: the boundary's errors, each a stable `code`.
@@ -46,10 +49,9 @@ mod kind;
 mod payment;
 mod schema;
 mod server;
-mod space;
 mod task;
+mod tool;
 mod tools;
-mod upload;
 mod wait;
 
 use std::net::SocketAddr;

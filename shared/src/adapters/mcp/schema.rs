@@ -1,7 +1,7 @@
 //! The schemas every tool's listing is made of: a task as the tools answer
 //! it ([`task_schema`]), and an output schema that admits a tool error and,
 //! for a priced tool, x402's `PaymentRequired` beside the result
-//! ([`output_schema`]). The fixed tools ([`super::tools`]) and the kinds'
+//! ([`output_schema`]). The fixed tools ([`super::tool`]) and the kinds'
 //! tools ([`super::kind`]) share them, so a task reads the same from either.
 
 use std::collections::HashMap;

@@ -1,7 +1,9 @@
 //! [`ReeveMcp`]: rmcp's `ServerHandler`, one per request (the endpoint is
 //! stateless), each a clone of the one made with the endpoint, which holds
-//! the tool list. It finds the tool, the caller's Space (from `Authorization:
-//! Bearer`), the payment (from `_meta`), and hands each to its tool module.
+//! the tool list. It finds the tool in the registry ([`super::tools`]), the
+//! caller's Space (from `Authorization: Bearer`), the payment (from
+//! `_meta`), and hands each call to its tool: a fixed tool's own handler, or
+//! a kind's [`kind::run`].
 //!
 //! Tasks extension (`io.modelcontextprotocol/tasks`): a client that declares
 //! it gets a task handle from a kind's tool instead of waiting, and
@@ -20,7 +22,6 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 use tracing::Instrument;
@@ -28,9 +29,11 @@ use tracing::Instrument;
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
 use super::kind::{self, Answer, KindCall};
-use super::tools::{Fixed, Named, Tools};
+use super::task::{self, TaskRef};
+use super::tool::{FixedTool, Identity};
+use super::tools::{CancelTask, Fixed, Named, Tools};
 use super::wait::Progress;
-use super::{payment, rfc3339, space, task, upload};
+use super::{payment, rfc3339};
 use crate::domain::auth::{self, SpaceIndex};
 use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::payments;
@@ -84,27 +87,19 @@ impl ReeveMcp {
             })
     }
 
+    /// A fixed tool's call: the session first where the tool needs one (a
+    /// call without it is refused before its arguments are read), then its
+    /// arguments against its schema, then its handler.
     async fn fixed(
         &self,
-        tool: Fixed,
+        tool: &Fixed,
         arguments: Map<String, Value>,
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<Value> {
-        let ctx = &*self.ctx;
         let space = if tool.needs_session() { Some(self.session(context)?) } else { None };
         let arguments = Value::Object(arguments);
-        self.tools.check(tool, &arguments)?;
-        let space = space.as_ref();
-        let signed_in = || space.ok_or_else(|| ToolFailure::internal("a session tool without a session"));
-        match tool {
-            Fixed::CreateSpace => space::create(ctx, client_of(context)).await,
-            Fixed::Login => space::login(ctx, client_of(context), parse(tool, arguments)?).await,
-            Fixed::CreateUpload => upload::create(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::GetTask => task::get(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::ListTasks => task::list(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::CancelTask => task::cancel(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::GetResult => task::result(ctx, signed_in()?, parse(tool, arguments)?).await,
-        }
+        tool.check(&arguments)?;
+        tool.call(&self.ctx, Identity { space, client: client_of(context) }, arguments).await
     }
 
     async fn kind(
@@ -145,12 +140,6 @@ impl ReeveMcp {
 /// The address the call came from (the HTTP request's transport).
 fn client_of(context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
     context.extensions.get::<Parts>().and_then(|parts| crate::infra::client_addr::client_of(&parts.extensions))
-}
-
-/// A tool's arguments, past its schema, as its argument type.
-fn parse<T: DeserializeOwned>(tool: Fixed, arguments: Value) -> ToolResult<T> {
-    serde_json::from_value(arguments)
-        .map_err(|e| ToolFailure::new("invalid_arguments", format!("{} arguments: {e}", tool.name())))
 }
 
 fn meta_object(value: Value) -> MetaObject {
@@ -309,9 +298,8 @@ impl ServerHandler for ReeveMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let space = self.session(&context).map_err(task_method_error)?;
-        let args = json!({ "task_id": request.task_id });
-        let args = serde_json::from_value(args).map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
-        match task::cancel(&self.ctx, &space, args).await {
+        // `cancel_task`'s own handler, so both ways to cancel answer alike.
+        match CancelTask::call(&self.ctx, space, TaskRef { task_id: request.task_id }).await {
             // Cooperative: a finished task has nothing left to cancel.
             Ok(_) => Ok(()),
             Err(failure) if failure.code() == TaskRefusal::FINISHED => Ok(()),
