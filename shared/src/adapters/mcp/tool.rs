@@ -2,7 +2,7 @@
 //! declares everything MCP shows or checks of it (its name, description,
 //! schemas, who may call it) beside its handler, as an HTTP route keeps its
 //! documentation on its handler. Each tool is a file in [`super::tools`],
-//! and its one line there registers it.
+//! registered there by its `mod` line and its line in the list.
 //!
 //! This file names no tool and no list of them: the tools import it, the
 //! registry imports the tools, and the server imports the registry, so the
