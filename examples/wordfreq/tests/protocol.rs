@@ -1,7 +1,9 @@
 //! The executor protocol's service side, asserted the same way for every
 //! service that implements it: the Rust example in-process, the Rust
 //! example as a Lambda function under `cargo lambda watch` (invoked
-//! asynchronously through its Invoke API).
+//! asynchronously through its Invoke API), and the Python service written
+//! from docs/executors.md alone (tests/executors/service.py), over HTTP
+//! with a signed job.
 //!
 //! A stand-in for Reeve's side serves the text input, the report route
 //! (token, idempotency by id, `409 ended` after the end, each report checked
@@ -14,6 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,7 +26,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use reeve_executor::{Job, Message, Reporter};
+use reeve_executor::{Job, Message, Reporter, Secret};
 use serde_json::{Value, json};
 use wordfreq::{Counter, OUTPUT, Settings};
 
@@ -286,5 +289,81 @@ async fn the_rust_example_under_cargo_lambda_watch() {
             ended - sent
         );
         reeve.assert_protocol(metered);
+    }
+}
+
+/// The Python service, over HTTP with a signed job.
+#[tokio::test]
+async fn the_python_service_over_http() {
+    let secret_text = Secret::generate();
+    let secret = Secret::parse(&secret_text).unwrap();
+    let python =
+        std::env::var_os("REEVE_PAYER_PYTHON").map(PathBuf::from).unwrap_or_else(|| root().join(".venv/bin/python"));
+    let mut service = std::process::Command::new(&python)
+        .arg(root().join("tests/executors/service.py"))
+        .args(["--port", "0", "--report-every", &EVERY.to_string()])
+        .env("WORDFREQ_SECRET", &secret_text)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}; run scripts/stack.sh up", python.display()));
+    let service = KillOnDrop(&mut service);
+    let stdout = service.0.stdout.take().unwrap();
+    let first = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line.trim().to_owned())
+    });
+    let first = tokio::time::timeout(Duration::from_secs(20), first).await.unwrap().unwrap().unwrap();
+    let endpoint =
+        first.strip_prefix("listening on ").unwrap_or_else(|| panic!("service.py said {first:?}")).to_owned();
+    let client = reqwest::Client::new();
+
+    for (n, metered) in [false, true].into_iter().enumerate() {
+        let reeve = fake_reeve().await;
+        let body = serde_json::to_vec(&reeve.job(metered)).unwrap();
+        let id = format!("job_01KBQ4X3T5G7N0Z2M9W8Y6V4R2_{}", n + 1);
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let post = |timestamp: i64, signature: String, body: Vec<u8>| {
+            client
+                .post(&endpoint)
+                .header("content-type", "application/json")
+                .header("webhook-id", &id)
+                .header("webhook-timestamp", timestamp.to_string())
+                .header("webhook-signature", signature)
+                .body(body)
+                .send()
+        };
+
+        // Refused: a changed byte, another key, an old timestamp, no signature.
+        let mut changed = body.clone();
+        changed[10] ^= 1;
+        let other = Secret::parse(&Secret::generate()).unwrap();
+        let refused = [
+            (now, secret.sign(&id, now, &body), changed),
+            (now, other.sign(&id, now, &body), body.clone()),
+            (now - 301, secret.sign(&id, now - 301, &body), body.clone()),
+            (now, String::new(), body.clone()),
+        ];
+        for (timestamp, signature, body) in refused {
+            assert_eq!(post(timestamp, signature, body).await.unwrap().status(), 401);
+        }
+
+        // Several signatures (a rotation): the right one among them is enough.
+        let listed = format!("{} {}", other.sign(&id, now, &body), secret.sign(&id, now, &body));
+        assert_eq!(post(now, listed, body.clone()).await.unwrap().status(), 202);
+        // A redelivery of the same attempt is accepted and not worked twice.
+        assert_eq!(post(now, secret.sign(&id, now, &body), body.clone()).await.unwrap().status(), 202);
+        reeve.wait_for_end(Duration::from_secs(30)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        reeve.assert_protocol(metered);
+    }
+}
+
+/// Ends the service when the test ends, however it ends.
+struct KillOnDrop<'a>(&'a mut std::process::Child);
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
