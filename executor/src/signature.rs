@@ -208,6 +208,17 @@ mod tests {
         }
     }
 
+    /// The example in the Standard Webhooks specification.
+    #[test]
+    fn the_specifications_example_verifies() {
+        let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let body = br#"{"test": 2432232314}"#;
+        let signature = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+        assert_eq!(secret.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body), signature);
+        let headers = SignedHeaders { id: "msg_p5jXN8AQM9LWM0D4loKWxJek", timestamp: "1614265330", signature };
+        secret.verify_at(&headers, body, 1614265330).unwrap();
+    }
+
     #[test]
     fn a_changed_byte_an_old_timestamp_or_a_wrong_key_is_refused() {
         for f in fixtures() {
