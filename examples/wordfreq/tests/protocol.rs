@@ -10,9 +10,10 @@
 //! against docs/executor-schemas/) and the output's PUT. Every service must
 //! send the same reports and produce byte for byte the same CSV and summary.
 //!
-//! The Lambda case needs the function served: `cargo lambda watch -p wordfreq
-//! -A 127.0.0.1 -P 9107 --env-var WORDFREQ_REPORT_EVERY=4` and
-//! `REEVE_WORDFREQ_INVOKE_URL=http://127.0.0.1:9107`.
+//! The Lambda case serves the function itself with `cargo lambda watch -p
+//! wordfreq --env-var WORDFREQ_REPORT_EVERY=4` on a free loopback port
+//! (cargo-lambda is in the stack's .venv), or uses the one
+//! `REEVE_WORDFREQ_INVOKE_URL` names.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -258,10 +259,14 @@ async fn a_job_without_a_file_fails_for_good() {
 /// Invoke API `cargo lambda watch` serves, as Reeve's `lambda` executor does.
 #[tokio::test]
 async fn the_rust_example_under_cargo_lambda_watch() {
-    let invoke = std::env::var("REEVE_WORDFREQ_INVOKE_URL").expect(
-        "REEVE_WORDFREQ_INVOKE_URL: serve the example with `cargo lambda watch -p wordfreq -A 127.0.0.1 -P 9107 \
-         --env-var WORDFREQ_REPORT_EVERY=4` and set it to http://127.0.0.1:9107",
-    );
+    let served;
+    let invoke = match std::env::var("REEVE_WORDFREQ_INVOKE_URL") {
+        Ok(url) => url,
+        Err(_) => {
+            served = Watch::start().await;
+            served.url.clone()
+        }
+    };
     let client = reqwest::Client::new();
     for metered in [false, true] {
         let reeve = fake_reeve().await;
@@ -365,5 +370,43 @@ impl Drop for KillOnDrop<'_> {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// `cargo lambda watch` serving the example on a free loopback port, in a
+/// process group of its own (it runs `cargo run` and the function under
+/// it), ended with the test.
+struct Watch {
+    url: String,
+    child: std::process::Child,
+}
+
+impl Watch {
+    async fn start() -> Watch {
+        use std::os::unix::process::CommandExt;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = std::process::Command::new("cargo")
+            .args(["lambda", "watch", "-p", "wordfreq", "-A", "127.0.0.1", "-P", &port.to_string()])
+            .args(["--concurrency", "2", "--env-var", &format!("WORDFREQ_REPORT_EVERY={EVERY}")])
+            .current_dir(root())
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cargo lambda watch: {e}; cargo-lambda comes with scripts/stack.sh up"));
+        let watch = Watch { url: format!("http://127.0.0.1:{port}"), child };
+        let until = Instant::now() + Duration::from_secs(60);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(Instant::now() < until, "cargo lambda watch did not listen on port {port} within 60 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        watch
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = std::process::Command::new("kill").args(["--", &group]).status();
+        let _ = self.child.wait();
     }
 }
