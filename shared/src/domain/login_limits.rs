@@ -33,7 +33,9 @@ use crate::infra::client_addr::ClientPrefixes;
 /// What is being limited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// A new Space (one Argon2id hash, a fresh quota of free work).
+    /// A new Space ID: a new Space (one Argon2id hash, a fresh quota of
+    /// free work), or a Space's ID rotated (`POST /v1/space/rotate`, two
+    /// Argon2id runs), which spends the same budget.
     Space,
     /// A session opened on a Space ID (one Argon2id verify).
     Session,

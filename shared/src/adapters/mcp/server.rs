@@ -29,9 +29,10 @@ use super::task::Answer;
 use super::tools::{Fixed, Named};
 use super::wait::Progress;
 use super::{payment, rfc3339, space, task, upload};
-use crate::domain::auth::{self, SpaceIndex};
+use crate::domain::auth::SpaceIndex;
 use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::payments;
+use crate::domain::sessions::{self, SessionRefused};
 use crate::domain::tasks::{self, Task, TaskStatus};
 
 /// How often a client holding a task handle should poll `tasks/get`.
@@ -47,10 +48,11 @@ impl ReeveMcp {
         ReeveMcp { ctx }
     }
 
-    /// The Space of the request's session token. A missing or expired token
-    /// is a tool error that says which tool gives one, not a transport
-    /// failure: the model reads it and calls `login`.
-    fn session(&self, context: &RequestContext<RoleServer>) -> ToolResult<SpaceIndex> {
+    /// The Space of the request's session token. A missing, expired or
+    /// ended token (logout, a rotation of the Space ID) is a tool error that
+    /// says which tool gives one, not a transport failure: the model reads
+    /// it and calls `login`.
+    async fn session(&self, context: &RequestContext<RoleServer>) -> ToolResult<SpaceIndex> {
         let headers = context.extensions.get::<Parts>().map(|parts| &parts.headers);
         let Some(value) = headers.and_then(|h| h.get(header::AUTHORIZATION)) else {
             return Err(ToolFailure::refused_saying(
@@ -66,16 +68,20 @@ impl ReeveMcp {
             .and_then(|v| v.trim_start().split_once(' '))
             .filter(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty())
             .map(|(_, token)| token.trim());
-        token
-            .and_then(|token| auth::verify_token(&self.ctx.token_key, token, OffsetDateTime::now_utc()).ok())
-            .ok_or_else(|| {
-                ToolFailure::refused_saying(
-                    &TokenRefusal::Invalid,
-                    "the session token is invalid or has expired (a token lasts 15 minutes): call login with your \
-                     Space ID for a new one, and send it as `Authorization: Bearer <token>`",
-                    None,
-                )
-            })
+        let invalid = || {
+            ToolFailure::refused_saying(
+                &TokenRefusal::Invalid,
+                "the session token is invalid, has expired (a token lasts 15 minutes) or was ended: call login \
+                 with your Space ID for a new one, and send it as `Authorization: Bearer <token>`",
+                None,
+            )
+        };
+        let token = token.ok_or_else(invalid)?;
+        match sessions::check_session(&self.ctx.db, &self.ctx.token_key, token, OffsetDateTime::now_utc()).await {
+            Ok(session) => Ok(session.space),
+            Err(SessionRefused::Db(e)) => Err(e.into()),
+            Err(_) => Err(invalid()),
+        }
     }
 
     async fn fixed(
@@ -85,7 +91,7 @@ impl ReeveMcp {
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<Value> {
         let ctx = &*self.ctx;
-        let space = if tool.needs_session() { Some(self.session(context)?) } else { None };
+        let space = if tool.needs_session() { Some(self.session(context).await?) } else { None };
         let arguments = Value::Object(arguments);
         ctx.tools.check(tool, &arguments)?;
         let space = space.as_ref();
@@ -109,7 +115,7 @@ impl ReeveMcp {
         (request_meta, named_id): (Option<&Value>, Option<&Value>),
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<CallToolResponse> {
-        let space = self.session(context)?;
+        let space = self.session(context).await?;
         let payment = payment::from_meta(request_meta)?;
         let key = payment::identifier_key(payment.as_deref(), named_id)?;
         let as_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
@@ -274,7 +280,7 @@ impl ServerHandler for ReeveMcp {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
-        let space = self.session(&context).map_err(task_method_error)?;
+        let space = self.session(&context).await.map_err(task_method_error)?;
         let not_found = || task_method_error(ToolFailure::from(TaskRefusal::NotFound));
         let id = request.task_id.parse().map_err(|_| not_found())?;
         let task = tasks::find_for_space(&self.ctx.db, &space, id)
@@ -303,7 +309,7 @@ impl ServerHandler for ReeveMcp {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let space = self.session(&context).map_err(task_method_error)?;
+        let space = self.session(&context).await.map_err(task_method_error)?;
         let args = json!({ "task_id": request.task_id });
         let args = serde_json::from_value(args).map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
         match task::cancel(&self.ctx, &space, args).await {
