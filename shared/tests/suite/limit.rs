@@ -90,6 +90,16 @@ impl Functions {
         through_lambda(self.auth.clone(), &from(sample("auth-open-session"), ip)).await
     }
 
+    /// `POST /v1/space/rotate` with `token` and `space_id` in the body.
+    async fn rotate(&self, ip: IpAddr, token: &str, space_id: &str) -> Answer {
+        let mut event: Value = serde_json::from_str(&from(sample("auth-rotate-space"), ip)).unwrap();
+        let body = json!({ "space_id": space_id }).to_string();
+        event["headers"]["authorization"] = json!(format!("Bearer {token}"));
+        event["headers"]["content-length"] = json!(body.len().to_string());
+        event["body"] = json!(body);
+        through_lambda(self.auth.clone(), &event.to_string()).await
+    }
+
     async fn tool(&self, ip: IpAddr, name: &str, arguments: Value) -> Value {
         let event = sample_event("mcp-tools-call-task", None, |params| {
             params["name"] = json!(name);
@@ -204,6 +214,44 @@ async fn a_client_is_a_network_and_its_budget_a_setting(pool: PgPool) {
         made += 6;
     }
     assert_eq!(f.spaces().await, made, "a refused create makes no Space");
+}
+
+/// A rotation mints a Space ID as a creation does, and spends the same
+/// budget: on a budget of 3, a Space made over REST, one over MCP and a
+/// rotation spend it, and then both a rotation (right ID and all) and a
+/// creation are refused, with nothing changed; another client still rotates.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_rotation_spends_the_space_budget(pool: PgPool) {
+    let spaces = Budget { burst: 3, every: Duration::from_secs(60) };
+    let f = functions(pool, LoginLimits { spaces, ..LoginLimits::default() }).await;
+    let ip = address();
+    let made = f.create_space(ip).await;
+    assert_eq!(made.status, 201, "{}", made.body);
+    let by_mcp = f.tool(ip, "create_space", json!({})).await;
+    mcp_ok(&by_mcp, "a Space over MCP");
+    let (space_id, token) = (
+        by_mcp["structuredContent"]["space_id"].as_str().unwrap().to_owned(),
+        by_mcp["structuredContent"]["token"].as_str().unwrap().to_owned(),
+    );
+    let rotated = f.rotate(ip, &token, &space_id).await;
+    assert_eq!(rotated.status, 200, "{}", rotated.body);
+    let (space_id, token) =
+        (rotated.body["space_id"].as_str().unwrap().to_owned(), rotated.body["token"].as_str().unwrap().to_owned());
+
+    rest_refused(&f.rotate(ip, &token, &space_id).await, 50..=60, "a rotation over the budget");
+    rest_refused(&f.create_space(ip).await, 50..=60, "a creation over the budget");
+    assert_eq!(f.spaces().await, 2);
+    let session = through_lambda(f.auth.clone(), &{
+        let mut event: Value = serde_json::from_str(&from(sample("auth-open-session"), address())).unwrap();
+        event["body"] = json!(json!({ "space_id": space_id }).to_string());
+        event.to_string()
+    })
+    .await;
+    assert_eq!(session.status, 200, "the refused rotation changed nothing: {}", session.body);
+
+    // `address()` is never in 192.0.2.0/24.
+    let rotated = f.rotate(IpAddr::from([192, 0, 2, 1]), &token, &space_id).await;
+    assert_eq!(rotated.status, 200, "another client's budget: {}", rotated.body);
 }
 
 /// Sessions the same way, on a budget of 3 then one a minute (the shipped
