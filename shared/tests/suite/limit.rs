@@ -254,6 +254,79 @@ async fn a_rotation_spends_the_space_budget(pool: PgPool) {
     assert_eq!(rotated.status, 200, "another client's budget: {}", rotated.body);
 }
 
+/// Behind the CloudFront edge every request comes from CloudFront's address,
+/// and the viewer's is in `CloudFront-Viewer-Address`: with the edge's
+/// secret in `X-Reeve-Edge-Secret` that viewer is the client (IPv4 `ip:port`,
+/// IPv6 with the port after its last colon, grouped by /56), on REST and
+/// MCP alike; without the secret, or with a wrong one, the header is a
+/// forgery and the request counts against its source address. Started as
+/// the `auth` function is, with `REEVE_EDGE_SECRET` and a budget of 2.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn behind_the_edge_the_viewer_is_the_client_only_beside_its_secret(pool: PgPool) {
+    const SECRET: &str = "the-edge-secret-cloudfront-sends-0123456789";
+    let config = common::config(&pool).with(settings::SPACES_BURST, "2").with(settings::EDGE_SECRET, SECRET);
+    let f = functions_on(common::api(&config).await);
+    let cloudfront = IpAddr::from([130, 176, 0, 7]);
+    // `sample`'s event from CloudFront, with these headers added.
+    let event = |stem: &str, headers: &[(&str, &str)]| {
+        let mut event: Value = serde_json::from_str(&from(sample(stem), cloudfront)).unwrap();
+        for (name, value) in headers {
+            event["headers"][*name] = json!(value);
+        }
+        event.to_string()
+    };
+    let create = |headers: &[(&str, &str)]| {
+        let (app, event) = (f.auth.clone(), event("auth-create-space", headers));
+        async move { through_lambda(app, &event).await }
+    };
+    let viewer = |address: &'static str| ("cloudfront-viewer-address", address);
+    let (secret, wrong) =
+        (("x-reeve-edge-secret", SECRET), ("x-reeve-edge-secret", "the-edge-secret-cloudfront-sends-0123456780"));
+
+    // Forged: each request names another viewer, but without the secret (or
+    // with a wrong one) all count against CloudFront's address.
+    assert_eq!(create(&[viewer("203.0.113.1:1000")]).await.status, 201);
+    assert_eq!(create(&[viewer("203.0.113.2:1000"), wrong]).await.status, 201);
+    rest_refused(&create(&[viewer("203.0.113.3:1000")]).await, 50..=60, "a forged viewer, no secret");
+    rest_refused(&create(&[viewer("203.0.113.4:1000"), wrong]).await, 50..=60, "a forged viewer, a wrong secret");
+    rest_refused(&create(&[]).await, 50..=60, "CloudFront's own address");
+
+    // With the secret, the viewer is the client: its own budget of 2.
+    for address in ["198.51.100.23:1", "198.51.100.23:2"] {
+        assert_eq!(create(&[viewer(address), secret]).await.status, 201, "an IPv4 viewer from {address}");
+    }
+    rest_refused(&create(&[viewer("198.51.100.23:3"), secret]).await, 50..=60, "the IPv4 viewer's third");
+    // IPv6 as CloudFront writes it; one /56 is one client.
+    assert_eq!(create(&[viewer("2001:db8:a:b00::1:443"), secret]).await.status, 201);
+    assert_eq!(create(&[viewer("2001:db8:a:bff:1:2:3:4:80"), secret]).await.status, 201);
+    rest_refused(&create(&[viewer("[2001:db8:a:b42::9]:8080"), secret]).await, 50..=60, "the same /56's third");
+
+    // MCP's create_space counts the same viewer, beside the same secret.
+    let tool = |headers: &[(&str, &str)]| {
+        let mut event: Value = serde_json::from_str(&from(
+            sample_event("mcp-tools-call-task", None, |params| {
+                params["name"] = json!("create_space");
+                params["arguments"] = json!({});
+            }),
+            cloudfront,
+        ))
+        .unwrap();
+        for (name, value) in headers {
+            event["headers"][*name] = json!(value);
+        }
+        let (app, event) = (f.mcp.clone(), event.to_string());
+        async move { through_lambda(app, &event).await }
+    };
+    let answered = tool(&[viewer("192.0.2.55:5"), secret]).await;
+    mcp_ok(&answered.body["result"], "a new viewer over MCP");
+    let forged = tool(&[viewer("192.0.2.56:5")]).await;
+    mcp_refused(&forged.body["result"], 50..=60, "a forged viewer over MCP");
+
+    let clients: Vec<String> =
+        sqlx::query_scalar("SELECT client FROM login_limits ORDER BY client").fetch_all(&f.api.db).await.unwrap();
+    assert_eq!(clients, ["130.176.0.7/32", "192.0.2.55/32", "198.51.100.23/32", "2001:db8:a:b00::/56"]);
+}
+
 /// Sessions the same way, on a budget of 3 then one a minute (the shipped
 /// one refills in half a second, too fast to test without a race): REST's
 /// `POST /v1/sessions` and MCP's `login` spend it together, an unknown
@@ -305,7 +378,7 @@ async fn requests_at_once_never_pass_the_budget(pool: PgPool) {
         LoginLimits { sessions: Budget { burst: 7, every: Duration::from_secs(60) }, ..LoginLimits::default() };
     let ip = address();
     let spends = (0..40).map(|_| {
-        let pool = pool.clone();
+        let (pool, limits) = (pool.clone(), limits.clone());
         tokio::spawn(async move { limits.spend(&pool, ip, Action::Session).await.unwrap().is_ok() })
     });
     let passed = futures_util::future::join_all(spends).await.into_iter().filter(|ok| *ok.as_ref().unwrap()).count();

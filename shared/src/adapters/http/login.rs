@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{Extensions, StatusCode};
+use axum::http::{Extensions, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -55,8 +55,12 @@ struct SpaceCreated {
     ),
 )]
 
-async fn create_space(State(ctx): State<Arc<AuthContext>>, extensions: Extensions) -> Result<Response, Response> {
-    super::limit::spend(&ctx, &extensions, Action::Space).await?;
+async fn create_space(
+    State(ctx): State<Arc<AuthContext>>,
+    headers: HeaderMap,
+    extensions: Extensions,
+) -> Result<Response, Response> {
+    super::limit::spend(&ctx, (&headers, &extensions), Action::Space).await?;
     let space = spaces::create(&ctx.db, &ctx.settings.pepper, &ctx.argon2)
         .await
         .map_err(|e| ApiError::refused(&e).into_response())?;
@@ -107,10 +111,11 @@ struct SessionCreated {
 
 async fn open_session(
     State(ctx): State<Arc<AuthContext>>,
+    headers: HeaderMap,
     extensions: Extensions,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<Json<SessionCreated>, Response> {
-    super::limit::spend(&ctx, &extensions, Action::Session).await?;
+    super::limit::spend(&ctx, (&headers, &extensions), Action::Session).await?;
     let s = &ctx.settings;
     match spaces::open_session(&ctx.db, &s.pepper, &s.token_key, &ctx.argon2, &body.space_id).await {
         Ok(session) => {
@@ -200,11 +205,12 @@ struct SpaceRotated {
 )]
 async fn rotate_space(
     State(ctx): State<Arc<AuthContext>>,
+    headers: HeaderMap,
     extensions: Extensions,
     CurrentSession(session): CurrentSession,
     JsonBody(body): JsonBody<RotateRequest>,
 ) -> Result<Json<SpaceRotated>, Response> {
-    super::limit::spend(&ctx, &extensions, Action::Space).await?;
+    super::limit::spend(&ctx, (&headers, &extensions), Action::Space).await?;
     let s = &ctx.settings;
     let rotated = spaces::rotate(&ctx.db, &s.pepper, &s.token_key, &ctx.argon2, &session, &body.space_id)
         .await

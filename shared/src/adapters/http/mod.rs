@@ -84,7 +84,9 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use crate::infra::client_addr::{client_ip, client_key, client_of};
+pub use crate::infra::client_addr::{
+    EDGE_SECRET_HEADER, EdgeSecret, VIEWER_ADDRESS_HEADER, client_behind, client_ip, client_key, client_of,
+};
 #[cfg(feature = "api-catalog")]
 pub use context::CatalogContext;
 #[cfg(feature = "api-uploads")]

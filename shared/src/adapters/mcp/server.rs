@@ -97,8 +97,8 @@ impl ReeveMcp {
         let space = space.as_ref();
         let signed_in = || space.ok_or_else(|| ToolFailure::internal("a session tool without a session"));
         match tool {
-            Fixed::CreateSpace => space::create(ctx, client_of(context)).await,
-            Fixed::Login => space::login(ctx, client_of(context), parse(tool, arguments)?).await,
+            Fixed::CreateSpace => space::create(ctx, client_of(ctx, context)).await,
+            Fixed::Login => space::login(ctx, client_of(ctx, context), parse(tool, arguments)?).await,
             Fixed::CreateUpload => upload::create(ctx, signed_in()?, parse(tool, arguments)?).await,
             Fixed::GetTask => task::get(ctx, signed_in()?, parse(tool, arguments)?).await,
             Fixed::ListTasks => task::list(ctx, signed_in()?, parse(tool, arguments)?).await,
@@ -143,9 +143,11 @@ impl ReeveMcp {
     }
 }
 
-/// The address the call came from (the HTTP request's transport).
-fn client_of(context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
-    context.extensions.get::<Parts>().and_then(|parts| crate::infra::client_addr::client_of(&parts.extensions))
+/// The address the call came from: the HTTP request's transport, or behind
+/// the CloudFront edge the viewer it vouches for, as on REST.
+fn client_of(ctx: &McpContext, context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
+    let parts = context.extensions.get::<Parts>()?;
+    crate::infra::client_addr::client_behind(ctx.limits.edge.as_ref(), &parts.headers, &parts.extensions)
 }
 
 /// A tool's arguments, past its schema, as its argument type.
