@@ -1,6 +1,9 @@
 //! [`ReeveMcp`]: rmcp's `ServerHandler`, one per request (the endpoint is
-//! stateless). It finds the tool, the caller's Space (from `Authorization:
-//! Bearer`), the payment (from `_meta`), and hands each to its tool module.
+//! stateless), each a clone of the one made with the endpoint, which holds
+//! the tool list. It finds the tool in the registry ([`super::tools`]), the
+//! caller's Space (from `Authorization: Bearer`), the payment (from
+//! `_meta`), and hands each call to its tool: a fixed tool's own handler, or
+//! a kind's [`kind::run`].
 //!
 //! Tasks extension (`io.modelcontextprotocol/tasks`): a client that declares
 //! it gets a task handle from a kind's tool instead of waiting, and
@@ -15,20 +18,22 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CreateTaskResult, DetailedTask,
     ErrorData, GetTaskParams, GetTaskResult, Implementation, JsonObject, ListToolsResult, MetaObject,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Task as McpTask, TaskPayload, TaskStatus as McpStatus,
+    Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 use tracing::Instrument;
 
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
-use super::task::Answer;
-use super::tools::{Fixed, Named};
+use super::kind::{self, Answer, KindCall};
+use super::task::{self, TaskRef};
+use super::tool::{FixedTool, Identity};
+use super::tools::{CancelTask, Fixed, Named, Tools};
 use super::wait::Progress;
-use super::{payment, rfc3339, space, task, upload};
+use super::{payment, rfc3339};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::payments;
@@ -41,11 +46,15 @@ const POLL_INTERVAL_MS: u64 = 1000;
 #[derive(Clone)]
 pub struct ReeveMcp {
     ctx: Arc<McpContext>,
+    tools: Arc<Tools>,
 }
 
 impl ReeveMcp {
+    /// The server of one endpoint, its tool list built from the catalog
+    /// here, once; every request is served by a clone.
     pub fn new(ctx: Arc<McpContext>) -> ReeveMcp {
-        ReeveMcp { ctx }
+        let tools = Arc::new(Tools::new(&ctx.catalog));
+        ReeveMcp { ctx, tools }
     }
 
     /// The Space of the request's session token. A missing, expired or
@@ -84,33 +93,24 @@ impl ReeveMcp {
         }
     }
 
+    /// A fixed tool's call: the session first where the tool needs one (a
+    /// call without it is refused before its arguments are read), then its
+    /// arguments against its schema, then its handler.
     async fn fixed(
         &self,
-        tool: Fixed,
+        tool: &Fixed,
         arguments: Map<String, Value>,
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<Value> {
-        let ctx = &*self.ctx;
         let space = if tool.needs_session() { Some(self.session(context).await?) } else { None };
         let arguments = Value::Object(arguments);
-        ctx.tools.check(tool, &arguments)?;
-        let space = space.as_ref();
-        let signed_in = || space.ok_or_else(|| ToolFailure::internal("a session tool without a session"));
-        match tool {
-            Fixed::CreateSpace => space::create(ctx, client_of(ctx, context)).await,
-            Fixed::Login => space::login(ctx, client_of(ctx, context), parse(tool, arguments)?).await,
-            Fixed::CreateUpload => upload::create(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::GetTask => task::get(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::ListTasks => task::list(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::CancelTask => task::cancel(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::GetResult => task::result(ctx, signed_in()?, parse(tool, arguments)?).await,
-        }
+        tool.check(&arguments)?;
+        tool.call(&self.ctx, Identity { space, client: client_of(&self.ctx, context) }, arguments).await
     }
 
     async fn kind(
         &self,
-        tool: &str,
-        kind: &str,
+        (listed, kind): (&Tool, &str),
         arguments: Map<String, Value>,
         (request_meta, named_id): (Option<&Value>, Option<&Value>),
         context: &RequestContext<RoleServer>,
@@ -129,8 +129,8 @@ impl ReeveMcp {
         let invocation =
             context.extensions.get::<Parts>().and_then(|parts| parts.extensions.get::<lambda_http::Context>());
         let deadline = invocation.map(crate::domain::tasks::deadline_of);
-        let call = task::KindCall { tool, kind, arguments, key };
-        let created = task::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
+        let call = KindCall { listed, kind, arguments, key };
+        let created = kind::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
         let meta = created.settlement.map(meta_object);
         if as_task {
             let mut handle = CreateTaskResult::new(mcp_task(&created.task));
@@ -148,12 +148,6 @@ impl ReeveMcp {
 fn client_of(ctx: &McpContext, context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
     let parts = context.extensions.get::<Parts>()?;
     crate::infra::client_addr::client_behind(ctx.limits.edge.as_ref(), &parts.headers, &parts.extensions)
-}
-
-/// A tool's arguments, past its schema, as its argument type.
-fn parse<T: DeserializeOwned>(tool: Fixed, arguments: Value) -> ToolResult<T> {
-    serde_json::from_value(arguments)
-        .map_err(|e| ToolFailure::new("invalid_arguments", format!("{} arguments: {e}", tool.name())))
 }
 
 fn meta_object(value: Value) -> MetaObject {
@@ -238,7 +232,7 @@ impl ServerHandler for ReeveMcp {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.ctx.tools.list().to_vec()))
+        Ok(ListToolsResult::with_all_items(self.tools.list().to_vec()))
     }
 
     async fn call_tool(
@@ -248,7 +242,7 @@ impl ServerHandler for ReeveMcp {
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.as_ref();
         // The one call that is not a tool result: there is no tool to answer.
-        let Some(named) = self.ctx.tools.find(name) else {
+        let Some(named) = self.tools.find(name) else {
             return Err(ErrorData::invalid_params(
                 format!("no tool named {name:?}; tools/list lists them"),
                 Some(json!({ "code": "unknown_tool" })),
@@ -260,12 +254,12 @@ impl ServerHandler for ReeveMcp {
                 Named::Fixed(tool) => {
                     self.fixed(tool, arguments, &context).await.map(|v| CallToolResult::structured(v).into())
                 }
-                Named::Kind(kind) => {
+                Named::Kind { kind, listed } => {
                     // rmcp hands the request's `_meta` over in the context.
                     let meta =
                         |key: &str| context.meta.get(key).or_else(|| request.meta.as_ref().and_then(|m| m.get(key)));
                     let paid = (meta(payment::PAYMENT_META), meta(payment::IDENTIFIER_META));
-                    self.kind(name, kind, arguments, paid, &context).await
+                    self.kind((listed, kind), arguments, paid, &context).await
                 }
             }
         }
@@ -312,9 +306,8 @@ impl ServerHandler for ReeveMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let space = self.session(&context).await.map_err(task_method_error)?;
-        let args = json!({ "task_id": request.task_id });
-        let args = serde_json::from_value(args).map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
-        match task::cancel(&self.ctx, &space, args).await {
+        // `cancel_task`'s own handler, so both ways to cancel answer alike.
+        match CancelTask::call(&self.ctx, space, TaskRef { task_id: request.task_id }).await {
             // Cooperative: a finished task has nothing left to cancel.
             Ok(_) => Ok(()),
             Err(failure) if failure.code() == TaskRefusal::FINISHED => Ok(()),
