@@ -250,7 +250,8 @@ mod tests {
         let secret = (EDGE_SECRET_HEADER, "the-edge-secret-of-this-deployment-0123456789");
         let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
         // (the edge configured?, headers, client)
-        let cases: &[(bool, &[(&str, &str)], Option<IpAddr>)] = &[
+        type Case<'a> = (bool, &'a [(&'a str, &'a str)], Option<IpAddr>);
+        let cases: &[Case] = &[
             // AWS's documented forms: IPv4 `ip:port`, IPv6 with the port after its last colon.
             (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:46532")], ip("198.51.100.10")),
             (true, &[secret, (VIEWER_ADDRESS_HEADER, "2001:db8::8a2e:370:7334:46532")], ip("2001:db8::8a2e:370:7334")),
