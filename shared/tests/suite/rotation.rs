@@ -239,3 +239,45 @@ async fn mcp_refuses_a_logged_out_or_rotated_session(pool: PgPool) {
     let given = rotated.body["token"].as_str().unwrap();
     assert_eq!(listed_over_mcp(&mcp_list_tasks(&mcp, given).await), [json!(task.to_string())]);
 }
+
+/// `rotate_space` over `/mcp` is the REST route's rotation: a wrong current
+/// ID is `wrong_space_id` and changes nothing; the right one answers the
+/// new ID (shown once) and a session on it, the old ID and the calling
+/// session are refused from then on, and the new ID sees the Space's tasks.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn rotate_space_over_mcp_is_the_rest_rotation(pool: PgPool) {
+    let ctx = ctx(pool.clone()).await;
+    let (app, mcp) = (app(ctx.clone()), mcp_router(&ctx));
+    let (space_id, token) = new_session(&app).await;
+    let task = task_of(&pool, &ctx, &token).await;
+    let call = |space_id: String, token: String| {
+        let mcp = mcp.clone();
+        async move {
+            let event = sample_event("mcp-tools-call-task", Some(&token), |params| {
+                params["name"] = json!("rotate_space");
+                params["arguments"] = json!({ "space_id": space_id });
+            });
+            let answer = through_lambda(mcp, &event).await;
+            assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+            answer.body["result"].clone()
+        }
+    };
+
+    let (other_id, _) = new_session(&app).await;
+    let wrong = call(other_id, token.clone()).await;
+    assert_eq!(wrong["isError"], true, "{wrong}");
+    assert_eq!(wrong["structuredContent"]["error"]["code"], "wrong_space_id", "{wrong}");
+    assert_eq!(listed(&app, &token).await, [task.to_string()], "a refused rotation ends nothing");
+
+    let rotated = call(space_id.clone(), token.clone()).await;
+    assert_ne!(rotated["isError"], true, "{rotated}");
+    let answer = &rotated["structuredContent"];
+    let new_id = answer["space_id"].as_str().unwrap();
+    assert!(new_id.len() == 20 && new_id != space_id, "{answer}");
+    assert_eq!(login(&app, &space_id).await.status, StatusCode::UNAUTHORIZED, "the old ID opens nothing");
+    assert_eq!(send(&app, get_authed("/v1/tasks", &token)).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(listed(&app, answer["token"].as_str().unwrap()).await, [task.to_string()]);
+    let session = login(&app, new_id).await;
+    assert_eq!(session.status, StatusCode::OK, "{}", session.body);
+    assert_eq!(listed(&app, session.body["token"].as_str().unwrap()).await, [task.to_string()]);
+}

@@ -34,7 +34,7 @@ use super::tool::{FixedTool, Identity};
 use super::tools::{CancelTask, Fixed, Named, Tools};
 use super::wait::Progress;
 use super::{payment, rfc3339};
-use crate::domain::auth::SpaceIndex;
+use crate::domain::auth::SessionToken;
 use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::payments;
 use crate::domain::sessions::{self, SessionRefused};
@@ -61,7 +61,7 @@ impl ReeveMcp {
     /// ended token (logout, a rotation of the Space ID) is a tool error that
     /// says which tool gives one, not a transport failure: the model reads
     /// it and calls `login`.
-    async fn session(&self, context: &RequestContext<RoleServer>) -> ToolResult<SpaceIndex> {
+    async fn session(&self, context: &RequestContext<RoleServer>) -> ToolResult<SessionToken> {
         let headers = context.extensions.get::<Parts>().map(|parts| &parts.headers);
         let Some(value) = headers.and_then(|h| h.get(header::AUTHORIZATION)) else {
             return Err(ToolFailure::refused_saying(
@@ -87,7 +87,7 @@ impl ReeveMcp {
         };
         let token = token.ok_or_else(invalid)?;
         match sessions::check_session(&self.ctx.db, &self.ctx.token_key, token, OffsetDateTime::now_utc()).await {
-            Ok(session) => Ok(session.space),
+            Ok(session) => Ok(session),
             Err(SessionRefused::Db(e)) => Err(e.into()),
             Err(_) => Err(invalid()),
         }
@@ -102,10 +102,10 @@ impl ReeveMcp {
         arguments: Map<String, Value>,
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<Value> {
-        let space = if tool.needs_session() { Some(self.session(context).await?) } else { None };
+        let session = if tool.needs_session() { Some(self.session(context).await?) } else { None };
         let arguments = Value::Object(arguments);
         tool.check(&arguments)?;
-        tool.call(&self.ctx, Identity { space, client: client_of(&self.ctx, context) }, arguments).await
+        tool.call(&self.ctx, Identity { session, client: client_of(&self.ctx, context) }, arguments).await
     }
 
     async fn kind(
@@ -115,7 +115,7 @@ impl ReeveMcp {
         (request_meta, named_id): (Option<&Value>, Option<&Value>),
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<CallToolResponse> {
-        let space = self.session(context).await?;
+        let space = self.session(context).await?.space;
         let payment = payment::from_meta(request_meta)?;
         let key = payment::identifier_key(payment.as_deref(), named_id)?;
         let as_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
@@ -276,7 +276,7 @@ impl ServerHandler for ReeveMcp {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
-        let space = self.session(&context).await.map_err(task_method_error)?;
+        let space = self.session(&context).await.map_err(task_method_error)?.space;
         let not_found = || task_method_error(ToolFailure::from(TaskRefusal::NotFound));
         let id = request.task_id.parse().map_err(|_| not_found())?;
         let task = tasks::find_for_space(&self.ctx.db, &space, id)
@@ -305,7 +305,7 @@ impl ServerHandler for ReeveMcp {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let space = self.session(&context).await.map_err(task_method_error)?;
+        let space = self.session(&context).await.map_err(task_method_error)?.space;
         // `cancel_task`'s own handler, so both ways to cancel answer alike.
         match CancelTask::call(&self.ctx, space, TaskRef { task_id: request.task_id }).await {
             // Cooperative: a finished task has nothing left to cancel.
