@@ -73,7 +73,10 @@ fn shipped_catalog_loads_with_free_and_priced_tasks() {
     assert_eq!(prices, [("usdc-base", 10_000, Some("0.01"))]);
 
     let http = catalog.task("http").expect("http task");
-    assert_eq!(http.executor, Executor::Http(Http { endpoint: "https://example.com/reeve/echo".into() }));
+    assert_eq!(
+        http.executor,
+        Executor::Http(Http { endpoint: "https://example.com/reeve/echo".into(), protocol: None })
+    );
     assert_eq!((http.accepts[0].asset.as_str(), http.accepts[0].amount), ("usdc-base", 5_000));
     assert_eq!(http.accepts[0].amount_usd, None);
 

@@ -218,6 +218,32 @@ pub async fn extend_lease(db: &PgPool, id: Id, attempt: i32, lease: Duration) ->
     Ok(moved == 1)
 }
 
+/// Records that the run's attempt was handed to its service until
+/// `deadline` (it answered the job `202`), with a fresh lease, never past
+/// the deadline, for the service's first report to renew. `false`: the run
+/// no longer holds the task, and nothing was written.
+pub async fn delegate(
+    db: &PgPool,
+    id: Id,
+    attempt: i32,
+    lease: Duration,
+    deadline: OffsetDateTime,
+) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE tasks SET delegated_attempt = $2, delegated_until = $4,
+                          lease_until = LEAST(now() + make_interval(secs => $3), $4), updated_at = now()
+          WHERE id = $1 AND status = 'running' AND attempts = $2",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(secs(lease))
+    .bind(deadline)
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(moved == 1)
+}
+
 /// Appends one event of a running task (progress or log), setting
 /// `tasks.progress` to `progress` when given, in one statement fenced on the
 /// run. `None`: the run lost the task, and nothing was written.

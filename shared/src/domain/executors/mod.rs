@@ -34,6 +34,7 @@
 mod digest;
 mod fetch;
 mod http;
+pub mod protocol;
 pub(crate) mod registry;
 
 #[cfg(feature = "worker")]
@@ -62,6 +63,7 @@ pub use fetch::Fetch;
 #[cfg(feature = "worker")]
 pub use fetch::output_key;
 pub use http::Http;
+pub use protocol::{PROTOCOL_VERSION, Protocol, SecretRef};
 pub use registry::Executor;
 
 /// One executor, declared whole in its own file and listed once in the
@@ -100,6 +102,14 @@ pub(crate) trait ExecutorKind: Sized {
     /// result before it is paid for by forgetting to say.
     fn discloses(&self, report: &Report) -> bool {
         let _ = report;
+        false
+    }
+
+    /// Whether a run may be handed to a service that answers `202` and
+    /// reports on its own (docs/executors.md): the worker then waits only
+    /// for that answer, so the kind's `timeout_seconds` is not bounded by
+    /// the worker's invocation.
+    fn delegates(&self) -> bool {
         false
     }
 }
@@ -157,12 +167,40 @@ pub struct ExecDeps {
     /// How many days the bucket keeps what `fetch` stores (its lifecycle
     /// rule for `outputs/`), if known.
     pub output_retention_days: Option<u32>,
+    /// What sending a protocol kind's job takes (docs/executors.md).
+    pub protocol: ProtocolDeps,
+}
+
+#[cfg(feature = "worker")]
+/// What the worker signs and links a protocol kind's job with, read once
+/// at start-up. Empty when the catalog has no such kind.
+#[derive(Clone, Debug, Default)]
+pub struct ProtocolDeps {
+    /// Each endpoint's signing key, by where its `secret` says it is.
+    pub keys: std::collections::HashMap<SecretRef, protocol::JobKey>,
+    /// `POST /v1/executor/reports` as services reach it
+    /// (`REEVE_REPORT_URL`).
+    pub report_url: Option<String>,
+    /// The key report tokens are signed with: the API's token key.
+    pub token_key: Option<crate::domain::auth::Secret>,
+}
+
+#[cfg(feature = "worker")]
+impl ExecDeps {
+    /// No protocol kind's keys: what a worker whose catalog has none holds.
+    pub fn default_protocol() -> ProtocolDeps {
+        ProtocolDeps::default()
+    }
 }
 
 #[cfg(feature = "worker")]
 /// One task to run.
 pub struct Job<'a> {
     pub task_id: Id,
+    /// The run's fencing token: which attempt of the task this is.
+    pub attempt: i32,
+    /// The kind's name in the catalog.
+    pub kind: &'a str,
     pub space: SpaceIndex,
     pub input: &'a Value,
     pub spec: &'a TaskSpec,
@@ -197,6 +235,10 @@ pub enum ExecError {
     /// blocked URL): fail it with this stable code.
     #[error("{code}: {message}")]
     Permanent { code: &'static str, message: String },
+    /// Not a failure: the service accepted the job (`202`) and reports on
+    /// its own until `deadline`; the run holds the task no longer.
+    #[error("delegated to the service until {deadline}")]
+    Delegated { deadline: time::OffsetDateTime },
 }
 
 #[cfg(feature = "worker")]
@@ -219,7 +261,7 @@ impl ExecError {
     pub fn code(&self) -> Option<&'static str> {
         match self {
             ExecError::Permanent { code, .. } => Some(code),
-            ExecError::Retryable(_) | ExecError::RetryAfter { .. } => None,
+            ExecError::Retryable(_) | ExecError::RetryAfter { .. } | ExecError::Delegated { .. } => None,
         }
     }
 }
