@@ -244,33 +244,6 @@ pub async fn delegate(
     Ok(moved == 1)
 }
 
-/// Appends one event of a running task (progress or log), setting
-/// `tasks.progress` to `progress` when given, in one statement fenced on the
-/// run. `None`: the run lost the task, and nothing was written.
-pub async fn running_event(
-    db: &PgPool,
-    id: Id,
-    attempt: i32,
-    progress: Option<f32>,
-    kind: EventType,
-    data: &Value,
-) -> Result<Option<Event>, sqlx::Error> {
-    let row: Option<(i64, OffsetDateTime)> = sqlx::query_as(
-        "WITH held AS (
-             UPDATE tasks SET progress = COALESCE($3, progress), last_seq = last_seq + 1, updated_at = now()
-              WHERE id = $1 AND status = 'running' AND attempts = $2
-          RETURNING id, last_seq
-         )
-         INSERT INTO task_events (task_id, seq, type, data)
-         SELECT id, last_seq, $4, $5 FROM held
-         RETURNING seq, at",
-    )
-    .bind(id)
-    .bind(attempt)
-    .bind(progress)
-    .bind(kind.as_str())
-    .bind(sqlx::types::Json(data))
-    .fetch_optional(db)
-    .await?;
-    Ok(row.map(|(seq, at)| Event { seq, kind, data: data.clone(), at }))
-}
+/// Appends one event of a running task: the one write a worker's report
+/// and a service's report share (`domain::tasks::events`).
+pub use crate::domain::tasks::events::running_event;

@@ -36,12 +36,14 @@ mod fetch;
 mod http;
 pub mod protocol;
 pub(crate) mod registry;
+#[cfg(feature = "api-tasks")]
+pub mod service;
 
 #[cfg(feature = "worker")]
 use std::future::Future;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Map, Value, json};
 #[cfg(feature = "worker")]
 use sqlx::PgPool;
 #[cfg(feature = "worker")]
@@ -55,6 +57,8 @@ use crate::domain::catalog::meter::Quantity;
 use crate::domain::catalog::read::{Fields, Problems};
 #[cfg(feature = "worker")]
 use crate::domain::ids::Id;
+use crate::domain::payments::HeldReport;
+use crate::domain::tasks::EventType;
 #[cfg(feature = "worker")]
 use crate::infra::outbound::{Outbound, OutboundError};
 
@@ -132,6 +136,67 @@ pub(crate) struct TaskKey {
 /// every other one until the capture.
 pub fn discloses(executor: &Executor, report: &Report) -> bool {
     executor.discloses(report)
+}
+
+/// How a report becomes an event of its task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recorded {
+    /// Written now: `(tasks.progress, type, data)`.
+    Shown { progress: Option<f32>, kind: EventType, data: Value },
+    /// A metered task's report that may carry its result: kept with the
+    /// run, published only once its capture is charged.
+    Held(HeldReport),
+    /// Not a report (a fraction that is no number).
+    Malformed,
+}
+
+/// The event `report` becomes, for a task `metered` by that executor or
+/// free (`None`). A metered task shows only how far it got (the fraction,
+/// and the bytes counted where its executor says they tell nothing of the
+/// result; stage details are stale by the charge) and what its executor
+/// [`discloses`]; everything else is held. What the worker does with its
+/// executor's reports and the report route with a service's.
+pub fn recorded(report: &Report, metered: Option<&Executor>) -> Recorded {
+    let Some((progress, kind, data)) = report_event(report) else { return Recorded::Malformed };
+    match metered {
+        None => Recorded::Shown { progress, kind, data },
+        Some(executor) if kind == EventType::Progress => {
+            let mut shown = json!({ "fraction": data["fraction"] });
+            if executor.discloses(report)
+                && let Some(bytes) = data.get("bytes").filter(|b| b.is_u64())
+            {
+                shown["bytes"] = bytes.clone();
+            }
+            Recorded::Shown { progress, kind, data: shown }
+        }
+        Some(executor) if executor.discloses(report) => Recorded::Shown { progress, kind, data },
+        Some(_) => Recorded::Held(HeldReport { kind: kind.as_str().to_owned(), data }),
+    }
+}
+
+/// The event a report becomes: `(tasks.progress, type, data)`.
+fn report_event(report: &Report) -> Option<(Option<f32>, EventType, Value)> {
+    match report {
+        Report::Progress { fraction, detail } => {
+            if !fraction.is_finite() {
+                return None;
+            }
+            let fraction = fraction.clamp(0.0, 1.0);
+            // f32 → JSON shows 0.3 as 0.30000001192092896: round for people.
+            let shown = (f64::from(fraction) * 10_000.0).round() / 10_000.0;
+            let mut data = Map::new();
+            match detail {
+                Value::Object(fields) => data.extend(fields.iter().map(|(k, v)| (k.clone(), v.clone()))),
+                Value::Null => {}
+                other => {
+                    data.insert("detail".into(), other.clone());
+                }
+            }
+            data.insert("fraction".into(), json!(shown));
+            Some((Some(fraction), EventType::Progress, Value::Object(data)))
+        }
+        Report::Log { line } => Some((None, EventType::Log, json!({ "line": line }))),
+    }
 }
 
 /// What an executor tells the worker while it runs; the worker turns each
@@ -347,6 +412,28 @@ fn outbound_error(target: &str, e: OutboundError) -> ExecError {
         // Not retryable, yet none of the above (a variant added later):
         // fail rather than loop; the detail is in the log line above.
         _ => ExecError::permanent(codes::INVALID_URL, format!("{target} cannot be used")),
+    }
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::*;
+
+    #[test]
+    fn progress_reports_carry_their_detail_and_a_rounded_fraction() {
+        let (progress, kind, data) =
+            report_event(&Report::Progress { fraction: 0.3, detail: json!({"bytes": 3, "total": 10}) }).unwrap();
+        assert_eq!(progress, Some(0.3));
+        assert_eq!(kind, EventType::Progress);
+        assert_eq!(data, json!({"fraction": 0.3, "bytes": 3, "total": 10}));
+
+        let (progress, _, data) = report_event(&Report::Progress { fraction: 7.0, detail: json!("x") }).unwrap();
+        assert_eq!(progress, Some(1.0));
+        assert_eq!(data, json!({"fraction": 1.0, "detail": "x"}));
+        assert!(report_event(&Report::Progress { fraction: f32::NAN, detail: Value::Null }).is_none());
+
+        let (progress, kind, data) = report_event(&Report::Log { line: "hi".into() }).unwrap();
+        assert_eq!((progress, kind, data), (None, EventType::Log, json!({"line": "hi"})));
     }
 }
 

@@ -231,9 +231,9 @@ pub(super) mod send {
     fn metered(job: &Job<'_>) -> Option<Value> {
         let price = job.spec.accepts.iter().find(|p| p.meter.is_some())?;
         let meter = price.meter.as_ref()?;
-        // The charge is `used × rate / base`, capped at the amount: the
-        // ceiling in the quantity measured is `amount × base / rate`.
-        let ceiling = price.amount.saturating_mul(u128::from(meter.unit.base())) / meter.rate.max(1);
+        // Usage is reported in the unit, at `rate` each, capped at the
+        // amount: the most units charged for is `amount / rate`.
+        let ceiling = price.amount / meter.rate.max(1);
         Some(json!({ "unit": meter.unit.name(), "ceiling": u64::try_from(ceiling).unwrap_or(u64::MAX) }))
     }
 
