@@ -28,6 +28,7 @@ mod payments;
 mod quota;
 mod redis_tls;
 mod relay;
+mod service;
 mod spaces;
 mod ssrf;
 mod startup;
