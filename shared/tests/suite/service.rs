@@ -348,3 +348,111 @@ async fn a_cancel_while_the_service_works_answers_its_next_report_409_canceled(p
     assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "canceled"));
     api.queue.delete().await;
 }
+
+/// A metered kind sold by a service: paid with x402 `upto` per second the
+/// service says it used, charged the reported usage × rate once its result
+/// is captured, which a worker does (never the report route).
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_metered_service_is_charged_its_reported_usage_once_captured(pool: PgPool) {
+    use common::chain::{ChainLock, Payer, balance, fresh_address};
+    const RATE: u128 = 7;
+    const CEILING: u128 = 1_000;
+    const FUNDS: u128 = 1_000_000;
+
+    let chain = ChainLock::shared().await;
+    let (service, endpoint) = Service::start().await;
+    let pay_to = fresh_address();
+    let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+    let tasks = format!(
+        r#"
+        [tasks.msvc]
+        title = "A metered service"
+        description = "An operator's own service, paid per second it reports."
+        executor = "http"
+        endpoint = "{endpoint}"
+        protocol = 1
+        secret = "{SECRET_VAR}"
+        timeout_seconds = 60
+        input_schema = {{ type = "object" }}
+        [[tasks.msvc.accepts]]
+        asset = "local"
+        scheme = "upto"
+        unit = "second"
+        rate = "{RATE}"
+        amount = "{CEILING}"
+        "#
+    );
+    let catalog = common::paid_catalog_text(&pay_to, &facilitator, 300, &tasks);
+    let queue = common::TestQueue::new().await;
+    let config = common::with_catalog(common::config(&pool), &catalog)
+        .with(settings::QUEUE_URL, &queue.url)
+        .with(reeve_shared::payments::CHAIN_RPC_URLS, common::chain::chain_rpc_urls());
+    let app = reeve_shared::http::app(common::api(&config).await);
+    let session = common::new_session(&app).await.1;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+
+    let create = |payment: Option<String>| {
+        let mut request = common::post_json("/v1/tasks/msvc", Some(&session), &json!({ "input": {} }));
+        if let Some(p) = payment {
+            request.headers_mut().insert("payment-signature", p.parse().unwrap());
+        }
+        send(&app, request)
+    };
+    let challenge = create(None).await;
+    assert_eq!(challenge.status, StatusCode::PAYMENT_REQUIRED, "{}", challenge.body);
+    let signature = payer.sign(challenge.headers["payment-required"].to_str().unwrap()).await;
+    let created = create(Some(signature)).await;
+    assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
+    let id: reeve_shared::ids::Id = created.body["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(queue.drain().await.len(), 1);
+
+    let worker_config = common::loopback_outbound(config.clone().without(settings::QUEUE_URL))
+        .with(SECRET_VAR, secret())
+        .with(settings::REPORT_URL, "http://127.0.0.1:9/v1/executor/reports");
+    let worker = common::worker(&worker_config).await;
+    let message = json!({ "task_id": id, "kind": "msvc" }).to_string();
+    assert_eq!(process(&worker, &message, 1).await, Outcome::Done);
+    let job = service.jobs()[0].0.clone();
+    assert_eq!(job["metered"], json!({ "unit": "second", "ceiling": CEILING / RATE }));
+    let token = job["report"]["token"].as_str().unwrap().to_owned();
+    let report = |body: Value| {
+        let request = axum::http::Request::post("/v1/executor/reports")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {token}"))
+            .body(axum::body::Body::from(body.to_string()))
+            .unwrap();
+        send(&app, request)
+    };
+
+    // Before the charge: how far it got, nothing of what it found.
+    let progress = report(json!({ "id": "p", "type": "progress", "fraction": 0.5, "message": "found 3 words" })).await;
+    assert_eq!(progress.status, StatusCode::OK, "{}", progress.body);
+    assert_eq!(events(&pool, id, "progress").await, [json!({ "fraction": 0.5 })]);
+    let log = report(json!({ "id": "l", "type": "log", "line": "the most frequent word is reeve" })).await;
+    assert_eq!(log.status, StatusCode::OK, "{}", log.body);
+    assert!(events(&pool, id, "log").await.iter().all(|l| !l["line"].as_str().unwrap().contains("reeve")), "held");
+    let usage = report(json!({ "id": "u", "type": "usage", "used": 5 })).await;
+    assert_eq!(usage.status, StatusCode::OK, "{}", usage.body);
+    let result = report(json!({ "id": "r", "type": "result", "result": { "top": "reeve" } })).await;
+    assert_eq!((result.status, &result.body["used"]), (StatusCode::OK, &json!(5)), "{}", result.body);
+    assert_eq!(balance(&payer.address).await, FUNDS, "nothing captured by the report route");
+    let late = report(json!({ "id": "p2", "type": "progress", "fraction": 0.9 })).await;
+    assert_eq!((late.status, late.code()), (StatusCode::CONFLICT, "ended"));
+
+    // A worker resumes the held capture and delivers the result.
+    let next = queue.drain().await;
+    assert_eq!(next.len(), 1, "queued for its capture");
+    assert_eq!(process(&worker, &next[0].to_string(), 1).await, Outcome::Done);
+    let (status, _) = status(&pool, id).await;
+    assert_eq!(status, "completed");
+    assert_eq!(balance(&payer.address).await, FUNDS - 5 * RATE, "charged the reported 5 seconds × the rate");
+    assert_eq!(balance(&pay_to).await, 5 * RATE);
+    assert_eq!(events(&pool, id, "result").await, [json!({ "top": "reeve" })]);
+    assert!(
+        events(&pool, id, "log").await.iter().any(|l| l["line"] == "the most frequent word is reeve"),
+        "the held line is shown once charged"
+    );
+    assert_eq!(service.jobs().len(), 1, "the service is not sent the job again");
+    queue.delete().await;
+}

@@ -99,7 +99,7 @@ struct ReportAnswer {
                            `canceled`: the buyer canceled the task; `ended`: the attempt already ended. \
                            Stop working on it."),
         (status = 413, body = ErrorEnvelope,
-            description = "`report_too_large`: the result is over 1 MiB; `body_too_large`: the body is larger still."),
+            description = "`too_large`: the result is over 1 MiB; `body_too_large`: the body is larger still."),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),
         (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
     ),

@@ -415,6 +415,14 @@ fn outbound_error(target: &str, e: OutboundError) -> ExecError {
     }
 }
 
+/// Lower-case hex SHA-256.
+#[cfg(all(test, feature = "worker"))]
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let digest: [u8; 32] = sha2::Sha256::digest(bytes).into();
+    hex::encode(digest)
+}
+
 #[cfg(test)]
 mod report_tests {
     use super::*;
@@ -435,12 +443,4 @@ mod report_tests {
         let (progress, kind, data) = report_event(&Report::Log { line: "hi".into() }).unwrap();
         assert_eq!((progress, kind, data), (None, EventType::Log, json!({"line": "hi"})));
     }
-}
-
-/// Lower-case hex SHA-256.
-#[cfg(all(test, feature = "worker"))]
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    let digest: [u8; 32] = sha2::Sha256::digest(bytes).into();
-    hex::encode(digest)
 }

@@ -82,7 +82,7 @@ impl ReportRefusal {
     pub const SUPERSEDED: &'static str = "superseded";
     pub const CANCELED: &'static str = "canceled";
     pub const ENDED: &'static str = "ended";
-    pub const TOO_LARGE: &'static str = "report_too_large";
+    pub const TOO_LARGE: &'static str = "too_large";
 }
 
 impl Refusal for ReportRefusal {
@@ -341,14 +341,18 @@ pub async fn apply(
                 match auth.hold_for_capture(&mut tx, task, &run_held).await.map_err(Err)? {
                     None => return Err(Ok(ReportRefusal::Ended)),
                     Some(Hold::Held) => {
-                        // Its lease lapses at once: the worker that takes the
-                        // task resumes the capture (and the sweeper re-sends it
-                        // if the message is lost).
-                        sqlx::query("UPDATE tasks SET lease_until = now() WHERE id = $1")
-                            .bind(task)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(Err)?;
+                        // Back to the queue, as the worker puts a task whose
+                        // capture is open: the worker that claims it only
+                        // resumes the capture and delivers this result (and
+                        // the sweeper re-sends it if the message is lost).
+                        let line = format!(
+                            "attempt {} finished and its payment is being settled; the task is not run again",
+                            run.attempt
+                        );
+                        let change = Change::Requeue { line: &line, due: None };
+                        let events =
+                            transition_in(&mut tx, task, Fence::Run(run.attempt), change).await.map_err(Err)?;
+                        done.events.extend(events.ok_or(Ok(ReportRefusal::Ended))?);
                         done.then = Then::Enqueue { kind: kind.clone(), delay: Duration::ZERO };
                     }
                     Some(Hold::Released(payment)) => {
