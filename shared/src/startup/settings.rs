@@ -155,6 +155,10 @@ impl Needs {
     }
 }
 
+/// `POST /v1/executor/reports` as a protocol kind's service reaches it
+/// (`https://<api-host>/v1/executor/reports`): where its job says to
+/// report. Needed by the worker only when the catalog has such a kind.
+pub const REPORT_URL: &str = "REEVE_REPORT_URL";
 /// Browser origins allowed to call the API and the relay (comma-separated).
 pub const CORS_ORIGINS: &str = "REEVE_CORS_ORIGINS";
 /// The API the relay's console page calls (`https://<api-host>`); unset, the
@@ -290,6 +294,24 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             Some(url) => Some(url.origin().ascii_serialization()),
             None => {
                 self.problems.push(format!("{name} must be an origin such as https://api.example.com, got {value:?}"));
+                None
+            }
+        }
+    }
+
+    /// A required absolute http(s) URL, as written.
+    pub fn http_url(&mut self, name: &str) -> Option<String> {
+        let value = self.required(name);
+        if value.is_empty() {
+            return None;
+        }
+        let url = url::Url::parse(value.trim())
+            .ok()
+            .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host() && url.username().is_empty());
+        match url {
+            Some(_) => Some(value.trim().to_owned()),
+            None => {
+                self.problems.push(format!("{name} must be an absolute http(s) URL, got {value:?}"));
                 None
             }
         }

@@ -29,6 +29,7 @@ mod quota;
 mod redis_tls;
 mod relay;
 mod rotation;
+mod service;
 mod spaces;
 mod ssrf;
 mod startup;

@@ -24,7 +24,7 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 18] = [
+const ROUTES: [(&str, &str); 19] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -43,7 +43,11 @@ const ROUTES: [(&str, &str); 18] = [
     ("POST", "/v1/tasks/{task}/ticket"),
     ("GET", "/v1/space"),
     ("GET", "/v1/tasks/{task}/events"),
+    ("POST", "/v1/executor/reports"),
 ];
+
+/// The route that takes a job's report token, not a session's.
+const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
 
 /// The routes whose handlers take a bearer token.
 const BEARER_ROUTES: [(&str, &str); 13] = [
@@ -221,10 +225,15 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
     all.push(("catalog", http::catalog::router().into_openapi(), own, global, catalog));
     let (own, global) = same(&[("POST", "/v1/uploads")]);
     all.push(("presign", http::uploads::router().into_openapi(), own, global, http::presign_app(ctx.uploads.clone())));
+    // The executor report route shares the task-create function.
+    let mut create_doc = http::tasks::create_router().into_openapi();
+    create_doc.merge(http::executor_reports::router().into_openapi());
+    let mut creates = creates;
+    creates.insert((REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()));
     all.push((
         "task-create",
-        http::tasks::create_router().into_openapi(),
-        expected(&[("POST", CREATE_TEMPLATE)]),
+        create_doc,
+        expected(&[("POST", CREATE_TEMPLATE), REPORT_ROUTE]),
         creates,
         http::task_create_app(ctx.task_create.clone()),
     ));
@@ -287,7 +296,13 @@ async fn every_documented_route_is_routed_and_no_other_method_is(pool: PgPool) {
                     reply.body
                 );
                 assert_conforms(&doc, method.as_str(), path, &reply);
-                let refused_for_no_token = reply.status == StatusCode::UNAUTHORIZED && reply.code() == "missing_token";
+                // The report route takes a job's report token, and names its own code.
+                let code = if route == (REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()) {
+                    "invalid_report_token"
+                } else {
+                    "missing_token"
+                };
+                let refused_for_no_token = reply.status == StatusCode::UNAUTHORIZED && reply.code() == code;
                 assert_eq!(
                     refused_for_no_token,
                     bearer.contains(&route),
@@ -327,11 +342,11 @@ async fn each_function_router_serves_and_documents_its_own_routes(pool: PgPool) 
         let own = serde_json::to_value(own).unwrap();
         assert_eq!(routes_of(&own), own_routes, "the {function} router documents other routes");
         for (route, op) in operations(&own) {
-            if own_routes == routes {
+            if own_routes == routes || routes.contains(&route) {
                 assert_eq!(global.get(&route), Some(&op), "{route:?} of {function} is not in the document as such");
             } else {
                 // Each kind's create is the routed one, made specific.
-                for kind_route in &routes {
+                for kind_route in routes.iter().filter(|r| !own_routes.contains(*r)) {
                     let made = &global[kind_route];
                     assert_eq!(made["responses"]["202"], op["responses"]["202"], "{kind_route:?}");
                     assert_eq!(made["security"], op["security"], "{kind_route:?}");
@@ -388,6 +403,10 @@ fn bearer_routes_declare_the_security_requirement_and_public_ones_none() {
             assert_eq!(declared, schemes, "{route:?}");
             let unauthorized = op["responses"]["401"]["description"].as_str().unwrap_or_default();
             assert!(unauthorized.contains("`missing_token`") && unauthorized.contains("`invalid_token`"), "{route:?}");
+        } else if route == (REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()) {
+            assert_eq!(declared, json!([{ "report_token": [] }]), "{route:?}");
+            let scheme = &doc["components"]["securitySchemes"]["report_token"];
+            assert_eq!((&scheme["type"], &scheme["scheme"]), (&json!("http"), &json!("bearer")), "{scheme}");
         } else {
             assert_eq!(declared, Value::Null, "{route:?} is public");
         }

@@ -461,7 +461,8 @@ const SECRET_READERS: &[(&str, &[&str])] = &[
     ("McpFunction", &["ApiEdgeSecret", "DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"]),
     // CloudFront sends the edge's secret as an origin header.
     ("ApiDistribution", &["ApiEdgeSecret"]),
-    ("WorkerFunction", &["DatabaseUrlSecretArn"]),
+    // A protocol kind's job carries a report token, signed with the token key.
+    ("WorkerFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     ("UploadGuardFunction", &["DatabaseUrlSecretArn"]),
     ("SweeperFunction", &["DatabaseUrlSecretArn"]),
     // The relay's secrets are injected by ECS with its execution role.
@@ -569,10 +570,10 @@ fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
             ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()
         } else if main.contains("startup::lambda_catalog()") {
             BTreeSet::new()
-        } else if ["startup::lambda_worker()", "startup::lambda_guard()", "startup::lambda_sweeper()"]
-            .iter()
-            .any(|c| main.contains(c))
-        {
+        } else if main.contains("startup::lambda_worker()") {
+            // A protocol kind's report token is signed with the token key.
+            ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()
+        } else if ["startup::lambda_guard()", "startup::lambda_sweeper()"].iter().any(|c| main.contains(c)) {
             ["DatabaseUrlSecretArn"].into()
         } else {
             panic!("{binary}'s main does not start through reeve_shared::startup");

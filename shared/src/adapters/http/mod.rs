@@ -54,6 +54,8 @@ mod context;
 #[cfg(feature = "relay")]
 pub(crate) mod cors;
 pub(crate) mod error;
+#[cfg(feature = "api-tasks")]
+pub mod executor_reports;
 pub(crate) mod extract;
 mod no_token_in_url;
 // The relay answers its own `/healthz` with the API's `Health`.
@@ -153,9 +155,16 @@ pub fn presign_app(ctx: Arc<UploadsContext>) -> Router {
 }
 
 #[cfg(feature = "api-tasks")]
-/// The `task-create` function: `POST /v1/tasks/{kind}`.
+/// The `task-create` function: `POST /v1/tasks/{kind}` and the executor
+/// report route (`POST /v1/executor/reports`, see [`executor_reports`] for
+/// why it lives here).
 pub fn task_create_app(ctx: Arc<TaskCreateContext>) -> Router {
-    finish(routed(tasks::create_router(), ctx))
+    finish(routed(task_create_routes(), ctx))
+}
+
+#[cfg(feature = "api-tasks")]
+fn task_create_routes() -> OpenApiRouter<Arc<TaskCreateContext>> {
+    tasks::create_router().merge(executor_reports::router())
 }
 
 #[cfg(feature = "api-tasks")]
@@ -173,7 +182,7 @@ pub fn app(ctx: Ctx) -> Router {
             .merge(routed(catalog::router(), ctx.catalog_ctx.clone()))
             .merge(routed(login::router(), ctx.auth.clone()))
             .merge(routed(uploads::router(), ctx.uploads.clone()))
-            .merge(routed(tasks::create_router(), ctx.task_create.clone()))
+            .merge(routed(task_create_routes(), ctx.task_create.clone()))
             .merge(routed(tasks::status_router(), ctx.task_status.clone())),
     )
 }
@@ -201,7 +210,7 @@ pub fn lambda_routes() -> Vec<(&'static str, Vec<(String, String)>)> {
         ("http::auth_app", of(login::router())),
         ("http::catalog_app", of(catalog::router())),
         ("http::presign_app", of(uploads::router())),
-        ("http::task_create_app", of(tasks::create_router())),
+        ("http::task_create_app", of(task_create_routes())),
         ("http::task_status_app", of(tasks::status_router())),
     ]
 }
@@ -213,7 +222,7 @@ fn documented() -> utoipa::openapi::OpenApi {
     doc.merge(catalog::router().into_openapi());
     doc.merge(login::router().into_openapi());
     doc.merge(uploads::router().into_openapi());
-    doc.merge(tasks::create_router().into_openapi());
+    doc.merge(task_create_routes().into_openapi());
     doc.merge(tasks::status_router().into_openapi());
     doc
 }

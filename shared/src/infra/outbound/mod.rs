@@ -252,6 +252,29 @@ impl Outbound {
         self.send(req, &url, timeout, max_bytes).await
     }
 
+    /// POSTs `body`, already JSON, with `headers` besides its content type
+    /// (a signed job's `webhook-*` headers), as [`post_json`](Self::post_json).
+    pub async fn post_signed(
+        &self,
+        url: &str,
+        body: Vec<u8>,
+        headers: &[(&str, String)],
+        timeout: Duration,
+        max_bytes: u64,
+    ) -> Result<OutboundResponse, OutboundError> {
+        let url = self.check_url(url)?;
+        let mut req = self
+            .client
+            .post(url.clone())
+            .timeout(timeout)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json");
+        for (name, value) in headers {
+            req = req.header(*name, value);
+        }
+        self.send(req.body(body), &url, timeout, max_bytes).await
+    }
+
     /// GETs `url` for reading its body a chunk at a time
     /// ([`OutboundStream::chunk`]), so that a large download never sits in
     /// memory whole. The cap and the total timeout hold while reading.
