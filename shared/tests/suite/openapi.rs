@@ -24,7 +24,7 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 17] = [
+const ROUTES: [(&str, &str); 22] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -41,11 +41,16 @@ const ROUTES: [(&str, &str); 17] = [
     ("POST", "/v1/tasks/{task}/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
     ("GET", "/v1/space"),
+    ("POST", "/v1/space/webhook-secret"),
+    ("GET", "/v1/space/webhook"),
+    ("PUT", "/v1/space/webhook"),
+    ("DELETE", "/v1/space/webhook"),
+    ("GET", "/v1/tasks/{task}/webhooks"),
     ("GET", "/v1/tasks/{task}/events"),
 ];
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 12] = [
+const BEARER_ROUTES: [(&str, &str); 17] = [
     ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
@@ -57,6 +62,11 @@ const BEARER_ROUTES: [(&str, &str); 12] = [
     ("POST", "/v1/tasks/{task}/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
     ("GET", "/v1/space"),
+    ("POST", "/v1/space/webhook-secret"),
+    ("GET", "/v1/space/webhook"),
+    ("PUT", "/v1/space/webhook"),
+    ("DELETE", "/v1/space/webhook"),
+    ("GET", "/v1/tasks/{task}/webhooks"),
     ("GET", "/v1/tasks/{task}/events"),
 ];
 
