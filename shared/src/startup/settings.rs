@@ -612,6 +612,29 @@ mod tests {
     const LONG: &str = "0123456789abcdef0123456789abcdef";
 
     #[test]
+    fn webhook_settings_default_to_the_standard_schedule_and_check_their_numbers() {
+        let mut e = env(&[]);
+        let s = webhook_settings(&mut e);
+        assert_eq!(s.schedule.len(), 9);
+        assert_eq!(s.timeout, Duration::from_secs(10));
+        assert!(e.take_problems().is_empty());
+        let mut e = env(&[(WEBHOOK_SCHEDULE, " 1, 2,3 "), (WEBHOOK_TIMEOUT, "5")]);
+        let s = webhook_settings(&mut e);
+        assert_eq!(s.schedule, [1, 2, 3].map(Duration::from_secs));
+        assert_eq!(s.timeout, Duration::from_secs(5));
+        for bad in ["5,,6", "-1", "5 min", "90000"] {
+            let vars = [(WEBHOOK_SCHEDULE, bad)];
+            let mut e = env(&vars);
+            webhook_settings(&mut e);
+            let problems = e.take_problems();
+            assert!(problems.len() == 1 && problems[0].starts_with(WEBHOOK_SCHEDULE), "{bad:?}: {problems:?}");
+        }
+        let mut e = env(&[(WEBHOOK_TIMEOUT, "31")]);
+        webhook_settings(&mut e);
+        assert_eq!(e.take_problems().len(), 1);
+    }
+
+    #[test]
     fn complete_environment_is_accepted() {
         let s = api_settings(
             &mut env(&[

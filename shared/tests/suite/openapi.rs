@@ -237,6 +237,11 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/{task}/cancel"),
         ("POST", "/v1/tasks/{task}/ticket"),
         ("GET", "/v1/space"),
+        ("POST", "/v1/space/webhook-secret"),
+        ("GET", "/v1/space/webhook"),
+        ("PUT", "/v1/space/webhook"),
+        ("DELETE", "/v1/space/webhook"),
+        ("GET", "/v1/tasks/{task}/webhooks"),
     ]);
     let status = http::task_status_app(ctx.task_status.clone());
     all.push(("task-status", http::tasks::status_router().into_openapi(), own, global, status));
