@@ -17,6 +17,8 @@ pub enum SpaceCommand {
     Create,
     /// The Space's payments, credits and free-task quotas (also what bare `reeve space` shows).
     Show,
+    /// Make or rotate the Space's webhook signing secret; prints it once.
+    WebhookSecret,
 }
 
 #[derive(Args, Debug)]
@@ -35,6 +37,22 @@ pub async fn space(client: &mut Client, opts: &ClientOpts, command: SpaceCommand
                 output::json(&space);
             } else {
                 print!("{}", crate::space_view::render(&space));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SpaceCommand::WebhookSecret => {
+            let answer = client.authed(Method::POST, "/v1/space/webhook-secret", None, &[]).await?.body;
+            if opts.json {
+                output::json(&answer);
+            } else {
+                println!("{}", answer["secret"].as_str().unwrap_or_default());
+                match answer["previous_expires_at"].as_str() {
+                    Some(until) => eprintln!(
+                        "Webhook secret rotated; shown only this once. The previous one keeps signing beside it \
+                         until {until}."
+                    ),
+                    None => eprintln!("Webhook secret created; shown only this once. Verify deliveries with it."),
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
