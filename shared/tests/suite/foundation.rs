@@ -80,6 +80,7 @@ async fn migrating_again_is_a_no_op(pool: PgPool) {
         [
             "_sqlx_migrations",
             "credits",
+            "executor_reports",
             "login_limits",
             "payment_attempts",
             "payments",

@@ -21,7 +21,6 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -129,7 +128,7 @@ impl Sender {
         let Some(task) = tasks::find_for_space(&self.db, &space, due.task_id).await? else {
             return Ok(Posted::Refused("the task is gone".into()));
         };
-        let body = Bytes::from(payload(due, &task).to_string());
+        let body = payload(due, &task).to_string().into_bytes();
         let id = due.message_id();
         let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
         let headers = [
@@ -138,7 +137,7 @@ impl Sender {
             (SIGNATURE_HEADER, signature_header(&keys, &id, timestamp, &body)),
         ];
         let timeout = self.settings.timeout;
-        Ok(match self.client.post_bytes(&due.url, body, &headers, timeout, MAX_ANSWER_BYTES).await {
+        Ok(match self.client.post_signed(&due.url, body, &headers, timeout, MAX_ANSWER_BYTES).await {
             Ok(answer) => {
                 Posted::Answered { status: answer.status, retry_after: answer.retry_after, location: answer.location }
             }

@@ -274,19 +274,23 @@ impl Outbound {
         self.send(req, &url, timeout, max_bytes).await
     }
 
-    /// POSTs `body` as it is (`content-type: application/json`), with the
-    /// extra `headers` (a signature over those very bytes), with `timeout`
-    /// for the whole exchange.
-    pub async fn post_bytes(
+    /// POSTs `body`, already JSON, with `headers` besides its content type
+    /// (a signed job's `webhook-*` headers), as [`post_json`](Self::post_json).
+    pub async fn post_signed(
         &self,
         url: &str,
-        body: Bytes,
+        body: Vec<u8>,
         headers: &[(&str, String)],
         timeout: Duration,
         max_bytes: u64,
     ) -> Result<OutboundResponse, OutboundError> {
         let url = self.check_url(url)?;
-        let mut req = self.client.post(url.clone()).timeout(timeout).header(CONTENT_TYPE, "application/json");
+        let mut req = self
+            .client
+            .post(url.clone())
+            .timeout(timeout)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json");
         for (name, value) in headers {
             req = req.header(*name, value);
         }
