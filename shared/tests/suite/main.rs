@@ -41,4 +41,5 @@ mod template_monitoring;
 mod upload_guard;
 mod uploads;
 mod upto;
+mod webhooks;
 mod worker;
