@@ -127,7 +127,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
         // Task create spends no login budget.
         limits: Default::default(),
     };
-    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint());
     Ok(TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains))
 }
 
@@ -163,7 +163,7 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
         redis: RedisClient::new(&redis_url)?,
         token_key,
         catalog: Arc::new(catalog),
-        links: crate::domain::tasks::OutputLinks::new(aws::s3(sdk, config.s3_endpoint().is_some()), bucket),
+        links: crate::domain::tasks::OutputLinks::new(S3Links::new(sdk, config.s3_endpoint()), bucket),
     }))
 }
 
@@ -181,7 +181,7 @@ pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connec
         db::unconfigured()
     };
     let redis = RedisClient::new(&settings.redis_url)?;
-    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint());
     Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators, chains))
 }
 

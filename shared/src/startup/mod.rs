@@ -103,6 +103,8 @@ use crate::infra::db::{self, Connect, DbError};
 #[cfg(feature = "outbound")]
 use crate::infra::outbound::{Outbound, OutboundPolicy};
 use crate::infra::redis_client::{self, BadRedisUrl, RedisClient};
+#[cfg(feature = "s3-links")]
+use crate::infra::s3_links::S3Links;
 
 /// Why a process could not start: what every binary's `main` reports.
 #[derive(Debug, thiserror::Error)]
@@ -174,7 +176,7 @@ pub async fn sdk() -> SdkConfig {
 /// loaded for them: for tools and tests (each binary builds only the
 /// clients it uses).
 pub async fn aws_clients(config: &Config) -> AwsClients {
-    AwsClients::from_config(&sdk().await, config.s3_endpoint().is_some())
+    AwsClients::from_config(&sdk().await, config.s3_endpoint())
 }
 
 /// A Lambda's configuration: the process's environment, with the EMF

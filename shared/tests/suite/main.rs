@@ -28,6 +28,7 @@ mod payments;
 mod quota;
 mod redis_tls;
 mod relay;
+mod s3_links;
 mod spaces;
 mod ssrf;
 mod startup;

@@ -274,7 +274,7 @@ impl ApiContext {
             redis: redis.clone(),
             token_key: settings.token_key.clone(),
             catalog: catalog.clone(),
-            links: crate::domain::tasks::OutputLinks::new(aws.s3.clone(), settings.bucket.clone()),
+            links: crate::domain::tasks::OutputLinks::new(aws.s3_links.clone(), settings.bucket.clone()),
         });
         let health = Arc::new(HealthContext { db: db.clone(), redis: redis.clone() });
         Arc::new(ApiContext {

@@ -21,7 +21,7 @@
 pub(crate) mod events;
 #[cfg(feature = "catalog")]
 pub(crate) mod input;
-#[cfg(feature = "s3")]
+#[cfg(feature = "s3-links")]
 pub mod output;
 pub(crate) mod queue;
 #[cfg(feature = "api-tasks")]
@@ -33,7 +33,7 @@ use sqlx::PgPool;
 use time::OffsetDateTime;
 
 pub use events::{Event, EventType, Publisher, append_event, channel, events_after};
-#[cfg(feature = "s3")]
+#[cfg(feature = "s3-links")]
 pub use output::{OutputLinks, output_key};
 #[cfg(feature = "sqs")]
 pub use queue::enqueue;
