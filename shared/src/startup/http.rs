@@ -131,7 +131,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
     Ok(TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains))
 }
 
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 /// The `task-status` function's context. Exits 1 on any problem.
 pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
     let config = lambda_config();
@@ -139,7 +139,7 @@ pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
     or_exit(task_status(&config, &sdk).await)
 }
 
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 /// Reading, listing and canceling tasks, and `GET /v1/space`: the token key,
 /// Postgres, the Redis doorbell, the catalog for the free kinds' quotas, and
 /// the bucket whose outputs a result's link is signed for.

@@ -24,7 +24,7 @@
 mod facilitator_check;
 pub mod settings;
 
-#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-tasks"))]
+#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-task-status"))]
 mod http;
 #[cfg(feature = "mcp")]
 mod mcp;
@@ -35,7 +35,7 @@ mod serve;
 #[cfg(any(feature = "worker", feature = "sweeper", feature = "upload-guard"))]
 mod worker;
 
-#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-tasks"))]
+#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-task-status"))]
 pub use http::*;
 #[cfg(feature = "mcp")]
 pub use mcp::*;
@@ -65,14 +65,16 @@ pub use settings::{Config, Env, Needs, SettingsError};
 use crate::adapters::http::AuthContext;
 #[cfg(feature = "api-catalog")]
 use crate::adapters::http::CatalogContext;
+#[cfg(feature = "api-tasks")]
+use crate::adapters::http::TaskCreateContext;
+#[cfg(feature = "api-task-status")]
+use crate::adapters::http::TaskStatusContext;
 #[cfg(feature = "api-uploads")]
 use crate::adapters::http::UploadsContext;
 #[cfg(feature = "api")]
 use crate::adapters::http::{ApiContext, Ctx};
 #[cfg(feature = "relay")]
 use crate::adapters::http::{CorsOrigins, DEFAULT_KEEPALIVE, RelayContext, RelayCtx, RelayLimits};
-#[cfg(feature = "api-tasks")]
-use crate::adapters::http::{TaskCreateContext, TaskStatusContext};
 #[cfg(feature = "mcp")]
 use crate::adapters::mcp::{McpContext, McpStores};
 #[cfg(feature = "sweeper")]

@@ -105,7 +105,7 @@ pub struct TaskCreateContext {
     pub chains: crate::domain::payments::Chains,
 }
 
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 /// The `task-status` function's: a Space reading and stopping its tasks.
 pub struct TaskStatusContext {
     pub db: PgPool,
@@ -145,7 +145,7 @@ impl SessionKey for TaskCreateContext {
     }
 }
 
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 impl SessionKey for TaskStatusContext {
     fn token_key(&self) -> &Secret {
         &self.token_key

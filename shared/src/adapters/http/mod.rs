@@ -66,13 +66,13 @@ pub mod login;
 mod openapi;
 #[cfg(feature = "relay")]
 mod relay_context;
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 pub(crate) mod space_view;
 #[cfg(feature = "relay")]
 pub mod stream;
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 pub mod tasks;
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 mod ticket;
 #[cfg(feature = "api-uploads")]
 pub mod uploads;
@@ -86,6 +86,10 @@ use utoipa_axum::router::OpenApiRouter;
 pub use crate::infra::client_addr::{client_ip, client_key, client_of};
 #[cfg(feature = "api-catalog")]
 pub use context::CatalogContext;
+#[cfg(feature = "api-tasks")]
+pub use context::TaskCreateContext;
+#[cfg(feature = "api-task-status")]
+pub use context::TaskStatusContext;
 #[cfg(feature = "api-uploads")]
 pub use context::UploadsContext;
 #[cfg(feature = "api")]
@@ -93,8 +97,6 @@ pub use context::{ApiContext, Ctx, HealthContext};
 pub use context::{ApiSettings, SessionKey};
 #[cfg(feature = "api-auth")]
 pub use context::{AuthContext, AuthSettings};
-#[cfg(feature = "api-tasks")]
-pub use context::{TaskCreateContext, TaskStatusContext};
 #[cfg(feature = "relay")]
 pub use cors::{CorsOrigins, with_cors};
 pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
@@ -111,7 +113,7 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 /// Requests carry small JSON documents; files go straight to S3.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-tasks"))]
+#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-task-status"))]
 /// A module's routes on their context. The router's part of the OpenAPI
 /// document is dropped: [`openapi`] is the whole API's, and only the
 /// catalog function serves it.
@@ -155,7 +157,7 @@ pub fn task_create_app(ctx: Arc<TaskCreateContext>) -> Router {
     finish(routed(tasks::create_router(), ctx))
 }
 
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 /// The `task-status` function: a task, the list, cancel and `GET /v1/space`.
 pub fn task_status_app(ctx: Arc<TaskStatusContext>) -> Router {
     finish(routed(tasks::status_router(), ctx))

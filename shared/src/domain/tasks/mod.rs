@@ -38,7 +38,7 @@ pub use output::{OutputLinks, output_key};
 #[cfg(feature = "sqs")]
 pub use queue::enqueue;
 pub use queue::{QueueError, QueueMessage};
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 pub use quota::{AT_ONCE_RETRY, Limit, QuotaExceeded, QuotaUse, Used};
 #[cfg(feature = "catalog")]
 pub use shelf::Shelf;
@@ -258,7 +258,7 @@ macro_rules! insert_queued_ctes {
     };
 }
 // After `insert_queued_ctes!`, which it uses.
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 pub(crate) mod quota;
 
 #[cfg(feature = "catalog")]
