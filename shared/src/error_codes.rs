@@ -21,12 +21,14 @@ use crate::adapters::http::error::ApiError;
 use crate::adapters::mcp::failure::ToolFailure;
 use crate::domain::auth::AuthError;
 use crate::domain::error::{TaskRefusal, TokenRefusal};
+use crate::domain::executors::service::ReportRefusal;
 use crate::domain::login_limits::{Action, Limited};
 use crate::domain::payments::challenge::Resource;
 use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse, UptoRefusal};
 use crate::domain::spaces::SpaceError;
 use crate::domain::tasks::{Limit, QuotaExceeded, SubmitError, UploadProblem};
 use crate::domain::uploads::CreateError;
+use crate::domain::webhooks::WebhookRefusal;
 
 fn challenge(error: &str) -> Box<PaymentRequired> {
     Box::new(PaymentRequired {
@@ -158,12 +160,13 @@ fn every_upload_error() -> Vec<CreateError> {
 fn every_space_error() -> Vec<SpaceError> {
     let all = vec![
         SpaceError::InvalidSpace,
+        SpaceError::WrongSpaceId,
         SpaceError::Db(sqlx::Error::PoolTimedOut),
         SpaceError::Auth(AuthError::MalformedSpaceId),
     ];
     for e in &all {
         match e {
-            SpaceError::InvalidSpace | SpaceError::Db(_) | SpaceError::Auth(_) => {}
+            SpaceError::InvalidSpace | SpaceError::WrongSpaceId | SpaceError::Db(_) | SpaceError::Auth(_) => {}
         }
     }
     all
@@ -179,6 +182,20 @@ fn every_task_refusal() -> Vec<TaskRefusal> {
     for e in &all {
         match e {
             TaskRefusal::NotFound | TaskRefusal::Finished(_) => {}
+        }
+    }
+    all
+}
+
+fn every_webhook_refusal() -> Vec<WebhookRefusal> {
+    let all = vec![
+        WebhookRefusal::Invalid("the webhook URL must be https://".into()),
+        WebhookRefusal::SecretRequired,
+        WebhookRefusal::Db(sqlx::Error::PoolTimedOut),
+    ];
+    for e in &all {
+        match e {
+            WebhookRefusal::Invalid(_) | WebhookRefusal::SecretRequired | WebhookRefusal::Db(_) => {}
         }
     }
     all
@@ -223,6 +240,12 @@ fn answers() -> Vec<Answer> {
     all.extend(both(every_login_limit, |e| ApiError::refused(&e)));
     all.extend(both(every_task_refusal, |e| ApiError::refused(&e)));
     all.extend(both(every_token_refusal, |e| ApiError::refused(&e)));
+    // Not an MCP tool's yet: its answer there is the one vocabulary's all the same.
+    all.extend(every_webhook_refusal().into_iter().map(|e| Answer {
+        shown: format!("{e:?}"),
+        http: ApiError::refused(&e),
+        mcp: ToolFailure::refused(&e),
+    }));
     all
 }
 
@@ -292,10 +315,47 @@ fn every_refusal_has_one_code_on_both_transports_and_is_documented() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// An executor's report refusals: HTTP only (a service reports over
+/// `POST /v1/executor/reports`, never over MCP), each documented in both places.
+fn every_report_refusal() -> Vec<ReportRefusal> {
+    let all = vec![
+        ReportRefusal::Invalid("id is missing".into()),
+        ReportRefusal::Token,
+        ReportRefusal::Superseded,
+        ReportRefusal::Canceled,
+        ReportRefusal::Ended,
+        ReportRefusal::TooLarge,
+    ];
+    for e in &all {
+        match e {
+            ReportRefusal::Invalid(_)
+            | ReportRefusal::Token
+            | ReportRefusal::Superseded
+            | ReportRefusal::Canceled
+            | ReportRefusal::Ended
+            | ReportRefusal::TooLarge => {}
+        }
+    }
+    all
+}
+
+#[test]
+fn every_report_refusal_is_documented() {
+    let openapi = include_str!("adapters/http/openapi.json");
+    let readme = readme_codes();
+    for refusal in every_report_refusal() {
+        let code = ApiError::refused(&refusal).code;
+        assert!(openapi.contains(&format!("`{code}`")), "{refusal:?}: `{code}` is in no description of openapi.json");
+        assert!(readme.iter().any(|c| c == code), "{refusal:?}: `{code}` is not in the README's table of error codes");
+    }
+}
+
 #[test]
 fn every_code_in_the_readme_is_answered_by_something() {
     let answers = answers();
-    let refused: BTreeSet<&str> = answers.iter().flat_map(|a| [a.http.code, a.mcp.code()]).collect();
+    let reports: Vec<&'static str> = every_report_refusal().iter().map(|r| ApiError::refused(r).code).collect();
+    let refused: BTreeSet<&str> =
+        answers.iter().flat_map(|a| [a.http.code, a.mcp.code()]).chain(reports.iter().copied()).collect();
     let named = adapter_literals();
     let unanswered: Vec<String> =
         readme_codes().into_iter().filter(|code| !refused.contains(code.as_str()) && !named.contains(code)).collect();

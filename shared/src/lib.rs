@@ -49,7 +49,7 @@ pub use domain::executors;
 pub use domain::relay;
 #[cfg(feature = "s3")]
 pub use domain::uploads;
-pub use domain::{auth, catalog, ids, payments, sessions, tasks};
+pub use domain::{auth, catalog, ids, payments, sessions, tasks, webhooks};
 #[cfg(feature = "api-auth")]
 pub use domain::{login_limits, spaces};
 #[cfg(feature = "aws")]
@@ -58,7 +58,7 @@ pub use infra::aws;
 pub use infra::outbound;
 #[cfg(feature = "s3-links")]
 pub use infra::s3_links;
-pub use infra::{db, metrics, redis_client, storage_policy, telemetry};
+pub use infra::{db, metrics, redis_client, standard_webhooks, storage_policy, telemetry};
 pub use startup::settings;
 
 #[cfg(all(test, feature = "full"))]

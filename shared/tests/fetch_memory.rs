@@ -98,7 +98,15 @@ async fn fetch(deps: &ExecDeps, task_id: Id, url: &str) -> (Result<Value, ExecEr
     let spec = catalog.tasks["fetch"].clone();
     let input = json!({ "url": url });
     let (tx, mut rx) = mpsc::channel(64);
-    let job = Job { task_id, space: SpaceIndex::from_array([9; 16]), input: &input, spec: &spec, reports: tx };
+    let job = Job {
+        task_id,
+        attempt: 1,
+        kind: "fetch",
+        space: SpaceIndex::from_array([9; 16]),
+        input: &input,
+        spec: &spec,
+        reports: tx,
+    };
     let drain = async move { while rx.recv().await.is_some() {} };
     let before = NOW.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);

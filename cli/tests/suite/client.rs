@@ -451,6 +451,57 @@ async fn logout_ends_the_session_on_the_server_and_keeps_the_space() {
     serve.cleanup().await;
 }
 
+/// `reeve space rotate` gives the Space a new ID (issue 39): printed once,
+/// kept in the credentials file with the session the answer carries, so the
+/// next command goes on without a login; the old ID and the session from
+/// before are refused at once, and the Space's tasks stay with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn space_rotate_keeps_the_new_id_and_ends_the_old_one() {
+    let serve = Serve::start(&["--no-worker"]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let cached = |serve: &Serve| -> toml::Value {
+        let file: toml::Value = toml::from_str(&std::fs::read_to_string(serve.credentials()).unwrap()).unwrap();
+        file["profiles"][serve.endpoint.as_str()].clone()
+    };
+    let (file, _) = write_file(&serve.home, "data.bin", 64);
+    let created =
+        serve.reeve(&["task", "create", "digest", "--file", &format!("upload_id={}", file.display()), "--json"]);
+    let task = created.expect(0).json()["id"].as_str().unwrap().to_owned();
+    let old_id = cached(&serve)["space_id"].as_str().unwrap().to_owned();
+    let old_token = cached(&serve)["token"].as_str().unwrap().to_owned();
+
+    let rotated = serve.reeve(&["space", "rotate", "--json"]).expect(0).json();
+    let new_id = rotated["space_id"].as_str().unwrap().to_owned();
+    assert!(new_id.len() == 20 && new_id != old_id, "{rotated}");
+    let profile = cached(&serve);
+    assert_eq!(profile["space_id"].as_str(), Some(new_id.as_str()), "the file keeps the new ID: {profile}");
+    assert_ne!(profile["token"].as_str(), Some(old_token.as_str()), "and the rotation's session");
+
+    let http = reqwest::Client::new();
+    let old_session = http.get(format!("{}/v1/space", serve.endpoint)).bearer_auth(&old_token).send().await.unwrap();
+    assert_eq!(old_session.status(), 401, "the session from before is refused at once");
+    let old_login = http
+        .post(format!("{}/v1/sessions", serve.endpoint))
+        .json(&serde_json::json!({ "space_id": old_id }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(old_login.status(), 401, "the old ID opens nothing");
+
+    // The same Space, with its task, on the new ID's session and after a new login.
+    let listed = serve.reeve(&["task", "list", "--json"]).expect(0).json();
+    assert_eq!(listed["tasks"][0]["id"], task.as_str(), "{listed}");
+    serve.reeve(&["logout"]).expect(0);
+    let listed = serve.reeve(&["task", "list", "--json"]).expect(0).json();
+    assert_eq!(listed["tasks"][0]["id"], task.as_str(), "{listed}");
+
+    // Human output: the new ID alone on stdout.
+    let again = serve.reeve(&["space", "rotate"]);
+    let printed = again.expect(0).stdout().trim().to_owned();
+    assert_eq!(cached(&serve)["space_id"].as_str(), Some(printed.as_str()));
+    serve.cleanup().await;
+}
+
 #[tokio::test]
 async fn an_unreachable_endpoint_exits_5_and_no_space_exits_4() {
     let home = std::env::temp_dir().join(format!("reeve-client-{}", ulid::Ulid::new()));
@@ -745,5 +796,89 @@ async fn serve_limits_spaces_per_address_over_rest_and_mcp() {
     assert_eq!(rest(&other).await.unwrap().status(), 201, "another address has its own budget");
     assert!(mcp(&other).await["structuredContent"]["space_id"].is_string());
     pool.close().await;
+    serve.cleanup().await;
+}
+
+/// A completion webhook end to end: `reeve space webhook-secret` prints the
+/// secret once, `reeve task create --webhook` names the endpoint, and the
+/// worker of `reeve serve` sends the signed call in the background; `reeve
+/// task webhooks` shows the attempt.
+#[tokio::test]
+async fn serve_sends_a_signed_completion_webhook_named_on_the_command_line() {
+    use reeve_shared::standard_webhooks::{SigningKey, verify};
+    type Got = std::sync::Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, axum::body::Bytes)>>>;
+    let got: Got = Default::default();
+    let kept = got.clone();
+    let receiver = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let kept = kept.clone();
+            async move {
+                kept.lock().unwrap().push((headers, body));
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, receiver).await.unwrap() });
+    // The users' client may reach the test's receiver on loopback.
+    let serve = Serve::start_with(&[], &[("REEVE_FETCH_ALLOW", "127.0.0.1"), ("REEVE_OUTBOUND_ALLOW_HTTP", "1")]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    serve.reeve(&["login"]).expect(0);
+
+    let refused = serve.reeve(&["task", "create", "digest", "--input", "upload_id=x", "--webhook", &hook]);
+    refused.expect(3);
+    assert!(refused.stderr().contains("webhook_secret_required"), "{}", refused.stderr());
+    let made = serve.reeve(&["space", "webhook-secret"]);
+    made.expect(0);
+    let secret = made.stdout().trim().to_owned();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    assert!(made.stderr().contains("shown only this once"), "{}", made.stderr());
+
+    let (file, _) = write_file(&serve.home, "hooked.bin", 1024);
+    let upload = format!("upload_id={}", file.display());
+    let run = serve.reeve(&[
+        "task",
+        "create",
+        "digest",
+        "--file",
+        &upload,
+        "--webhook",
+        &hook,
+        "--webhook-event",
+        "completed",
+        "--json",
+    ]);
+    run.expect(0);
+    let id = run.json()["id"].as_str().unwrap().to_owned();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "no webhook came: {}", serve.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (headers, body) = got.lock().unwrap()[0].clone();
+    let header = |name: &str| headers[name].to_str().unwrap().to_owned();
+    let key = SigningKey::parse(&secret).unwrap();
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let signed =
+        verify(&[key], &header("webhook-id"), &header("webhook-timestamp"), &body, &header("webhook-signature"), now);
+    assert_eq!(signed, Ok(()));
+    let payload: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((payload["type"].as_str(), payload["data"]["id"].as_str()), (Some("task.completed"), Some(id.as_str())));
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = serve.reeve(&["task", "webhooks", &id, "--json"]).expect(0).json();
+        if listed["deliveries"][0]["status"] == "delivered" {
+            assert_eq!(listed["deliveries"][0]["attempts"][0]["status_code"], 204, "{listed}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not recorded as delivered: {listed}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let table = serve.reeve(&["task", "webhooks", &id]).expect(0).stdout();
+    assert!(table.contains("delivered") && table.contains("204"), "{table}");
     serve.cleanup().await;
 }

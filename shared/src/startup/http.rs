@@ -22,7 +22,7 @@ pub async fn lambda_auth() -> Arc<AuthContext> {
 /// Creating Spaces and opening sessions: the pepper, the token key, Postgres,
 /// and the login budgets.
 pub async fn auth(config: &Config, sdk: &SdkConfig) -> Result<Arc<AuthContext>, StartupError> {
-    let (config, mut problems) = with_secrets(config, sdk, &Needs::AUTH.secrets()).await;
+    let (config, mut problems) = with_secrets(config, sdk, &edge_too(Needs::AUTH)).await;
     let mut env = config.env();
     let pepper = env.secret(settings::PEPPER);
     let token_key = env.secret(settings::TOKEN_KEY);
@@ -108,6 +108,11 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
     let database_url = env.secret_text(settings::DATABASE_URL);
     let bucket = env.required(settings::BUCKET);
     let queue_url = env.required(settings::QUEUE_URL);
+    // The report route (`POST /v1/executor/reports`) publishes events and
+    // renews leases as the worker holds them.
+    let redis_url = env.required(settings::REDIS_URL);
+    let lease = Duration::from_secs(env.number(settings::LEASE, TaskCreateContext::DEFAULT_LEASE.as_secs(), 2, 300));
+    let max_attempts = settings::max_receives(&mut env);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
@@ -121,14 +126,15 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
         pepper: Secret::withheld(settings::PEPPER),
         token_key,
         database_url,
-        redis_url: String::new(),
+        redis_url,
         bucket,
         queue_url,
         // Task create spends no login budget.
         limits: Default::default(),
     };
     let aws = AwsClients::from_config(sdk, config.s3_endpoint());
-    Ok(TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains))
+    let ctx = TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains);
+    Ok(Arc::new(TaskCreateContext { lease, max_attempts, ..Arc::into_inner(ctx).expect("just built") }))
 }
 
 #[cfg(feature = "api-task-status")]

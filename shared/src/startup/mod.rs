@@ -97,6 +97,8 @@ use crate::domain::relay::{Hub, StreamCaps};
 #[cfg(feature = "mcp")]
 use crate::domain::spaces::Argon2Limit;
 use crate::domain::tasks::Publisher;
+#[cfg(feature = "outbound")]
+use crate::domain::webhooks::sender::Sender;
 #[cfg(feature = "aws")]
 use crate::infra::aws;
 #[cfg(all(feature = "s3", feature = "sqs"))]
@@ -292,6 +294,16 @@ pub async fn database_url(config: &Config, sdk: &SdkConfig) -> Result<Secret, St
 }
 
 // --------------------------------------------------------------- secrets
+
+#[cfg(feature = "api-auth")]
+/// The secrets `needs` names, and the edge's origin secret: the functions
+/// that spend the login budgets (auth and mcp) read it, when the template
+/// puts the API behind CloudFront, to believe the viewer address it sends.
+fn edge_too(needs: Needs) -> Vec<&'static str> {
+    let mut wanted = needs.secrets();
+    wanted.push(settings::EDGE_SECRET);
+    wanted
+}
 
 #[cfg(feature = "secrets")]
 /// `config` with the secrets in `wanted` that it names by ARN rather than by

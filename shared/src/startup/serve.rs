@@ -3,7 +3,7 @@
 // The builders share the start-up module's helpers and imports.
 use super::http::api_parts;
 use super::relay::{relay_limits, relay_on};
-use super::worker::{worker_on, worker_parts};
+use super::worker::{protocol_deps, worker_on, worker_parts};
 use super::*;
 
 // ---------------------------------------------------------------- serve
@@ -29,9 +29,14 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     let api = api_parts(&config, Needs::ALL, problems);
     // The worker runs the API's catalog: loaded and checked once.
     let catalog = api.as_ref().ok().map(|(catalog, ..)| catalog.clone());
+    let mut protocol = crate::domain::executors::ExecDeps::default_protocol();
     let worker = match (with_worker, catalog) {
         (false, _) => Ok(None),
-        (true, Some(catalog)) => worker_parts(&config, Some(catalog), Vec::new()).map(Some),
+        (true, Some(catalog)) => {
+            let mut problems = Vec::new();
+            protocol = protocol_deps(&config, sdk, &catalog, &mut problems).await;
+            worker_parts(&config, Some(catalog), problems).map(Some)
+        }
         (true, None) => worker_parts(&config, None, vec![]).map(Some).or_else(|e| match e {
             // The catalog's own problems are the API's to report.
             StartupError::Config(problems) if problems.is_empty() => Ok(None),
@@ -62,6 +67,7 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
             let clients = (aws.s3.clone(), aws.sqs.clone());
             let mut ctx = worker_on(catalog, db.clone(), redis, clients, worker_settings, users, operators);
             ctx.chains = chains.clone();
+            ctx.exec.protocol = protocol;
             Some(ctx)
         }
         None => None,

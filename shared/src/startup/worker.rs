@@ -27,12 +27,95 @@ pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Resul
     let facilitator = catalog.as_ref().and_then(|catalog| {
         super::facilitator_check::facilitator_for(&config, catalog).map_err(|e| problems.push(e)).ok().flatten()
     });
+    let protocol = match &catalog {
+        Some(catalog) => protocol_deps(&config, sdk, catalog, &mut problems).await,
+        None => ExecDeps::default_protocol(),
+    };
     let (catalog, worker_settings, users, operators) = worker_parts(&config, catalog, problems)?;
     let db = postgres(&config, worker_settings.database_url.expose_str(), connect).await?;
     let redis = RedisClient::new(&worker_settings.redis_url)?;
     let s3 = aws::s3(sdk, config.s3_endpoint().is_some());
-    let ctx = worker_on(catalog, db, redis, (s3, aws::sqs(sdk)), worker_settings, users, operators);
+    let mut ctx = worker_on(catalog, db, redis, (s3, aws::sqs(sdk)), worker_settings, users, operators);
+    ctx.exec.protocol = protocol;
     Ok(WorkerContext { chains, facilitator, ..ctx })
+}
+
+#[cfg(feature = "worker")]
+/// What the catalog's protocol kinds (docs/executors.md) sign and link
+/// their jobs with, read once: each kind's `secret` (a variable, or a
+/// Secrets Manager ARN), the token key report tokens are signed with, and
+/// `REEVE_REPORT_URL`. Every problem goes to `problems`, a secret's at its
+/// TOML path; nothing is read when no kind speaks the protocol.
+pub(super) async fn protocol_deps(
+    config: &Config,
+    sdk: &SdkConfig,
+    catalog: &Catalog,
+    problems: &mut Vec<String>,
+) -> crate::domain::executors::ProtocolDeps {
+    use crate::domain::executors::protocol::JobKey;
+    use crate::domain::executors::{Executor, ProtocolDeps, SecretRef};
+
+    let mut deps = ProtocolDeps::default();
+    let kinds: Vec<(&String, &SecretRef)> = catalog
+        .tasks
+        .iter()
+        .filter_map(|(kind, spec)| match &spec.executor {
+            Executor::Http(http) => http.protocol.as_ref().map(|p| (kind, &p.secret)),
+            _ => None,
+        })
+        .collect();
+    if kinds.is_empty() {
+        return deps;
+    }
+    let mut client = None;
+    for (kind, secret) in kinds {
+        if deps.keys.contains_key(secret) {
+            continue;
+        }
+        let path = format!("tasks.{kind}.secret");
+        let value = match secret {
+            SecretRef::Env(name) => match config.get(name) {
+                Some(value) => value,
+                None => {
+                    problems.push(format!("{path}: the environment variable {name} is not set"));
+                    continue;
+                }
+            },
+            SecretRef::Arn(arn) => {
+                let client = client.get_or_insert_with(|| aws_sdk_secretsmanager::Client::new(sdk));
+                match client.get_secret_value().secret_id(arn).send().await {
+                    Ok(output) => match output.secret_string {
+                        Some(value) => value,
+                        None => {
+                            problems.push(format!("{path}: the secret {arn} has no SecretString"));
+                            continue;
+                        }
+                    },
+                    Err(e) => {
+                        let why = match e.as_service_error() {
+                            Some(service) => service.code().unwrap_or("error").to_owned(),
+                            None => DisplayErrorContext(&e).to_string(),
+                        };
+                        problems.push(format!("{path}: cannot read {arn} from Secrets Manager: {why}"));
+                        continue;
+                    }
+                }
+            }
+        };
+        match JobKey::parse(&value) {
+            Ok(key) => {
+                deps.keys.insert(secret.clone(), key);
+            }
+            Err(why) => problems.push(format!("{path}: the value of {} {why}", secret.name())),
+        }
+    }
+    let (config, fetched) = with_secrets(config, sdk, &[settings::TOKEN_KEY]).await;
+    problems.extend(fetched);
+    let mut env = config.env();
+    deps.token_key = env.secret(settings::TOKEN_KEY);
+    deps.report_url = env.http_url(settings::REPORT_URL);
+    problems.extend(env.take_problems().into_iter().map(|p| format!("{p} (a kind speaks the executor protocol)")));
+    deps
 }
 
 #[cfg(feature = "worker")]
@@ -81,6 +164,7 @@ pub(super) fn worker_on(
         operators,
         fetch_max_bytes: worker_settings.fetch_max_bytes,
         output_retention_days: worker_settings.output_retention_days,
+        protocol: ExecDeps::default_protocol(),
     };
     WorkerContext { visibility, ..WorkerContext::new(catalog, db, redis, exec, worker_settings) }
 }
@@ -106,6 +190,11 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     let queue_url = env.required(settings::QUEUE_URL);
     let max_attempts = settings::max_receives(&mut env);
     let older_than = settings::sweep_older_than(&mut env, crate::adapters::sweeper::DEFAULT_OLDER_THAN);
+    // In AWS the sweeper sends the completion webhooks: through the users'
+    // client, as `fetch` reaches users' URLs.
+    let webhook_settings = settings::webhook_settings(&mut env);
+    let (users, _) = settings::outbound_policies(&env);
+    let users = outbound(&mut problems, users, crate::infra::outbound::FETCH_ALLOW);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
     // The reconciler creates the task of a payment that landed late, if its
@@ -114,8 +203,12 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
     checked(problems)?;
     let database_url = database_url.expect("reported when missing");
+    let db = postgres_lazily(&config, database_url.expose_str())?;
+    let users = users.expect("reported when unusable");
+    let webhooks = Sender::new(db.clone(), &users, webhook_settings)
+        .map_err(|e| StartupError::Config(vec![format!("{}: {e}", crate::infra::outbound::FETCH_ALLOW)]))?;
     Ok(Sweeper {
-        db: postgres_lazily(&config, database_url.expose_str())?,
+        db,
         sqs: aws::sqs(sdk),
         queue_url,
         events: Publisher::new(RedisClient::new(&redis_url)?),
@@ -123,6 +216,7 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
         older_than,
         catalog: Arc::new(catalog.expect("reported when unreadable")),
         chains,
+        webhooks: Some(webhooks),
     })
 }
 
@@ -139,7 +233,22 @@ pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_ur
         older_than: crate::adapters::sweeper::DEFAULT_OLDER_THAN,
         catalog: worker.catalog.clone(),
         chains: worker.chains.clone(),
+        // A long-lived worker sends them on its own, every second
+        // ([`webhooks_beside`]), not at the sweep's pace.
+        webhooks: None,
     }
+}
+
+#[cfg(feature = "worker")]
+/// The completion webhooks' sender a long-running worker runs beside its
+/// poller (`reeve work`, `reeve serve`), on the worker's pool and its users'
+/// client (`fetch`'s).
+pub fn webhooks_beside(worker: &WorkerContext, config: &Config) -> Result<Sender, StartupError> {
+    let mut env = config.env();
+    let webhook_settings = settings::webhook_settings(&mut env);
+    checked(env.take_problems())?;
+    Sender::new(worker.db.clone(), &worker.exec.outbound, webhook_settings)
+        .map_err(|e| StartupError::Config(vec![format!("{}: {e}", crate::infra::outbound::FETCH_ALLOW)]))
 }
 
 // ---------------------------------------------------------- upload guard

@@ -73,7 +73,7 @@ fn spec(kind: &str) -> TaskSpec {
 
 fn http_spec(endpoint: String) -> TaskSpec {
     let mut spec = spec("http");
-    spec.executor = Executor::Http(Http { endpoint });
+    spec.executor = Executor::Http(Http { endpoint, protocol: None });
     spec.timeout_seconds = 5;
     spec
 }
@@ -86,7 +86,7 @@ fn space() -> SpaceIndex {
 async fn run(deps: &ExecDeps, spec: &TaskSpec, input: Value) -> Result<Value, ExecError> {
     let (tx, mut rx) = mpsc::channel(16);
     let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let job = Job { task_id: Id::new(), space: space(), input: &input, spec, reports: tx };
+    let job = Job { task_id: Id::new(), attempt: 1, kind: "test", space: space(), input: &input, spec, reports: tx };
     let result = executors::run(deps, job).await;
     drain.await.unwrap();
     result

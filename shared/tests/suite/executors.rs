@@ -54,7 +54,7 @@ fn spec(kind: &str) -> TaskSpec {
 
 fn http_spec(endpoint: &str, timeout_seconds: u32) -> TaskSpec {
     let mut spec = spec("http");
-    spec.executor = Executor::Http(Http { endpoint: endpoint.to_owned() });
+    spec.executor = Executor::Http(Http { endpoint: endpoint.to_owned(), protocol: None });
     spec.timeout_seconds = timeout_seconds;
     spec
 }
@@ -69,7 +69,7 @@ async fn exec(
     input: Value,
 ) -> (Result<Value, ExecError>, Vec<Report>) {
     let (tx, mut rx) = mpsc::channel(2);
-    let job = Job { task_id, space, input: &input, spec, reports: tx };
+    let job = Job { task_id, attempt: 1, kind: "test", space, input: &input, spec, reports: tx };
     let collect = async move {
         let mut reports = Vec::new();
         while let Some(report) = rx.recv().await {

@@ -80,14 +80,20 @@ async fn migrating_again_is_a_no_op(pool: PgPool) {
         [
             "_sqlx_migrations",
             "credits",
+            "executor_reports",
             "login_limits",
             "payment_attempts",
             "payments",
             "revoked_sessions",
+            "space_webhooks",
             "spaces",
             "task_events",
             "tasks",
-            "uploads"
+            "uploads",
+            "webhook_attempts",
+            "webhook_deliveries",
+            "webhook_disabled",
+            "webhook_secrets"
         ]
     );
 }

@@ -24,13 +24,14 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 17] = [
+const ROUTES: [(&str, &str); 24] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
     ("POST", "/v1/spaces"),
     ("POST", "/v1/sessions"),
     ("DELETE", "/v1/sessions/current"),
+    ("POST", "/v1/space/rotate"),
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
     ("POST", "/v1/tasks/fetch"),
@@ -41,12 +42,22 @@ const ROUTES: [(&str, &str); 17] = [
     ("POST", "/v1/tasks/{task}/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
     ("GET", "/v1/space"),
+    ("POST", "/v1/space/webhook-secret"),
+    ("GET", "/v1/space/webhook"),
+    ("PUT", "/v1/space/webhook"),
+    ("DELETE", "/v1/space/webhook"),
+    ("GET", "/v1/tasks/{task}/webhooks"),
     ("GET", "/v1/tasks/{task}/events"),
+    ("POST", "/v1/executor/reports"),
 ];
 
+/// The route that takes a job's report token, not a session's.
+const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
+
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 12] = [
+const BEARER_ROUTES: [(&str, &str); 18] = [
     ("DELETE", "/v1/sessions/current"),
+    ("POST", "/v1/space/rotate"),
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
     ("POST", "/v1/tasks/fetch"),
@@ -57,6 +68,11 @@ const BEARER_ROUTES: [(&str, &str); 12] = [
     ("POST", "/v1/tasks/{task}/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
     ("GET", "/v1/space"),
+    ("POST", "/v1/space/webhook-secret"),
+    ("GET", "/v1/space/webhook"),
+    ("PUT", "/v1/space/webhook"),
+    ("DELETE", "/v1/space/webhook"),
+    ("GET", "/v1/tasks/{task}/webhooks"),
     ("GET", "/v1/tasks/{task}/events"),
 ];
 
@@ -207,17 +223,27 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/http"),
     ]);
     let mut all = vec![];
-    let (own, global) = same(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions"), ("DELETE", "/v1/sessions/current")]);
+    let (own, global) = same(&[
+        ("POST", "/v1/spaces"),
+        ("POST", "/v1/sessions"),
+        ("DELETE", "/v1/sessions/current"),
+        ("POST", "/v1/space/rotate"),
+    ]);
     all.push(("auth", http::login::router().into_openapi(), own, global, http::auth_app(ctx.auth.clone())));
     let (own, global) = same(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")]);
     let catalog = http::catalog_app(ctx.catalog_ctx.clone());
     all.push(("catalog", http::catalog::router().into_openapi(), own, global, catalog));
     let (own, global) = same(&[("POST", "/v1/uploads")]);
     all.push(("presign", http::uploads::router().into_openapi(), own, global, http::presign_app(ctx.uploads.clone())));
+    // The executor report route shares the task-create function.
+    let mut create_doc = http::tasks::create_router().into_openapi();
+    create_doc.merge(http::executor_reports::router().into_openapi());
+    let mut creates = creates;
+    creates.insert((REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()));
     all.push((
         "task-create",
-        http::tasks::create_router().into_openapi(),
-        expected(&[("POST", CREATE_TEMPLATE)]),
+        create_doc,
+        expected(&[("POST", CREATE_TEMPLATE), REPORT_ROUTE]),
         creates,
         http::task_create_app(ctx.task_create.clone()),
     ));
@@ -227,6 +253,11 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/{task}/cancel"),
         ("POST", "/v1/tasks/{task}/ticket"),
         ("GET", "/v1/space"),
+        ("POST", "/v1/space/webhook-secret"),
+        ("GET", "/v1/space/webhook"),
+        ("PUT", "/v1/space/webhook"),
+        ("DELETE", "/v1/space/webhook"),
+        ("GET", "/v1/tasks/{task}/webhooks"),
     ]);
     let status = http::task_status_app(ctx.task_status.clone());
     all.push(("task-status", http::tasks::status_router().into_openapi(), own, global, status));
@@ -280,7 +311,13 @@ async fn every_documented_route_is_routed_and_no_other_method_is(pool: PgPool) {
                     reply.body
                 );
                 assert_conforms(&doc, method.as_str(), path, &reply);
-                let refused_for_no_token = reply.status == StatusCode::UNAUTHORIZED && reply.code() == "missing_token";
+                // The report route takes a job's report token, and names its own code.
+                let code = if route == (REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()) {
+                    "invalid_report_token"
+                } else {
+                    "missing_token"
+                };
+                let refused_for_no_token = reply.status == StatusCode::UNAUTHORIZED && reply.code() == code;
                 assert_eq!(
                     refused_for_no_token,
                     bearer.contains(&route),
@@ -320,11 +357,11 @@ async fn each_function_router_serves_and_documents_its_own_routes(pool: PgPool) 
         let own = serde_json::to_value(own).unwrap();
         assert_eq!(routes_of(&own), own_routes, "the {function} router documents other routes");
         for (route, op) in operations(&own) {
-            if own_routes == routes {
+            if own_routes == routes || routes.contains(&route) {
                 assert_eq!(global.get(&route), Some(&op), "{route:?} of {function} is not in the document as such");
             } else {
                 // Each kind's create is the routed one, made specific.
-                for kind_route in &routes {
+                for kind_route in routes.iter().filter(|r| !own_routes.contains(*r)) {
                     let made = &global[kind_route];
                     assert_eq!(made["responses"]["202"], op["responses"]["202"], "{kind_route:?}");
                     assert_eq!(made["security"], op["security"], "{kind_route:?}");
@@ -381,6 +418,10 @@ fn bearer_routes_declare_the_security_requirement_and_public_ones_none() {
             assert_eq!(declared, schemes, "{route:?}");
             let unauthorized = op["responses"]["401"]["description"].as_str().unwrap_or_default();
             assert!(unauthorized.contains("`missing_token`") && unauthorized.contains("`invalid_token`"), "{route:?}");
+        } else if route == (REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()) {
+            assert_eq!(declared, json!([{ "report_token": [] }]), "{route:?}");
+            let scheme = &doc["components"]["securitySchemes"]["report_token"];
+            assert_eq!((&scheme["type"], &scheme["scheme"]), (&json!("http"), &json!("bearer")), "{scheme}");
         } else {
             assert_eq!(declared, Value::Null, "{route:?} is public");
         }
@@ -552,6 +593,17 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     assert_eq!(session.status, StatusCode::OK);
     let wrong = send(&app, post_json("/v1/sessions", None, &json!({"space_id": "00000000000000000000"}))).await;
     assert_eq!(check("POST", "/v1/sessions", wrong).code(), "invalid_space");
+    // A rotation: refused with another ID, done with the Space's own.
+    let rotate = "/v1/space/rotate";
+    let first = session.body["token"].as_str().unwrap();
+    let other_id = json!({"space_id": "00000000000000000000"});
+    let refused = check("POST", rotate, send(&app, post_json(rotate, Some(first), &other_id)).await);
+    assert_eq!((refused.status, refused.code()), (StatusCode::FORBIDDEN, "wrong_space_id"));
+    let own_id = json!({"space_id": space.body["space_id"]});
+    let rotated = check("POST", rotate, send(&app, post_json(rotate, Some(first), &own_id)).await);
+    assert_eq!(rotated.status, StatusCode::OK, "{}", rotated.body);
+    let ended = check("POST", rotate, send(&app, post_json(rotate, Some(first), &own_id)).await);
+    assert_eq!(ended.code(), "invalid_token");
     let (_, token) = new_session(&app).await;
 
     // Uploads: one accepted and PUT to S3, then the documented refusals.

@@ -103,6 +103,15 @@ pub struct TaskCreateContext {
     /// retried payment whose settlement's outcome was lost is resolved from
     /// the chain.
     pub chains: crate::domain::payments::Chains,
+    /// Where the report route publishes the events a service's reports
+    /// make (the doorbell; the events are in Postgres).
+    pub events: crate::domain::tasks::Publisher,
+    /// An attempt's lease, as the worker holds it (`REEVE_LEASE_SECONDS`):
+    /// what a service's report renews.
+    pub lease: std::time::Duration,
+    /// The attempts a task may have (`REEVE_MAX_RECEIVES`): a service's
+    /// retryable failure on the last one fails the task.
+    pub max_attempts: u32,
 }
 
 #[cfg(feature = "api-task-status")]
@@ -200,6 +209,9 @@ impl CatalogContext {
 
 #[cfg(feature = "api-tasks")]
 impl TaskCreateContext {
+    /// The worker's default lease (`REEVE_LEASE_SECONDS` unset).
+    pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(20);
+
     /// The facilitator client, when the catalog sells anything.
     pub fn new(
         catalog: Arc<Catalog>,
@@ -213,7 +225,21 @@ impl TaskCreateContext {
                 .inspect_err(|e| tracing::error!(error = %e, "no facilitator client"))
                 .ok()
         });
-        Arc::new(TaskCreateContext { catalog, db, aws, settings, facilitator, chains })
+        // No Redis URL (a test's context): publishing fails, and is logged.
+        let redis = RedisClient::new(&settings.redis_url)
+            .or_else(|_| RedisClient::new("redis://127.0.0.1:1"))
+            .expect("a loopback URL is valid");
+        Arc::new(TaskCreateContext {
+            catalog,
+            db,
+            aws,
+            settings,
+            facilitator,
+            chains,
+            events: crate::domain::tasks::Publisher::new(redis),
+            lease: Self::DEFAULT_LEASE,
+            max_attempts: crate::domain::tasks::DEFAULT_MAX_RECEIVES,
+        })
     }
 }
 
@@ -260,7 +286,8 @@ impl ApiContext {
         chains: crate::domain::payments::Chains,
     ) -> Ctx {
         let catalog = Arc::new(catalog);
-        let auth = AuthContext::new(db.clone(), settings.pepper.clone(), settings.token_key.clone(), settings.limits);
+        let auth =
+            AuthContext::new(db.clone(), settings.pepper.clone(), settings.token_key.clone(), settings.limits.clone());
         let uploads = Arc::new(UploadsContext {
             db: db.clone(),
             token_key: settings.token_key.clone(),

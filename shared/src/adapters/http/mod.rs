@@ -19,8 +19,9 @@ macro_rules! doc_400_json {
 macro_rules! doc_401_token {
     () => {
         "`missing_token`: no `Authorization: Bearer` header; `invalid_token`: the token is \
-         malformed, tampered with, expired or ended by `DELETE /v1/sessions/current` (open a new \
-         session with `POST /v1/sessions`); `token_in_url`: a session token in the query string \
+         malformed, tampered with, expired, or ended by `DELETE /v1/sessions/current` or by a \
+         rotation of the Space ID (`POST /v1/space/rotate`) (open a new session with \
+         `POST /v1/sessions`); `token_in_url`: a session token in the query string \
          (send it as the header)."
     };
 }
@@ -39,6 +40,14 @@ macro_rules! doc_500 {
         "`internal`: an unexpected failure, logged under the request id."
     };
 }
+macro_rules! doc_422_webhook {
+    () => {
+        "`invalid_webhook`: the webhook's `url` is not an absolute `https://` URL of at most 2048 \
+         characters without credentials, or its `events` are empty or not among `completed`, \
+         `failed`, `canceled`; `webhook_secret_required`: the Space has no webhook secret to sign \
+         with yet (`POST /v1/space/webhook-secret`)."
+    };
+}
 macro_rules! doc_503_db {
     () => {
         "`database_unavailable`: the database is out of reach; try again."
@@ -53,6 +62,8 @@ mod context;
 #[cfg(feature = "relay")]
 pub(crate) mod cors;
 pub(crate) mod error;
+#[cfg(feature = "api-tasks")]
+pub mod executor_reports;
 pub(crate) mod extract;
 mod no_token_in_url;
 // The relay answers its own `/healthz` with the API's `Health`.
@@ -76,6 +87,8 @@ pub mod tasks;
 mod ticket;
 #[cfg(feature = "api-uploads")]
 pub mod uploads;
+#[cfg(feature = "api-task-status")]
+mod webhooks;
 
 use std::sync::Arc;
 
@@ -83,7 +96,9 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use crate::infra::client_addr::{client_ip, client_key, client_of};
+pub use crate::infra::client_addr::{
+    EDGE_SECRET_HEADER, EdgeSecret, VIEWER_ADDRESS_HEADER, client_behind, client_ip, client_key, client_of,
+};
 #[cfg(feature = "api-catalog")]
 pub use context::CatalogContext;
 #[cfg(feature = "api-tasks")]
@@ -152,9 +167,16 @@ pub fn presign_app(ctx: Arc<UploadsContext>) -> Router {
 }
 
 #[cfg(feature = "api-tasks")]
-/// The `task-create` function: `POST /v1/tasks/{kind}`.
+/// The `task-create` function: `POST /v1/tasks/{kind}` and the executor
+/// report route (`POST /v1/executor/reports`, see [`executor_reports`] for
+/// why it lives here).
 pub fn task_create_app(ctx: Arc<TaskCreateContext>) -> Router {
-    finish(routed(tasks::create_router(), ctx))
+    finish(routed(task_create_routes(), ctx))
+}
+
+#[cfg(feature = "api-tasks")]
+fn task_create_routes() -> OpenApiRouter<Arc<TaskCreateContext>> {
+    tasks::create_router().merge(executor_reports::router())
 }
 
 #[cfg(feature = "api-task-status")]
@@ -172,7 +194,7 @@ pub fn app(ctx: Ctx) -> Router {
             .merge(routed(catalog::router(), ctx.catalog_ctx.clone()))
             .merge(routed(login::router(), ctx.auth.clone()))
             .merge(routed(uploads::router(), ctx.uploads.clone()))
-            .merge(routed(tasks::create_router(), ctx.task_create.clone()))
+            .merge(routed(task_create_routes(), ctx.task_create.clone()))
             .merge(routed(tasks::status_router(), ctx.task_status.clone())),
     )
 }
@@ -200,7 +222,7 @@ pub fn lambda_routes() -> Vec<(&'static str, Vec<(String, String)>)> {
         ("http::auth_app", of(login::router())),
         ("http::catalog_app", of(catalog::router())),
         ("http::presign_app", of(uploads::router())),
-        ("http::task_create_app", of(tasks::create_router())),
+        ("http::task_create_app", of(task_create_routes())),
         ("http::task_status_app", of(tasks::status_router())),
     ]
 }
@@ -212,7 +234,7 @@ fn documented() -> utoipa::openapi::OpenApi {
     doc.merge(catalog::router().into_openapi());
     doc.merge(login::router().into_openapi());
     doc.merge(uploads::router().into_openapi());
-    doc.merge(tasks::create_router().into_openapi());
+    doc.merge(task_create_routes().into_openapi());
     doc.merge(tasks::status_router().into_openapi());
     doc
 }

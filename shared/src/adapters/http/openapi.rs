@@ -64,12 +64,24 @@ Every response carries an `x-request-id` header. Every error (but the x402 \
 also answers `405 method_not_allowed` to a method it does not serve, and an \
 unknown path is `404 not_found`.";
 
-const TAGS: [(&str, &str); 5] = [
+/// The name of the scheme only the report route accepts: a job's report
+/// token (docs/executors.md), sent as `Authorization: Bearer`.
+pub const REPORT_TOKEN: &str = "report_token";
+
+const TAGS: [(&str, &str); 7] = [
     ("spaces", "Spaces and the sessions that authenticate every other call."),
     ("catalog", "What Reeve sells, and this document. No token needed."),
     ("uploads", "Presigned uploads of task input files."),
     ("tasks", "Creating tasks (paid with x402 when priced), reading them back and following them live."),
+    (
+        "webhooks",
+        "Completion webhooks signed per Standard Webhooks: the Space's secret and default endpoint, a task's deliveries.",
+    ),
     ("health", "Whether the process can serve."),
+    (
+        "executors",
+        "Where a service that sells its work through Reeve reports on the jobs it accepted (docs/executors.md).",
+    ),
 ];
 
 /// The document for every route of [`super::app`] and the relay's stream,
@@ -103,6 +115,17 @@ pub fn generated() -> Value {
             HttpBuilder::new()
                 .scheme(HttpAuthScheme::Bearer)
                 .description(Some("The `token` from `POST /v1/sessions`. It expires at its `expires_at`."))
+                .build(),
+        ),
+    );
+    components.add_security_scheme(
+        REPORT_TOKEN,
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "A job's `report.token`: scoped to one attempt of one task, it expires at the attempt's deadline.",
+                ))
                 .build(),
         ),
     );
@@ -158,7 +181,10 @@ fn create_operation(template: &Value, catalog: &Catalog, kind: &str, spec: &Task
             "type": "object",
             "required": ["input"],
             "additionalProperties": false,
-            "properties": {"input": spec.input_schema},
+            "properties": {
+                "input": spec.input_schema,
+                "webhook": {"$ref": "#/components/schemas/WebhookRequest"},
+            },
         }}},
     });
     let responses = op["responses"].as_object_mut().expect("create has responses");

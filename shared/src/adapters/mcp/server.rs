@@ -34,9 +34,10 @@ use super::tool::{FixedTool, Identity};
 use super::tools::{CancelTask, Fixed, Named, Tools};
 use super::wait::Progress;
 use super::{payment, rfc3339};
-use crate::domain::auth::{self, SpaceIndex};
+use crate::domain::auth::SessionToken;
 use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::payments;
+use crate::domain::sessions::{self, SessionRefused};
 use crate::domain::tasks::{self, Task, TaskStatus};
 
 /// How often a client holding a task handle should poll `tasks/get`.
@@ -56,10 +57,11 @@ impl ReeveMcp {
         ReeveMcp { ctx, tools }
     }
 
-    /// The Space of the request's session token. A missing or expired token
-    /// is a tool error that says which tool gives one, not a transport
-    /// failure: the model reads it and calls `login`.
-    fn session(&self, context: &RequestContext<RoleServer>) -> ToolResult<SpaceIndex> {
+    /// The Space of the request's session token. A missing, expired or
+    /// ended token (logout, a rotation of the Space ID) is a tool error that
+    /// says which tool gives one, not a transport failure: the model reads
+    /// it and calls `login`.
+    async fn session(&self, context: &RequestContext<RoleServer>) -> ToolResult<SessionToken> {
         let headers = context.extensions.get::<Parts>().map(|parts| &parts.headers);
         let Some(value) = headers.and_then(|h| h.get(header::AUTHORIZATION)) else {
             return Err(ToolFailure::refused_saying(
@@ -75,16 +77,20 @@ impl ReeveMcp {
             .and_then(|v| v.trim_start().split_once(' '))
             .filter(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty())
             .map(|(_, token)| token.trim());
-        token
-            .and_then(|token| auth::verify_token(&self.ctx.token_key, token, OffsetDateTime::now_utc()).ok())
-            .ok_or_else(|| {
-                ToolFailure::refused_saying(
-                    &TokenRefusal::Invalid,
-                    "the session token is invalid or has expired (a token lasts 15 minutes): call login with your \
-                     Space ID for a new one, and send it as `Authorization: Bearer <token>`",
-                    None,
-                )
-            })
+        let invalid = || {
+            ToolFailure::refused_saying(
+                &TokenRefusal::Invalid,
+                "the session token is invalid, has expired (a token lasts 15 minutes) or was ended: call login \
+                 with your Space ID for a new one, and send it as `Authorization: Bearer <token>`",
+                None,
+            )
+        };
+        let token = token.ok_or_else(invalid)?;
+        match sessions::check_session(&self.ctx.db, &self.ctx.token_key, token, OffsetDateTime::now_utc()).await {
+            Ok(session) => Ok(session),
+            Err(SessionRefused::Db(e)) => Err(e.into()),
+            Err(_) => Err(invalid()),
+        }
     }
 
     /// A fixed tool's call: the session first where the tool needs one (a
@@ -96,10 +102,10 @@ impl ReeveMcp {
         arguments: Map<String, Value>,
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<Value> {
-        let space = if tool.needs_session() { Some(self.session(context)?) } else { None };
+        let session = if tool.needs_session() { Some(self.session(context).await?) } else { None };
         let arguments = Value::Object(arguments);
         tool.check(&arguments)?;
-        tool.call(&self.ctx, Identity { space, client: client_of(context) }, arguments).await
+        tool.call(&self.ctx, Identity { session, client: client_of(&self.ctx, context) }, arguments).await
     }
 
     async fn kind(
@@ -109,7 +115,7 @@ impl ReeveMcp {
         (request_meta, named_id): (Option<&Value>, Option<&Value>),
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<CallToolResponse> {
-        let space = self.session(context)?;
+        let space = self.session(context).await?.space;
         let payment = payment::from_meta(request_meta)?;
         let key = payment::identifier_key(payment.as_deref(), named_id)?;
         let as_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
@@ -137,9 +143,11 @@ impl ReeveMcp {
     }
 }
 
-/// The address the call came from (the HTTP request's transport).
-fn client_of(context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
-    context.extensions.get::<Parts>().and_then(|parts| crate::infra::client_addr::client_of(&parts.extensions))
+/// The address the call came from: the HTTP request's transport, or behind
+/// the CloudFront edge the viewer it vouches for, as on REST.
+fn client_of(ctx: &McpContext, context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
+    let parts = context.extensions.get::<Parts>()?;
+    crate::infra::client_addr::client_behind(ctx.limits.edge.as_ref(), &parts.headers, &parts.extensions)
 }
 
 fn meta_object(value: Value) -> MetaObject {
@@ -268,7 +276,7 @@ impl ServerHandler for ReeveMcp {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
-        let space = self.session(&context).map_err(task_method_error)?;
+        let space = self.session(&context).await.map_err(task_method_error)?.space;
         let not_found = || task_method_error(ToolFailure::from(TaskRefusal::NotFound));
         let id = request.task_id.parse().map_err(|_| not_found())?;
         let task = tasks::find_for_space(&self.ctx.db, &space, id)
@@ -297,7 +305,7 @@ impl ServerHandler for ReeveMcp {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let space = self.session(&context).map_err(task_method_error)?;
+        let space = self.session(&context).await.map_err(task_method_error)?.space;
         // `cancel_task`'s own handler, so both ways to cancel answer alike.
         match CancelTask::call(&self.ctx, space, TaskRef { task_id: request.task_id }).await {
             // Cooperative: a finished task has nothing left to cancel.

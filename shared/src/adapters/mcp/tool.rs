@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
 use super::schema::{Priced, object, output_schema};
-use crate::domain::auth::SpaceIndex;
+use crate::domain::auth::{SessionToken, SpaceIndex};
 use crate::domain::catalog::Catalog;
 use crate::domain::login_limits::Action;
 
@@ -34,7 +34,8 @@ pub trait FixedTool {
     /// Who calls it, as its handler takes them; this decides whether the
     /// call needs a session: [`SpaceIndex`] (a session's Space; a call
     /// without a valid token is refused before its arguments are read) or
-    /// [`Anyone`] (no token, only the address the call came from).
+    /// [`Anyone`] (no token, only the address the call came from), or
+    /// [`Session`] (the session itself, and the address).
     type Caller: Caller;
     /// Its arguments, read once they have passed [`FixedTool::input_schema`]
     /// ([`NoArguments`] for a tool that takes none).
@@ -61,10 +62,10 @@ pub trait FixedTool {
 #[derive(Deserialize)]
 pub struct NoArguments {}
 
-/// What the server found of who makes a call: the session's Space, looked
-/// up only for a tool whose [`Caller`] needs one, and the client's address.
+/// What the server found of who makes a call: the session, checked only
+/// for a tool whose [`Caller`] needs one, and the client's address.
 pub struct Identity {
-    pub space: Option<SpaceIndex>,
+    pub session: Option<SessionToken>,
     pub client: Option<IpAddr>,
 }
 
@@ -82,7 +83,24 @@ impl Caller for SpaceIndex {
     const NEEDS_SESSION: bool = true;
 
     fn of(identity: Identity) -> ToolResult<SpaceIndex> {
-        identity.space.ok_or_else(|| ToolFailure::internal("a session tool without a session"))
+        Ok(Session::of(identity)?.token.space)
+    }
+}
+
+/// A session itself and the address the call came from: a tool that acts
+/// on the session or the Space's credential (`rotate_space`), which spends
+/// the address's budget as REST's route does.
+pub struct Session {
+    pub token: SessionToken,
+    pub client: Anyone,
+}
+
+impl Caller for Session {
+    const NEEDS_SESSION: bool = true;
+
+    fn of(identity: Identity) -> ToolResult<Session> {
+        let token = identity.session.ok_or_else(|| ToolFailure::internal("a session tool without a session"))?;
+        Ok(Session { token, client: Anyone { client: identity.client } })
     }
 }
 

@@ -328,7 +328,7 @@ async fn run_task(
         let left = at.saturating_duration_since(tokio::time::Instant::now());
         // A kind no longer offered is only failed: no time needed.
         let needed =
-            ctx.catalog.task(&message.kind).map_or(Duration::ZERO, |s| Duration::from_secs(s.timeout_seconds.into()));
+            ctx.catalog.task(&message.kind).map_or(Duration::ZERO, |s| Duration::from_secs(s.waited_seconds().into()));
         if left < needed || left.is_zero() {
             let (left_secs, needed_secs) = (left.as_secs_f64(), needed.as_secs());
             tracing::info!(left_secs, needed_secs, "too little time left in the invocation; given back unclaimed");
@@ -442,6 +442,20 @@ async fn run_task(
             }
         },
         Err(Ok(ExecError::Permanent { code, message })) => fail(ctx, id, attempt, code, &message).await,
+        // The service took the job and reports on its own: the attempt
+        // stays `running` under the lease its reports renew, and nothing
+        // here waits for it. Silent past the lease, it is retried by the
+        // sweeper like a dead worker.
+        Err(Ok(ExecError::Delegated { deadline })) => {
+            match store::delegate(&ctx.db, id, attempt, ctx.settings.lease, deadline).await {
+                Ok(true) => {
+                    tracing::info!(attempt, %deadline, "accepted by the service; it reports on its own");
+                    Outcome::Done
+                }
+                Ok(false) => lost(attempt),
+                Err(e) => retry("recording that the service accepted the job", e),
+            }
+        }
 
         Err(Ok(ExecError::Retryable(reason))) => {
             retry_later(ctx, id, attempt, receive_count, Retryable::Exec(reason, None)).await
@@ -495,8 +509,9 @@ async fn execute(
 ) -> Result<RunEnd, Lost> {
     let id = task.id;
     let (reports, receiver) = mpsc::channel(REPORT_BUFFER);
-    let job = Job { task_id: id, space: task.space, input: &task.input, spec, reports };
-    let timeout = Duration::from_secs(spec.timeout_seconds.into());
+    let job = Job { task_id: id, attempt, kind: &task.kind, space: task.space, input: &task.input, spec, reports };
+    // A kind whose service may answer 202 is waited for only that long.
+    let timeout = Duration::from_secs(spec.waited_seconds().into());
     let run = async {
         let stop = async {
             match stop_at {
@@ -508,7 +523,7 @@ async fn execute(
             ran = tokio::time::timeout(timeout, ctx.runner.run(&ctx.exec, job)) => match ran {
                 Ok(Ok(value)) => Ok(value),
                 Ok(Err(e)) => Err(Ok(e)),
-                Err(_) => Err(Err(Retryable::Timeout(spec.timeout_seconds))),
+                Err(_) => Err(Err(Retryable::Timeout(spec.waited_seconds()))),
             },
             () = stop => Err(Err(Retryable::Deadline)),
         }

@@ -11,12 +11,12 @@
 //! output if nothing can be charged. A new executor's reports are held
 //! unless it says otherwise.
 
-use serde_json::{Map, Value, json};
+use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::{REPORT_BUFFER, WorkerContext, store};
 use crate::domain::catalog::TaskSpec;
-use crate::domain::executors::Report;
+use crate::domain::executors::{self, Recorded, Report};
 use crate::domain::ids::Id;
 use crate::domain::payments::HeldReport;
 use crate::domain::tasks::EventType;
@@ -52,28 +52,15 @@ pub(super) async fn record_reports(
             if superseded {
                 continue;
             }
-            let Some((progress, kind, data)) = report_event(report) else {
-                tracing::warn!(?report, "ignoring a malformed report");
-                continue;
-            };
-            let (progress, kind, data) = match metered {
-                None => (progress, kind, data),
-                // How far it got: the fraction, and the bytes counted so far
-                // where its executor says they tell nothing of the result.
-                // Stage details are dropped: they are stale by the charge.
-                Some(spec) if kind == EventType::Progress => {
-                    let mut shown = json!({ "fraction": data["fraction"] });
-                    if spec.executor.discloses(report)
-                        && let Some(bytes) = data.get("bytes").filter(|b| b.is_u64())
-                    {
-                        shown["bytes"] = bytes.clone();
-                    }
-                    (progress, kind, shown)
+            let (progress, kind, data) = match executors::recorded(report, metered.map(|spec| &spec.executor)) {
+                Recorded::Malformed => {
+                    tracing::warn!(?report, "ignoring a malformed report");
+                    continue;
                 }
-                Some(spec) if spec.executor.discloses(report) => (progress, kind, data),
-                Some(_) => {
+                Recorded::Shown { progress, kind, data } => (progress, kind, data),
+                Recorded::Held(report) => {
                     if held.len() < HELD_REPORTS_MAX {
-                        held.push(HeldReport { kind: kind.as_str().to_owned(), data });
+                        held.push(report);
                     } else {
                         dropped += 1;
                     }
@@ -92,51 +79,4 @@ pub(super) async fn record_reports(
         held.push(HeldReport { kind: EventType::Log.as_str().to_owned(), data: json!({ "line": line }) });
     }
     held
-}
-
-/// The event a report becomes: `(tasks.progress, type, data)`.
-fn report_event(report: &Report) -> Option<(Option<f32>, EventType, Value)> {
-    match report {
-        Report::Progress { fraction, detail } => {
-            if !fraction.is_finite() {
-                return None;
-            }
-            let fraction = fraction.clamp(0.0, 1.0);
-            // f32 → JSON shows 0.3 as 0.30000001192092896: round for people.
-            let shown = (f64::from(fraction) * 10_000.0).round() / 10_000.0;
-            let mut data = Map::new();
-            match detail {
-                Value::Object(fields) => data.extend(fields.iter().map(|(k, v)| (k.clone(), v.clone()))),
-                Value::Null => {}
-                other => {
-                    data.insert("detail".into(), other.clone());
-                }
-            }
-            data.insert("fraction".into(), json!(shown));
-            Some((Some(fraction), EventType::Progress, Value::Object(data)))
-        }
-        Report::Log { line } => Some((None, EventType::Log, json!({ "line": line }))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn progress_reports_carry_their_detail_and_a_rounded_fraction() {
-        let (progress, kind, data) =
-            report_event(&Report::Progress { fraction: 0.3, detail: json!({"bytes": 3, "total": 10}) }).unwrap();
-        assert_eq!(progress, Some(0.3));
-        assert_eq!(kind, EventType::Progress);
-        assert_eq!(data, json!({"fraction": 0.3, "bytes": 3, "total": 10}));
-
-        let (progress, _, data) = report_event(&Report::Progress { fraction: 7.0, detail: json!("x") }).unwrap();
-        assert_eq!(progress, Some(1.0));
-        assert_eq!(data, json!({"fraction": 1.0, "detail": "x"}));
-        assert!(report_event(&Report::Progress { fraction: f32::NAN, detail: Value::Null }).is_none());
-
-        let (progress, kind, data) = report_event(&Report::Log { line: "hi".into() }).unwrap();
-        assert_eq!((progress, kind, data), (None, EventType::Log, json!({"line": "hi"})));
-    }
 }

@@ -218,33 +218,32 @@ pub async fn extend_lease(db: &PgPool, id: Id, attempt: i32, lease: Duration) ->
     Ok(moved == 1)
 }
 
-/// Appends one event of a running task (progress or log), setting
-/// `tasks.progress` to `progress` when given, in one statement fenced on the
-/// run. `None`: the run lost the task, and nothing was written.
-pub async fn running_event(
+/// Records that the run's attempt was handed to its service until
+/// `deadline` (it answered the job `202`), with a fresh lease, never past
+/// the deadline, for the service's first report to renew. `false`: the run
+/// no longer holds the task, and nothing was written.
+pub async fn delegate(
     db: &PgPool,
     id: Id,
     attempt: i32,
-    progress: Option<f32>,
-    kind: EventType,
-    data: &Value,
-) -> Result<Option<Event>, sqlx::Error> {
-    let row: Option<(i64, OffsetDateTime)> = sqlx::query_as(
-        "WITH held AS (
-             UPDATE tasks SET progress = COALESCE($3, progress), last_seq = last_seq + 1, updated_at = now()
-              WHERE id = $1 AND status = 'running' AND attempts = $2
-          RETURNING id, last_seq
-         )
-         INSERT INTO task_events (task_id, seq, type, data)
-         SELECT id, last_seq, $4, $5 FROM held
-         RETURNING seq, at",
+    lease: Duration,
+    deadline: OffsetDateTime,
+) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE tasks SET delegated_attempt = $2, delegated_until = $4,
+                          lease_until = LEAST(now() + make_interval(secs => $3), $4), updated_at = now()
+          WHERE id = $1 AND status = 'running' AND attempts = $2",
     )
     .bind(id)
     .bind(attempt)
-    .bind(progress)
-    .bind(kind.as_str())
-    .bind(sqlx::types::Json(data))
-    .fetch_optional(db)
-    .await?;
-    Ok(row.map(|(seq, at)| Event { seq, kind, data: data.clone(), at }))
+    .bind(secs(lease))
+    .bind(deadline)
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(moved == 1)
 }
+
+/// Appends one event of a running task: the one write a worker's report
+/// and a service's report share (`domain::tasks::events`).
+pub use crate::domain::tasks::events::running_event;

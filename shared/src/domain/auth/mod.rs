@@ -12,6 +12,7 @@
 
 #[cfg(feature = "api-auth")]
 mod password;
+mod report_token;
 mod secret;
 mod space_id;
 mod ticket;
@@ -19,6 +20,7 @@ mod token;
 
 #[cfg(feature = "api-auth")]
 pub use password::{hash_space_id, verify_space_id};
+pub use report_token::{ReportToken, ReportTokenError, issue_report_token, verify_report_token};
 pub use secret::Secret;
 pub use space_id::{SpaceId, SpaceIndex, space_index};
 pub use ticket::{StreamTicket, TICKET_TTL, TicketError, issue_ticket, verify_ticket};

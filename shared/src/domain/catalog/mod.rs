@@ -52,7 +52,7 @@ pub use meter::{Meter, Quantity, Unit};
 pub use networks::{NetworkKind, testnet_name};
 pub use uploads::{MAX_FILENAME_BYTES, Uploads};
 #[cfg(feature = "catalog")]
-pub use validate::RUN_MARGIN_SECONDS;
+pub use validate::{DELEGATED_CALL_SECONDS, MAX_DELEGATED_TIMEOUT_SECONDS, RUN_MARGIN_SECONDS};
 
 /// The worker's time limit in seconds when none is given: the shipped
 /// template's worker `Timeout`, so a catalog checked without one is checked
@@ -134,6 +134,13 @@ pub struct TaskSpec {
 impl TaskSpec {
     pub fn is_free(&self) -> bool {
         self.accepts.is_empty()
+    }
+
+    /// How long a worker waits for a run of this kind: its whole timeout,
+    /// or for a kind whose service may answer `202` and report on its own,
+    /// only as long as that answer may take ([`DELEGATED_CALL_SECONDS`]).
+    pub fn waited_seconds(&self) -> u32 {
+        if self.executor.delegates() { self.timeout_seconds.min(DELEGATED_CALL_SECONDS) } else { self.timeout_seconds }
     }
 }
 

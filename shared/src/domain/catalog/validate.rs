@@ -32,6 +32,15 @@ const DEFAULT_METERED_QUEUE_SECONDS: u32 = 600;
 const DEFAULT_TASK_TIMEOUT_SECONDS: u32 = 60;
 /// Lambda's maximum run time; the worker runs tasks inside one invocation.
 pub(super) const MAX_TASK_TIMEOUT_SECONDS: i64 = 900;
+/// The longest a kind whose service reports on its own may run (12 hours):
+/// the worker does not wait for it, so no invocation bounds it; what does
+/// is the life of the links its job carries (signed by the worker, with
+/// credentials that may be temporary) and, for a metered kind, its payment
+/// authorization.
+pub const MAX_DELEGATED_TIMEOUT_SECONDS: i64 = 43_200;
+/// How long the worker waits for such a service's answer to the job (a
+/// `200` with the result, or a `202`): what must fit in its invocation.
+pub const DELEGATED_CALL_SECONDS: u32 = 300;
 /// What a worker keeps beyond a task's `timeout_seconds`: time to claim it
 /// and record its outcome before its invocation ends, with room for the
 /// record to wait its turn in a batch. A worker claims a record only with
@@ -142,9 +151,16 @@ fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Pr
     let title = required_text(f, "title", p);
     let description = f.optional::<&str>("description", p).unwrap_or_default();
     let executor = Executor::configure(f, p);
+    // A kind whose service may answer 202 holds the worker only for that
+    // answer: that, not its whole timeout, must fit in the worker.
+    let delegates = executor.as_ref().is_some_and(Executor::delegates);
+    let most = if delegates { MAX_DELEGATED_TIMEOUT_SECONDS } else { MAX_TASK_TIMEOUT_SECONDS };
     let timeout_seconds = f
-        .int_in("timeout_seconds", 1..=MAX_TASK_TIMEOUT_SECONDS, p)
-        .and_then(|secs: u32| f.verify("timeout_seconds", fits_the_worker(secs, worker_timeout), p))
+        .int_in("timeout_seconds", 1..=most, p)
+        .and_then(|secs: u32| {
+            let waited = if delegates { secs.min(DELEGATED_CALL_SECONDS) } else { secs };
+            f.verify("timeout_seconds", fits_the_worker(waited, worker_timeout).map(|_| secs), p)
+        })
         .unwrap_or(DEFAULT_TASK_TIMEOUT_SECONDS);
     let schema = f.required("input_schema", p).and_then(|schema| f.verify("input_schema", schema::read(schema), p));
     let listed = f.optional::<&[Value]>("accepts", p);

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::protocol::{PROTOCOL_VERSION, Protocol, SecretRef};
 use super::{ExecutorKind, Report, TaskKey};
 use crate::domain::catalog::formats;
 use crate::domain::catalog::meter::Quantity;
@@ -19,23 +20,58 @@ use crate::domain::catalog::read::{Fields, Problems};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Http {
     pub endpoint: String,
+    /// `protocol = 1`: the endpoint speaks the executor protocol
+    /// (docs/executors.md): a signed job, `202` and reports. `None`: the
+    /// bare input POSTed, as before.
+    pub protocol: Option<Protocol>,
 }
 
 impl ExecutorKind for Http {
     const NAME: &'static str = "http";
-    const KEYS: &'static [TaskKey] =
-        &[TaskKey { key: "endpoint", noun: "an endpoint", example: r#""https://example.com/run""# }];
+    const KEYS: &'static [TaskKey] = &[
+        TaskKey { key: "endpoint", noun: "an endpoint", example: r#""https://example.com/run""# },
+        TaskKey { key: "protocol", noun: "a protocol", example: "1" },
+        TaskKey { key: "secret", noun: "a secret", example: r#""RUN_SECRET""# },
+    ];
 
     /// `endpoint`: required, an absolute http(s) URL. Whether the host may
     /// be reached is the operators' allow-list's to say, at each call.
+    /// `protocol = 1` with `secret` (a variable's name or an ARN): the
+    /// executor protocol; a secret without a protocol signs nothing, and is
+    /// refused rather than ignored.
     fn configure(task: &Fields<'_>, p: &mut Problems) -> Option<Self> {
         if !task.has("endpoint") {
             task.at("endpoint").report(p, "missing; executor \"http\" needs the URL to POST the input to");
             return None;
         }
-        let endpoint = task.optional::<&str>("endpoint", p)?;
-        task.verify("endpoint", formats::http_url(endpoint), p)?;
-        Some(Http { endpoint: endpoint.to_owned() })
+        let endpoint = task
+            .optional::<&str>("endpoint", p)
+            .and_then(|e| task.verify("endpoint", formats::http_url(e), p).map(|_| e));
+        let version = task.int_in::<u8>("protocol", i64::from(PROTOCOL_VERSION)..=i64::from(PROTOCOL_VERSION), p);
+        let secret = task.optional::<&str>("secret", p).and_then(|s| task.verify("secret", SecretRef::parse(s), p));
+        let protocol = match (task.has("protocol"), task.has("secret")) {
+            (false, false) => None,
+            (true, true) => Some(Protocol { version: version?, secret: secret? }),
+            (true, false) => {
+                task.at("secret").report(
+                    p,
+                    "missing; protocol = 1 signs each job: name the environment variable (or the Secrets Manager \
+                     ARN) that holds the endpoint's whsec_… secret",
+                );
+                return None;
+            }
+            (false, true) => {
+                task.at("secret").report(p, "only a kind with protocol = 1 signs its jobs; add protocol = 1");
+                return None;
+            }
+        };
+        Some(Http { endpoint: endpoint?.to_owned(), protocol })
+    }
+
+    /// A protocol kind's service may answer `202` and report on its own:
+    /// the worker does not wait for it.
+    fn delegates(&self) -> bool {
+        self.protocol.is_some()
     }
 
     /// The time the call took.
@@ -80,6 +116,9 @@ mod work {
 
     impl TaskExecutor for Http {
         async fn run(&self, deps: &ExecDeps, job: &Job<'_>) -> Result<Value, ExecError> {
+            if let Some(protocol) = &self.protocol {
+                return crate::domain::executors::protocol::send::send_job(deps, job, &self.endpoint, protocol).await;
+            }
             job.progress(0.0, calling()).await;
             let timeout = Duration::from_secs(u64::from(job.spec.timeout_seconds));
             let response = deps
@@ -123,5 +162,60 @@ mod work {
             .await;
             Ok(result)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use toml::Table;
+
+    use super::*;
+    use crate::domain::catalog::read::KeyPath;
+
+    fn configure(text: &str) -> (Option<Http>, Vec<String>) {
+        let table: Table = text.parse().unwrap();
+        let mut problems = Problems::new();
+        let http = Http::configure(&Fields::new(KeyPath::default().key("tasks").key("k"), &table), &mut problems);
+        (http, problems.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn without_protocol_it_is_the_bare_call_it_always_was() {
+        let (http, problems) = configure(r#"endpoint = "https://x.example/run""#);
+        assert!(problems.is_empty(), "{problems:?}");
+        let http = http.unwrap();
+        assert_eq!(http.protocol, None);
+        assert!(!http.delegates());
+    }
+
+    #[test]
+    fn protocol_1_takes_a_secret_by_variable_or_arn() {
+        let (http, problems) = configure("endpoint = \"https://x.example/run\"\nprotocol = 1\nsecret = \"RUN_SECRET\"");
+        assert!(problems.is_empty(), "{problems:?}");
+        let http = http.unwrap();
+        assert_eq!(http.protocol, Some(Protocol { version: 1, secret: SecretRef::Env("RUN_SECRET".into()) }));
+        assert!(http.delegates());
+
+        let arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:reeve/run-AbCdEf";
+        let (http, problems) =
+            configure(&format!("endpoint = \"https://x.example/run\"\nprotocol = 1\nsecret = {arn:?}"));
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(http.unwrap().protocol.unwrap().secret, SecretRef::Arn(arn.into()));
+    }
+
+    #[test]
+    fn a_protocol_without_a_secret_or_a_secret_without_a_protocol_is_refused_at_its_path() {
+        let (_, problems) = configure("endpoint = \"https://x.example/run\"\nprotocol = 1");
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].starts_with("tasks.k.secret: missing; protocol = 1 signs each job"), "{problems:?}");
+        let (_, problems) = configure("endpoint = \"https://x.example/run\"\nsecret = \"S\"");
+        assert!(problems[0].starts_with("tasks.k.secret: only a kind with protocol = 1"), "{problems:?}");
+        let (_, problems) = configure("endpoint = \"https://x.example/run\"\nprotocol = 2\nsecret = \"S\"");
+        assert!(problems[0].starts_with("tasks.k.protocol: must be from 1 to 1"), "{problems:?}");
+        let (_, problems) = configure("endpoint = \"https://x.example/run\"\nprotocol = 1\nsecret = \"whsec_abc=\"");
+        assert!(problems[0].contains("never goes in reeve.toml"), "{problems:?}");
+        let (_, problems) =
+            configure("endpoint = \"https://x.example/run\"\nprotocol = 1\nsecret = \"arn:aws:s3:::bucket\"");
+        assert!(problems[0].contains("is not a Secrets Manager secret's ARN"), "{problems:?}");
     }
 }

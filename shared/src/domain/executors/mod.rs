@@ -34,13 +34,16 @@
 mod digest;
 mod fetch;
 mod http;
+pub mod protocol;
 pub(crate) mod registry;
+#[cfg(feature = "api-tasks")]
+pub mod service;
 
 #[cfg(feature = "worker")]
 use std::future::Future;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Map, Value, json};
 #[cfg(feature = "worker")]
 use sqlx::PgPool;
 #[cfg(feature = "worker")]
@@ -54,6 +57,8 @@ use crate::domain::catalog::meter::Quantity;
 use crate::domain::catalog::read::{Fields, Problems};
 #[cfg(feature = "worker")]
 use crate::domain::ids::Id;
+use crate::domain::payments::HeldReport;
+use crate::domain::tasks::EventType;
 #[cfg(feature = "worker")]
 use crate::infra::outbound::{Outbound, OutboundError};
 
@@ -62,6 +67,7 @@ pub use fetch::Fetch;
 #[cfg(feature = "worker")]
 pub use fetch::output_key;
 pub use http::Http;
+pub use protocol::{PROTOCOL_VERSION, Protocol, SecretRef};
 pub use registry::Executor;
 
 /// One executor, declared whole in its own file and listed once in the
@@ -102,6 +108,14 @@ pub(crate) trait ExecutorKind: Sized {
         let _ = report;
         false
     }
+
+    /// Whether a run may be handed to a service that answers `202` and
+    /// reports on its own (docs/executors.md): the worker then waits only
+    /// for that answer, so the kind's `timeout_seconds` is not bounded by
+    /// the worker's invocation.
+    fn delegates(&self) -> bool {
+        false
+    }
 }
 
 /// A key of a `[tasks.<kind>]` table that only some executors read.
@@ -122,6 +136,67 @@ pub(crate) struct TaskKey {
 /// every other one until the capture.
 pub fn discloses(executor: &Executor, report: &Report) -> bool {
     executor.discloses(report)
+}
+
+/// How a report becomes an event of its task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recorded {
+    /// Written now: `(tasks.progress, type, data)`.
+    Shown { progress: Option<f32>, kind: EventType, data: Value },
+    /// A metered task's report that may carry its result: kept with the
+    /// run, published only once its capture is charged.
+    Held(HeldReport),
+    /// Not a report (a fraction that is no number).
+    Malformed,
+}
+
+/// The event `report` becomes, for a task `metered` by that executor or
+/// free (`None`). A metered task shows only how far it got (the fraction,
+/// and the bytes counted where its executor says they tell nothing of the
+/// result; stage details are stale by the charge) and what its executor
+/// [`discloses`]; everything else is held. What the worker does with its
+/// executor's reports and the report route with a service's.
+pub fn recorded(report: &Report, metered: Option<&Executor>) -> Recorded {
+    let Some((progress, kind, data)) = report_event(report) else { return Recorded::Malformed };
+    match metered {
+        None => Recorded::Shown { progress, kind, data },
+        Some(executor) if kind == EventType::Progress => {
+            let mut shown = json!({ "fraction": data["fraction"] });
+            if executor.discloses(report)
+                && let Some(bytes) = data.get("bytes").filter(|b| b.is_u64())
+            {
+                shown["bytes"] = bytes.clone();
+            }
+            Recorded::Shown { progress, kind, data: shown }
+        }
+        Some(executor) if executor.discloses(report) => Recorded::Shown { progress, kind, data },
+        Some(_) => Recorded::Held(HeldReport { kind: kind.as_str().to_owned(), data }),
+    }
+}
+
+/// The event a report becomes: `(tasks.progress, type, data)`.
+fn report_event(report: &Report) -> Option<(Option<f32>, EventType, Value)> {
+    match report {
+        Report::Progress { fraction, detail } => {
+            if !fraction.is_finite() {
+                return None;
+            }
+            let fraction = fraction.clamp(0.0, 1.0);
+            // f32 → JSON shows 0.3 as 0.30000001192092896: round for people.
+            let shown = (f64::from(fraction) * 10_000.0).round() / 10_000.0;
+            let mut data = Map::new();
+            match detail {
+                Value::Object(fields) => data.extend(fields.iter().map(|(k, v)| (k.clone(), v.clone()))),
+                Value::Null => {}
+                other => {
+                    data.insert("detail".into(), other.clone());
+                }
+            }
+            data.insert("fraction".into(), json!(shown));
+            Some((Some(fraction), EventType::Progress, Value::Object(data)))
+        }
+        Report::Log { line } => Some((None, EventType::Log, json!({ "line": line }))),
+    }
 }
 
 /// What an executor tells the worker while it runs; the worker turns each
@@ -157,12 +232,40 @@ pub struct ExecDeps {
     /// How many days the bucket keeps what `fetch` stores (its lifecycle
     /// rule for `outputs/`), if known.
     pub output_retention_days: Option<u32>,
+    /// What sending a protocol kind's job takes (docs/executors.md).
+    pub protocol: ProtocolDeps,
+}
+
+#[cfg(feature = "worker")]
+/// What the worker signs and links a protocol kind's job with, read once
+/// at start-up. Empty when the catalog has no such kind.
+#[derive(Clone, Debug, Default)]
+pub struct ProtocolDeps {
+    /// Each endpoint's signing key, by where its `secret` says it is.
+    pub keys: std::collections::HashMap<SecretRef, protocol::JobKey>,
+    /// `POST /v1/executor/reports` as services reach it
+    /// (`REEVE_REPORT_URL`).
+    pub report_url: Option<String>,
+    /// The key report tokens are signed with: the API's token key.
+    pub token_key: Option<crate::domain::auth::Secret>,
+}
+
+#[cfg(feature = "worker")]
+impl ExecDeps {
+    /// No protocol kind's keys: what a worker whose catalog has none holds.
+    pub fn default_protocol() -> ProtocolDeps {
+        ProtocolDeps::default()
+    }
 }
 
 #[cfg(feature = "worker")]
 /// One task to run.
 pub struct Job<'a> {
     pub task_id: Id,
+    /// The run's fencing token: which attempt of the task this is.
+    pub attempt: i32,
+    /// The kind's name in the catalog.
+    pub kind: &'a str,
     pub space: SpaceIndex,
     pub input: &'a Value,
     pub spec: &'a TaskSpec,
@@ -197,6 +300,10 @@ pub enum ExecError {
     /// blocked URL): fail it with this stable code.
     #[error("{code}: {message}")]
     Permanent { code: &'static str, message: String },
+    /// Not a failure: the service accepted the job (`202`) and reports on
+    /// its own until `deadline`; the run holds the task no longer.
+    #[error("delegated to the service until {deadline}")]
+    Delegated { deadline: time::OffsetDateTime },
 }
 
 #[cfg(feature = "worker")]
@@ -219,7 +326,7 @@ impl ExecError {
     pub fn code(&self) -> Option<&'static str> {
         match self {
             ExecError::Permanent { code, .. } => Some(code),
-            ExecError::Retryable(_) | ExecError::RetryAfter { .. } => None,
+            ExecError::Retryable(_) | ExecError::RetryAfter { .. } | ExecError::Delegated { .. } => None,
         }
     }
 }
@@ -314,4 +421,26 @@ fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     let digest: [u8; 32] = sha2::Sha256::digest(bytes).into();
     hex::encode(digest)
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::*;
+
+    #[test]
+    fn progress_reports_carry_their_detail_and_a_rounded_fraction() {
+        let (progress, kind, data) =
+            report_event(&Report::Progress { fraction: 0.3, detail: json!({"bytes": 3, "total": 10}) }).unwrap();
+        assert_eq!(progress, Some(0.3));
+        assert_eq!(kind, EventType::Progress);
+        assert_eq!(data, json!({"fraction": 0.3, "bytes": 3, "total": 10}));
+
+        let (progress, _, data) = report_event(&Report::Progress { fraction: 7.0, detail: json!("x") }).unwrap();
+        assert_eq!(progress, Some(1.0));
+        assert_eq!(data, json!({"fraction": 1.0, "detail": "x"}));
+        assert!(report_event(&Report::Progress { fraction: f32::NAN, detail: Value::Null }).is_none());
+
+        let (progress, kind, data) = report_event(&Report::Log { line: "hi".into() }).unwrap();
+        assert_eq!((progress, kind, data), (None, EventType::Log, json!({"line": "hi"})));
+    }
 }

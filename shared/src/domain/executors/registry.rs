@@ -90,6 +90,14 @@ macro_rules! registry {
                 }
             }
 
+            /// Whether a run may be handed to a service that reports on
+            /// its own ([`ExecutorKind::delegates`]).
+            pub fn delegates(&self) -> bool {
+                match self {
+                    $(Executor::$kind(executor) => executor.delegates()),+
+                }
+            }
+
             /// Runs one job.
             #[cfg(feature = "worker")]
             pub(super) async fn run(&self, deps: &ExecDeps, job: &Job<'_>) -> Result<Value, ExecError> {

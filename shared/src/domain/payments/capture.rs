@@ -89,10 +89,52 @@ impl Authorization {
     /// The run whose capture is under way (or done, its task not yet
     /// completed), if one is: the task is not run again, only its capture
     /// resumed and that run's result delivered.
+    /// Holds `run` (a service's result, reported on its own) for its
+    /// capture, exactly as the worker holds a finished run when its capture
+    /// starts (`ledger::start_capture`), in the caller's transaction: the
+    /// worker that next claims the task resumes the capture and delivers
+    /// the run. Nothing used: the authorization is released instead and
+    /// its receipt returned, for the task to complete with. `Ok(None)`: the
+    /// authorization moved on meanwhile.
+    pub async fn hold_for_capture(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        task: Id,
+        run: &Held,
+    ) -> Result<Option<Hold>, sqlx::Error> {
+        let ceiling =
+            self.row.amount.parse::<alloy_primitives::U256>().ok().map(|c| u128::try_from(c).unwrap_or(u128::MAX));
+        let meter = Unit::parse(&self.view.unit).zip(self.view.rate.parse().ok()).map(|(unit, rate)| Meter {
+            unit,
+            rate,
+            rate_usd: None,
+        });
+        let (Some(ceiling), Some(meter)) = (ceiling, meter) else {
+            return Err(sqlx::Error::Decode("the stored ceiling, unit or rate cannot be read".into()));
+        };
+        let charge = meter.charge(run.used, ceiling);
+        if charge == 0 {
+            let released = ledger::release_if_authorized(conn, task, "nothing used").await?;
+            let released = released.unwrap_or_else(|| serde_json::json!({ "status": "released", "charged": "0" }));
+            return Ok(Some(Hold::Released(released)));
+        }
+        let started = ledger::start_capture(&mut *conn, self.row.attempt, &charge.to_string(), run).await?;
+        Ok(started.map(|_| Hold::Held))
+    }
+
     pub fn held(&self) -> Option<&Held> {
         let holds = matches!(self.row.status, AttemptStatus::Capturing | AttemptStatus::Settled);
         self.row.held.as_ref().filter(|_| holds)
     }
+}
+
+/// What [`Authorization::hold_for_capture`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Hold {
+    /// Held for a worker to capture.
+    Held,
+    /// Nothing to charge: released, with this receipt.
+    Released(serde_json::Value),
 }
 
 /// What became of a capture.

@@ -78,7 +78,7 @@ pub(crate) mod supported;
 pub(crate) mod upto;
 
 #[cfg(all(feature = "chain", feature = "catalog"))]
-pub use capture::{Authorization as MeteredAuthorization, Captured, Capturer, RESOLVE_MARGIN};
+pub use capture::{Authorization as MeteredAuthorization, Captured, Capturer, Hold, RESOLVE_MARGIN};
 #[cfg(feature = "chain")]
 pub use chain::{CHAIN_CONFIRMATIONS, CHAIN_RPC_URLS, Chains};
 #[cfg(feature = "catalog")]

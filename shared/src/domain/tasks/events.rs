@@ -214,6 +214,39 @@ impl Publisher {
 
 /// One PUBLISH of a committed event on the task's [`channel`], bounded by
 /// [`PUBLISH_TIMEOUT`]; `Ok(n)` is the number of subscribers that got it.
+/// Appends one event of a running task (progress or log), setting
+/// `tasks.progress` to `progress` when given, in one statement fenced on the
+/// run (`attempt`). `None`: the run lost the task, and nothing was written.
+/// What a worker's executor reports and what a service reports on its
+/// attempt (`domain::executors::service`) both become events here.
+pub async fn running_event(
+    db: impl sqlx::PgExecutor<'_>,
+    id: Id,
+    attempt: i32,
+    progress: Option<f32>,
+    kind: EventType,
+    data: &Value,
+) -> Result<Option<Event>, sqlx::Error> {
+    let row: Option<(i64, OffsetDateTime)> = sqlx::query_as(
+        "WITH held AS (
+             UPDATE tasks SET progress = COALESCE($3, progress), last_seq = last_seq + 1, updated_at = now()
+              WHERE id = $1 AND status = 'running' AND attempts = $2
+          RETURNING id, last_seq
+         )
+         INSERT INTO task_events (task_id, seq, type, data)
+         SELECT id, last_seq, $4, $5 FROM held
+         RETURNING seq, at",
+    )
+    .bind(id)
+    .bind(attempt)
+    .bind(progress)
+    .bind(kind.as_str())
+    .bind(sqlx::types::Json(data))
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|(seq, at)| Event { seq, kind, data: data.clone(), at }))
+}
+
 /// For a process that publishes now and then (the API's cancel); a worker
 /// publishing a stream of events uses a [`Publisher`].
 pub async fn publish_once(redis: &RedisClient, task_id: Id, event: &Event) -> Result<usize, PublishError> {

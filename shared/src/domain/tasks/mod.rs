@@ -35,9 +35,9 @@ use time::OffsetDateTime;
 pub use events::{Event, EventType, Publisher, append_event, channel, events_after};
 #[cfg(feature = "s3-links")]
 pub use output::{OutputLinks, output_key};
-#[cfg(feature = "sqs")]
-pub use queue::enqueue;
 pub use queue::{QueueError, QueueMessage};
+#[cfg(feature = "sqs")]
+pub use queue::{enqueue, enqueue_after};
 #[cfg(feature = "api-task-status")]
 pub use quota::{AT_ONCE_RETRY, Limit, QuotaExceeded, QuotaUse, Used};
 #[cfg(feature = "catalog")]
@@ -165,7 +165,7 @@ pub(crate) mod transition;
 
 pub use cancel::{CancelOutcome, cancel, cancel_requested};
 pub use list::{ListQuery, Page, list};
-pub use transition::{Change, Fence, transition};
+pub use transition::{Change, Fence, transition, transition_in};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Created {

@@ -73,6 +73,26 @@ pub async fn enqueue(sqs: &aws_sdk_sqs::Client, queue_url: &str, task_id: Id, ki
     }
 }
 
+/// [`enqueue`], shown to workers only after `delay` (SQS allows up to 15
+/// minutes): a task queued again for its next attempt.
+#[cfg(feature = "sqs")]
+pub async fn enqueue_after(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    task_id: Id,
+    kind: &str,
+    delay: Duration,
+) -> Result<(), QueueError> {
+    let body = serde_json::to_string(&QueueMessage { task_id, kind: kind.to_owned() }).expect("strings serialise");
+    let delay = i32::try_from(delay.as_secs().min(900)).unwrap_or(900);
+    let send = sqs.send_message().queue_url(queue_url).message_body(body).delay_seconds(delay).send();
+    match tokio::time::timeout(SEND_TIMEOUT, send).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(QueueError::Send(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())),
+        Err(_) => Err(QueueError::Timeout),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

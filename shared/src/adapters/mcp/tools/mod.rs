@@ -17,6 +17,7 @@ mod get_result;
 mod get_task;
 mod list_tasks;
 mod login;
+mod rotate_space;
 
 use std::collections::HashMap;
 
@@ -40,6 +41,7 @@ const FIXED: &[Registered] = &[
     registered::<list_tasks::ListTasks>(),
     registered::<cancel_task::CancelTask>(),
     registered::<get_result::GetResult>(),
+    registered::<rotate_space::RotateSpace>(),
 ];
 
 /// A fixed tool ready to call: what it declares, and the validator of its
@@ -161,7 +163,16 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let tools = Tools::new(&catalog);
         let names: Vec<&str> = tools.list().iter().map(|tool| tool.name.as_ref()).collect();
-        let fixed = ["create_space", "login", "create_upload", "get_task", "list_tasks", "cancel_task", "get_result"];
+        let fixed = [
+            "create_space",
+            "login",
+            "create_upload",
+            "get_task",
+            "list_tasks",
+            "cancel_task",
+            "get_result",
+            "rotate_space",
+        ];
         // The kinds come in the catalog's order, by name.
         assert_eq!(names, [&fixed[..], &["digest", "task_login"]].concat());
         for name in fixed {

@@ -107,7 +107,7 @@ pub async fn open_authorization(db: &PgPool, task_id: Id) -> Result<Option<OpenA
 /// with, which an earlier settle may have charged. `None`: it is neither
 /// any more.
 pub async fn start_capture(
-    db: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     id: Id,
     charged: &str,
     held: &Held,
