@@ -16,7 +16,8 @@
 //!   each kind), [`relay`] (one Pub/Sub connection per process, replay from
 //!   Postgres), [`ids`].
 //! - `infra/`: the stores and services underneath. [`db`] (Postgres and the
-//!   migrations), [`redis_client`], [`aws`] (S3, SQS), [`outbound`] (the
+//!   migrations), [`redis_client`], [`aws`] (S3, SQS), [`s3_links`] (download
+//!   links signed without the S3 client), [`outbound`] (the
 //!   SSRF-guarded client), [`metrics`], [`telemetry`], [`settings`],
 //!   [`storage_policy`] (the bucket policy).
 
@@ -55,6 +56,8 @@ pub use domain::{login_limits, spaces};
 pub use infra::aws;
 #[cfg(feature = "outbound")]
 pub use infra::outbound;
+#[cfg(feature = "s3-links")]
+pub use infra::s3_links;
 pub use infra::{db, metrics, redis_client, standard_webhooks, storage_policy, telemetry};
 pub use startup::settings;
 

@@ -29,6 +29,7 @@ mod quota;
 mod redis_tls;
 mod relay;
 mod rotation;
+mod s3_links;
 mod service;
 mod spaces;
 mod ssrf;

@@ -50,17 +50,19 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::context::{TaskCreateContext, TaskStatusContext};
+#[cfg(feature = "api-tasks")]
+use super::context::TaskCreateContext;
+use super::context::TaskStatusContext;
 use super::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use super::extract::{JsonBody, Session};
 use crate::domain::error::{Refusal, TaskRefusal};
 use crate::domain::ids::Id;
+#[cfg(feature = "api-tasks")]
 use crate::domain::payments::{self, PayError, PaymentInput, PaymentRequired, PaymentResponse};
 use crate::domain::tasks::events::publish_all_once;
-use crate::domain::tasks::{
-    self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, SubmitError, Submitted, Task, TaskRequest,
-    TaskStatus,
-};
+use crate::domain::tasks::{self, CancelOutcome, ListQuery, Task, TaskStatus};
+#[cfg(feature = "api-tasks")]
+use crate::domain::tasks::{Paid, Submission, SubmitContext, SubmitError, Submitted, TaskRequest};
 use crate::domain::webhooks::{self, Subscription};
 
 /// One path for both routers: axum merges their methods only when the path
@@ -69,9 +71,12 @@ use crate::domain::webhooks::{self, Subscription};
 const TASK_PATH: &str = "/v1/tasks/{task}";
 
 pub use super::IDEMPOTENCY_KEY_HEADER;
+#[cfg(feature = "api-tasks")]
 pub const IDEMPOTENT_REPLAYED_HEADER: &str = "idempotent-replayed";
+#[cfg(feature = "api-tasks")]
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
+#[cfg(feature = "api-tasks")]
 /// `POST /v1/tasks/{kind}`: the task-create function's route.
 pub fn create_router() -> OpenApiRouter<Arc<TaskCreateContext>> {
     OpenApiRouter::default().routes(routes!(create_task))
@@ -92,6 +97,7 @@ pub fn status_router() -> OpenApiRouter<Arc<TaskStatusContext>> {
         .merge(super::webhooks::router())
 }
 
+#[cfg(feature = "api-tasks")]
 /// A task's input.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -127,6 +133,7 @@ impl From<WebhookRequest> for Subscription {
     }
 }
 
+#[cfg(feature = "api-tasks")]
 /// A created (or replayed) task.
 #[derive(Serialize, ToSchema)]
 #[schema(as = TaskAccepted)]
@@ -145,6 +152,7 @@ struct Accepted {
     payment: Option<crate::domain::payments::MeteredPayment>,
 }
 
+#[cfg(feature = "api-tasks")]
 /// Create a task
 ///
 /// Checks, in order, and answers with the first failure: the token; the
@@ -307,6 +315,7 @@ async fn create_task(
     }
 }
 
+#[cfg(feature = "api-tasks")]
 /// A header that must be visible ASCII if present (`400 invalid_payment`
 /// for a payment that is not).
 fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, SubmitFailure> {
@@ -323,6 +332,7 @@ fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>
         .map_err(|_| SubmitError::Payment(PayError::Malformed(format!("{name} must be base64 text"))).into())
 }
 
+#[cfg(feature = "api-tasks")]
 /// A create that ended without a task: the envelope; for a refused
 /// payment the challenge again in `PAYMENT-REQUIRED`, so an x402 client can
 /// pay afresh, and for a refused settle the `PAYMENT-RESPONSE` saying why;
@@ -335,6 +345,7 @@ pub struct SubmitFailure {
     retry_after: Option<std::time::Duration>,
 }
 
+#[cfg(feature = "api-tasks")]
 impl From<SubmitError> for SubmitFailure {
     fn from(e: SubmitError) -> Self {
         let error = ApiError::refused(&e);
@@ -358,12 +369,14 @@ impl From<SubmitError> for SubmitFailure {
     }
 }
 
+#[cfg(feature = "api-tasks")]
 impl From<ApiError> for SubmitFailure {
     fn from(error: ApiError) -> Self {
         SubmitFailure { error, challenge: None, settlement: None, retry_after: None }
     }
 }
 
+#[cfg(feature = "api-tasks")]
 impl IntoResponse for SubmitFailure {
     fn into_response(self) -> Response {
         let mut response = self.error.into_response();
@@ -535,6 +548,7 @@ async fn cancel_task(
     }
 }
 
+#[cfg(feature = "api-tasks")]
 /// The `Idempotency-Key` header: absent, or exactly one value of 1..=255
 /// printable ASCII characters (space through `~`).
 fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<&str>> {
@@ -555,6 +569,7 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<&str>> {
     Ok(Some(value.to_str().expect("checked printable ASCII")))
 }
 
+#[cfg(feature = "api-tasks")]
 fn challenge_response(challenge: &PaymentRequired) -> Response {
     let header_value = HeaderValue::from_str(&challenge.header_value()).expect("base64 is a valid header value");
     let mut response = (
@@ -568,6 +583,7 @@ fn challenge_response(challenge: &PaymentRequired) -> Response {
     response
 }
 
+#[cfg(feature = "api-tasks")]
 /// The URL a client paid for: absolute when the request says which host it
 /// reached (the `Host` header or an absolute URI), else just the path.
 fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
@@ -599,6 +615,7 @@ fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
     format!("{scheme}://{authority}{path}")
 }
 
+#[cfg(feature = "api-tasks")]
 fn accepted(submitted: Submitted) -> Response {
     let Submitted { task, replayed, paid } = submitted;
     let body = Accepted {
