@@ -51,6 +51,7 @@ BASE_IMAGE="reeve/lambda-base:local"
 INVOKES=(
   "AuthFunction        auth-create-space  201"
   "AuthFunction        auth-open-session  401"
+  "AuthFunction        auth-rotate-space  401"
   "CatalogFunction     catalog            200"
   "PresignFunction     presign            401"
   "TaskCreateFunction  task-create        401"

@@ -159,12 +159,13 @@ fn every_upload_error() -> Vec<CreateError> {
 fn every_space_error() -> Vec<SpaceError> {
     let all = vec![
         SpaceError::InvalidSpace,
+        SpaceError::WrongSpaceId,
         SpaceError::Db(sqlx::Error::PoolTimedOut),
         SpaceError::Auth(AuthError::MalformedSpaceId),
     ];
     for e in &all {
         match e {
-            SpaceError::InvalidSpace | SpaceError::Db(_) | SpaceError::Auth(_) => {}
+            SpaceError::InvalidSpace | SpaceError::WrongSpaceId | SpaceError::Db(_) | SpaceError::Auth(_) => {}
         }
     }
     all

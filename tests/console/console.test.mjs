@@ -803,3 +803,44 @@ test("a paid task canceled before it ran leaves a credit, which pays the next on
   assert.equal(await balance(payer), before - PRICE, "nothing more was charged");
   assert.match(await text("#log"), /paid with a credit: 0\.01 USDC on Base Sepolia \(test\) \(eip155:84532\), left by task /);
 });
+
+test("Rotate the Space ID asks first, then shows the new ID once; the old one opens nothing and the tasks stay", async () => {
+  const oldId = await page.evaluate(() => state.spaceId);
+  const oldToken = await page.evaluate(() => state.token);
+  const tasksBefore = await page.locator("#tasks tbody tr").count();
+  assert.ok(tasksBefore > 0);
+
+  // Dismissed: nothing is sent, nothing changes.
+  const sent = [];
+  const record = (request) => { if (request.url().endsWith("/v1/space/rotate")) sent.push(request.url()); };
+  page.on("request", record);
+  page.once("dialog", (dialog) => dialog.dismiss());
+  await page.click("#space-rotate");
+  await page.waitForFunction(() => /not rotated/.test(document.getElementById("notice").textContent));
+  assert.deepEqual(sent, []);
+  assert.equal(await page.evaluate(() => state.spaceId), oldId);
+
+  // Confirmed: the new ID is shown, and the page goes on with its session.
+  let asked = "";
+  page.once("dialog", (dialog) => { asked = dialog.message(); dialog.accept(); });
+  await page.click("#space-rotate");
+  await page.waitForSelector("body[data-rotated=yes]");
+  page.off("request", record);
+  assert.equal(sent.length, 1);
+  assert.match(asked, /old ID stops working/);
+  const newId = await text("#space-id-shown");
+  assert.match(newId, /^[0-9]{20}$/);
+  assert.notEqual(newId, oldId);
+  assert.match(await text("#space-new"), /Your rotated Space ID/);
+
+  const login = (spaceId) => fetch(`${base}/v1/sessions`, {
+    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ space_id: spaceId }),
+  });
+  assert.equal((await login(oldId)).status, 401, "the old ID opens nothing");
+  assert.equal((await login(newId)).status, 200, "the new one opens the Space");
+  const before = await fetch(`${base}/v1/space`, { headers: { authorization: `Bearer ${oldToken}` } });
+  assert.equal(before.status, 401, "the session from before is ended");
+
+  await page.click("#tasks-refresh");
+  await page.waitForFunction((n) => document.querySelectorAll("#tasks tbody tr").length === n, tasksBefore);
+});

@@ -1,5 +1,5 @@
 //! The Space's commands, as `reeve --help` groups them: `space` (create,
-//! show), `login`, `logout` and `catalog`. Each turns its arguments into requests
+//! show, rotate), `login`, `logout` and `catalog`. Each turns its arguments into requests
 //! through [`Client`] and prints the answer, as JSON with `--json`.
 
 use std::process::ExitCode;
@@ -17,6 +17,10 @@ pub enum SpaceCommand {
     Create,
     /// The Space's payments, credits and free-task quotas (also what bare `reeve space` shows).
     Show,
+    /// Give the Space a new ID (for one that may have leaked): prints it once
+    /// and keeps it in the credentials file; the old ID and every session are
+    /// ended at once, the tasks stay.
+    Rotate,
 }
 
 #[derive(Args, Debug)]
@@ -65,7 +69,56 @@ pub async fn space(client: &mut Client, opts: &ClientOpts, command: SpaceCommand
             }
             Ok(ExitCode::SUCCESS)
         }
+        SpaceCommand::Rotate => rotate(client, opts).await,
     }
+}
+
+/// `reeve space rotate`: the profile's Space ID goes in the body, beside the
+/// session, as the second factor the server asks for. The new ID and the
+/// session the answer carries replace the old ones in the credentials file
+/// before anything is printed; if the file cannot be written, the new ID is
+/// printed all the same (to stderr), since the old one no longer opens the
+/// Space.
+async fn rotate(client: &mut Client, opts: &ClientOpts) -> Result<ExitCode, ClientError> {
+    let Some(current) = client.profile().space_id else {
+        return Err(ClientError::Usage(format!(
+            "no Space ID for {}: run `reeve space create`, or `reeve login --space-id ID`",
+            client.endpoint
+        )));
+    };
+    let body = json!({ "space_id": current });
+    let answer = client.authed(Method::POST, "/v1/space/rotate", Some(&body), &[]).await?.body;
+    let space_id = answer["space_id"].as_str().unwrap_or_default().to_owned();
+    let token = answer["token"].as_str().map(str::to_owned);
+    let expires = answer["expires_at"]
+        .as_str()
+        .and_then(|s| time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok());
+    let saved = client.update_profile(|p| {
+        p.space_id = Some(space_id.clone());
+        p.token = token;
+        p.token_expires_at = expires;
+    });
+    if let Err(e) = saved {
+        eprintln!("The Space's new ID is {space_id}: the old one no longer opens it. Keep it: {e}");
+        return Err(e);
+    }
+    if opts.json {
+        output::json(&json!({
+            "space_id": space_id,
+            "expires_at": answer["expires_at"],
+            "profile": client.profile_name,
+            "credentials": client.credentials_path(),
+        }));
+    } else {
+        println!("{space_id}");
+        eprintln!(
+            "Space ID rotated. The new ID is shown only this once; it is saved in {} (profile {:?}).\n\
+             The old ID opens nothing any more, and every other session of the Space has ended.",
+            client.credentials_path().display(),
+            client.profile_name
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn login(client: &mut Client, opts: &ClientOpts, args: LoginArgs) -> Result<ExitCode, ClientError> {

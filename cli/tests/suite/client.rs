@@ -451,6 +451,57 @@ async fn logout_ends_the_session_on_the_server_and_keeps_the_space() {
     serve.cleanup().await;
 }
 
+/// `reeve space rotate` gives the Space a new ID (issue 39): printed once,
+/// kept in the credentials file with the session the answer carries, so the
+/// next command goes on without a login; the old ID and the session from
+/// before are refused at once, and the Space's tasks stay with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn space_rotate_keeps_the_new_id_and_ends_the_old_one() {
+    let serve = Serve::start(&["--no-worker"]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let cached = |serve: &Serve| -> toml::Value {
+        let file: toml::Value = toml::from_str(&std::fs::read_to_string(serve.credentials()).unwrap()).unwrap();
+        file["profiles"][serve.endpoint.as_str()].clone()
+    };
+    let (file, _) = write_file(&serve.home, "data.bin", 64);
+    let created =
+        serve.reeve(&["task", "create", "digest", "--file", &format!("upload_id={}", file.display()), "--json"]);
+    let task = created.expect(0).json()["id"].as_str().unwrap().to_owned();
+    let old_id = cached(&serve)["space_id"].as_str().unwrap().to_owned();
+    let old_token = cached(&serve)["token"].as_str().unwrap().to_owned();
+
+    let rotated = serve.reeve(&["space", "rotate", "--json"]).expect(0).json();
+    let new_id = rotated["space_id"].as_str().unwrap().to_owned();
+    assert!(new_id.len() == 20 && new_id != old_id, "{rotated}");
+    let profile = cached(&serve);
+    assert_eq!(profile["space_id"].as_str(), Some(new_id.as_str()), "the file keeps the new ID: {profile}");
+    assert_ne!(profile["token"].as_str(), Some(old_token.as_str()), "and the rotation's session");
+
+    let http = reqwest::Client::new();
+    let old_session = http.get(format!("{}/v1/space", serve.endpoint)).bearer_auth(&old_token).send().await.unwrap();
+    assert_eq!(old_session.status(), 401, "the session from before is refused at once");
+    let old_login = http
+        .post(format!("{}/v1/sessions", serve.endpoint))
+        .json(&serde_json::json!({ "space_id": old_id }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(old_login.status(), 401, "the old ID opens nothing");
+
+    // The same Space, with its task, on the new ID's session and after a new login.
+    let listed = serve.reeve(&["task", "list", "--json"]).expect(0).json();
+    assert_eq!(listed["tasks"][0]["id"], task.as_str(), "{listed}");
+    serve.reeve(&["logout"]).expect(0);
+    let listed = serve.reeve(&["task", "list", "--json"]).expect(0).json();
+    assert_eq!(listed["tasks"][0]["id"], task.as_str(), "{listed}");
+
+    // Human output: the new ID alone on stdout.
+    let again = serve.reeve(&["space", "rotate"]);
+    let printed = again.expect(0).stdout().trim().to_owned();
+    assert_eq!(cached(&serve)["space_id"].as_str(), Some(printed.as_str()));
+    serve.cleanup().await;
+}
+
 #[tokio::test]
 async fn an_unreachable_endpoint_exits_5_and_no_space_exits_4() {
     let home = std::env::temp_dir().join(format!("reeve-client-{}", ulid::Ulid::new()));

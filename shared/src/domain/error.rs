@@ -31,6 +31,9 @@ pub enum ErrorKind {
     Unprocessable,
     /// The credential is missing, wrong or expired.
     Auth,
+    /// The credential is good, but a second factor the request needs is
+    /// not (a rotation's Space ID).
+    Forbidden,
     /// Nothing by that name.
     NotFound,
     /// Not paid, or the payment was refused.
@@ -459,6 +462,7 @@ impl Refusal for crate::domain::spaces::SpaceError {
         use crate::domain::spaces::SpaceError;
         match self {
             SpaceError::InvalidSpace => "invalid_space",
+            SpaceError::WrongSpaceId => "wrong_space_id",
             SpaceError::Db(e) => Refusal::code(e),
             SpaceError::Auth(_) => "internal",
         }
@@ -468,6 +472,7 @@ impl Refusal for crate::domain::spaces::SpaceError {
         use crate::domain::spaces::SpaceError;
         match self {
             SpaceError::InvalidSpace => ErrorKind::Auth,
+            SpaceError::WrongSpaceId => ErrorKind::Forbidden,
             SpaceError::Db(e) => Refusal::kind(e),
             SpaceError::Auth(_) => ErrorKind::Internal,
         }
@@ -481,6 +486,9 @@ impl Refusal for crate::domain::spaces::SpaceError {
             SpaceError::InvalidSpace => {
                 format!("no Space has this Space ID (20 digits); {} makes a new Space", words.new_space)
             }
+            SpaceError::WrongSpaceId => "the Space ID sent is not this Space's current ID; a rotation needs both \
+                                            the session and the Space's current ID, and nothing was changed"
+                .into(),
             SpaceError::Db(e) => e.message(words),
             SpaceError::Auth(_) => INTERNAL.into(),
         }
@@ -500,7 +508,7 @@ impl Refusal for crate::domain::login_limits::Limited {
     fn message(&self, words: &Wording) -> String {
         use crate::domain::login_limits::Action;
         let what = match self.action {
-            Action::Space => "Spaces created",
+            Action::Space => "Spaces created or Space IDs rotated",
             Action::Session => "sessions opened",
         };
         format!("too many {what} from your address; try again after {} seconds", words.retry_after)

@@ -28,12 +28,14 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::infra::client_addr::ClientPrefixes;
+use crate::infra::client_addr::{ClientPrefixes, EdgeSecret};
 
 /// What is being limited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// A new Space (one Argon2id hash, a fresh quota of free work).
+    /// A new Space ID: a new Space (one Argon2id hash, a fresh quota of
+    /// free work), or a Space's ID rotated (`POST /v1/space/rotate`, two
+    /// Argon2id runs), which spends the same budget.
     Space,
     /// A session opened on a Space ID (one Argon2id verify).
     Session,
@@ -68,17 +70,24 @@ pub const SESSIONS: Budget = Budget { burst: 10, every: Duration::from_millis(50
 /// Stale rows (of addresses idle past their period) each spend deletes.
 pub const PRUNE: i64 = 16;
 
-/// The budgets of both actions, and how wide a network counts as one client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The budgets of both actions, how wide a network counts as one client,
+/// and who the client is behind the optional CloudFront edge.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoginLimits {
     pub spaces: Budget,
     pub sessions: Budget,
     pub prefixes: ClientPrefixes,
+    /// The edge's origin secret (`REEVE_EDGE_SECRET`), when the API is
+    /// served through CloudFront: a request carrying it is counted by the
+    /// viewer address CloudFront forwards
+    /// ([`crate::infra::client_addr::client_behind`]). `None`: by the
+    /// address the transport saw, as ever.
+    pub edge: Option<EdgeSecret>,
 }
 
 impl Default for LoginLimits {
     fn default() -> Self {
-        LoginLimits { spaces: SPACES, sessions: SESSIONS, prefixes: ClientPrefixes::DEFAULT }
+        LoginLimits { spaces: SPACES, sessions: SESSIONS, prefixes: ClientPrefixes::DEFAULT, edge: None }
     }
 }
 

@@ -8,14 +8,25 @@
 //!
 //! Why a table of ended sessions rather than a per-Space "sessions valid
 //! after" instant: logout ends one session, and the Space's other sessions
-//! (another terminal, the console, an agent) must go on. Ending all of a
-//! Space's sessions at once (a Space ID rotation) is a per-Space instant,
-//! which can sit beside this table; it does not replace it.
+//! (another terminal, the console, an agent) must go on.
+//!
+//! Ending all of a Space's sessions at once (a Space ID rotation,
+//! `spaces::rotate`) is that per-Space instant, beside the table:
+//! `spaces.sessions_from`, a whole second. A session is ended when it was
+//! issued before it, and a token says when it was issued to the second
+//! ([`SessionToken::issued_at`], its expiry less its lifetime), so the same
+//! lookup answers both, with no row per session and no new token format.
+//! The instant is the second after the rotation ([`sessions_from`]), so a
+//! session opened in the rotation's own second, before it, is ended too;
+//! a session opened after it in that second is dated from the next one
+//! ([`dated`]): it lasts up to a second longer, and is never taken for one
+//! from before. The one-second margin also absorbs clocks that differ by
+//! less than a second between the instances that open and rotate.
 
 use sqlx::PgPool;
-use time::OffsetDateTime;
+use time::{Duration, OffsetDateTime};
 
-use crate::domain::auth::{self, Secret, SessionId, SessionToken, TokenError};
+use crate::domain::auth::{self, Secret, SessionToken, StreamTicket, TokenError};
 use crate::domain::ids::Id;
 
 /// Why a session was not let in.
@@ -30,7 +41,7 @@ pub enum SessionRefused {
 }
 
 /// The session `token` opens: signed with `key`, not expired at `now`, and
-/// not ended.
+/// not ended (by logout, or by a rotation of its Space's ID).
 pub async fn check_session(
     db: &PgPool,
     key: &Secret,
@@ -38,18 +49,53 @@ pub async fn check_session(
     now: OffsetDateTime,
 ) -> Result<SessionToken, SessionRefused> {
     let session = auth::verify_session(key, token, now)?;
-    if is_ended(db, &session.id).await? {
+    if is_ended(db, &session).await? {
         return Err(SessionRefused::Ended);
     }
     Ok(session)
 }
 
-/// Whether the session `id` was ended.
-pub async fn is_ended(db: &PgPool, id: &SessionId) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM revoked_sessions WHERE session_id = $1)")
-        .bind(id.as_bytes().as_slice())
-        .fetch_one(db)
-        .await
+/// Whether `session` was ended: by itself (logout), or with every session
+/// of its Space (a rotation after it was issued). One round trip.
+pub async fn is_ended(db: &PgPool, session: &SessionToken) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM revoked_sessions WHERE session_id = $1)
+             OR EXISTS (SELECT 1 FROM spaces WHERE idx = $2 AND sessions_from > $3)",
+    )
+    .bind(session.id.as_bytes().as_slice())
+    .bind(session.space.as_bytes().as_slice())
+    .bind(session.issued_at())
+    .fetch_one(db)
+    .await
+}
+
+/// Whether the session that asked for `ticket` was ended, by itself or by
+/// a rotation of its Space's ID after the ticket was asked for: a ticket
+/// never outlives its session.
+pub async fn ticket_is_ended(db: &PgPool, ticket: &StreamTicket) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM revoked_sessions WHERE session_id = $1)
+             OR EXISTS (SELECT 1 FROM spaces WHERE idx = $2 AND sessions_from > $3)",
+    )
+    .bind(ticket.session.as_bytes().as_slice())
+    .bind(ticket.space.as_bytes().as_slice())
+    .bind(ticket.dated())
+    .fetch_one(db)
+    .await
+}
+
+/// The instant from which a Space's sessions are good again after a
+/// rotation at `now`: the next whole second. Every session issued before
+/// it is ended.
+pub fn sessions_from(now: OffsetDateTime) -> OffsetDateTime {
+    now.replace_nanosecond(0).expect("0 is a valid nanosecond") + Duration::SECOND
+}
+
+/// When to date a session or ticket issued at `now` on a Space whose
+/// sessions are good from `from`: never before it, or it would read as
+/// ended.
+pub fn dated(now: OffsetDateTime, from: Option<OffsetDateTime>) -> OffsetDateTime {
+    from.map_or(now, |from| now.max(from))
 }
 
 /// How many expired rows one ending deletes at most: enough to keep up with
@@ -89,10 +135,15 @@ pub async fn ticket_for(
     session: &SessionToken,
     task: Id,
 ) -> Result<Option<(String, OffsetDateTime)>, sqlx::Error> {
-    let owned: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1 AND space_idx = $2)")
-        .bind(task)
-        .bind(session.space.as_bytes().as_slice())
-        .fetch_one(db)
-        .await?;
-    Ok(owned.then(|| auth::issue_ticket(key, session, task.to_bytes(), OffsetDateTime::now_utc())))
+    // The Space's `sessions_from`, if it owns the task: a ticket asked for
+    // in a rotation's second is dated after it, as a session is.
+    let owned: Option<Option<OffsetDateTime>> = sqlx::query_scalar(
+        "SELECT s.sessions_from FROM tasks t JOIN spaces s ON s.idx = t.space_idx
+         WHERE t.id = $1 AND t.space_idx = $2",
+    )
+    .bind(task)
+    .bind(session.space.as_bytes().as_slice())
+    .fetch_optional(db)
+    .await?;
+    Ok(owned.map(|from| auth::issue_ticket(key, session, task.to_bytes(), dated(OffsetDateTime::now_utc(), from))))
 }

@@ -1,12 +1,100 @@
 //! Who a request comes from, as an address: the client a limit counts
 //! (the login limits, the relay's caps on open streams). Pure functions of
 //! the request, so every build that limits anything has them.
+//!
+//! Behind the template's optional CloudFront edge (with its WAF), every
+//! request reaches API Gateway from CloudFront, so `sourceIp` is one of
+//! CloudFront's addresses, shared by every viewer of an edge. CloudFront
+//! then says who the viewer was (`CloudFront-Viewer-Address`), and adds an
+//! origin header holding a secret only it and the functions know
+//! ([`EDGE_SECRET_HEADER`]). The viewer address is believed only beside that
+//! secret: anyone can reach API Gateway's own URL around CloudFront and
+//! send a `CloudFront-Viewer-Address` of their choosing ([`client_behind`]).
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use axum::extract::ConnectInfo;
 use axum::http::{Extensions, HeaderMap};
 use ipnet::IpNet;
+use subtle::ConstantTimeEq;
+
+/// The origin header the CloudFront edge adds to every request it forwards,
+/// holding the edge's secret (`REEVE_EDGE_SECRET`, from Secrets Manager).
+/// CloudFront replaces a viewer's own header of that name.
+pub const EDGE_SECRET_HEADER: &str = "x-reeve-edge-secret";
+
+/// The viewer's address and source port as CloudFront saw them:
+/// `198.51.100.10:46532`, and for IPv6 the address as it is written, with
+/// the port after its last colon (`2001:db8::8a2e:370:7334:46532`).
+pub const VIEWER_ADDRESS_HEADER: &str = "cloudfront-viewer-address";
+
+/// The secret CloudFront's origin header carries. Compared in constant
+/// time; never shown (`Debug` is redacted).
+#[derive(Clone)]
+pub struct EdgeSecret(Arc<[u8]>);
+
+impl EdgeSecret {
+    pub fn new(value: &str) -> EdgeSecret {
+        EdgeSecret(value.as_bytes().into())
+    }
+
+    /// Whether `headers` carry exactly one edge header, holding this secret.
+    fn vouches_for(&self, headers: &HeaderMap) -> bool {
+        let mut sent = headers.get_all(EDGE_SECRET_HEADER).iter();
+        match (sent.next(), sent.next()) {
+            (Some(value), None) => bool::from(value.as_bytes().ct_eq(&self.0)),
+            _ => false,
+        }
+    }
+}
+
+impl PartialEq for EdgeSecret {
+    fn eq(&self, other: &Self) -> bool {
+        bool::from(self.0.ct_eq(&other.0))
+    }
+}
+
+impl Eq for EdgeSecret {}
+
+impl std::fmt::Debug for EdgeSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EdgeSecret(redacted)")
+    }
+}
+
+/// The client a request comes from, for its budget. With the edge's secret
+/// `edge` configured and sent alongside, the viewer address CloudFront
+/// forwarded; in every other case (no edge, no secret or a wrong one, a
+/// viewer address that does not parse) the address as the transport saw it
+/// ([`client_of`]), whatever `CloudFront-Viewer-Address` says.
+pub fn client_behind(edge: Option<&EdgeSecret>, headers: &HeaderMap, extensions: &Extensions) -> Option<IpAddr> {
+    edge.filter(|edge| edge.vouches_for(headers))
+        .and_then(|_| viewer_address(headers))
+        .or_else(|| client_of(extensions))
+}
+
+/// The one `CloudFront-Viewer-Address` of `headers`, as an address.
+fn viewer_address(headers: &HeaderMap) -> Option<IpAddr> {
+    let mut sent = headers.get_all(VIEWER_ADDRESS_HEADER).iter();
+    let (Some(value), None) = (sent.next(), sent.next()) else { return None };
+    parse_viewer(value.to_str().ok()?.trim())
+}
+
+/// `ip:port` (IPv4), `v6:port` (IPv6 with the port after its last colon, as
+/// CloudFront writes it) or `[v6]:port`; the port must be one.
+fn parse_viewer(value: &str) -> Option<IpAddr> {
+    if let Ok(socket) = value.parse::<SocketAddr>() {
+        return Some(socket.ip());
+    }
+    let (address, port) = value.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    match address.parse::<IpAddr>().ok()? {
+        // `1.2.3.4:5` parsed above; an IPv4 address here had more colons.
+        IpAddr::V4(_) => None,
+        v6 => Some(v6),
+    }
+}
 
 /// The address a request came from, as its transport saw it: the TCP peer
 /// (`reeve serve`, served with its connect info), or on Lambda API
@@ -107,7 +195,7 @@ const X_FORWARDED_FOR: &str = "x-forwarded-for";
 
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderValue;
+    use axum::http::{HeaderName, HeaderValue};
 
     use super::*;
 
@@ -144,6 +232,63 @@ mod tests {
         for (lines, hops, client) in cases {
             assert_eq!(client_ip(&headers(lines), Some(peer), *hops), *client, "{lines:?} behind {hops}");
         }
+    }
+
+    #[test]
+    fn the_viewer_address_is_believed_only_beside_the_edge_s_secret() {
+        let source: IpAddr = "192.0.2.200".parse().unwrap();
+        let mut extensions = Extensions::new();
+        extensions.insert(ConnectInfo(SocketAddr::new(source, 443)));
+        let edge = EdgeSecret::new("the-edge-secret-of-this-deployment-0123456789");
+        let headers = |pairs: &[(&str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_str(value).unwrap());
+            }
+            map
+        };
+        let secret = (EDGE_SECRET_HEADER, "the-edge-secret-of-this-deployment-0123456789");
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        // (the edge configured?, headers, client)
+        type Case<'a> = (bool, &'a [(&'a str, &'a str)], Option<IpAddr>);
+        let cases: &[Case] = &[
+            // AWS's documented forms: IPv4 `ip:port`, IPv6 with the port after its last colon.
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:46532")], ip("198.51.100.10")),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "2001:db8::8a2e:370:7334:46532")], ip("2001:db8::8a2e:370:7334")),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "2001:db8:1:2:3:4:5:6:443")], ip("2001:db8:1:2:3:4:5:6")),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "[2001:db8::7]:4711")], ip("2001:db8::7")),
+            // Forged: no secret, a wrong one, one of another length, two of them.
+            (true, &[(VIEWER_ADDRESS_HEADER, "198.51.100.10:46532")], Some(source)),
+            (true, &[(EDGE_SECRET_HEADER, "guess"), (VIEWER_ADDRESS_HEADER, "198.51.100.10:1")], Some(source)),
+            (
+                true,
+                &[
+                    (EDGE_SECRET_HEADER, "the-edge-secret-of-this-deployment-0123456788"),
+                    (VIEWER_ADDRESS_HEADER, "198.51.100.10:1"),
+                ],
+                Some(source),
+            ),
+            (true, &[secret, secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:1")], Some(source)),
+            // No edge configured: the header is nobody's word, secret or not.
+            (false, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:46532")], Some(source)),
+            // Nothing a CloudFront would write: the transport's address.
+            (true, &[secret], Some(source)),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10")], Some(source)),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "2001:db8::7")], Some(source)),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:99999")], Some(source)),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "1.2.3.4:5:6")], Some(source)),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:1, 203.0.113.1:2")], Some(source)),
+            (
+                true,
+                &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:1"), (VIEWER_ADDRESS_HEADER, "203.0.113.1:2")],
+                Some(source),
+            ),
+        ];
+        for (configured, pairs, client) in cases {
+            let edge = configured.then_some(&edge);
+            assert_eq!(client_behind(edge, &headers(pairs), &extensions), *client, "{pairs:?}, edge {configured}");
+        }
+        assert_eq!(format!("{edge:?}"), "EdgeSecret(redacted)");
     }
 
     #[test]

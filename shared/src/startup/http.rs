@@ -22,7 +22,7 @@ pub async fn lambda_auth() -> Arc<AuthContext> {
 /// Creating Spaces and opening sessions: the pepper, the token key, Postgres,
 /// and the login budgets.
 pub async fn auth(config: &Config, sdk: &SdkConfig) -> Result<Arc<AuthContext>, StartupError> {
-    let (config, mut problems) = with_secrets(config, sdk, &Needs::AUTH.secrets()).await;
+    let (config, mut problems) = with_secrets(config, sdk, &edge_too(Needs::AUTH)).await;
     let mut env = config.env();
     let pepper = env.secret(settings::PEPPER);
     let token_key = env.secret(settings::TOKEN_KEY);

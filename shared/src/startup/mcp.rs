@@ -19,7 +19,7 @@ pub async fn lambda_mcp() -> Arc<McpContext> {
 /// it sends no progress notifications.
 #[cfg(feature = "mcp")]
 pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, StartupError> {
-    let (config, mut problems) = with_secrets(config, sdk, &Needs::AUTH.secrets()).await;
+    let (config, mut problems) = with_secrets(config, sdk, &edge_too(Needs::AUTH)).await;
     let mut env = config.env();
     let catalog = deployed_catalog(&config, &mut problems);
     let pepper = env.secret(settings::PEPPER);
@@ -72,7 +72,7 @@ pub fn mcp_beside(api: &ApiContext, settings: crate::adapters::mcp::McpSettings)
     let mut ctx = McpContext::new(api.catalog.clone(), stores, secrets, api.auth.argon2.clone(), settings);
     // The same budgets as the API's login routes (one Postgres row per address).
     if let Some(fresh) = Arc::get_mut(&mut ctx) {
-        fresh.limits = api.auth.limits;
+        fresh.limits = api.auth.limits.clone();
     }
     ctx
 }

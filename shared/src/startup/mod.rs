@@ -289,6 +289,16 @@ pub async fn database_url(config: &Config, sdk: &SdkConfig) -> Result<Secret, St
 
 // --------------------------------------------------------------- secrets
 
+#[cfg(feature = "api-auth")]
+/// The secrets `needs` names, and the edge's origin secret: the functions
+/// that spend the login budgets (auth and mcp) read it, when the template
+/// puts the API behind CloudFront, to believe the viewer address it sends.
+fn edge_too(needs: Needs) -> Vec<&'static str> {
+    let mut wanted = needs.secrets();
+    wanted.push(settings::EDGE_SECRET);
+    wanted
+}
+
 #[cfg(feature = "secrets")]
 /// `config` with the secrets in `wanted` that it names by ARN rather than by
 /// value read from Secrets Manager, all at once, under their plain names.

@@ -52,6 +52,8 @@ const EXPECTED: &[(&str, u16, Option<&str>)] = &[
     ("auth-create-space", 201, None),
     // No space has that id.
     ("auth-open-session", 401, Some("invalid_space")),
+    // A file cannot carry a live token: the dummy one is refused.
+    ("auth-rotate-space", 401, Some("invalid_token")),
     ("catalog", 200, None),
     // A file cannot carry a live token: the dummy one is refused.
     ("presign", 401, Some("invalid_token")),

@@ -90,6 +90,16 @@ impl Functions {
         through_lambda(self.auth.clone(), &from(sample("auth-open-session"), ip)).await
     }
 
+    /// `POST /v1/space/rotate` with `token` and `space_id` in the body.
+    async fn rotate(&self, ip: IpAddr, token: &str, space_id: &str) -> Answer {
+        let mut event: Value = serde_json::from_str(&from(sample("auth-rotate-space"), ip)).unwrap();
+        let body = json!({ "space_id": space_id }).to_string();
+        event["headers"]["authorization"] = json!(format!("Bearer {token}"));
+        event["headers"]["content-length"] = json!(body.len().to_string());
+        event["body"] = json!(body);
+        through_lambda(self.auth.clone(), &event.to_string()).await
+    }
+
     async fn tool(&self, ip: IpAddr, name: &str, arguments: Value) -> Value {
         let event = sample_event("mcp-tools-call-task", None, |params| {
             params["name"] = json!(name);
@@ -206,6 +216,117 @@ async fn a_client_is_a_network_and_its_budget_a_setting(pool: PgPool) {
     assert_eq!(f.spaces().await, made, "a refused create makes no Space");
 }
 
+/// A rotation mints a Space ID as a creation does, and spends the same
+/// budget: on a budget of 3, a Space made over REST, one over MCP and a
+/// rotation spend it, and then both a rotation (right ID and all) and a
+/// creation are refused, with nothing changed; another client still rotates.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_rotation_spends_the_space_budget(pool: PgPool) {
+    let spaces = Budget { burst: 3, every: Duration::from_secs(60) };
+    let f = functions(pool, LoginLimits { spaces, ..LoginLimits::default() }).await;
+    let ip = address();
+    let made = f.create_space(ip).await;
+    assert_eq!(made.status, 201, "{}", made.body);
+    let by_mcp = f.tool(ip, "create_space", json!({})).await;
+    mcp_ok(&by_mcp, "a Space over MCP");
+    let (space_id, token) = (
+        by_mcp["structuredContent"]["space_id"].as_str().unwrap().to_owned(),
+        by_mcp["structuredContent"]["token"].as_str().unwrap().to_owned(),
+    );
+    let rotated = f.rotate(ip, &token, &space_id).await;
+    assert_eq!(rotated.status, 200, "{}", rotated.body);
+    let (space_id, token) =
+        (rotated.body["space_id"].as_str().unwrap().to_owned(), rotated.body["token"].as_str().unwrap().to_owned());
+
+    rest_refused(&f.rotate(ip, &token, &space_id).await, 50..=60, "a rotation over the budget");
+    rest_refused(&f.create_space(ip).await, 50..=60, "a creation over the budget");
+    assert_eq!(f.spaces().await, 2);
+    let session = through_lambda(f.auth.clone(), &{
+        let mut event: Value = serde_json::from_str(&from(sample("auth-open-session"), address())).unwrap();
+        event["body"] = json!(json!({ "space_id": space_id }).to_string());
+        event.to_string()
+    })
+    .await;
+    assert_eq!(session.status, 200, "the refused rotation changed nothing: {}", session.body);
+
+    // `address()` is never in 192.0.2.0/24.
+    let rotated = f.rotate(IpAddr::from([192, 0, 2, 1]), &token, &space_id).await;
+    assert_eq!(rotated.status, 200, "another client's budget: {}", rotated.body);
+}
+
+/// Behind the CloudFront edge every request comes from CloudFront's address,
+/// and the viewer's is in `CloudFront-Viewer-Address`: with the edge's
+/// secret in `X-Reeve-Edge-Secret` that viewer is the client (IPv4 `ip:port`,
+/// IPv6 with the port after its last colon, grouped by /56), on REST and
+/// MCP alike; without the secret, or with a wrong one, the header is a
+/// forgery and the request counts against its source address. Started as
+/// the `auth` function is, with `REEVE_EDGE_SECRET` and a budget of 2.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn behind_the_edge_the_viewer_is_the_client_only_beside_its_secret(pool: PgPool) {
+    const SECRET: &str = "the-edge-secret-cloudfront-sends-0123456789";
+    let config = common::config(&pool).with(settings::SPACES_BURST, "2").with(settings::EDGE_SECRET, SECRET);
+    let f = functions_on(common::api(&config).await);
+    let cloudfront = IpAddr::from([130, 176, 0, 7]);
+    // `sample`'s event from CloudFront, with these headers added.
+    let event = |stem: &str, headers: &[(&str, &str)]| {
+        let mut event: Value = serde_json::from_str(&from(sample(stem), cloudfront)).unwrap();
+        for (name, value) in headers {
+            event["headers"][*name] = json!(value);
+        }
+        event.to_string()
+    };
+    let create = |headers: &[(&str, &str)]| {
+        let (app, event) = (f.auth.clone(), event("auth-create-space", headers));
+        async move { through_lambda(app, &event).await }
+    };
+    let viewer = |address: &'static str| ("cloudfront-viewer-address", address);
+    let (secret, wrong) =
+        (("x-reeve-edge-secret", SECRET), ("x-reeve-edge-secret", "the-edge-secret-cloudfront-sends-0123456780"));
+
+    // Forged: each request names another viewer, but without the secret (or
+    // with a wrong one) all count against CloudFront's address.
+    assert_eq!(create(&[viewer("203.0.113.1:1000")]).await.status, 201);
+    assert_eq!(create(&[viewer("203.0.113.2:1000"), wrong]).await.status, 201);
+    rest_refused(&create(&[viewer("203.0.113.3:1000")]).await, 50..=60, "a forged viewer, no secret");
+    rest_refused(&create(&[viewer("203.0.113.4:1000"), wrong]).await, 50..=60, "a forged viewer, a wrong secret");
+    rest_refused(&create(&[]).await, 50..=60, "CloudFront's own address");
+
+    // With the secret, the viewer is the client: its own budget of 2.
+    for address in ["198.51.100.23:1", "198.51.100.23:2"] {
+        assert_eq!(create(&[viewer(address), secret]).await.status, 201, "an IPv4 viewer from {address}");
+    }
+    rest_refused(&create(&[viewer("198.51.100.23:3"), secret]).await, 50..=60, "the IPv4 viewer's third");
+    // IPv6 as CloudFront writes it; one /56 is one client.
+    assert_eq!(create(&[viewer("2001:db8:a:b00::1:443"), secret]).await.status, 201);
+    assert_eq!(create(&[viewer("2001:db8:a:bff:1:2:3:4:80"), secret]).await.status, 201);
+    rest_refused(&create(&[viewer("[2001:db8:a:b42::9]:8080"), secret]).await, 50..=60, "the same /56's third");
+
+    // MCP's create_space counts the same viewer, beside the same secret.
+    let tool = |headers: &[(&str, &str)]| {
+        let mut event: Value = serde_json::from_str(&from(
+            sample_event("mcp-tools-call-task", None, |params| {
+                params["name"] = json!("create_space");
+                params["arguments"] = json!({});
+            }),
+            cloudfront,
+        ))
+        .unwrap();
+        for (name, value) in headers {
+            event["headers"][*name] = json!(value);
+        }
+        let (app, event) = (f.mcp.clone(), event.to_string());
+        async move { through_lambda(app, &event).await }
+    };
+    let answered = tool(&[viewer("192.0.2.55:5"), secret]).await;
+    mcp_ok(&answered.body["result"], "a new viewer over MCP");
+    let forged = tool(&[viewer("192.0.2.56:5")]).await;
+    mcp_refused(&forged.body["result"], 50..=60, "a forged viewer over MCP");
+
+    let clients: Vec<String> =
+        sqlx::query_scalar("SELECT client FROM login_limits ORDER BY client").fetch_all(&f.api.db).await.unwrap();
+    assert_eq!(clients, ["130.176.0.7/32", "192.0.2.55/32", "198.51.100.23/32", "2001:db8:a:b00::/56"]);
+}
+
 /// Sessions the same way, on a budget of 3 then one a minute (the shipped
 /// one refills in half a second, too fast to test without a race): REST's
 /// `POST /v1/sessions` and MCP's `login` spend it together, an unknown
@@ -257,7 +378,7 @@ async fn requests_at_once_never_pass_the_budget(pool: PgPool) {
         LoginLimits { sessions: Budget { burst: 7, every: Duration::from_secs(60) }, ..LoginLimits::default() };
     let ip = address();
     let spends = (0..40).map(|_| {
-        let pool = pool.clone();
+        let (pool, limits) = (pool.clone(), limits.clone());
         tokio::spawn(async move { limits.spend(&pool, ip, Action::Session).await.unwrap().is_ok() })
     });
     let passed = futures_util::future::join_all(spends).await.into_iter().filter(|ok| *ok.as_ref().unwrap()).count();

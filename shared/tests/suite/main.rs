@@ -28,6 +28,7 @@ mod payments;
 mod quota;
 mod redis_tls;
 mod relay;
+mod rotation;
 mod service;
 mod spaces;
 mod ssrf;

@@ -234,7 +234,16 @@ async fn an_agent_creates_a_space_uploads_and_gets_a_digest_with_the_mcp_sdk(poo
     assert_eq!(seen["initialize"]["serverInfo"]["name"], "reeve", "{}", seen["initialize"]);
     let tools: Vec<&Value> = seen["tools"].as_array().unwrap().iter().collect();
     let tool = |name: &str| *tools.iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("no {name} tool"));
-    for name in ["create_space", "login", "create_upload", "get_task", "list_tasks", "cancel_task", "get_result"] {
+    for name in [
+        "create_space",
+        "login",
+        "create_upload",
+        "get_task",
+        "list_tasks",
+        "cancel_task",
+        "get_result",
+        "rotate_space",
+    ] {
         assert!(tool(name)["inputSchema"]["type"] == "object" && tool(name)["outputSchema"].is_object(), "{name}");
     }
     for kind in ["digest", PAID] {

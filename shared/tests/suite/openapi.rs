@@ -31,6 +31,7 @@ const ROUTES: [(&str, &str); 18] = [
     ("POST", "/v1/spaces"),
     ("POST", "/v1/sessions"),
     ("DELETE", "/v1/sessions/current"),
+    ("POST", "/v1/space/rotate"),
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
     ("POST", "/v1/tasks/fetch"),
@@ -49,8 +50,9 @@ const ROUTES: [(&str, &str); 18] = [
 const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 12] = [
+const BEARER_ROUTES: [(&str, &str); 13] = [
     ("DELETE", "/v1/sessions/current"),
+    ("POST", "/v1/space/rotate"),
     ("POST", "/v1/uploads"),
     ("POST", "/v1/tasks/digest"),
     ("POST", "/v1/tasks/fetch"),
@@ -211,7 +213,12 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/http"),
     ]);
     let mut all = vec![];
-    let (own, global) = same(&[("POST", "/v1/spaces"), ("POST", "/v1/sessions"), ("DELETE", "/v1/sessions/current")]);
+    let (own, global) = same(&[
+        ("POST", "/v1/spaces"),
+        ("POST", "/v1/sessions"),
+        ("DELETE", "/v1/sessions/current"),
+        ("POST", "/v1/space/rotate"),
+    ]);
     all.push(("auth", http::login::router().into_openapi(), own, global, http::auth_app(ctx.auth.clone())));
     let (own, global) = same(&[("GET", "/v1/catalog"), ("GET", "/v1/openapi.json")]);
     let catalog = http::catalog_app(ctx.catalog_ctx.clone());
@@ -571,6 +578,17 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     assert_eq!(session.status, StatusCode::OK);
     let wrong = send(&app, post_json("/v1/sessions", None, &json!({"space_id": "00000000000000000000"}))).await;
     assert_eq!(check("POST", "/v1/sessions", wrong).code(), "invalid_space");
+    // A rotation: refused with another ID, done with the Space's own.
+    let rotate = "/v1/space/rotate";
+    let first = session.body["token"].as_str().unwrap();
+    let other_id = json!({"space_id": "00000000000000000000"});
+    let refused = check("POST", rotate, send(&app, post_json(rotate, Some(first), &other_id)).await);
+    assert_eq!((refused.status, refused.code()), (StatusCode::FORBIDDEN, "wrong_space_id"));
+    let own_id = json!({"space_id": space.body["space_id"]});
+    let rotated = check("POST", rotate, send(&app, post_json(rotate, Some(first), &own_id)).await);
+    assert_eq!(rotated.status, StatusCode::OK, "{}", rotated.body);
+    let ended = check("POST", rotate, send(&app, post_json(rotate, Some(first), &own_id)).await);
+    assert_eq!(ended.code(), "invalid_token");
     let (_, token) = new_session(&app).await;
 
     // Uploads: one accepted and PUT to S3, then the documented refusals.

@@ -377,6 +377,29 @@ async fn refusals_come_before_the_stream_as_error_envelopes(pool: PgPool) {
         let body: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
         assert_eq!(body["error"]["code"], code);
     }
+
+    // A rotation of the Space's ID (`POST /v1/space/rotate`) ends every
+    // session issued before it, and the tickets they asked for.
+    let asking = auth::verify_session(&token_key(), &relay.token, OffsetDateTime::now_utc()).unwrap();
+    let (ticket, _) = auth::issue_ticket(&token_key(), &asking, task.to_bytes(), OffsetDateTime::now_utc());
+    let with_ticket = format!("{}?ticket={ticket}", url(&task.to_string()));
+    assert_eq!(client.get(&with_ticket).send().await.unwrap().status(), 200, "the ticket opens the stream");
+    let from = reeve_shared::sessions::sessions_from(OffsetDateTime::now_utc());
+    sqlx::query("UPDATE spaces SET sessions_from = $1 WHERE idx = $2")
+        .bind(from)
+        .bind(SPACE.as_slice())
+        .execute(&pool)
+        .await
+        .unwrap();
+    for (request, code) in [
+        (client.get(&with_ticket), "invalid_ticket"),
+        (client.get(url(&task.to_string())).bearer_auth(&relay.token), "invalid_token"),
+    ] {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 401, "{code} after a rotation");
+        let body: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], code);
+    }
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]

@@ -201,6 +201,7 @@ const NOT_SET_BY_THE_TEMPLATE: &[(&str, &str)] = &[
     ("REEVE_OUTBOUND_ALLOW_HTTP", "a development setting: production is HTTPS-only"),
     ("REEVE_FETCH_ALLOW", "the users' allow-list: empty in production"),
     ("REEVE_PEPPER", "a development value: auth is given REEVE_PEPPER_SECRET_ARN"),
+    ("REEVE_EDGE_SECRET", "auth and mcp are given REEVE_EDGE_SECRET_ARN, and only behind the edge"),
     ("REEVE_FACILITATOR_URL", "the local stack's override: production uses the catalog's facilitator_url"),
     // The `reeve` client's, named in settings.rs beside the servers' ones:
     // read by the CLI on a user's machine, never by a deployed function.
@@ -440,21 +441,26 @@ fn the_catalog_layer_ships_reeve_toml() {
     );
 }
 
-/// The template parameters that name secrets.
-const SECRET_PARAMETERS: [&str; 3] = ["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"];
+/// The template parameters that name secrets, and the one secret the stack
+/// makes itself (the CloudFront edge's origin secret, when the edge is on).
+const SECRET_PARAMETERS: [&str; 4] = ["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn", "ApiEdgeSecret"];
 
 /// Which resource may read which secret. Only `auth` reads the pepper;
 /// `auth`, the routes behind a session (uploads, tasks) and the relay read
 /// the token key; the catalog reads nothing. A new function must be added
 /// here, with the secrets it needs and no others.
 const SECRET_READERS: &[(&str, &[&str])] = &[
-    ("AuthFunction", &["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"]),
+    // auth and mcp spend the login budgets: behind the edge they read its
+    // secret, to believe the viewer address CloudFront sends.
+    ("AuthFunction", &["ApiEdgeSecret", "DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"]),
     ("CatalogFunction", &[]),
     ("PresignFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     ("TaskCreateFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     ("TaskStatusFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     // create_space and login hash and verify Space IDs.
-    ("McpFunction", &["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"]),
+    ("McpFunction", &["ApiEdgeSecret", "DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"]),
+    // CloudFront sends the edge's secret as an origin header.
+    ("ApiDistribution", &["ApiEdgeSecret"]),
     // A protocol kind's job carries a report token, signed with the token key.
     ("WorkerFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     ("UploadGuardFunction", &["DatabaseUrlSecretArn"]),
@@ -470,6 +476,7 @@ fn arn_variable(parameter: &str) -> &'static str {
         "DatabaseUrlSecretArn" => "REEVE_DATABASE_URL_SECRET_ARN",
         "PepperSecretArn" => "REEVE_PEPPER_SECRET_ARN",
         "TokenKeySecretArn" => "REEVE_TOKEN_KEY_SECRET_ARN",
+        "ApiEdgeSecret" => "REEVE_EDGE_SECRET_ARN",
         other => panic!("{other} is not a secret parameter"),
     }
 }
@@ -491,10 +498,16 @@ fn expected_readers() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
 fn each_function_reads_only_its_own_secrets_by_arn() {
     let text = template();
     let code: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
-    assert!(
-        !code.iter().any(|l| l.contains("{{resolve:")),
-        "a dynamic reference writes the secret's value into the function's configuration"
+    // A dynamic reference writes the secret's value into the resource's
+    // configuration: never a function's. The one allowed is the edge's
+    // origin header, which CloudFront must send as a value.
+    let resolved: Vec<&&str> = code.iter().filter(|l| l.contains("{{resolve:")).collect();
+    assert_eq!(
+        resolved.iter().map(|l| l.trim()).collect::<Vec<_>>(),
+        [r#"HeaderValue: !Sub "{{resolve:secretsmanager:${ApiEdgeSecret}:SecretString}}""#],
+        "a dynamic reference writes the secret's value into the configuration of what holds it"
     );
+    assert!(resources()["ApiDistribution"].contains("{{resolve:"), "the one dynamic reference is CloudFront's");
     let globals = section(&text, "Globals").join("\n");
     assert!(secrets_in(&globals).is_empty(), "Globals gives every function a secret: {:?}", secrets_in(&globals));
 
@@ -513,7 +526,13 @@ fn each_function_reads_only_its_own_secrets_by_arn() {
             // The ARN (never the value) in the configuration, and a grant for
             // exactly these secrets.
             for parameter in want {
-                let line = format!("{}: !Ref {parameter}", arn_variable(parameter));
+                // The edge's secret exists only with the edge.
+                let line = match *parameter {
+                    "ApiEdgeSecret" => {
+                        format!("{}: !If [ApiHasWaf, !Ref {parameter}, !Ref AWS::NoValue]", arn_variable(parameter))
+                    }
+                    _ => format!("{}: !Ref {parameter}", arn_variable(parameter)),
+                };
                 assert!(body.contains(&line), "{name} lacks `{line}`");
             }
             let grants = body.contains("Action: secretsmanager:GetSecretValue");
@@ -546,7 +565,7 @@ fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
         let session = ["startup::lambda_presign()", "startup::lambda_task_create()", "startup::lambda_task_status()"];
         let asks: BTreeSet<&str> = if main.contains("startup::lambda_auth()") || main.contains("startup::lambda_mcp()")
         {
-            ["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"].into()
+            ["ApiEdgeSecret", "DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"].into()
         } else if session.iter().any(|c| main.contains(c)) {
             ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()
         } else if main.contains("startup::lambda_catalog()") {
@@ -625,8 +644,13 @@ fn the_optional_waf_limits_login_per_ip() {
     assert_eq!(value_of(acl, "Limit"), Some("!Ref ApiLoginRateLimitPerIp"));
     assert_eq!(value_of(acl, "AggregateKeyType"), Some("IP"), "per client, not global");
     assert_eq!(value_of(acl, "ResponseCode"), Some("429"));
-    for path in ["/v1/spaces", "/v1/sessions"] {
-        assert!(acl.contains(&format!("SearchString: {path}")), "{path} is not limited");
+    let login = acl.split("- Name: LoginPerIp").nth(1).unwrap().split("\n        - Name:").next().unwrap();
+    for path in ["/v1/spaces", "/v1/sessions", "/v1/space/rotate", "/mcp"] {
+        assert!(login.contains(&format!("SearchString: {path}")), "{path} is not limited");
+    }
+    // On /mcp, the calls of the two tools that make Spaces and sessions.
+    for tool in ["create_space", "login"] {
+        assert!(login.contains(&format!(r#"SearchString: '"{tool}"'"#)), "MCP's {tool} is not limited:\n{login}");
     }
     let distribution = &resources["ApiDistribution"];
     assert_eq!(value_of(distribution, "Condition"), Some("ApiHasWaf"));
@@ -648,6 +672,66 @@ fn the_optional_waf_limits_space_creation_per_ip_apart() {
     assert_eq!(value_of(rule, "AggregateKeyType"), Some("IP"), "per source, not global");
     assert_eq!(value_of(rule, "ResponseCode"), Some("429"));
     assert!(rule.contains("SearchString: /v1/spaces") && !rule.contains("/v1/sessions"), "{rule}");
+    // Every new Space ID spends it: a rotation, and MCP's create_space.
+    assert!(rule.contains("SearchString: /v1/space/rotate"), "{rule}");
+    assert!(rule.contains("SearchString: /mcp") && rule.contains(r#"SearchString: '"create_space"'"#), "{rule}");
+    assert!(!rule.contains(r#"'"login"'"#), "{rule}");
+}
+
+/// Behind the edge, Reeve counts the viewer CloudFront saw, and believes it
+/// only beside the edge's secret: CloudFront forwards
+/// `CloudFront-Viewer-Address` (the managed AllViewerExceptHostHeader
+/// origin request policy includes it) and adds `X-Reeve-Edge-Secret`, whose
+/// value is a secret the stack generates; the two functions that spend the
+/// budgets read the same secret by ARN. Without the edge none of it exists.
+#[test]
+fn behind_the_edge_the_viewer_address_is_forwarded_with_a_secret_the_functions_read() {
+    let resources = resources();
+    let secret = &resources["ApiEdgeSecret"];
+    assert_eq!(value_of(secret, "Type"), Some("AWS::SecretsManager::Secret"));
+    assert_eq!(value_of(secret, "Condition"), Some("ApiHasWaf"), "only with the edge");
+    assert!(secret.contains("GenerateSecretString:"), "generated, never typed into a parameter:\n{secret}");
+    let length: usize = value_of(secret, "PasswordLength").unwrap().parse().unwrap();
+    assert!(length >= 32, "REEVE_EDGE_SECRET must be at least 32 bytes; the template makes {length}");
+
+    let distribution = &resources["ApiDistribution"];
+    let header = reeve_shared::http::EDGE_SECRET_HEADER;
+    let named = distribution
+        .lines()
+        .find_map(|l| l.trim().trim_start_matches("- ").strip_prefix("HeaderName:"))
+        .map(str::trim)
+        .expect("an origin custom header");
+    assert_eq!(named.to_ascii_lowercase(), header, "CloudFront sends the header the code checks");
+    assert_eq!(
+        value_of(distribution, "HeaderValue"),
+        Some(r#"!Sub "{{resolve:secretsmanager:${ApiEdgeSecret}:SecretString}}"#),
+        "its value is the generated secret"
+    );
+    assert_eq!(
+        value_of(distribution, "OriginRequestPolicyId"),
+        Some("b689b0a8-53d0-40ab-baf2-68738e2966ac"),
+        "AllViewerExceptHostHeader: every viewer header but Host, and CloudFront-Viewer-Address"
+    );
+    assert_eq!(reeve_shared::http::VIEWER_ADDRESS_HEADER, "cloudfront-viewer-address");
+
+    for function in ["AuthFunction", "McpFunction"] {
+        let body = &resources[function];
+        let arn = format!(
+            "{}: !If [ApiHasWaf, !Ref ApiEdgeSecret, !Ref AWS::NoValue]",
+            reeve_shared::settings::EDGE_SECRET_ARN
+        );
+        assert!(body.contains(&arn), "{function} is not given the edge's secret by ARN");
+        let granted = body.lines().skip_while(|l| !l.contains("Action: secretsmanager:GetSecretValue")).take(12);
+        assert!(
+            granted.clone().any(|l| l.trim() == "- !If [ApiHasWaf, !Ref ApiEdgeSecret, !Ref AWS::NoValue]"),
+            "{function} may not read the edge's secret"
+        );
+    }
+    for (name, body) in &resources {
+        if !["AuthFunction", "McpFunction", "ApiDistribution", "ApiEdgeSecret"].contains(&name.as_str()) {
+            assert!(!body.contains("ApiEdgeSecret"), "{name} has no business with the edge's secret");
+        }
+    }
 }
 
 /// Lambda kills the worker at its `Timeout`. A task's own timeout must fire

@@ -286,7 +286,8 @@ impl ApiContext {
         chains: crate::domain::payments::Chains,
     ) -> Ctx {
         let catalog = Arc::new(catalog);
-        let auth = AuthContext::new(db.clone(), settings.pepper.clone(), settings.token_key.clone(), settings.limits);
+        let auth =
+            AuthContext::new(db.clone(), settings.pepper.clone(), settings.token_key.clone(), settings.limits.clone());
         let uploads = Arc::new(UploadsContext {
             db: db.clone(),
             token_key: settings.token_key.clone(),

@@ -241,6 +241,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Input => StatusCode::BAD_REQUEST,
         ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Auth => StatusCode::UNAUTHORIZED,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::Payment => StatusCode::PAYMENT_REQUIRED,
         ErrorKind::Conflict => StatusCode::CONFLICT,

@@ -1,11 +1,12 @@
-//! `POST /v1/spaces`, `POST /v1/sessions` and `DELETE /v1/sessions/current`:
-//! the auth function's routes.
+//! `POST /v1/spaces`, `POST /v1/sessions`, `DELETE /v1/sessions/current`
+//! and `POST /v1/space/rotate`: the auth function's routes, the ones that
+//! hold the pepper and run Argon2id.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{Extensions, StatusCode};
+use axum::http::{Extensions, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -20,7 +21,11 @@ use crate::domain::login_limits::Action;
 use crate::domain::{sessions, spaces};
 
 pub fn router() -> OpenApiRouter<Arc<AuthContext>> {
-    OpenApiRouter::default().routes(routes!(create_space)).routes(routes!(open_session)).routes(routes!(end_session))
+    OpenApiRouter::default()
+        .routes(routes!(create_space))
+        .routes(routes!(open_session))
+        .routes(routes!(end_session))
+        .routes(routes!(rotate_space))
 }
 
 /// A new Space.
@@ -50,8 +55,12 @@ struct SpaceCreated {
     ),
 )]
 
-async fn create_space(State(ctx): State<Arc<AuthContext>>, extensions: Extensions) -> Result<Response, Response> {
-    super::limit::spend(&ctx, &extensions, Action::Space).await?;
+async fn create_space(
+    State(ctx): State<Arc<AuthContext>>,
+    headers: HeaderMap,
+    extensions: Extensions,
+) -> Result<Response, Response> {
+    super::limit::spend(&ctx, (&headers, &extensions), Action::Space).await?;
     let space = spaces::create(&ctx.db, &ctx.settings.pepper, &ctx.argon2)
         .await
         .map_err(|e| ApiError::refused(&e).into_response())?;
@@ -102,10 +111,11 @@ struct SessionCreated {
 
 async fn open_session(
     State(ctx): State<Arc<AuthContext>>,
+    headers: HeaderMap,
     extensions: Extensions,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<Json<SessionCreated>, Response> {
-    super::limit::spend(&ctx, &extensions, Action::Session).await?;
+    super::limit::spend(&ctx, (&headers, &extensions), Action::Session).await?;
     let s = &ctx.settings;
     match spaces::open_session(&ctx.db, &s.pepper, &s.token_key, &ctx.argon2, &body.space_id).await {
         Ok(session) => {
@@ -138,4 +148,78 @@ async fn end_session(
 ) -> Result<StatusCode, ApiError> {
     sessions::end_session(&ctx.db, &session).await.map_err(db_error)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct RotateRequest {
+    /// The Space's current ID: a second factor beside the session, so a
+    /// stolen session alone cannot take the Space.
+    #[schema(example = "12345678901234567890")]
+    space_id: String,
+}
+
+/// A Space's new ID, and a session on it.
+#[derive(Serialize, ToSchema)]
+struct SpaceRotated {
+    /// The new ID, 20 digits, shown once: the server keeps no plaintext
+    /// copy. The old ID opens nothing any more.
+    #[schema(pattern = "^[0-9]{20}$", example = "98765432109876543210")]
+    space_id: String,
+    /// A session on the Space, for going on without a login: every session
+    /// issued before the rotation (the one that asked included) is ended.
+    token: String,
+    /// Always `Bearer`.
+    token_type: &'static str,
+    #[serde(with = "time::serde::rfc3339")]
+    expires_at: OffsetDateTime,
+}
+
+/// Rotate the Space ID
+///
+/// Gives the session's Space a new ID, shown once, for an ID that may have
+/// leaked. It needs the session and, in the body, the Space's current ID.
+/// From the answer on, the old ID opens no session and every session issued
+/// before is ended (`401 invalid_token` on every route and the relay); the
+/// Space keeps its tasks, uploads, payments and credits. A rotation spends
+/// the client address's Space budget, as `POST /v1/spaces` does.
+/// `reeve space rotate` calls it.
+#[utoipa::path(
+    post,
+    path = "/v1/space/rotate",
+    tag = "spaces",
+    security(("bearer" = [])),
+    request_body = RotateRequest,
+    responses(
+        (status = 200, description = "The Space has its new ID, and a new session on it.", body = SpaceRotated),
+        (status = 400, description = doc_400_json!(), body = ErrorEnvelope),
+        (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
+        (status = 403, description = "`wrong_space_id`: the body's `space_id` is not the Space's current ID (malformed, wrong, or rotated already). Nothing is changed, and the session goes on.", body = ErrorEnvelope),
+        (status = 413, description = doc_413!(), body = ErrorEnvelope),
+        (status = 415, description = doc_415!(), body = ErrorEnvelope),
+        (status = 429, description = "`rate_limited`: too many Space IDs made from this client address (new Spaces and rotations spend one budget: a burst of 10, then one a minute); `Retry-After` says when to try again. Nothing is changed.", body = ErrorEnvelope,
+            headers(("Retry-After" = u64, description = "Seconds until one more fits the budget."))),
+        (status = 500, description = doc_500!(), body = ErrorEnvelope),
+        (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
+    ),
+)]
+async fn rotate_space(
+    State(ctx): State<Arc<AuthContext>>,
+    headers: HeaderMap,
+    extensions: Extensions,
+    CurrentSession(session): CurrentSession,
+    JsonBody(body): JsonBody<RotateRequest>,
+) -> Result<Json<SpaceRotated>, Response> {
+    super::limit::spend(&ctx, (&headers, &extensions), Action::Space).await?;
+    let s = &ctx.settings;
+    let rotated = spaces::rotate(&ctx.db, &s.pepper, &s.token_key, &ctx.argon2, &session, &body.space_id)
+        .await
+        .map_err(|e| ApiError::refused(&e).into_response())?;
+    tracing::info!(space = %session.space.to_hex(), "space id rotated");
+    Ok(Json(SpaceRotated {
+        space_id: rotated.space_id.as_str().to_owned(),
+        token: rotated.session.token,
+        token_type: "Bearer",
+        expires_at: rotated.session.expires_at,
+    }))
 }

@@ -19,8 +19,9 @@ macro_rules! doc_400_json {
 macro_rules! doc_401_token {
     () => {
         "`missing_token`: no `Authorization: Bearer` header; `invalid_token`: the token is \
-         malformed, tampered with, expired or ended by `DELETE /v1/sessions/current` (open a new \
-         session with `POST /v1/sessions`); `token_in_url`: a session token in the query string \
+         malformed, tampered with, expired, or ended by `DELETE /v1/sessions/current` or by a \
+         rotation of the Space ID (`POST /v1/space/rotate`) (open a new session with \
+         `POST /v1/sessions`); `token_in_url`: a session token in the query string \
          (send it as the header)."
     };
 }
@@ -85,7 +86,9 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use utoipa_axum::router::OpenApiRouter;
 
-pub use crate::infra::client_addr::{client_ip, client_key, client_of};
+pub use crate::infra::client_addr::{
+    EDGE_SECRET_HEADER, EdgeSecret, VIEWER_ADDRESS_HEADER, client_behind, client_ip, client_key, client_of,
+};
 #[cfg(feature = "api-catalog")]
 pub use context::CatalogContext;
 #[cfg(feature = "api-uploads")]

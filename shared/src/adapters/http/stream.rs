@@ -174,7 +174,7 @@ async fn checked_ticket(ctx: &RelayContext, ticket: &str, task: Id) -> Result<Sp
         ApiError::refused(&TokenRefusal::Ticket)
     };
     let ticket = auth::verify_ticket(&ctx.token_key, ticket, task.to_bytes(), now).map_err(|e| refused(&e))?;
-    if sessions::is_ended(&ctx.db, &ticket.session).await.map_err(db_error)? {
+    if sessions::ticket_is_ended(&ctx.db, &ticket).await.map_err(db_error)? {
         return Err(refused(&"its session was ended"));
     }
     Ok(ticket.space)

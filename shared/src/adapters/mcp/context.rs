@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
-use super::tools::Tools;
 use crate::domain::auth::Secret;
 use crate::domain::catalog::Catalog;
 use crate::domain::payments::Facilitator;
@@ -90,17 +89,16 @@ pub struct McpContext {
     /// where they run in the same process.
     pub argon2: Arc<Argon2Limit>,
     pub settings: McpSettings,
-    /// The tool list, rendered once: the catalog cannot change at run time.
-    pub(super) tools: Tools,
     /// Spaces and sessions per client address, counted in Postgres with
     /// `POST /v1/spaces` and `POST /v1/sessions`.
     pub limits: crate::domain::login_limits::LoginLimits,
 }
 
 impl McpContext {
-    /// The context: the facilitator client and the tool list are made from
-    /// the catalog, once. `pepper` and `token_key` are the API's secrets
-    /// (create_space and login need both).
+    /// The context: the facilitator client is made from the catalog, once
+    /// (the tool list is the server's, [`super::server::ReeveMcp::new`]).
+    /// `pepper` and `token_key` are the API's secrets (create_space and
+    /// login need both).
     pub fn new(
         catalog: Arc<Catalog>,
         stores: McpStores,
@@ -113,7 +111,6 @@ impl McpContext {
                 .inspect_err(|e| tracing::error!(error = %e, "no facilitator client"))
                 .ok()
         });
-        let tools = Tools::new(&catalog);
         let McpStores { db, redis, aws, bucket, queue_url, chains } = stores;
         Arc::new(McpContext {
             catalog,
@@ -128,7 +125,6 @@ impl McpContext {
             chains,
             argon2,
             settings,
-            tools,
             limits: Default::default(),
         })
     }

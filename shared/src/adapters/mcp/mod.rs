@@ -10,9 +10,14 @@
 //!
 //! Module map:
 //! - [`context`]: what the tools need, and the endpoint's settings.
-//! - [`tools`]: the tool list, built once from the catalog.
+//! - [`tool`]: what a tool that is not a kind declares ([`tool::FixedTool`]):
+//!   name, description, schemas, who may call it, its handler.
+//! - [`tools`]: those tools, one file each, and the registry that lists
+//!   them and builds the tool list once, with the kinds'.
+//! - [`kind`]: a catalog kind's tool: its listing, and its call (one submit).
+//! - [`task`]: a task as the task tools answer it.
+//! - [`schema`]: the schemas the listings share.
 //! - [`server`]: rmcp's `ServerHandler`: dispatch, identity, the tasks extension.
-//! - [`space`], [`upload`], [`task`]: the tools themselves.
 //! - [`payment`]: x402's MCP binding around the one payment path.
 //! - [`wait`]: following a task until it ends, with progress notifications.
 //! - [`failure`]: the boundary's errors, each a stable `code`.
@@ -40,12 +45,13 @@
 
 mod context;
 pub(crate) mod failure;
+mod kind;
 mod payment;
+mod schema;
 mod server;
-mod space;
 mod task;
+mod tool;
 mod tools;
-mod upload;
 mod wait;
 
 use std::net::SocketAddr;
@@ -106,14 +112,10 @@ fn routed(ctx: Arc<McpContext>, listening: Option<SocketAddr>) -> Router {
         .with_allowed_origins(ctx.settings.allowed_origins_at(listening))
         // An empty list refuses every browser Origin rather than allowing all.
         .enforce_origin_validation();
-    let service = StreamableHttpService::new(
-        {
-            let ctx = ctx.clone();
-            move || Ok(server::ReeveMcp::new(ctx.clone()))
-        },
-        Arc::new(NeverSessionManager::default()),
-        config,
-    );
+    // The tool list is built here, once; each request gets a clone.
+    let server = server::ReeveMcp::new(ctx);
+    let service =
+        StreamableHttpService::new(move || Ok(server.clone()), Arc::new(NeverSessionManager::default()), config);
     Router::new().route_service(PATH, service).layer(axum::middleware::from_fn(as_json_rpc))
 }
 

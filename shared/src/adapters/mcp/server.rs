@@ -1,6 +1,9 @@
 //! [`ReeveMcp`]: rmcp's `ServerHandler`, one per request (the endpoint is
-//! stateless). It finds the tool, the caller's Space (from `Authorization:
-//! Bearer`), the payment (from `_meta`), and hands each to its tool module.
+//! stateless), each a clone of the one made with the endpoint, which holds
+//! the tool list. It finds the tool in the registry ([`super::tools`]), the
+//! caller's Space (from `Authorization: Bearer`), the payment (from
+//! `_meta`), and hands each call to its tool: a fixed tool's own handler, or
+//! a kind's [`kind::run`].
 //!
 //! Tasks extension (`io.modelcontextprotocol/tasks`): a client that declares
 //! it gets a task handle from a kind's tool instead of waiting, and
@@ -15,23 +18,26 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CreateTaskResult, DetailedTask,
     ErrorData, GetTaskParams, GetTaskResult, Implementation, JsonObject, ListToolsResult, MetaObject,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Task as McpTask, TaskPayload, TaskStatus as McpStatus,
+    Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler};
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use time::OffsetDateTime;
 use tracing::Instrument;
 
 use super::context::McpContext;
 use super::failure::{ToolFailure, ToolResult};
-use super::task::Answer;
-use super::tools::{Fixed, Named};
+use super::kind::{self, Answer, KindCall};
+use super::task::{self, TaskRef};
+use super::tool::{FixedTool, Identity};
+use super::tools::{CancelTask, Fixed, Named, Tools};
 use super::wait::Progress;
-use super::{payment, rfc3339, space, task, upload};
-use crate::domain::auth::{self, SpaceIndex};
+use super::{payment, rfc3339};
+use crate::domain::auth::SessionToken;
 use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::payments;
+use crate::domain::sessions::{self, SessionRefused};
 use crate::domain::tasks::{self, Task, TaskStatus};
 
 /// How often a client holding a task handle should poll `tasks/get`.
@@ -40,17 +46,22 @@ const POLL_INTERVAL_MS: u64 = 1000;
 #[derive(Clone)]
 pub struct ReeveMcp {
     ctx: Arc<McpContext>,
+    tools: Arc<Tools>,
 }
 
 impl ReeveMcp {
+    /// The server of one endpoint, its tool list built from the catalog
+    /// here, once; every request is served by a clone.
     pub fn new(ctx: Arc<McpContext>) -> ReeveMcp {
-        ReeveMcp { ctx }
+        let tools = Arc::new(Tools::new(&ctx.catalog));
+        ReeveMcp { ctx, tools }
     }
 
-    /// The Space of the request's session token. A missing or expired token
-    /// is a tool error that says which tool gives one, not a transport
-    /// failure: the model reads it and calls `login`.
-    fn session(&self, context: &RequestContext<RoleServer>) -> ToolResult<SpaceIndex> {
+    /// The Space of the request's session token. A missing, expired or
+    /// ended token (logout, a rotation of the Space ID) is a tool error that
+    /// says which tool gives one, not a transport failure: the model reads
+    /// it and calls `login`.
+    async fn session(&self, context: &RequestContext<RoleServer>) -> ToolResult<SessionToken> {
         let headers = context.extensions.get::<Parts>().map(|parts| &parts.headers);
         let Some(value) = headers.and_then(|h| h.get(header::AUTHORIZATION)) else {
             return Err(ToolFailure::refused_saying(
@@ -66,50 +77,45 @@ impl ReeveMcp {
             .and_then(|v| v.trim_start().split_once(' '))
             .filter(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty())
             .map(|(_, token)| token.trim());
-        token
-            .and_then(|token| auth::verify_token(&self.ctx.token_key, token, OffsetDateTime::now_utc()).ok())
-            .ok_or_else(|| {
-                ToolFailure::refused_saying(
-                    &TokenRefusal::Invalid,
-                    "the session token is invalid or has expired (a token lasts 15 minutes): call login with your \
-                     Space ID for a new one, and send it as `Authorization: Bearer <token>`",
-                    None,
-                )
-            })
+        let invalid = || {
+            ToolFailure::refused_saying(
+                &TokenRefusal::Invalid,
+                "the session token is invalid, has expired (a token lasts 15 minutes) or was ended: call login \
+                 with your Space ID for a new one, and send it as `Authorization: Bearer <token>`",
+                None,
+            )
+        };
+        let token = token.ok_or_else(invalid)?;
+        match sessions::check_session(&self.ctx.db, &self.ctx.token_key, token, OffsetDateTime::now_utc()).await {
+            Ok(session) => Ok(session),
+            Err(SessionRefused::Db(e)) => Err(e.into()),
+            Err(_) => Err(invalid()),
+        }
     }
 
+    /// A fixed tool's call: the session first where the tool needs one (a
+    /// call without it is refused before its arguments are read), then its
+    /// arguments against its schema, then its handler.
     async fn fixed(
         &self,
-        tool: Fixed,
+        tool: &Fixed,
         arguments: Map<String, Value>,
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<Value> {
-        let ctx = &*self.ctx;
-        let space = if tool.needs_session() { Some(self.session(context)?) } else { None };
+        let session = if tool.needs_session() { Some(self.session(context).await?) } else { None };
         let arguments = Value::Object(arguments);
-        ctx.tools.check(tool, &arguments)?;
-        let space = space.as_ref();
-        let signed_in = || space.ok_or_else(|| ToolFailure::internal("a session tool without a session"));
-        match tool {
-            Fixed::CreateSpace => space::create(ctx, client_of(context)).await,
-            Fixed::Login => space::login(ctx, client_of(context), parse(tool, arguments)?).await,
-            Fixed::CreateUpload => upload::create(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::GetTask => task::get(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::ListTasks => task::list(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::CancelTask => task::cancel(ctx, signed_in()?, parse(tool, arguments)?).await,
-            Fixed::GetResult => task::result(ctx, signed_in()?, parse(tool, arguments)?).await,
-        }
+        tool.check(&arguments)?;
+        tool.call(&self.ctx, Identity { session, client: client_of(&self.ctx, context) }, arguments).await
     }
 
     async fn kind(
         &self,
-        tool: &str,
-        kind: &str,
+        (listed, kind): (&Tool, &str),
         arguments: Map<String, Value>,
         (request_meta, named_id): (Option<&Value>, Option<&Value>),
         context: &RequestContext<RoleServer>,
     ) -> ToolResult<CallToolResponse> {
-        let space = self.session(context)?;
+        let space = self.session(context).await?.space;
         let payment = payment::from_meta(request_meta)?;
         let key = payment::identifier_key(payment.as_deref(), named_id)?;
         let as_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
@@ -123,8 +129,8 @@ impl ReeveMcp {
         let invocation =
             context.extensions.get::<Parts>().and_then(|parts| parts.extensions.get::<lambda_http::Context>());
         let deadline = invocation.map(crate::domain::tasks::deadline_of);
-        let call = task::KindCall { tool, kind, arguments, key };
-        let created = task::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
+        let call = KindCall { listed, kind, arguments, key };
+        let created = kind::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
         let meta = created.settlement.map(meta_object);
         if as_task {
             let mut handle = CreateTaskResult::new(mcp_task(&created.task));
@@ -137,15 +143,11 @@ impl ReeveMcp {
     }
 }
 
-/// The address the call came from (the HTTP request's transport).
-fn client_of(context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
-    context.extensions.get::<Parts>().and_then(|parts| crate::infra::client_addr::client_of(&parts.extensions))
-}
-
-/// A tool's arguments, past its schema, as its argument type.
-fn parse<T: DeserializeOwned>(tool: Fixed, arguments: Value) -> ToolResult<T> {
-    serde_json::from_value(arguments)
-        .map_err(|e| ToolFailure::new("invalid_arguments", format!("{} arguments: {e}", tool.name())))
+/// The address the call came from: the HTTP request's transport, or behind
+/// the CloudFront edge the viewer it vouches for, as on REST.
+fn client_of(ctx: &McpContext, context: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
+    let parts = context.extensions.get::<Parts>()?;
+    crate::infra::client_addr::client_behind(ctx.limits.edge.as_ref(), &parts.headers, &parts.extensions)
 }
 
 fn meta_object(value: Value) -> MetaObject {
@@ -230,7 +232,7 @@ impl ServerHandler for ReeveMcp {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.ctx.tools.list().to_vec()))
+        Ok(ListToolsResult::with_all_items(self.tools.list().to_vec()))
     }
 
     async fn call_tool(
@@ -240,7 +242,7 @@ impl ServerHandler for ReeveMcp {
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.as_ref();
         // The one call that is not a tool result: there is no tool to answer.
-        let Some(named) = self.ctx.tools.find(name) else {
+        let Some(named) = self.tools.find(name) else {
             return Err(ErrorData::invalid_params(
                 format!("no tool named {name:?}; tools/list lists them"),
                 Some(json!({ "code": "unknown_tool" })),
@@ -252,12 +254,12 @@ impl ServerHandler for ReeveMcp {
                 Named::Fixed(tool) => {
                     self.fixed(tool, arguments, &context).await.map(|v| CallToolResult::structured(v).into())
                 }
-                Named::Kind(kind) => {
+                Named::Kind { kind, listed } => {
                     // rmcp hands the request's `_meta` over in the context.
                     let meta =
                         |key: &str| context.meta.get(key).or_else(|| request.meta.as_ref().and_then(|m| m.get(key)));
                     let paid = (meta(payment::PAYMENT_META), meta(payment::IDENTIFIER_META));
-                    self.kind(name, kind, arguments, paid, &context).await
+                    self.kind((listed, kind), arguments, paid, &context).await
                 }
             }
         }
@@ -274,7 +276,7 @@ impl ServerHandler for ReeveMcp {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
-        let space = self.session(&context).map_err(task_method_error)?;
+        let space = self.session(&context).await.map_err(task_method_error)?.space;
         let not_found = || task_method_error(ToolFailure::from(TaskRefusal::NotFound));
         let id = request.task_id.parse().map_err(|_| not_found())?;
         let task = tasks::find_for_space(&self.ctx.db, &space, id)
@@ -303,10 +305,9 @@ impl ServerHandler for ReeveMcp {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let space = self.session(&context).map_err(task_method_error)?;
-        let args = json!({ "task_id": request.task_id });
-        let args = serde_json::from_value(args).map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
-        match task::cancel(&self.ctx, &space, args).await {
+        let space = self.session(&context).await.map_err(task_method_error)?.space;
+        // `cancel_task`'s own handler, so both ways to cancel answer alike.
+        match CancelTask::call(&self.ctx, space, TaskRef { task_id: request.task_id }).await {
             // Cooperative: a finished task has nothing left to cancel.
             Ok(_) => Ok(()),
             Err(failure) if failure.code() == TaskRefusal::FINISHED => Ok(()),

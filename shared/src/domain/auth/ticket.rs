@@ -40,6 +40,17 @@ pub struct StreamTicket {
     pub space: SpaceIndex,
     pub task: [u8; 16],
     pub session: SessionId,
+    /// Until when it may be used to connect.
+    pub expires_at: OffsetDateTime,
+}
+
+impl StreamTicket {
+    /// The instant the ticket is dated from: its expiry less [`TICKET_TTL`].
+    /// It was asked for then, or (capped by its session's expiry) later.
+    /// What a Space ID rotation compares with (`sessions::ticket_is_ended`).
+    pub fn dated(&self) -> OffsetDateTime {
+        self.expires_at - TICKET_TTL
+    }
 }
 
 /// Why a ticket was refused; the HTTP layer answers all of them alike.
@@ -107,7 +118,9 @@ pub fn verify_ticket(
     if now.unix_timestamp() >= expiry {
         return Err(TicketError::Expired);
     }
+    let expires_at = OffsetDateTime::from_unix_timestamp(expiry).map_err(|_| TicketError::Malformed)?;
     Ok(StreamTicket {
+        expires_at,
         space: SpaceIndex::from_array(signed[1..17].try_into().expect("16 bytes")),
         task,
         session: SessionId::from_slice(&signed[41..SIGNED_LEN]).expect("12 bytes"),

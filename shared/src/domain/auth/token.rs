@@ -68,6 +68,15 @@ pub struct SessionToken {
     pub expires_at: OffsetDateTime,
 }
 
+impl SessionToken {
+    /// When the session was opened, to the second it was dated by: its
+    /// expiry less [`SESSION_TTL`]. What a Space ID rotation compares with
+    /// (`sessions::is_ended`).
+    pub fn issued_at(&self) -> OffsetDateTime {
+        self.expires_at - SESSION_TTL
+    }
+}
+
 /// Why a token was refused. The variants are distinct for logs; the HTTP
 /// layer answers all of them with the same `401 invalid_token`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

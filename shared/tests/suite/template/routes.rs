@@ -109,6 +109,7 @@ fn the_route_table_covers_the_routes_of_issue_39() {
         ("POST", "/mcp"),
         ("DELETE", "/v1/sessions/current"),
         ("POST", "/v1/tasks/{task}/ticket"),
+        ("POST", "/v1/space/rotate"),
     ] {
         assert!(all.contains(&(method.to_owned(), path.to_owned())), "{method} {path} is in no router");
     }
