@@ -369,7 +369,22 @@ fn each_rule_reports_one_problem_at_its_path() {
             "typo in an optional key",
             task("executor = \"fetch\"\ntimout_seconds = 30"),
             "tasks.t.timout_seconds",
-            "unknown key (expected one of: title, description, executor, endpoint, timeout_seconds, input_schema, accepts, quota)",
+            "unknown key (expected one of: title, description, executor, endpoint, protocol, secret, timeout_seconds, \
+             input_schema, accepts, quota)",
+        ),
+        (
+            "a protocol kind runs at most 12 hours",
+            task(
+                "executor = \"http\"\nendpoint = \"https://x.example/run\"\nprotocol = 1\nsecret = \"S\"\ntimeout_seconds = 43201",
+            ),
+            "tasks.t.timeout_seconds",
+            "must be from 1 to 43200, got 43201",
+        ),
+        (
+            "a secret without a protocol",
+            task("executor = \"http\"\nendpoint = \"https://x.example/run\"\nsecret = \"S\""),
+            "tasks.t.secret",
+            "only a kind with protocol = 1 signs its jobs",
         ),
         (
             "timeout zero",
@@ -724,6 +739,19 @@ fn every_listed_executor_is_accepted() {
         let catalog = parse_ok(&catalog_with("", &format!("executor = \"{name}\"{endpoint}")));
         assert_eq!(catalog.task("t").unwrap().executor.name(), name);
     }
+}
+
+/// A kind whose service may answer 202 holds the worker only for that
+/// answer: it may run 12 hours, and only its wait must fit in the worker.
+#[test]
+fn a_protocol_kind_may_run_for_hours_since_the_worker_waits_only_for_its_answer() {
+    let protocol = "executor = \"http\"\nendpoint = \"https://example.com/run\"\nprotocol = 1\nsecret = \"RUN_SECRET\"";
+    let catalog = parse_ok(&catalog_with("", &format!("{protocol}\ntimeout_seconds = 43200")));
+    let task = catalog.task("t").unwrap();
+    assert_eq!((task.timeout_seconds, task.waited_seconds()), (43_200, 300));
+    assert!(task.executor.delegates());
+    let bare = parse_ok(&catalog_with("", "executor = \"http\"\nendpoint = \"https://example.com/run\""));
+    assert!(!bare.task("t").unwrap().executor.delegates(), "without protocol, the call it always was");
 }
 
 /// Which units each executor's metered price may count, written out: a
