@@ -882,7 +882,8 @@ fn allowed(parameters: &[(&str, &str)]) -> Vec<(String, Value)> {
 fn the_worker_invokes_exactly_the_listed_executor_functions() {
     let invokes = |statement: &Value| {
         let action = &statement["Action"];
-        action == "lambda:InvokeFunction" || action.as_array().is_some_and(|a| a.iter().any(|x| x == "lambda:InvokeFunction"))
+        action == "lambda:InvokeFunction"
+            || action.as_array().is_some_and(|a| a.iter().any(|x| x == "lambda:InvokeFunction"))
     };
     let by_default: Vec<_> = allowed(&[]).into_iter().filter(|(_, s)| invokes(s)).collect();
     assert!(by_default.is_empty(), "nothing lists a function, nothing may invoke one: {by_default:?}");

@@ -44,11 +44,13 @@ impl ExecutorKind for Lambda {
     /// functions the catalog names.
     fn configure(task: &Fields<'_>, p: &mut Problems) -> Option<Self> {
         if !task.has("function") {
-            task.at("function").report(p, "missing; executor \"lambda\" needs the name or ARN of the function to invoke");
+            task.at("function")
+                .report(p, "missing; executor \"lambda\" needs the name or ARN of the function to invoke");
             return None;
         }
         let function = task.optional::<&str>("function", p).and_then(|f| task.verify("function", function_name(f), p));
-        let asynchronous = if task.has("asynchronous") { task.optional::<bool>("asynchronous", p) } else { Some(false) };
+        let asynchronous =
+            if task.has("asynchronous") { task.optional::<bool>("asynchronous", p) } else { Some(false) };
         let protocol_ok = !task.has("protocol")
             || task.int_in::<u8>("protocol", i64::from(PROTOCOL_VERSION)..=i64::from(PROTOCOL_VERSION), p).is_some();
         if !protocol_ok {
@@ -163,7 +165,9 @@ mod work {
                 // same acceptance, the function's reports already sent.
                 return match status {
                     200 | 202 => Err(ExecError::Delegated { deadline }),
-                    status => Err(ExecError::Retryable(format!("lambda executor: Invoke answered {status} to an Event"))),
+                    status => {
+                        Err(ExecError::Retryable(format!("lambda executor: Invoke answered {status} to an Event")))
+                    }
                 };
             }
             let body = output.payload().map(Blob::as_ref).unwrap_or_default();
