@@ -30,6 +30,7 @@ mod redis_tls;
 mod relay;
 mod rotation;
 mod service;
+mod service_kinds;
 mod spaces;
 mod ssrf;
 mod startup;
