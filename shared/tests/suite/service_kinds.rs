@@ -256,11 +256,16 @@ async fn the_python_service_is_sold_as_an_http_protocol_kind(pool: PgPool) {
     api.queue.delete().await;
 }
 
+/// An answer of the stand-in: its status, headers and JSON body.
+type Answer = (u16, Vec<(&'static str, &'static str)>, Value);
+/// A call it received: the function, `X-Amz-Invocation-Type`, the event.
+type Call = (String, Option<String>, Value);
+
 /// What the stand-in Invoke endpoint answers, and the events it received.
 #[derive(Clone, Default)]
 struct Invoke {
-    answer: Arc<Mutex<Option<(u16, Vec<(&'static str, &'static str)>, Value)>>>,
-    calls: Arc<Mutex<Vec<(String, Option<String>, Value)>>>,
+    answer: Arc<Mutex<Option<Answer>>>,
+    calls: Arc<Mutex<Vec<Call>>>,
 }
 
 impl Invoke {
