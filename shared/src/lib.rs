@@ -48,14 +48,14 @@ pub use domain::executors;
 pub use domain::relay;
 #[cfg(feature = "s3")]
 pub use domain::uploads;
-pub use domain::{auth, catalog, ids, payments, sessions, tasks};
+pub use domain::{auth, catalog, ids, payments, sessions, tasks, webhooks};
 #[cfg(feature = "api-auth")]
 pub use domain::{login_limits, spaces};
 #[cfg(feature = "aws")]
 pub use infra::aws;
 #[cfg(feature = "outbound")]
 pub use infra::outbound;
-pub use infra::{db, metrics, redis_client, storage_policy, telemetry};
+pub use infra::{db, metrics, redis_client, standard_webhooks, storage_policy, telemetry};
 pub use startup::settings;
 
 #[cfg(all(test, feature = "full"))]

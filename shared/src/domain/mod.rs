@@ -11,7 +11,8 @@ pub mod error;
 #[cfg(feature = "catalog")]
 pub mod executors;
 pub mod ids;
-#[cfg(feature = "api-auth")]
+// Not only `api-auth`'s: every function's settings carry the login budgets
+// (`startup::settings`, `ApiSettings`), whether or not it spends them.
 pub mod login_limits;
 pub mod payments;
 #[cfg(feature = "relay")]
@@ -23,3 +24,4 @@ pub mod spaces;
 pub mod tasks;
 #[cfg(feature = "s3")]
 pub mod uploads;
+pub mod webhooks;

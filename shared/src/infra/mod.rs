@@ -10,6 +10,7 @@ pub mod metrics;
 #[cfg(feature = "outbound")]
 pub mod outbound;
 pub mod redis_client;
+pub mod standard_webhooks;
 pub mod storage_policy;
 pub mod telemetry;
 #[cfg(any(feature = "aws", feature = "outbound"))]

@@ -95,6 +95,8 @@ use crate::domain::relay::{Hub, StreamCaps};
 #[cfg(feature = "mcp")]
 use crate::domain::spaces::Argon2Limit;
 use crate::domain::tasks::Publisher;
+#[cfg(feature = "outbound")]
+use crate::domain::webhooks::sender::Sender;
 #[cfg(feature = "aws")]
 use crate::infra::aws;
 #[cfg(all(feature = "s3", feature = "sqs"))]

@@ -42,4 +42,5 @@ mod template_monitoring;
 mod upload_guard;
 mod uploads;
 mod upto;
+mod webhooks;
 mod worker;

@@ -40,6 +40,14 @@ macro_rules! doc_500 {
         "`internal`: an unexpected failure, logged under the request id."
     };
 }
+macro_rules! doc_422_webhook {
+    () => {
+        "`invalid_webhook`: the webhook's `url` is not an absolute `https://` URL of at most 2048 \
+         characters without credentials, or its `events` are empty or not among `completed`, \
+         `failed`, `canceled`; `webhook_secret_required`: the Space has no webhook secret to sign \
+         with yet (`POST /v1/space/webhook-secret`)."
+    };
+}
 macro_rules! doc_503_db {
     () => {
         "`database_unavailable`: the database is out of reach; try again."
@@ -79,6 +87,8 @@ pub mod tasks;
 mod ticket;
 #[cfg(feature = "api-uploads")]
 pub mod uploads;
+#[cfg(feature = "api-tasks")]
+mod webhooks;
 
 use std::sync::Arc;
 

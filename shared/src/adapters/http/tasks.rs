@@ -9,7 +9,9 @@
 //!    `400 invalid_json`, `400 invalid_request`;
 //! 3. the kind is in the catalog: `404 unknown_task`;
 //! 4. the `Idempotency-Key` header, if any, is 1..=255 printable ASCII:
-//!    `400 invalid_idempotency_key`;
+//!    `400 invalid_idempotency_key`; the `webhook`, if any, is usable and
+//!    the Space can sign it: `422 invalid_webhook`,
+//!    `422 webhook_secret_required`;
 //! 5. the input holds no NUL (`400 invalid_input` with its pointer) and
 //!    matches the task's schema: `422 invalid_input`;
 //! 6. a key used before: the same request answers its task again (`202`,
@@ -59,6 +61,7 @@ use crate::domain::tasks::{
     self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, SubmitError, Submitted, Task, TaskRequest,
     TaskStatus,
 };
+use crate::domain::webhooks::{self, Subscription};
 
 /// One path for both routers: axum merges their methods only when the path
 /// strings are identical, so the segment has one neutral name — a kind for
@@ -86,6 +89,7 @@ pub fn status_router() -> OpenApiRouter<Arc<TaskStatusContext>> {
         .routes(routes!(cancel_task))
         .merge(super::ticket::router())
         .merge(super::space_view::router())
+        .merge(super::webhooks::router())
 }
 
 /// A task's input.
@@ -96,6 +100,31 @@ struct CreateRequest {
     /// Files are named by upload id in `upload_id` / `upload_ids` fields.
     #[schema(value_type = Object, example = json!({"url": "https://example.com/"}))]
     input: Value,
+    /// Where to POST the task's view when it ends, signed per Standard
+    /// Webhooks with the Space's secret (`POST /v1/space/webhook-secret`
+    /// first): a URL, for every end, or `{"url", "events"}` for some of
+    /// `completed`, `failed`, `canceled`. Without it, the Space's default
+    /// (`PUT /v1/space/webhook`) applies, if it has one.
+    #[serde(default)]
+    webhook: Option<WebhookRequest>,
+}
+
+/// A task's webhook as a create names it: a URL, or a URL and its events.
+#[derive(Deserialize, ToSchema)]
+#[serde(untagged)]
+enum WebhookRequest {
+    #[schema(example = "https://example.com/hooks/reeve")]
+    Url(String),
+    Subscription(Subscription),
+}
+
+impl From<WebhookRequest> for Subscription {
+    fn from(request: WebhookRequest) -> Self {
+        match request {
+            WebhookRequest::Url(url) => Subscription { url, events: webhooks::EVENTS.map(String::from).to_vec() },
+            WebhookRequest::Subscription(subscription) => subscription,
+        }
+    }
 }
 
 /// A created (or replayed) task.
@@ -201,7 +230,8 @@ struct Accepted {
             "`unknown_upload`: an upload id that is unknown, another Space's, or not an id; ",
             "`upload_not_ready`: the file has not been `PUT` yet; ",
             "`upload_missing`: a priced task's file is gone from storage (uploads are kept for a day); ",
-            "`upload_rejected`: the file did not match its declared size or type.")),
+            "`upload_rejected`: the file did not match its declared size or type; ",
+            doc_422_webhook!(), " The webhook is checked before the input.")),
         (status = 429, body = ErrorEnvelope,
             description = "`quota_exceeded`: a free kind only: this Space already created its `quota.per_hour` \
                 tasks of the kind in the last 60 minutes, or has its `quota.at_once` of them queued or running \
@@ -235,6 +265,14 @@ async fn create_task(
     let key = idempotency_key(&headers)?;
     let payment = header_text(&headers, payments::PAYMENT_SIGNATURE_HEADER)?;
     let url = resource_url(&uri, &headers);
+    let webhook = match request.webhook {
+        Some(webhook) => Some(
+            webhooks::check_for_task(&ctx.db, &space, webhook.into())
+                .await
+                .map_err(|e| SubmitFailure::from(ApiError::refused(&e)))?,
+        ),
+        None => None,
+    };
     let cx = SubmitContext {
         catalog: &ctx.catalog,
         db: &ctx.db,
@@ -253,7 +291,17 @@ async fn create_task(
         deadline: invocation.map(|Extension(c)| tasks::deadline_of(&c)),
     };
     match tasks::submit(&cx, submission).await {
-        Ok(submitted) => Ok(accepted(submitted)),
+        Ok(submitted) => {
+            if let Some(webhook) = &webhook {
+                // The task is stored (and maybe already running): its end
+                // is delivered whichever commits first (see
+                // `webhooks::subscribe_task`).
+                webhooks::subscribe_task(&ctx.db, &space, submitted.task.id, webhook)
+                    .await
+                    .map_err(|e| SubmitFailure::from(db_error(e)))?;
+            }
+            Ok(accepted(submitted))
+        }
         Err(SubmitError::Payment(PayError::Required(challenge))) => Ok(challenge_response(&challenge)),
         Err(e) => Err(e.into()),
     }
