@@ -535,6 +535,9 @@ cmd_up() {
   # The development catalog sells examples/wordfreq as a `lambda` kind;
   # scripts/dev.sh serves it here.
   env_add AWS_ENDPOINT_URL_LAMBDA "http://$HOST:$LAMBDA_PORT"
+  # Where a service kind's job tells the service to report: `reeve serve`'s
+  # route (scripts/dev.sh binds 127.0.0.1:8080).
+  env_add REEVE_REPORT_URL "http://127.0.0.1:8080/v1/executor/reports"
   local envq
   envq=$(env_get REEVE_QUEUE_URL)
   [[ $envq == "$queue_url" ]] || log "warning: .env has REEVE_QUEUE_URL=$envq but moto returned $queue_url"

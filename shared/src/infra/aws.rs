@@ -1,6 +1,7 @@
 //! S3 and SQS clients on the SDK's configuration (which the SDK reads from
 //! the standard AWS environment itself: region, credentials, and locally
-//! `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL_SQS` for SeaweedFS and moto).
+//! `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL_SQS` for SeaweedFS and moto,
+//! `AWS_ENDPOINT_URL_LAMBDA` for `cargo lambda watch`).
 //! A process builds only the clients it uses.
 
 #[cfg(all(feature = "s3", feature = "sqs"))]
@@ -31,6 +32,12 @@ impl AwsClients {
 pub fn s3(config: &aws_config::SdkConfig, custom_endpoint: bool) -> aws_sdk_s3::Client {
     let s3 = aws_sdk_s3::config::Builder::from(config).force_path_style(custom_endpoint).build();
     aws_sdk_s3::Client::from_conf(s3)
+}
+
+#[cfg(feature = "lambda-invoke")]
+/// The `lambda` executor's Invoke client.
+pub fn lambda(config: &aws_config::SdkConfig) -> aws_sdk_lambda::Client {
+    aws_sdk_lambda::Client::new(config)
 }
 
 #[cfg(feature = "sqs")]

@@ -37,6 +37,10 @@ pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Resul
     let s3 = aws::s3(sdk, config.s3_endpoint().is_some());
     let mut ctx = worker_on(catalog, db, redis, (s3, aws::sqs(sdk)), worker_settings, users, operators);
     ctx.exec.protocol = protocol;
+    #[cfg(feature = "lambda-invoke")]
+    if ctx.catalog.tasks.values().any(|spec| matches!(spec.executor, crate::domain::executors::Executor::Lambda(_))) {
+        ctx.exec.lambda = Some(aws::lambda(sdk));
+    }
     Ok(WorkerContext { chains, facilitator, ..ctx })
 }
 
@@ -64,8 +68,23 @@ pub(super) async fn protocol_deps(
             _ => None,
         })
         .collect();
-    if kinds.is_empty() {
+    // A `lambda` kind's function is sent the job too, unsigned.
+    let lambdas: Vec<&String> = catalog
+        .tasks
+        .iter()
+        .filter(|(_, spec)| matches!(spec.executor, Executor::Lambda(_)))
+        .map(|(kind, _)| kind)
+        .collect();
+    if kinds.is_empty() && lambdas.is_empty() {
         return deps;
+    }
+    if cfg!(not(feature = "lambda-invoke")) {
+        for kind in lambdas {
+            problems.push(format!(
+                "tasks.{kind}.executor: this worker was built without the lambda executor (the worker's cargo \
+                 feature `lambda`)"
+            ));
+        }
     }
     let mut client = None;
     for (kind, secret) in kinds {
@@ -165,6 +184,8 @@ pub(super) fn worker_on(
         fetch_max_bytes: worker_settings.fetch_max_bytes,
         output_retention_days: worker_settings.output_retention_days,
         protocol: ExecDeps::default_protocol(),
+        #[cfg(feature = "lambda-invoke")]
+        lambda: None,
     };
     WorkerContext { visibility, ..WorkerContext::new(catalog, db, redis, exec, worker_settings) }
 }

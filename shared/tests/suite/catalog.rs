@@ -100,15 +100,24 @@ fn shipped_catalog_loads_with_free_and_priced_tasks() {
     );
 }
 
+/// The kinds only the development catalog sells: the examples the local
+/// stack runs (examples/wordfreq under `cargo lambda watch`), which a
+/// deployment has no function for.
+const EXAMPLE_KINDS: &[&str] = &["wordfreq"];
+
 /// The development catalog sells what reeve.toml sells, so the tests run the
 /// deployed tasks, but prices them on the local chain only, which the local
-/// facilitator settles.
+/// facilitator settles; and the examples besides.
 #[test]
 fn the_development_catalog_is_the_shipped_one_on_the_local_chain() {
     let shipped = Catalog::load(Path::new(SHIPPED)).unwrap();
     let dev = Catalog::load(Path::new(DEV)).unwrap_or_else(|error| panic!("{error}"));
-    assert_eq!(dev.tasks.keys().collect::<Vec<_>>(), shipped.tasks.keys().collect::<Vec<_>>());
-    for (kind, task) in &dev.tasks {
+    let sold: Vec<&String> = dev.tasks.keys().filter(|k| !EXAMPLE_KINDS.contains(&k.as_str())).collect();
+    assert_eq!(sold, shipped.tasks.keys().collect::<Vec<_>>());
+    for kind in EXAMPLE_KINDS {
+        assert_eq!(dev.tasks[*kind].executor.name(), "lambda", "{kind}: an example function");
+    }
+    for (kind, task) in dev.tasks.iter().filter(|(k, _)| !EXAMPLE_KINDS.contains(&k.as_str())) {
         let deployed = &shipped.tasks[kind];
         assert_eq!(task.executor, deployed.executor, "{kind}");
         assert_eq!(task.timeout_seconds, deployed.timeout_seconds, "{kind}");
@@ -271,7 +280,7 @@ fn three_mistakes_are_all_reported_with_their_paths() {
     assert_eq!(
         found,
         [
-            r#"tasks.convert.executor: unknown executor "pandoc" (known: digest, fetch, http)"#,
+            r#"tasks.convert.executor: unknown executor "pandoc" (known: digest, fetch, http, lambda)"#,
             r#"tasks.fetch.accepts[0].asset: unknown asset "usdt""#,
             "tasks.fetch.accepts[1]: both amount and amount_usd are set; set exactly one",
         ]
@@ -369,8 +378,8 @@ fn each_rule_reports_one_problem_at_its_path() {
             "typo in an optional key",
             task("executor = \"fetch\"\ntimout_seconds = 30"),
             "tasks.t.timout_seconds",
-            "unknown key (expected one of: title, description, executor, endpoint, protocol, secret, timeout_seconds, \
-             input_schema, accepts, quota)",
+            "unknown key (expected one of: title, description, executor, endpoint, protocol, secret, function, \
+             asynchronous, timeout_seconds, input_schema, accepts, quota)",
         ),
         (
             "a protocol kind runs at most 12 hours",
@@ -410,7 +419,7 @@ fn each_rule_reports_one_problem_at_its_path() {
             "executor unknown",
             task("executor = \"shell\""),
             "tasks.t.executor",
-            r#"unknown executor "shell" (known: digest, fetch, http)"#,
+            r#"unknown executor "shell" (known: digest, fetch, http, lambda)"#,
         ),
         (
             "http without endpoint",
@@ -735,9 +744,18 @@ input_schema = { type = "object" }
 #[test]
 fn every_listed_executor_is_accepted() {
     for &name in Executor::NAMES {
-        let endpoint = if name == "http" { "\nendpoint = \"https://example.com/run\"" } else { "" };
+        let endpoint = required_keys(name);
         let catalog = parse_ok(&catalog_with("", &format!("executor = \"{name}\"{endpoint}")));
         assert_eq!(catalog.task("t").unwrap().executor.name(), name);
+    }
+}
+
+/// The keys an executor cannot do without, as a kind's table lines.
+fn required_keys(executor: &str) -> &'static str {
+    match executor {
+        "http" => "\nendpoint = \"https://example.com/run\"",
+        "lambda" => "\nfunction = \"wordfreq\"",
+        _ => "",
     }
 }
 
@@ -754,16 +772,36 @@ fn a_protocol_kind_may_run_for_hours_since_the_worker_waits_only_for_its_answer(
     assert!(!bare.task("t").unwrap().executor.delegates(), "without protocol, the call it always was");
 }
 
+/// An asynchronous `lambda` kind is invoked with `Event`, answered at once:
+/// it may run 12 hours as a protocol `http` kind may. A synchronous one
+/// holds the worker for the whole call, as a bare `http` kind does.
+#[test]
+fn an_asynchronous_lambda_kind_may_run_for_hours_a_synchronous_one_may_not() {
+    let event = "executor = \"lambda\"\nfunction = \"wordfreq\"\nasynchronous = true\ntimeout_seconds = 43200";
+    let catalog = parse_ok(&catalog_with("", event));
+    let task = catalog.task("t").unwrap();
+    assert_eq!((task.timeout_seconds, task.waited_seconds()), (43_200, 300));
+    let sync = "executor = \"lambda\"\nfunction = \"wordfreq\"\ntimeout_seconds = 43200";
+    let shown: Vec<String> = problems(&catalog_with("", sync)).iter().map(ToString::to_string).collect();
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert!(shown[0].starts_with("tasks.t.timeout_seconds: must be from 1 to"), "{shown:?}");
+    let missing: Vec<String> =
+        problems(&catalog_with("", "executor = \"lambda\"")).iter().map(ToString::to_string).collect();
+    assert_eq!(missing.len(), 1, "{missing:?}");
+    assert!(missing[0].starts_with("tasks.t.function: missing;"), "{missing:?}");
+}
+
 /// Which units each executor's metered price may count, written out: a
 /// registry change that lets an executor be priced in what it does not
 /// measure, or stops one being priced in what it does, fails here.
 #[test]
 fn a_metered_price_counts_only_what_its_executor_measures() {
     let bytes = ["byte", "KiB", "MiB", "GiB"];
-    let measured: [(&str, &[&str]); 3] = [("digest", &bytes), ("fetch", &bytes), ("http", &["second"])];
+    let measured: [(&str, &[&str]); 4] =
+        [("digest", &bytes), ("fetch", &bytes), ("http", &["second"]), ("lambda", &["second"])];
     assert_eq!(measured.map(|(name, _)| name), Executor::NAMES, "a row per registered executor");
     for (name, units) in measured {
-        let endpoint = if name == "http" { "\nendpoint = \"https://example.com/run\"" } else { "" };
+        let endpoint = required_keys(name);
         for unit in ["byte", "KiB", "MiB", "GiB", "second"] {
             let text = catalog_with(
                 "",

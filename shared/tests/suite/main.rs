@@ -31,6 +31,7 @@ mod relay;
 mod rotation;
 mod s3_links;
 mod service;
+mod service_kinds;
 mod spaces;
 mod ssrf;
 mod startup;

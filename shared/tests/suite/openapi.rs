@@ -24,7 +24,7 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 24] = [
+const ROUTES: [(&str, &str); 25] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -37,6 +37,7 @@ const ROUTES: [(&str, &str); 24] = [
     ("POST", "/v1/tasks/fetch"),
     ("POST", "/v1/tasks/fetch-metered"),
     ("POST", "/v1/tasks/http"),
+    ("POST", "/v1/tasks/wordfreq"),
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
@@ -55,7 +56,7 @@ const ROUTES: [(&str, &str); 24] = [
 const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 18] = [
+const BEARER_ROUTES: [(&str, &str); 19] = [
     ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/space/rotate"),
     ("POST", "/v1/uploads"),
@@ -63,6 +64,7 @@ const BEARER_ROUTES: [(&str, &str); 18] = [
     ("POST", "/v1/tasks/fetch"),
     ("POST", "/v1/tasks/fetch-metered"),
     ("POST", "/v1/tasks/http"),
+    ("POST", "/v1/tasks/wordfreq"),
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
@@ -221,6 +223,7 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/fetch"),
         ("POST", "/v1/tasks/fetch-metered"),
         ("POST", "/v1/tasks/http"),
+        ("POST", "/v1/tasks/wordfreq"),
     ]);
     let mut all = vec![];
     let (own, global) = same(&[

@@ -51,9 +51,14 @@ fn config(vars: &[(&str, String)]) -> Config {
         Some(_) => config,
         None => config.with(settings::CATALOG, catalog().display().to_string()),
     };
-    match config.get(settings::CHAIN_RPC_URLS) {
+    let config = match config.get(settings::CHAIN_RPC_URLS) {
         Some(_) => config,
         None => config.with(settings::CHAIN_RPC_URLS, common::chain::chain_rpc_urls()),
+    };
+    // That catalog sells a service kind (wordfreq): its jobs say where to report.
+    match config.get(settings::REPORT_URL) {
+        Some(_) => config,
+        None => config.with(settings::REPORT_URL, "http://127.0.0.1:8080/v1/executor/reports"),
     }
 }
 
@@ -165,6 +170,8 @@ async fn the_worker_and_the_guard_read_the_database_url_by_arn() {
         ("REDIS_URL", common::redis_url()),
         ("REEVE_BUCKET", "reeve-test".to_owned()),
         ("REEVE_CATALOG", catalog().display().to_string()),
+        // wordfreq's jobs carry report tokens, signed with the token key.
+        ("REEVE_TOKEN_KEY", TOKEN_KEY.to_owned()),
     ];
     let worker = startup::worker(&config(&vars), &sdk, Connect::Now).await.unwrap_or_else(|e| panic!("{e}"));
     sqlx::query("SELECT 1").execute(&worker.db).await.expect("connected");
@@ -176,6 +183,7 @@ async fn the_worker_and_the_guard_read_the_database_url_by_arn() {
         ("REDIS_URL", common::redis_url()),
         ("REEVE_BUCKET", "b".to_owned()),
         ("REEVE_FETCH_ALLOW", "*.example.com".to_owned()),
+        ("REEVE_TOKEN_KEY", TOKEN_KEY.to_owned()),
     ];
     let err = startup::worker(&config(&vars), &sdk, Connect::Lazily).await.err().unwrap();
     let problems = err.problems();

@@ -862,3 +862,52 @@ fn task_create_fits_verify_and_settle_inside_api_gateway_s_30_seconds() {
         "{for_the_facilitator:?} for verify plus settle"
     );
 }
+
+/// Every `Allow` statement of every function's inline policies, the
+/// template resolved for `parameters`: `(function, statement)`.
+fn allowed(parameters: &[(&str, &str)]) -> Vec<(String, Value)> {
+    let doc = model::Template::load().resolve(parameters);
+    let mut out = Vec::new();
+    for (name, resource) in doc["Resources"].as_object().unwrap() {
+        for policy in resource["Properties"]["Policies"].as_array().into_iter().flatten() {
+            for statement in policy["Statement"].as_array().into_iter().flatten() {
+                out.push((name.clone(), statement.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// A `lambda` kind's function is invoked by the worker's role: exactly the
+/// functions the operator lists (the catalog's `function = …`), and no
+/// function at all by default.
+#[test]
+fn the_worker_invokes_exactly_the_listed_executor_functions() {
+    let invokes = |statement: &Value| {
+        let action = &statement["Action"];
+        action == "lambda:InvokeFunction"
+            || action.as_array().is_some_and(|a| a.iter().any(|x| x == "lambda:InvokeFunction"))
+    };
+    let by_default: Vec<_> = allowed(&[]).into_iter().filter(|(_, s)| invokes(s)).collect();
+    assert!(by_default.is_empty(), "nothing lists a function, nothing may invoke one: {by_default:?}");
+    assert!(
+        allowed(&[]).iter().all(|(_, s)| !s["Action"].to_string().contains("lambda:")),
+        "no other Lambda action is granted"
+    );
+
+    let wordfreq = "arn:aws:lambda:us-east-1:123456789012:function:wordfreq";
+    let other = "arn:aws:lambda:us-east-1:123456789012:function:pdf";
+    let listed = format!("{wordfreq},{other}");
+    let granted: Vec<_> =
+        allowed(&[("ExecutorFunctionArns", &listed)]).into_iter().filter(|(_, s)| invokes(s)).collect();
+    assert_eq!(granted.len(), 1, "{granted:?}");
+    let (function, statement) = &granted[0];
+    assert_eq!(function, "WorkerFunction", "only the worker invokes a kind's function");
+    assert_eq!(statement["Effect"], "Allow");
+    assert_eq!(statement["Action"], "lambda:InvokeFunction", "invoke, nothing more");
+    // The parameter itself, a list: `!Ref` of it is the listed ARNs, no wildcard.
+    assert_eq!(statement["Resource"], serde_json::json!({ "Ref": "ExecutorFunctionArns" }));
+    let doc = model::Template::load().resolve(&[]);
+    assert_eq!(doc["Parameters"]["ExecutorFunctionArns"]["Type"], "CommaDelimitedList");
+    assert_eq!(doc["Parameters"]["ExecutorFunctionArns"]["Default"], "");
+}

@@ -30,10 +30,12 @@
 //! - [`Digest`]: SHA-256 and size of an upload, streamed from S3.
 //! - [`Fetch`]: downloads a URL through the guarded client into `outputs/`.
 //! - [`Http`]: POSTs the input to an operator-configured endpoint.
+//! - [`Lambda`]: invokes an operator's Lambda function with the job.
 
 mod digest;
 mod fetch;
 mod http;
+mod lambda;
 pub mod protocol;
 pub(crate) mod registry;
 #[cfg(feature = "api-tasks")]
@@ -67,6 +69,7 @@ pub use fetch::Fetch;
 #[cfg(feature = "worker")]
 pub use fetch::output_key;
 pub use http::Http;
+pub use lambda::Lambda;
 pub use protocol::{PROTOCOL_VERSION, Protocol, SecretRef};
 pub use registry::Executor;
 
@@ -234,6 +237,10 @@ pub struct ExecDeps {
     pub output_retention_days: Option<u32>,
     /// What sending a protocol kind's job takes (docs/executors.md).
     pub protocol: ProtocolDeps,
+    /// The Invoke client of `lambda` kinds (its endpoint the SDK's own
+    /// `AWS_ENDPOINT_URL_LAMBDA` when set); `None` when the catalog has none.
+    #[cfg(feature = "lambda-invoke")]
+    pub lambda: Option<aws_sdk_lambda::Client>,
 }
 
 #[cfg(feature = "worker")]
@@ -360,6 +367,8 @@ pub mod codes {
     /// `http`: the endpoint answered 2xx without a JSON body, or an
     /// unexpected status.
     pub const BAD_EXECUTOR_RESPONSE: &str = "bad_executor_response";
+    /// `lambda`: the operator's function does not exist (anymore).
+    pub const EXECUTOR_UNAVAILABLE: &str = "executor_unavailable";
 }
 
 #[cfg(feature = "worker")]

@@ -117,29 +117,7 @@ pub(super) mod send {
         let key = setup.keys.get(&protocol.secret).ok_or_else(|| {
             ExecError::Retryable(format!("no signing secret was read for {}", protocol.secret.name()))
         })?;
-        let (Some(report_url), Some(token_key)) = (&setup.report_url, &setup.token_key) else {
-            return Err(ExecError::Retryable("the worker has no report URL or token key".to_owned()));
-        };
-        let now = OffsetDateTime::now_utc().replace_nanosecond(0).expect("0 is a valid nanosecond");
-        let deadline = now + Duration::from_secs(job.spec.timeout_seconds.into());
-        let files = files(deps, job, deadline).await?;
-        let token = issue_report_token(token_key, &job.space, job.task_id.to_bytes(), job.attempt, deadline);
-        let mut body = json!({
-            "type": "job",
-            "protocol": protocol.version,
-            "task": {
-                "id": job.task_id,
-                "kind": job.kind,
-                "attempt": job.attempt,
-                "deadline": rfc3339(deadline),
-            },
-            "input": job.input,
-            "files": files,
-            "report": { "url": report_url, "token": token, "expires_at": rfc3339(deadline) },
-        });
-        if let Some(metered) = metered(job) {
-            body["metered"] = metered;
-        }
+        let (body, deadline) = build_job(deps, job, protocol.version).await?;
         let body = serde_json::to_vec(&body).map_err(|e| ExecError::retryable("encoding the job", e))?;
         let id = job_id(job.task_id, job.attempt);
         let timestamp = OffsetDateTime::now_utc().unix_timestamp();
@@ -176,6 +154,37 @@ pub(super) mod send {
                 format!("the executor answered an unexpected HTTP {status}"),
             )),
         }
+    }
+
+    /// The job of `job`'s attempt (docs/executors.md, "The job"), and its
+    /// deadline: what an `http` kind POSTs, signed, and a `lambda` kind's
+    /// function receives as its event.
+    pub async fn build_job(deps: &ExecDeps, job: &Job<'_>, version: u8) -> Result<(Value, OffsetDateTime), ExecError> {
+        let setup = &deps.protocol;
+        let (Some(report_url), Some(token_key)) = (&setup.report_url, &setup.token_key) else {
+            return Err(ExecError::Retryable("the worker has no report URL or token key".to_owned()));
+        };
+        let now = OffsetDateTime::now_utc().replace_nanosecond(0).expect("0 is a valid nanosecond");
+        let deadline = now + Duration::from_secs(job.spec.timeout_seconds.into());
+        let files = files(deps, job, deadline).await?;
+        let token = issue_report_token(token_key, &job.space, job.task_id.to_bytes(), job.attempt, deadline);
+        let mut body = json!({
+            "type": "job",
+            "protocol": version,
+            "task": {
+                "id": job.task_id,
+                "kind": job.kind,
+                "attempt": job.attempt,
+                "deadline": rfc3339(deadline),
+            },
+            "input": job.input,
+            "files": files,
+            "report": { "url": report_url, "token": token, "expires_at": rfc3339(deadline) },
+        });
+        if let Some(metered) = metered(job) {
+            body["metered"] = metered;
+        }
+        Ok((body, deadline))
     }
 
     /// The metered kind's terms, as the service is told them: the unit and

@@ -15,7 +15,7 @@ use serde_json::Value;
 #[cfg(feature = "worker")]
 use super::{ExecDeps, ExecError, Job, TaskExecutor};
 use super::{ExecutorKind, Report, TaskKey};
-use super::{digest::Digest, fetch::Fetch, http::Http};
+use super::{digest::Digest, fetch::Fetch, http::Http, lambda::Lambda};
 use crate::domain::catalog::meter::{Quantity, Unit};
 use crate::domain::catalog::read::{Fields, Problems};
 
@@ -109,7 +109,7 @@ macro_rules! registry {
     };
 }
 
-registry!(Digest, Fetch, Http);
+registry!(Digest, Fetch, Http, Lambda);
 
 impl Executor {
     /// The executor a kind's table names (`executor = "…"`), configured
@@ -198,7 +198,7 @@ mod tests {
     fn every_registered_name_configures_its_own_executor() {
         let names: Vec<&str> = each().iter().map(Executor::name).collect();
         assert_eq!(names, Executor::NAMES, "each name round-trips");
-        assert_eq!(Executor::NAMES, ["digest", "fetch", "http"], "the order error messages list them in");
+        assert_eq!(Executor::NAMES, ["digest", "fetch", "http", "lambda"], "the order error messages list them in");
         let mut unique = names.clone();
         unique.dedup();
         assert_eq!(unique, names, "no two executors share a name");
@@ -206,7 +206,7 @@ mod tests {
         let (none, problems) = configure(&"executor = \"shell\"".parse().unwrap());
         assert!(none.is_none());
         assert_eq!(problems[0].path, "t.executor");
-        assert_eq!(problems[0].message, "unknown executor \"shell\" (known: digest, fetch, http)");
+        assert_eq!(problems[0].message, "unknown executor \"shell\" (known: digest, fetch, http, lambda)");
     }
 
     #[test]
@@ -238,7 +238,7 @@ mod tests {
         let took = Duration::from_millis(1500);
         let result = json!({ "size": 42 });
         let used: Vec<(&str, u64)> = each().iter().map(|e| (e.name(), e.used(&result, took))).collect();
-        assert_eq!(used, [("digest", 42), ("fetch", 42), ("http", 1500)]);
+        assert_eq!(used, [("digest", 42), ("fetch", 42), ("http", 1500), ("lambda", 1500)]);
     }
 
     #[test]

@@ -121,6 +121,8 @@ pub const CREDITED_CODES: &[&str] = &[
     "unknown_kind",
     "malformed_message",
     "bad_executor_response",
+    // A `lambda` kind whose function is missing: the operator's doing.
+    "executor_unavailable",
     // An upload checked at create and gone when the task ran: the bucket
     // expired it, which is Reeve's doing, not the input's.
     "upload_missing",

@@ -1,0 +1,442 @@
+//! Service kinds through Reeve, end to end: a buyer uploads a text file and
+//! creates a task; the worker sends the job (docs/executors.md) to a real
+//! service, which reads the file through its presigned link and reports
+//! back over HTTP to the API's report route, served here on loopback.
+//!
+//! - `wordfreq` (reeve.dev.toml): examples/wordfreq, a Lambda function,
+//!   invoked by the `lambda` executor through the Invoke API `cargo lambda
+//!   watch` serves (the test starts its own, on a free port);
+//! - the Python service written from docs/executors.md alone
+//!   (tests/executors/service.py), as an `http` kind with `protocol = 1`;
+//! - what Invoke answers besides: a missing function, a throttled one, a
+//!   crashed one and a synchronous one, from a stand-in Invoke endpoint
+//!   (`cargo lambda watch` cannot be made to throttle, and would need a
+//!   second example function to crash).
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use base64::Engine;
+use reeve_shared::ids::Id;
+use reeve_shared::settings::{self, Config};
+use reeve_shared::worker::{Outcome, WorkerContext, process};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::common::{self, QueuedApi as Api, post_json, send};
+
+/// Lines between the services' progress reports, small so a short text
+/// reports several times.
+const EVERY: u64 = 4;
+
+/// A short text: 12 lines, "the" the most frequent word.
+fn text() -> String {
+    let mut text = String::new();
+    for n in 0..12 {
+        text.push_str(&format!("The cat sat on the mat, line {n}; the end.\n"));
+    }
+    text
+}
+
+/// The API serving `catalog`, reachable over loopback as a service reaches
+/// it: its report URL.
+async fn served(pool: &PgPool, catalog: &str) -> (Api, String) {
+    let api = Api::new(pool, catalog).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = api.app.clone().into_make_service_with_connect_info::<SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (api, format!("http://{addr}/v1/executor/reports"))
+}
+
+/// A worker on `catalog` that reports to `report_url`, with `extra`
+/// variables, as start-up builds it; its Invoke client, if `invoke` names
+/// an endpoint, calls that one.
+async fn worker(
+    pool: &PgPool,
+    catalog: &str,
+    report_url: &str,
+    extra: &[(&str, &str)],
+    invoke: Option<&str>,
+) -> WorkerContext {
+    let mut config: Config = common::loopback_outbound(common::with_catalog(common::worker_config(pool), catalog))
+        .with(settings::REPORT_URL, report_url);
+    for (name, value) in extra {
+        config = config.with(name, *value);
+    }
+    let mut worker = common::worker(&config).await;
+    if let Some(url) = invoke {
+        let sdk = reeve_shared::startup::sdk().await;
+        let lambda = aws_sdk_lambda::config::Builder::from(&sdk).endpoint_url(url).build();
+        worker.exec.lambda = Some(aws_sdk_lambda::Client::from_conf(lambda));
+    }
+    worker
+}
+
+/// `text` uploaded through the API as a buyer would, and seen by the
+/// upload guard (which S3 events run in a deployment): its upload id.
+async fn upload(api: &Api, pool: &PgPool, text: &str) -> String {
+    let body = json!({ "filename": "words.txt", "content_type": "text/plain", "size": text.len() });
+    let reply = send(&api.app, post_json("/v1/uploads", Some(&api.token), &body)).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    let mut put = reqwest::Client::new().put(reply.body["url"].as_str().unwrap()).body(text.to_owned());
+    for (name, value) in reply.body["headers"].as_object().unwrap() {
+        if name != "content-length" {
+            put = put.header(name, value.as_str().unwrap());
+        }
+    }
+    let put = put.send().await.unwrap();
+    assert!(put.status().is_success(), "PUT: {}", put.status());
+    let id = reply.body["upload_id"].as_str().unwrap().to_owned();
+    sqlx::query("UPDATE uploads SET status = 'uploaded' WHERE id = $1")
+        .bind(id.parse::<Id>().unwrap())
+        .execute(pool)
+        .await
+        .unwrap();
+    id
+}
+
+/// Runs the one message the queue holds through the worker.
+async fn run_next(api: &Api, worker: &WorkerContext) -> Outcome {
+    let messages = api.queue.drain().await;
+    assert_eq!(messages.len(), 1, "one message: {messages:?}");
+    process(worker, &messages[0].to_string(), 1).await
+}
+
+async fn task(pool: &PgPool, id: Id) -> (String, i32, Option<Value>) {
+    let (status, attempts, error): (String, i32, Option<sqlx::types::Json<Value>>) =
+        sqlx::query_as("SELECT status, attempts, error FROM tasks WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    (status, attempts, error.map(|e| e.0))
+}
+
+/// Every event of the task: `(type, data)`, in order.
+async fn events(pool: &PgPool, id: Id) -> Vec<(String, Value)> {
+    sqlx::query_as::<_, (String, sqlx::types::Json<Value>)>(
+        "SELECT type, data FROM task_events WHERE task_id = $1 ORDER BY seq",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(t, d)| (t, d.0))
+    .collect()
+}
+
+/// Waits until the service's attempt has ended: the task is no longer
+/// `running` (it completed, failed, or was queued for another attempt).
+async fn wait_for_end(pool: &PgPool, id: Id, within: Duration) {
+    common::wait_until("the service's attempt ends", within, || async {
+        task(pool, id).await.0 != "running" && task(pool, id).await.1 >= 1
+    })
+    .await;
+}
+
+/// What a service reading `text()` reported, as the buyer's events show:
+/// running, then progress as it read, every progress with its line count.
+fn assert_reported_progress(events: &[(String, Value)]) {
+    let statuses: Vec<&str> =
+        events.iter().filter(|(t, _)| t == "status").filter_map(|(_, d)| d["status"].as_str()).collect();
+    assert!(statuses.starts_with(&["queued", "running"]), "{statuses:?}");
+    let progress: Vec<&Value> = events.iter().filter(|(t, _)| t == "progress").map(|(_, d)| d).collect();
+    // Every EVERY lines (3 of 12), and the end of reading.
+    assert!(progress.len() >= 4, "{progress:?}");
+    let fractions: Vec<f64> = progress.iter().filter_map(|d| d["fraction"].as_f64()).collect();
+    assert!(fractions.windows(2).all(|w| w[0] <= w[1]), "progress only goes forward: {fractions:?}");
+    assert_eq!(fractions.last(), Some(&1.0), "{progress:?}");
+    let messages: Vec<&str> = progress.iter().filter_map(|d| d["message"].as_str()).collect();
+    assert!(messages.contains(&"4 lines read"), "{messages:?}");
+    assert!(messages.iter().any(|m| m.starts_with("12 lines read")), "{messages:?}");
+}
+
+/// How the attempt ended. The services end with an `output` report (the
+/// CSV), then the `result`; until the report route takes `output`
+/// reports, the output is refused and the service ends its attempt as a
+/// retryable failure: the task is queued for its next attempt.
+async fn assert_ended(pool: &PgPool, id: Id) {
+    let (status, attempts, _) = task(pool, id).await;
+    let events = events(pool, id).await;
+    match status.as_str() {
+        "completed" => {
+            let result: Vec<&Value> = events.iter().filter(|(t, _)| t == "result").map(|(_, d)| d).collect();
+            let summary = result.last().map(|d| d.get("result").unwrap_or(d)).expect("a result event");
+            assert_eq!(summary["lines"], 12, "{summary}");
+            assert_eq!(summary["top"][0], json!({ "word": "the", "count": 36 }), "{summary}");
+            assert_eq!(summary["output"], "top-100.csv", "{summary}");
+        }
+        other => {
+            assert_eq!((other, attempts), ("queued", 1), "{events:?}");
+            let logged: Vec<&str> =
+                events.iter().filter(|(t, _)| t == "log").filter_map(|(_, d)| d["line"].as_str()).collect();
+            assert!(
+                logged.iter().any(|l| l.starts_with("attempt 1 did not finish (a temporary problem)")),
+                "{events:?}"
+            );
+            let (_, last) = events.last().unwrap();
+            assert!(last["status"] == "queued" && last["next_attempt_at"].is_string(), "{events:?}");
+        }
+    }
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn wordfreq_is_invoked_under_cargo_lambda_watch_and_reports_to_reeve(pool: PgPool) {
+    let watch = Watch::start().await;
+    let catalog = common::catalog_text_with("");
+    let (api, report_url) = served(&pool, &catalog).await;
+    let worker = worker(&pool, &catalog, &report_url, &[], Some(&watch.url)).await;
+    let upload_id = upload(&api, &pool, &text()).await;
+    let id = api.create("wordfreq", json!({ "upload_id": upload_id })).await;
+
+    // cargo lambda watch answers the Event invoke only once the function
+    // ends (AWS answers 202 at once): the worker then finds the attempt
+    // already ended by the function's own reports.
+    run_next(&api, &worker).await;
+    wait_for_end(&pool, id, Duration::from_secs(120)).await;
+    assert_reported_progress(&events(&pool, id).await);
+    assert_ended(&pool, id).await;
+    api.queue.delete().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_python_service_is_sold_as_an_http_protocol_kind(pool: PgPool) {
+    let secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([9u8; 32]));
+    let python = std::env::var_os("REEVE_PAYER_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/python"));
+    let mut child = std::process::Command::new(&python)
+        .arg(root().join("tests/executors/service.py"))
+        .args(["--port", "0", "--report-every", &EVERY.to_string()])
+        .env("WORDFREQ_SECRET", &secret)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+    let stdout = child.stdout.take().unwrap();
+    let service = KillOnDrop(child);
+    let first = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line.trim().to_owned())
+    });
+    let first = tokio::time::timeout(Duration::from_secs(20), first).await.unwrap().unwrap().unwrap();
+    let endpoint = first.strip_prefix("listening on ").unwrap_or_else(|| panic!("service.py said {first:?}"));
+
+    let catalog = common::catalog_text_with(&format!(
+        r#"
+        [tasks.wordfreq-py]
+        title = "Word frequencies (Python)"
+        description = "tests/executors/service.py, an http protocol kind."
+        executor = "http"
+        endpoint = "{endpoint}"
+        protocol = 1
+        secret = "WORDFREQ_SECRET"
+        timeout_seconds = 300
+        input_schema = {{ type = "object", required = ["upload_id"] }}
+        "#
+    ));
+    let (api, report_url) = served(&pool, &catalog).await;
+    let worker = worker(&pool, &catalog, &report_url, &[("WORDFREQ_SECRET", &secret)], None).await;
+    let upload_id = upload(&api, &pool, &text()).await;
+    let id = api.create("wordfreq-py", json!({ "upload_id": upload_id })).await;
+
+    // The service answers 202 and works on: the worker is done with it.
+    run_next(&api, &worker).await;
+    wait_for_end(&pool, id, Duration::from_secs(60)).await;
+    assert_reported_progress(&events(&pool, id).await);
+    assert_ended(&pool, id).await;
+    drop(service);
+    api.queue.delete().await;
+}
+
+/// An answer of the stand-in: its status, headers and JSON body.
+type Answer = (u16, Vec<(&'static str, &'static str)>, Value);
+/// A call it received: the function, `X-Amz-Invocation-Type`, the event.
+type Call = (String, Option<String>, Value);
+
+/// What the stand-in Invoke endpoint answers, and the events it received.
+#[derive(Clone, Default)]
+struct Invoke {
+    answer: Arc<Mutex<Option<Answer>>>,
+    calls: Arc<Mutex<Vec<Call>>>,
+}
+
+impl Invoke {
+    async fn start() -> (Invoke, String) {
+        let invoke = Invoke::default();
+        let app = Router::new()
+            .route("/2015-03-31/functions/{function}/invocations", post(invoked))
+            .with_state(invoke.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (invoke, format!("http://{addr}"))
+    }
+
+    fn answer(&self, status: u16, headers: &[(&'static str, &'static str)], body: Value) {
+        *self.answer.lock().unwrap() = Some((status, headers.to_vec(), body));
+    }
+}
+
+async fn invoked(
+    axum::extract::State(invoke): axum::extract::State<Invoke>,
+    axum::extract::Path(function): axum::extract::Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let kind = headers.get("x-amz-invocation-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    invoke.calls.lock().unwrap().push((function, kind, serde_json::from_slice(&body).unwrap_or(Value::Null)));
+    let (status, headers, body) = invoke.answer.lock().unwrap().clone().expect("an answer is set");
+    let mut response = (StatusCode::from_u16(status).unwrap(), body.to_string()).into_response();
+    for (name, value) in headers {
+        response.headers_mut().insert(name, value.parse().unwrap());
+    }
+    response
+}
+
+fn lambda_catalog(kinds: &[(&str, &str, bool)]) -> String {
+    let mut extra = String::new();
+    for (kind, function, asynchronous) in kinds {
+        extra.push_str(&format!(
+            r#"
+            [tasks.{kind}]
+            title = "A function"
+            description = "An operator's Lambda function."
+            executor = "lambda"
+            function = "{function}"
+            asynchronous = {asynchronous}
+            timeout_seconds = 60
+            input_schema = {{ type = "object" }}
+            "#
+        ));
+    }
+    common::catalog_text_with(&extra)
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn invoke_answers_complete_retry_or_fail_as_documented(pool: PgPool) {
+    let (invoke, url) = Invoke::start().await;
+    let catalog = lambda_catalog(&[("sync", "secret-sync-fn", false), ("event", "secret-event-fn", true)]);
+    let (api, report_url) = served(&pool, &catalog).await;
+    let worker = worker(&pool, &catalog, &report_url, &[], Some(&url)).await;
+    let not_found = [("x-amzn-errortype", "ResourceNotFoundException")];
+    let throttled = [("x-amzn-errortype", "TooManyRequestsException"), ("retry-after", "3")];
+    let crashed = [("x-amz-function-error", "Unhandled")];
+
+    // Synchronous: the payload is the result, the job the event.
+    invoke.answer(200, &[], json!({ "answer": 42 }));
+    let id = api.create("sync", json!({ "n": 1 })).await;
+    assert_eq!(run_next(&api, &worker).await, Outcome::Done);
+    assert_eq!(task(&pool, id).await.0, "completed");
+    let result = sqlx::query_scalar::<_, sqlx::types::Json<Value>>("SELECT result FROM tasks WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(result.0, json!({ "answer": 42 }));
+    let (function, kind, job) = invoke.calls.lock().unwrap().last().cloned().unwrap();
+    assert_eq!((function.as_str(), kind.as_deref()), ("secret-sync-fn", Some("RequestResponse")));
+    assert_eq!(job["type"], "job");
+    assert_eq!(job["protocol"], 1);
+    assert_eq!(job["task"]["id"], id.to_string());
+    assert_eq!(job["input"], json!({ "n": 1 }));
+    assert_eq!(job["report"]["url"], report_url);
+
+    // Asynchronous: 202 delegates the attempt; it stays running under its lease.
+    invoke.answer(202, &[], Value::Null);
+    let id = api.create("event", json!({})).await;
+    run_next(&api, &worker).await;
+    let (_, kind, _) = invoke.calls.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(kind.as_deref(), Some("Event"));
+    assert_eq!(task(&pool, id).await.0, "running", "accepted: the function reports on its own");
+
+    // A crash and a throttle are tried again (a throttle after the wait
+    // Lambda asks); neither fails the task.
+    let cases = [
+        ("sync", 200, &crashed[..], json!({ "errorMessage": "boom", "errorType": "Panic" }), None),
+        ("event", 429, &throttled[..], json!({ "Type": "User", "message": "Rate exceeded" }), Some(3)),
+    ];
+    for (kind, status_code, headers, body, after) in cases {
+        invoke.answer(status_code, headers, body);
+        let id = api.create(kind, json!({})).await;
+        let outcome = run_next(&api, &worker).await;
+        assert!(outcome.is_retry(), "{kind} {status_code}: {outcome:?}");
+        if let (Outcome::Retry(retry), Some(after)) = (&outcome, after) {
+            assert_eq!(retry.after, Some(Duration::from_secs(after)), "{kind}");
+        }
+        let (status, attempts, _) = task(&pool, id).await;
+        assert_eq!((status.as_str(), attempts), ("queued", 1), "{kind} {status_code}");
+    }
+
+    // A missing function fails the task for good, naming no function.
+    invoke.answer(404, &not_found, json!({ "Type": "User", "message": "Function not found: secret-event-fn" }));
+    let id = api.create("event", json!({})).await;
+    assert_eq!(run_next(&api, &worker).await, Outcome::Failed("executor_unavailable"));
+    let (status, _, error) = task(&pool, id).await;
+    assert_eq!(status, "failed");
+    let error = error.unwrap();
+    assert_eq!(error["code"], "executor_unavailable", "{error}");
+    let shown = serde_json::to_string(&events(&pool, id).await).unwrap();
+    assert!(!shown.contains("secret-"), "the buyer's events name no function: {shown}");
+    api.queue.delete().await;
+}
+
+fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Ends a child process when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `cargo lambda watch` serving examples/wordfreq on a free loopback port,
+/// in a process group of its own (it runs `cargo run` and the function
+/// under it), ended with the test: as examples/wordfreq/tests/protocol.rs
+/// starts it.
+struct Watch {
+    url: String,
+    child: std::process::Child,
+}
+
+impl Watch {
+    async fn start() -> Watch {
+        use std::os::unix::process::CommandExt;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = std::process::Command::new("cargo")
+            .args(["lambda", "watch", "-p", "wordfreq", "-A", "127.0.0.1", "-P", &port.to_string()])
+            .args(["--concurrency", "2", "--env-var", &format!("WORDFREQ_REPORT_EVERY={EVERY}")])
+            .current_dir(root())
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cargo lambda watch: {e}; cargo-lambda comes with scripts/stack.sh up"));
+        let watch = Watch { url: format!("http://127.0.0.1:{port}"), child };
+        let until = Instant::now() + Duration::from_secs(60);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(Instant::now() < until, "cargo lambda watch did not listen on port {port} within 60 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        watch
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = std::process::Command::new("kill").args(["--", &group]).status();
+        let _ = self.child.wait();
+    }
+}
