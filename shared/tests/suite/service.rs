@@ -456,3 +456,100 @@ async fn a_metered_service_is_charged_its_reported_usage_once_captured(pool: PgP
     assert_eq!(service.jobs().len(), 1, "the service is not sent the job again");
     queue.delete().await;
 }
+
+/// A PUT as a service sends it: the answer's method, URL and headers, its
+/// `Content-Length` the body's own (reqwest sets it from the body).
+async fn put_output(answer: &Value, body: Vec<u8>) -> u16 {
+    assert_eq!(answer["method"], "PUT", "{answer}");
+    let mut request = reqwest::Client::new().put(answer["url"].as_str().unwrap()).body(body);
+    for (name, value) in answer["headers"].as_object().unwrap().iter().filter(|(n, _)| *n != "content-length") {
+        request = request.header(name, value.as_str().unwrap());
+    }
+    request.send().await.expect("S3 answers").status().as_u16()
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(pool: PgPool) {
+    let (service, endpoint) = Service::start().await;
+    let catalog = catalog(&endpoint);
+    let api = Api::new(&pool, &catalog).await;
+    let worker = worker(&pool, &catalog, 20).await;
+    let id = api.create("svc", json!({})).await;
+    assert_eq!(run_next(&api, &worker).await, Outcome::Done);
+    let job = service.jobs()[0].0.clone();
+    let token = job["report"]["token"].as_str().unwrap().to_owned();
+    let csv = b"word,count\nhello,2\n".to_vec();
+
+    let declared = json!({ "id": "o-1", "type": "output", "name": "top.csv", "size": csv.len(),
+                           "content_type": "text/csv" });
+    let answer = report(&api, &token, declared.clone()).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let url = answer.body["url"].as_str().unwrap();
+    assert!(url.contains("/outputs/") && url.contains(&format!("/{id}/files/top.csv")), "{url}");
+    assert_eq!(answer.body["headers"]["content-type"], "text/csv");
+    assert_eq!(answer.body["headers"]["content-length"], csv.len().to_string());
+    let expires = time::OffsetDateTime::parse(
+        answer.body["expires_at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    let left = expires - time::OffsetDateTime::now_utc();
+    assert!(left <= time::Duration::minutes(15) && left > time::Duration::minutes(14), "15 min, before the deadline");
+    // The PUT is bound to the declared size: a longer body is refused.
+    assert_eq!(put_output(&answer.body, b"word,count\nhello,2\nextra\n".to_vec()).await / 100, 4);
+    assert_eq!(put_output(&answer.body, csv.clone()).await, 200);
+    // The same report again: a PUT of the same object.
+    let again = report(&api, &token, declared).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body["headers"], answer.body["headers"]);
+
+    // Refused: over the uploads' size limit, a name that is not one key component.
+    let huge = report(
+        &api,
+        &token,
+        json!({ "id": "o-2", "type": "output", "name": "big.bin",
+                                            "size": 104_857_601u64, "content_type": "application/octet-stream" }),
+    )
+    .await;
+    assert_eq!((huge.status, huge.code()), (StatusCode::PAYLOAD_TOO_LARGE, "too_large"), "{}", huge.body);
+    for name in ["..", ".", "a/b.csv", "", "ü.csv"] {
+        let bad = report(
+            &api,
+            &token,
+            json!({ "id": "o-3", "type": "output", "name": name, "size": 1,
+                                               "content_type": "text/plain" }),
+        )
+        .await;
+        assert_eq!((bad.status, bad.code()), (StatusCode::BAD_REQUEST, "invalid_report"), "{name:?}");
+    }
+    // Declared and never written: not listed.
+    let never = report(
+        &api,
+        &token,
+        json!({ "id": "o-4", "type": "output", "name": "never.txt", "size": 3,
+                                             "content_type": "text/plain" }),
+    )
+    .await;
+    assert_eq!(never.status, StatusCode::OK, "{}", never.body);
+
+    // The service's own `outputs` is replaced by what it wrote.
+    let result =
+        json!({ "id": "r", "type": "result", "result": { "words": 1, "outputs": [{ "name": "x", "key": "y" }] } });
+    let done = report(&api, &token, result).await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    let read = send(&api.app, common::get_authed(&format!("/v1/tasks/{id}"), &api.token)).await;
+    assert_eq!(read.body["status"], "completed", "{}", read.body);
+    let outputs = read.body["result"]["outputs"].as_array().unwrap();
+    assert_eq!(outputs.len(), 1, "{outputs:?}");
+    let file = &outputs[0];
+    assert_eq!(
+        (&file["name"], &file["size"], &file["content_type"]),
+        (&json!("top.csv"), &json!(csv.len()), &json!("text/csv"))
+    );
+    let link = file["url"].as_str().expect("a download link");
+    assert!(file["url_expires_at"].is_string());
+    let downloaded = reqwest::get(link).await.unwrap();
+    assert_eq!(downloaded.status(), 200);
+    assert_eq!(downloaded.bytes().await.unwrap().to_vec(), csv, "the link downloads what the service wrote");
+    api.queue.delete().await;
+}
