@@ -553,3 +553,47 @@ async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(po
     assert_eq!(downloaded.bytes().await.unwrap().to_vec(), csv, "the link downloads what the service wrote");
     api.queue.delete().await;
 }
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_job_links_each_input_upload_and_the_link_downloads_its_bytes(pool: PgPool) {
+    let (service, endpoint) = Service::start().await;
+    let catalog = catalog(&endpoint);
+    let api = Api::new(&pool, &catalog).await;
+    let worker = worker(&pool, &catalog, 20).await;
+    let mut ids = Vec::new();
+    let texts: [&[u8]; 2] = [b"the quick brown fox\n", b"jumps over the lazy dog\nand again\n"];
+    for bytes in texts {
+        let body = json!({ "filename": "words.txt", "content_type": "text/plain", "size": bytes.len() });
+        let reply = send(&api.app, common::post_json("/v1/uploads", Some(&api.token), &body)).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+        let mut put = reqwest::Client::new().put(reply.body["url"].as_str().unwrap()).body(bytes.to_vec());
+        for (name, value) in reply.body["headers"].as_object().unwrap().iter().filter(|(n, _)| *n != "content-length") {
+            put = put.header(name, value.as_str().unwrap());
+        }
+        assert!(put.send().await.unwrap().status().is_success());
+        ids.push(reply.body["upload_id"].as_str().unwrap().to_owned());
+    }
+    let id = api.create("svc", json!({ "upload_id": ids[0], "upload_ids": [ids[1]] })).await;
+    assert_eq!(run_next(&api, &worker).await, Outcome::Done);
+    let job = service.jobs()[0].0.clone();
+    let files = job["files"].as_array().unwrap();
+    assert_eq!(files.len(), 2, "{job}");
+    for ((file, upload), bytes) in files.iter().zip(&ids).zip(texts) {
+        assert_eq!(file["upload_id"], json!(upload));
+        assert_eq!((&file["size"], &file["content_type"]), (&json!(bytes.len()), &json!("text/plain")));
+        let expires = time::OffsetDateTime::parse(
+            file["expires_at"].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap();
+        let left = expires - time::OffsetDateTime::now_utc();
+        // The bucket refuses a signature older than 15 minutes: no link
+        // says it lives longer, though the deadline is an hour away.
+        assert!(left <= time::Duration::minutes(15) && left > time::Duration::minutes(14), "{left}");
+        let got = reqwest::get(file["url"].as_str().unwrap()).await.unwrap();
+        assert_eq!(got.status(), 200, "the job's link reads the upload");
+        assert_eq!(got.bytes().await.unwrap().as_ref(), bytes, "the uploaded bytes");
+    }
+    assert_eq!(status(&pool, id).await, ("running".into(), 1));
+    api.queue.delete().await;
+}
