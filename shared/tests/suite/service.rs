@@ -597,3 +597,103 @@ async fn the_job_links_each_input_upload_and_the_link_downloads_its_bytes(pool: 
     assert_eq!(status(&pool, id).await, ("running".into(), 1));
     api.queue.delete().await;
 }
+
+/// A metered kind in a unit its service names (`unit = "line"`): the
+/// catalog and the 402 say "per line", the job's ceiling is in lines, and
+/// usage reported above the ceiling is capped in what is recorded and
+/// charged.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_service_unit_is_shown_per_unit_and_usage_above_the_ceiling_is_capped(pool: PgPool) {
+    use common::chain::{ChainLock, Payer, balance, fresh_address};
+    const RATE: u128 = 7;
+    const CEILING: u128 = 1_000;
+    const FUNDS: u128 = 1_000_000;
+    const LINES: u128 = CEILING / RATE; // 142 lines: 994 atomic units
+
+    let chain = ChainLock::shared().await;
+    let (service, endpoint) = Service::start().await;
+    let pay_to = fresh_address();
+    let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+    let tasks = format!(
+        r#"
+        [tasks.lines]
+        title = "Lines"
+        description = "An operator's own service, paid per line it reads."
+        executor = "http"
+        endpoint = "{endpoint}"
+        protocol = 1
+        secret = "{SECRET_VAR}"
+        timeout_seconds = 60
+        input_schema = {{ type = "object" }}
+        [[tasks.lines.accepts]]
+        asset = "local"
+        scheme = "upto"
+        unit = "line"
+        rate = "{RATE}"
+        amount = "{CEILING}"
+        "#
+    );
+    let catalog = common::paid_catalog_text(&pay_to, &facilitator, 300, &tasks);
+    let queue = common::TestQueue::new().await;
+    let config = common::with_catalog(common::config(&pool), &catalog)
+        .with(settings::QUEUE_URL, &queue.url)
+        .with(reeve_shared::payments::CHAIN_RPC_URLS, common::chain::chain_rpc_urls());
+    let app = reeve_shared::http::app(common::api(&config).await);
+    let session = common::new_session(&app).await.1;
+
+    let view = send(&app, common::get("/v1/catalog")).await;
+    let kind = view.body["tasks"].as_array().unwrap().iter().find(|t| t["kind"] == "lines").unwrap().clone();
+    let price = &kind["prices"][0];
+    assert_eq!(price["unit"], "line", "{kind}");
+    assert!(price["summary"].as_str().unwrap().contains(" per line used"), "{price}");
+
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let create = |payment: Option<String>| {
+        let mut request = common::post_json("/v1/tasks/lines", Some(&session), &json!({ "input": {} }));
+        if let Some(p) = payment {
+            request.headers_mut().insert("payment-signature", p.parse().unwrap());
+        }
+        send(&app, request)
+    };
+    let challenge = create(None).await;
+    assert_eq!(challenge.status, StatusCode::PAYMENT_REQUIRED, "{}", challenge.body);
+    assert!(challenge.body.to_string().contains("per line"), "the 402 says per line: {}", challenge.body);
+    let signature = payer.sign(challenge.headers["payment-required"].to_str().unwrap()).await;
+    let created = create(Some(signature)).await;
+    assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
+    let id: reeve_shared::ids::Id = created.body["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(queue.drain().await.len(), 1);
+
+    let worker_config = common::loopback_outbound(config.clone().without(settings::QUEUE_URL))
+        .with(SECRET_VAR, secret())
+        .with(settings::REPORT_URL, "http://127.0.0.1:9/v1/executor/reports");
+    let worker = common::worker(&worker_config).await;
+    let message = json!({ "task_id": id, "kind": "lines" }).to_string();
+    assert_eq!(process(&worker, &message, 1).await, Outcome::Done);
+    let job = service.jobs()[0].0.clone();
+    assert_eq!(job["metered"], json!({ "unit": "line", "ceiling": LINES }));
+    let token = job["report"]["token"].as_str().unwrap().to_owned();
+    let report = |body: Value| {
+        let request = axum::http::Request::post("/v1/executor/reports")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {token}"))
+            .body(axum::body::Body::from(body.to_string()))
+            .unwrap();
+        send(&app, request)
+    };
+
+    // Over the ceiling: recorded as the ceiling.
+    let usage = report(json!({ "id": "u", "type": "usage", "used": 10_000 })).await;
+    assert_eq!((usage.status, &usage.body["used"]), (StatusCode::OK, &json!(LINES)), "{}", usage.body);
+    let result = report(json!({ "id": "r", "type": "result", "result": { "lines": 10_000 } })).await;
+    assert_eq!((result.status, &result.body["used"]), (StatusCode::OK, &json!(LINES)), "{}", result.body);
+
+    let next = queue.drain().await;
+    assert_eq!(next.len(), 1, "queued for its capture");
+    assert_eq!(process(&worker, &next[0].to_string(), 1).await, Outcome::Done);
+    assert_eq!(status(&pool, id).await.0, "completed");
+    assert_eq!(balance(&payer.address).await, FUNDS - LINES * RATE, "charged the ceiling's lines × the rate");
+    assert_eq!(balance(&pay_to).await, LINES * RATE);
+    queue.delete().await;
+}

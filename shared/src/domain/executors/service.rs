@@ -411,6 +411,8 @@ pub async fn apply(
         }
         ServiceReport::Usage { used } => {
             renew(&mut tx, &run, r.lease).await.map_err(Err)?;
+            // Recorded capped at what the authorization pays for.
+            let used = capped(*used, metered.as_ref());
             json!({ "recorded": true, "used": used })
         }
         ServiceReport::Output { name, size, content_type } => {
@@ -430,7 +432,7 @@ pub async fn apply(
             match (&metered, spec) {
                 (Some(auth), Some(_)) => {
                     let used = match used {
-                        Some(used) => *used,
+                        Some(used) => capped(*used, Some(auth)),
                         None => last_usage(&mut tx, &run).await.map_err(Err)?,
                     };
                     let reports = held_reports(&mut tx, &run).await.map_err(Err)?;
@@ -690,6 +692,12 @@ async fn with_outputs(
         object.insert("outputs".into(), Value::Array(outputs));
     }
     Ok(result)
+}
+
+/// `used`, at most the units a metered task's authorization pays for (its
+/// ceiling over the rate): usage above it is neither recorded nor charged.
+fn capped(used: u64, auth: Option<&MeteredAuthorization>) -> u64 {
+    auth.and_then(MeteredAuthorization::ceiling_units).map_or(used, |ceiling| used.min(ceiling))
 }
 
 /// The most recent `usage` the attempt reported: what a result without
