@@ -26,6 +26,18 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 API="http://$BIND"
 
+# The development catalog's `wordfreq` kinds run examples/wordfreq, a Lambda
+# function (docs/executors.md): `cargo lambda watch` serves it where .env's
+# AWS_ENDPOINT_URL_LAMBDA points the worker's Invoke client, in a process
+# group of its own (it runs `cargo run` and the function under it).
+LAMBDA_ADDR=${AWS_ENDPOINT_URL_LAMBDA:-http://127.0.0.1:9107}
+LAMBDA_ADDR=${LAMBDA_ADDR#http://}
+WATCH_LOG="$STACK_DIR/wordfreq-watch.log"
+setsid cargo lambda watch -p wordfreq -A "${LAMBDA_ADDR%:*}" -P "${LAMBDA_ADDR##*:}" --concurrency 4 \
+  </dev/null >"$WATCH_LOG" 2>&1 &
+WATCH_PID=$!
+trap 'kill -- "-$WATCH_PID" 2>/dev/null || true' EXIT
+
 "$REEVE" serve "$@" &
 SERVE_PID=$!
 # Ctrl-C / SIGTERM go to serve, which finishes the work in flight and exits.
@@ -44,12 +56,14 @@ cat >&2 <<BANNER
     API          $API        (OpenAPI: $API/v1/openapi.json)
     relay page   $API/
     stack        Postgres $PG_ADDR  Redis ${REDIS_URL#redis://}  S3 ${AWS_ENDPOINT_URL_S3#http://}  SQS ${AWS_ENDPOINT_URL_SQS#http://}
+    wordfreq     http://$LAMBDA_ADDR  (examples/wordfreq under cargo lambda watch; log: $WATCH_LOG)
 
   Your first task, from another terminal in $ROOT:
     export PATH="$ROOT/target/debug:\$PATH"
     reeve space create
     reeve login
     reeve task create digest --file upload_id=README.md --watch
+    reeve task create wordfreq --file upload_id=README.md --watch
 
 BANNER
 

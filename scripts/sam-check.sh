@@ -177,9 +177,12 @@ phase_deploy() {
   target=$(cargo metadata --format-version 1 --no-deps | "$VENV_DIR/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
   [[ -f $target/lambda/auth/bootstrap ]] || die "no $target/lambda/auth/bootstrap: run the build phase first"
   role=$(AWS_ENDPOINT_URL=$moto "$VENV_DIR/bin/python" "$ROOT/scripts/lib/moto_lambda.py" role "$name") || return
-  AWS_ENDPOINT_URL=$moto cargo lambda deploy --binary-name auth "$name" --iam-role "$role" \
+  # .env points Lambda's Invoke API at the example executor's watch
+  # (AWS_ENDPOINT_URL_LAMBDA, which outranks AWS_ENDPOINT_URL): the deploy
+  # goes to moto.
+  AWS_ENDPOINT_URL=$moto AWS_ENDPOINT_URL_LAMBDA=$moto cargo lambda deploy --binary-name auth "$name" --iam-role "$role" \
     --include reeve.toml --env-var REEVE_CATALOG=/var/task/reeve.toml --merge-env >&2 || return
-  AWS_ENDPOINT_URL=$moto "$VENV_DIR/bin/python" "$ROOT/scripts/lib/moto_lambda.py" check "$name"
+  AWS_ENDPOINT_URL=$moto AWS_ENDPOINT_URL_LAMBDA=$moto "$VENV_DIR/bin/python" "$ROOT/scripts/lib/moto_lambda.py" check "$name"
 }
 
 # The built template, plus the SDK's endpoint variables: `sam local` passes a
@@ -198,7 +201,7 @@ for resource in template["Resources"].values():
         continue
     props = resource.setdefault("Properties", {})
     variables = props.setdefault("Environment", {}).setdefault("Variables", {})
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SQS"):
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL_LAMBDA"):
         variables.setdefault(name, "")
     # Locally a secret is the plain .env value, not a Secrets Manager ARN:
     # each function declares the plain name of exactly the secrets it reads.

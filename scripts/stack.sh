@@ -21,7 +21,10 @@
 #   payments  127.0.0.1:8545 (anvil) and :4021 (x402 facilitator): scripts/payments.sh,
 #                             which `up`/`down`/`status` here call last.
 #
-# Ports can be moved with REEVE_STACK_{PG,REDIS,S3,SQS}_PORT before the first `up`
+#   lambda    127.0.0.1:9107  not started here: .env's AWS_ENDPOINT_URL_LAMBDA, where
+#                             scripts/dev.sh serves examples/wordfreq (cargo lambda watch).
+#
+# Ports can be moved with REEVE_STACK_{PG,REDIS,S3,SQS,LAMBDA}_PORT before the first `up`
 # (they are written into .env then). Runs as root on Debian/Ubuntu (apt-get);
 # as another user it works if the packages are already installed.
 set -euo pipefail
@@ -34,6 +37,9 @@ PG_PORT="${REEVE_STACK_PG_PORT:-5432}"
 REDIS_PORT="${REEVE_STACK_REDIS_PORT:-6379}"
 S3_PORT="${REEVE_STACK_S3_PORT:-8333}"
 SQS_PORT="${REEVE_STACK_SQS_PORT:-5000}"
+# Where scripts/dev.sh serves the example executor (examples/wordfreq) with
+# `cargo lambda watch`: the worker's Lambda Invoke client is pointed there.
+LAMBDA_PORT="${REEVE_STACK_LAMBDA_PORT:-9107}"
 HOST=127.0.0.1
 BUCKET=reeve-local
 QUEUE=reeve-tasks
@@ -526,6 +532,9 @@ cmd_up() {
   write_env_once "$queue_url"
   env_use_dev_catalog
   env_quote_values
+  # The development catalog sells examples/wordfreq as a `lambda` kind;
+  # scripts/dev.sh serves it here.
+  env_add AWS_ENDPOINT_URL_LAMBDA "http://$HOST:$LAMBDA_PORT"
   local envq
   envq=$(env_get REEVE_QUEUE_URL)
   [[ $envq == "$queue_url" ]] || log "warning: .env has REEVE_QUEUE_URL=$envq but moto returned $queue_url"

@@ -28,6 +28,7 @@ use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse, UptoRe
 use crate::domain::spaces::SpaceError;
 use crate::domain::tasks::{Limit, QuotaExceeded, SubmitError, UploadProblem};
 use crate::domain::uploads::CreateError;
+use crate::domain::webhooks::WebhookRefusal;
 
 fn challenge(error: &str) -> Box<PaymentRequired> {
     Box::new(PaymentRequired {
@@ -186,6 +187,20 @@ fn every_task_refusal() -> Vec<TaskRefusal> {
     all
 }
 
+fn every_webhook_refusal() -> Vec<WebhookRefusal> {
+    let all = vec![
+        WebhookRefusal::Invalid("the webhook URL must be https://".into()),
+        WebhookRefusal::SecretRequired,
+        WebhookRefusal::Db(sqlx::Error::PoolTimedOut),
+    ];
+    for e in &all {
+        match e {
+            WebhookRefusal::Invalid(_) | WebhookRefusal::SecretRequired | WebhookRefusal::Db(_) => {}
+        }
+    }
+    all
+}
+
 fn every_token_refusal() -> Vec<TokenRefusal> {
     let all = vec![TokenRefusal::Missing, TokenRefusal::Invalid, TokenRefusal::InUrl, TokenRefusal::Ticket];
     for e in &all {
@@ -225,6 +240,12 @@ fn answers() -> Vec<Answer> {
     all.extend(both(every_login_limit, |e| ApiError::refused(&e)));
     all.extend(both(every_task_refusal, |e| ApiError::refused(&e)));
     all.extend(both(every_token_refusal, |e| ApiError::refused(&e)));
+    // Not an MCP tool's yet: its answer there is the one vocabulary's all the same.
+    all.extend(every_webhook_refusal().into_iter().map(|e| Answer {
+        shown: format!("{e:?}"),
+        http: ApiError::refused(&e),
+        mcp: ToolFailure::refused(&e),
+    }));
     all
 }
 

@@ -16,7 +16,8 @@
 //!   each kind), [`relay`] (one Pub/Sub connection per process, replay from
 //!   Postgres), [`ids`].
 //! - `infra/`: the stores and services underneath. [`db`] (Postgres and the
-//!   migrations), [`redis_client`], [`aws`] (S3, SQS), [`outbound`] (the
+//!   migrations), [`redis_client`], [`aws`] (S3, SQS), [`s3_links`] (download
+//!   links signed without the S3 client), [`outbound`] (the
 //!   SSRF-guarded client), [`metrics`], [`telemetry`], [`settings`],
 //!   [`storage_policy`] (the bucket policy).
 
@@ -48,14 +49,16 @@ pub use domain::executors;
 pub use domain::relay;
 #[cfg(feature = "s3")]
 pub use domain::uploads;
-pub use domain::{auth, catalog, ids, payments, sessions, tasks};
+pub use domain::{auth, catalog, ids, payments, sessions, tasks, webhooks};
 #[cfg(feature = "api-auth")]
 pub use domain::{login_limits, spaces};
 #[cfg(feature = "aws")]
 pub use infra::aws;
 #[cfg(feature = "outbound")]
 pub use infra::outbound;
-pub use infra::{db, metrics, redis_client, storage_policy, telemetry};
+#[cfg(feature = "s3-links")]
+pub use infra::s3_links;
+pub use infra::{db, metrics, redis_client, standard_webhooks, storage_policy, telemetry};
 pub use startup::settings;
 
 #[cfg(all(test, feature = "full"))]

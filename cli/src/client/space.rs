@@ -21,6 +21,8 @@ pub enum SpaceCommand {
     /// and keeps it in the credentials file; the old ID and every session are
     /// ended at once, the tasks stay.
     Rotate,
+    /// Make or rotate the Space's webhook signing secret; prints it once.
+    WebhookSecret,
 }
 
 #[derive(Args, Debug)]
@@ -39,6 +41,22 @@ pub async fn space(client: &mut Client, opts: &ClientOpts, command: SpaceCommand
                 output::json(&space);
             } else {
                 print!("{}", crate::space_view::render(&space));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SpaceCommand::WebhookSecret => {
+            let answer = client.authed(Method::POST, "/v1/space/webhook-secret", None, &[]).await?.body;
+            if opts.json {
+                output::json(&answer);
+            } else {
+                println!("{}", answer["secret"].as_str().unwrap_or_default());
+                match answer["previous_expires_at"].as_str() {
+                    Some(until) => eprintln!(
+                        "Webhook secret rotated; shown only this once. The previous one keeps signing beside it \
+                         until {until}."
+                    ),
+                    None => eprintln!("Webhook secret created; shown only this once. Verify deliveries with it."),
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -21,7 +21,7 @@ use crate::follow::FollowError;
 #[derive(Subcommand, Debug)]
 pub enum TaskCommand {
     /// Create a task: `reeve task create digest --file upload_id=report.pdf --watch`.
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// The Space's tasks, newest first.
     List {
         /// queued, running, completed, failed or canceled.
@@ -40,6 +40,8 @@ pub enum TaskCommand {
     Get { id: Id },
     /// Cancel a task: at once if queued; a running one stops within a second.
     Cancel { id: Id },
+    /// A task's completion webhook: each attempt, its answer and the next try.
+    Webhooks { id: Id },
     /// A finished task's result; saves its file where the result links one.
     Result {
         id: Id,
@@ -75,6 +77,13 @@ pub struct CreateArgs {
     pub files: Vec<String>,
     #[arg(long)]
     pub idempotency_key: Option<String>,
+    /// POST the task's view to this URL when it ends, signed with the
+    /// Space's webhook secret (`reeve space webhook-secret` first).
+    #[arg(long, value_name = "URL")]
+    pub webhook: Option<String>,
+    /// Only for these ends (completed, failed, canceled); default all. Repeatable.
+    #[arg(long = "webhook-event", value_name = "EVENT", requires = "webhook")]
+    pub webhook_events: Vec<String>,
     /// Follow the task to its end, like `reeve task watch`.
     #[arg(long)]
     pub watch: bool,
@@ -130,7 +139,7 @@ fn base_input(input_json: Option<&str>) -> Result<Map<String, Value>, ClientErro
 
 pub async fn task(client: &mut Client, opts: &ClientOpts, command: TaskCommand) -> Result<ExitCode, ClientError> {
     match command {
-        TaskCommand::Create(args) => create(client, opts, args).await,
+        TaskCommand::Create(args) => create(client, opts, *args).await,
         TaskCommand::List { status, kind, limit, after } => {
             let mut query = Vec::new();
             if let Some(status) = status {
@@ -189,6 +198,42 @@ pub async fn task(client: &mut Client, opts: &ClientOpts, command: TaskCommand) 
                 eprintln!("task {id} is running: asked it to stop; it ends canceled within a second");
             } else {
                 eprintln!("task {id} canceled");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TaskCommand::Webhooks { id } => {
+            let answer = client.authed(Method::GET, &format!("/v1/tasks/{id}/webhooks"), None, &[]).await?.body;
+            if opts.json {
+                output::json(&answer);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let deliveries = answer["deliveries"].as_array().cloned().unwrap_or_default();
+            if deliveries.is_empty() {
+                eprintln!("task {id} has no webhook delivery (it has not ended, or no endpoint asked for its end)");
+            }
+            let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+            for delivery in deliveries {
+                println!(
+                    "{} {} {}: {}",
+                    text(&delivery["id"]),
+                    text(&delivery["event"]),
+                    text(&delivery["url"]),
+                    text(&delivery["status"])
+                );
+                let rows: Vec<Vec<String>> = delivery["attempts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|a| {
+                        let code = a["status_code"].as_i64().map_or("-".to_owned(), |c| c.to_string());
+                        let error = a["error"].as_str().unwrap_or("").to_owned();
+                        let next = a["next_attempt_at"].as_str().unwrap_or("").to_owned();
+                        vec![text(&a["n"]), text(&a["at"]), code, error, next]
+                    })
+                    .collect();
+                if !rows.is_empty() {
+                    print!("{}", table(&["#", "at", "status", "error", "next"], &rows));
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -272,7 +317,12 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
         }
     }
     let headers: Vec<(&str, String)> = args.idempotency_key.iter().map(|k| ("idempotency-key", k.clone())).collect();
-    let body = json!({ "input": Value::Object(input) });
+    let mut body = json!({ "input": Value::Object(input) });
+    match (&args.webhook, args.webhook_events.is_empty()) {
+        (Some(url), true) => body["webhook"] = json!(url),
+        (Some(url), false) => body["webhook"] = json!({ "url": url, "events": args.webhook_events }),
+        (None, _) => {}
+    }
     let path = format!("/v1/tasks/{}", urlencode(&args.kind));
     let accepted = match client.authed(Method::POST, &path, Some(&body), &headers).await {
         // Priced, and the user asked to pay: sign the challenge, send again.

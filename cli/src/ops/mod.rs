@@ -16,6 +16,7 @@ use anyhow::Context;
 use reeve_shared::db::Connect;
 use reeve_shared::http::{app, relay_routes};
 use reeve_shared::settings::{self, Config, QUEUE_URL};
+use reeve_shared::webhooks::sender::POLL;
 use reeve_shared::worker::Poller;
 use reeve_shared::{aws, startup, telemetry};
 
@@ -116,11 +117,13 @@ pub async fn serve(
                 sweep.older_than(),
                 when(stopped.clone()),
             );
+            // Completion webhooks, from their outbox, every second.
+            let sending = startup::webhooks_beside(&worker, &config)?.spawn_every(POLL, when(stopped.clone()));
             let mut poller = Poller::connect(Arc::new(worker), sqs, queue_url).await?;
             // Shutdown waits for a long poll in flight, so a local server polls
             // in short rounds to stop quickly on Ctrl-C.
             poller.wait_time_seconds = SERVE_POLL_SECONDS;
-            Some((poller, sweeping))
+            Some((poller, sweeping, sending))
         }
         _ => None,
     };
@@ -143,9 +146,10 @@ pub async fn serve(
     let work = tokio::spawn({
         let stopped = stopped.clone();
         async move {
-            if let Some((poller, sweeping)) = poller {
+            if let Some((poller, sweeping, sending)) = poller {
                 poller.run(when(stopped)).await;
                 let _ = sweeping.await;
+                let _ = sending.await;
             }
             let _ = done.send(true);
         }
@@ -207,9 +211,12 @@ pub async fn work(
         sweep.older_than(),
         when(stopped.clone()),
     );
+    // Completion webhooks, from their outbox, every second.
+    let sending = startup::webhooks_beside(&ctx, &config)?.spawn_every(POLL, when(stopped.clone()));
     let poller = Poller::connect(Arc::new(ctx), sqs, queue_url).await?;
     poller.run(when(stopped)).await;
     let _ = sweeping.await;
+    let _ = sending.await;
     Ok(())
 }
 

@@ -798,3 +798,87 @@ async fn serve_limits_spaces_per_address_over_rest_and_mcp() {
     pool.close().await;
     serve.cleanup().await;
 }
+
+/// A completion webhook end to end: `reeve space webhook-secret` prints the
+/// secret once, `reeve task create --webhook` names the endpoint, and the
+/// worker of `reeve serve` sends the signed call in the background; `reeve
+/// task webhooks` shows the attempt.
+#[tokio::test]
+async fn serve_sends_a_signed_completion_webhook_named_on_the_command_line() {
+    use reeve_shared::standard_webhooks::{SigningKey, verify};
+    type Got = std::sync::Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, axum::body::Bytes)>>>;
+    let got: Got = Default::default();
+    let kept = got.clone();
+    let receiver = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let kept = kept.clone();
+            async move {
+                kept.lock().unwrap().push((headers, body));
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, receiver).await.unwrap() });
+    // The users' client may reach the test's receiver on loopback.
+    let serve = Serve::start_with(&[], &[("REEVE_FETCH_ALLOW", "127.0.0.1"), ("REEVE_OUTBOUND_ALLOW_HTTP", "1")]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    serve.reeve(&["login"]).expect(0);
+
+    let refused = serve.reeve(&["task", "create", "digest", "--input", "upload_id=x", "--webhook", &hook]);
+    refused.expect(3);
+    assert!(refused.stderr().contains("webhook_secret_required"), "{}", refused.stderr());
+    let made = serve.reeve(&["space", "webhook-secret"]);
+    made.expect(0);
+    let secret = made.stdout().trim().to_owned();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    assert!(made.stderr().contains("shown only this once"), "{}", made.stderr());
+
+    let (file, _) = write_file(&serve.home, "hooked.bin", 1024);
+    let upload = format!("upload_id={}", file.display());
+    let run = serve.reeve(&[
+        "task",
+        "create",
+        "digest",
+        "--file",
+        &upload,
+        "--webhook",
+        &hook,
+        "--webhook-event",
+        "completed",
+        "--json",
+    ]);
+    run.expect(0);
+    let id = run.json()["id"].as_str().unwrap().to_owned();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "no webhook came: {}", serve.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (headers, body) = got.lock().unwrap()[0].clone();
+    let header = |name: &str| headers[name].to_str().unwrap().to_owned();
+    let key = SigningKey::parse(&secret).unwrap();
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let signed =
+        verify(&[key], &header("webhook-id"), &header("webhook-timestamp"), &body, &header("webhook-signature"), now);
+    assert_eq!(signed, Ok(()));
+    let payload: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((payload["type"].as_str(), payload["data"]["id"].as_str()), (Some("task.completed"), Some(id.as_str())));
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listed = serve.reeve(&["task", "webhooks", &id, "--json"]).expect(0).json();
+        if listed["deliveries"][0]["status"] == "delivered" {
+            assert_eq!(listed["deliveries"][0]["attempts"][0]["status_code"], 204, "{listed}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not recorded as delivered: {listed}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let table = serve.reeve(&["task", "webhooks", &id]).expect(0).stdout();
+    assert!(table.contains("delivered") && table.contains("204"), "{table}");
+    serve.cleanup().await;
+}

@@ -65,6 +65,7 @@ use crate::domain::tasks::RETRIES_EXHAUSTED;
 use crate::domain::tasks::events::Publisher;
 use crate::domain::tasks::queue::{self, QueueMessage};
 use crate::domain::tasks::{self, Change, Fence, TaskStatus, task_error};
+use crate::domain::webhooks::sender::Sender;
 
 /// How often `reeve work` and `reeve serve` sweep, and the `sweeper`
 /// Lambda within each scheduled minute: with a lease of 20 s, a dead
@@ -153,6 +154,8 @@ pub struct Sweeper {
     pub catalog: Arc<Catalog>,
     /// Each payment network's JSON-RPC endpoint, for the reconciler.
     pub chains: Chains,
+    /// The completion webhooks' sender, in AWS (see [`Sweeper::sweep_by`]).
+    pub webhooks: Option<Sender>,
 }
 
 /// A task row as the sweeper sees it.
@@ -204,6 +207,13 @@ impl Sweeper {
         self.fail_exhausted(Some(older_than), &mut report).await?;
         self.resend(Some(older_than), &mut report).await?;
         self.reconcile(reconcile_until, &mut report).await?;
+        // In AWS completion webhooks ride on this schedule: their outbox is
+        // polled, so they need no function and no trigger of their own. They
+        // go last, in the reconciler's time left, so a slow endpoint never
+        // holds up a task or a payment.
+        if let Some(webhooks) = &self.webhooks {
+            webhooks.deliver_due(reconcile_until).await;
+        }
         if report != SweepReport::default() {
             tracing::info!(?report, "swept");
         }

@@ -24,3 +24,4 @@ pub mod spaces;
 pub mod tasks;
 #[cfg(feature = "s3")]
 pub mod uploads;
+pub mod webhooks;

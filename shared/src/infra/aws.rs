@@ -8,13 +8,20 @@
 pub struct AwsClients {
     pub s3: aws_sdk_s3::Client,
     pub sqs: aws_sdk_sqs::Client,
+    /// Download links to the same S3, signed without the client.
+    pub s3_links: crate::infra::s3_links::S3Links,
 }
 
 #[cfg(all(feature = "s3", feature = "sqs"))]
 impl AwsClients {
-    /// Both clients; `custom_endpoint` as for [`s3`].
-    pub fn from_config(config: &aws_config::SdkConfig, custom_endpoint: bool) -> Self {
-        AwsClients { s3: s3(config, custom_endpoint), sqs: sqs(config) }
+    /// Both clients; `s3_endpoint` is S3's when it is not AWS's (then
+    /// addressed path-style, as for [`s3`]).
+    pub fn from_config(config: &aws_config::SdkConfig, s3_endpoint: Option<String>) -> Self {
+        AwsClients {
+            s3: s3(config, s3_endpoint.is_some()),
+            sqs: sqs(config),
+            s3_links: crate::infra::s3_links::S3Links::new(config, s3_endpoint),
+        }
     }
 }
 

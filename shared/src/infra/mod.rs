@@ -10,6 +10,9 @@ pub mod metrics;
 #[cfg(feature = "outbound")]
 pub mod outbound;
 pub mod redis_client;
+#[cfg(feature = "s3-links")]
+pub mod s3_links;
+pub mod standard_webhooks;
 pub mod storage_policy;
 pub mod telemetry;
 #[cfg(any(feature = "aws", feature = "outbound"))]

@@ -132,12 +132,12 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
         // Task create spends no login budget.
         limits: Default::default(),
     };
-    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint());
     let ctx = TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains);
     Ok(Arc::new(TaskCreateContext { lease, max_attempts, ..Arc::into_inner(ctx).expect("just built") }))
 }
 
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 /// The `task-status` function's context. Exits 1 on any problem.
 pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
     let config = lambda_config();
@@ -145,7 +145,7 @@ pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
     or_exit(task_status(&config, &sdk).await)
 }
 
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 /// Reading, listing and canceling tasks, and `GET /v1/space`: the token key,
 /// Postgres, the Redis doorbell, the catalog for the free kinds' quotas, and
 /// the bucket whose outputs a result's link is signed for.
@@ -169,7 +169,7 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
         redis: RedisClient::new(&redis_url)?,
         token_key,
         catalog: Arc::new(catalog),
-        links: crate::domain::tasks::OutputLinks::new(aws::s3(sdk, config.s3_endpoint().is_some()), bucket),
+        links: crate::domain::tasks::OutputLinks::new(S3Links::new(sdk, config.s3_endpoint()), bucket),
     }))
 }
 
@@ -187,7 +187,7 @@ pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connec
         db::unconfigured()
     };
     let redis = RedisClient::new(&settings.redis_url)?;
-    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint());
     Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators, chains))
 }
 

@@ -41,7 +41,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
     let stores = McpStores {
         db: postgres_lazily(&config, database_url.expose_str())?,
         redis: RedisClient::new(&redis_url)?,
-        aws: AwsClients::from_config(sdk, config.s3_endpoint().is_some()),
+        aws: AwsClients::from_config(sdk, config.s3_endpoint()),
         bucket,
         queue_url,
         chains,

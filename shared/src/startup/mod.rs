@@ -24,7 +24,7 @@
 mod facilitator_check;
 pub mod settings;
 
-#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-tasks"))]
+#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-task-status"))]
 mod http;
 #[cfg(feature = "mcp")]
 mod mcp;
@@ -35,7 +35,7 @@ mod serve;
 #[cfg(any(feature = "worker", feature = "sweeper", feature = "upload-guard"))]
 mod worker;
 
-#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-tasks"))]
+#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-task-status"))]
 pub use http::*;
 #[cfg(feature = "mcp")]
 pub use mcp::*;
@@ -65,14 +65,16 @@ pub use settings::{Config, Env, Needs, SettingsError};
 use crate::adapters::http::AuthContext;
 #[cfg(feature = "api-catalog")]
 use crate::adapters::http::CatalogContext;
+#[cfg(feature = "api-tasks")]
+use crate::adapters::http::TaskCreateContext;
+#[cfg(feature = "api-task-status")]
+use crate::adapters::http::TaskStatusContext;
 #[cfg(feature = "api-uploads")]
 use crate::adapters::http::UploadsContext;
 #[cfg(feature = "api")]
 use crate::adapters::http::{ApiContext, Ctx};
 #[cfg(feature = "relay")]
 use crate::adapters::http::{CorsOrigins, DEFAULT_KEEPALIVE, RelayContext, RelayCtx, RelayLimits};
-#[cfg(feature = "api-tasks")]
-use crate::adapters::http::{TaskCreateContext, TaskStatusContext};
 #[cfg(feature = "mcp")]
 use crate::adapters::mcp::{McpContext, McpStores};
 #[cfg(feature = "sweeper")]
@@ -95,6 +97,8 @@ use crate::domain::relay::{Hub, StreamCaps};
 #[cfg(feature = "mcp")]
 use crate::domain::spaces::Argon2Limit;
 use crate::domain::tasks::Publisher;
+#[cfg(feature = "outbound")]
+use crate::domain::webhooks::sender::Sender;
 #[cfg(feature = "aws")]
 use crate::infra::aws;
 #[cfg(all(feature = "s3", feature = "sqs"))]
@@ -103,6 +107,8 @@ use crate::infra::db::{self, Connect, DbError};
 #[cfg(feature = "outbound")]
 use crate::infra::outbound::{Outbound, OutboundPolicy};
 use crate::infra::redis_client::{self, BadRedisUrl, RedisClient};
+#[cfg(feature = "s3-links")]
+use crate::infra::s3_links::S3Links;
 
 /// Why a process could not start: what every binary's `main` reports.
 #[derive(Debug, thiserror::Error)]
@@ -174,7 +180,7 @@ pub async fn sdk() -> SdkConfig {
 /// loaded for them: for tools and tests (each binary builds only the
 /// clients it uses).
 pub async fn aws_clients(config: &Config) -> AwsClients {
-    AwsClients::from_config(&sdk().await, config.s3_endpoint().is_some())
+    AwsClients::from_config(&sdk().await, config.s3_endpoint())
 }
 
 /// A Lambda's configuration: the process's environment, with the EMF

@@ -52,7 +52,7 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     let ((catalog, api_settings, operators, chains), (worker, ())) = both(api, both(worker, rest))?;
     let db = postgres(&config, api_settings.database_url.expose_str(), Connect::Now).await?;
     let redis_url = api_settings.redis_url.clone();
-    let aws = AwsClients::from_config(sdk, config.s3_endpoint().is_some());
+    let aws = AwsClients::from_config(sdk, config.s3_endpoint());
     let relay = relay_on(
         db.clone(),
         redis_client::open(&redis_url)?,

@@ -81,6 +81,12 @@ pub const UPLOAD_MAX_BYTES: &str = "REEVE_UPLOAD_MAX_BYTES";
 pub const WORKER_TIMEOUT: &str = "REEVE_WORKER_TIMEOUT_SECONDS";
 /// The scheduled sweep's threshold in seconds (default 300).
 pub const SWEEP_OLDER_THAN: &str = "REEVE_SWEEP_OLDER_THAN_SECONDS";
+/// How long one completion webhook attempt may take, in seconds (1 to 30;
+/// default 10).
+pub const WEBHOOK_TIMEOUT: &str = "REEVE_WEBHOOK_TIMEOUT_SECONDS";
+/// The completion webhooks' retry schedule: the seconds before each retry,
+/// comma-separated (default the Standard Webhooks one, 5 s to 24 h).
+pub const WEBHOOK_SCHEDULE: &str = "REEVE_WEBHOOK_RETRY_SCHEDULE_SECONDS";
 /// The login budgets (`crate::domain::login_limits`), per client: how many
 /// Spaces (default 10) and sessions (default 10) one client may make at
 /// once, and every how many milliseconds one more fits (default 60000, one
@@ -557,6 +563,27 @@ pub fn sweep_older_than<F: Fn(&str) -> Option<String>>(env: &mut Env<F>, default
     Duration::from_secs(env.number(SWEEP_OLDER_THAN, default.as_secs(), 0, 86_400 * 14))
 }
 
+/// How completion webhooks are sent: [`WEBHOOK_TIMEOUT`] and
+/// [`WEBHOOK_SCHEDULE`] over the Standard Webhooks defaults.
+pub fn webhook_settings<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> crate::domain::webhooks::WebhookSettings {
+    use crate::domain::webhooks::{DEFAULT_TIMEOUT, WebhookSettings};
+    let timeout = Duration::from_secs(env.number(WEBHOOK_TIMEOUT, DEFAULT_TIMEOUT.as_secs(), 1, 30));
+    let mut settings = WebhookSettings { timeout, ..WebhookSettings::default() };
+    if let Some(raw) = env.optional(WEBHOOK_SCHEDULE) {
+        let waits: Result<Vec<Duration>, _> =
+            raw.split(',').map(|w| w.trim().parse::<u64>().map(Duration::from_secs)).collect();
+        match waits {
+            Ok(waits) if (1..=20).contains(&waits.len()) && waits.iter().all(|w| w.as_secs() <= 86_400) => {
+                settings.schedule = waits;
+            }
+            _ => env.problem(format!(
+                "{WEBHOOK_SCHEDULE} must be 1 to 20 comma-separated waits in seconds, each at most 86400, got {raw:?}"
+            )),
+        }
+    }
+    settings
+}
+
 /// [`UPLOAD_MAX_BYTES`]: `None` when unset, a problem naming the variable
 /// when it is not a positive integer.
 pub fn upload_limit<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Option<u64> {
@@ -624,6 +651,29 @@ mod tests {
     }
 
     const LONG: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn webhook_settings_default_to_the_standard_schedule_and_check_their_numbers() {
+        let mut e = env(&[]);
+        let s = webhook_settings(&mut e);
+        assert_eq!(s.schedule.len(), 9);
+        assert_eq!(s.timeout, Duration::from_secs(10));
+        assert!(e.take_problems().is_empty());
+        let mut e = env(&[(WEBHOOK_SCHEDULE, " 1, 2,3 "), (WEBHOOK_TIMEOUT, "5")]);
+        let s = webhook_settings(&mut e);
+        assert_eq!(s.schedule, [1, 2, 3].map(Duration::from_secs));
+        assert_eq!(s.timeout, Duration::from_secs(5));
+        for bad in ["5,,6", "-1", "5 min", "90000"] {
+            let vars = [(WEBHOOK_SCHEDULE, bad)];
+            let mut e = env(&vars);
+            webhook_settings(&mut e);
+            let problems = e.take_problems();
+            assert!(problems.len() == 1 && problems[0].starts_with(WEBHOOK_SCHEDULE), "{bad:?}: {problems:?}");
+        }
+        let mut e = env(&[(WEBHOOK_TIMEOUT, "31")]);
+        webhook_settings(&mut e);
+        assert_eq!(e.take_problems().len(), 1);
+    }
 
     #[test]
     fn complete_environment_is_accepted() {

@@ -190,6 +190,11 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     let queue_url = env.required(settings::QUEUE_URL);
     let max_attempts = settings::max_receives(&mut env);
     let older_than = settings::sweep_older_than(&mut env, crate::adapters::sweeper::DEFAULT_OLDER_THAN);
+    // In AWS the sweeper sends the completion webhooks: through the users'
+    // client, as `fetch` reaches users' URLs.
+    let webhook_settings = settings::webhook_settings(&mut env);
+    let (users, _) = settings::outbound_policies(&env);
+    let users = outbound(&mut problems, users, crate::infra::outbound::FETCH_ALLOW);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
     // The reconciler creates the task of a payment that landed late, if its
@@ -198,8 +203,12 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
     checked(problems)?;
     let database_url = database_url.expect("reported when missing");
+    let db = postgres_lazily(&config, database_url.expose_str())?;
+    let users = users.expect("reported when unusable");
+    let webhooks = Sender::new(db.clone(), &users, webhook_settings)
+        .map_err(|e| StartupError::Config(vec![format!("{}: {e}", crate::infra::outbound::FETCH_ALLOW)]))?;
     Ok(Sweeper {
-        db: postgres_lazily(&config, database_url.expose_str())?,
+        db,
         sqs: aws::sqs(sdk),
         queue_url,
         events: Publisher::new(RedisClient::new(&redis_url)?),
@@ -207,6 +216,7 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
         older_than,
         catalog: Arc::new(catalog.expect("reported when unreadable")),
         chains,
+        webhooks: Some(webhooks),
     })
 }
 
@@ -223,7 +233,22 @@ pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_ur
         older_than: crate::adapters::sweeper::DEFAULT_OLDER_THAN,
         catalog: worker.catalog.clone(),
         chains: worker.chains.clone(),
+        // A long-lived worker sends them on its own, every second
+        // ([`webhooks_beside`]), not at the sweep's pace.
+        webhooks: None,
     }
+}
+
+#[cfg(feature = "worker")]
+/// The completion webhooks' sender a long-running worker runs beside its
+/// poller (`reeve work`, `reeve serve`), on the worker's pool and its users'
+/// client (`fetch`'s).
+pub fn webhooks_beside(worker: &WorkerContext, config: &Config) -> Result<Sender, StartupError> {
+    let mut env = config.env();
+    let webhook_settings = settings::webhook_settings(&mut env);
+    checked(env.take_problems())?;
+    Sender::new(worker.db.clone(), &worker.exec.outbound, webhook_settings)
+        .map_err(|e| StartupError::Config(vec![format!("{}: {e}", crate::infra::outbound::FETCH_ALLOW)]))
 }
 
 // ---------------------------------------------------------- upload guard

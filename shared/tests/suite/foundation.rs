@@ -85,10 +85,15 @@ async fn migrating_again_is_a_no_op(pool: PgPool) {
             "payment_attempts",
             "payments",
             "revoked_sessions",
+            "space_webhooks",
             "spaces",
             "task_events",
             "tasks",
-            "uploads"
+            "uploads",
+            "webhook_attempts",
+            "webhook_deliveries",
+            "webhook_disabled",
+            "webhook_secrets"
         ]
     );
 }

@@ -24,7 +24,7 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 19] = [
+const ROUTES: [(&str, &str); 24] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -42,6 +42,11 @@ const ROUTES: [(&str, &str); 19] = [
     ("POST", "/v1/tasks/{task}/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
     ("GET", "/v1/space"),
+    ("POST", "/v1/space/webhook-secret"),
+    ("GET", "/v1/space/webhook"),
+    ("PUT", "/v1/space/webhook"),
+    ("DELETE", "/v1/space/webhook"),
+    ("GET", "/v1/tasks/{task}/webhooks"),
     ("GET", "/v1/tasks/{task}/events"),
     ("POST", "/v1/executor/reports"),
 ];
@@ -50,7 +55,7 @@ const ROUTES: [(&str, &str); 19] = [
 const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 13] = [
+const BEARER_ROUTES: [(&str, &str); 18] = [
     ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/space/rotate"),
     ("POST", "/v1/uploads"),
@@ -63,6 +68,11 @@ const BEARER_ROUTES: [(&str, &str); 13] = [
     ("POST", "/v1/tasks/{task}/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
     ("GET", "/v1/space"),
+    ("POST", "/v1/space/webhook-secret"),
+    ("GET", "/v1/space/webhook"),
+    ("PUT", "/v1/space/webhook"),
+    ("DELETE", "/v1/space/webhook"),
+    ("GET", "/v1/tasks/{task}/webhooks"),
     ("GET", "/v1/tasks/{task}/events"),
 ];
 
@@ -243,6 +253,11 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/{task}/cancel"),
         ("POST", "/v1/tasks/{task}/ticket"),
         ("GET", "/v1/space"),
+        ("POST", "/v1/space/webhook-secret"),
+        ("GET", "/v1/space/webhook"),
+        ("PUT", "/v1/space/webhook"),
+        ("DELETE", "/v1/space/webhook"),
+        ("GET", "/v1/tasks/{task}/webhooks"),
     ]);
     let status = http::task_status_app(ctx.task_status.clone());
     all.push(("task-status", http::tasks::status_router().into_openapi(), own, global, status));

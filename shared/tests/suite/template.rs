@@ -786,7 +786,10 @@ fn command_words(text: &str, start: &str) -> Vec<String> {
 #[test]
 fn sam_check_deploys_with_cargo_lambda_as_the_readme_says() {
     let readme = command_words(&read("README.md"), "cargo lambda deploy");
-    let script = command_words(&read("scripts/sam-check.sh"), "AWS_ENDPOINT_URL=$moto cargo lambda deploy");
+    let script = command_words(
+        &read("scripts/sam-check.sh"),
+        "AWS_ENDPOINT_URL=$moto AWS_ENDPOINT_URL_LAMBDA=$moto cargo lambda deploy",
+    );
     let options: Vec<(&String, Option<&String>)> = readme
         .iter()
         .enumerate()

@@ -114,7 +114,7 @@ pub struct TaskCreateContext {
     pub max_attempts: u32,
 }
 
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 /// The `task-status` function's: a Space reading and stopping its tasks.
 pub struct TaskStatusContext {
     pub db: PgPool,
@@ -154,7 +154,7 @@ impl SessionKey for TaskCreateContext {
     }
 }
 
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 impl SessionKey for TaskStatusContext {
     fn token_key(&self) -> &Secret {
         &self.token_key
@@ -301,7 +301,7 @@ impl ApiContext {
             redis: redis.clone(),
             token_key: settings.token_key.clone(),
             catalog: catalog.clone(),
-            links: crate::domain::tasks::OutputLinks::new(aws.s3.clone(), settings.bucket.clone()),
+            links: crate::domain::tasks::OutputLinks::new(aws.s3_links.clone(), settings.bucket.clone()),
         });
         let health = Arc::new(HealthContext { db: db.clone(), redis: redis.clone() });
         Arc::new(ApiContext {

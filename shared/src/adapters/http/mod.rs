@@ -40,6 +40,14 @@ macro_rules! doc_500 {
         "`internal`: an unexpected failure, logged under the request id."
     };
 }
+macro_rules! doc_422_webhook {
+    () => {
+        "`invalid_webhook`: the webhook's `url` is not an absolute `https://` URL of at most 2048 \
+         characters without credentials, or its `events` are empty or not among `completed`, \
+         `failed`, `canceled`; `webhook_secret_required`: the Space has no webhook secret to sign \
+         with yet (`POST /v1/space/webhook-secret`)."
+    };
+}
 macro_rules! doc_503_db {
     () => {
         "`database_unavailable`: the database is out of reach; try again."
@@ -69,16 +77,18 @@ pub mod login;
 mod openapi;
 #[cfg(feature = "relay")]
 mod relay_context;
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 pub(crate) mod space_view;
 #[cfg(feature = "relay")]
 pub mod stream;
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 pub mod tasks;
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 mod ticket;
 #[cfg(feature = "api-uploads")]
 pub mod uploads;
+#[cfg(feature = "api-task-status")]
+mod webhooks;
 
 use std::sync::Arc;
 
@@ -91,6 +101,10 @@ pub use crate::infra::client_addr::{
 };
 #[cfg(feature = "api-catalog")]
 pub use context::CatalogContext;
+#[cfg(feature = "api-tasks")]
+pub use context::TaskCreateContext;
+#[cfg(feature = "api-task-status")]
+pub use context::TaskStatusContext;
 #[cfg(feature = "api-uploads")]
 pub use context::UploadsContext;
 #[cfg(feature = "api")]
@@ -98,8 +112,6 @@ pub use context::{ApiContext, Ctx, HealthContext};
 pub use context::{ApiSettings, SessionKey};
 #[cfg(feature = "api-auth")]
 pub use context::{AuthContext, AuthSettings};
-#[cfg(feature = "api-tasks")]
-pub use context::{TaskCreateContext, TaskStatusContext};
 #[cfg(feature = "relay")]
 pub use cors::{CorsOrigins, with_cors};
 pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
@@ -116,7 +128,7 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 /// Requests carry small JSON documents; files go straight to S3.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-tasks"))]
+#[cfg(any(feature = "api-auth", feature = "api-catalog", feature = "api-uploads", feature = "api-task-status"))]
 /// A module's routes on their context. The router's part of the OpenAPI
 /// document is dropped: [`openapi`] is the whole API's, and only the
 /// catalog function serves it.
@@ -167,7 +179,7 @@ fn task_create_routes() -> OpenApiRouter<Arc<TaskCreateContext>> {
     tasks::create_router().merge(executor_reports::router())
 }
 
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 /// The `task-status` function: a task, the list, cancel and `GET /v1/space`.
 pub fn task_status_app(ctx: Arc<TaskStatusContext>) -> Router {
     finish(routed(tasks::status_router(), ctx))

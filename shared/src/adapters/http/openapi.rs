@@ -68,11 +68,15 @@ unknown path is `404 not_found`.";
 /// token (docs/executors.md), sent as `Authorization: Bearer`.
 pub const REPORT_TOKEN: &str = "report_token";
 
-const TAGS: [(&str, &str); 6] = [
+const TAGS: [(&str, &str); 7] = [
     ("spaces", "Spaces and the sessions that authenticate every other call."),
     ("catalog", "What Reeve sells, and this document. No token needed."),
     ("uploads", "Presigned uploads of task input files."),
     ("tasks", "Creating tasks (paid with x402 when priced), reading them back and following them live."),
+    (
+        "webhooks",
+        "Completion webhooks signed per Standard Webhooks: the Space's secret and default endpoint, a task's deliveries.",
+    ),
     ("health", "Whether the process can serve."),
     (
         "executors",
@@ -177,7 +181,10 @@ fn create_operation(template: &Value, catalog: &Catalog, kind: &str, spec: &Task
             "type": "object",
             "required": ["input"],
             "additionalProperties": false,
-            "properties": {"input": spec.input_schema},
+            "properties": {
+                "input": spec.input_schema,
+                "webhook": {"$ref": "#/components/schemas/WebhookRequest"},
+            },
         }}},
     });
     let responses = op["responses"].as_object_mut().expect("create has responses");

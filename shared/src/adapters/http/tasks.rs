@@ -9,7 +9,9 @@
 //!    `400 invalid_json`, `400 invalid_request`;
 //! 3. the kind is in the catalog: `404 unknown_task`;
 //! 4. the `Idempotency-Key` header, if any, is 1..=255 printable ASCII:
-//!    `400 invalid_idempotency_key`;
+//!    `400 invalid_idempotency_key`; the `webhook`, if any, is usable and
+//!    the Space can sign it: `422 invalid_webhook`,
+//!    `422 webhook_secret_required`;
 //! 5. the input holds no NUL (`400 invalid_input` with its pointer) and
 //!    matches the task's schema: `422 invalid_input`;
 //! 6. a key used before: the same request answers its task again (`202`,
@@ -48,17 +50,20 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::context::{TaskCreateContext, TaskStatusContext};
+#[cfg(feature = "api-tasks")]
+use super::context::TaskCreateContext;
+use super::context::TaskStatusContext;
 use super::error::{ApiError, ApiResult, ErrorEnvelope, Rendered, db_error};
 use super::extract::{JsonBody, Session};
 use crate::domain::error::{Refusal, TaskRefusal};
 use crate::domain::ids::Id;
+#[cfg(feature = "api-tasks")]
 use crate::domain::payments::{self, PayError, PaymentInput, PaymentRequired, PaymentResponse};
 use crate::domain::tasks::events::publish_all_once;
-use crate::domain::tasks::{
-    self, CancelOutcome, ListQuery, Paid, Submission, SubmitContext, SubmitError, Submitted, Task, TaskRequest,
-    TaskStatus,
-};
+use crate::domain::tasks::{self, CancelOutcome, ListQuery, Task, TaskStatus};
+#[cfg(feature = "api-tasks")]
+use crate::domain::tasks::{Paid, Submission, SubmitContext, SubmitError, Submitted, TaskRequest};
+use crate::domain::webhooks::{self, Subscription};
 
 /// One path for both routers: axum merges their methods only when the path
 /// strings are identical, so the segment has one neutral name — a kind for
@@ -66,9 +71,12 @@ use crate::domain::tasks::{
 const TASK_PATH: &str = "/v1/tasks/{task}";
 
 pub use super::IDEMPOTENCY_KEY_HEADER;
+#[cfg(feature = "api-tasks")]
 pub const IDEMPOTENT_REPLAYED_HEADER: &str = "idempotent-replayed";
+#[cfg(feature = "api-tasks")]
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
+#[cfg(feature = "api-tasks")]
 /// `POST /v1/tasks/{kind}`: the task-create function's route.
 pub fn create_router() -> OpenApiRouter<Arc<TaskCreateContext>> {
     OpenApiRouter::default().routes(routes!(create_task))
@@ -86,8 +94,10 @@ pub fn status_router() -> OpenApiRouter<Arc<TaskStatusContext>> {
         .routes(routes!(cancel_task))
         .merge(super::ticket::router())
         .merge(super::space_view::router())
+        .merge(super::webhooks::router())
 }
 
+#[cfg(feature = "api-tasks")]
 /// A task's input.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -96,8 +106,34 @@ struct CreateRequest {
     /// Files are named by upload id in `upload_id` / `upload_ids` fields.
     #[schema(value_type = Object, example = json!({"url": "https://example.com/"}))]
     input: Value,
+    /// Where to POST the task's view when it ends, signed per Standard
+    /// Webhooks with the Space's secret (`POST /v1/space/webhook-secret`
+    /// first): a URL, for every end, or `{"url", "events"}` for some of
+    /// `completed`, `failed`, `canceled`. Without it, the Space's default
+    /// (`PUT /v1/space/webhook`) applies, if it has one.
+    #[serde(default)]
+    webhook: Option<WebhookRequest>,
 }
 
+/// A task's webhook as a create names it: a URL, or a URL and its events.
+#[derive(Deserialize, ToSchema)]
+#[serde(untagged)]
+enum WebhookRequest {
+    #[schema(example = "https://example.com/hooks/reeve")]
+    Url(String),
+    Subscription(Subscription),
+}
+
+impl From<WebhookRequest> for Subscription {
+    fn from(request: WebhookRequest) -> Self {
+        match request {
+            WebhookRequest::Url(url) => Subscription { url, events: webhooks::EVENTS.map(String::from).to_vec() },
+            WebhookRequest::Subscription(subscription) => subscription,
+        }
+    }
+}
+
+#[cfg(feature = "api-tasks")]
 /// A created (or replayed) task.
 #[derive(Serialize, ToSchema)]
 #[schema(as = TaskAccepted)]
@@ -116,6 +152,7 @@ struct Accepted {
     payment: Option<crate::domain::payments::MeteredPayment>,
 }
 
+#[cfg(feature = "api-tasks")]
 /// Create a task
 ///
 /// Checks, in order, and answers with the first failure: the token; the
@@ -201,7 +238,8 @@ struct Accepted {
             "`unknown_upload`: an upload id that is unknown, another Space's, or not an id; ",
             "`upload_not_ready`: the file has not been `PUT` yet; ",
             "`upload_missing`: a priced task's file is gone from storage (uploads are kept for a day); ",
-            "`upload_rejected`: the file did not match its declared size or type.")),
+            "`upload_rejected`: the file did not match its declared size or type; ",
+            doc_422_webhook!(), " The webhook is checked before the input.")),
         (status = 429, body = ErrorEnvelope,
             description = "`quota_exceeded`: a free kind only: this Space already created its `quota.per_hour` \
                 tasks of the kind in the last 60 minutes, or has its `quota.at_once` of them queued or running \
@@ -235,6 +273,14 @@ async fn create_task(
     let key = idempotency_key(&headers)?;
     let payment = header_text(&headers, payments::PAYMENT_SIGNATURE_HEADER)?;
     let url = resource_url(&uri, &headers);
+    let webhook = match request.webhook {
+        Some(webhook) => Some(
+            webhooks::check_for_task(&ctx.db, &space, webhook.into())
+                .await
+                .map_err(|e| SubmitFailure::from(ApiError::refused(&e)))?,
+        ),
+        None => None,
+    };
     let cx = SubmitContext {
         catalog: &ctx.catalog,
         db: &ctx.db,
@@ -253,12 +299,23 @@ async fn create_task(
         deadline: invocation.map(|Extension(c)| tasks::deadline_of(&c)),
     };
     match tasks::submit(&cx, submission).await {
-        Ok(submitted) => Ok(accepted(submitted)),
+        Ok(submitted) => {
+            if let Some(webhook) = &webhook {
+                // The task is stored (and maybe already running): its end
+                // is delivered whichever commits first (see
+                // `webhooks::subscribe_task`).
+                webhooks::subscribe_task(&ctx.db, &space, submitted.task.id, webhook)
+                    .await
+                    .map_err(|e| SubmitFailure::from(db_error(e)))?;
+            }
+            Ok(accepted(submitted))
+        }
         Err(SubmitError::Payment(PayError::Required(challenge))) => Ok(challenge_response(&challenge)),
         Err(e) => Err(e.into()),
     }
 }
 
+#[cfg(feature = "api-tasks")]
 /// A header that must be visible ASCII if present (`400 invalid_payment`
 /// for a payment that is not).
 fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, SubmitFailure> {
@@ -275,6 +332,7 @@ fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>
         .map_err(|_| SubmitError::Payment(PayError::Malformed(format!("{name} must be base64 text"))).into())
 }
 
+#[cfg(feature = "api-tasks")]
 /// A create that ended without a task: the envelope; for a refused
 /// payment the challenge again in `PAYMENT-REQUIRED`, so an x402 client can
 /// pay afresh, and for a refused settle the `PAYMENT-RESPONSE` saying why;
@@ -287,6 +345,7 @@ pub struct SubmitFailure {
     retry_after: Option<std::time::Duration>,
 }
 
+#[cfg(feature = "api-tasks")]
 impl From<SubmitError> for SubmitFailure {
     fn from(e: SubmitError) -> Self {
         let error = ApiError::refused(&e);
@@ -310,12 +369,14 @@ impl From<SubmitError> for SubmitFailure {
     }
 }
 
+#[cfg(feature = "api-tasks")]
 impl From<ApiError> for SubmitFailure {
     fn from(error: ApiError) -> Self {
         SubmitFailure { error, challenge: None, settlement: None, retry_after: None }
     }
 }
 
+#[cfg(feature = "api-tasks")]
 impl IntoResponse for SubmitFailure {
     fn into_response(self) -> Response {
         let mut response = self.error.into_response();
@@ -487,6 +548,7 @@ async fn cancel_task(
     }
 }
 
+#[cfg(feature = "api-tasks")]
 /// The `Idempotency-Key` header: absent, or exactly one value of 1..=255
 /// printable ASCII characters (space through `~`).
 fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<&str>> {
@@ -507,6 +569,7 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<&str>> {
     Ok(Some(value.to_str().expect("checked printable ASCII")))
 }
 
+#[cfg(feature = "api-tasks")]
 fn challenge_response(challenge: &PaymentRequired) -> Response {
     let header_value = HeaderValue::from_str(&challenge.header_value()).expect("base64 is a valid header value");
     let mut response = (
@@ -520,6 +583,7 @@ fn challenge_response(challenge: &PaymentRequired) -> Response {
     response
 }
 
+#[cfg(feature = "api-tasks")]
 /// The URL a client paid for: absolute when the request says which host it
 /// reached (the `Host` header or an absolute URI), else just the path.
 fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
@@ -551,6 +615,7 @@ fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
     format!("{scheme}://{authority}{path}")
 }
 
+#[cfg(feature = "api-tasks")]
 fn accepted(submitted: Submitted) -> Response {
     let Submitted { task, replayed, paid } = submitted;
     let body = Accepted {

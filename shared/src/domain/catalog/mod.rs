@@ -14,7 +14,8 @@
 //! - [`uploads`]: the `[uploads]` section, alone (presign and the guard).
 //! - [`networks`]: what a catalog is for (`network_kind`), and which
 //!   networks are testnets.
-//! - [`schema`]: task input schemas, from TOML to a compiled JSON Schema.
+//! - [`schema`]: task input schemas, from TOML to JSON, and compiled where
+//!   inputs are validated (`input-schemas`).
 //! - [`view`]: the public JSON view and the operator's one-line summary.
 //! - [`error`]: [`CatalogError`] and [`Problem`].
 
@@ -37,6 +38,7 @@ mod view;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+#[cfg(feature = "input-schemas")]
 use std::sync::Arc;
 
 /// Which executor runs a kind: declared by the executors, each in its own
@@ -117,6 +119,9 @@ pub struct TaskSpec {
     /// The schema as written, converted to JSON (what clients are shown).
     pub input_schema: serde_json::Value,
     /// The same schema, compiled once at load (with `format` checks on).
+    /// Only where inputs are validated: a field of this type would keep the
+    /// compiler's drop glue in every binary with a catalog.
+    #[cfg(feature = "input-schemas")]
     pub input_validator: Arc<jsonschema::Validator>,
     /// Empty for a free task.
     pub accepts: Vec<Price>,

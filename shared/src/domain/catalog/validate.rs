@@ -3,6 +3,7 @@
 //! assembled only when there were no problems at all.
 
 use std::collections::{BTreeMap, BTreeSet};
+#[cfg(feature = "input-schemas")]
 use std::sync::Arc;
 
 use toml::{Table, Value};
@@ -161,7 +162,7 @@ fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Pr
             f.verify("timeout_seconds", fits_the_worker(waited, worker_timeout).map(|_| secs), p)
         })
         .unwrap_or(DEFAULT_TASK_TIMEOUT_SECONDS);
-    let schema = f.required("input_schema", p).and_then(|schema| f.verify("input_schema", schema::compile(schema), p));
+    let schema = f.required("input_schema", p).and_then(|schema| f.verify("input_schema", schema::read(schema), p));
     let listed = f.optional::<&[Value]>("accepts", p);
     let accepts = match listed {
         Some(items) => prices(&f.at("accepts"), items, assets, executor.as_ref(), p),
@@ -170,14 +171,15 @@ fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Pr
     let quota = quota(f, listed.is_some_and(|items| !items.is_empty()), p);
 
     kind?;
-    let (input_schema, validator) = schema?;
+    let schema = schema?;
     Some(TaskSpec {
         title: title?,
         description: description.to_owned(),
         executor: executor?,
         timeout_seconds,
-        input_schema,
-        input_validator: Arc::new(validator),
+        input_schema: schema.json,
+        #[cfg(feature = "input-schemas")]
+        input_validator: Arc::new(schema.validator),
         accepts: accepts?,
         quota,
     })

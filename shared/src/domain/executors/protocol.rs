@@ -10,12 +10,6 @@
 
 use std::fmt;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
-use zeroize::Zeroize;
-
-use crate::domain::auth::hmac_sha256;
-
 /// How a kind that speaks the executor protocol signs its jobs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Protocol {
@@ -73,51 +67,9 @@ impl SecretRef {
 /// The only protocol version there is.
 pub const PROTOCOL_VERSION: u8 = 1;
 
-/// The shortest and longest signing key a `whsec_` secret may hold.
-const KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
-
-/// An endpoint's signing key: the bytes of its `whsec_…` secret. Never
-/// shown (`Debug` says only that it is one), zeroed when dropped.
-#[derive(Clone, PartialEq, Eq)]
-pub struct JobKey(Vec<u8>);
-
-impl JobKey {
-    /// `whsec_<base64 of 24 to 64 bytes>`; the message never repeats it.
-    pub fn parse(text: &str) -> Result<JobKey, String> {
-        let Some(encoded) = text.trim().strip_prefix("whsec_") else {
-            return Err("is not a Standard Webhooks secret: it must start with whsec_".to_owned());
-        };
-        let bytes = STANDARD.decode(encoded).map_err(|_| "is not whsec_ followed by base64".to_owned())?;
-        if !KEY_BYTES.contains(&bytes.len()) {
-            return Err(format!(
-                "holds {} bytes; a signing secret holds {} to {}",
-                bytes.len(),
-                KEY_BYTES.start(),
-                KEY_BYTES.end()
-            ));
-        }
-        Ok(JobKey(bytes))
-    }
-
-    /// `v1,<base64 HMAC-SHA256>` of `<id>.<timestamp>.<body>`.
-    pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
-        let timestamp = timestamp.to_string();
-        let mac = hmac_sha256(&self.0, &[id.as_bytes(), b".", timestamp.as_bytes(), b".", body]);
-        format!("v1,{}", STANDARD.encode(mac))
-    }
-}
-
-impl fmt::Debug for JobKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("JobKey(…)")
-    }
-}
-
-impl Drop for JobKey {
-    fn drop(&mut self) {
-        self.0.zeroize();
-    }
-}
+/// An endpoint's signing key (its `whsec_…` secret): one Standard Webhooks
+/// signer for jobs, cancels and completion webhooks alike.
+pub use crate::infra::standard_webhooks::SigningKey as JobKey;
 
 /// The `webhook-id` of an attempt's job: the same for every delivery of it.
 pub fn job_id(task: impl fmt::Display, attempt: i32) -> String {
@@ -305,23 +257,8 @@ pub(super) mod send {
 mod tests {
     use super::*;
 
-    /// The Standard Webhooks specification's own example.
     #[test]
-    fn signs_as_the_standard_webhooks_example() {
-        let key = JobKey::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
-        let body = br#"{"test": 2432232314}"#;
-        let signed = key.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body);
-        assert_eq!(signed, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
-    }
-
-    #[test]
-    fn a_secret_must_be_whsec_base64_of_24_to_64_bytes() {
-        assert!(JobKey::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").is_err());
-        assert!(JobKey::parse("whsec_not base64!").is_err());
-        assert!(JobKey::parse(&format!("whsec_{}", STANDARD.encode([1u8; 16]))).is_err());
-        assert!(JobKey::parse(&format!("whsec_{}", STANDARD.encode([1u8; 65]))).is_err());
-        let key = JobKey::parse(&format!("whsec_{}", STANDARD.encode([1u8; 32]))).unwrap();
-        assert_eq!(format!("{key:?}"), "JobKey(…)");
+    fn a_job_is_named_by_its_task_and_attempt() {
         assert_eq!(job_id("01J", 2), "job_01J_2");
     }
 }

@@ -21,7 +21,7 @@
 pub(crate) mod events;
 #[cfg(feature = "catalog")]
 pub(crate) mod input;
-#[cfg(feature = "s3")]
+#[cfg(feature = "s3-links")]
 pub mod output;
 pub(crate) mod queue;
 #[cfg(feature = "api-tasks")]
@@ -33,12 +33,12 @@ use sqlx::PgPool;
 use time::OffsetDateTime;
 
 pub use events::{Event, EventType, Publisher, append_event, channel, events_after};
-#[cfg(feature = "s3")]
+#[cfg(feature = "s3-links")]
 pub use output::{OutputLinks, output_key};
 pub use queue::{QueueError, QueueMessage};
 #[cfg(feature = "sqs")]
 pub use queue::{enqueue, enqueue_after};
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 pub use quota::{AT_ONCE_RETRY, Limit, QuotaExceeded, QuotaUse, Used};
 #[cfg(feature = "catalog")]
 pub use shelf::Shelf;
@@ -258,7 +258,7 @@ macro_rules! insert_queued_ctes {
     };
 }
 // After `insert_queued_ctes!`, which it uses.
-#[cfg(feature = "api-tasks")]
+#[cfg(feature = "api-task-status")]
 pub(crate) mod quota;
 
 #[cfg(feature = "catalog")]

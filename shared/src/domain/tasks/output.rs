@@ -16,8 +16,6 @@
 
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_s3::error::DisplayErrorContext;
-use aws_sdk_s3::presigning::PresigningConfig;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -25,6 +23,7 @@ use time::format_description::well_known::Rfc3339;
 use super::Task;
 use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
+use crate::infra::s3_links::S3Links;
 
 /// A download link's lifetime: the bucket's maximum signature age
 /// (`storage_policy::DEFAULT_MAX_SIGNATURE_AGE_MS`).
@@ -55,17 +54,19 @@ pub fn valid_file_name(name: &str) -> bool {
         && name != ".."
 }
 
-/// Signs download links to the bucket's outputs.
+/// Signs download links to the bucket's outputs. It holds a signer, not
+/// the S3 client: a function that reads results (task-status) links no S3
+/// client for them.
 #[derive(Debug, Clone)]
 pub struct OutputLinks {
-    s3: aws_sdk_s3::Client,
+    signer: S3Links,
     bucket: String,
     lifetime: Duration,
 }
 
 impl OutputLinks {
-    pub fn new(s3: aws_sdk_s3::Client, bucket: String) -> Self {
-        Self { s3, bucket, lifetime: LINK_LIFETIME }
+    pub fn new(signer: S3Links, bucket: String) -> Self {
+        Self { signer, bucket, lifetime: LINK_LIFETIME }
     }
 
     /// Links that live `lifetime` (tests: shorter than a test runs).
@@ -167,19 +168,9 @@ impl OutputLinks {
     }
 
     async fn sign(&self, key: &str, start: SystemTime, lifetime: Duration) -> Result<String, String> {
-        let config =
-            PresigningConfig::builder().start_time(start).expires_in(lifetime).build().map_err(|e| e.to_string())?;
-        let presigned = self
-            .s3
-            .get_object()
-            .bucket(&self.bucket)
-            .key(key)
-            // Whatever type the remote claimed, a browser saves it rather than
-            // rendering it.
-            .response_content_disposition("attachment")
-            .presigned(config)
-            .await
-            .map_err(|e| DisplayErrorContext(&e).to_string())?;
-        Ok(presigned.uri().to_owned())
+        // Whatever type the remote claimed, a browser saves it rather than
+        // rendering it.
+        let query = [("response-content-disposition", "attachment")];
+        self.signer.get(&self.bucket, key, &query, start, lifetime).await
     }
 }

@@ -92,7 +92,13 @@ impl Change<'_> {
 
 /// The fence every change shares: `$1` id, `$2` statuses, `$3` attempt or
 /// NULL. `$4` is the change's payload, `$5` and `$6` its events' types and
-/// data.
+/// data, `$7` the id of its webhook delivery, if it has one.
+///
+/// An end (`completed`, `failed`, `canceled`) writes its completion
+/// webhook's outbox row in the same statement (`outbox`): to the task's own
+/// endpoint if it named one, else its Space's default, if the event is one
+/// it asked for (see `domain/webhooks`). No end is then without its row,
+/// whatever fails after the commit; the sender delivers it from there.
 ///
 /// The status change and its events are one statement: the `UPDATE` bumps
 /// the event counter by as many events as it appends, and the `INSERT`
@@ -119,7 +125,20 @@ macro_rules! with_events {
                   WHERE id = $1 AND status = ANY($2) AND ($3::int4 IS NULL OR attempts = $3)",
             $held,
             "
-              RETURNING id, last_seq, kind, attempts
+              RETURNING id, last_seq, kind, attempts, space_idx, status, webhook_url, webhook_events
+             ), outbox AS (
+                 INSERT INTO webhook_deliveries (id, task_id, space_idx, url, event)
+                 SELECT $7, moved.id, moved.space_idx, sub.url, moved.status
+                   FROM moved
+                   LEFT JOIN space_webhooks space_default ON space_default.space_idx = moved.space_idx
+                  CROSS JOIN LATERAL (
+                        SELECT coalesce(moved.webhook_url, space_default.url) AS url,
+                               CASE WHEN moved.webhook_url IS NULL THEN space_default.events
+                                    ELSE moved.webhook_events END AS events
+                        ) sub
+                  WHERE moved.status IN ('completed', 'failed', 'canceled')
+                    AND sub.url IS NOT NULL AND moved.status = ANY(sub.events)
+                 ON CONFLICT (task_id) DO NOTHING
              ), appended AS (
                  INSERT INTO task_events (task_id, seq, type, data)
                  SELECT moved.id, moved.last_seq - cardinality($5::text[]) + e.n, e.type, e.data
@@ -189,6 +208,7 @@ pub async fn transition_in(
         .bind(payload.map(sqlx::types::Json))
         .bind(&types)
         .bind(data.iter().map(sqlx::types::Json).collect::<Vec<_>>())
+        .bind(Id::new())
         .fetch_all(&mut *conn)
         .await?;
     let Some(&(_, _, ref task_kind, attempts)) = rows.first() else {

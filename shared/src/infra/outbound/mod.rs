@@ -130,6 +130,9 @@ pub struct OutboundResponse {
     /// How long the server asked to wait before asking again (its
     /// `Retry-After`, in seconds or as a date), when it said.
     pub retry_after: Option<Duration>,
+    /// Where a redirect pointed, for a client that does not follow them
+    /// ([`Outbound::not_following_redirects`]).
+    pub location: Option<String>,
 }
 
 /// The guarded client. Cheap to clone (shared connection pool). `policy` is
@@ -139,6 +142,9 @@ pub struct Outbound {
     pub policy: OutboundPolicy,
     guard: Arc<Guard>,
     client: reqwest::Client,
+    /// Whether redirects are followed (each target re-checked), or handed
+    /// back as the 3xx they are.
+    follows: bool,
 }
 
 impl std::fmt::Debug for Outbound {
@@ -167,22 +173,38 @@ impl Outbound {
     fn build(policy: OutboundPolicy, lookup: Option<Arc<ResolveFn>>) -> Result<Self, OutboundError> {
         let allow = AllowList::parse(&policy.allow).map_err(OutboundError::InvalidUrl)?;
         let guard = Arc::new(Guard { allow_http: policy.allow_http, allow, lookup });
+        Self::build_on(policy, guard, true)
+    }
+
+    /// The same client (policy, allow-list, resolver) that never follows a
+    /// redirect: a 3xx comes back as a response, with its `location`. For a
+    /// POST whose body must reach the URL named and nowhere else (a
+    /// webhook): a redirect is the endpoint's answer, not a new target.
+    pub fn not_following_redirects(&self) -> Result<Self, OutboundError> {
+        Self::build_on(self.policy.clone(), self.guard.clone(), false)
+    }
+
+    fn build_on(policy: OutboundPolicy, guard: Arc<Guard>, follows: bool) -> Result<Self, OutboundError> {
         let redirect_guard = guard.clone();
         let max_redirects = policy.max_redirects;
-        let redirect = reqwest::redirect::Policy::custom(move |attempt| {
-            // `previous` starts with the original URL.
-            if attempt.previous().len() > max_redirects {
-                let msg = format!("more than {max_redirects} redirects");
-                return attempt.error(Refused(msg));
-            }
-            match redirect_guard.check_url(attempt.url()) {
-                Ok(()) => attempt.follow(),
-                Err(why) => {
-                    tracing::debug!(reason = %why, "outbound: redirect refused");
-                    attempt.error(Refused(format!("redirect refused: {why}")))
+        let redirect = if !follows {
+            reqwest::redirect::Policy::none()
+        } else {
+            reqwest::redirect::Policy::custom(move |attempt| {
+                // `previous` starts with the original URL.
+                if attempt.previous().len() > max_redirects {
+                    let msg = format!("more than {max_redirects} redirects");
+                    return attempt.error(Refused(msg));
                 }
-            }
-        });
+                match redirect_guard.check_url(attempt.url()) {
+                    Ok(()) => attempt.follow(),
+                    Err(why) => {
+                        tracing::debug!(reason = %why, "outbound: redirect refused");
+                        attempt.error(Refused(format!("redirect refused: {why}")))
+                    }
+                }
+            })
+        };
         let client = reqwest::Client::builder()
             .use_preconfigured_tls(crate::infra::tls::client_config().as_ref().clone())
             .no_proxy()
@@ -195,7 +217,7 @@ impl Outbound {
             .user_agent(concat!("reeve/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|_| OutboundError::Http("cannot build the HTTP client".into()))?;
-        Ok(Outbound { policy, guard, client })
+        Ok(Outbound { policy, guard, client, follows })
     }
 
     /// Parses and checks `url` against the policy without sending anything:
@@ -312,6 +334,7 @@ impl Outbound {
             let content_type = content_type_of(&resp);
             let final_url = resp.url().to_string();
             let retry_after = retry_after(resp.headers(), time::OffsetDateTime::now_utc());
+            let location = resp.headers().get(LOCATION).and_then(|v| v.to_str().ok()).map(str::to_string);
             let mut body = BytesMut::new();
             while let Some(chunk) = resp.chunk().await.map_err(|e| map_error(e, &host))? {
                 if body.len() as u64 + chunk.len() as u64 > max_bytes {
@@ -319,7 +342,7 @@ impl Outbound {
                 }
                 body.extend_from_slice(&chunk);
             }
-            Ok(OutboundResponse { status, content_type, body: Bytes::from(body), final_url, retry_after })
+            Ok(OutboundResponse { status, content_type, body: Bytes::from(body), final_url, retry_after, location })
         })
         .await;
         match result {
@@ -346,8 +369,9 @@ impl Outbound {
             return Err(OutboundError::TooLarge { limit: max_bytes });
         }
         // A redirect reqwest could not follow (e.g. `Location: file:///…`)
-        // is refused like any other, rather than handed back as a 3xx.
-        if resp.status().is_redirection() {
+        // is refused like any other, rather than handed back as a 3xx; a
+        // client that follows none hands every 3xx back.
+        if self.follows && resp.status().is_redirection() {
             let next = resp.headers().get(LOCATION).and_then(|v| v.to_str().ok()).and_then(|l| resp.url().join(l).ok());
             if let Some(Err(why)) = next.map(|next| self.guard.check_url(&next)) {
                 return Err(OutboundError::Blocked(format!("redirect refused: {why}")));
