@@ -325,6 +325,7 @@ fn every_report_refusal() -> Vec<ReportRefusal> {
         ReportRefusal::Canceled,
         ReportRefusal::Ended,
         ReportRefusal::TooLarge,
+        ReportRefusal::OutputTooLarge { max: 1 },
     ];
     for e in &all {
         match e {
@@ -333,7 +334,8 @@ fn every_report_refusal() -> Vec<ReportRefusal> {
             | ReportRefusal::Superseded
             | ReportRefusal::Canceled
             | ReportRefusal::Ended
-            | ReportRefusal::TooLarge => {}
+            | ReportRefusal::TooLarge
+            | ReportRefusal::OutputTooLarge { .. } => {}
         }
     }
     all

@@ -268,6 +268,45 @@ pub async fn create(
     let key = object_key(space, id, &declared.filename);
     let size = i64::try_from(declared.size).map_err(|_| CreateError::InvalidSize)?;
 
+    let signed =
+        presign_put(s3, bucket, &key, size, &declared.content_type, expires_in).await.map_err(CreateError::Storage)?;
+
+    record_pending(db, id, space, &key, &declared).await?;
+
+    Ok(PresignedUpload {
+        id,
+        key,
+        url: signed.url,
+        method: signed.method,
+        headers: signed.headers,
+        expires_at: signed.expires_at,
+    })
+}
+
+/// A presigned PUT of one object: the sender sends exactly `method`, `url`
+/// and `headers`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedPut {
+    pub url: String,
+    pub method: String,
+    /// The headers the signature covers, names in lower case.
+    pub headers: BTreeMap<String, String>,
+    pub expires_at: OffsetDateTime,
+}
+
+/// Presigns a PUT of `key` bound to its exact `Content-Length` and
+/// `Content-Type`, valid `expires_in` from the current whole second: the
+/// size policy of uploads, and of the outputs a service writes
+/// (`executors::service`). Refuses (rather than hand out a URL that accepts
+/// any body) should the SDK ever stop signing either header.
+pub async fn presign_put(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    size: i64,
+    content_type: &str,
+    expires_in: Duration,
+) -> Result<SignedPut, String> {
     // SigV4 dates are whole seconds: start on one, so `expires_at` is exact.
     let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let start = SystemTime::UNIX_EPOCH + Duration::from_secs(now.as_secs());
@@ -275,34 +314,24 @@ pub async fn create(
         .start_time(start)
         .expires_in(expires_in)
         .build()
-        .map_err(|e| CreateError::Storage(format!("presigning config: {e}")))?;
+        .map_err(|e| format!("presigning config: {e}"))?;
     let presigned = s3
         .put_object()
         .bucket(bucket)
-        .key(&key)
+        .key(key)
         .content_length(size)
-        .content_type(&declared.content_type)
+        .content_type(content_type)
         .presigned(config)
         .await
-        .map_err(|e| CreateError::Storage(format!("presigning PUT {key}: {}", DisplayErrorContext(&e))))?;
-
-    // The size policy rests on these two headers being signed. Should an SDK
-    // update ever stop signing one, refuse rather than hand out a URL that
-    // accepts any body.
+        .map_err(|e| format!("presigning PUT {key}: {}", DisplayErrorContext(&e)))?;
     let signed = signed_headers(presigned.uri());
     for needed in ["content-length", "content-type"] {
         if !signed.iter().any(|h| h == needed) {
-            return Err(CreateError::Storage(format!("presigned PUT does not sign {needed}; signed: {signed:?}")));
+            return Err(format!("presigned PUT does not sign {needed}; signed: {signed:?}"));
         }
     }
-    let headers: BTreeMap<String, String> =
-        presigned.headers().map(|(name, value)| (name.to_ascii_lowercase(), value.to_owned())).collect();
-
-    record_pending(db, id, space, &key, &declared).await?;
-
-    Ok(PresignedUpload {
-        id,
-        key,
+    let headers = presigned.headers().map(|(name, value)| (name.to_ascii_lowercase(), value.to_owned())).collect();
+    Ok(SignedPut {
         url: presigned.uri().to_owned(),
         method: presigned.method().to_owned(),
         headers,
@@ -390,6 +419,15 @@ pub fn signed_headers(url: &str) -> Vec<String> {
             value.replace("%3B", ";").replace("%3b", ";").split(';').map(str::to_ascii_lowercase).collect()
         })
         .unwrap_or_default()
+}
+
+/// The size of the object under `key`, by a HEAD; `None` when there is none.
+pub async fn object_size(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Option<i64>, String> {
+    match s3.head_object().bucket(bucket).key(key).send().await {
+        Ok(head) => Ok(Some(head.content_length().unwrap_or(0))),
+        Err(e) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(format!("HEAD {key}: {}", DisplayErrorContext(&e))),
+    }
 }
 
 /// What a HEAD of an upload's object shows.

@@ -825,6 +825,34 @@ fn a_metered_price_counts_only_what_its_executor_measures() {
     }
 }
 
+/// A unit of the service's own naming (`[a-z_]{1,32}`) is for a kind whose
+/// service reports (`protocol = 1`), counted one for one; any other kind is
+/// refused it, and a name outside the form is no unit.
+#[test]
+fn a_service_may_name_its_own_unit_and_only_a_service() {
+    let kind = |executor: &str, unit: &str| {
+        catalog_with(
+            "",
+            &format!(
+                "{executor}\n[[tasks.t.accepts]]\nasset = \"coin\"\nscheme = \"upto\"\n\
+                 unit = \"{unit}\"\nrate = \"1\"\namount = \"1000\""
+            ),
+        )
+    };
+    let service = "executor = \"http\"\nendpoint = \"https://example.com/run\"\nprotocol = 1\nsecret = \"RUN_SECRET\"";
+    for unit in ["line", "token", "gpu_second", "page"] {
+        let meter = parse_ok(&kind(service, unit)).task("t").unwrap().accepts[0].meter.clone().unwrap();
+        assert_eq!((meter.unit.name(), meter.unit.base()), (unit, 1));
+    }
+    let bare = "executor = \"http\"\nendpoint = \"https://example.com/run\"";
+    let shown: Vec<String> = problems(&kind(bare, "line")).iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["tasks.t.accepts[0].unit: executor \"http\" does not measure \"line\"; it measures second"]);
+    for bad in ["Line", "lines!", "a-b", &"x".repeat(33)] {
+        let shown: Vec<String> = problems(&kind(service, bad)).iter().map(ToString::to_string).collect();
+        assert!(shown.len() == 1 && shown[0].contains("unknown unit"), "{bad:?}: {shown:?}");
+    }
+}
+
 #[test]
 fn local_facilitators_may_use_plain_http() {
     for url in ["http://127.0.0.1:4021/facilitator", "http://localhost:4021", "http://[::1]:8080/x"] {

@@ -456,3 +456,244 @@ async fn a_metered_service_is_charged_its_reported_usage_once_captured(pool: PgP
     assert_eq!(service.jobs().len(), 1, "the service is not sent the job again");
     queue.delete().await;
 }
+
+/// A PUT as a service sends it: the answer's method, URL and headers, its
+/// `Content-Length` the body's own (reqwest sets it from the body).
+async fn put_output(answer: &Value, body: Vec<u8>) -> u16 {
+    assert_eq!(answer["method"], "PUT", "{answer}");
+    let mut request = reqwest::Client::new().put(answer["url"].as_str().unwrap()).body(body);
+    for (name, value) in answer["headers"].as_object().unwrap().iter().filter(|(n, _)| *n != "content-length") {
+        request = request.header(name, value.as_str().unwrap());
+    }
+    request.send().await.expect("S3 answers").status().as_u16()
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(pool: PgPool) {
+    let (service, endpoint) = Service::start().await;
+    let catalog = catalog(&endpoint);
+    let api = Api::new(&pool, &catalog).await;
+    let worker = worker(&pool, &catalog, 20).await;
+    let id = api.create("svc", json!({})).await;
+    assert_eq!(run_next(&api, &worker).await, Outcome::Done);
+    let job = service.jobs()[0].0.clone();
+    let token = job["report"]["token"].as_str().unwrap().to_owned();
+    let csv = b"word,count\nhello,2\n".to_vec();
+
+    let declared = json!({ "id": "o-1", "type": "output", "name": "top.csv", "size": csv.len(),
+                           "content_type": "text/csv" });
+    let answer = report(&api, &token, declared.clone()).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let url = answer.body["url"].as_str().unwrap();
+    assert!(url.contains("/outputs/") && url.contains(&format!("/{id}/files/top.csv")), "{url}");
+    assert_eq!(answer.body["headers"]["content-type"], "text/csv");
+    assert_eq!(answer.body["headers"]["content-length"], csv.len().to_string());
+    let expires = time::OffsetDateTime::parse(
+        answer.body["expires_at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    let left = expires - time::OffsetDateTime::now_utc();
+    assert!(left <= time::Duration::minutes(15) && left > time::Duration::minutes(14), "15 min, before the deadline");
+    // The PUT is bound to the declared size: a longer body is refused.
+    assert_eq!(put_output(&answer.body, b"word,count\nhello,2\nextra\n".to_vec()).await / 100, 4);
+    assert_eq!(put_output(&answer.body, csv.clone()).await, 200);
+    // The same report again: a PUT of the same object.
+    let again = report(&api, &token, declared).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body["headers"], answer.body["headers"]);
+
+    // Refused: over the uploads' size limit, a name that is not one key component.
+    let huge = report(
+        &api,
+        &token,
+        json!({ "id": "o-2", "type": "output", "name": "big.bin",
+                                            "size": 104_857_601u64, "content_type": "application/octet-stream" }),
+    )
+    .await;
+    assert_eq!((huge.status, huge.code()), (StatusCode::PAYLOAD_TOO_LARGE, "too_large"), "{}", huge.body);
+    for name in ["..", ".", "a/b.csv", "", "ü.csv"] {
+        let bad = report(
+            &api,
+            &token,
+            json!({ "id": "o-3", "type": "output", "name": name, "size": 1,
+                                               "content_type": "text/plain" }),
+        )
+        .await;
+        assert_eq!((bad.status, bad.code()), (StatusCode::BAD_REQUEST, "invalid_report"), "{name:?}");
+    }
+    // Declared and never written: not listed.
+    let never = report(
+        &api,
+        &token,
+        json!({ "id": "o-4", "type": "output", "name": "never.txt", "size": 3,
+                                             "content_type": "text/plain" }),
+    )
+    .await;
+    assert_eq!(never.status, StatusCode::OK, "{}", never.body);
+
+    // The service's own `outputs` is replaced by what it wrote.
+    let result =
+        json!({ "id": "r", "type": "result", "result": { "words": 1, "outputs": [{ "name": "x", "key": "y" }] } });
+    let done = report(&api, &token, result).await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    let read = send(&api.app, common::get_authed(&format!("/v1/tasks/{id}"), &api.token)).await;
+    assert_eq!(read.body["status"], "completed", "{}", read.body);
+    let outputs = read.body["result"]["outputs"].as_array().unwrap();
+    assert_eq!(outputs.len(), 1, "{outputs:?}");
+    let file = &outputs[0];
+    assert_eq!(
+        (&file["name"], &file["size"], &file["content_type"]),
+        (&json!("top.csv"), &json!(csv.len()), &json!("text/csv"))
+    );
+    let link = file["url"].as_str().expect("a download link");
+    assert!(file["url_expires_at"].is_string());
+    let downloaded = reqwest::get(link).await.unwrap();
+    assert_eq!(downloaded.status(), 200);
+    assert_eq!(downloaded.bytes().await.unwrap().to_vec(), csv, "the link downloads what the service wrote");
+    api.queue.delete().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_job_links_each_input_upload_and_the_link_downloads_its_bytes(pool: PgPool) {
+    let (service, endpoint) = Service::start().await;
+    let catalog = catalog(&endpoint);
+    let api = Api::new(&pool, &catalog).await;
+    let worker = worker(&pool, &catalog, 20).await;
+    let mut ids = Vec::new();
+    let texts: [&[u8]; 2] = [b"the quick brown fox\n", b"jumps over the lazy dog\nand again\n"];
+    for bytes in texts {
+        let body = json!({ "filename": "words.txt", "content_type": "text/plain", "size": bytes.len() });
+        let reply = send(&api.app, common::post_json("/v1/uploads", Some(&api.token), &body)).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+        let mut put = reqwest::Client::new().put(reply.body["url"].as_str().unwrap()).body(bytes.to_vec());
+        for (name, value) in reply.body["headers"].as_object().unwrap().iter().filter(|(n, _)| *n != "content-length") {
+            put = put.header(name, value.as_str().unwrap());
+        }
+        assert!(put.send().await.unwrap().status().is_success());
+        ids.push(reply.body["upload_id"].as_str().unwrap().to_owned());
+    }
+    let id = api.create("svc", json!({ "upload_id": ids[0], "upload_ids": [ids[1]] })).await;
+    assert_eq!(run_next(&api, &worker).await, Outcome::Done);
+    let job = service.jobs()[0].0.clone();
+    let files = job["files"].as_array().unwrap();
+    assert_eq!(files.len(), 2, "{job}");
+    for ((file, upload), bytes) in files.iter().zip(&ids).zip(texts) {
+        assert_eq!(file["upload_id"], json!(upload));
+        assert_eq!((&file["size"], &file["content_type"]), (&json!(bytes.len()), &json!("text/plain")));
+        let expires = time::OffsetDateTime::parse(
+            file["expires_at"].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap();
+        let left = expires - time::OffsetDateTime::now_utc();
+        // The bucket refuses a signature older than 15 minutes: no link
+        // says it lives longer, though the deadline is an hour away.
+        assert!(left <= time::Duration::minutes(15) && left > time::Duration::minutes(14), "{left}");
+        let got = reqwest::get(file["url"].as_str().unwrap()).await.unwrap();
+        assert_eq!(got.status(), 200, "the job's link reads the upload");
+        assert_eq!(got.bytes().await.unwrap().as_ref(), bytes, "the uploaded bytes");
+    }
+    assert_eq!(status(&pool, id).await, ("running".into(), 1));
+    api.queue.delete().await;
+}
+
+/// A metered kind in a unit its service names (`unit = "line"`): the
+/// catalog and the 402 say "per line", the job's ceiling is in lines, and
+/// usage reported above the ceiling is capped in what is recorded and
+/// charged.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_service_unit_is_shown_per_unit_and_usage_above_the_ceiling_is_capped(pool: PgPool) {
+    use common::chain::{ChainLock, Payer, balance, fresh_address};
+    const RATE: u128 = 7;
+    const CEILING: u128 = 1_000;
+    const FUNDS: u128 = 1_000_000;
+    const LINES: u128 = CEILING / RATE; // 142 lines: 994 atomic units
+
+    let chain = ChainLock::shared().await;
+    let (service, endpoint) = Service::start().await;
+    let pay_to = fresh_address();
+    let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+    let tasks = format!(
+        r#"
+        [tasks.lines]
+        title = "Lines"
+        description = "An operator's own service, paid per line it reads."
+        executor = "http"
+        endpoint = "{endpoint}"
+        protocol = 1
+        secret = "{SECRET_VAR}"
+        timeout_seconds = 60
+        input_schema = {{ type = "object" }}
+        [[tasks.lines.accepts]]
+        asset = "local"
+        scheme = "upto"
+        unit = "line"
+        rate = "{RATE}"
+        amount = "{CEILING}"
+        "#
+    );
+    let catalog = common::paid_catalog_text(&pay_to, &facilitator, 300, &tasks);
+    let queue = common::TestQueue::new().await;
+    let config = common::with_catalog(common::config(&pool), &catalog)
+        .with(settings::QUEUE_URL, &queue.url)
+        .with(reeve_shared::payments::CHAIN_RPC_URLS, common::chain::chain_rpc_urls());
+    let app = reeve_shared::http::app(common::api(&config).await);
+    let session = common::new_session(&app).await.1;
+
+    let view = send(&app, common::get("/v1/catalog")).await;
+    let kind = view.body["tasks"].as_array().unwrap().iter().find(|t| t["kind"] == "lines").unwrap().clone();
+    let price = &kind["prices"][0];
+    assert_eq!(price["unit"], "line", "{kind}");
+    assert!(price["summary"].as_str().unwrap().contains(" per line used"), "{price}");
+
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let create = |payment: Option<String>| {
+        let mut request = common::post_json("/v1/tasks/lines", Some(&session), &json!({ "input": {} }));
+        if let Some(p) = payment {
+            request.headers_mut().insert("payment-signature", p.parse().unwrap());
+        }
+        send(&app, request)
+    };
+    let challenge = create(None).await;
+    assert_eq!(challenge.status, StatusCode::PAYMENT_REQUIRED, "{}", challenge.body);
+    assert!(challenge.body.to_string().contains("per line"), "the 402 says per line: {}", challenge.body);
+    let signature = payer.sign(challenge.headers["payment-required"].to_str().unwrap()).await;
+    let created = create(Some(signature)).await;
+    assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
+    let id: reeve_shared::ids::Id = created.body["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(queue.drain().await.len(), 1);
+
+    let worker_config = common::loopback_outbound(config.clone().without(settings::QUEUE_URL))
+        .with(SECRET_VAR, secret())
+        .with(settings::REPORT_URL, "http://127.0.0.1:9/v1/executor/reports");
+    let worker = common::worker(&worker_config).await;
+    let message = json!({ "task_id": id, "kind": "lines" }).to_string();
+    assert_eq!(process(&worker, &message, 1).await, Outcome::Done);
+    let job = service.jobs()[0].0.clone();
+    assert_eq!(job["metered"], json!({ "unit": "line", "ceiling": LINES }));
+    let token = job["report"]["token"].as_str().unwrap().to_owned();
+    let report = |body: Value| {
+        let request = axum::http::Request::post("/v1/executor/reports")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {token}"))
+            .body(axum::body::Body::from(body.to_string()))
+            .unwrap();
+        send(&app, request)
+    };
+
+    // Over the ceiling: recorded as the ceiling.
+    let usage = report(json!({ "id": "u", "type": "usage", "used": 10_000 })).await;
+    assert_eq!((usage.status, &usage.body["used"]), (StatusCode::OK, &json!(LINES)), "{}", usage.body);
+    let result = report(json!({ "id": "r", "type": "result", "result": { "lines": 10_000 } })).await;
+    assert_eq!((result.status, &result.body["used"]), (StatusCode::OK, &json!(LINES)), "{}", result.body);
+
+    let next = queue.drain().await;
+    assert_eq!(next.len(), 1, "queued for its capture");
+    assert_eq!(process(&worker, &next[0].to_string(), 1).await, Outcome::Done);
+    assert_eq!(status(&pool, id).await.0, "completed");
+    assert_eq!(balance(&payer.address).await, FUNDS - LINES * RATE, "charged the ceiling's lines × the rate");
+    assert_eq!(balance(&pay_to).await, LINES * RATE);
+    queue.delete().await;
+}

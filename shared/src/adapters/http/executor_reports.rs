@@ -46,7 +46,7 @@ pub fn router() -> OpenApiRouter<Arc<TaskCreateContext>> {
 struct ReportRequest {
     /// 1 to 64 characters of `[A-Za-z0-9_.:-]`.
     id: String,
-    /// `heartbeat`, `progress`, `log`, `usage`, `result` or `failure`.
+    /// `heartbeat`, `progress`, `log`, `usage`, `output`, `result` or `failure`.
     r#type: String,
     /// `progress`: how far, from 0 to 1.
     fraction: Option<f64>,
@@ -57,6 +57,13 @@ struct ReportRequest {
     line: Option<String>,
     /// `usage`, `result`: the units used so far (a metered kind).
     used: Option<u64>,
+    /// `output`: the file's name, `[A-Za-z0-9._-]{1,100}`, not `.` or `..`.
+    name: Option<String>,
+    /// `output`: the file's exact size in bytes, at most the catalog's
+    /// `uploads.max_bytes`.
+    size: Option<u64>,
+    /// `output`: the file's media type, which its PUT must carry.
+    content_type: Option<String>,
     /// `result`: the task's result, a JSON object of at most 1 MiB.
     result: Option<Value>,
     /// `failure`: whether another attempt may succeed.
@@ -65,13 +72,30 @@ struct ReportRequest {
     retry_after_seconds: Option<u64>,
 }
 
-/// What a recorded report answers (the same again for the same `id`).
+/// What a recorded report answers (the same again for the same `id`): for
+/// an `output` report, where to PUT the file; for the others `recorded`.
 #[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
 struct ReportAnswer {
-    recorded: bool,
+    recorded: Option<bool>,
     /// `usage`, a metered `result`: the units recorded.
     #[serde(skip_serializing_if = "Option::is_none")]
     used: Option<u64>,
+    /// `output`: a presigned PUT of `outputs/<space>/<task>/files/<name>`,
+    /// signed anew each time the report is answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    /// `output`: `PUT`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<String>,
+    /// `output`: the headers the PUT must carry as given (they are signed:
+    /// `content-length` is the declared size, `content-type` its type).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    headers: Option<std::collections::BTreeMap<String, String>>,
+    /// `output`: when the PUT's signature dies: the attempt's deadline, or
+    /// 15 minutes (the bucket's largest signature age), whichever is sooner.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<String>,
 }
 
 /// Report on an accepted job
@@ -79,7 +103,8 @@ struct ReportAnswer {
 /// A service that answered a job `202` reports here with the job's
 /// `report.token` as its bearer token, one report per request. Each is
 /// idempotent by its `id`: sent again, it answers what it answered the
-/// first time and does nothing more. Reports are fenced on the attempt the
+/// first time and does nothing more (an `output` report's PUT is signed
+/// again). Reports are fenced on the attempt the
 /// token names: a later attempt, a cancel or an end already recorded
 /// answers `409`, and the service should stop.
 #[utoipa::path(
@@ -99,9 +124,11 @@ struct ReportAnswer {
                            `canceled`: the buyer canceled the task; `ended`: the attempt already ended. \
                            Stop working on it."),
         (status = 413, body = ErrorEnvelope,
-            description = "`too_large`: the result is over 1 MiB; `body_too_large`: the body is larger still."),
+            description = "`too_large`: the result is over 1 MiB, or the output over the uploads' `max_bytes` \
+                           (or the attempt's 101st file); `body_too_large`: the body is larger still."),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),
-        (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope, description = concat!(doc_503_db!(),
+            " `storage_unavailable`: an output's PUT could not be signed; send the report again.")),
     ),
 )]
 async fn report(State(ctx): State<Arc<TaskCreateContext>>, headers: HeaderMap, body: Bytes) -> ApiResult<Json<Value>> {
@@ -114,6 +141,9 @@ async fn report(State(ctx): State<Arc<TaskCreateContext>>, headers: HeaderMap, b
         catalog: &ctx.catalog,
         lease: ctx.lease,
         max_attempts: ctx.max_attempts,
+        s3: &ctx.aws.s3,
+        bucket: &ctx.settings.bucket,
+        max_output_bytes: ctx.catalog.uploads.max_bytes,
     };
     let answered = match service::apply(&reports, &token, &id, &report).await {
         Ok(answered) => answered,
@@ -128,12 +158,22 @@ async fn report(State(ctx): State<Arc<TaskCreateContext>>, headers: HeaderMap, b
             tracing::warn!(error = %e, %task, "could not queue the task after a report; the sweeper will");
         }
     }
+    if let Some(put) = &answered.output {
+        // Signed as it is answered, the first time and each time again.
+        return match service::sign_output(&ctx.aws.s3, &ctx.settings.bucket, put).await {
+            Ok(upload) => Ok(Json(upload)),
+            Err(e) => {
+                tracing::error!(error = %e, "could not sign an output's PUT");
+                Err(ApiError::unavailable("storage_unavailable", "the output's upload could not be signed; try again"))
+            }
+        };
+    }
     Ok(Json(answered.body))
 }
 
 fn refused(refusal: ReportRefusal) -> ApiError {
     let mut error = ApiError::refused(&refusal);
-    if refusal == ReportRefusal::TooLarge {
+    if matches!(refusal, ReportRefusal::TooLarge | ReportRefusal::OutputTooLarge { .. }) {
         error.status = axum::http::StatusCode::PAYLOAD_TOO_LARGE;
     }
     error

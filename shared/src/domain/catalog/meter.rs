@@ -37,6 +37,10 @@ pub enum Unit {
     GiB,
     /// Seconds a run took, counted in milliseconds.
     Second,
+    /// A unit a kind's service names and counts itself (`unit = "token"`,
+    /// `"page"`): what its `usage` reports say, one for one. Only a kind
+    /// whose service reports (the executor protocol) may be priced in one.
+    Reported(&'static str),
 }
 
 impl Unit {
@@ -50,11 +54,18 @@ impl Unit {
             Unit::MiB => "MiB",
             Unit::GiB => "GiB",
             Unit::Second => "second",
+            Unit::Reported(name) => name,
         }
     }
 
+    /// One of [`Unit::ALL`] by its name, or else a service's own unit
+    /// (`[a-z_]{1,32}`).
     pub fn parse(name: &str) -> Option<Self> {
-        Unit::ALL.into_iter().find(|u| u.name() == name)
+        Unit::ALL.into_iter().find(|u| u.name() == name).or_else(|| {
+            let valid =
+                (1..=MAX_UNIT_CHARS).contains(&name.len()) && name.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+            valid.then(|| Unit::Reported(intern(name)))
+        })
     }
 
     /// How many of what an executor measures (bytes, or milliseconds) make
@@ -66,6 +77,7 @@ impl Unit {
             Unit::MiB => 1 << 20,
             Unit::GiB => 1 << 30,
             Unit::Second => 1000,
+            Unit::Reported(_) => 1,
         }
     }
 
@@ -75,6 +87,7 @@ impl Unit {
         match self {
             Unit::Byte | Unit::KiB | Unit::MiB | Unit::GiB => Quantity::Bytes,
             Unit::Second => Quantity::Milliseconds,
+            Unit::Reported(_) => Quantity::Reported,
         }
     }
 }
@@ -87,4 +100,23 @@ pub enum Quantity {
     Bytes,
     /// Milliseconds of run time: priced per `second`.
     Milliseconds,
+    /// What a service reports in a unit of its own naming.
+    Reported,
+}
+
+/// The longest name of a service's own unit.
+pub const MAX_UNIT_CHARS: usize = 32;
+
+/// The one `&'static` copy of a service unit's name: the catalog names few,
+/// and every load of it names the same ones, so what is kept is bounded by
+/// the distinct names ever read (each at most [`MAX_UNIT_CHARS`]).
+fn intern(name: &str) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = names.iter().find(|n| **n == name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.push(leaked);
+    leaked
 }

@@ -294,7 +294,11 @@ fn meter(f: &Fields, asset: Option<(&str, &Asset)>, executor: Option<&Executor>,
     let unit = f.required::<&str>("unit", p).and_then(|name| {
         let known = || Unit::ALL.map(Unit::name).join(", ");
         let checked = match (Unit::parse(name), executor) {
-            (None, _) => Err(format!("unknown unit {name:?} (known: {})", known())),
+            (None, _) => Err(format!(
+                "unknown unit {name:?} (known: {}; or, for a kind whose service reports, a unit of its own: \
+                 lowercase letters and _, at most 32)",
+                known()
+            )),
             (Some(unit), Some(executor)) if !executor.meters(unit) => {
                 let measured: Vec<&str> =
                     Unit::ALL.into_iter().filter(|u| executor.meters(*u)).map(Unit::name).collect();

@@ -95,8 +95,10 @@ pub(super) mod send {
 
     /// The largest answer accepted from an endpoint.
     const MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
-    /// The longest a presigned S3 link may live (SigV4's limit).
-    const MAX_LINK: Duration = Duration::from_secs(7 * 24 * 3600);
+    /// The longest a presigned S3 link may live: the bucket refuses a
+    /// signature older than 15 minutes (`storage_policy`), whatever its
+    /// expiry says, so no link is given a longer one.
+    const MAX_LINK: Duration = crate::domain::tasks::output::LINK_LIFETIME;
 
     fn rfc3339(at: OffsetDateTime) -> String {
         at.format(&Rfc3339).unwrap_or_default()
@@ -199,13 +201,18 @@ pub(super) mod send {
     }
 
     /// Every upload the input names (`upload_id`, `upload_ids`), each with
-    /// a link to read it until `deadline`.
+    /// a link to read it until `deadline` or for [`MAX_LINK`], whichever is
+    /// sooner, and when that is (`expires_at`).
     async fn files(deps: &ExecDeps, job: &Job<'_>, deadline: OffsetDateTime) -> Result<Vec<Value>, ExecError> {
         let mut named: Vec<&Value> = job.input.get("upload_id").into_iter().collect();
         if let Some(ids) = job.input.get("upload_ids").and_then(Value::as_array) {
             named.extend(ids);
         }
-        let life = Duration::try_from(deadline - OffsetDateTime::now_utc()).unwrap_or(Duration::ZERO).min(MAX_LINK);
+        // SigV4 dates are whole seconds: start on one, so `expires_at` is exact.
+        let now = OffsetDateTime::now_utc();
+        let start = now.replace_nanosecond(0).unwrap_or(now);
+        let life = Duration::try_from(deadline - start).unwrap_or(Duration::ZERO).min(MAX_LINK);
+        let expires_at = rfc3339(start + life);
         let mut files = Vec::with_capacity(named.len());
         for value in named {
             let id: Id = value.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
@@ -230,7 +237,11 @@ pub(super) mod send {
                     ));
                 }
             }
-            let config = PresigningConfig::expires_in(life).map_err(|e| ExecError::retryable("signing a link", e))?;
+            let config = PresigningConfig::builder()
+                .start_time(start.into())
+                .expires_in(life)
+                .build()
+                .map_err(|e| ExecError::retryable("signing a link", e))?;
             let url = deps
                 .s3
                 .get_object()
@@ -244,7 +255,7 @@ pub(super) mod send {
                 "url": url.uri(),
                 "size": row.size,
                 "content_type": row.content_type,
-                "expires_at": rfc3339(deadline),
+                "expires_at": expires_at,
             }));
         }
         Ok(files)

@@ -152,9 +152,11 @@ impl Executor {
         })
     }
 
-    /// Whether a metered price of this executor may count `unit`.
+    /// Whether a metered price of this executor may count `unit`: what it
+    /// measures, or (a kind whose service reports on its own) a unit the
+    /// service counts itself.
     pub fn meters(&self, unit: Unit) -> bool {
-        unit.quantity() == self.measures()
+        unit.quantity() == self.measures() || (unit.quantity() == Quantity::Reported && self.delegates())
     }
 }
 

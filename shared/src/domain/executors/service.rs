@@ -27,13 +27,16 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::{Executor, Recorded, Report, recorded};
+use crate::domain::auth::SpaceIndex;
 use crate::domain::auth::{ReportToken, ReportTokenError, Secret, verify_report_token};
 use crate::domain::catalog::Catalog;
 use crate::domain::error::{ErrorKind, Refusal, Wording};
 use crate::domain::ids::Id;
 use crate::domain::payments::{Held, HeldReport, Hold, MeteredAuthorization};
 use crate::domain::tasks::events::{Event, EventType, Publisher, running_event};
+use crate::domain::tasks::output::{LINK_LIFETIME, MAX_FILE_NAME_CHARS, files_prefix, valid_file_name};
 use crate::domain::tasks::{Change, Fence, RETRIES_EXHAUSTED, TaskStatus, task_error, transition_in};
+use crate::domain::uploads::{object_size, presign_put};
 
 /// The stable code of a task its service failed for good.
 pub const EXECUTOR_FAILED: &str = "executor_failed";
@@ -74,6 +77,10 @@ pub enum ReportRefusal {
     /// The report (a result) is over its limit.
     #[error("the report is too large")]
     TooLarge,
+    /// The declared output is over the size limit (`max` bytes), or the
+    /// attempt already declared [`MAX_OUTPUTS`] others.
+    #[error("the output is too large")]
+    OutputTooLarge { max: u64 },
 }
 
 impl ReportRefusal {
@@ -93,12 +100,14 @@ impl Refusal for ReportRefusal {
             ReportRefusal::Superseded => Self::SUPERSEDED,
             ReportRefusal::Canceled => Self::CANCELED,
             ReportRefusal::Ended => Self::ENDED,
-            ReportRefusal::TooLarge => Self::TOO_LARGE,
+            ReportRefusal::TooLarge | ReportRefusal::OutputTooLarge { .. } => Self::TOO_LARGE,
         }
     }
     fn kind(&self) -> ErrorKind {
         match self {
-            ReportRefusal::Invalid(_) | ReportRefusal::TooLarge => ErrorKind::Input,
+            ReportRefusal::Invalid(_) | ReportRefusal::TooLarge | ReportRefusal::OutputTooLarge { .. } => {
+                ErrorKind::Input
+            }
             ReportRefusal::Token => ErrorKind::Auth,
             ReportRefusal::Superseded | ReportRefusal::Canceled | ReportRefusal::Ended => ErrorKind::Conflict,
         }
@@ -111,6 +120,9 @@ impl Refusal for ReportRefusal {
             ReportRefusal::Canceled => "the buyer canceled the task; stop".into(),
             ReportRefusal::Ended => "this attempt already ended".into(),
             ReportRefusal::TooLarge => format!("the result is over {MAX_RESULT_BYTES} bytes"),
+            ReportRefusal::OutputTooLarge { max } => {
+                format!("an output may be at most {max} bytes, and an attempt may write at most {MAX_OUTPUTS} files")
+            }
         }
     }
 }
@@ -130,6 +142,11 @@ pub enum ServiceReport {
     },
     Usage {
         used: u64,
+    },
+    Output {
+        name: String,
+        size: u64,
+        content_type: String,
     },
     Result {
         result: Value,
@@ -152,6 +169,7 @@ impl ServiceReport {
             ServiceReport::Progress { .. } => "progress",
             ServiceReport::Log { .. } => "log",
             ServiceReport::Usage { .. } => "usage",
+            ServiceReport::Output { .. } => "output",
             ServiceReport::Result { .. } => "result",
             ServiceReport::Failure { .. } => "failure",
         }
@@ -194,6 +212,16 @@ pub fn parse(body: &[u8]) -> Result<(String, ServiceReport), ReportRefusal> {
                 return Err(ReportRefusal::TooLarge);
             }
         }
+        ServiceReport::Output { name, content_type, .. } => {
+            if !valid_file_name(name) {
+                return Err(invalid(format!(
+                    "name must be 1 to {MAX_FILE_NAME_CHARS} characters of A-Z a-z 0-9 . _ -, and not . or .."
+                )));
+            }
+            if !valid_content_type(content_type) {
+                return Err(invalid("content_type must be a media type, type/subtype".into()));
+            }
+        }
         ServiceReport::Failure { message, .. }
             if message.as_ref().is_some_and(|m| m.chars().count() > MAX_MESSAGE_CHARS) =>
         {
@@ -202,6 +230,14 @@ pub fn parse(body: &[u8]) -> Result<(String, ServiceReport), ReportRefusal> {
         _ => {}
     }
     Ok((id, report))
+}
+
+/// `type/subtype` (parameters allowed), printable ASCII, at most 255.
+fn valid_content_type(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    (3..=255).contains(&content_type.len())
+        && content_type.chars().all(|c| c.is_ascii_graphic() || c == ' ')
+        && essence.split_once('/').is_some_and(|(t, s)| !t.is_empty() && !s.is_empty() && !s.contains('/'))
 }
 
 fn valid_id(id: &str) -> bool {
@@ -227,6 +263,13 @@ pub struct Reports<'a> {
     pub lease: Duration,
     /// The attempts a task may have (`REEVE_MAX_RECEIVES`), as the worker counts them.
     pub max_attempts: u32,
+    /// The bucket a service's output files are written to, checked in (a
+    /// HEAD of each at the result).
+    pub s3: &'a aws_sdk_s3::Client,
+    pub bucket: &'a str,
+    /// The largest output file: the catalog's `[uploads]` `max_bytes`, as
+    /// the deployment caps it.
+    pub max_output_bytes: u64,
 }
 
 /// What the route does after the answer is committed: nothing, or queue
@@ -243,6 +286,47 @@ pub enum Then {
 pub struct Answered {
     pub body: Value,
     pub then: Then,
+    /// An `output` report's: the PUT to sign as its answer (see [`sign_output`]).
+    pub output: Option<OutputPut>,
+}
+
+/// The most output files one attempt may declare.
+pub const MAX_OUTPUTS: usize = 100;
+
+/// An output file a service declared: what its presigned PUT is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputPut {
+    pub key: String,
+    pub size: u64,
+    pub content_type: String,
+    /// The attempt's deadline: the link dies at it, if not sooner.
+    pub deadline: OffsetDateTime,
+}
+
+/// The answer to an `output` report: `{url, method: "PUT", headers,
+/// expires_at}`, a PUT of exactly the declared size and type, valid until
+/// the attempt's deadline or for [`LINK_LIFETIME`] (the bucket's largest
+/// signature age), whichever is sooner. Signed anew each time the report
+/// is answered: no signed URL is stored.
+pub async fn sign_output(s3: &aws_sdk_s3::Client, bucket: &str, put: &OutputPut) -> Result<Value, String> {
+    let left = put.deadline - OffsetDateTime::now_utc();
+    let lifetime = Duration::try_from(left).unwrap_or_default().min(LINK_LIFETIME).max(Duration::from_secs(1));
+    let size = i64::try_from(put.size).map_err(|_| "size is out of range".to_owned())?;
+    let signed = presign_put(s3, bucket, &put.key, size, &put.content_type, lifetime).await?;
+    let expires_at = signed.expires_at.format(&Rfc3339).unwrap_or_default();
+    Ok(json!({ "url": signed.url, "method": signed.method, "headers": signed.headers, "expires_at": expires_at }))
+}
+
+/// The output file a stored `output` answer recorded.
+fn recorded_output(answer: &Value, space: &SpaceIndex, task: Id, deadline: OffsetDateTime) -> Option<OutputPut> {
+    let output = answer.get("output")?;
+    let name = output.get("name")?.as_str().filter(|n| valid_file_name(n))?;
+    Some(OutputPut {
+        key: format!("{}{name}", files_prefix(space, task)),
+        size: output.get("size")?.as_u64()?,
+        content_type: output.get("content_type")?.as_str()?.to_owned(),
+        deadline,
+    })
 }
 
 /// Applies one report on the attempt `token` names; see the module
@@ -277,8 +361,10 @@ pub async fn apply(
     .fetch_optional(&mut *tx)
     .await
     .map_err(Err)?;
+    let space = &token.space;
     if let Some(answer) = stored {
-        return Ok(Answered { body: answer.0, then: Then::Nothing });
+        let output = recorded_output(&answer.0, space, task, token.expires_at);
+        return Ok(Answered { body: answer.0, then: Then::Nothing, output });
     }
     let status = TaskStatus::parse(&status).unwrap_or(TaskStatus::Failed);
     if attempts != token.attempt {
@@ -325,57 +411,74 @@ pub async fn apply(
         }
         ServiceReport::Usage { used } => {
             renew(&mut tx, &run, r.lease).await.map_err(Err)?;
+            // Recorded capped at what the authorization pays for.
+            let used = capped(*used, metered.as_ref());
             json!({ "recorded": true, "used": used })
         }
-        ServiceReport::Result { result, used } => match (&metered, spec) {
-            (Some(auth), Some(_)) => {
-                let used = match used {
-                    Some(used) => *used,
-                    None => last_usage(&mut tx, &run).await.map_err(Err)?,
-                };
-                let reports = held_reports(&mut tx, &run).await.map_err(Err)?;
-                // Reported in the kind's unit; held in what it measures.
-                let base =
-                    spec.and_then(|s| s.accepts.iter().find_map(|p| p.meter.as_ref())).map_or(1, |m| m.unit.base());
-                let run_held = Held { result: result.clone(), used: used.saturating_mul(base), reports };
-                match auth.hold_for_capture(&mut tx, task, &run_held).await.map_err(Err)? {
-                    None => return Err(Ok(ReportRefusal::Ended)),
-                    Some(Hold::Held) => {
-                        // Back to the queue, as the worker puts a task whose
-                        // capture is open: the worker that claims it only
-                        // resumes the capture and delivers this result (and
-                        // the sweeper re-sends it if the message is lost).
-                        let line = format!(
-                            "attempt {} finished and its payment is being settled; the task is not run again",
-                            run.attempt
-                        );
-                        let change = Change::Requeue { line: &line, due: None };
-                        let events =
-                            transition_in(&mut tx, task, Fence::Run(run.attempt), change).await.map_err(Err)?;
-                        done.events.extend(events.ok_or(Ok(ReportRefusal::Ended))?);
-                        done.then = Then::Enqueue { kind: kind.clone(), delay: Duration::ZERO };
+        ServiceReport::Output { name, size, content_type } => {
+            if *size > r.max_output_bytes {
+                return Err(Ok(ReportRefusal::OutputTooLarge { max: r.max_output_bytes }));
+            }
+            let declared = declared_outputs(&mut tx, &run).await.map_err(Err)?;
+            if declared.len() >= MAX_OUTPUTS && !declared.iter().any(|o| o["name"] == json!(name)) {
+                return Err(Ok(ReportRefusal::OutputTooLarge { max: r.max_output_bytes }));
+            }
+            renew(&mut tx, &run, r.lease).await.map_err(Err)?;
+            let content_type = content_type.trim().to_ascii_lowercase();
+            json!({ "recorded": true, "output": { "name": name, "size": size, "content_type": content_type } })
+        }
+        ServiceReport::Result { result, used } => {
+            let result = &with_outputs(r, &mut tx, &run, space, result.clone()).await.map_err(Err)?;
+            match (&metered, spec) {
+                (Some(auth), Some(_)) => {
+                    let used = match used {
+                        Some(used) => capped(*used, Some(auth)),
+                        None => last_usage(&mut tx, &run).await.map_err(Err)?,
+                    };
+                    let reports = held_reports(&mut tx, &run).await.map_err(Err)?;
+                    // Reported in the kind's unit; held in what it measures.
+                    let base =
+                        spec.and_then(|s| s.accepts.iter().find_map(|p| p.meter.as_ref())).map_or(1, |m| m.unit.base());
+                    let run_held = Held { result: result.clone(), used: used.saturating_mul(base), reports };
+                    match auth.hold_for_capture(&mut tx, task, &run_held).await.map_err(Err)? {
+                        None => return Err(Ok(ReportRefusal::Ended)),
+                        Some(Hold::Held) => {
+                            // Back to the queue, as the worker puts a task whose
+                            // capture is open: the worker that claims it only
+                            // resumes the capture and delivers this result (and
+                            // the sweeper re-sends it if the message is lost).
+                            let line = format!(
+                                "attempt {} finished and its payment is being settled; the task is not run again",
+                                run.attempt
+                            );
+                            let change = Change::Requeue { line: &line, due: None };
+                            let events =
+                                transition_in(&mut tx, task, Fence::Run(run.attempt), change).await.map_err(Err)?;
+                            done.events.extend(events.ok_or(Ok(ReportRefusal::Ended))?);
+                            done.then = Then::Enqueue { kind: kind.clone(), delay: Duration::ZERO };
+                        }
+                        Some(Hold::Released(payment)) => {
+                            let held: Vec<(EventType, Value)> = run_held
+                                .reports
+                                .iter()
+                                .filter_map(|r| Some((EventType::parse(&r.kind)?, r.data.clone())))
+                                .collect();
+                            let change = Change::Complete { result, payment: Some(&payment), held: &held };
+                            let events =
+                                transition_in(&mut tx, task, Fence::Run(run.attempt), change).await.map_err(Err)?;
+                            done.events.extend(events.ok_or(Ok(ReportRefusal::Ended))?);
+                        }
                     }
-                    Some(Hold::Released(payment)) => {
-                        let held: Vec<(EventType, Value)> = run_held
-                            .reports
-                            .iter()
-                            .filter_map(|r| Some((EventType::parse(&r.kind)?, r.data.clone())))
-                            .collect();
-                        let change = Change::Complete { result, payment: Some(&payment), held: &held };
-                        let events =
-                            transition_in(&mut tx, task, Fence::Run(run.attempt), change).await.map_err(Err)?;
-                        done.events.extend(events.ok_or(Ok(ReportRefusal::Ended))?);
-                    }
+                    json!({ "recorded": true, "used": used })
                 }
-                json!({ "recorded": true, "used": used })
+                _ => {
+                    let change = Change::Complete { result, payment: None, held: &[] };
+                    let events = transition_in(&mut tx, task, Fence::Run(run.attempt), change).await.map_err(Err)?;
+                    done.events.extend(events.ok_or(Ok(ReportRefusal::Ended))?);
+                    json!({ "recorded": true })
+                }
             }
-            _ => {
-                let change = Change::Complete { result, payment: None, held: &[] };
-                let events = transition_in(&mut tx, task, Fence::Run(run.attempt), change).await.map_err(Err)?;
-                done.events.extend(events.ok_or(Ok(ReportRefusal::Ended))?);
-                json!({ "recorded": true })
-            }
-        },
+        }
         ServiceReport::Failure { retryable: false, message, .. } => {
             let shown =
                 message.as_deref().filter(|m| !m.trim().is_empty()).unwrap_or("the service could not do the task");
@@ -433,7 +536,8 @@ pub async fn apply(
     if report.ends() {
         tracing::info!(%task, attempt = run.attempt, report = report.name(), "the service ended its attempt");
     }
-    Ok(Answered { body, then: done.then })
+    let output = recorded_output(&body, space, task, run.deadline);
+    Ok(Answered { body, then: done.then, output })
 }
 
 /// The attempt a report is on.
@@ -528,6 +632,72 @@ async fn held_reports(conn: &mut PgConnection, run: &Run) -> Result<Vec<HeldRepo
         held.push(HeldReport { kind: EventType::Log.as_str().to_owned(), data: json!({ "line": line }) });
     }
     Ok(held)
+}
+
+/// The output files the attempt declared, each once (the last declaration
+/// of a name wins), in the order they were first declared.
+async fn declared_outputs(conn: &mut PgConnection, run: &Run) -> Result<Vec<Value>, sqlx::Error> {
+    let rows: Vec<sqlx::types::Json<Value>> = sqlx::query_scalar(
+        "SELECT answer->'output' FROM executor_reports
+          WHERE task_id = $1 AND attempt = $2 AND type = 'output' ORDER BY at, report_id",
+    )
+    .bind(run.task)
+    .bind(run.attempt)
+    .fetch_all(conn)
+    .await?;
+    let mut outputs: Vec<Value> = Vec::new();
+    for row in rows {
+        match outputs.iter_mut().find(|o| o["name"] == row.0["name"]) {
+            Some(seen) => *seen = row.0,
+            None => outputs.push(row.0),
+        }
+    }
+    Ok(outputs)
+}
+
+/// The service's result with the output files it wrote: `outputs`, each
+/// `{name, size, content_type, key}` under the task's own `files/` prefix
+/// (Reeve's, replacing any `outputs` of the service's own). Each declared
+/// file is looked for: one never written is left out, and a size is the
+/// object's. A file that cannot be looked for (storage unreachable) is
+/// listed as declared; its link fails if it is not there.
+async fn with_outputs(
+    r: &Reports<'_>,
+    conn: &mut PgConnection,
+    run: &Run,
+    space: &SpaceIndex,
+    mut result: Value,
+) -> Result<Value, sqlx::Error> {
+    let declared = declared_outputs(conn, run).await?;
+    if declared.is_empty() {
+        return Ok(result);
+    }
+    let prefix = files_prefix(space, run.task);
+    let mut outputs = Vec::with_capacity(declared.len());
+    for mut output in declared {
+        let Some(name) = output["name"].as_str().filter(|n| valid_file_name(n)).map(str::to_owned) else { continue };
+        let key = format!("{prefix}{name}");
+        match object_size(r.s3, r.bucket, &key).await {
+            Ok(Some(size)) => output["size"] = json!(size),
+            Ok(None) => {
+                tracing::info!(task = %run.task, name, "a declared output was never written; it is not listed");
+                continue;
+            }
+            Err(e) => tracing::warn!(error = %e, task = %run.task, "could not look for an output; listed as declared"),
+        }
+        output["key"] = json!(key);
+        outputs.push(output);
+    }
+    if let Some(object) = result.as_object_mut() {
+        object.insert("outputs".into(), Value::Array(outputs));
+    }
+    Ok(result)
+}
+
+/// `used`, at most the units a metered task's authorization pays for (its
+/// ceiling over the rate): usage above it is neither recorded nor charged.
+fn capped(used: u64, auth: Option<&MeteredAuthorization>) -> u64 {
+    auth.and_then(MeteredAuthorization::ceiling_units).map_or(used, |ceiling| used.min(ceiling))
 }
 
 /// The most recent `usage` the attempt reported: what a result without

@@ -55,6 +55,14 @@ pub struct Authorization {
 }
 
 impl Authorization {
+    /// The most units the authorization pays for: its ceiling over the
+    /// rate (the job's `metered.ceiling`). `None`: unreadable numbers.
+    pub fn ceiling_units(&self) -> Option<u64> {
+        let ceiling = u128::try_from(self.row.amount.parse::<alloy_primitives::U256>().ok()?).unwrap_or(u128::MAX);
+        let rate: u128 = self.view.rate.parse().ok()?;
+        Some(u64::try_from(ceiling / rate.max(1)).unwrap_or(u64::MAX))
+    }
+
     /// The task's metered authorization; `None`: the task is not metered.
     pub async fn of(db: &PgPool, task: Id) -> Result<Option<Authorization>, sqlx::Error> {
         let Some(row) = ledger::open_authorization(db, task).await? else { return Ok(None) };

@@ -35,6 +35,25 @@ pub fn output_key(space: &SpaceIndex, task_id: Id) -> String {
     format!("outputs/{}/{task_id}/body", space.to_hex())
 }
 
+/// `outputs/<space-hex>/<task-ulid>/files/`: where a protocol kind's
+/// service writes its output files (docs/executors.md, `output` reports).
+pub fn files_prefix(space: &SpaceIndex, task_id: Id) -> String {
+    format!("outputs/{}/{task_id}/files/", space.to_hex())
+}
+
+/// The longest name of an output file.
+pub const MAX_FILE_NAME_CHARS: usize = 100;
+
+/// Whether `name` may name an output file: `[A-Za-z0-9._-]{1,100}`, and
+/// neither `.` nor `..`, so that it is one key component under
+/// [`files_prefix`] and nothing else.
+pub fn valid_file_name(name: &str) -> bool {
+    (1..=MAX_FILE_NAME_CHARS).contains(&name.len())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && name != "."
+        && name != ".."
+}
+
 /// Signs download links to the bucket's outputs. It holds a signer, not
 /// the S3 client: a function that reads results (task-status) links no S3
 /// client for them.
@@ -76,6 +95,7 @@ impl OutputLinks {
     }
 
     async fn present_result(&self, space: &SpaceIndex, task_id: Id, result: &mut Value, now: SystemTime) {
+        self.present_files(space, task_id, result, now).await;
         let key = output_key(space, task_id);
         if result.get("key").and_then(Value::as_str) != Some(key.as_str()) {
             return;
@@ -114,6 +134,36 @@ impl OutputLinks {
                 result["url"] = Value::Null;
                 result["url_expires_at"] = Value::Null;
             }
+        }
+    }
+
+    /// A protocol kind's output files (`result.outputs`, recorded from the
+    /// service's `output` reports): each gets `url` and `url_expires_at`,
+    /// signed now, if its `key` is its name under this task's own
+    /// [`files_prefix`]; any other entry gets no link.
+    async fn present_files(&self, space: &SpaceIndex, task_id: Id, result: &mut Value, now: SystemTime) {
+        let Some(outputs) = result.get_mut("outputs").and_then(Value::as_array_mut) else { return };
+        let prefix = files_prefix(space, task_id);
+        let since_epoch = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(since_epoch.as_secs());
+        for output in outputs.iter_mut().filter(|o| o.is_object()) {
+            let name = output.get("name").and_then(Value::as_str).filter(|n| valid_file_name(n));
+            let key = name.map(|n| format!("{prefix}{n}"));
+            let owned = key.as_deref().is_some_and(|k| output.get("key").and_then(Value::as_str) == Some(k));
+            let signed = match key.filter(|_| owned) {
+                Some(key) => match self.sign(&key, start, self.lifetime).await {
+                    Ok(url) => Some(url),
+                    Err(e) => {
+                        tracing::warn!(error = %e, task_id = %task_id, "signing an output file's link failed");
+                        None
+                    }
+                },
+                None => None,
+            };
+            let expires =
+                signed.as_ref().and_then(|_| OffsetDateTime::from(start + self.lifetime).format(&Rfc3339).ok());
+            output["url"] = json!(signed);
+            output["url_expires_at"] = json!(expires);
         }
     }
 
