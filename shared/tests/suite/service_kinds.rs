@@ -29,7 +29,7 @@ use reeve_shared::worker::{Outcome, WorkerContext, process};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::common::{self, QueuedApi as Api, post_json, send};
+use crate::common::{self, QueuedApi as Api, get_authed, post_json, send};
 
 /// Lines between the services' progress reports, small so a short text
 /// reports several times.
@@ -159,33 +159,28 @@ fn assert_reported_progress(events: &[(String, Value)]) {
     assert!(messages.iter().any(|m| m.starts_with("12 lines read")), "{messages:?}");
 }
 
-/// How the attempt ended. The services end with an `output` report (the
-/// CSV), then the `result`; until the report route takes `output`
-/// reports, the output is refused and the service ends its attempt as a
-/// retryable failure: the task is queued for its next attempt.
-async fn assert_ended(pool: &PgPool, id: Id) {
-    let (status, attempts, _) = task(pool, id).await;
-    let events = events(pool, id).await;
-    match status.as_str() {
-        "completed" => {
-            let result: Vec<&Value> = events.iter().filter(|(t, _)| t == "result").map(|(_, d)| d).collect();
-            let summary = result.last().map(|d| d.get("result").unwrap_or(d)).expect("a result event");
-            assert_eq!(summary["lines"], 12, "{summary}");
-            assert_eq!(summary["top"][0], json!({ "word": "the", "count": 36 }), "{summary}");
-            assert_eq!(summary["output"], "top-100.csv", "{summary}");
-        }
-        other => {
-            assert_eq!((other, attempts), ("queued", 1), "{events:?}");
-            let logged: Vec<&str> =
-                events.iter().filter(|(t, _)| t == "log").filter_map(|(_, d)| d["line"].as_str()).collect();
-            assert!(
-                logged.iter().any(|l| l.starts_with("attempt 1 did not finish (a temporary problem)")),
-                "{events:?}"
-            );
-            let (_, last) = events.last().unwrap();
-            assert!(last["status"] == "queued" && last["next_attempt_at"].is_string(), "{events:?}");
-        }
-    }
+/// How the attempt ended: completed with the summary, and the CSV the
+/// service uploaded through its `output` report listed in the buyer's
+/// result with a download link that gives the 100 words.
+async fn assert_ended(api: &Api, id: Id) {
+    let reply = send(&api.app, get_authed(&format!("/v1/tasks/{id}"), &api.token)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let task = &reply.body;
+    assert_eq!(task["status"], "completed", "{task}");
+    let summary = &task["result"];
+    assert_eq!(summary["lines"], 12, "{summary}");
+    assert_eq!(summary["top"][0], json!({ "word": "the", "count": 36 }), "{summary}");
+    assert_eq!(summary["output"], "top-100.csv", "{summary}");
+    let outputs = summary["outputs"].as_array().unwrap_or_else(|| panic!("the result lists its files: {summary}"));
+    assert_eq!(outputs.len(), 1, "{summary}");
+    assert_eq!(outputs[0]["name"], "top-100.csv", "{summary}");
+    let url = outputs[0]["url"].as_str().unwrap_or_else(|| panic!("a download link: {summary}"));
+    let csv = reqwest::get(url).await.unwrap();
+    assert!(csv.status().is_success(), "the link downloads: {}", csv.status());
+    let csv = csv.text().await.unwrap();
+    assert_eq!(outputs[0]["size"], csv.len(), "{summary}");
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows.get(1), Some(&"the,36"), "the most frequent word first: {csv}");
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
@@ -203,7 +198,7 @@ async fn wordfreq_is_invoked_under_cargo_lambda_watch_and_reports_to_reeve(pool:
     run_next(&api, &worker).await;
     wait_for_end(&pool, id, Duration::from_secs(120)).await;
     assert_reported_progress(&events(&pool, id).await);
-    assert_ended(&pool, id).await;
+    assert_ended(&api, id).await;
     api.queue.delete().await;
 }
 
@@ -251,7 +246,7 @@ async fn the_python_service_is_sold_as_an_http_protocol_kind(pool: PgPool) {
     run_next(&api, &worker).await;
     wait_for_end(&pool, id, Duration::from_secs(60)).await;
     assert_reported_progress(&events(&pool, id).await);
-    assert_ended(&pool, id).await;
+    assert_ended(&api, id).await;
     drop(service);
     api.queue.delete().await;
 }
