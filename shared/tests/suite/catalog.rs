@@ -103,7 +103,7 @@ fn shipped_catalog_loads_with_free_and_priced_tasks() {
 /// The kinds only the development catalog sells: the examples the local
 /// stack runs (examples/wordfreq under `cargo lambda watch`), which a
 /// deployment has no function for.
-const EXAMPLE_KINDS: &[&str] = &["wordfreq"];
+const EXAMPLE_KINDS: &[&str] = &["wordfreq", "wordfreq-metered"];
 
 /// The development catalog sells what reeve.toml sells, so the tests run the
 /// deployed tasks, but prices them on the local chain only, which the local

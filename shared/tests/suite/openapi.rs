@@ -24,7 +24,7 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 25] = [
+const ROUTES: [(&str, &str); 26] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -38,6 +38,7 @@ const ROUTES: [(&str, &str); 25] = [
     ("POST", "/v1/tasks/fetch-metered"),
     ("POST", "/v1/tasks/http"),
     ("POST", "/v1/tasks/wordfreq"),
+    ("POST", "/v1/tasks/wordfreq-metered"),
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
@@ -56,7 +57,7 @@ const ROUTES: [(&str, &str); 25] = [
 const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 19] = [
+const BEARER_ROUTES: [(&str, &str); 20] = [
     ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/space/rotate"),
     ("POST", "/v1/uploads"),
@@ -65,6 +66,7 @@ const BEARER_ROUTES: [(&str, &str); 19] = [
     ("POST", "/v1/tasks/fetch-metered"),
     ("POST", "/v1/tasks/http"),
     ("POST", "/v1/tasks/wordfreq"),
+    ("POST", "/v1/tasks/wordfreq-metered"),
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
@@ -224,6 +226,8 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/fetch-metered"),
         ("POST", "/v1/tasks/http"),
         ("POST", "/v1/tasks/wordfreq"),
+        ("POST", "/v1/tasks/wordfreq-metered"),
+    ("POST", "/v1/tasks/wordfreq-metered"),
     ]);
     let mut all = vec![];
     let (own, global) = same(&[
