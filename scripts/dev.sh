@@ -29,11 +29,12 @@ API="http://$BIND"
 # The development catalog's `wordfreq` kinds run examples/wordfreq, a Lambda
 # function (docs/executors.md): `cargo lambda watch` serves it where .env's
 # AWS_ENDPOINT_URL_LAMBDA points the worker's Invoke client, in a process
-# group of its own (it runs `cargo run` and the function under it).
+# group of its own (it runs `cargo run` and the function under it),
+# reporting its progress every 100 lines (README.md has about 1,300).
 LAMBDA_ADDR=${AWS_ENDPOINT_URL_LAMBDA:-http://127.0.0.1:9107}
 LAMBDA_ADDR=${LAMBDA_ADDR#http://}
 WATCH_LOG="$STACK_DIR/wordfreq-watch.log"
-setsid cargo lambda watch -p wordfreq -A "${LAMBDA_ADDR%:*}" -P "${LAMBDA_ADDR##*:}" --concurrency 4 \
+setsid cargo lambda watch -p wordfreq -A "${LAMBDA_ADDR%:*}" -P "${LAMBDA_ADDR##*:}" --concurrency 4 --env-var WORDFREQ_REPORT_EVERY=100 \
   </dev/null >"$WATCH_LOG" 2>&1 &
 WATCH_PID=$!
 trap 'kill -- "-$WATCH_PID" 2>/dev/null || true' EXIT

@@ -457,6 +457,15 @@ async fn watch_to_end(client: &mut Client, opts: &ClientOpts, id: Id, token: &st
     if opts.json {
         let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
         output::json(&task);
+    } else if status == TaskStatus::Completed {
+        // The stream carries a result's files without links (a link is
+        // signed when the task is read, so it is fresh): read it once more
+        // for them.
+        let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
+        for file in task["result"]["outputs"].as_array().into_iter().flatten() {
+            let text = |key: &str| file[key].as_str().unwrap_or("-").to_owned();
+            println!("output {}: {} (valid until {})", text("name"), text("url"), text("url_expires_at"));
+        }
     }
     Ok(outcome_code(status))
 }

@@ -3,7 +3,7 @@
 // The builders share the start-up module's helpers and imports.
 use super::http::api_parts;
 use super::relay::{relay_limits, relay_on};
-use super::worker::{protocol_deps, worker_on, worker_parts};
+use super::worker::{invoke_client, protocol_deps, worker_on, worker_parts};
 use super::*;
 
 // ---------------------------------------------------------------- serve
@@ -68,6 +68,7 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
             let mut ctx = worker_on(catalog, db.clone(), redis, clients, worker_settings, users, operators);
             ctx.chains = chains.clone();
             ctx.exec.protocol = protocol;
+            invoke_client(&mut ctx, sdk);
             Some(ctx)
         }
         None => None,

@@ -37,11 +37,22 @@ pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Resul
     let s3 = aws::s3(sdk, config.s3_endpoint().is_some());
     let mut ctx = worker_on(catalog, db, redis, (s3, aws::sqs(sdk)), worker_settings, users, operators);
     ctx.exec.protocol = protocol;
+    invoke_client(&mut ctx, sdk);
+    Ok(WorkerContext { chains, facilitator, ..ctx })
+}
+
+#[cfg(feature = "worker")]
+/// The Lambda Invoke client, for a catalog with a `lambda` kind (on the
+/// SDK's endpoint for Lambda: `AWS_ENDPOINT_URL_LAMBDA` locally). Every
+/// worker is built through here: the Lambda's, `reeve work`'s and `reeve
+/// serve`'s.
+pub(super) fn invoke_client(ctx: &mut WorkerContext, sdk: &SdkConfig) {
     #[cfg(feature = "lambda-invoke")]
     if ctx.catalog.tasks.values().any(|spec| matches!(spec.executor, crate::domain::executors::Executor::Lambda(_))) {
         ctx.exec.lambda = Some(aws::lambda(sdk));
     }
-    Ok(WorkerContext { chains, facilitator, ..ctx })
+    #[cfg(not(feature = "lambda-invoke"))]
+    let _ = (ctx, sdk);
 }
 
 #[cfg(feature = "worker")]

@@ -227,7 +227,7 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/http"),
         ("POST", "/v1/tasks/wordfreq"),
         ("POST", "/v1/tasks/wordfreq-metered"),
-    ("POST", "/v1/tasks/wordfreq-metered"),
+        ("POST", "/v1/tasks/wordfreq-metered"),
     ]);
     let mut all = vec![];
     let (own, global) = same(&[
