@@ -202,10 +202,20 @@ fn every_webhook_refusal() -> Vec<WebhookRefusal> {
 }
 
 fn every_token_refusal() -> Vec<TokenRefusal> {
-    let all = vec![TokenRefusal::Missing, TokenRefusal::Invalid, TokenRefusal::InUrl, TokenRefusal::Ticket];
+    let all = vec![
+        TokenRefusal::Missing,
+        TokenRefusal::Invalid,
+        TokenRefusal::InUrl,
+        TokenRefusal::Ticket,
+        TokenRefusal::Share,
+    ];
     for e in &all {
         match e {
-            TokenRefusal::Missing | TokenRefusal::Invalid | TokenRefusal::InUrl | TokenRefusal::Ticket => {}
+            TokenRefusal::Missing
+            | TokenRefusal::Invalid
+            | TokenRefusal::InUrl
+            | TokenRefusal::Ticket
+            | TokenRefusal::Share => {}
         }
     }
     all

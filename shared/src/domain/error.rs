@@ -164,6 +164,10 @@ pub enum TokenRefusal {
     /// whose session was ended.
     #[error("the stream ticket is invalid or expired")]
     Ticket,
+    /// A share link's token that is malformed, expired, for another task,
+    /// or made before a rotation of its Space's ID.
+    #[error("the share link is invalid or expired")]
+    Share,
 }
 
 impl TokenRefusal {
@@ -171,6 +175,7 @@ impl TokenRefusal {
     pub const INVALID: &'static str = "invalid_token";
     pub const IN_URL: &'static str = "token_in_url";
     pub const TICKET: &'static str = "invalid_ticket";
+    pub const SHARE: &'static str = "invalid_share";
 }
 
 impl Refusal for TokenRefusal {
@@ -180,6 +185,7 @@ impl Refusal for TokenRefusal {
             TokenRefusal::Invalid => TokenRefusal::INVALID,
             TokenRefusal::InUrl => TokenRefusal::IN_URL,
             TokenRefusal::Ticket => TokenRefusal::TICKET,
+            TokenRefusal::Share => TokenRefusal::SHARE,
         }
     }
     fn kind(&self) -> ErrorKind {
@@ -195,6 +201,9 @@ impl Refusal for TokenRefusal {
                 .into(),
             TokenRefusal::Ticket => "the stream ticket is invalid, expired (a ticket is good for 60 s to connect) or \
                 for another task; ask POST /v1/tasks/{id}/ticket for a new one"
+                .into(),
+            TokenRefusal::Share => "the share link is invalid, expired (a link lasts 24 h), for another task, or \
+                was ended by a rotation of its Space's ID; ask the task's owner for a new link"
                 .into(),
         }
     }

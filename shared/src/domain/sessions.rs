@@ -26,7 +26,7 @@
 use sqlx::PgPool;
 use time::{Duration, OffsetDateTime};
 
-use crate::domain::auth::{self, Secret, SessionToken, StreamTicket, TokenError};
+use crate::domain::auth::{self, Secret, SessionToken, ShareToken, SpaceIndex, StreamTicket, TokenError};
 use crate::domain::ids::Id;
 
 /// Why a session was not let in.
@@ -137,13 +137,61 @@ pub async fn ticket_for(
 ) -> Result<Option<(String, OffsetDateTime)>, sqlx::Error> {
     // The Space's `sessions_from`, if it owns the task: a ticket asked for
     // in a rotation's second is dated after it, as a session is.
-    let owned: Option<Option<OffsetDateTime>> = sqlx::query_scalar(
+    let owned = sessions_from_of_owner(db, session.space, task).await?;
+    Ok(owned.map(|from| auth::issue_ticket(key, session, task.to_bytes(), dated(OffsetDateTime::now_utc(), from))))
+}
+
+/// A share link's token for `task`, if the session's Space owns it (`None`
+/// for a missing task and another Space's alike). The link lasts
+/// [`auth::SHARE_TTL`] and outlives the session; a rotation ends it.
+pub async fn share_for(
+    db: &PgPool,
+    key: &Secret,
+    session: &SessionToken,
+    task: Id,
+) -> Result<Option<(String, OffsetDateTime)>, sqlx::Error> {
+    let owned = sessions_from_of_owner(db, session.space, task).await?;
+    Ok(owned
+        .map(|from| auth::issue_share(key, &session.space, task.to_bytes(), dated(OffsetDateTime::now_utc(), from))))
+}
+
+/// What a verified share link gets when it asks for a stream ticket.
+#[derive(Debug)]
+pub enum SharedTicket {
+    /// A ticket of the link's task, and until when it may connect.
+    Issued(String, OffsetDateTime),
+    /// The task is gone (its Space's retention deleted it).
+    NoTask,
+    /// The Space's ID was rotated after the link was made.
+    Ended,
+}
+
+/// A stream ticket for the one task `share` opens, unless the Space's ID
+/// was rotated since the link was made, or the task is gone.
+pub async fn ticket_for_share(db: &PgPool, key: &Secret, share: &ShareToken) -> Result<SharedTicket, sqlx::Error> {
+    let task = Id::from_bytes(&share.task).expect("16 bytes");
+    Ok(match sessions_from_of_owner(db, share.space, task).await? {
+        None => SharedTicket::NoTask,
+        Some(Some(from)) if from > share.issued_at() => SharedTicket::Ended,
+        Some(from) => {
+            let (ticket, expires_at) = auth::issue_ticket_for_share(key, share, dated(OffsetDateTime::now_utc(), from));
+            SharedTicket::Issued(ticket, expires_at)
+        }
+    })
+}
+
+/// The `sessions_from` of the Space that owns `task`, if `space` owns it.
+async fn sessions_from_of_owner(
+    db: &PgPool,
+    space: SpaceIndex,
+    task: Id,
+) -> Result<Option<Option<OffsetDateTime>>, sqlx::Error> {
+    sqlx::query_scalar(
         "SELECT s.sessions_from FROM tasks t JOIN spaces s ON s.idx = t.space_idx
          WHERE t.id = $1 AND t.space_idx = $2",
     )
     .bind(task)
-    .bind(session.space.as_bytes().as_slice())
+    .bind(space.as_bytes().as_slice())
     .fetch_optional(db)
-    .await?;
-    Ok(owned.map(|from| auth::issue_ticket(key, session, task.to_bytes(), dated(OffsetDateTime::now_utc(), from))))
+    .await
 }

@@ -32,6 +32,7 @@ mod rotation;
 mod s3_links;
 mod service;
 mod service_kinds;
+mod share;
 mod spaces;
 mod ssrf;
 mod startup;

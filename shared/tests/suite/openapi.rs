@@ -14,7 +14,7 @@ use axum::http::{Method, Request, StatusCode};
 use common::{Reply, TestQueue, get, get_authed, new_session, post_json, send};
 use reeve_shared::catalog::Catalog;
 use reeve_shared::http::stream;
-use reeve_shared::http::{self, BEARER, Ctx, STREAM_PATH, TICKET, app, openapi};
+use reeve_shared::http::{self, BEARER, Ctx, SHARE, STREAM_PATH, TICKET, app, openapi};
 use reeve_shared::ids::Id;
 use reeve_shared::settings;
 use serde_json::{Value, json};
@@ -43,6 +43,7 @@ const ROUTES: [(&str, &str); 26] = [
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
+    ("POST", "/v1/tasks/{task}/share"),
     ("GET", "/v1/space"),
     ("POST", "/v1/space/webhook-secret"),
     ("GET", "/v1/space/webhook"),
@@ -57,7 +58,7 @@ const ROUTES: [(&str, &str); 26] = [
 const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 20] = [
+const BEARER_ROUTES: [(&str, &str); 21] = [
     ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/space/rotate"),
     ("POST", "/v1/uploads"),
@@ -71,6 +72,7 @@ const BEARER_ROUTES: [(&str, &str); 20] = [
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
+    ("POST", "/v1/tasks/{task}/share"),
     ("GET", "/v1/space"),
     ("POST", "/v1/space/webhook-secret"),
     ("GET", "/v1/space/webhook"),
@@ -259,6 +261,8 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("GET", "/v1/tasks"),
         ("POST", "/v1/tasks/{task}/cancel"),
         ("POST", "/v1/tasks/{task}/ticket"),
+        ("POST", "/v1/tasks/{task}/share"),
+        ("POST", "/v1/tasks/{task}/share"),
         ("GET", "/v1/space"),
         ("POST", "/v1/space/webhook-secret"),
         ("GET", "/v1/space/webhook"),
@@ -412,6 +416,8 @@ fn bearer_routes_declare_the_security_requirement_and_public_ones_none() {
     assert_eq!(scheme["type"], "http", "{scheme}");
     assert_eq!(scheme["scheme"], "bearer", "{scheme}");
     assert!(doc.get("security").is_none(), "no document-wide requirement: public routes stay public");
+    let share = &doc["components"]["securitySchemes"][SHARE];
+    assert_eq!((&share["type"], &share["scheme"]), (&json!("http"), &json!("Share")), "{share}");
     let query = &doc["components"]["securitySchemes"][TICKET];
     assert_eq!((&query["type"], &query["in"], &query["name"]), (&json!("apiKey"), &json!("query"), &json!("ticket")));
 
@@ -419,9 +425,15 @@ fn bearer_routes_declare_the_security_requirement_and_public_ones_none() {
     for (route, op) in operations(&doc) {
         let declared = op.get("security").cloned().unwrap_or(Value::Null);
         if bearer.contains(&route) {
-            // The stream alone also takes a ticket as a query parameter.
-            let schemes =
-                if route.1 == STREAM_PATH { json!([{ BEARER: [] }, { TICKET: [] }]) } else { json!([{ BEARER: [] }]) };
+            // The stream alone also takes a ticket as a query parameter, and
+            // the ticket route alone a share link's token.
+            let schemes = if route.1 == STREAM_PATH {
+                json!([{ BEARER: [] }, { TICKET: [] }])
+            } else if route.1 == "/v1/tasks/{task}/ticket" {
+                json!([{ BEARER: [] }, { SHARE: [] }])
+            } else {
+                json!([{ BEARER: [] }])
+            };
             assert_eq!(declared, schemes, "{route:?}");
             let unauthorized = op["responses"]["401"]["description"].as_str().unwrap_or_default();
             assert!(unauthorized.contains("`missing_token`") && unauthorized.contains("`invalid_token`"), "{route:?}");
@@ -683,6 +695,25 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     let ticket = ticket.body["ticket"].as_str().unwrap();
     let another_task = format!("/v1/tasks/{}/events?ticket={ticket}", Id::new());
     assert_eq!(check("GET", STREAM_PATH, send(&app, get(&another_task)).await).code(), "invalid_ticket");
+    // A share link, and the ticket it gets.
+    let share_path = "/v1/tasks/{task}/share";
+    let share = check(
+        "POST",
+        share_path,
+        send(&app, post_json(&format!("/v1/tasks/{id}/share"), Some(&token), &json!({}))).await,
+    );
+    assert_eq!(share.status, StatusCode::OK, "{}", share.body);
+    let share = share.body["share"].as_str().unwrap();
+    let with_share = |task: &str| {
+        Request::post(format!("/v1/tasks/{task}/ticket"))
+            .header("authorization", format!("Share {share}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let shared = check("POST", "/v1/tasks/{task}/ticket", send(&app, with_share(id)).await);
+    assert_eq!(shared.status, StatusCode::OK, "{}", shared.body);
+    let refused = check("POST", "/v1/tasks/{task}/ticket", send(&app, with_share(&Id::new().to_string())).await);
+    assert_eq!(refused.code(), "invalid_share");
     let bad_resume = format!("/v1/tasks/{id}/events?ticket={ticket}&last_event_id=-1");
     assert_eq!(check("GET", STREAM_PATH, send(&app, get(&bad_resume)).await).code(), "invalid_last_event_id");
     let live = app.clone().oneshot(get_authed(&format!("/v1/tasks/{id}/events"), &token)).await.unwrap();
@@ -774,7 +805,11 @@ async fn the_document_is_made_from_the_catalog_it_is_served_with() {
     let creates: BTreeSet<Route> = routes_of(&doc)
         .into_iter()
         .filter(|(m, p)| {
-            m == "POST" && p.starts_with("/v1/tasks/") && !p.ends_with("/cancel") && !p.ends_with("/ticket")
+            m == "POST"
+                && p.starts_with("/v1/tasks/")
+                && !p.ends_with("/cancel")
+                && !p.ends_with("/ticket")
+                && !p.ends_with("/share")
         })
         .collect();
     assert_eq!(creates, expected(&[("POST", "/v1/tasks/count-words")]), "one create per kind, and only those");

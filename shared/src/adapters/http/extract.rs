@@ -122,6 +122,19 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     Ok(Some(token))
 }
 
+/// The token of an `Authorization: Share <token>` header (a share link's,
+/// `domain::auth::share`), the scheme matched without regard to case: only
+/// the stream-ticket route takes one. An empty one is returned as it is, to
+/// be refused as any bad share token is.
+pub fn share_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
+    scheme.eq_ignore_ascii_case(SHARE_SCHEME).then(|| token.trim())
+}
+
+/// The authentication scheme of a share link's token.
+pub const SHARE_SCHEME: &str = "Share";
+
 pub fn invalid_token() -> ApiError {
     ApiError::refused(&TokenRefusal::Invalid)
 }

@@ -78,6 +78,8 @@ mod openapi;
 #[cfg(feature = "relay")]
 mod relay_context;
 #[cfg(feature = "api-task-status")]
+mod share;
+#[cfg(feature = "api-task-status")]
 pub(crate) mod space_view;
 #[cfg(feature = "relay")]
 pub mod stream;
@@ -118,7 +120,7 @@ pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
 #[cfg(feature = "api")]
 pub use openapi::generated as generated_openapi;
 #[cfg(feature = "api-catalog")]
-pub use openapi::{BEARER, STREAM_PATH, TICKET, openapi};
+pub use openapi::{BEARER, SHARE, STREAM_PATH, TICKET, openapi};
 #[cfg(feature = "relay")]
 pub use relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx, RelayLimits};
 

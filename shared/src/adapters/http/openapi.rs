@@ -38,6 +38,11 @@ pub const BEARER: &str = "bearer";
 /// `Authorization` header, and a session token in a URL is refused.
 pub const TICKET: &str = "ticket";
 
+/// The name of the scheme only `POST /v1/tasks/{task}/ticket` accepts
+/// beside the bearer session: a share link's token, sent as
+/// `Authorization: Share <share>`.
+pub const SHARE: &str = "share";
+
 /// The routed path every task create shares; the document lists one
 /// concrete path per kind instead.
 const CREATE_TEMPLATE: &str = "/v1/tasks/{task}";
@@ -135,6 +140,12 @@ pub fn generated() -> Value {
             .collect(),
     );
     let mut doc = serde_json::to_value(doc).expect("the OpenAPI document serialises");
+    // utoipa names only the registered schemes; a share link's is Reeve's own.
+    doc["components"]["securitySchemes"][SHARE] = json!({
+        "type": "http", "scheme": super::extract::SHARE_SCHEME,
+        "description": "A share link's `share` token from `POST /v1/tasks/{task}/share`: stream tickets of that \
+            one task (`POST /v1/tasks/{task}/ticket`) for 24 h, and nothing else.",
+    });
     stream(&mut doc);
     doc
 }

@@ -83,7 +83,8 @@ pub fn create_router() -> OpenApiRouter<Arc<TaskCreateContext>> {
 }
 
 /// `GET /v1/tasks/{id}`, `GET /v1/tasks`, `POST /v1/tasks/{id}/cancel`,
-/// `POST /v1/tasks/{id}/ticket` and `GET /v1/space`: the task-status
+/// `POST /v1/tasks/{id}/ticket`, `POST /v1/tasks/{id}/share` and
+/// `GET /v1/space`: the task-status
 /// function's routes. They share it because
 /// each needs only Postgres and the Redis doorbell, no S3 or SQS: the owner
 /// reading and stopping what their Space owns.
@@ -93,6 +94,7 @@ pub fn status_router() -> OpenApiRouter<Arc<TaskStatusContext>> {
         .routes(routes!(list_tasks))
         .routes(routes!(cancel_task))
         .merge(super::ticket::router())
+        .merge(super::share::router())
         .merge(super::space_view::router())
         .merge(super::webhooks::router())
 }

@@ -6,6 +6,9 @@
 //!
 //! A successful check is exchanged for a short-lived session token
 //! ([`issue_token`] / [`verify_token`]), so Argon2id runs once per session.
+//! Narrower passes derive from a session: a stream ticket opens one task's
+//! stream for 60 s ([`issue_ticket`]); a share link gives stream tickets of
+//! one task for a day, to someone else ([`issue_share`]).
 //!
 //! Nothing here logs or formats a Space ID or a secret: `Debug` is redacted
 //! and no error message carries them.
@@ -14,6 +17,7 @@
 mod password;
 mod report_token;
 mod secret;
+mod share;
 mod space_id;
 mod ticket;
 mod token;
@@ -22,8 +26,9 @@ mod token;
 pub use password::{hash_space_id, verify_space_id};
 pub use report_token::{ReportToken, ReportTokenError, issue_report_token, verify_report_token};
 pub use secret::Secret;
+pub use share::{SHARE_TTL, ShareError, ShareToken, issue_share, verify_share};
 pub use space_id::{SpaceId, SpaceIndex, space_index};
-pub use ticket::{StreamTicket, TICKET_TTL, TicketError, issue_ticket, verify_ticket};
+pub use ticket::{StreamTicket, TICKET_TTL, TicketError, issue_ticket, issue_ticket_for_share, verify_ticket};
 pub use token::{
     SESSION_TTL, SessionId, SessionToken, TokenError, issue_token, looks_like_session_token, verify_session,
     verify_token,

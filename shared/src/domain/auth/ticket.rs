@@ -9,7 +9,7 @@
 //! | 1..17  | space index                                                |
 //! | 17..33 | task id (ULID bytes)                                       |
 //! | 33..41 | expiry, Unix seconds, big-endian `i64`                     |
-//! | 41..53 | the id of the session that asked for it                    |
+//! | 41..53 | the id of the session (or share link) that asked for it    |
 //! | 53..85 | `HMAC-SHA256(token_key, "reeve stream ticket\0" ‖ 0..53)`  |
 //!
 //! A ticket is narrower than a session in every way: it opens one task's
@@ -18,13 +18,17 @@
 //! token's length or version, and its MAC is over a different prefix, so no
 //! ticket is ever a valid session token, nor a session token a ticket. It
 //! carries its session's id, so ending the session ends its tickets too.
+//!
+//! A share link (`super::share`) has this same layout under its own kind
+//! byte and MAC prefix, and a ticket asked for with one carries the link's
+//! id instead of a session's.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use subtle::ConstantTimeEq;
 use time::{Duration, OffsetDateTime};
 
-use super::{Secret, SessionId, SessionToken, SpaceIndex, hmac_sha256};
+use super::{Secret, SessionId, SessionToken, ShareToken, SpaceIndex, hmac_sha256};
 
 /// How long a ticket may be used to connect.
 pub const TICKET_TTL: Duration = Duration::seconds(60);
@@ -39,6 +43,8 @@ const TICKET_LEN: usize = SIGNED_LEN + 32;
 pub struct StreamTicket {
     pub space: SpaceIndex,
     pub task: [u8; 16],
+    /// The session that asked for it, or the share link it was asked for
+    /// with: what ending it is checked against.
     pub session: SessionId,
     /// Until when it may be used to connect.
     pub expires_at: OffsetDateTime,
@@ -75,39 +81,79 @@ pub fn issue_ticket(
     task: [u8; 16],
     now: OffsetDateTime,
 ) -> (String, OffsetDateTime) {
-    let expires_at = (now + TICKET_TTL).replace_nanosecond(0).expect("0 is a valid nanosecond").min(session.expires_at);
-    let mut ticket = [0u8; TICKET_LEN];
-    ticket[0] = KIND;
-    ticket[1..17].copy_from_slice(session.space.as_bytes());
-    ticket[17..33].copy_from_slice(&task);
-    ticket[33..41].copy_from_slice(&expires_at.unix_timestamp().to_be_bytes());
-    ticket[41..SIGNED_LEN].copy_from_slice(session.id.as_bytes());
-    let mac = hmac_sha256(key.as_bytes(), &[DOMAIN, &ticket[..SIGNED_LEN]]);
-    ticket[SIGNED_LEN..].copy_from_slice(&mac);
-    (URL_SAFE_NO_PAD.encode(ticket), expires_at)
+    let holder = Holder { space: session.space, id: session.id, expires_at: session.expires_at };
+    issue(key, KIND, DOMAIN, &holder, task, now + TICKET_TTL)
 }
 
-/// The space and session a ticket for `task` was issued to, if it is well
-/// formed, signed with `key`, for that task, and not expired at `now`.
-pub fn verify_ticket(
+/// A ticket for the one task a share link opens, good to connect until the
+/// returned instant (at most the link's own expiry). It carries the link's
+/// id where a session's ticket carries the session's.
+pub fn issue_ticket_for_share(key: &Secret, share: &ShareToken, now: OffsetDateTime) -> (String, OffsetDateTime) {
+    let holder = Holder { space: share.space, id: share.id, expires_at: share.expires_at };
+    issue(key, KIND, DOMAIN, &holder, share.task, now + TICKET_TTL)
+}
+
+/// Who a task pass (a ticket or a share link) is issued to: a Space, and the
+/// id of the session or link that asked for it.
+pub(super) struct Holder {
+    pub space: SpaceIndex,
+    pub id: SessionId,
+    /// What the pass may not outlive.
+    pub expires_at: OffsetDateTime,
+}
+
+/// A task pass of `kind`, MACed under `domain`: one layout for tickets and
+/// share links, told apart by their first byte and their MAC's prefix.
+pub(super) fn issue(
     key: &Secret,
-    ticket: &str,
+    kind: u8,
+    domain: &[u8],
+    holder: &Holder,
+    task: [u8; 16],
+    until: OffsetDateTime,
+) -> (String, OffsetDateTime) {
+    let expires_at = until.replace_nanosecond(0).expect("0 is a valid nanosecond").min(holder.expires_at);
+    let mut pass = [0u8; TICKET_LEN];
+    pass[0] = kind;
+    pass[1..17].copy_from_slice(holder.space.as_bytes());
+    pass[17..33].copy_from_slice(&task);
+    pass[33..41].copy_from_slice(&expires_at.unix_timestamp().to_be_bytes());
+    pass[41..SIGNED_LEN].copy_from_slice(holder.id.as_bytes());
+    let mac = hmac_sha256(key.as_bytes(), &[domain, &pass[..SIGNED_LEN]]);
+    pass[SIGNED_LEN..].copy_from_slice(&mac);
+    (URL_SAFE_NO_PAD.encode(pass), expires_at)
+}
+
+/// What a verified task pass says.
+pub(super) struct Opened {
+    pub space: SpaceIndex,
+    pub id: SessionId,
+    pub expires_at: OffsetDateTime,
+}
+
+/// A task pass of `kind` under `domain`, if it is well formed, signed with
+/// `key`, for `task`, and not expired at `now`.
+pub(super) fn open(
+    key: &Secret,
+    kind: u8,
+    domain: &[u8],
+    pass: &str,
     task: [u8; 16],
     now: OffsetDateTime,
-) -> Result<StreamTicket, TicketError> {
-    if ticket.len() != base64::encoded_len(TICKET_LEN, false).expect("small") {
+) -> Result<Opened, TicketError> {
+    if pass.len() != base64::encoded_len(TICKET_LEN, false).expect("small") {
         return Err(TicketError::Malformed);
     }
     let mut bytes = [0u8; TICKET_LEN];
-    match URL_SAFE_NO_PAD.decode_slice(ticket, &mut bytes) {
+    match URL_SAFE_NO_PAD.decode_slice(pass, &mut bytes) {
         Ok(TICKET_LEN) => {}
         _ => return Err(TicketError::Malformed),
     }
     let (signed, mac) = bytes.split_at(SIGNED_LEN);
-    if signed[0] != KIND {
+    if signed[0] != kind {
         return Err(TicketError::Malformed);
     }
-    let expected = hmac_sha256(key.as_bytes(), &[DOMAIN, signed]);
+    let expected = hmac_sha256(key.as_bytes(), &[domain, signed]);
     if !bool::from(expected.ct_eq(mac)) {
         return Err(TicketError::BadSignature);
     }
@@ -118,13 +164,23 @@ pub fn verify_ticket(
     if now.unix_timestamp() >= expiry {
         return Err(TicketError::Expired);
     }
-    let expires_at = OffsetDateTime::from_unix_timestamp(expiry).map_err(|_| TicketError::Malformed)?;
-    Ok(StreamTicket {
-        expires_at,
+    Ok(Opened {
+        expires_at: OffsetDateTime::from_unix_timestamp(expiry).map_err(|_| TicketError::Malformed)?,
         space: SpaceIndex::from_array(signed[1..17].try_into().expect("16 bytes")),
-        task,
-        session: SessionId::from_slice(&signed[41..SIGNED_LEN]).expect("12 bytes"),
+        id: SessionId::from_slice(&signed[41..SIGNED_LEN]).expect("12 bytes"),
     })
+}
+
+/// The space and session a ticket for `task` was issued to, if it is well
+/// formed, signed with `key`, for that task, and not expired at `now`.
+pub fn verify_ticket(
+    key: &Secret,
+    ticket: &str,
+    task: [u8; 16],
+    now: OffsetDateTime,
+) -> Result<StreamTicket, TicketError> {
+    let opened = open(key, KIND, DOMAIN, ticket, task, now)?;
+    Ok(StreamTicket { space: opened.space, task, session: opened.id, expires_at: opened.expires_at })
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ impl SessionId {
         bytes.try_into().ok().map(SessionId)
     }
 
-    fn generate() -> SessionId {
+    pub(super) fn generate() -> SessionId {
         let mut id = [0u8; SESSION_ID_LEN];
         // The OS RNG fails only where the process could not have started
         // (no entropy source at all); the Space ID's draw reports it.
