@@ -363,6 +363,73 @@ test("a digest task from the file picker to its SHA-256", async () => {
   }
 });
 
+// The link the share test made, for the rotation test to end.
+let shared;
+
+test("Share makes a link that watches the one task read-only, renewing its ticket with the share token; no session token in it", async () => {
+  // The page watches the digest task the test before completed.
+  const task = await page.evaluate(() => document.body.dataset.watching);
+  assert.match(task, /^[0-9A-HJKMNP-TV-Z]{26}$/);
+  const token = await page.evaluate(() => state.token);
+  const spaceId = await page.evaluate(() => state.spaceId);
+  assert.equal(await page.locator("#share-task").isHidden(), false, "the owner may share");
+  await page.click("#share-task");
+  await page.waitForSelector("#share:not([hidden])");
+  const link = await page.locator("#share-link").inputValue();
+  const url = new URL(link);
+  assert.equal(url.origin, new URL(page.url()).origin, "a link to this console");
+  const fragment = new URLSearchParams(url.hash.slice(1));
+  assert.equal(fragment.get("task"), task);
+  const share = fragment.get("share");
+  assert.ok(share && url.search === "", `the share token is in the fragment, never the query: ${link}`);
+  assert.ok(!link.includes(token) && !link.includes(spaceId), `the link carries neither the session token nor the Space ID: ${link}`);
+  assert.match(await text("#share"), /24 hours/);
+  shared = { task, share };
+
+  // Someone else opens it: a page of its own, no Space, no session.
+  const other = await context.newPage();
+  other.on("pageerror", (e) => pageErrors.push(e));
+  const asked = [];
+  other.on("request", (r) => {
+    if (new URL(r.url()).pathname.startsWith("/v1/")) asked.push({ url: r.url(), method: r.method(), authorization: r.headers().authorization || "" });
+  });
+  try {
+    await other.goto(link);
+    await other.waitForSelector("body[data-finished]", { timeout: 30_000 });
+    assert.equal(await other.locator("body").getAttribute("data-finished"), "completed");
+    assert.equal(await other.locator("#status").textContent(), "completed");
+    assert.match(await other.locator("#log").textContent(), /result ready/);
+    assert.equal(JSON.parse(await other.locator("#result-json").textContent()).size, 3 * 1024 * 1024 + 12345);
+    // It asked for a ticket with the share token, in the header, and opened
+    // the stream with that ticket; no URL held the share or a session.
+    const tickets = asked.filter((r) => r.method === "POST" && r.url.endsWith(`/v1/tasks/${task}/ticket`));
+    assert.equal(tickets.length, 1, JSON.stringify(asked));
+    assert.equal(tickets[0].authorization, `Share ${share}`);
+    assert.ok(asked.some((r) => /\/events\?ticket=/.test(r.url)), JSON.stringify(asked));
+    for (const r of asked) assert.ok(!r.url.includes(share) && !r.url.includes(token), `a credential in a URL: ${r.url}`);
+    assert.ok(!asked.some((r) => r.authorization.startsWith("Bearer")), "the shared page holds no session");
+    // It may watch, no more: no Share button, no Space, and the share token
+    // opens nothing where a session is needed.
+    assert.equal(await other.locator("#share-task").isHidden(), true);
+    assert.equal(await other.evaluate(() => state.token), null);
+    const asSession = await other.evaluate(async (s) => (await fetch("/v1/space", { headers: { authorization: `Bearer ${s}` } })).status, share);
+    assert.equal(asSession, 401);
+
+    // A new stream asks for a new ticket with the share: watched again, the
+    // page trades the same share token for a fresh ticket.
+    await other.evaluate(([t, s]) => watch(t, null, null, { share: s }), [task, share]);
+    await other.waitForSelector("body[data-finished=completed]");
+    assert.equal(asked.filter((r) => r.method === "POST" && r.url.endsWith("/ticket")).length, 2);
+
+    // A link for another task shows the refusal in words.
+    await other.goto("about:blank");
+    await other.goto(`${url.origin}/#task=${task.slice(0, -1)}${task.endsWith("0") ? "1" : "0"}&share=${share}`);
+    await other.waitForFunction(() => /invalid_share/.test(document.getElementById("status").textContent));
+  } finally {
+    await other.close();
+  }
+});
+
 test("a priced task shows its payment requirements, each with a Pay button for the wallet", async () => {
   await priced("report.bin");
   const rows = await page.locator("#payment-table tbody tr").allTextContents();
@@ -840,6 +907,12 @@ test("Rotate the Space ID asks first, then shows the new ID once; the old one op
   assert.equal((await login(newId)).status, 200, "the new one opens the Space");
   const before = await fetch(`${base}/v1/space`, { headers: { authorization: `Bearer ${oldToken}` } });
   assert.equal(before.status, 401, "the session from before is ended");
+  // So is every share link made before.
+  if (shared) {
+    const ticket = await fetch(`${base}/v1/tasks/${shared.task}/ticket`, { method: "POST", headers: { authorization: `Share ${shared.share}` } });
+    assert.equal(ticket.status, 401, "a share link from before the rotation");
+    assert.equal((await ticket.json()).error.code, "invalid_share");
+  }
 
   await page.click("#tasks-refresh");
   await page.waitForFunction((n) => document.querySelectorAll("#tasks tbody tr").length === n, tasksBefore);

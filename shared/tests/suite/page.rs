@@ -1,5 +1,6 @@
 //! The relay's page as a watcher in a real browser: headless Chromium loads
-//! it with a task and a stream ticket in the fragment (a share link),
+//! it with a task and a stream ticket in the fragment (a link that connects
+//! once; share links, which renew their tickets, are in tests/console),
 //! follows the stream through EventSource, and the page ends showing
 //! `completed` with a full progress bar and readable log lines. The whole
 //! console, from a file picker to a result, is tests/console (run by
