@@ -4,12 +4,21 @@
 //!
 //! Behind the template's optional CloudFront edge (with its WAF), every
 //! request reaches API Gateway from CloudFront, so `sourceIp` is one of
-//! CloudFront's addresses, shared by every viewer of an edge. CloudFront
-//! then says who the viewer was (`CloudFront-Viewer-Address`), and adds an
-//! origin header holding a secret only it and the functions know
-//! ([`EDGE_SECRET_HEADER`]). The viewer address is believed only beside that
-//! secret: anyone can reach API Gateway's own URL around CloudFront and
-//! send a `CloudFront-Viewer-Address` of their choosing ([`client_behind`]).
+//! CloudFront's addresses, shared by every viewer of an edge. The edge's
+//! viewer-request function then says who the viewer was
+//! ([`VIEWER_ADDRESS_HEADER`]), and CloudFront adds an origin header holding
+//! a secret only it and the functions know ([`EDGE_SECRET_HEADER`]). The
+//! viewer address is believed only beside that secret: anyone can reach API
+//! Gateway's own URL around CloudFront and send a viewer address of their
+//! choosing ([`client_behind`]).
+//!
+//! Why a header of Reeve's own rather than CloudFront's
+//! `CloudFront-Viewer-Address`: CloudFront adds its own headers only where
+//! an origin request policy names them, and the one kind of policy that
+//! does (`allViewerAndWhitelistCloudFront`) also forwards the viewer's
+//! `Host`, which API Gateway refuses; the managed AllViewerExceptHostHeader
+//! policy forwards the viewer's headers but none of CloudFront's. A
+//! function's header is a viewer header, which that policy forwards.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -24,10 +33,10 @@ use subtle::ConstantTimeEq;
 /// CloudFront replaces a viewer's own header of that name.
 pub const EDGE_SECRET_HEADER: &str = "x-reeve-edge-secret";
 
-/// The viewer's address and source port as CloudFront saw them:
-/// `198.51.100.10:46532`, and for IPv6 the address as it is written, with
-/// the port after its last colon (`2001:db8::8a2e:370:7334:46532`).
-pub const VIEWER_ADDRESS_HEADER: &str = "cloudfront-viewer-address";
+/// The viewer's address as CloudFront saw it, alone (`198.51.100.10`,
+/// `2001:db8::8a2e:370:7334`): what the template's viewer-request function
+/// writes from `event.viewer.ip`, in place of any the viewer sent.
+pub const VIEWER_ADDRESS_HEADER: &str = "x-reeve-viewer-address";
 
 /// The secret CloudFront's origin header carries. Compared in constant
 /// time; never shown (`Debug` is redacted).
@@ -67,33 +76,19 @@ impl std::fmt::Debug for EdgeSecret {
 /// `edge` configured and sent alongside, the viewer address CloudFront
 /// forwarded; in every other case (no edge, no secret or a wrong one, a
 /// viewer address that does not parse) the address as the transport saw it
-/// ([`client_of`]), whatever `CloudFront-Viewer-Address` says.
+/// ([`client_of`]), whatever [`VIEWER_ADDRESS_HEADER`] says.
 pub fn client_behind(edge: Option<&EdgeSecret>, headers: &HeaderMap, extensions: &Extensions) -> Option<IpAddr> {
     edge.filter(|edge| edge.vouches_for(headers))
         .and_then(|_| viewer_address(headers))
         .or_else(|| client_of(extensions))
 }
 
-/// The one `CloudFront-Viewer-Address` of `headers`, as an address.
+/// The one [`VIEWER_ADDRESS_HEADER`] of `headers`, as an address: a bare
+/// IPv4 or IPv6 address, nothing else (no port, no list).
 fn viewer_address(headers: &HeaderMap) -> Option<IpAddr> {
     let mut sent = headers.get_all(VIEWER_ADDRESS_HEADER).iter();
     let (Some(value), None) = (sent.next(), sent.next()) else { return None };
-    parse_viewer(value.to_str().ok()?.trim())
-}
-
-/// `ip:port` (IPv4), `v6:port` (IPv6 with the port after its last colon, as
-/// CloudFront writes it) or `[v6]:port`; the port must be one.
-fn parse_viewer(value: &str) -> Option<IpAddr> {
-    if let Ok(socket) = value.parse::<SocketAddr>() {
-        return Some(socket.ip());
-    }
-    let (address, port) = value.rsplit_once(':')?;
-    port.parse::<u16>().ok()?;
-    match address.parse::<IpAddr>().ok()? {
-        // `1.2.3.4:5` parsed above; an IPv4 address here had more colons.
-        IpAddr::V4(_) => None,
-        v6 => Some(v6),
-    }
+    value.to_str().ok()?.trim().parse().ok()
 }
 
 /// The address a request came from, as its transport saw it: the TCP peer
@@ -252,35 +247,34 @@ mod tests {
         // (the edge configured?, headers, client)
         type Case<'a> = (bool, &'a [(&'a str, &'a str)], Option<IpAddr>);
         let cases: &[Case] = &[
-            // AWS's documented forms: IPv4 `ip:port`, IPv6 with the port after its last colon.
-            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:46532")], ip("198.51.100.10")),
-            (true, &[secret, (VIEWER_ADDRESS_HEADER, "2001:db8::8a2e:370:7334:46532")], ip("2001:db8::8a2e:370:7334")),
-            (true, &[secret, (VIEWER_ADDRESS_HEADER, "2001:db8:1:2:3:4:5:6:443")], ip("2001:db8:1:2:3:4:5:6")),
-            (true, &[secret, (VIEWER_ADDRESS_HEADER, "[2001:db8::7]:4711")], ip("2001:db8::7")),
+            // What the edge's function writes: the viewer's address, alone.
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10")], ip("198.51.100.10")),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "2001:db8::8a2e:370:7334")], ip("2001:db8::8a2e:370:7334")),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, " 2001:db8::7 ")], ip("2001:db8::7")),
             // Forged: no secret, a wrong one, one of another length, two of them.
-            (true, &[(VIEWER_ADDRESS_HEADER, "198.51.100.10:46532")], Some(source)),
-            (true, &[(EDGE_SECRET_HEADER, "guess"), (VIEWER_ADDRESS_HEADER, "198.51.100.10:1")], Some(source)),
+            (true, &[(VIEWER_ADDRESS_HEADER, "198.51.100.10")], Some(source)),
+            (true, &[(EDGE_SECRET_HEADER, "guess"), (VIEWER_ADDRESS_HEADER, "198.51.100.10")], Some(source)),
             (
                 true,
                 &[
                     (EDGE_SECRET_HEADER, "the-edge-secret-of-this-deployment-0123456788"),
-                    (VIEWER_ADDRESS_HEADER, "198.51.100.10:1"),
+                    (VIEWER_ADDRESS_HEADER, "198.51.100.10"),
                 ],
                 Some(source),
             ),
-            (true, &[secret, secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:1")], Some(source)),
+            (true, &[secret, secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10")], Some(source)),
             // No edge configured: the header is nobody's word, secret or not.
-            (false, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:46532")], Some(source)),
-            // Nothing a CloudFront would write: the transport's address.
+            (false, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10")], Some(source)),
+            // Nothing the edge's function would write: the transport's address.
             (true, &[secret], Some(source)),
-            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10")], Some(source)),
-            (true, &[secret, (VIEWER_ADDRESS_HEADER, "2001:db8::7")], Some(source)),
-            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:99999")], Some(source)),
-            (true, &[secret, (VIEWER_ADDRESS_HEADER, "1.2.3.4:5:6")], Some(source)),
-            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:1, 203.0.113.1:2")], Some(source)),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:46532")], Some(source)),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "[2001:db8::7]:4711")], Some(source)),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100")], Some(source)),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10, 203.0.113.1")], Some(source)),
+            (true, &[secret, (VIEWER_ADDRESS_HEADER, "example.com")], Some(source)),
             (
                 true,
-                &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10:1"), (VIEWER_ADDRESS_HEADER, "203.0.113.1:2")],
+                &[secret, (VIEWER_ADDRESS_HEADER, "198.51.100.10"), (VIEWER_ADDRESS_HEADER, "203.0.113.1")],
                 Some(source),
             ),
         ];

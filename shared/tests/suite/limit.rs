@@ -255,10 +255,9 @@ async fn a_rotation_spends_the_space_budget(pool: PgPool) {
 }
 
 /// Behind the CloudFront edge every request comes from CloudFront's address,
-/// and the viewer's is in `CloudFront-Viewer-Address`: with the edge's
-/// secret in `X-Reeve-Edge-Secret` that viewer is the client (IPv4 `ip:port`,
-/// IPv6 with the port after its last colon, grouped by /56), on REST and
-/// MCP alike; without the secret, or with a wrong one, the header is a
+/// and the viewer's is in `X-Reeve-Viewer-Address` (the edge's function
+/// writes it): with the edge's secret in `X-Reeve-Edge-Secret` that viewer
+/// is the client (an IPv6 one grouped by /56), on REST and MCP alike; without the secret, or with a wrong one, the header is a
 /// forgery and the request counts against its source address. Started as
 /// the `auth` function is, with `REEVE_EDGE_SECRET` and a budget of 2.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
@@ -279,27 +278,27 @@ async fn behind_the_edge_the_viewer_is_the_client_only_beside_its_secret(pool: P
         let (app, event) = (f.auth.clone(), event("auth-create-space", headers));
         async move { through_lambda(app, &event).await }
     };
-    let viewer = |address: &'static str| ("cloudfront-viewer-address", address);
+    let viewer = |address: &'static str| (reeve_shared::http::VIEWER_ADDRESS_HEADER, address);
     let (secret, wrong) =
         (("x-reeve-edge-secret", SECRET), ("x-reeve-edge-secret", "the-edge-secret-cloudfront-sends-0123456780"));
 
     // Forged: each request names another viewer, but without the secret (or
     // with a wrong one) all count against CloudFront's address.
-    assert_eq!(create(&[viewer("203.0.113.1:1000")]).await.status, 201);
-    assert_eq!(create(&[viewer("203.0.113.2:1000"), wrong]).await.status, 201);
-    rest_refused(&create(&[viewer("203.0.113.3:1000")]).await, 50..=60, "a forged viewer, no secret");
-    rest_refused(&create(&[viewer("203.0.113.4:1000"), wrong]).await, 50..=60, "a forged viewer, a wrong secret");
+    assert_eq!(create(&[viewer("203.0.113.1")]).await.status, 201);
+    assert_eq!(create(&[viewer("203.0.113.2"), wrong]).await.status, 201);
+    rest_refused(&create(&[viewer("203.0.113.3")]).await, 50..=60, "a forged viewer, no secret");
+    rest_refused(&create(&[viewer("203.0.113.4"), wrong]).await, 50..=60, "a forged viewer, a wrong secret");
     rest_refused(&create(&[]).await, 50..=60, "CloudFront's own address");
 
     // With the secret, the viewer is the client: its own budget of 2.
-    for address in ["198.51.100.23:1", "198.51.100.23:2"] {
+    for address in ["198.51.100.23", " 198.51.100.23 "] {
         assert_eq!(create(&[viewer(address), secret]).await.status, 201, "an IPv4 viewer from {address}");
     }
-    rest_refused(&create(&[viewer("198.51.100.23:3"), secret]).await, 50..=60, "the IPv4 viewer's third");
-    // IPv6 as CloudFront writes it; one /56 is one client.
-    assert_eq!(create(&[viewer("2001:db8:a:b00::1:443"), secret]).await.status, 201);
-    assert_eq!(create(&[viewer("2001:db8:a:bff:1:2:3:4:80"), secret]).await.status, 201);
-    rest_refused(&create(&[viewer("[2001:db8:a:b42::9]:8080"), secret]).await, 50..=60, "the same /56's third");
+    rest_refused(&create(&[viewer("198.51.100.23"), secret]).await, 50..=60, "the IPv4 viewer's third");
+    // IPv6 viewers: one /56 is one client.
+    assert_eq!(create(&[viewer("2001:db8:a:b00::1"), secret]).await.status, 201);
+    assert_eq!(create(&[viewer("2001:db8:a:bff:1:2:3:4"), secret]).await.status, 201);
+    rest_refused(&create(&[viewer("2001:db8:a:b42::9"), secret]).await, 50..=60, "the same /56's third");
 
     // MCP's create_space counts the same viewer, beside the same secret.
     let tool = |headers: &[(&str, &str)]| {
@@ -317,9 +316,9 @@ async fn behind_the_edge_the_viewer_is_the_client_only_beside_its_secret(pool: P
         let (app, event) = (f.mcp.clone(), event.to_string());
         async move { through_lambda(app, &event).await }
     };
-    let answered = tool(&[viewer("192.0.2.55:5"), secret]).await;
+    let answered = tool(&[viewer("192.0.2.55"), secret]).await;
     mcp_ok(&answered.body["result"], "a new viewer over MCP");
-    let forged = tool(&[viewer("192.0.2.56:5")]).await;
+    let forged = tool(&[viewer("192.0.2.56")]).await;
     mcp_refused(&forged.body["result"], 50..=60, "a forged viewer over MCP");
 
     let clients: Vec<String> =

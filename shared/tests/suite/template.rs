@@ -679,11 +679,14 @@ fn the_optional_waf_limits_space_creation_per_ip_apart() {
 }
 
 /// Behind the edge, Reeve counts the viewer CloudFront saw, and believes it
-/// only beside the edge's secret: CloudFront forwards
-/// `CloudFront-Viewer-Address` (the managed AllViewerExceptHostHeader
-/// origin request policy includes it) and adds `X-Reeve-Edge-Secret`, whose
-/// value is a secret the stack generates; the two functions that spend the
-/// budgets read the same secret by ARN. Without the edge none of it exists.
+/// only beside the edge's secret: a viewer-request function writes the
+/// viewer's address into `X-Reeve-Viewer-Address` on every request, the
+/// managed AllViewerExceptHostHeader origin request policy forwards it (it
+/// forwards viewer headers, a function's among them, but none of
+/// CloudFront's own, so `CloudFront-Viewer-Address` would never arrive),
+/// and CloudFront adds `X-Reeve-Edge-Secret`, whose value is a secret the
+/// stack generates; the two functions that spend the budgets read the same
+/// secret by ARN. Without the edge none of it exists.
 #[test]
 fn behind_the_edge_the_viewer_address_is_forwarded_with_a_secret_the_functions_read() {
     let resources = resources();
@@ -710,9 +713,25 @@ fn behind_the_edge_the_viewer_address_is_forwarded_with_a_secret_the_functions_r
     assert_eq!(
         value_of(distribution, "OriginRequestPolicyId"),
         Some("b689b0a8-53d0-40ab-baf2-68738e2966ac"),
-        "AllViewerExceptHostHeader: every viewer header but Host, and CloudFront-Viewer-Address"
+        "AllViewerExceptHostHeader: every viewer header but Host (API Gateway refuses another's)"
     );
-    assert_eq!(reeve_shared::http::VIEWER_ADDRESS_HEADER, "cloudfront-viewer-address");
+    // The function sets the header the code reads, from what CloudFront saw,
+    // on every request the distribution forwards, before the origin.
+    let function = &resources["ApiViewerAddressFunction"];
+    assert_eq!(value_of(function, "Type"), Some("AWS::CloudFront::Function"));
+    assert_eq!(value_of(function, "Condition"), Some("ApiHasWaf"), "only with the edge");
+    assert_eq!(value_of(function, "AutoPublish"), Some("true"), "live, not left in DEVELOPMENT");
+    let header = reeve_shared::http::VIEWER_ADDRESS_HEADER;
+    assert_eq!(header, "x-reeve-viewer-address");
+    assert!(
+        function.contains(&format!("request.headers['{header}'] = {{ value: event.viewer.ip }};")),
+        "the function replaces the header with the viewer's address:\n{function}"
+    );
+    assert!(distribution.contains("- EventType: viewer-request"), "{distribution}");
+    assert_eq!(
+        value_of(distribution, "FunctionARN"),
+        Some("!GetAtt ApiViewerAddressFunction.FunctionMetadata.FunctionARN")
+    );
 
     for function in ["AuthFunction", "McpFunction"] {
         let body = &resources[function];
