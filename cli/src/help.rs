@@ -12,7 +12,7 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("Task (client)", &["task"]),
     (
         "Operations (run Reeve: its catalog, database, queue and bucket)",
-        &["config", "migrate", "serve", "work", "relay", "sweep", "storage"],
+        &["config", "migrate", "serve", "work", "relay", "sweep", "tasks", "storage"],
     ),
 ];
 

@@ -1,6 +1,6 @@
 //! `reeve`: a client of any deployment (space, login, catalog, upload, task:
 //! [`client`]) and the operations that run Reeve (config check, migrate,
-//! serve, work, relay, sweep, storage: [`ops`]). Glue only: the commands,
+//! serve, work, relay, sweep, tasks, storage: [`ops`]). Glue only: the commands,
 //! their flags, and the dispatch to each group's module.
 
 use std::net::SocketAddr;
@@ -22,7 +22,7 @@ use client::ClientOpts;
 use client::space::{self, LoginArgs, SpaceCommand};
 use client::task::{self, TaskCommand};
 use client::upload::{self, UploadArgs};
-use ops::{migrate, storage, sweep};
+use ops::{migrate, storage, sweep, tasks};
 
 #[derive(Parser)]
 #[command(name = "reeve", version, about = "Reeve: zero-account, pay-per-task jobs")]
@@ -127,6 +127,11 @@ enum Command {
     },
     /// Send lost or expired tasks to the queue again; fail exhausted ones.
     Sweep(sweep::SweepArgs),
+    /// Cancel or run again many tasks by filter (a dry run unless --yes).
+    Tasks {
+        #[command(subcommand)]
+        command: tasks::TasksCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -175,6 +180,7 @@ fn main() -> ExitCode {
         Command::Work { catalog, metrics_bind, sweep } => runtime().block_on(ops::work(&catalog, metrics_bind, &sweep)),
         Command::Storage { command } => runtime().block_on(storage::run(command)),
         Command::Sweep(args) => runtime().block_on(sweep::run(args, ops::shutdown_signal())),
+        Command::Tasks { command } => runtime().block_on(tasks::run(command)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

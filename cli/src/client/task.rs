@@ -39,7 +39,9 @@ pub enum TaskCommand {
     /// One task as it is now.
     Get { id: Id },
     /// Cancel a task: at once if queued; a running one stops within a second.
-    Cancel { id: Id },
+    /// With filters (or several ids, or --dry-run), cancel every task of the
+    /// Space they match: `reeve task cancel --kind fetch --status queued`.
+    Cancel(CancelArgs),
     /// A task's completion webhook: each attempt, its answer and the next try.
     Webhooks { id: Id },
     /// A finished task's result; saves its file where the result links one.
@@ -57,6 +59,63 @@ pub enum TaskCommand {
         #[arg(long, env = reeve_shared::settings::SESSION_TOKEN, hide_env_values = true)]
         token: Option<String>,
     },
+}
+
+#[derive(Args, Debug)]
+pub struct CancelArgs {
+    /// The task to cancel; with filters, or several, only among these.
+    pub ids: Vec<Id>,
+    /// Only tasks of this kind.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Only tasks in this status (queued, running, ...). Repeatable.
+    #[arg(long = "status", value_parser = parse_status)]
+    pub statuses: Vec<TaskStatus>,
+    /// Only tasks created at or after this time (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    pub created_after: Option<String>,
+    /// Only tasks created before this time (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    pub created_before: Option<String>,
+    /// Say what would be canceled; cancel nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+impl CancelArgs {
+    /// One task by its id, as before filters existed.
+    fn single(&self) -> Option<Id> {
+        let filtered = self.kind.is_some()
+            || !self.statuses.is_empty()
+            || self.created_after.is_some()
+            || self.created_before.is_some()
+            || self.dry_run;
+        match self.ids.as_slice() {
+            [id] if !filtered => Some(*id),
+            _ => None,
+        }
+    }
+
+    /// The body of `POST /v1/tasks/cancel`.
+    fn filter(&self) -> Value {
+        let mut body = json!({ "dry_run": self.dry_run });
+        if !self.ids.is_empty() {
+            body["ids"] = json!(self.ids);
+        }
+        if let Some(kind) = &self.kind {
+            body["kind"] = json!(kind);
+        }
+        if !self.statuses.is_empty() {
+            body["status"] = json!(self.statuses);
+        }
+        if let Some(after) = &self.created_after {
+            body["created_after"] = json!(after);
+        }
+        if let Some(before) = &self.created_before {
+            body["created_before"] = json!(before);
+        }
+        body
+    }
 }
 
 #[derive(Args, Debug)]
@@ -190,7 +249,10 @@ pub async fn task(client: &mut Client, opts: &ClientOpts, command: TaskCommand) 
             }
             Ok(ExitCode::SUCCESS)
         }
-        TaskCommand::Cancel { id } => {
+        TaskCommand::Cancel(args) => {
+            let Some(id) = args.single() else {
+                return cancel_matching(client, opts, &args).await;
+            };
             let answer = client.authed(Method::POST, &format!("/v1/tasks/{id}/cancel"), None, &[]).await?;
             if opts.json {
                 output::json(&answer.body);
@@ -246,6 +308,56 @@ pub async fn task(client: &mut Client, opts: &ClientOpts, command: TaskCommand) 
             watch_to_end(client, opts, id, &token).await
         }
     }
+}
+
+/// The most requests one bulk cancel sends (1000 tasks each).
+const MAX_ROUNDS: usize = 100;
+
+/// `reeve task cancel` with filters: `POST /v1/tasks/cancel` again while
+/// the answer says `more` (never on a dry run), then the totals.
+async fn cancel_matching(client: &mut Client, opts: &ClientOpts, args: &CancelArgs) -> Result<ExitCode, ClientError> {
+    let body = args.filter();
+    let mut total = client.authed(Method::POST, "/v1/tasks/cancel", Some(&body), &[]).await?.body;
+    let mut rounds = 1;
+    while total["more"] == json!(true) && !args.dry_run && rounds < MAX_ROUNDS {
+        let next = client.authed(Method::POST, "/v1/tasks/cancel", Some(&body), &[]).await?.body;
+        for field in ["canceled", "requested"] {
+            total[field] = json!(total[field].as_u64().unwrap_or(0) + next[field].as_u64().unwrap_or(0));
+        }
+        if let (Some(ids), Some(more)) = (total["task_ids"].as_array_mut(), next["task_ids"].as_array()) {
+            ids.extend(more.iter().cloned());
+        }
+        total["more"] = next["more"].clone();
+        rounds += 1;
+    }
+    if opts.json {
+        output::json(&total);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let n = |field: &str| total[field].as_u64().unwrap_or(0);
+    if args.dry_run {
+        let ids = total["task_ids"].as_array().map_or(0, Vec::len);
+        println!(
+            "dry run: {} matched; would cancel {ids}; {} already ended (left as they are)",
+            n("matched"),
+            n("skipped")
+        );
+        for id in total["task_ids"].as_array().into_iter().flatten().take(20) {
+            println!("  {}", id.as_str().unwrap_or_default());
+        }
+        if total["more"] == json!(true) {
+            println!("  … and more: each request cancels at most 1000");
+        }
+    } else {
+        println!(
+            "{} matched: {} canceled, {} running asked to stop, {} already ended (left as they are)",
+            n("matched"),
+            n("canceled"),
+            n("requested"),
+            n("skipped")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn parse_status(s: &str) -> Result<TaskStatus, String> {

@@ -1,11 +1,13 @@
 //! The operations, as `reeve --help` groups them: checking the catalog,
-//! migrating, serving, working, relaying, sweeping and the bucket's policy.
+//! migrating, serving, working, relaying, sweeping, bulk cancel and re-run,
+//! and the bucket's policy.
 //! Each reads its variables through `reeve_shared::startup`, as the Lambda
 //! functions and the Fargate service do; the flags stand in for variables.
 
 pub mod migrate;
 pub mod storage;
 pub mod sweep;
+pub mod tasks;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -223,6 +223,22 @@ async fn the_first_task_journey_from_a_new_space_to_a_digest() {
     let cancel = serve.reeve(&["task", "cancel", &id, "--json"]);
     cancel.expect(3);
     assert_eq!(cancel.json()["error"]["code"], "task_finished");
+    // By filter (POST /v1/tasks/cancel): the finished task is matched and
+    // left as it is, by the dry run and the real one alike.
+    let dry = serve.reeve(&["task", "cancel", "--kind", "digest", "--dry-run", "--json"]);
+    dry.expect(0);
+    let answer = dry.json();
+    assert_eq!(
+        (answer["matched"].as_i64(), answer["skipped"].as_i64(), answer["dry_run"].as_bool()),
+        (Some(1), Some(1), Some(true))
+    );
+    let bulk = serve.reeve(&["task", "cancel", "--kind", "digest", "--status", "completed"]);
+    bulk.expect(0);
+    assert!(
+        bulk.stdout().contains("1 matched: 0 canceled, 0 running asked to stop, 1 already ended"),
+        "{}",
+        bulk.stdout()
+    );
 
     // get, result and watch of the finished task.
     let get = serve.reeve(&["task", "get", &id, "--json"]);

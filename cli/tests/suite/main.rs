@@ -13,3 +13,4 @@ mod metrics;
 mod migrate;
 mod startup;
 mod sweep;
+mod tasks;

@@ -288,7 +288,7 @@ impl Sweeper {
         loop {
             let batch: Vec<Candidate> = sqlx::query_as(concat!(
                 r#"SELECT id, kind, status, attempts FROM tasks
-                  WHERE id > $1 AND attempts >= $2 AND coalesce(payment->>'status', '') NOT IN ('capturing', 'charged') AND "#,
+                  WHERE id > $1 AND attempts - rerun_from >= $2 AND coalesce(payment->>'status', '') NOT IN ('capturing', 'charged') AND "#,
                 stranded!("$3", "$5"),
                 r#"
                   ORDER BY id LIMIT $4"#
@@ -325,7 +325,7 @@ impl Sweeper {
                 r#"UPDATE tasks SET updated_at = now()
                   WHERE id IN (
                         SELECT id FROM tasks
-                         WHERE (attempts < $1 OR payment->>'status' IN ('capturing', 'charged')) AND "#,
+                         WHERE (attempts - rerun_from < $1 OR payment->>'status' IN ('capturing', 'charged')) AND "#,
                 stranded!("$2", "$4"),
                 r#"
                          ORDER BY id LIMIT $3

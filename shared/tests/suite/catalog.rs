@@ -372,6 +372,12 @@ fn each_rule_reports_one_problem_at_its_path() {
             "tasks.\"my task\"",
             r#"invalid task kind "my task""#,
         ),
+        (
+            "a kind named like the bulk cancel's route",
+            edit("[tasks.t]", "[tasks.cancel]"),
+            "tasks.cancel",
+            r#"task kind "cancel" is reserved: POST /v1/tasks/cancel is another route"#,
+        ),
         ("title empty", edit("title = \"T\"", "title = \"\""), "tasks.t.title", "must not be empty"),
         ("title missing", edit("title = \"T\"", ""), "tasks.t.title", "missing required key"),
         (

@@ -6,6 +6,7 @@
 mod common;
 
 mod allow_lists;
+mod bulk;
 mod capture;
 mod catalog;
 mod cors;

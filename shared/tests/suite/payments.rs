@@ -694,6 +694,103 @@ async fn a_paid_task_that_fails_leaves_a_credit_that_pays_the_next_one(pool: PgP
     shop.done().await;
 }
 
+/// `reeve tasks rerun` over a filter that matches a paid task failed by
+/// Reeve's fault, one failed by its input, and one whose credit already paid
+/// for another task. Only the first runs again, and its re-run spends the
+/// credit its failure left: paid once, it is run or credited, never both.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_rerun_runs_a_paid_task_failed_by_reeve_once_more_and_spends_its_credit(pool: PgPool) {
+    use reeve_shared::tasks::bulk::{Action, Filter, Operator};
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let site = serve(Router::new().route("/page", axum::routing::get(|| async { "fetched" }))).await;
+    let input = json!({"url": format!("http://{site}/page")});
+    let paid = |input: Value| {
+        let (shop, payer) = (&shop, &payer);
+        async move {
+            let signature = payer.sign(&shop.challenge("fetch").await).await;
+            let reply = shop.create("fetch", &input, Some(&signature)).await;
+            assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+            id_of(&reply)
+        }
+    };
+    let by_reeve = paid(input.clone()).await;
+    let spent_elsewhere = paid(input.clone()).await;
+    let by_input = paid(json!({"url": "not a url"})).await;
+    shop.queue.drain().await;
+
+    // Reeve's own failure (its storage out of reach, on every delivery) for
+    // two of them; the third fails by its input.
+    let config = aws_config::load_from_env().await;
+    let dead_s3 =
+        aws_sdk_s3::config::Builder::from(&config).endpoint_url("http://127.0.0.1:1").force_path_style(true).build();
+    let mut broken = shop.worker().await;
+    broken.exec.s3 = aws_sdk_s3::Client::from_conf(dead_s3);
+    for id in [by_reeve, spent_elsewhere] {
+        let body = json!({"task_id": id, "kind": "fetch"}).to_string();
+        assert_eq!(process(&broken, &body, 5).await, Outcome::Failed("retries_exhausted"));
+    }
+    let worker = shop.worker().await;
+    let body = json!({"task_id": by_input, "kind": "fetch"}).to_string();
+    assert!(matches!(process(&worker, &body, 1).await, Outcome::Failed(_)));
+    assert_eq!(shop.space().await["credits"].as_array().unwrap().len(), 2, "one credit per failure by Reeve");
+    // One of the two credits pays for another task: its source was paid
+    // for once, by that task.
+    let used = shop.create("fetch2", &input, None).await;
+    assert_eq!(used.status, StatusCode::ACCEPTED, "{}", used.body);
+    shop.queue.drain().await;
+    let spent: Option<Id> = sqlx::query_scalar("SELECT source_task FROM credits WHERE spent_by = $1")
+        .bind(id_of(&used))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // The credits are spent oldest first: `by_reeve`'s, unless it is the
+    // other's. Name them by what happened.
+    let (rerun, credit_gone) =
+        if spent == Some(by_reeve) { (spent_elsewhere, by_reeve) } else { (by_reeve, spent_elsewhere) };
+
+    // The operator's filter: every failed `fetch`.
+    let filter = Filter {
+        kind: Some("fetch".into()),
+        statuses: Some(vec![reeve_shared::tasks::TaskStatus::Failed]),
+        ..Filter::default()
+    };
+    let counted = filter.count(&pool).await.unwrap();
+    assert_eq!((counted.matched, counted.rerunnable), (3, 2), "{counted:?}: the input failure is never a candidate");
+    let sweeper = shop.sweeper(&shop.config).await;
+    let sqs = common::aws().await.sqs;
+    let operator = Operator { db: &pool, events: &sweeper.events, sqs: &sqs, queue_url: &shop.queue.url, by: "test" };
+    let tally = operator.apply(&filter, Action::Rerun, 10, |_| {}).await.unwrap();
+    assert_eq!((tally.seen, tally.done, tally.skipped, tally.unsent), (2, 1, 1, 0), "{tally:?}");
+    assert_eq!(status_of(&pool, credit_gone).await.0, "failed", "its credit paid for another task: not run again");
+    assert_eq!(status_of(&pool, by_input).await.0, "failed", "failed by its input: never run again");
+    let (status, error) = status_of(&pool, rerun).await;
+    assert_eq!((status.as_str(), error), ("queued", None));
+    let space = shop.space().await;
+    let mine = space["credits"].as_array().unwrap().iter().find(|c| c["source_task"] == rerun.to_string()).unwrap();
+    assert_eq!(mine["spent_by"], rerun.to_string(), "the re-run spent the credit: {space}");
+
+    // The re-run is a new attempt of the same task, through the queue.
+    let sent = shop.queue.drain().await;
+    assert_eq!(sent, vec![json!({"task_id": rerun, "kind": "fetch"})]);
+    assert_eq!(process(&worker, &sent[0].to_string(), 1).await, Outcome::Done);
+    let task = send(&shop.app, get_authed(&format!("/v1/tasks/{rerun}"), &shop.token)).await.body;
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["attempts"], 2, "its failed attempt, then the re-run's: {task}");
+    let mut conn = pool.acquire().await.unwrap();
+    let events = events_after(&mut conn, rerun, 0).await.unwrap();
+    assert!(events.iter().any(|e| e.data["rerun"] == true), "a status event says it was run again");
+
+    // No credit is left to pay a task with: the payment bought the re-run.
+    let reply = shop.create("fetch2", &input, None).await;
+    assert_eq!(reply.status, StatusCode::PAYMENT_REQUIRED, "{}", reply.body);
+    // And nothing is left to run again.
+    assert_eq!(filter.count(&pool).await.unwrap().rerunnable, 1, "only the one whose credit is gone, which is skipped");
+    assert_books_balance(&pool, &shop.pay_to).await;
+    shop.done().await;
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_space_route_needs_a_session_and_is_in_the_openapi_document(pool: PgPool) {
     let shop = Shop::new(&pool).await;

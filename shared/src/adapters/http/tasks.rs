@@ -59,6 +59,7 @@ use crate::domain::error::{Refusal, TaskRefusal};
 use crate::domain::ids::Id;
 #[cfg(feature = "api-tasks")]
 use crate::domain::payments::{self, PayError, PaymentInput, PaymentRequired, PaymentResponse};
+use crate::domain::tasks::bulk::{self, BulkCanceled};
 use crate::domain::tasks::events::publish_all_once;
 use crate::domain::tasks::{self, CancelOutcome, ListQuery, Task, TaskStatus};
 #[cfg(feature = "api-tasks")]
@@ -83,7 +84,7 @@ pub fn create_router() -> OpenApiRouter<Arc<TaskCreateContext>> {
 }
 
 /// `GET /v1/tasks/{id}`, `GET /v1/tasks`, `POST /v1/tasks/{id}/cancel`,
-/// `POST /v1/tasks/{id}/ticket`, `POST /v1/tasks/{id}/share` and
+/// `POST /v1/tasks/cancel`, `POST /v1/tasks/{id}/ticket`, `POST /v1/tasks/{id}/share` and
 /// `GET /v1/space`: the task-status
 /// function's routes. They share it because
 /// each needs only Postgres and the Redis doorbell, no S3 or SQS: the owner
@@ -93,6 +94,7 @@ pub fn status_router() -> OpenApiRouter<Arc<TaskStatusContext>> {
         .routes(routes!(task_status))
         .routes(routes!(list_tasks))
         .routes(routes!(cancel_task))
+        .routes(routes!(cancel_tasks))
         .merge(super::ticket::router())
         .merge(super::share::router())
         .merge(super::space_view::router())
@@ -548,6 +550,79 @@ async fn cancel_task(
         }
         CancelOutcome::Finished(task) => Err(ApiError::refused(&TaskRefusal::Finished(task.status.as_str()))),
     }
+}
+
+/// The filter of `POST /v1/tasks/cancel`: the fields given must all hold.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct BulkCancelRequest {
+    /// Only these tasks (at most 1000); ids of other Spaces match nothing.
+    #[schema(max_items = 1000)]
+    ids: Option<Vec<Id>>,
+    /// Only tasks of this kind.
+    kind: Option<String>,
+    /// Only tasks in one of these statuses.
+    status: Option<Vec<TaskStatus>>,
+    /// Only tasks created at or after this time (RFC 3339).
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-01T00:00:00Z")]
+    created_after: Option<OffsetDateTime>,
+    /// Only tasks created before this time (RFC 3339).
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    created_before: Option<OffsetDateTime>,
+    /// Count and list what would be canceled, and cancel nothing.
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// Cancel tasks by filter
+///
+/// Cancels the Space's tasks that the filter matches: at least one of
+/// `ids`, `kind`, `status`, `created_after`, `created_before`; every field
+/// given must hold. Each task is canceled as `POST /v1/tasks/{id}/cancel`
+/// would cancel it (a queued one at once, a running one asked to stop; a
+/// paid task canceled before it ran leaves a credit), at most 1000 per
+/// request, oldest first: `more` says to send the request again for the
+/// rest. Tasks that have already ended are matched but left as they are
+/// (`skipped`). Only the caller's Space is ever touched. With `dry_run`,
+/// nothing changes: the answer says what would be canceled.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/cancel",
+    tag = "tasks",
+    security(("bearer" = [])),
+    request_body = BulkCancelRequest,
+    responses(
+        (status = 200, description = "What was canceled (or, on a dry run, would be).", body = BulkCanceled),
+        (status = 400, body = ErrorEnvelope, description = concat!(
+            doc_400_json!(),
+            " `invalid_request` too for a filter that names nothing, more than 1000 `ids`, a `kind` holding a NUL, ",
+            "or `created_after` not earlier than `created_before`.")),
+        (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
+        (status = 413, description = doc_413!(), body = ErrorEnvelope),
+        (status = 415, description = doc_415!(), body = ErrorEnvelope),
+        (status = 500, description = doc_500!(), body = ErrorEnvelope),
+        (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
+    ),
+)]
+async fn cancel_tasks(
+    State(ctx): State<Arc<TaskStatusContext>>,
+    Session(space): Session,
+    JsonBody(request): JsonBody<BulkCancelRequest>,
+) -> ApiResult<Json<BulkCanceled>> {
+    let filter = bulk::Filter {
+        space: Some(space),
+        ids: request.ids,
+        kind: request.kind,
+        statuses: request.status,
+        codes: None,
+        created_after: request.created_after,
+        created_before: request.created_before,
+    };
+    filter.check().map_err(|message| ApiError::bad_request("invalid_request", message))?;
+    let done = bulk::cancel_owned(&ctx.db, &ctx.redis, &space, filter, request.dry_run, "http").await;
+    Ok(Json(done.map_err(db_error)?))
 }
 
 #[cfg(feature = "api-tasks")]

@@ -129,7 +129,9 @@ pub(super) async fn retry_later(
     if !holds && matches!(crate::domain::tasks::cancel_requested(&ctx.db, id, attempt).await, Ok(true)) {
         return cancel(ctx, id, attempt).await;
     }
-    if !holds && (attempt >= ctx.settings.max_receives as i32 || receive_count >= ctx.settings.max_receives) {
+    // The limit counts the runs since the task's last re-run, if any.
+    let tries = store::tries(&ctx.db, id, attempt).await.unwrap_or(attempt);
+    if !holds && (tries >= ctx.settings.max_receives as i32 || receive_count >= ctx.settings.max_receives) {
         let message = format!("gave up after {attempt} attempts; the last one failed: {shown}");
         return fail(ctx, id, attempt, codes::RETRIES_EXHAUSTED, &message).await;
     }

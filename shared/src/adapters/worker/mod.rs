@@ -353,7 +353,7 @@ async fn run_task(
                     tracing::info!(status = now.status.as_str(), "task already finished; skipping");
                     Outcome::Done
                 }
-                Ok(Some(now)) if now.attempts >= max_attempts as i32 => exhausted(ctx, &now).await,
+                Ok(Some(now)) if now.tries >= max_attempts as i32 => exhausted(ctx, &now).await,
                 Ok(Some(now)) => {
                     tracing::info!(status = now.status.as_str(), "another worker holds a live lease");
                     Outcome::retry("held by another worker's live lease")

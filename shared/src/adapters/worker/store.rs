@@ -31,22 +31,26 @@ pub struct TaskRow {
     pub status: TaskStatus,
     /// Runs started so far (the last run's fencing token).
     pub attempts: i32,
+    /// Runs since the task was last re-run (`reeve tasks rerun`), all of
+    /// them if never: what the retry limit counts.
+    pub tries: i32,
     /// A run holds it under a lease that has not expired.
     pub lease_live: bool,
 }
 
 pub async fn load(db: &PgPool, id: Id) -> Result<Option<TaskRow>, sqlx::Error> {
-    type Row = (Vec<u8>, String, sqlx::types::Json<Value>, String, i32, bool);
+    type Row = (Vec<u8>, String, sqlx::types::Json<Value>, String, i32, i32, bool);
     let row: Option<Row> = sqlx::query_as(
-        "SELECT space_idx, kind, input, status, attempts, (lease_until IS NOT NULL AND lease_until >= now())
+        "SELECT space_idx, kind, input, status, attempts, attempts - rerun_from,
+                (lease_until IS NOT NULL AND lease_until >= now())
            FROM tasks WHERE id = $1",
     )
     .bind(id)
     .fetch_optional(db)
     .await?;
-    row.map(|(space, kind, input, status, attempts, lease_live)| {
+    row.map(|(space, kind, input, status, attempts, tries, lease_live)| {
         let status = TaskStatus::parse(&status).ok_or_else(|| bad(id, "status"))?;
-        task_row(id, &space, kind, input.0, status, attempts, lease_live)
+        task_row(id, &space, kind, input.0, status, (attempts, tries), lease_live)
     })
     .transpose()
 }
@@ -61,11 +65,22 @@ fn task_row(
     kind: String,
     input: Value,
     status: TaskStatus,
-    attempts: i32,
+    (attempts, tries): (i32, i32),
     lease_live: bool,
 ) -> Result<TaskRow, sqlx::Error> {
     let space = SpaceIndex::from_slice(space).ok_or_else(|| bad(id, "space_idx"))?;
-    Ok(TaskRow { id, space, kind, input, status, attempts, lease_live })
+    Ok(TaskRow { id, space, kind, input, status, attempts, tries, lease_live })
+}
+
+/// How many runs `attempt` is of its task since the task was last re-run
+/// (`reeve tasks rerun`): `attempt` itself if it never was.
+pub async fn tries(db: &PgPool, id: Id, attempt: i32) -> Result<i32, sqlx::Error> {
+    let tries: Option<i32> = sqlx::query_scalar("SELECT $2 - rerun_from FROM tasks WHERE id = $1")
+        .bind(id)
+        .bind(attempt)
+        .fetch_optional(db)
+        .await?;
+    Ok(tries.unwrap_or(attempt))
 }
 
 /// A successful claim: the run's fencing token and its events (a
@@ -122,17 +137,17 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
     .bind(id)
     .fetch_optional(&mut *tx)
     .await?;
-    let claimed: Option<(i32, bool)> = match before {
+    let claimed: Option<(i32, i32, bool)> = match before {
         None => None,
         Some(_) => {
             sqlx::query_as(
                 "UPDATE tasks
                     SET status = 'running', attempts = attempts + 1,
                         lease_until = now() + make_interval(secs => $2), updated_at = now()
-                  WHERE id = $1 AND (attempts < $3 OR payment->>'status' IN ('capturing', 'charged'))
+                  WHERE id = $1 AND (attempts - rerun_from < $3 OR payment->>'status' IN ('capturing', 'charged'))
                     AND (status = 'queued'
                          OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
-                 RETURNING attempts, cancel_requested_at IS NOT NULL",
+                 RETURNING attempts, attempts - rerun_from, cancel_requested_at IS NOT NULL",
             )
             .bind(id)
             .bind(secs(lease))
@@ -141,8 +156,10 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
             .await?
         }
     };
-    let (Some((attempt, cancel_requested)), Some((status, previous, lapsed_at, lapsed_secs, space, kind, input))) =
-        (claimed, before)
+    let (
+        Some((attempt, tries, cancel_requested)),
+        Some((status, previous, lapsed_at, lapsed_secs, space, kind, input)),
+    ) = (claimed, before)
     else {
         tx.rollback().await?;
         return Ok(None);
@@ -158,7 +175,7 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
     events
         .push(append_event(&mut tx, id, EventType::Status, &json!({ "status": "running", "attempt": attempt })).await?);
     tx.commit().await?;
-    let task = task_row(id, &space, kind, input.0, TaskStatus::Running, attempt, true)?;
+    let task = task_row(id, &space, kind, input.0, TaskStatus::Running, (attempt, tries), true)?;
     Ok(Some(Claim { task, attempt, events, took_over, cancel_requested }))
 }
 
@@ -166,14 +183,15 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
 /// in one statement, one round trip. `None` when the task is not `queued`
 /// (or out of attempts).
 async fn claim_queued(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -> Result<Option<Claim>, sqlx::Error> {
-    type Row = (i32, i64, OffsetDateTime, String, bool, Vec<u8>, sqlx::types::Json<Value>);
+    type Row = (i32, i32, i64, OffsetDateTime, String, bool, Vec<u8>, sqlx::types::Json<Value>);
     let row: Option<Row> = sqlx::query_as(
         "WITH claimed AS (
              UPDATE tasks
                 SET status = 'running', attempts = attempts + 1, last_seq = last_seq + 1,
                     lease_until = now() + make_interval(secs => $2), updated_at = now()
-              WHERE id = $1 AND status = 'queued' AND (attempts < $3 OR payment->>'status' IN ('capturing', 'charged'))
-          RETURNING id, attempts, last_seq, kind, cancel_requested_at IS NOT NULL AS cancel_requested,
+              WHERE id = $1 AND status = 'queued'
+                AND (attempts - rerun_from < $3 OR payment->>'status' IN ('capturing', 'charged'))
+          RETURNING id, attempts, attempts - rerun_from AS tries, last_seq, kind, cancel_requested_at IS NOT NULL AS cancel_requested,
                     space_idx, input
          ), appended AS (
              INSERT INTO task_events (task_id, seq, type, data)
@@ -181,7 +199,7 @@ async fn claim_queued(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -
                FROM claimed
           RETURNING seq, at
          )
-         SELECT claimed.attempts, appended.seq, appended.at, claimed.kind, claimed.cancel_requested,
+         SELECT claimed.attempts, claimed.tries, appended.seq, appended.at, claimed.kind, claimed.cancel_requested,
                 claimed.space_idx, claimed.input
            FROM claimed, appended",
     )
@@ -190,13 +208,13 @@ async fn claim_queued(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -
     .bind(max_attempts)
     .fetch_optional(db)
     .await?;
-    let Some((attempt, seq, at, kind, cancel_requested, space, input)) = row else {
+    let Some((attempt, tries, seq, at, kind, cancel_requested, space, input)) = row else {
         return Ok(None);
     };
     let data = json!({ "status": "running", "attempt": attempt });
     crate::infra::metrics::task_status(&kind, seq, &data);
     let events = vec![Event { seq, kind: EventType::Status, data, at }];
-    let task = task_row(id, &space, kind, input.0, TaskStatus::Running, attempt, true)?;
+    let task = task_row(id, &space, kind, input.0, TaskStatus::Running, (attempt, tries), true)?;
     Ok(Some(Claim { task, attempt, events, took_over: None, cancel_requested }))
 }
 

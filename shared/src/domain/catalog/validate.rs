@@ -142,12 +142,25 @@ fn asset(id: &str, f: &Fields, p: &mut Problems) -> Option<Asset> {
     })
 }
 
+/// Kinds that would be shadowed by a route of their own: `POST
+/// /v1/tasks/cancel` is the bulk cancel, not a create of kind `cancel`.
+const RESERVED_KINDS: &[&str] = &["cancel"];
+
+fn not_reserved(kind: &str) -> Result<(), String> {
+    match RESERVED_KINDS.contains(&kind) {
+        true => {
+            Err(format!("task kind {kind:?} is reserved: POST /v1/tasks/{kind} is another route; name it otherwise"))
+        }
+        false => Ok(()),
+    }
+}
+
 fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Problems) -> Option<TaskSpec> {
     let (before, after) = TASK_KEYS;
     let own = Executor::keys().map(|key| key.key);
     let keys: Vec<&str> = before.iter().copied().chain(own).chain(after.iter().copied()).collect();
     f.deny_unknown(&keys, p);
-    let kind = f.path.verify(formats::id("task kind", kind), p);
+    let kind = f.path.verify(formats::id("task kind", kind).and_then(|()| not_reserved(kind)), p);
     let title = required_text(f, "title", p);
     let description = f.optional::<&str>("description", p).unwrap_or_default();
     let executor = Executor::configure(f, p);

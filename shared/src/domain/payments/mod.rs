@@ -91,7 +91,7 @@ pub use checkout::held_key;
 pub use counter::{Counter, Metering, Note};
 #[cfg(feature = "outbound")]
 pub use facilitator::{Facilitator, FacilitatorError};
-pub use ledger::{Credit, Held, HeldReport, PaymentRecord, credit_if_owed, receipt};
+pub use ledger::{CREDITED_CODES, Credit, Held, HeldReport, PaymentRecord, credit_if_owed, receipt, spend_on_rerun};
 #[cfg(feature = "api-tasks")]
 pub use order::{Bought, CLOCK_SKEW, Checkout, Order, PayError, RETRY_AFTER, STORE_MARGIN, bought_before};
 #[cfg(feature = "api-tasks")]

@@ -32,19 +32,32 @@ pub enum CancelOutcome {
 /// completion either happens before (and is seen) or waits and then finds
 /// the task `canceled`: exactly one terminal state.
 pub async fn cancel(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<CancelOutcome>, sqlx::Error> {
+    cancel_in(db, Some(space), id).await
+}
+
+/// [`cancel`] of any Space's task: the operators' `reeve tasks cancel`,
+/// with the same effects per task as the owner's cancel.
+pub async fn cancel_any(db: &PgPool, id: Id) -> Result<Option<CancelOutcome>, sqlx::Error> {
+    cancel_in(db, None, id).await
+}
+
+/// [`cancel`] in `space`, or in whichever Space holds the task (`None`).
+async fn cancel_in(db: &PgPool, space: Option<&SpaceIndex>, id: Id) -> Result<Option<CancelOutcome>, sqlx::Error> {
     let mut tx = db.begin().await?;
-    let row: Option<(String, bool, bool, bool)> = sqlx::query_as(
+    let row: Option<(String, bool, bool, bool, Vec<u8>)> = sqlx::query_as(
         "SELECT status, (lease_until IS NULL OR lease_until < now()), cancel_requested_at IS NOT NULL,
-                coalesce(payment->>'status' IN ('capturing', 'charged'), false)
-           FROM tasks WHERE id = $1 AND space_idx = $2 FOR UPDATE",
+                coalesce(payment->>'status' IN ('capturing', 'charged'), false), space_idx
+           FROM tasks WHERE id = $1 AND ($2::bytea IS NULL OR space_idx = $2) FOR UPDATE",
     )
     .bind(id)
-    .bind(space.as_bytes())
+    .bind(space.map(|space| space.as_bytes().to_vec()))
     .fetch_optional(&mut *tx)
     .await?;
-    let Some((status, lease_expired, already_asked, charging)) = row else {
+    let Some((status, lease_expired, already_asked, charging, owner)) = row else {
         return Ok(None);
     };
+    let space = SpaceIndex::from_slice(&owner)
+        .ok_or_else(|| sqlx::Error::Decode("a task's space_idx is not 16 bytes".into()))?;
     let status = TaskStatus::parse(&status)
         .ok_or_else(|| sqlx::Error::Decode(format!("unknown task status {status:?}").into()))?;
     let capturing = charging && !status.is_terminal();
@@ -71,7 +84,7 @@ pub async fn cancel(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<Ca
         Outcome::Requested(Some(append_event(&mut tx, id, EventType::Status, &data).await?))
     };
     tx.commit().await?;
-    let task = find_for_space(db, space, id).await?.ok_or(sqlx::Error::RowNotFound)?;
+    let task = find_for_space(db, &space, id).await?.ok_or(sqlx::Error::RowNotFound)?;
     Ok(Some(match outcome {
         Outcome::Canceled(events) => CancelOutcome::Canceled { task, events },
         Outcome::Requested(event) => CancelOutcome::Requested { task, event },

@@ -9,6 +9,8 @@
 //!   its events, in one statement; with a credit it leaves, in one
 //!   transaction) that every writer after create uses.
 //! - [`cancel`]: cancel now (`queued`) or ask the worker (`running`).
+//! - [`bulk`]: a filter of tasks, canceled by their owner or an operator,
+//!   or run again by an operator.
 //! - [`list`]: a space's tasks, newest first, with a cursor.
 //! - [`submit`]: creating a task end to end: input, uploads, payment or
 //!   credit, store, queue.
@@ -157,13 +159,14 @@ macro_rules! task_columns {
 }
 
 // After `task_columns!`, which they use.
+pub mod bulk;
 pub(crate) mod cancel;
 pub(crate) mod list;
 #[cfg(feature = "catalog")]
 pub(crate) mod shelf;
 pub(crate) mod transition;
 
-pub use cancel::{CancelOutcome, cancel, cancel_requested};
+pub use cancel::{CancelOutcome, cancel, cancel_any, cancel_requested};
 pub use list::{ListQuery, Page, list};
 pub use transition::{Change, Fence, transition, transition_in};
 

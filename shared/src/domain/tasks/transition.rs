@@ -45,6 +45,12 @@ pub enum Change<'a> {
     Requeue { line: &'a str, due: Option<OffsetDateTime> },
     /// `→ canceled`: event `status`.
     Cancel,
+    /// `failed → queued` again, an operator's re-run (`reeve tasks rerun`):
+    /// error, result and lease cleared, `rerun_from` set to `attempts`, so
+    /// the retry limit counts afresh while `attempts`, the fencing token,
+    /// keeps growing. Events `log` (`line`, why), `status` (with
+    /// `rerun: true`).
+    Rerun { line: &'a str },
 }
 
 impl Change<'_> {
@@ -52,7 +58,7 @@ impl Change<'_> {
         match self {
             Change::Complete { .. } => TaskStatus::Completed,
             Change::Fail { .. } => TaskStatus::Failed,
-            Change::Requeue { .. } => TaskStatus::Queued,
+            Change::Requeue { .. } | Change::Rerun { .. } => TaskStatus::Queued,
             Change::Cancel => TaskStatus::Canceled,
         }
     }
@@ -86,6 +92,10 @@ impl Change<'_> {
                 vec![(EventType::Log, json!({ "line": line })), (EventType::Status, data)]
             }
             Change::Cancel => vec![(EventType::Status, json!({ "status": status }))],
+            Change::Rerun { line } => vec![
+                (EventType::Log, json!({ "line": line })),
+                (EventType::Status, json!({ "status": status, "rerun": true })),
+            ],
         }
     }
 }
@@ -125,7 +135,7 @@ macro_rules! with_events {
                   WHERE id = $1 AND status = ANY($2) AND ($3::int4 IS NULL OR attempts = $3)",
             $held,
             "
-              RETURNING id, last_seq, kind, attempts, space_idx, status, webhook_url, webhook_events
+              RETURNING id, last_seq, kind, attempts, space_idx, status, webhook_url, webhook_events, rerun_from
              ), outbox AS (
                  INSERT INTO webhook_deliveries (id, task_id, space_idx, url, event)
                  SELECT $7, moved.id, moved.space_idx, sub.url, moved.status
@@ -145,7 +155,7 @@ macro_rules! with_events {
                    FROM moved, unnest($5::text[], $6::jsonb[]) WITH ORDINALITY AS e(type, data, n)
               RETURNING seq, at
              )
-             SELECT appended.seq, appended.at, moved.kind, moved.attempts
+             SELECT appended.seq, appended.at, moved.kind, moved.attempts - moved.rerun_from
                FROM appended, moved ORDER BY appended.seq"
         )
     };
@@ -198,6 +208,13 @@ pub async fn transition_in(
         }
         Change::Requeue { .. } => (with_events!("status = 'queued', lease_until = NULL, progress = 0"), None),
         Change::Cancel => (with_events!("status = 'canceled', lease_until = NULL", held), None),
+        Change::Rerun { .. } => (
+            with_events!(
+                "status = 'queued', error = NULL, result = NULL, progress = 0, lease_until = NULL,
+                 cancel_requested_at = NULL, rerun_from = attempts"
+            ),
+            None,
+        ),
     };
     let (kinds, data): (Vec<EventType>, Vec<Value>) = change.events().into_iter().unzip();
     let types: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
@@ -211,7 +228,8 @@ pub async fn transition_in(
         .bind(Id::new())
         .fetch_all(&mut *conn)
         .await?;
-    let Some(&(_, _, ref task_kind, attempts)) = rows.first() else {
+    // `runs`: the runs since the task was last re-run (all of them if never).
+    let Some(&(_, _, ref task_kind, runs)) = rows.first() else {
         return Ok(None);
     };
     let mut events: Vec<Event> = rows
@@ -227,9 +245,10 @@ pub async fn transition_in(
     // charged), in the same transaction as the change that ended it.
     let ended = match change {
         Change::Fail { error } => error["code"].as_str().map(Ended::Failed),
-        // Only a task no worker ever claimed was canceled before it ran.
-        Change::Cancel => Some(Ended::Canceled { before_run: attempts == 0 }),
-        Change::Complete { .. } | Change::Requeue { .. } => None,
+        // Only a task no worker ever claimed (since its re-run, which spent
+        // its credit) was canceled before it ran.
+        Change::Cancel => Some(Ended::Canceled { before_run: runs == 0 }),
+        Change::Complete { .. } | Change::Requeue { .. } | Change::Rerun { .. } => None,
     };
     if let Some(ended) = ended {
         // The final event carries a metered task's receipt.

@@ -11,6 +11,7 @@
 //! [`super::tool`], never this list, so no file is both below and above it.
 
 mod cancel_task;
+mod cancel_tasks;
 mod create_space;
 mod create_upload;
 mod get_result;
@@ -40,6 +41,7 @@ const FIXED: &[Registered] = &[
     registered::<get_task::GetTask>(),
     registered::<list_tasks::ListTasks>(),
     registered::<cancel_task::CancelTask>(),
+    registered::<cancel_tasks::CancelTasks>(),
     registered::<get_result::GetResult>(),
     registered::<rotate_space::RotateSpace>(),
 ];
@@ -170,6 +172,7 @@ mod tests {
             "get_task",
             "list_tasks",
             "cancel_task",
+            "cancel_tasks",
             "get_result",
             "rotate_space",
         ];

@@ -134,7 +134,9 @@ pub const CREDITED_CODES: &[&str] = &[
 /// Leaves a credit on the task's space if the task was paid for (with a
 /// payment or a credit) and `code` is one that earns one. Call it in the
 /// transaction that moves the task to `failed` or `canceled`; it is a no-op
-/// for a free task and for a task already credited.
+/// for a free task and for a task already credited (since its last re-run:
+/// a credit it spent on its re-run does not count, see
+/// [`spend_on_rerun`]).
 pub async fn credit_if_owed(conn: &mut PgConnection, task_id: Id, code: &str) -> Result<Option<Credit>, sqlx::Error> {
     if !CREDITED_CODES.contains(&code) {
         return Ok(None);
@@ -149,7 +151,7 @@ pub async fn credit_if_owed(conn: &mut PgConnection, task_id: Id, code: &str) ->
                 SELECT network, asset, amount FROM credits WHERE spent_by = t.id
                 LIMIT 1) paid ON true
           WHERE t.id = $2
-         ON CONFLICT (source_task) DO NOTHING
+         ON CONFLICT (source_task) WHERE spent_by IS DISTINCT FROM source_task DO NOTHING
          RETURNING ",
         credit_columns!()
     ))
@@ -161,6 +163,27 @@ pub async fn credit_if_owed(conn: &mut PgConnection, task_id: Id, code: &str) ->
     if let Some(c) = &credit {
         crate::infra::metrics::credit_issued(&c.asset, code);
         tracing::info!(task_id = %task_id, credit_id = %c.id, amount = %c.amount, reason = code, "credit left for a paid task");
+    }
+    Ok(credit)
+}
+
+/// A re-run of the paid task `task_id` spends the credit its failure left:
+/// `spent_by` is the task itself, inside the re-run's transaction, so the
+/// payment buys the re-run or the credit, never both. `None`: it has no
+/// unspent credit of its own (it was free, or its credit paid for another
+/// task already, and then it must not run again).
+pub async fn spend_on_rerun(conn: &mut PgConnection, task_id: Id) -> Result<Option<Credit>, sqlx::Error> {
+    let credit: Option<Credit> = sqlx::query_as(concat!(
+        "UPDATE credits SET spent_by = $1, spent_at = now()
+          WHERE source_task = $1 AND spent_at IS NULL
+          RETURNING ",
+        credit_columns!()
+    ))
+    .bind(task_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(credit) = &credit {
+        crate::infra::metrics::credit_spent(&credit.asset);
     }
     Ok(credit)
 }
