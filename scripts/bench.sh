@@ -2,12 +2,13 @@
 # Every benchmark of BENCHMARKS.md, in one command, on a release build
 # against the local stack (scripts/stack.sh up), loopback only:
 #
-#   scripts/bench.sh [worker|taskcreate|coldstart|fanout|auth ...]   (default: all five)
+#   scripts/bench.sh [worker|service|taskcreate|coldstart|fanout|auth ...]   (default: all six)
 #   scripts/bench.sh --stitch    (rewrite BENCHMARKS.md from the last run)
 #
 # Builds what the phases asked for with the release profile, each binary in
 # a cargo invocation of its own (only its own features): the harness
-# (bench/), `reeve` (worker), the relay (fanout), every Lambda function and
+# (bench/), `reeve` (worker, service), the relay (fanout), every Lambda
+# function (the worker twice, with and without its `lambda` feature) and
 # the hello-world baseline (bench/hello) (coldstart); then runs the harness, which makes its own
 # database, redis-server and SQS queue for each measurement, spreads its
 # clients over loopback source addresses, raises the open-file limit
@@ -35,7 +36,7 @@ else
 fi
 command -v redis-server >/dev/null || die "redis-server is missing (scripts/stack.sh installs it)"
 
-all_phases=(worker taskcreate coldstart fanout auth)
+all_phases=(worker service taskcreate coldstart fanout auth)
 SECTIONS="$ROOT/target/bench"
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 
@@ -81,10 +82,14 @@ needs() { [[ " ${phases[*]} " == *" $1 "* ]]; }
 build_each() {
   local p dir
   cargo build --release --locked -p reeve-bench || return
-  if needs worker; then cargo build --release --locked -p reeve-cli || return; fi
+  if needs worker || needs service; then cargo build --release --locked -p reeve-cli || return; fi
   if needs fanout; then cargo build --release --locked -p reeve-fn-relay || return; fi
   if needs coldstart; then
     cargo build --release --locked -p reeve-bench-hello || return
+    # The worker as a catalog with a `lambda` kind deploys it, kept aside
+    # before the plain worker (built below) takes its name.
+    cargo build --release --locked -p reeve-fn-worker --features lambda || return
+    cp "$BIN/worker" "$BIN/worker-lambda"
     # Every Lambda under functions/ (the relay is the Fargate service).
     for dir in functions/*/; do
       p="reeve-fn-$(basename "$dir")"
@@ -113,6 +118,7 @@ for phase in "${phases[@]}"; do
     auth)       timed auth "$BIN/reeve-bench" auth >"$section" ;;
     taskcreate) timed taskcreate "$BIN/reeve-bench" taskcreate >"$section" ;;
     worker)     timed worker "$BIN/reeve-bench" worker --reeve "$BIN/reeve" >"$section" ;;
+    service)    timed service "$BIN/reeve-bench" service --reeve "$BIN/reeve" >"$section" ;;
     coldstart)  timed coldstart "$BIN/reeve-bench" coldstart --bin-dir "$BIN" >"$section" ;;
   esac
   printf '%s\n\n' "$measured" >>"$section"

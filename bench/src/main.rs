@@ -9,6 +9,7 @@ mod auth;
 mod baseline;
 mod coldstart;
 mod fanout;
+mod service;
 mod stack;
 mod taskcreate;
 mod worker;
@@ -37,6 +38,10 @@ enum Command {
     /// Task start latency and worker throughput, each beside the local
     /// queue's own floor.
     Worker(worker::Args),
+    /// Executor protocol v1: a no-op asynchronous service through Reeve
+    /// against calling it directly, and reports per second against a bare
+    /// INSERT + PUBLISH.
+    Service(service::Args),
     /// Exec to first runtime-API request, per function binary.
     Coldstart(coldstart::Args),
     /// One line about this machine, for the report's header.
@@ -55,6 +60,7 @@ fn main() -> anyhow::Result<()> {
             Command::Coldstart(args) => coldstart::run(args).await,
             Command::Taskcreate(args) => taskcreate::run(args).await,
             Command::Worker(args) => worker::run(args).await,
+            Command::Service(args) => service::run(args).await,
             Command::Machine => {
                 println!("{}", stack::machine());
                 Ok(())

@@ -113,20 +113,20 @@ fn catalog(endpoint: &str) -> String {
 
 /// When each task (or floor message) was seen to start and to end.
 #[derive(Default, Clone, Copy)]
-struct Seen {
-    running: Option<Instant>,
+pub(crate) struct Seen {
+    pub(crate) running: Option<Instant>,
     /// The terminal status, and whether it was `completed`.
-    done: Option<(Instant, bool)>,
+    pub(crate) done: Option<(Instant, bool)>,
 }
 
 #[derive(Default)]
-struct Tracker {
+pub(crate) struct Tracker {
     seen: Mutex<HashMap<String, Seen>>,
     changed: Notify,
 }
 
 impl Tracker {
-    fn record(&self, key: &str, status: &str, at: Instant) {
+    pub(crate) fn record(&self, key: &str, status: &str, at: Instant) {
         {
             let mut seen = self.seen.lock().expect("tracker lock");
             let entry = seen.entry(key.to_owned()).or_default();
@@ -153,7 +153,7 @@ impl Tracker {
     }
 
     /// Waits until `key` has ended; its times.
-    async fn ended(&self, key: &str, limit: Duration) -> anyhow::Result<Seen> {
+    pub(crate) async fn ended(&self, key: &str, limit: Duration) -> anyhow::Result<Seen> {
         let until = tokio::time::Instant::now() + limit;
         loop {
             let changed = self.changed.notified();
@@ -203,7 +203,10 @@ impl Tracker {
 }
 
 /// Follows every task's `status` events on the harness's Redis.
-async fn follow_events(redis_url: &str, tracker: Arc<Tracker>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+pub(crate) async fn follow_events(
+    redis_url: &str,
+    tracker: Arc<Tracker>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let mut pubsub = redis::Client::open(redis_url)?.get_async_pubsub().await?;
     pubsub.psubscribe("task:*:events").await?;
     Ok(tokio::spawn(async move {
@@ -225,17 +228,17 @@ async fn follow_events(redis_url: &str, tracker: Arc<Tracker>) -> anyhow::Result
 }
 
 /// A `reeve` process of the harness's, with its log.
-struct Reeve {
+pub(crate) struct Reeve {
     child: Child,
-    log: PathBuf,
+    pub(crate) log: PathBuf,
 }
 
 impl Reeve {
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
 
-    fn exited(&mut self) -> Option<String> {
+    pub(crate) fn exited(&mut self) -> Option<String> {
         match self.child.try_wait() {
             Ok(Some(status)) => {
                 Some(format!("reeve exited ({status}); its log, {}:\n{}", self.log.display(), tail(&self.log)))
@@ -245,20 +248,20 @@ impl Reeve {
     }
 }
 
-fn tail(log: &Path) -> String {
+pub(crate) fn tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 /// Everything a `reeve` process of the run is started with.
-struct Env {
-    vars: Vec<(&'static str, String)>,
-    logs: PathBuf,
+pub(crate) struct Env {
+    pub(crate) vars: Vec<(&'static str, String)>,
+    pub(crate) logs: PathBuf,
 }
 
 impl Env {
-    async fn spawn(&self, bin: &Path, name: &str, args: &[&str]) -> anyhow::Result<Reeve> {
+    pub(crate) async fn spawn(&self, bin: &Path, name: &str, args: &[&str]) -> anyhow::Result<Reeve> {
         let log = self.logs.join(format!("{name}.log"));
         let file = std::fs::File::create(&log)?;
         let child = Command::new(bin)

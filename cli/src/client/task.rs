@@ -140,7 +140,8 @@ pub struct CreateArgs {
     /// Space's webhook secret (`reeve space webhook-secret` first).
     #[arg(long, value_name = "URL")]
     pub webhook: Option<String>,
-    /// Only for these ends (completed, failed, canceled); default all. Repeatable.
+    /// Only these events: the ends (completed, failed, canceled) and progress
+    /// while it runs; default every end. Repeatable.
     #[arg(long = "webhook-event", value_name = "EVENT", requires = "webhook")]
     pub webhook_events: Vec<String>,
     /// Follow the task to its end, like `reeve task watch`.

@@ -1,8 +1,9 @@
 //! Completion webhooks end to end: the API in-process, tasks ended through
 //! the one transition, the sender as start-up builds it (with a short
 //! schedule, through its settings), and a receiver on loopback that checks
-//! every delivery with the `standardwebhooks` crate, a Standard Webhooks
-//! implementation that is not Reeve's.
+//! every delivery with the `standardwebhooks` crate, the Standard Webhooks
+//! project's Rust library, not Reeve's code; across a rotation the
+//! project's Python package checks them too (tests/webhooks/verify.py).
 
 use crate::common;
 
@@ -18,7 +19,7 @@ use common::{QueuedApi, get_authed, post_json, send, wait_until};
 use reeve_shared::ids::Id;
 use reeve_shared::settings;
 use reeve_shared::startup;
-use reeve_shared::tasks::{self, Change, Fence, TaskStatus};
+use reeve_shared::tasks::{self, Change, EventType, Fence, TaskStatus};
 use reeve_shared::webhooks::WebhookSettings;
 use reeve_shared::webhooks::sender::Sender;
 use serde_json::{Value, json};
@@ -64,6 +65,33 @@ impl Received {
     fn header(&self, name: &str) -> &str {
         self.headers[name].to_str().unwrap()
     }
+}
+
+/// Which of `secrets` verify each delivery, as the official Python package
+/// `standardwebhooks` says (tests/webhooks/verify.py): one row per
+/// delivery, one column per secret.
+fn python_verifies(deliveries: &[&Received], secrets: &[&str]) -> Vec<Vec<bool>> {
+    use std::io::Write;
+    let deliveries: Vec<Value> = deliveries
+        .iter()
+        .map(|d| {
+            let headers: serde_json::Map<String, Value> =
+                d.headers.iter().map(|(k, v)| (k.as_str().to_owned(), json!(v.to_str().unwrap()))).collect();
+            json!({ "headers": headers, "body": String::from_utf8(d.body.to_vec()).unwrap() })
+        })
+        .collect();
+    let given = json!({ "secrets": secrets, "deliveries": deliveries }).to_string();
+    let python = common::chain::python();
+    let mut child = std::process::Command::new(&python)
+        .arg(common::chain::root().join("tests/webhooks/verify.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+    child.stdin.take().unwrap().write_all(given.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "verify.py failed: {}", String::from_utf8_lossy(&out.stdout));
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// An endpoint on loopback: `/ok` answers 200, `/flaky` 500 then 200,
@@ -285,6 +313,11 @@ async fn a_rotation_signs_with_both_secrets_through_its_grace_then_with_the_new_
     assert_eq!(after.header("webhook-signature").split(' ').count(), 1);
     assert!(after.verifies_with(&new));
     assert!(!after.verifies_with(&old), "the old secret signs no more");
+
+    // The official Python package agrees on both, and refuses a stranger.
+    let stranger = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let seen = python_verifies(&[&during, &after], &[&old, &new, stranger]);
+    assert_eq!(seen, [[true, true, false], [false, true, false]], "during the grace, then after it");
     hooks.done().await;
 }
 
@@ -499,5 +532,154 @@ async fn in_aws_the_sweepers_schedule_sends_them(pool: PgPool) {
     let got = hooks.receiver.at("/ok");
     assert_eq!(got.len(), 1);
     assert!(got[0].verifies_with(&secret));
+    hooks.done().await;
+}
+
+impl Hooks {
+    /// Every delivery of task `id`, oldest first.
+    async fn all_deliveries(&self, id: Id) -> Vec<Value> {
+        let reply = send(&self.api.app, get_authed(&format!("/v1/tasks/{id}/webhooks"), &self.api.token)).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        reply.body["deliveries"].as_array().unwrap().clone()
+    }
+
+    /// Claims queued task `id` as a worker's first attempt would.
+    async fn start(&self, id: Id) {
+        let claimed =
+            sqlx::query("UPDATE tasks SET status = 'running', attempts = 1 WHERE id = $1 AND status = 'queued'")
+                .bind(id)
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        assert_eq!(claimed.rows_affected(), 1);
+    }
+
+    /// A progress report of attempt 1, through the one statement that records it.
+    async fn progress(&self, id: Id, fraction: f32) {
+        let data = json!({ "progress": fraction, "message": "reading" });
+        let event = tasks::running_event(&self.pool, id, 1, Some(fraction), EventType::Progress, &data).await.unwrap();
+        assert!(event.is_some(), "the task is running");
+    }
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn progress_is_delivered_when_asked_coalesced_and_superseded_by_the_end(pool: PgPool) {
+    let hooks = Hooks::new(&pool, short()).await;
+    let secret = hooks.rotate().await;
+    let url = hooks.receiver.url("/ok");
+    // The ends only, unless asked: a task naming just its URL gets no progress.
+    let plain = hooks.created(json!(url)).await;
+    hooks.start(plain).await;
+    hooks.progress(plain, 0.5).await;
+    assert!(hooks.all_deliveries(plain).await.is_empty(), "progress was not asked for");
+
+    let id = hooks.created(json!({ "url": url, "events": ["progress", "completed"] })).await;
+    hooks.start(id).await;
+    // Three reports before the sender runs: one delivery, of the latest.
+    for fraction in [0.1, 0.2, 0.3] {
+        hooks.progress(id, fraction).await;
+    }
+    let pending = hooks.all_deliveries(id).await;
+    assert_eq!(pending.len(), 1, "coalesced while pending: {pending:?}");
+    assert_eq!((pending[0]["event"].as_str(), pending[0]["status"].as_str()), (Some("progress"), Some("pending")));
+    hooks.deliver().await;
+    let got = hooks.receiver.at("/ok");
+    assert_eq!(got.len(), 1);
+    assert!(got[0].verifies_with(&secret), "signed like an end");
+    let payload = got[0].json();
+    assert_eq!(payload["type"], "task.progress");
+    assert_eq!(payload["data"]["status"], "running");
+    assert!((payload["data"]["progress"].as_f64().unwrap() - 0.3).abs() < 1e-6, "the latest: {payload}");
+
+    // Once sent, the next report makes the next delivery; the task ends
+    // before it is sent, so it is superseded by the end's, never sent.
+    hooks.progress(id, 0.9).await;
+    let done = Change::Complete { result: &json!({"digest": "abc"}), payment: None, held: &[] };
+    tasks::transition(&pool, id, Fence::Run(1), done).await.unwrap().expect("the run held it");
+    wait_until("every delivery to settle", Duration::from_secs(20), || async {
+        hooks.deliver().await;
+        hooks.all_deliveries(id).await.iter().all(|d| d["status"] != "pending")
+    })
+    .await;
+    let deliveries = hooks.all_deliveries(id).await;
+    let summary: Vec<(&str, &str, usize)> = deliveries
+        .iter()
+        .map(|d| (d["event"].as_str().unwrap(), d["status"].as_str().unwrap(), d["attempts"].as_array().unwrap().len()))
+        .collect();
+    assert_eq!(
+        summary,
+        [("progress", "delivered", 1), ("progress", "superseded", 0), ("completed", "delivered", 1)],
+        "{deliveries:?}"
+    );
+    let types: Vec<String> =
+        hooks.receiver.at("/ok").iter().map(|r| r.json()["type"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(types, ["task.progress", "task.completed"], "no progress after the end");
+
+    // A Space's default may ask for progress too.
+    let put = axum::http::Request::put("/v1/space/webhook")
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {}", hooks.api.token))
+        .body(axum::body::Body::from(
+            json!({ "url": hooks.receiver.url("/default"), "events": ["progress"] }).to_string(),
+        ))
+        .unwrap();
+    assert_eq!(send(&hooks.api.app, put).await.status, StatusCode::OK);
+    let defaulted =
+        send(&hooks.api.app, post_json("/v1/tasks/echo", Some(&hooks.api.token), &json!({"input": {}}))).await;
+    let defaulted: Id = defaulted.body["id"].as_str().unwrap().parse().unwrap();
+    hooks.start(defaulted).await;
+    hooks.progress(defaulted, 0.4).await;
+    hooks.deliver().await;
+    let got = hooks.receiver.at("/default");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].json()["type"], "task.progress");
+    hooks.done().await;
+}
+
+/// An MCP kind tool takes the REST create's `webhook`, refused the same way
+/// before anything is stored, and its task's end is delivered.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn an_mcp_kind_tool_takes_a_webhook(pool: PgPool) {
+    use crate::lambda_events::through_lambda;
+    use crate::mcp::sample_event;
+    let hooks = Hooks::new(&pool, short()).await;
+    let config = common::with_catalog(common::config(&pool), CATALOG)
+        .with(settings::QUEUE_URL, &hooks.api.queue.url)
+        .with(settings::MCP_ALLOWED_HOSTS, "*");
+    let router =
+        reeve_shared::mcp::router(startup::mcp(&config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}")));
+    let call = |webhook: Value| {
+        let event = sample_event("mcp-tools-call-task", Some(&hooks.api.token), |params| {
+            params["name"] = json!("echo");
+            params["arguments"] = json!({ "webhook": webhook });
+            // No tasks extension: the tool answers the task itself.
+            params["_meta"].as_object_mut().unwrap().remove("io.modelcontextprotocol/clientCapabilities");
+        });
+        let router = router.clone();
+        async move { through_lambda(router, &event).await.body["result"].clone() }
+    };
+    let listed = call(json!(null)).await;
+    assert_ne!(listed["isError"], true, "no webhook is no webhook: {listed}");
+
+    let refused = call(json!("https://example.com/hook")).await;
+    let refused = (&refused["isError"], &refused["structuredContent"]["error"]["code"]);
+    assert_eq!(refused, (&json!(true), &json!("webhook_secret_required")), "no secret yet");
+    let secret = hooks.rotate().await;
+    for bad in [json!("example.com/hook"), json!({"url": "https://example.com/", "events": ["started"]}), json!(7)] {
+        let answer = call(bad.clone()).await;
+        assert_eq!(answer["structuredContent"]["error"]["code"], "invalid_webhook", "{bad}: {answer}");
+    }
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&pool).await.unwrap();
+    assert_eq!(count, 1, "only the call without a webhook stored a task");
+
+    let answer = call(json!({ "url": hooks.receiver.url("/ok"), "events": ["completed"] })).await;
+    assert_ne!(answer["isError"], true, "{answer}");
+    let id: Id = answer["structuredContent"]["id"].as_str().unwrap().parse().unwrap();
+    hooks.complete(id).await;
+    assert_eq!(hooks.settle(id).await["status"], "delivered");
+    let got = hooks.receiver.at("/ok");
+    assert_eq!(got.len(), 1);
+    assert!(got[0].verifies_with(&secret));
+    assert_eq!(got[0].json()["data"]["id"], id.to_string());
     hooks.done().await;
 }

@@ -44,7 +44,7 @@ macro_rules! doc_422_webhook {
     () => {
         "`invalid_webhook`: the webhook's `url` is not an absolute `https://` URL of at most 2048 \
          characters without credentials, or its `events` are empty or not among `completed`, \
-         `failed`, `canceled`; `webhook_secret_required`: the Space has no webhook secret to sign \
+         `failed`, `canceled`, `progress`; `webhook_secret_required`: the Space has no webhook secret to sign \
          with yet (`POST /v1/space/webhook-secret`)."
     };
 }

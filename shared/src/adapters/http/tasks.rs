@@ -64,7 +64,7 @@ use crate::domain::tasks::events::publish_all_once;
 use crate::domain::tasks::{self, CancelOutcome, ListQuery, Task, TaskStatus};
 #[cfg(feature = "api-tasks")]
 use crate::domain::tasks::{Paid, Submission, SubmitContext, SubmitError, Submitted, TaskRequest};
-use crate::domain::webhooks::{self, Subscription};
+use crate::domain::webhooks::{self, WebhookRequest};
 
 /// One path for both routers: axum merges their methods only when the path
 /// strings are identical, so the segment has one neutral name — a kind for
@@ -113,28 +113,11 @@ struct CreateRequest {
     /// Where to POST the task's view when it ends, signed per Standard
     /// Webhooks with the Space's secret (`POST /v1/space/webhook-secret`
     /// first): a URL, for every end, or `{"url", "events"}` for some of
-    /// `completed`, `failed`, `canceled`. Without it, the Space's default
+    /// `completed`, `failed`, `canceled`, and `progress` while it runs.
+    /// Without it, the Space's default
     /// (`PUT /v1/space/webhook`) applies, if it has one.
     #[serde(default)]
     webhook: Option<WebhookRequest>,
-}
-
-/// A task's webhook as a create names it: a URL, or a URL and its events.
-#[derive(Deserialize, ToSchema)]
-#[serde(untagged)]
-enum WebhookRequest {
-    #[schema(example = "https://example.com/hooks/reeve")]
-    Url(String),
-    Subscription(Subscription),
-}
-
-impl From<WebhookRequest> for Subscription {
-    fn from(request: WebhookRequest) -> Self {
-        match request {
-            WebhookRequest::Url(url) => Subscription { url, events: webhooks::EVENTS.map(String::from).to_vec() },
-            WebhookRequest::Subscription(subscription) => subscription,
-        }
-    }
 }
 
 #[cfg(feature = "api-tasks")]

@@ -121,7 +121,8 @@ async fn read_default(
 /// Set the default webhook
 ///
 /// Every task of the Space that names no `webhook` is delivered here when
-/// it ends with one of `events`. Setting a URL a `410` disabled enables it
+/// it ends with one of `events` (and while it runs, with `progress`
+/// among them). Setting a URL a `410` disabled enables it
 /// again. Needs the Space's secret first (`POST /v1/space/webhook-secret`).
 #[utoipa::path(
     put,
@@ -176,14 +177,17 @@ async fn remove_default(
 #[derive(Serialize, ToSchema)]
 #[schema(as = TaskWebhooks)]
 struct Deliveries {
-    /// One per end delivered (a task ends once): none if it has not ended,
-    /// or ended with an event nobody asked for.
+    /// Oldest first: one per end delivered (a task ends once), and, when
+    /// `progress` was asked for, one per progress delivery (coalesced: at
+    /// most one waits at a time). None while it has neither ended nor made
+    /// progress that was asked for, or when it ended with an event nobody
+    /// asked for.
     deliveries: Vec<DeliveryView>,
 }
 
 /// List a task's webhook deliveries
 ///
-/// The completion webhook of one of the Space's tasks, with every attempt:
+/// The webhook deliveries of one of the Space's tasks, with every attempt:
 /// its time, the endpoint's status, why it did not count (a timeout, a
 /// refused address, a redirect not followed, a status that is not 2xx)
 /// and when it is tried next.

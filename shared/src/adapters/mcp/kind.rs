@@ -2,7 +2,8 @@
 //! tool list is built ([`listed`]) and run by one [`tasks::submit`],
 //! exactly as `POST /v1/tasks/{kind}` ([`run`]). A kind's tool takes the
 //! kind's input itself, so an agent fills in the same fields as the REST
-//! route's `input`, plus one optional `wait_seconds`; its price is in its
+//! route's `input`, plus two optional arguments of its own, `wait_seconds`
+//! and `webhook` (the REST create's `webhook`); its price is in its
 //! description and in `_meta["reeve/price"]`.
 
 use std::time::Duration;
@@ -18,9 +19,12 @@ use super::wait::{self, MAX_WAIT_SECONDS, Progress};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::{Catalog, PublicPrice, PublicTask};
 use crate::domain::tasks::{self, Paid, Submission, SubmitContext, Task, TaskRequest};
+use crate::domain::webhooks::{self, Subscription, WebhookRequest};
 
-/// The argument of a kind's tool that is not part of its input.
+/// The arguments of a kind's tool that are not part of its input (unless
+/// the kind's own input names a field so; then the tool does not take it).
 pub const WAIT_SECONDS: &str = "wait_seconds";
+pub const WEBHOOK: &str = "webhook";
 /// The `_meta` key of a kind's price.
 pub const PRICE_META: &str = "reeve/price";
 
@@ -54,7 +58,7 @@ pub enum Answer {
 }
 
 /// A call of a kind's tool: `arguments` is the task's input, plus
-/// `wait_seconds`.
+/// `wait_seconds` and `webhook`.
 pub struct KindCall<'a> {
     /// The tool as listed: its name, its schema and its description, which
     /// says the price (for a metered one, "up to"), as a payment request
@@ -79,9 +83,16 @@ pub async fn run(
     let KindCall { listed, kind, mut arguments, key } = call;
     let tool = listed.name.as_ref();
     let spec = ctx.catalog.task(kind).ok_or_else(|| ToolFailure::internal("a tool names no kind"))?;
-    // A kind whose own input has a `wait_seconds` keeps it: its tool does not wait.
-    let ours = spec.input_schema.pointer(&format!("/properties/{WAIT_SECONDS}")).is_none();
-    let wait = if ours { wait_seconds(arguments.remove(WAIT_SECONDS))? } else { 0 };
+    // A kind whose own input has a `wait_seconds` (or `webhook`) keeps it:
+    // its tool does not wait (or take a webhook).
+    let ours = |name: &str| spec.input_schema.pointer(&format!("/properties/{name}")).is_none();
+    let wait = if ours(WAIT_SECONDS) { wait_seconds(arguments.remove(WAIT_SECONDS))? } else { 0 };
+    // Checked before the task is stored, as the REST create does: a refused
+    // webhook stores (and charges) nothing.
+    let webhook = match ours(WEBHOOK).then(|| arguments.remove(WEBHOOK)).flatten() {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(webhook_argument(ctx, space, value).await?),
+    };
     let input = Value::Object(arguments);
     let resource_url = payment::resource_url(tool);
     let cx = SubmitContext {
@@ -114,6 +125,11 @@ pub async fn run(
             });
         }
     };
+    if let Some(webhook) = &webhook {
+        // Stored, maybe already running: its end is delivered whichever
+        // commits first (see `webhooks::subscribe_task`).
+        webhooks::subscribe_task(&ctx.db, space, submitted.task.id, webhook).await?;
+    }
     let settlement = match submitted.paid {
         Paid::Payment(settlement) => Some(payment::response_meta(&settlement)),
         Paid::Nothing | Paid::Credit(_) | Paid::Authorized => None,
@@ -149,8 +165,20 @@ fn wait_seconds(value: Option<Value>) -> ToolResult<u64> {
     }
 }
 
-/// The kind's schema with `wait_seconds` added to its properties (unless
-/// the kind itself takes a field of that name).
+/// The `webhook` argument as a subscription the Space can sign: the REST
+/// create's `invalid_webhook` and `webhook_secret_required`.
+async fn webhook_argument(ctx: &McpContext, space: &SpaceIndex, value: Value) -> ToolResult<Subscription> {
+    let request: WebhookRequest = serde_json::from_value(value).map_err(|_| {
+        ToolFailure::new(
+            "invalid_webhook",
+            format!("{WEBHOOK} must be an https:// URL, or {{\"url\": \"https://…\", \"events\": [\"completed\", …]}}"),
+        )
+    })?;
+    webhooks::check_for_task(&ctx.db, space, request.into()).await.map_err(|e| ToolFailure::refused(&e))
+}
+
+/// The kind's schema with `wait_seconds` and `webhook` added to its
+/// properties (each unless the kind itself takes a field of that name).
 fn kind_input_schema(input_schema: &Value) -> Value {
     let mut schema = input_schema.clone();
     let Some(object) = schema.as_object_mut() else {
@@ -158,6 +186,34 @@ fn kind_input_schema(input_schema: &Value) -> Value {
     };
     let properties = object.entry("properties").or_insert_with(|| json!({}));
     if let Some(properties) = properties.as_object_mut()
+        && !properties.contains_key(WEBHOOK)
+    {
+        properties.insert(
+            WEBHOOK.into(),
+            json!({
+                "description": "Not part of the task's input. Where Reeve POSTs the task's view when it ends, signed \
+                    per Standard Webhooks with the Space's secret (made with POST /v1/space/webhook-secret or `reeve \
+                    space webhook-secret`): an https:// URL for every end, or {url, events} for some of completed, \
+                    failed, canceled, and progress while it runs. Without it, the Space's default applies, if any.",
+                "anyOf": [
+                    { "type": "string", "maxLength": webhooks::MAX_URL_LEN },
+                    {
+                        "type": "object",
+                        "properties": {
+                            "url": { "type": "string", "maxLength": webhooks::MAX_URL_LEN },
+                            "events": {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": { "enum": webhooks::SUBSCRIBABLE }
+                            }
+                        },
+                        "required": ["url"]
+                    }
+                ]
+            }),
+        );
+    }
+    if let Some(properties) = object.get_mut("properties").and_then(Value::as_object_mut)
         && !properties.contains_key(WAIT_SECONDS)
     {
         properties.insert(

@@ -212,13 +212,16 @@ impl Publisher {
     }
 }
 
-/// One PUBLISH of a committed event on the task's [`channel`], bounded by
-/// [`PUBLISH_TIMEOUT`]; `Ok(n)` is the number of subscribers that got it.
 /// Appends one event of a running task (progress or log), setting
 /// `tasks.progress` to `progress` when given, in one statement fenced on the
 /// run (`attempt`). `None`: the run lost the task, and nothing was written.
 /// What a worker's executor reports and what a service reports on its
 /// attempt (`domain::executors::service`) both become events here.
+///
+/// A progress event of a task whose webhook asks for `progress` (its own
+/// subscription, else its Space's default) writes that webhook's outbox row
+/// in the same statement, unless one is pending already: progress is
+/// coalesced, one delivery at a time (see `domain::webhooks::PROGRESS`).
 pub async fn running_event(
     db: impl sqlx::PgExecutor<'_>,
     id: Id,
@@ -231,7 +234,19 @@ pub async fn running_event(
         "WITH held AS (
              UPDATE tasks SET progress = COALESCE($3, progress), last_seq = last_seq + 1, updated_at = now()
               WHERE id = $1 AND status = 'running' AND attempts = $2
-          RETURNING id, last_seq
+          RETURNING id, last_seq, space_idx, webhook_url, webhook_events
+         ), outbox AS (
+             INSERT INTO webhook_deliveries (id, task_id, space_idx, url, event)
+             SELECT $6, held.id, held.space_idx, sub.url, 'progress'
+               FROM held
+               LEFT JOIN space_webhooks space_default ON space_default.space_idx = held.space_idx
+              CROSS JOIN LATERAL (
+                    SELECT coalesce(held.webhook_url, space_default.url) AS url,
+                           CASE WHEN held.webhook_url IS NULL THEN space_default.events
+                                ELSE held.webhook_events END AS events
+                    ) sub
+              WHERE $4 = 'progress' AND sub.url IS NOT NULL AND 'progress' = ANY(sub.events)
+             ON CONFLICT (task_id) WHERE event = 'progress' AND status = 'pending' DO NOTHING
          )
          INSERT INTO task_events (task_id, seq, type, data)
          SELECT id, last_seq, $4, $5 FROM held
@@ -242,11 +257,14 @@ pub async fn running_event(
     .bind(progress)
     .bind(kind.as_str())
     .bind(sqlx::types::Json(data))
+    .bind(Id::new())
     .fetch_optional(db)
     .await?;
     Ok(row.map(|(seq, at)| Event { seq, kind, data: data.clone(), at }))
 }
 
+/// One PUBLISH of a committed event on the task's [`channel`], bounded by
+/// [`PUBLISH_TIMEOUT`]; `Ok(n)` is the number of subscribers that got it.
 /// For a process that publishes now and then (the API's cancel); a worker
 /// publishing a stream of events uses a [`Publisher`].
 pub async fn publish_once(redis: &RedisClient, task_id: Id, event: &Event) -> Result<usize, PublishError> {

@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
-pub use events::{Event, EventType, Publisher, append_event, channel, events_after};
+pub use events::{Event, EventType, Publisher, append_event, channel, events_after, running_event};
 #[cfg(feature = "s3-links")]
 pub use output::{OutputLinks, output_key};
 pub use queue::{QueueError, QueueMessage};

@@ -148,7 +148,7 @@ macro_rules! with_events {
                         ) sub
                   WHERE moved.status IN ('completed', 'failed', 'canceled')
                     AND sub.url IS NOT NULL AND moved.status = ANY(sub.events)
-                 ON CONFLICT (task_id) DO NOTHING
+                 ON CONFLICT (task_id) WHERE event <> 'progress' DO NOTHING
              ), appended AS (
                  INSERT INTO task_events (task_id, seq, type, data)
                  SELECT moved.id, moved.last_seq - cardinality($5::text[]) + e.n, e.type, e.data

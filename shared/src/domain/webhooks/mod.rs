@@ -3,7 +3,8 @@
 //!
 //! Module map, in the order a delivery passes through it:
 //! - here: what an owner subscribes ([`Subscription`]: a URL and the
-//!   events, `completed`, `failed`, `canceled`), checked as it is given;
+//!   events, `completed`, `failed`, `canceled`, and `progress` if asked),
+//!   checked as it is given;
 //!   a task's own (set just after create, [`subscribe_task`]) or its
 //!   Space's default ([`set_default`]), and the refusals ([`WebhookRefusal`]);
 //! - [`secrets`]: a Space's signing secrets (`whsec_…`), made and rotated by
@@ -11,7 +12,9 @@
 //!   [`ROTATION_GRACE`], during which both sign;
 //! - the outbox: a row of `webhook_deliveries` is written by the statement
 //!   that ends the task (`tasks::transition`), so no end is without its
-//!   row, whatever crashes after;
+//!   row, whatever crashes after; a `progress` row by the statement that
+//!   records a progress event (`tasks::events::running_event`), at most one
+//!   pending per task (see [`PROGRESS`]);
 //! - [`outbox`]: that table as the sender and the owner read it: due rows
 //!   claimed under a lease, each attempt recorded, the attempts listed;
 //! - [`sender`]: the delivery itself, through the users' SSRF-guarded
@@ -36,8 +39,20 @@ use crate::domain::auth::SpaceIndex;
 use crate::domain::error::{ErrorKind, Refusal, Wording};
 use crate::domain::ids::Id;
 
-/// The events a subscription may name: how a task ended.
+/// How a task may end: the events a subscription gets when it names none.
 pub const EVENTS: [&str; 3] = ["completed", "failed", "canceled"];
+
+/// The event of a running task's progress, only when a subscription names
+/// it. Progress can come many times a second, so it is coalesced: a task
+/// has at most one progress delivery pending, and what it sends is the
+/// task's view when it is sent (its latest `progress`), not the report that
+/// made it. A progress delivery not yet sent when the task ends is
+/// `superseded`: the end's delivery says more, and a late progress after it
+/// would only confuse a receiver.
+pub const PROGRESS: &str = "progress";
+
+/// Every event a subscription may name.
+pub const SUBSCRIBABLE: [&str; 4] = ["completed", "failed", "canceled", PROGRESS];
 
 /// The longest URL an owner may name.
 pub const MAX_URL_LEN: usize = 2048;
@@ -92,10 +107,10 @@ pub struct Subscription {
     /// refused when it is called). Redirects are not followed.
     #[schema(example = "https://example.com/hooks/reeve")]
     pub url: String,
-    /// Which ends to deliver: `completed`, `failed`, `canceled`. All three
-    /// when left out.
+    /// Which events to deliver: the ends `completed`, `failed`, `canceled`,
+    /// and `progress` while the task runs. The three ends when left out.
     #[serde(default = "all_events")]
-    #[schema(example = json!(["completed", "failed"]))]
+    #[schema(example = json!(["completed", "failed", "progress"]))]
     pub events: Vec<String>,
 }
 
@@ -122,16 +137,35 @@ impl Subscription {
         }
         self.url = url.to_string();
         if self.events.is_empty() {
-            return bad("name at least one webhook event: completed, failed, canceled");
+            return bad("name at least one webhook event: completed, failed, canceled, progress");
         }
         for event in &self.events {
-            if !EVENTS.contains(&event.as_str()) {
-                return bad(&format!("unknown webhook event {event:?}: use completed, failed, canceled"));
+            if !SUBSCRIBABLE.contains(&event.as_str()) {
+                return bad(&format!("unknown webhook event {event:?}: use completed, failed, canceled, progress"));
             }
         }
         self.events.sort();
         self.events.dedup();
         Ok(self)
+    }
+}
+
+/// A webhook as a create names it (REST's `webhook`, MCP's `webhook`
+/// argument): a URL, for every end, or `{"url", "events"}`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum WebhookRequest {
+    #[schema(example = "https://example.com/hooks/reeve")]
+    Url(String),
+    Subscription(Subscription),
+}
+
+impl From<WebhookRequest> for Subscription {
+    fn from(request: WebhookRequest) -> Self {
+        match request {
+            WebhookRequest::Url(url) => Subscription { url, events: all_events() },
+            WebhookRequest::Subscription(subscription) => subscription,
+        }
     }
 }
 
@@ -214,7 +248,7 @@ pub async fn subscribe_task(
          INSERT INTO webhook_deliveries (id, task_id, space_idx, url, event)
          SELECT $5, id, space_idx, webhook_url, status FROM subscribed
           WHERE status IN ('completed', 'failed', 'canceled') AND status = ANY(webhook_events)
-         ON CONFLICT (task_id) DO NOTHING",
+         ON CONFLICT (task_id) WHERE event <> 'progress' DO NOTHING",
     )
     .bind(id)
     .bind(space.as_bytes())
@@ -291,7 +325,7 @@ mod tests {
             ("ftp://example.com/", &["completed"]),
             ("https://user:pw@example.com/", &["completed"]),
             ("https://example.com/", &[]),
-            ("https://example.com/", &["progress"]),
+            ("https://example.com/", &["started"]),
         ] {
             let refused = sub(bad, events).checked().unwrap_err();
             assert_eq!(refused.code(), "invalid_webhook", "{bad} {events:?}");
@@ -299,7 +333,11 @@ mod tests {
         let long = format!("https://example.com/{}", "a".repeat(MAX_URL_LEN));
         assert!(sub(&long, &["completed"]).checked().is_err());
         let all: Subscription = serde_json::from_value(serde_json::json!({"url": "https://example.com/"})).unwrap();
-        assert_eq!(all.events, EVENTS);
+        assert_eq!(all.events, EVENTS, "the ends, not progress, unless asked");
+        let progress = sub("https://example.com/", &["progress", "completed"]).checked().unwrap();
+        assert_eq!(progress.events, ["completed", "progress"]);
+        let url: WebhookRequest = serde_json::from_value(serde_json::json!("https://example.com/")).unwrap();
+        assert_eq!(Subscription::from(url).events, EVENTS);
     }
 
     #[test]

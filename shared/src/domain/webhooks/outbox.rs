@@ -1,6 +1,7 @@
 //! The outbox, `webhook_deliveries`, and its attempts. A row is written by
 //! the statement that ends its task (`tasks::transition`) or subscribes it
-//! (`super::subscribe_task`); here the sender claims the rows that are due
+//! (`super::subscribe_task`), or records its progress
+//! (`tasks::events::running_event`); here the sender claims the rows that are due
 //! and records what each attempt got, and the owner reads them.
 //!
 //! A claim is a lease (`claimed_until`), taken with `FOR UPDATE SKIP LOCKED`:
@@ -27,7 +28,8 @@ pub struct Due {
     pub event: String,
     /// Attempts made before this one.
     pub attempts: i32,
-    /// When the task ended: the payload's `timestamp`.
+    /// When the task ended (for progress: when the progress that made the
+    /// delivery was recorded): the payload's `timestamp`.
     pub created_at: OffsetDateTime,
     /// A `410` disabled the endpoint for the Space, by this delivery or another.
     pub disabled: bool,
@@ -87,6 +89,8 @@ pub enum Next {
     Failed,
     /// The endpoint answered `410`, now or before: disabled for the Space.
     Disabled,
+    /// A progress delivery whose task ended before it was sent: never sent.
+    Superseded,
 }
 
 impl Next {
@@ -97,13 +101,15 @@ impl Next {
             Next::Retry(_) => "pending",
             Next::Failed => "failed",
             Next::Disabled => "disabled",
+            Next::Superseded => "superseded",
         }
     }
 }
 
 /// Records `attempt` (none when nothing was sent: the endpoint was disabled
-/// before) and where the delivery goes next, in one transaction; a `410`
-/// disables the endpoint for the Space.
+/// before, or a progress delivery was superseded) and where the delivery
+/// goes next, in one transaction; a `410` disables the endpoint for the
+/// Space.
 pub async fn record(db: &PgPool, due: &Due, attempt: Option<&Attempt>, next: Next) -> Result<(), sqlx::Error> {
     let wait = match next {
         Next::Retry(wait) => Some(wait.as_secs_f64()),
@@ -156,11 +162,13 @@ pub struct DeliveryView {
     #[schema(example = "msg_01HZX3Y4P5Q6R7S8T9V0W1X2Y3")]
     pub id: String,
     pub url: String,
-    /// `completed`, `failed` or `canceled`: how the task ended.
+    /// `completed`, `failed` or `canceled`: how the task ended; or
+    /// `progress`, while it ran.
     pub event: String,
     /// `pending` (to be tried at `next_attempt_at`), `delivered`, `failed`
-    /// (refused, or every retry used) or `disabled` (the endpoint answered
-    /// `410`, now or for an earlier delivery).
+    /// (refused, or every retry used), `disabled` (the endpoint answered
+    /// `410`, now or for an earlier delivery) or `superseded` (a progress
+    /// delivery whose task ended before it was sent: never sent).
     pub status: String,
     #[serde(with = "time::serde::rfc3339::option")]
     pub next_attempt_at: Option<OffsetDateTime>,
@@ -187,7 +195,7 @@ pub struct AttemptView {
     pub next_attempt_at: Option<OffsetDateTime>,
 }
 
-/// The deliveries of task `id`, if it is `space`'s: `None` for a task that
+/// The deliveries of task `id`, oldest first, if it is `space`'s: `None` for a task that
 /// is missing or someone else's.
 pub async fn for_task(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<Vec<DeliveryView>>, sqlx::Error> {
     let owned: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1 AND space_idx = $2)")
@@ -201,7 +209,7 @@ pub async fn for_task(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<
     type Row = (Id, String, String, String, OffsetDateTime, OffsetDateTime);
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT id, url, event, status, next_attempt_at, created_at FROM webhook_deliveries
-          WHERE task_id = $1 ORDER BY id",
+          WHERE task_id = $1 ORDER BY created_at, id",
     )
     .bind(id)
     .fetch_all(db)

@@ -11,7 +11,10 @@
 //!   disables the endpoint for the Space: this delivery and every later one
 //!   to it end `disabled` until the Space sets the URL again.
 //! - The payload is the task's view with links, never its result or input:
-//!   `{"type": "task.completed", "timestamp", "data": {…, "links": {…}}}`.
+//!   `{"type": "task.completed", "timestamp", "data": {…, "links": {…}}}`
+//!   (`task.progress` for progress, with the task's `progress` as it is
+//!   when sent; one whose task has ended before it was sent is
+//!   `superseded`, never sent).
 //!   Each attempt is signed afresh (its `webhook-timestamp` is when it is
 //!   sent); the `webhook-id` is the delivery's, the same for every attempt.
 //!
@@ -26,9 +29,9 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use time::format_description::well_known::Rfc3339;
 
-use super::WebhookSettings;
 use super::outbox::{self, Attempt, Due, Next};
 use super::secrets;
+use super::{PROGRESS, WebhookSettings};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::tasks;
 use crate::infra::outbound::{Outbound, OutboundError};
@@ -106,6 +109,10 @@ impl Sender {
         }
         let started = tokio::time::Instant::now();
         let (error, status_code, next) = match self.post(&due).await? {
+            Posted::Superseded => {
+                outbox::record(&self.db, &due, None, Next::Superseded).await?;
+                return Ok(false);
+            }
             Posted::Answered { status, retry_after, location } => self.judge(&due, status, retry_after, location),
             Posted::Refused(why) => (Some(why), None, Next::Failed),
             Posted::Failed(why) => (Some(why), None, self.retry(&due, None)),
@@ -128,6 +135,9 @@ impl Sender {
         let Some(task) = tasks::find_for_space(&self.db, &space, due.task_id).await? else {
             return Ok(Posted::Refused("the task is gone".into()));
         };
+        if due.event == PROGRESS && task.status.is_terminal() {
+            return Ok(Posted::Superseded);
+        }
         let body = payload(due, &task).to_string().into_bytes();
         let id = due.message_id();
         let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -213,6 +223,8 @@ enum Posted {
     Refused(String),
     /// Worth trying again: no answer, a broken connection.
     Failed(String),
+    /// Not to be sent: a progress delivery whose task has ended.
+    Superseded,
 }
 
 /// `wait` moved by a random fraction of up to `jitter` either way.
