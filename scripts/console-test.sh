@@ -16,6 +16,8 @@ cd "$ROOT"
 
 command -v node >/dev/null || die "node is missing: apt-get install nodejs npm"
 [[ -x ${REEVE_CHROMIUM:-/usr/bin/chromium} ]] || die "chromium is missing: apt-get install chromium"
+# The wordfreq check serves examples/wordfreq with `cargo lambda watch`.
+command -v cargo-lambda >/dev/null || die "cargo-lambda is missing: scripts/stack.sh up installs it"
 load_dev_env
 # The page is compiled into the binary (include_str!): build it, so the test
 # never drives an older page than the working tree's.

@@ -38,8 +38,18 @@ pub async fn watch(
         }
         match event.kind {
             EventType::Progress => {
-                if let Some(fraction) = event.data["fraction"].as_f64() {
-                    bar.set_position((fraction.clamp(0.0, 1.0) * 1000.0) as u64);
+                let fraction = event.data["fraction"].as_f64().map(|f| f.clamp(0.0, 1.0));
+                if let Some(fraction) = fraction {
+                    bar.set_position((fraction * 1000.0) as u64);
+                }
+                // A service says where it is in its own words ("400 lines
+                // read"): beside the bar, or a line of its own when piped.
+                if let Some(message) = event.data["message"].as_str().filter(|m| !m.is_empty()) {
+                    if bar.is_hidden() {
+                        println!("progress {:.0}%: {message}", fraction.unwrap_or(0.0) * 100.0);
+                    } else {
+                        bar.set_message(format!("running: {message}"));
+                    }
                 }
             }
             EventType::Log => say(&bar, format!("log: {}", event.data["line"].as_str().unwrap_or_default())),

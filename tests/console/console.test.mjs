@@ -10,7 +10,9 @@
 // transaction; every refusal is shown in words; a metered task (x402 upto)
 // is authorized up to its ceiling with Permit2 and the token's permit, then
 // charged exactly what it used; the task list cancels a queued task, and the
-// credit a canceled paid task leaves pays the next one.
+// credit a canceled paid task leaves pays the next one. A service kind
+// (examples/wordfreq under `cargo lambda watch`) shows its progress in its
+// own words and ends with its output file's download link.
 // A separate relay serves the page calling the API it was configured with,
 // whatever API a link names. With REEVE_CONSOLE_SCREENSHOTS=1 it saves those
 // states as docs/console-*.png.
@@ -62,6 +64,7 @@ const PERMIT2 = "0x000000000022D473030F116dDEE9F6B43aC78BA3";
 const UPTO_PROXY = "0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002";
 
 let serve, worker, relay, facilitator, facilitatorPort, signer, base, relayBase, context, page, profile, payer, site;
+let lambdaWatch;
 const pageErrors = [];
 
 function freePort() {
@@ -209,8 +212,16 @@ before(async () => {
   const help = spawnSync(REEVE, ["serve", "--help"], { encoding: "utf8" }).stdout || "";
   const noWorker = help.includes("--no-worker") ? ["--no-worker"] : [];
   serve = run("serve", REEVE, ["serve", "--bind", `127.0.0.1:${port}`, ...noWorker], env);
+  // wordfreq: the function under `cargo lambda watch`, in a process group
+  // of its own (it runs `cargo run` and the function under it); its Invoke
+  // client pointed there, and its reports sent to this `reeve serve`.
+  const lambdaPort = await freePort();
+  lambdaWatch = spawn("cargo", ["lambda", "watch", "-p", "wordfreq", "-A", "127.0.0.1", "-P", String(lambdaPort),
+    "--concurrency", "2", "--env-var", "WORDFREQ_REPORT_EVERY=4"],
+  { cwd: ROOT, detached: true, stdio: ["ignore", openSync(join(LOGS, "console-wordfreq.log"), "a"), openSync(join(LOGS, "console-wordfreq.log"), "a")] });
   // The metered fetch downloads from the test's own server on loopback.
-  worker = run("work", REEVE, ["work"], { ...env, REEVE_FETCH_ALLOW: "127.0.0.1", REEVE_OUTBOUND_ALLOW_HTTP: "1" });
+  worker = run("work", REEVE, ["work"], { ...env, REEVE_FETCH_ALLOW: "127.0.0.1", REEVE_OUTBOUND_ALLOW_HTTP: "1",
+    AWS_ENDPOINT_URL_LAMBDA: `http://127.0.0.1:${lambdaPort}`, REEVE_REPORT_URL: `${base}/v1/executor/reports` });
   // A relay alone, as in AWS: its page calls the API it is configured with.
   relay = run("relay", REEVE, ["relay", "--bind", `127.0.0.1:${relayPort}`, "--metrics-bind", `127.0.0.1:${relayMetricsPort}`],
     { ...env, REEVE_API_ORIGIN: base });
@@ -237,6 +248,11 @@ after(async () => {
   await context?.close();
   if (profile) rmSync(profile, { recursive: true, force: true });
   await Promise.all([stop(worker), stop(serve), stop(relay), stop(facilitator)]);
+  if (lambdaWatch && lambdaWatch.exitCode === null) {
+    const exited = new Promise((ok) => lambdaWatch.once("exit", ok));
+    try { process.kill(-lambdaWatch.pid, "SIGTERM"); } catch (_) { /* already gone */ }
+    await exited;
+  }
   site?.close();
   signer?.child.stdin.end();
   await stop(signer?.child);
@@ -311,7 +327,7 @@ test("a digest task from the file picker to its SHA-256", async () => {
   await page.goto(`${base}/`);
   await page.waitForSelector("body[data-catalog=loaded]");
   const kinds = await page.locator("#catalog tbody tr").evaluateAll((rows) => rows.map((r) => r.dataset.kind));
-  assert.deepEqual(kinds.sort(), ["digest", "fetch-metered", "paid-digest"]);
+  assert.deepEqual(kinds.sort(), ["digest", "fetch-metered", "paid-digest", "wordfreq"]);
   assert.equal(await page.locator("#catalog tr[data-kind=digest] td").nth(2).textContent(), "free");
   assert.equal(await page.locator("#catalog tr[data-kind=paid-digest] td").nth(2).textContent(),
     "0.01 USDC on Base Sepolia (test) (eip155:84532)");
@@ -428,6 +444,32 @@ test("Share makes a link that watches the one task read-only, renewing its ticke
   } finally {
     await other.close();
   }
+});
+
+test("a service kind shows its progress in its own words, then its output file with a download link", async () => {
+  await choose("wordfreq");
+  const lines = Array.from({ length: 12 }, (_, n) => `The cat sat on the mat, line ${n}; the end.`).join("\n") + "\n";
+  await upload("words.txt", Buffer.from(lines), "text/plain");
+  await page.click("#task-create");
+  // The first run compiles the function under cargo lambda watch.
+  await page.waitForSelector("body[data-finished]", { timeout: 240_000 });
+  assert.equal(await page.locator("body").getAttribute("data-finished"), "completed", await text("#log"));
+  assert.equal(await value("#bar"), "1");
+  assert.equal(await text("#percent"), "100%");
+  assert.match(await text("#progress-message"), /^12 lines read/);
+  const log = await text("#log");
+  for (const wanted of [/progress \d+% — 4 lines read/, /progress 100% — 12 lines read; writing top-100\.csv/, /result ready/]) {
+    assert.match(log, wanted);
+  }
+  const summary = JSON.parse(await text("#result-json"));
+  assert.equal(summary.lines, 12);
+  const link = page.locator("#outputs a.output-link");
+  await link.waitFor();
+  assert.equal(await link.count(), 1);
+  assert.equal(await link.textContent(), "top-100.csv");
+  assert.match(await text("#outputs li"), /^top-100\.csv \(\d+ B, text\/csv\) — link valid until /);
+  const csv = await (await fetch(await link.getAttribute("href"))).text();
+  assert.ok(csv.startsWith("word,count\nthe,36\n"), csv);
 });
 
 test("a priced task shows its payment requirements, each with a Pay button for the wallet", async () => {

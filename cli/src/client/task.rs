@@ -44,12 +44,17 @@ pub enum TaskCommand {
     Cancel(CancelArgs),
     /// A task's completion webhook: each attempt, its answer and the next try.
     Webhooks { id: Id },
-    /// A finished task's result; saves its file where the result links one.
+    /// A finished task's result; saves its files where the result links
+    /// them (a `fetch` result's object, a service kind's output files).
     Result {
         id: Id,
         /// Where to save a downloadable result (default: its name, here).
         #[arg(long)]
         output: Option<PathBuf>,
+        /// The directory for the result's output files (default: here),
+        /// each saved under its own name.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
     /// Follow a task's events with a progress bar; exits 0 when it
     /// completes, 1 when it fails, 2 when it is canceled.
@@ -147,6 +152,10 @@ pub struct CreateArgs {
     /// Follow the task to its end, like `reeve task watch`.
     #[arg(long)]
     pub watch: bool,
+    /// Follow the task to its end (as --watch), then save its output files
+    /// in DIR (default: here), each under its own name.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = ".")]
+    pub download: Option<PathBuf>,
     /// Pay a priced task's 402 with x402, with the key in REEVE_WALLET_KEY
     /// (or --wallet-key-file), never an argument: an EIP-3009 authorization
     /// of an `exact` price, or for a metered (`upto`) one a Permit2
@@ -300,13 +309,13 @@ pub async fn task(client: &mut Client, opts: &ClientOpts, command: TaskCommand) 
             }
             Ok(ExitCode::SUCCESS)
         }
-        TaskCommand::Result { id, output: path } => result(client, opts, id, path).await,
+        TaskCommand::Result { id, output: path, dir } => result(client, opts, id, path, dir).await,
         TaskCommand::Watch { id, token } => {
             let token = match token {
                 Some(token) => token,
                 None => client.token().await?,
             };
-            watch_to_end(client, opts, id, &token).await
+            watch_to_end(client, opts, id, &token, None).await
         }
     }
 }
@@ -412,6 +421,9 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
         files.push((field.to_owned(), PathBuf::from(path)));
     }
     // Every argument is checked before the first byte is uploaded.
+    if let Some(dir) = args.download.as_deref().filter(|dir| !dir.is_dir()) {
+        return Err(ClientError::Usage(format!("--download: {} is not a directory", dir.display())));
+    }
     for (_, path) in &files {
         if !path.is_file() {
             return Err(ClientError::Usage(format!("--file: {} is not a readable file", path.display())));
@@ -487,7 +499,7 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
         .as_str()
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| ClientError::Usage("the server's answer carried no task id".into()))?;
-    if !args.watch {
+    if !args.watch && args.download.is_none() {
         if opts.json {
             output::json(&accepted);
         } else {
@@ -500,7 +512,7 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
         eprintln!("task {id} queued");
     }
     let token = client.token().await?;
-    watch_to_end(client, opts, id, &token).await
+    watch_to_end(client, opts, id, &token, args.download.as_deref()).await
 }
 
 /// Sends the paid create, and while the server says the payment is
@@ -557,8 +569,16 @@ fn settlement(headers: &reqwest::header::HeaderMap) -> Option<Value> {
 }
 
 /// Follows the task to its end. With `--json`, prints the final task; the
-/// exit code is its outcome either way.
-async fn watch_to_end(client: &mut Client, opts: &ClientOpts, id: Id, token: &str) -> Result<ExitCode, ClientError> {
+/// exit code is its outcome either way. With `download`, a completed task's
+/// output files are saved there; one that cannot be is an error (exit 3, 4
+/// or 5), though the task completed.
+async fn watch_to_end(
+    client: &mut Client,
+    opts: &ClientOpts,
+    id: Id,
+    token: &str,
+    download: Option<&Path>,
+) -> Result<ExitCode, ClientError> {
     let relay = opts.relay.clone().unwrap_or_else(|| client.endpoint.clone());
     let status = crate::watch::watch(&client.http, &relay, token, id, opts.json).await.map_err(|e| match e {
         FollowError::Refused { status, code, message } => ClientError::Refused { status, code, message },
@@ -567,20 +587,69 @@ async fn watch_to_end(client: &mut Client, opts: &ClientOpts, id: Id, token: &st
             cause: format!("lost the event stream {n} times in a row"),
         },
     })?;
-    if opts.json {
-        let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
-        output::json(&task);
-    } else if status == TaskStatus::Completed {
-        // The stream carries a result's files without links (a link is
-        // signed when the task is read, so it is fresh): read it once more
-        // for them.
-        let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
+    if !opts.json && status != TaskStatus::Completed {
+        if download.is_some() {
+            eprintln!("task {id} {}: nothing to download", status.as_str());
+        }
+        return Ok(outcome_code(status));
+    }
+    // The stream carries a result's files without links (a link is signed
+    // when the task is read, so it is fresh): read it once more for them.
+    let mut task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
+    if !opts.json {
+        // The links first: they stay usable if a save below fails.
         for file in task["result"]["outputs"].as_array().into_iter().flatten() {
             let text = |key: &str| file[key].as_str().unwrap_or("-").to_owned();
             println!("output {}: {} (valid until {})", text("name"), text("url"), text("url_expires_at"));
         }
     }
+    let saved = match download {
+        Some(dir) if status == TaskStatus::Completed => save_outputs(client, &task["result"], dir, opts.json).await?,
+        _ => Vec::new(),
+    };
+    if opts.json {
+        if download.is_some() {
+            task["saved_to"] = json!(saved);
+        }
+        output::json(&task);
+    } else {
+        for path in &saved {
+            eprintln!("saved to {}", path.display());
+        }
+    }
     Ok(outcome_code(status))
+}
+
+/// Saves each of `result`'s output files (a service kind's `outputs`) in
+/// `dir` under its own name, from the link the task's read just signed;
+/// the paths written, in order. A name that is not a plain file name is
+/// refused rather than written outside `dir`.
+async fn save_outputs(client: &Client, result: &Value, dir: &Path, quiet: bool) -> Result<Vec<PathBuf>, ClientError> {
+    let files = result["outputs"].as_array().cloned().unwrap_or_default();
+    let mut saved = Vec::with_capacity(files.len());
+    for file in &files {
+        let name = file["name"].as_str().unwrap_or_default();
+        if !reeve_shared::tasks::output::valid_file_name(name) {
+            return Err(ClientError::Refused {
+                status: 502,
+                code: "download_failed".into(),
+                message: format!("the result names an output file {name:?}, which is no plain file name"),
+            });
+        }
+        let Some(url) = file["url"].as_str() else {
+            return Err(ClientError::Refused {
+                status: 410,
+                code: "download_failed".into(),
+                message: format!(
+                    "output file {name} has no download link (the bucket may have deleted it); read the task again"
+                ),
+            });
+        };
+        let target = dir.join(name);
+        download(client, url, &target, quiet).await?;
+        saved.push(target);
+    }
+    Ok(saved)
 }
 
 pub fn outcome_code(status: TaskStatus) -> ExitCode {
@@ -596,7 +665,12 @@ async fn result(
     opts: &ClientOpts,
     id: Id,
     path: Option<PathBuf>,
+    dir: Option<PathBuf>,
 ) -> Result<ExitCode, ClientError> {
+    let dir = dir.unwrap_or_else(|| PathBuf::from("."));
+    if !dir.is_dir() {
+        return Err(ClientError::Usage(format!("--dir: {} is not a directory", dir.display())));
+    }
     let task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
     let status = task["status"].as_str().and_then(TaskStatus::parse);
     match status {
@@ -644,11 +718,16 @@ async fn result(
         download(client, url, &target, opts.json).await?;
         saved = Some(target);
     }
+    let files = save_outputs(client, &result, &dir, opts.json).await?;
     if opts.json {
-        output::json(&json!({ "id": id, "result": result, "saved_to": saved }));
+        let mut answer = json!({ "id": id, "result": result, "saved_to": saved });
+        if !files.is_empty() {
+            answer["files_saved_to"] = json!(files);
+        }
+        output::json(&answer);
     } else {
         println!("{}", serde_json::to_string_pretty(&result).expect("JSON values serialise"));
-        if let Some(saved) = saved {
+        for saved in saved.iter().chain(&files) {
             eprintln!("saved to {}", saved.display());
         }
     }
@@ -665,18 +744,40 @@ async fn download(client: &Client, url: &str, target: &Path, quiet: bool) -> Res
         return Err(ClientError::Refused {
             status: response.status().as_u16(),
             code: "download_failed".into(),
-            message: "the result's download link did not answer the file (it may have expired)".into(),
+            message: format!(
+                "the download link of {} did not answer the file (it may have expired)",
+                target.file_name().unwrap_or_default().to_string_lossy()
+            ),
         });
     }
     let progress = bar(response.content_length().unwrap_or(0), quiet);
     progress.set_message(target.display().to_string());
     let local = |e: std::io::Error| ClientError::Usage(format!("cannot write {}: {e}", target.display()));
-    let mut file = std::fs::File::create(target).map_err(local)?;
+    // Written beside the target and renamed when whole: a broken download
+    // leaves no truncated file under the real name.
+    let mut partial = target.as_os_str().to_owned();
+    partial.push(".part");
+    let partial = PathBuf::from(partial);
+    let mut file = std::fs::File::create(&partial).map_err(local)?;
     let mut body = response.bytes_stream();
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(unreachable)?;
-        file.write_all(&chunk).map_err(local)?;
-        progress.inc(chunk.len() as u64);
+        let written = match chunk {
+            Ok(chunk) => file.write_all(&chunk).map(|()| chunk.len()).map_err(local),
+            Err(e) => Err(unreachable(e)),
+        };
+        match written {
+            Ok(n) => progress.inc(n as u64),
+            Err(e) => {
+                drop(file);
+                let _ = std::fs::remove_file(&partial);
+                return Err(e);
+            }
+        }
+    }
+    drop(file);
+    if let Err(e) = std::fs::rename(&partial, target) {
+        let _ = std::fs::remove_file(&partial);
+        return Err(local(e));
     }
     progress.finish_and_clear();
     Ok(())

@@ -60,6 +60,9 @@ impl Serve {
             .args(args)
             .env("DATABASE_URL", &database_url)
             .env("REEVE_QUEUE_URL", &queue_url)
+            // A service kind's reports come back to this server, not to the
+            // stack's `reeve serve` that .env names.
+            .env("REEVE_REPORT_URL", format!("http://127.0.0.1:{port}/v1/executor/reports"))
             .envs(vars.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
@@ -652,6 +655,100 @@ async fn a_metered_task_is_authorized_with_pay_and_released_when_canceled() {
         "{shown}"
     );
     assert_eq!(chain::balance(&payer.address).await, 1_000_000, "nothing charged");
+    serve.cleanup().await;
+}
+
+/// `cargo lambda watch` serving examples/wordfreq on a free loopback port
+/// (the development catalog's `wordfreq` kinds), in a process group of its
+/// own, ended with the test: as scripts/dev.sh runs it.
+struct Watch {
+    url: String,
+    child: Child,
+}
+
+impl Watch {
+    fn start() -> Watch {
+        use std::os::unix::process::CommandExt;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("cargo")
+            .args(["lambda", "watch", "-p", "wordfreq", "-A", "127.0.0.1", "-P", &port.to_string()])
+            .args(["--concurrency", "2", "--env-var", "WORDFREQ_REPORT_EVERY=4"])
+            .current_dir(repo(""))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cargo lambda watch: {e}; cargo-lambda comes with scripts/stack.sh up"));
+        let watch = Watch { url: format!("http://127.0.0.1:{port}"), child };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "cargo lambda watch did not listen on port {port} within 60 s");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        watch
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["--", &format!("-{}", self.child.id())]).status();
+        let _ = self.child.wait();
+    }
+}
+
+/// The README's `wordfreq` line with `--download`: the function runs under
+/// `cargo lambda watch`, the command shows its progress and summary, prints
+/// the CSV's link and saves the CSV; `reeve task result` saves it again
+/// where `--dir` says. A directory that is not there is refused before any
+/// task is created, and a file that cannot be written is a clear error.
+#[tokio::test]
+async fn task_create_download_saves_a_service_kinds_output_files() {
+    let watch = Watch::start();
+    let serve = Serve::start_with(&[], &[("AWS_ENDPOINT_URL_LAMBDA", &watch.url)]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let text: String = (0..12).map(|n| format!("The cat sat on the mat, line {n}; the end.\n")).collect();
+    let words = serve.home.join("words.txt");
+    std::fs::write(&words, &text).unwrap();
+    let file = format!("upload_id={}", words.display());
+
+    // Nowhere to save: refused before the upload, no task.
+    let missing = serve.home.join("not-there");
+    let refused =
+        serve.reeve(&["task", "create", "wordfreq", "--file", &file, "--download", missing.to_str().unwrap()]);
+    assert!(refused.expect(4).stderr().contains("not a directory"), "{}", refused.stderr());
+    assert_eq!(serve.reeve(&["task", "list", "--json"]).expect(0).json()["tasks"], serde_json::json!([]));
+
+    let out = serve.home.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let run = serve.reeve(&["task", "create", "wordfreq", "--file", &file, "--download", out.to_str().unwrap()]);
+    run.expect(0);
+    let stdout = run.stdout();
+    assert!(stdout.contains("12 lines read"), "the progress messages: {stdout}");
+    assert!(stdout.contains("\"lines\":12"), "the summary: {stdout}");
+    assert!(stdout.contains("output top-100.csv: http"), "the CSV's link: {stdout}");
+    let csv = std::fs::read_to_string(out.join("top-100.csv")).unwrap();
+    assert!(csv.starts_with("word,count\nthe,36\n"), "{csv}");
+    assert!(run.stderr().contains("saved to"), "{}", run.stderr());
+    assert!(!out.join("top-100.csv.part").exists(), "no partial file is left");
+
+    // `task result` saves the files too, where --dir says.
+    let id = serve.reeve(&["task", "list", "--json"]).expect(0).json()["tasks"][0]["id"].as_str().unwrap().to_owned();
+    let again = serve.home.join("again");
+    std::fs::create_dir_all(&again).unwrap();
+    let result = serve.reeve(&["task", "result", &id, "--dir", again.to_str().unwrap(), "--json"]);
+    let answer = result.expect(0).json();
+    assert_eq!(answer["result"]["lines"], 12, "{answer}");
+    assert_eq!(answer["files_saved_to"][0], again.join("top-100.csv").to_str().unwrap(), "{answer}");
+    assert_eq!(std::fs::read_to_string(again.join("top-100.csv")).unwrap(), csv);
+
+    // A directory where the file should go: the task is done, the save is
+    // not, and the command says so (exit 4), leaving no partial file.
+    let blocked = serve.home.join("blocked");
+    std::fs::create_dir_all(blocked.join("top-100.csv")).unwrap();
+    let failed = serve.reeve(&["task", "result", &id, "--dir", blocked.to_str().unwrap()]);
+    assert!(failed.expect(4).stderr().contains("cannot write"), "{}", failed.stderr());
+    assert!(!blocked.join("top-100.csv.part").exists(), "no partial file is left");
+    drop(watch);
     serve.cleanup().await;
 }
 

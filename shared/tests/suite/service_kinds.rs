@@ -8,6 +8,9 @@
 //!   watch` serves (the test starts its own, on a free port);
 //! - the Python service written from docs/executors.md alone
 //!   (tests/executors/service.py), as an `http` kind with `protocol = 1`;
+//! - `wordfreq-metered` (reeve.dev.toml) paid with the x402 Python SDK's
+//!   `upto` client on the local chain: charged the lines it read × the
+//!   rate, capped at the ceiling, and nothing when it fails;
 //! - what Invoke answers besides: a missing function, a throttled one, a
 //!   crashed one and a synchronous one, from a stand-in Invoke endpoint
 //!   (`cargo lambda watch` cannot be made to throttle, and would need a
@@ -29,7 +32,8 @@ use reeve_shared::worker::{Outcome, WorkerContext, process};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::common::{self, QueuedApi as Api, get_authed, post_json, send};
+use crate::common::chain::{ChainLock, Payer, balance, charges_to, fresh_address};
+use crate::common::{self, QueuedApi as Api, TestQueue, get_authed, new_session, post_json, send};
 
 /// Lines between the services' progress reports, small so a short text
 /// reports several times.
@@ -47,7 +51,19 @@ fn text() -> String {
 /// The API serving `catalog`, reachable over loopback as a service reaches
 /// it: its report URL.
 async fn served(pool: &PgPool, catalog: &str) -> (Api, String) {
-    let api = Api::new(pool, catalog).await;
+    served_with(pool, catalog, &[]).await
+}
+
+/// [`served`] with `extra` variables in the API's configuration.
+async fn served_with(pool: &PgPool, catalog: &str, extra: &[(&str, &str)]) -> (Api, String) {
+    let queue = TestQueue::new().await;
+    let mut config = common::with_catalog(common::config(pool), catalog).with(settings::QUEUE_URL, &queue.url);
+    for (name, value) in extra {
+        config = config.with(name, *value);
+    }
+    let app = reeve_shared::http::app(common::api(&config).await);
+    let (_, token) = new_session(&app).await;
+    let api = Api { app, token, queue };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = api.app.clone().into_make_service_with_connect_info::<SocketAddr>();
@@ -82,24 +98,37 @@ async fn worker(
 /// `text` uploaded through the API as a buyer would, and seen by the
 /// upload guard (which S3 events run in a deployment): its upload id.
 async fn upload(api: &Api, pool: &PgPool, text: &str) -> String {
+    upload_of(api, pool, text, true).await
+}
+
+/// [`upload`], or with `write` false one the database holds as uploaded
+/// whose object was never written: the service's link to it answers 404.
+async fn upload_of(api: &Api, pool: &PgPool, text: &str, write: bool) -> String {
     let body = json!({ "filename": "words.txt", "content_type": "text/plain", "size": text.len() });
     let reply = send(&api.app, post_json("/v1/uploads", Some(&api.token), &body)).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
-    let mut put = reqwest::Client::new().put(reply.body["url"].as_str().unwrap()).body(text.to_owned());
-    for (name, value) in reply.body["headers"].as_object().unwrap() {
-        if name != "content-length" {
-            put = put.header(name, value.as_str().unwrap());
-        }
-    }
-    let put = put.send().await.unwrap();
-    assert!(put.status().is_success(), "PUT: {}", put.status());
     let id = reply.body["upload_id"].as_str().unwrap().to_owned();
+    if write {
+        put_upload(&reply.body, text).await;
+    }
     sqlx::query("UPDATE uploads SET status = 'uploaded' WHERE id = $1")
         .bind(id.parse::<Id>().unwrap())
         .execute(pool)
         .await
         .unwrap();
     id
+}
+
+/// The PUT of `text` to a presigned upload, with the headers it was given.
+async fn put_upload(presigned: &Value, text: &str) {
+    let mut put = reqwest::Client::new().put(presigned["url"].as_str().unwrap()).body(text.to_owned());
+    for (name, value) in presigned["headers"].as_object().unwrap() {
+        if name != "content-length" {
+            put = put.header(name, value.as_str().unwrap());
+        }
+    }
+    let put = put.send().await.unwrap();
+    assert!(put.status().is_success(), "PUT: {}", put.status());
 }
 
 /// Runs the one message the queue holds through the worker.
@@ -199,7 +228,45 @@ async fn wordfreq_is_invoked_under_cargo_lambda_watch_and_reports_to_reeve(pool:
     wait_for_end(&pool, id, Duration::from_secs(120)).await;
     assert_reported_progress(&events(&pool, id).await);
     assert_ended(&api, id).await;
+    assert_files_linked_over_mcp(&pool, &catalog, &api.token, id).await;
     api.queue.delete().await;
+}
+
+/// An agent sees the CSV too: `get_result`, and `tasks/get` of the tasks
+/// extension, answer it in `structuredContent` and as a `resource_link`
+/// content block whose link downloads it (through the `mcp` Lambda's
+/// handler, with the `events/` samples).
+async fn assert_files_linked_over_mcp(pool: &PgPool, catalog: &str, token: &str, id: Id) {
+    use crate::lambda_events::through_lambda;
+    use crate::mcp::sample_event;
+    let config = common::with_catalog(common::config(pool), catalog).with(settings::MCP_ALLOWED_HOSTS, "*");
+    let sdk = reeve_shared::startup::sdk().await;
+    let router =
+        reeve_shared::mcp::router(reeve_shared::startup::mcp(&config, &sdk).await.unwrap_or_else(|e| panic!("{e}")));
+    let get_result = sample_event("mcp-tools-call-task", Some(token), |params| {
+        params["name"] = json!("get_result");
+        params["arguments"] = json!({ "task_id": id.to_string() });
+    });
+    let tasks_get = sample_event("mcp-tasks-get", Some(token), |params| params["taskId"] = json!(id.to_string()));
+    let answered = through_lambda(router.clone(), &get_result).await.body;
+    let got = through_lambda(router, &tasks_get).await.body;
+    for (what, result) in [("get_result", &answered["result"]), ("tasks/get", &got["result"]["result"])] {
+        assert_ne!(result["isError"], true, "{what}: {result}");
+        let listed = &result["structuredContent"]["result"]["outputs"][0];
+        assert_eq!(listed["name"], "top-100.csv", "{what}: {result}");
+        let content = result["content"].as_array().unwrap();
+        assert_eq!(content[0]["type"], "text", "{what}: the structured content's JSON first: {result}");
+        let links: Vec<&Value> = content.iter().filter(|c| c["type"] == "resource_link").collect();
+        assert_eq!(links.len(), 1, "{what}: one link per file: {result}");
+        let link = links[0];
+        assert_eq!(
+            (&link["name"], &link["mimeType"], &link["size"]),
+            (&listed["name"], &json!("text/csv"), &listed["size"])
+        );
+        let csv = reqwest::get(link["uri"].as_str().unwrap()).await.unwrap();
+        assert!(csv.status().is_success(), "{what}: the link downloads: {}", csv.status());
+        assert!(csv.text().await.unwrap().starts_with("word,count\nthe,36\n"), "{what}");
+    }
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
@@ -249,6 +316,143 @@ async fn the_python_service_is_sold_as_an_http_protocol_kind(pool: PgPool) {
     assert_ended(&api, id).await;
     drop(service);
     api.queue.delete().await;
+}
+
+/// The payer's funds: 1 test USDC.
+const FUNDS: u128 = 1_000_000;
+/// A ceiling of 5 lines at wordfreq-metered's rate, for `wordfreq-capped`.
+const CAPPED_LINES: u128 = 5;
+
+/// `wordfreq-metered` as reeve.dev.toml sells it (x402 `upto`, per line),
+/// paid by the x402 Python SDK's `upto` client on the local chain, through
+/// the Invoke API of `cargo lambda watch` and the report route: a run is
+/// charged exactly the lines the function reported × the rate, captured
+/// once it ends; the same function sold with a ceiling below what it reads
+/// is charged the ceiling; and a run that fails (its input was never
+/// written, so the function cannot read it) is charged nothing. Every
+/// transfer on the chain is one task's charge.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn wordfreq_metered_is_charged_the_lines_it_read_and_nothing_when_it_fails(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let watch = Watch::start().await;
+    let pay_to = fresh_address();
+    let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+    // The development catalog as it ships, paying a fresh address (so every
+    // transfer to it is this test's), and the same kind with a low ceiling.
+    let shipped = common::catalog_text_with(&format!(
+        r#"
+        [tasks.wordfreq-capped]
+        title = "Word frequencies, at most {CAPPED_LINES} lines paid"
+        description = "examples/wordfreq, metered with a ceiling below what it reads."
+        executor = "lambda"
+        function = "wordfreq"
+        asynchronous = true
+        timeout_seconds = 300
+        input_schema = {{ type = "object", required = ["upload_id"] }}
+        [[tasks.wordfreq-capped.accepts]]
+        asset = "usdc-base-sepolia"
+        scheme = "upto"
+        unit = "line"
+        rate_usd = "0.00001"
+        amount_usd = "0.00005"
+        "#
+    ));
+    let dev_pay_to = shipped.lines().find(|l| l.starts_with("pay_to = ")).unwrap().to_owned();
+    let dev_facilitator = shipped.lines().find(|l| l.starts_with("facilitator_url = ")).unwrap().to_owned();
+    let catalog = shipped.replacen(&dev_pay_to, &format!("pay_to = \"{pay_to}\""), 1).replacen(
+        &dev_facilitator,
+        &format!("facilitator_url = \"{facilitator}\""),
+        1,
+    );
+    let rpc = common::chain::chain_rpc_urls();
+    let chain_rpc = [(reeve_shared::payments::CHAIN_RPC_URLS, rpc.as_str())];
+    let (api, report_url) = served_with(&pool, &catalog, &chain_rpc).await;
+    let worker = worker(&pool, &catalog, &report_url, &chain_rpc, Some(&watch.url)).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+
+    // The catalog's price: 0.00001 USD a line is 10 atomic units of the
+    // 6-decimal token, up to 0.05 USD (5,000 lines).
+    let listed = send(&api.app, common::get("/v1/catalog")).await.body;
+    let price = |kind: &str| {
+        listed["tasks"].as_array().unwrap().iter().find(|t| t["kind"] == kind).unwrap()["prices"][0].clone()
+    };
+    let metered = price("wordfreq-metered");
+    assert_eq!((&metered["scheme"], &metered["unit"]), (&json!("upto"), &json!("line")), "{metered}");
+    let rate: u128 = metered["rate"].as_str().unwrap().parse().unwrap();
+    assert_eq!(rate, 10, "{metered}");
+    assert_eq!(price("wordfreq-capped")["amount"], (CAPPED_LINES * rate).to_string());
+
+    let lines = text().lines().count() as u128;
+    let mut charged = 0;
+    for (kind, expected) in [("wordfreq-metered", lines * rate), ("wordfreq-capped", CAPPED_LINES * rate)] {
+        let upload_id = upload(&api, &pool, &text()).await;
+        let id = paid_create(&api, &payer, kind, &upload_id).await;
+        run_paid(&api, &worker, &pool, id).await;
+        let task = send(&api.app, get_authed(&format!("/v1/tasks/{id}"), &api.token)).await.body;
+        assert_eq!(task["status"], "completed", "{kind}: {task}");
+        assert_eq!(task["result"]["lines"], 12, "{kind}: {task}");
+        assert_eq!(task["result"]["outputs"][0]["name"], "top-100.csv", "{kind}: {task}");
+        let payment = &task["payment"];
+        assert_eq!(payment["status"], "charged", "{kind}: {task}");
+        assert_eq!(payment["charged"], expected.to_string(), "{kind}: the lines read × the rate, at most the ceiling");
+        assert_eq!(payment["used"], (expected / rate) as u64, "{kind}: {task}");
+        charged += expected;
+        assert_eq!(balance(&payer.address).await, FUNDS - charged, "{kind}: the payer paid exactly that");
+        assert_eq!(balance(&pay_to).await, charged, "{kind}: payTo got the same");
+    }
+    assert_eq!(charges_to(&pay_to).await.len(), 2, "one transfer per task");
+
+    // Its input was never written: the function cannot read it and fails
+    // the task for good; the authorization is released, nothing moves.
+    let unwritten = upload_of(&api, &pool, &text(), false).await;
+    let id = paid_create(&api, &payer, "wordfreq-metered", &unwritten).await;
+    run_paid(&api, &worker, &pool, id).await;
+    let task = send(&api.app, get_authed(&format!("/v1/tasks/{id}"), &api.token)).await.body;
+    assert_eq!(task["status"], "failed", "{task}");
+    assert_eq!(task["payment"]["status"], "released", "{task}");
+    assert_eq!(task["payment"]["charged"], "0", "{task}");
+    assert_eq!(balance(&payer.address).await, FUNDS - charged, "a failure costs nothing");
+    assert_eq!(charges_to(&pay_to).await.len(), 2, "no transfer for the failure");
+    crate::metered::assert_books_balance(&pool, &pay_to).await;
+    api.queue.delete().await;
+}
+
+/// Creates a `kind` task on `upload_id`, paying its 402 with the payer's
+/// x402 Python SDK `upto` client: authorized up to the ceiling, nothing
+/// moved yet. Its id.
+async fn paid_create(api: &Api, payer: &Payer, kind: &str, upload_id: &str) -> Id {
+    let body = json!({ "input": { "upload_id": upload_id } });
+    let path = format!("/v1/tasks/{kind}");
+    let unpaid = send(&api.app, post_json(&path, Some(&api.token), &body)).await;
+    assert_eq!(unpaid.status, StatusCode::PAYMENT_REQUIRED, "{}", unpaid.body);
+    let challenge = unpaid.headers["payment-required"].to_str().unwrap();
+    let signature = payer.sign(challenge).await;
+    let mut request = post_json(&path, Some(&api.token), &body);
+    request.headers_mut().insert("payment-signature", signature.parse().unwrap());
+    let reply = send(&api.app, request).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    assert_eq!(reply.body["payment"]["status"], "authorized", "{}", reply.body);
+    reply.body["id"].as_str().unwrap().parse().unwrap()
+}
+
+/// Runs a paid service task to its end: the job to the function, then, for
+/// a result, the worker's capture the report route queued (the task stays
+/// `running` while its result is held for it).
+async fn run_paid(api: &Api, worker: &WorkerContext, pool: &PgPool, id: Id) {
+    run_next(api, worker).await;
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, _, _) = task(pool, id).await;
+        if status != "running" && status != "queued" {
+            return;
+        }
+        for message in api.queue.drain().await {
+            let _ = process(worker, &message.to_string(), 1).await;
+        }
+        assert!(Instant::now() < until, "task {id} is still {status} after 120 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// An answer of the stand-in: its status, headers and JSON body.

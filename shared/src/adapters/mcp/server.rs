@@ -161,7 +161,11 @@ fn meta_object(value: Value) -> MetaObject {
 fn task_result(task: Task) -> CallToolResult {
     let failed = matches!(task.status, TaskStatus::Failed | TaskStatus::Canceled);
     let view = task::view(task);
-    if failed { CallToolResult::structured_error(view) } else { CallToolResult::structured(view) }
+    if failed {
+        CallToolResult::structured_error(view)
+    } else {
+        task::with_file_links(CallToolResult::structured(view))
+    }
 }
 
 /// Reeve's task as the tasks extension's `Task`.
@@ -252,7 +256,8 @@ impl ServerHandler for ReeveMcp {
         let answer = async {
             match named {
                 Named::Fixed(tool) => {
-                    self.fixed(tool, arguments, &context).await.map(|v| CallToolResult::structured(v).into())
+                    let answer = self.fixed(tool, arguments, &context).await;
+                    answer.map(|v| task::with_file_links(CallToolResult::structured(v)).into())
                 }
                 Named::Kind { kind, listed } => {
                     // rmcp hands the request's `_meta` over in the context.

@@ -3,6 +3,7 @@
 //! ([`super::tools`]), a kind's tool ([`super::kind`]) and the tasks
 //! extension ([`super::server`]) all answer a task this way.
 
+use rmcp::model::{CallToolResult, ContentBlock, Resource};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -25,6 +26,30 @@ struct TaskView {
 pub fn view(task: Task) -> Value {
     let events_url = format!("/v1/tasks/{}/events", task.id);
     serde_json::to_value(TaskView { task, events_url }).expect("plain fields serialise")
+}
+
+/// `answer` with a `resource_link` content block for each output file its
+/// structured task (or `get_result` answer) lists with a download link
+/// (`result.outputs`, a service kind's files): MCP's way to point a client
+/// at a file it can fetch, beside the same links in `structuredContent`.
+/// The first block stays the structured content's JSON, as the spec asks.
+pub fn with_file_links(mut answer: CallToolResult) -> CallToolResult {
+    let Some(structured) = &answer.structured_content else { return answer };
+    let files = structured["result"]["outputs"].as_array().into_iter().flatten();
+    let links: Vec<ContentBlock> = files
+        .filter_map(|file| {
+            let (url, name) = (file["url"].as_str()?, file["name"].as_str()?);
+            let mut link = Resource::new(url, name);
+            link.mime_type = file["content_type"].as_str().map(str::to_owned);
+            link.size = file["size"].as_u64();
+            link.description = file["url_expires_at"]
+                .as_str()
+                .map(|at| format!("an output file of the task; this download link is valid until {at}"));
+            Some(ContentBlock::resource_link(link))
+        })
+        .collect();
+    answer.content.extend(links);
+    answer
 }
 
 /// The arguments of a tool that names one task.

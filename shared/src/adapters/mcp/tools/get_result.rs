@@ -20,8 +20,9 @@ impl FixedTool for GetResult {
     type Args = TaskRef;
 
     fn description(_: &Catalog) -> String {
-        "The result of a completed task. A task that failed or was canceled answers its error; one still queued or \
-         running answers task_not_finished (call again, or get_task)."
+        "The result of a completed task; each output file it wrote is also a resource_link with its download link \
+         (valid 15 minutes; call again for a fresh one). A task that failed or was canceled answers its error; one \
+         still queued or running answers task_not_finished (call again, or get_task)."
             .into()
     }
 
