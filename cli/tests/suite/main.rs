@@ -11,5 +11,6 @@ mod kill;
 mod mcp;
 mod metrics;
 mod migrate;
+mod receipt;
 mod startup;
 mod sweep;
