@@ -538,6 +538,10 @@ cmd_up() {
   # Where a service kind's job tells the service to report: `reeve serve`'s
   # route (scripts/dev.sh binds 127.0.0.1:8080).
   env_add REEVE_REPORT_URL "http://127.0.0.1:8080/v1/executor/reports"
+  # The key of reeve.dev.toml's [payments] receipt_signer, which signs the
+  # development catalog's offers and receipts: public, like anvil's
+  # accounts, so never a key for real payments.
+  env_add REEVE_RECEIPT_KEY "0x5ab0c95958f7c7144d59f69084444144eabb3f95c2cd0a1676be703baeddec15"
   local envq
   envq=$(env_get REEVE_QUEUE_URL)
   [[ $envq == "$queue_url" ]] || log "warning: .env has REEVE_QUEUE_URL=$envq but moto returned $queue_url"

@@ -9,7 +9,7 @@ use clap::Command;
 const GROUPS: &[(&str, &[&str])] = &[
     ("Space (client of any deployment)", &["space", "login", "logout", "catalog"]),
     ("Upload (client)", &["upload"]),
-    ("Task (client)", &["task"]),
+    ("Task (client)", &["task", "receipt"]),
     (
         "Operations (run Reeve: its catalog, database, queue and bucket)",
         &["config", "migrate", "serve", "work", "relay", "sweep", "tasks", "storage"],

@@ -19,6 +19,7 @@ mod space_view;
 mod watch;
 
 use client::ClientOpts;
+use client::receipt::{self, ReceiptCommand};
 use client::space::{self, LoginArgs, SpaceCommand};
 use client::task::{self, TaskCommand};
 use client::upload::{self, UploadArgs};
@@ -95,6 +96,13 @@ enum Command {
     Task {
         #[command(subcommand)]
         command: TaskCommand,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// A paid task's signed receipt: fetch it, or check one offline.
+    Receipt {
+        #[command(subcommand)]
+        command: ReceiptCommand,
         #[command(flatten)]
         client: ClientOpts,
     },
@@ -176,6 +184,9 @@ fn main() -> ExitCode {
         Command::Catalog { client } => return run_client(client, |c, o| Box::pin(space::catalog(c, o))),
         Command::Upload { args, client } => return run_client(client, |c, o| Box::pin(upload::upload(c, o, args))),
         Command::Task { command, client } => return run_client(client, |c, o| Box::pin(task::task(c, o, command))),
+        Command::Receipt { command, client } => {
+            return run_client(client, |c, o| Box::pin(receipt::receipt(c, o, command)));
+        }
         Command::Relay { bind, metrics_bind } => runtime().block_on(ops::relay(bind, metrics_bind)),
         Command::Work { catalog, metrics_bind, sweep } => runtime().block_on(ops::work(&catalog, metrics_bind, &sweep)),
         Command::Storage { command } => runtime().block_on(storage::run(command)),

@@ -47,6 +47,7 @@ fn every_pay_error() -> Vec<PayError> {
         transaction: String::new(),
         network: "eip155:84532".into(),
         payer: String::new(),
+        extensions: None,
     };
     let mut all = vec![
         PayError::Required(challenge("PAYMENT-SIGNATURE header is required")),
@@ -178,10 +179,10 @@ fn every_login_limit() -> Vec<Limited> {
 }
 
 fn every_task_refusal() -> Vec<TaskRefusal> {
-    let all = vec![TaskRefusal::NotFound, TaskRefusal::Finished("completed")];
+    let all = vec![TaskRefusal::NotFound, TaskRefusal::Finished("completed"), TaskRefusal::NoReceipt("why")];
     for e in &all {
         match e {
-            TaskRefusal::NotFound | TaskRefusal::Finished(_) => {}
+            TaskRefusal::NotFound | TaskRefusal::Finished(_) | TaskRefusal::NoReceipt(_) => {}
         }
     }
     all

@@ -78,8 +78,13 @@ impl FreshDb {
 pub fn reeve(db: &str, queue: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_reeve"));
     cmd.current_dir(std::env::temp_dir()).env("DATABASE_URL", db).env("REEVE_QUEUE_URL", queue);
+    // reeve.dev.toml's receipt_signer's key, as scripts/stack.sh writes it.
+    cmd.env("REEVE_RECEIPT_KEY", DEV_RECEIPT_KEY);
     cmd
 }
+
+/// The development catalog's receipt key: public.
+pub const DEV_RECEIPT_KEY: &str = "0x5ab0c95958f7c7144d59f69084444144eabb3f95c2cd0a1676be703baeddec15";
 
 /// A `reeve work` process, killed on drop.
 pub struct Worker(pub std::process::Child);
@@ -143,6 +148,7 @@ pub async fn api(db_url: &str, pool: &sqlx::PgPool, queue: &str) -> reeve_shared
         .with(settings::CATALOG, repo("reeve.dev.toml").display().to_string())
         .with(settings::PEPPER, "test-pepper-test-pepper-test-pepper!")
         .with(settings::TOKEN_KEY, "test-token-key-test-token-key-test!!")
+        .with(settings::RECEIPT_KEY, DEV_RECEIPT_KEY)
         .with(settings::DATABASE_URL, db_url)
         .with(settings::QUEUE_URL, queue)
         .with_pool(pool.clone());

@@ -11,6 +11,7 @@ mod kill;
 mod mcp;
 mod metrics;
 mod migrate;
+mod receipt;
 mod startup;
 mod sweep;
 mod tasks;

@@ -120,11 +120,15 @@ pub enum TaskRefusal {
     /// A cancel of a task that has already ended, in this status.
     #[error("the task has already ended: it is {0}")]
     Finished(&'static str),
+    /// A receipt asked of a task that has none: why.
+    #[error("no receipt: {0}")]
+    NoReceipt(&'static str),
 }
 
 impl TaskRefusal {
     pub const NOT_FOUND: &'static str = "task_not_found";
     pub const FINISHED: &'static str = "task_finished";
+    pub const NO_RECEIPT: &'static str = "no_receipt";
 }
 
 impl Refusal for TaskRefusal {
@@ -132,11 +136,12 @@ impl Refusal for TaskRefusal {
         match self {
             TaskRefusal::NotFound => TaskRefusal::NOT_FOUND,
             TaskRefusal::Finished(_) => TaskRefusal::FINISHED,
+            TaskRefusal::NoReceipt(_) => TaskRefusal::NO_RECEIPT,
         }
     }
     fn kind(&self) -> ErrorKind {
         match self {
-            TaskRefusal::NotFound => ErrorKind::NotFound,
+            TaskRefusal::NotFound | TaskRefusal::NoReceipt(_) => ErrorKind::NotFound,
             TaskRefusal::Finished(_) => ErrorKind::Conflict,
         }
     }

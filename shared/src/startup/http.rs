@@ -101,7 +101,7 @@ pub async fn lambda_task_create() -> Arc<TaskCreateContext> {
 /// Creating tasks: the catalog, the token key, Postgres, S3 (the uploads an
 /// input names), SQS and the facilitator.
 pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCreateContext>, StartupError> {
-    let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
+    let (config, mut problems) = with_secrets(config, sdk, &receipt_key_too(Needs::SESSION)).await;
     let mut env = config.env();
     let catalog = deployed_catalog(&config, &mut problems);
     let token_key = env.secret(settings::TOKEN_KEY);
@@ -116,6 +116,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
+    let seller = seller_key(&config, catalog.as_ref(), &mut problems);
     let (Some(catalog), Some(token_key), Some(database_url), true) =
         (catalog, token_key, database_url, problems.is_empty())
     else {
@@ -131,6 +132,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
         queue_url,
         // Task create spends no login budget.
         limits: Default::default(),
+        seller,
     };
     let aws = AwsClients::from_config(sdk, config.s3_endpoint());
     let ctx = TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains);
@@ -150,8 +152,9 @@ pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
 /// Postgres, the Redis doorbell, the catalog for the free kinds' quotas, and
 /// the bucket whose outputs a result's link is signed for.
 pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskStatusContext>, StartupError> {
-    let (config, mut problems) = with_secrets(config, sdk, &Needs::SESSION.secrets()).await;
+    let (config, mut problems) = with_secrets(config, sdk, &receipt_key_too(Needs::SESSION)).await;
     let catalog = deployed_catalog(&config, &mut problems);
+    let seller = seller_key(&config, catalog.as_ref(), &mut problems);
     let mut env = config.env();
     let token_key = env.secret(settings::TOKEN_KEY);
     let database_url = env.secret_text(settings::DATABASE_URL);
@@ -170,6 +173,7 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
         token_key,
         catalog: Arc::new(catalog),
         links: crate::domain::tasks::OutputLinks::new(S3Links::new(sdk, config.s3_endpoint()), bucket),
+        seller,
     }))
 }
 
@@ -179,7 +183,7 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
 /// The API's context: the catalog at `REEVE_CATALOG`, the secrets `needs`
 /// asks for, the stores.
 pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connect) -> Result<Ctx, StartupError> {
-    let (config, problems) = with_secrets(config, sdk, &needs.secrets()).await;
+    let (config, problems) = with_secrets(config, sdk, &receipt_key_too(needs)).await;
     let (catalog, settings, operators, chains) = api_parts(&config, needs, problems)?;
     let db = if needs.database {
         postgres(&config, settings.database_url.expose_str(), connect).await?
@@ -205,8 +209,12 @@ pub(super) fn api_parts(
     let (_, operators) = settings::outbound_policies(&env);
     let operators = outbound(&mut problems, operators, crate::infra::outbound::OPERATOR_ALLOW);
     check_urls(&mut problems, config, needs.database);
-    let api_settings = settings::api_settings(&mut env, needs).map_err(|e| problems.extend(e.problems)).ok();
+    let mut api_settings = settings::api_settings(&mut env, needs).map_err(|e| problems.extend(e.problems)).ok();
     problems.extend(env.take_problems());
+    let seller = seller_key(config, catalog.as_ref(), &mut problems);
+    if let Some(api_settings) = api_settings.as_mut() {
+        api_settings.seller = seller;
+    }
     match (catalog, api_settings, operators) {
         (Some(catalog), Some(api_settings), Some(operators)) if problems.is_empty() => {
             Ok((catalog, api_settings, operators, chains))

@@ -19,9 +19,12 @@ pub async fn lambda_mcp() -> Arc<McpContext> {
 /// it sends no progress notifications.
 #[cfg(feature = "mcp")]
 pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, StartupError> {
-    let (config, mut problems) = with_secrets(config, sdk, &edge_too(Needs::AUTH)).await;
+    let mut wanted = edge_too(Needs::AUTH);
+    wanted.push(settings::RECEIPT_KEY);
+    let (config, mut problems) = with_secrets(config, sdk, &wanted).await;
     let mut env = config.env();
     let catalog = deployed_catalog(&config, &mut problems);
+    let seller = seller_key(&config, catalog.as_ref(), &mut problems);
     let pepper = env.secret(settings::PEPPER);
     let token_key = env.secret(settings::TOKEN_KEY);
     let database_url = env.secret_text(settings::DATABASE_URL);
@@ -52,6 +55,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
     // The same budgets as the `auth` function's (one Postgres row per client).
     if let Some(fresh) = Arc::get_mut(&mut ctx) {
         fresh.limits = limits;
+        fresh.seller = seller;
     }
     Ok(ctx)
 }
@@ -73,6 +77,7 @@ pub fn mcp_beside(api: &ApiContext, settings: crate::adapters::mcp::McpSettings)
     // The same budgets as the API's login routes (one Postgres row per address).
     if let Some(fresh) = Arc::get_mut(&mut ctx) {
         fresh.limits = api.auth.limits.clone();
+        fresh.seller = api.settings.seller.clone();
     }
     ctx
 }

@@ -275,6 +275,64 @@ fn deployed_catalog(config: &Config, problems: &mut Vec<String>) -> Option<Catal
     Some(catalog)
 }
 
+#[cfg(feature = "receipts")]
+/// The seller's signing key (`REEVE_RECEIPT_KEY`), checked against the
+/// address `catalog` publishes (`[payments] receipt_signer`): a catalog
+/// that publishes one needs its key, and a key of another address is a
+/// problem, so no process signs what buyers would check against another
+/// address. A key with no address published signs nothing (logged). The
+/// key's value is never part of a problem or a log line.
+pub fn seller_key(
+    config: &Config,
+    catalog: Option<&Catalog>,
+    problems: &mut Vec<String>,
+) -> Option<Arc<crate::domain::payments::offer_receipt::SellerKey>> {
+    use crate::domain::payments::offer_receipt::SellerKey;
+    let published = catalog.and_then(|c| c.payments.as_ref()).and_then(|p| p.receipt_signer.as_deref());
+    let text = zeroize::Zeroizing::new(config.get(settings::RECEIPT_KEY));
+    match (published, text.as_deref()) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            tracing::warn!(
+                "{} is set, but the catalog publishes no [payments] receipt_signer: offers and receipts are not signed",
+                settings::RECEIPT_KEY
+            );
+            None
+        }
+        (Some(address), None) => {
+            problems.push(format!(
+                "{} is not set (nor {}): the catalog's [payments] receipt_signer {address} signs offers and receipts",
+                settings::RECEIPT_KEY,
+                settings::RECEIPT_KEY_SECRET_ARN
+            ));
+            None
+        }
+        (Some(address), Some(text)) => match SellerKey::from_hex(text) {
+            Err(e) => {
+                problems.push(format!("{} {e}", settings::RECEIPT_KEY));
+                None
+            }
+            Ok(key) if !key.address().to_string().eq_ignore_ascii_case(address) => {
+                problems.push(format!(
+                    "{} is the key of {}, not of the catalog's [payments] receipt_signer {address}",
+                    settings::RECEIPT_KEY,
+                    key.address()
+                ));
+                None
+            }
+            Ok(key) => Some(Arc::new(key)),
+        },
+    }
+}
+
+#[cfg(feature = "receipts")]
+/// The secrets `needs` names, and the seller's receipt key.
+fn receipt_key_too(needs: Needs) -> Vec<&'static str> {
+    let mut wanted = needs.secrets();
+    wanted.push(settings::RECEIPT_KEY);
+    wanted
+}
+
 // --------------------------------------------------------------- migrate
 
 #[cfg(feature = "secrets")]

@@ -25,7 +25,7 @@ pub struct Serve {
 #[cfg(all(feature = "api", feature = "relay", feature = "worker"))]
 /// `reeve serve`'s contexts, every problem of all of them at once.
 pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Result<Serve, StartupError> {
-    let (config, problems) = with_secrets(config, sdk, &Needs::ALL.secrets()).await;
+    let (config, problems) = with_secrets(config, sdk, &receipt_key_too(Needs::ALL)).await;
     let api = api_parts(&config, Needs::ALL, problems);
     // The worker runs the API's catalog: loaded and checked once.
     let catalog = api.as_ref().ok().map(|(catalog, ..)| catalog.clone());

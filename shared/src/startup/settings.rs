@@ -104,6 +104,10 @@ pub const CLIENT_IPV6_PREFIX: &str = "REEVE_CLIENT_IPV6_PREFIX";
 /// (`crate::infra::client_addr`): a request carrying it is counted by the
 /// viewer's address. Unset: no edge, every request by its source address.
 pub const EDGE_SECRET: &str = "REEVE_EDGE_SECRET";
+/// The seller's key for signed offers and receipts (x402 `offer-receipt`):
+/// 64 hex digits, whose address the catalog publishes as `[payments]
+/// receipt_signer`. Read by task-create, task-status and mcp.
+pub const RECEIPT_KEY: &str = "REEVE_RECEIPT_KEY";
 /// Set by Lambda in every function's environment.
 const LAMBDA_FUNCTION_NAME: &str = "AWS_LAMBDA_FUNCTION_NAME";
 /// The variables that move S3 off AWS (a local server); the SDK reads them
@@ -116,13 +120,15 @@ pub const PEPPER_SECRET_ARN: &str = "REEVE_PEPPER_SECRET_ARN";
 pub const TOKEN_KEY_SECRET_ARN: &str = "REEVE_TOKEN_KEY_SECRET_ARN";
 pub const DATABASE_URL_SECRET_ARN: &str = "REEVE_DATABASE_URL_SECRET_ARN";
 pub const EDGE_SECRET_ARN: &str = "REEVE_EDGE_SECRET_ARN";
+pub const RECEIPT_KEY_SECRET_ARN: &str = "REEVE_RECEIPT_KEY_SECRET_ARN";
 
 /// The secrets, each with the variable that names its ARN.
-pub const SECRETS: [(&str, &str); 4] = [
+pub const SECRETS: [(&str, &str); 5] = [
     (PEPPER, PEPPER_SECRET_ARN),
     (TOKEN_KEY, TOKEN_KEY_SECRET_ARN),
     (DATABASE_URL, DATABASE_URL_SECRET_ARN),
     (EDGE_SECRET, EDGE_SECRET_ARN),
+    (RECEIPT_KEY, RECEIPT_KEY_SECRET_ARN),
 ];
 
 /// The variable naming `secret`'s ARN (`REEVE_PEPPER` → `REEVE_PEPPER_SECRET_ARN`).
@@ -459,7 +465,18 @@ pub fn api_settings<F: Fn(&str) -> Option<String>>(
     let problems = env.take_problems();
     match (pepper, token_key, database_url) {
         (Some(pepper), Some(token_key), Some(database_url)) if problems.is_empty() => {
-            Ok(ApiSettings { pepper, token_key, database_url, redis_url, bucket, queue_url, limits })
+            Ok(ApiSettings {
+                pepper,
+                token_key,
+                database_url,
+                redis_url,
+                bucket,
+                queue_url,
+                limits,
+                // Checked against the catalog by the builder that has it.
+                #[cfg(feature = "receipts")]
+                seller: None,
+            })
         }
         _ => Err(SettingsError { problems }),
     }

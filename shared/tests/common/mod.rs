@@ -110,6 +110,9 @@ pub fn cent_on_mainnet_then_local(kind: &str) -> String {
 /// contexts built from [`config`].
 pub const PEPPER: &str = "test-pepper-test-pepper-test-pepper!";
 pub const TOKEN_KEY: &str = "test-token-key-test-token-key-test!!";
+/// The development catalog's receipt key (reeve.dev.toml's
+/// `receipt_signer`, scripts/stack.sh's `.env`): public.
+pub const RECEIPT_KEY: &str = "0x5ab0c95958f7c7144d59f69084444144eabb3f95c2cd0a1676be703baeddec15";
 
 /// What a binary is given, as a test gives it: the stack's variables (the
 /// `.env` scripts/test.sh loads), the development catalog, the tests' own
@@ -130,6 +133,7 @@ pub fn config_opening_a_pool(pool: &PgPool) -> Config {
         .with(settings::CATALOG, DEV_CATALOG)
         .with(settings::PEPPER, PEPPER)
         .with(settings::TOKEN_KEY, TOKEN_KEY)
+        .with(settings::RECEIPT_KEY, RECEIPT_KEY)
         .with(settings::FETCH_MAX_BYTES, (1024 * 1024).to_string())
         .with(settings::DATABASE_URL, database_url(pool))
         .with(settings::CHAIN_RPC_URLS, chain::chain_rpc_urls())

@@ -27,6 +27,7 @@ mod openapi;
 mod page;
 mod payments;
 mod quota;
+mod receipts;
 mod redis_tls;
 mod relay;
 mod rotation;

@@ -202,6 +202,7 @@ const NOT_SET_BY_THE_TEMPLATE: &[(&str, &str)] = &[
     ("REEVE_FETCH_ALLOW", "the users' allow-list: empty in production"),
     ("REEVE_PEPPER", "a development value: auth is given REEVE_PEPPER_SECRET_ARN"),
     ("REEVE_EDGE_SECRET", "auth and mcp are given REEVE_EDGE_SECRET_ARN, and only behind the edge"),
+    ("REEVE_RECEIPT_KEY", "task create, task status and mcp are given REEVE_RECEIPT_KEY_SECRET_ARN, when signing"),
     ("REEVE_FACILITATOR_URL", "the local stack's override: production uses the catalog's facilitator_url"),
     // The `reeve` client's, named in settings.rs beside the servers' ones:
     // read by the CLI on a user's machine, never by a deployed function.
@@ -443,7 +444,8 @@ fn the_catalog_layer_ships_reeve_toml() {
 
 /// The template parameters that name secrets, and the one secret the stack
 /// makes itself (the CloudFront edge's origin secret, when the edge is on).
-const SECRET_PARAMETERS: [&str; 4] = ["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn", "ApiEdgeSecret"];
+const SECRET_PARAMETERS: [&str; 5] =
+    ["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn", "ApiEdgeSecret", "ReceiptKeySecretArn"];
 
 /// Which resource may read which secret. Only `auth` reads the pepper;
 /// `auth`, the routes behind a session (uploads, tasks) and the relay read
@@ -455,10 +457,15 @@ const SECRET_READERS: &[(&str, &[&str])] = &[
     ("AuthFunction", &["ApiEdgeSecret", "DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"]),
     ("CatalogFunction", &[]),
     ("PresignFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
-    ("TaskCreateFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
-    ("TaskStatusFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
+    // Task create, task status and mcp sign offers and receipts, when the
+    // seller's key is given.
+    ("TaskCreateFunction", &["DatabaseUrlSecretArn", "ReceiptKeySecretArn", "TokenKeySecretArn"]),
+    ("TaskStatusFunction", &["DatabaseUrlSecretArn", "ReceiptKeySecretArn", "TokenKeySecretArn"]),
     // create_space and login hash and verify Space IDs.
-    ("McpFunction", &["ApiEdgeSecret", "DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"]),
+    (
+        "McpFunction",
+        &["ApiEdgeSecret", "DatabaseUrlSecretArn", "PepperSecretArn", "ReceiptKeySecretArn", "TokenKeySecretArn"],
+    ),
     // CloudFront sends the edge's secret as an origin header.
     ("ApiDistribution", &["ApiEdgeSecret"]),
     // A protocol kind's job carries a report token, signed with the token key.
@@ -477,6 +484,7 @@ fn arn_variable(parameter: &str) -> &'static str {
         "PepperSecretArn" => "REEVE_PEPPER_SECRET_ARN",
         "TokenKeySecretArn" => "REEVE_TOKEN_KEY_SECRET_ARN",
         "ApiEdgeSecret" => "REEVE_EDGE_SECRET_ARN",
+        "ReceiptKeySecretArn" => "REEVE_RECEIPT_KEY_SECRET_ARN",
         other => panic!("{other} is not a secret parameter"),
     }
 }
@@ -531,6 +539,10 @@ fn each_function_reads_only_its_own_secrets_by_arn() {
                     "ApiEdgeSecret" => {
                         format!("{}: !If [ApiHasWaf, !Ref {parameter}, !Ref AWS::NoValue]", arn_variable(parameter))
                     }
+                    // The seller's key only where one is given.
+                    "ReceiptKeySecretArn" => {
+                        format!("{}: !If [HasReceiptKey, !Ref {parameter}, !Ref AWS::NoValue]", arn_variable(parameter))
+                    }
                     _ => format!("{}: !Ref {parameter}", arn_variable(parameter)),
                 };
                 assert!(body.contains(&line), "{name} lacks `{line}`");
@@ -563,11 +575,16 @@ fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
         let main = read(&format!("functions/{}/src/main.rs", crates[&binary]));
         // Each start-up builder reads these secrets (shared/src/startup/mod.rs).
         let session = ["startup::lambda_presign()", "startup::lambda_task_create()", "startup::lambda_task_status()"];
-        let asks: BTreeSet<&str> = if main.contains("startup::lambda_auth()") || main.contains("startup::lambda_mcp()")
-        {
+        let asks: BTreeSet<&str> = if main.contains("startup::lambda_auth()") {
             ["ApiEdgeSecret", "DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"].into()
-        } else if session.iter().any(|c| main.contains(c)) {
+        } else if main.contains("startup::lambda_mcp()") {
+            // Plus the seller's key: it signs offers and receipts.
+            ["ApiEdgeSecret", "DatabaseUrlSecretArn", "PepperSecretArn", "ReceiptKeySecretArn", "TokenKeySecretArn"]
+                .into()
+        } else if main.contains("startup::lambda_presign()") {
             ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()
+        } else if session.iter().any(|c| main.contains(c)) {
+            ["DatabaseUrlSecretArn", "ReceiptKeySecretArn", "TokenKeySecretArn"].into()
         } else if main.contains("startup::lambda_catalog()") {
             BTreeSet::new()
         } else if main.contains("startup::lambda_worker()") {

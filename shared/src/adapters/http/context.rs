@@ -35,6 +35,10 @@ pub struct ApiSettings {
     pub queue_url: String,
     /// The login budgets (`REEVE_SPACES_BURST` and its kin).
     pub limits: crate::domain::login_limits::LoginLimits,
+    /// The key offers and receipts are signed with (`REEVE_RECEIPT_KEY`),
+    /// when the catalog publishes a `receipt_signer`.
+    #[cfg(feature = "receipts")]
+    pub seller: Option<Arc<crate::domain::payments::offer_receipt::SellerKey>>,
 }
 
 /// A context whose routes take a session token.
@@ -125,6 +129,8 @@ pub struct TaskStatusContext {
     pub catalog: Arc<Catalog>,
     /// A result's download link, signed when the task is read.
     pub links: crate::domain::tasks::OutputLinks,
+    /// The key receipts are signed with, if the catalog publishes one.
+    pub seller: Option<Arc<crate::domain::payments::offer_receipt::SellerKey>>,
 }
 
 #[cfg(feature = "api")]
@@ -302,6 +308,7 @@ impl ApiContext {
             token_key: settings.token_key.clone(),
             catalog: catalog.clone(),
             links: crate::domain::tasks::OutputLinks::new(aws.s3_links.clone(), settings.bucket.clone()),
+            seller: settings.seller.clone(),
         });
         let health = Arc::new(HealthContext { db: db.clone(), redis: redis.clone() });
         Arc::new(ApiContext {

@@ -75,6 +75,8 @@ pub(crate) mod limit;
 pub mod login;
 #[cfg(feature = "api-catalog")]
 mod openapi;
+#[cfg(feature = "api-task-status")]
+mod receipts;
 #[cfg(feature = "relay")]
 mod relay_context;
 #[cfg(feature = "api-task-status")]
@@ -85,7 +87,6 @@ pub(crate) mod space_view;
 pub mod stream;
 #[cfg(feature = "api-task-status")]
 pub mod tasks;
-#[cfg(feature = "api-task-status")]
 mod ticket;
 #[cfg(feature = "api-uploads")]
 pub mod uploads;

@@ -19,9 +19,14 @@
 //! types). So the document a deployment serves describes what it sells.
 
 use serde_json::{Map, Value, json};
+#[cfg(feature = "api")]
+use utoipa::ToSchema;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::tag::TagBuilder;
 use utoipa::openapi::{InfoBuilder, LicenseBuilder, OpenApiVersion};
+
+#[cfg(feature = "api")]
+use crate::domain::payments::offer_receipt::{OfferPayload, ReceiptPayload};
 
 use crate::domain::catalog::{Catalog, TaskSpec};
 use crate::domain::payments as x402;
@@ -114,6 +119,18 @@ pub fn generated() -> Value {
         ))
         .build();
     let components = doc.components.get_or_insert_with(Default::default);
+    // What a signed offer's and receipt's JWS carries: no route returns
+    // these as JSON, so they are added by name.
+    let mut signed = Vec::new();
+    for (name, schema) in [
+        (OfferPayload::name(), <OfferPayload as utoipa::PartialSchema>::schema()),
+        (ReceiptPayload::name(), <ReceiptPayload as utoipa::PartialSchema>::schema()),
+    ] {
+        signed.push((name.into_owned(), schema));
+    }
+    OfferPayload::schemas(&mut signed);
+    ReceiptPayload::schemas(&mut signed);
+    components.schemas.extend(signed);
     components.add_security_scheme(
         BEARER,
         SecurityScheme::Http(

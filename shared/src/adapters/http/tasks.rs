@@ -95,6 +95,7 @@ pub fn status_router() -> OpenApiRouter<Arc<TaskStatusContext>> {
         .routes(routes!(list_tasks))
         .routes(routes!(cancel_task))
         .routes(routes!(cancel_tasks))
+        .merge(super::receipts::router())
         .merge(super::ticket::router())
         .merge(super::share::router())
         .merge(super::space_view::router())
@@ -171,7 +172,9 @@ struct Accepted {
         (status = 202, description = "The task is queued (or was, for a replayed `Idempotency-Key` or \
             payment). When a payment paid for it, a `PAYMENT-RESPONSE` header carries base64 JSON \
             `{success, transaction, network, payer}`: the settlement of this request, or, sent again, the \
-            receipt stored when it was paid; a task paid with a credit has none.",
+            receipt stored when it was paid; a task paid with a credit has none. Where the seller signs \
+            receipts, its `extensions[\"offer-receipt\"].info.receipt` is the task's signed receipt (as \
+            `GET /v1/tasks/{task}/receipt` answers it).",
             body = Accepted,
             headers(
                 ("Location" = String, description = "The task's URL: `/v1/tasks/{id}`."),
@@ -188,7 +191,9 @@ struct Accepted {
         (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
         (status = 402, body = PaymentRequired,
             description = "A priced task: x402 v2 payment requirements, one `accepts` entry per price, with the \
-                `payment-identifier` and `bazaar` extensions. Without a payment (`payment_required`) this body is the \
+                `payment-identifier` and `bazaar` extensions and, where the seller signs, `offer-receipt`: \
+                `info.offers`, one signed offer (a JWS `ES256K`) per `accepts` entry naming this request's kind \
+                and input digest, and `info.signer.address`, the catalog's `receipts.signer`. Without a payment (`payment_required`) this body is the \
                 challenge, not an error envelope. A refused payment answers an error envelope instead, with the challenge in \
                 `PAYMENT-REQUIRED`: `payment_mismatch` (`accepted` is not one of this kind's requirements), \
                 `payment_replayed` (the payment already paid for another request, or another Space's; the same \
@@ -277,6 +282,7 @@ async fn create_task(
         queue_url: &ctx.settings.queue_url,
         facilitator: ctx.facilitator.as_ref(),
         chains: &ctx.chains,
+        seller: ctx.settings.seller.as_deref(),
     };
     let submission = Submission {
         request: TaskRequest { space: &space, kind: &kind, input: &request.input, idempotency_key: key },
@@ -647,7 +653,12 @@ fn challenge_response(challenge: &PaymentRequired) -> Response {
 /// The URL a client paid for: absolute when the request says which host it
 /// reached (the `Host` header or an absolute URI), else just the path.
 fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
-    let path = uri.path();
+    format!("{}{}", origin(uri, headers).unwrap_or_default(), uri.path())
+}
+
+/// `scheme://host[:port]` of the API as the request reached it (the `Host`
+/// header or an absolute URI), if it says.
+pub(super) fn origin(uri: &Uri, headers: &HeaderMap) -> Option<String> {
     let authority = uri.authority().map(|a| a.as_str().to_owned()).or_else(|| {
         headers
             .get(header::HOST)
@@ -655,10 +666,7 @@ fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
             .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
             .filter(|a| !a.as_str().contains('@'))
             .map(|a| a.as_str().to_owned())
-    });
-    let Some(authority) = authority else {
-        return path.to_owned();
-    };
+    })?;
     let forwarded = headers
         .get("x-forwarded-proto")
         .and_then(|v| v.to_str().ok())
@@ -672,7 +680,7 @@ fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
         .map(str::to_owned)
         .or(forwarded)
         .unwrap_or_else(|| if local { "http".into() } else { "https".into() });
-    format!("{scheme}://{authority}{path}")
+    Some(format!("{scheme}://{authority}"))
 }
 
 #[cfg(feature = "api-tasks")]

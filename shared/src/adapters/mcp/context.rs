@@ -92,6 +92,9 @@ pub struct McpContext {
     /// Spaces and sessions per client address, counted in Postgres with
     /// `POST /v1/spaces` and `POST /v1/sessions`.
     pub limits: crate::domain::login_limits::LoginLimits,
+    /// The key offers and receipts are signed with, if the catalog
+    /// publishes one.
+    pub seller: Option<Arc<crate::domain::payments::offer_receipt::SellerKey>>,
 }
 
 impl McpContext {
@@ -126,6 +129,7 @@ impl McpContext {
             argon2,
             settings,
             limits: Default::default(),
+            seller: None,
         })
     }
 

@@ -104,6 +104,7 @@ pub async fn run(
         queue_url: &ctx.queue_url,
         facilitator: ctx.facilitator.as_ref(),
         chains: &ctx.chains,
+        seller: ctx.seller.as_deref(),
     };
     let submission = Submission {
         request: TaskRequest { space, kind, input: &input, idempotency_key: key.as_deref() },

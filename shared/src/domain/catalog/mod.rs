@@ -201,6 +201,11 @@ pub struct Payments {
     pub metered_queue_seconds: u32,
     /// What the catalog is for: mainnet (the default) or testnet.
     pub network_kind: NetworkKind,
+    /// The address whose key signs offers and receipts (x402
+    /// `offer-receipt`), published for buyers to check them against; the
+    /// key itself is `REEVE_RECEIPT_KEY`, never here. `None`: nothing is
+    /// signed.
+    pub receipt_signer: Option<String>,
 }
 
 #[cfg(feature = "catalog")]

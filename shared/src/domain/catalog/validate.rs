@@ -25,7 +25,7 @@ const MAX_QUOTA_PER_HOUR: i64 = 1_000_000;
 const MAX_QUOTA_AT_ONCE: i64 = 10_000;
 const PRICE_KEYS: &[&str] = &["asset", "scheme", "amount", "amount_usd", "unit", "rate", "rate_usd"];
 const PAYMENTS_KEYS: &[&str] =
-    &["network_kind", "pay_to", "facilitator_url", "max_timeout_seconds", "metered_queue_seconds"];
+    &["network_kind", "pay_to", "facilitator_url", "max_timeout_seconds", "metered_queue_seconds", "receipt_signer"];
 /// How long a metered task may wait in the queue, within its authorization.
 const DEFAULT_METERED_QUEUE_SECONDS: u32 = 600;
 
@@ -420,6 +420,9 @@ fn payments(root: &Fields, priced: &[&str], p: &mut Problems) -> Option<Payments
         Some(name) => f.verify("network_kind", NetworkKind::parse(name), p)?,
         None => NetworkKind::default(),
     };
+    let receipt_signer = f
+        .optional::<&str>("receipt_signer", p)
+        .and_then(|address| f.verify("receipt_signer", formats::evm_address(address), p).map(|()| address.to_owned()));
 
     Some(Payments {
         pay_to: pay_to?.to_owned(),
@@ -427,6 +430,7 @@ fn payments(root: &Fields, priced: &[&str], p: &mut Problems) -> Option<Payments
         max_timeout_seconds,
         metered_queue_seconds,
         network_kind,
+        receipt_signer,
     })
 }
 

@@ -18,6 +18,25 @@ pub struct PublicCatalog {
     pub assets: Vec<PublicAsset>,
     pub tasks: Vec<PublicTask>,
     pub uploads: PublicUploads,
+    /// Who signs this deployment's offers and receipts; absent when it
+    /// signs none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receipts: Option<PublicReceipts>,
+}
+
+/// How offers and receipts are signed (x402's `offer-receipt` extension):
+/// a JWS (`ES256K`) whose `kid` is a secp256k1 `did:key`. A receipt is the
+/// seller's when that key's Ethereum address is `signer`. `reeve receipt
+/// verify FILE` checks one.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = ReceiptSigner)]
+pub struct PublicReceipts {
+    /// The signing key's address.
+    pub signer: String,
+    /// Always `jws`.
+    pub format: String,
+    /// Always `ES256K`.
+    pub alg: String,
 }
 
 /// A token prices are paid in.
@@ -162,6 +181,11 @@ impl Catalog {
                 content_types: self.uploads.content_types.clone(),
                 url_expiry_seconds: self.uploads.url_expiry_seconds,
             },
+            receipts: self.payments.as_ref().and_then(|p| p.receipt_signer.clone()).map(|signer| PublicReceipts {
+                signer,
+                format: "jws".to_owned(),
+                alg: "ES256K".to_owned(),
+            }),
         }
     }
 

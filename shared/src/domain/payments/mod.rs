@@ -31,6 +31,8 @@
 //! - [`ledger`]: what Postgres keeps, a file per kind of record: attempts
 //!   (recorded before settling), payments, credits, and metered holds.
 //!
+//! - [`offer_receipt`]: x402's `offer-receipt` extension: offers and
+//!   receipts signed with the seller's key (JWS ES256K), and their check.
 //! - [`counter`]: the [`Counter`] through which the caller stores a task.
 //! - [`upto`]: metered prices (x402 `upto`): the contracts, the refusals,
 //!   and a metered task's payment as its buyer sees it.
@@ -62,6 +64,8 @@ pub(crate) mod counter;
 #[cfg(feature = "outbound")]
 pub(crate) mod facilitator;
 pub(crate) mod ledger;
+#[cfg(feature = "receipts")]
+pub mod offer_receipt;
 #[cfg(feature = "api-tasks")]
 pub(crate) mod order;
 #[cfg(feature = "api-tasks")]
@@ -140,6 +144,11 @@ pub struct PaymentResponse {
     pub network: String,
     #[serde(default)]
     pub payer: String,
+    /// `offer-receipt`: the seller's signed receipt
+    /// (`extensions["offer-receipt"].info.receipt`), where receipts are
+    /// signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extensions: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl PaymentResponse {
@@ -152,6 +161,7 @@ impl PaymentResponse {
             transaction: transaction.unwrap_or_default().to_owned(),
             network: network.to_owned(),
             payer: payer.to_owned(),
+            extensions: None,
         }
     }
 
@@ -163,6 +173,7 @@ impl PaymentResponse {
             transaction: String::new(),
             network: network.to_owned(),
             payer: payer.to_owned(),
+            extensions: None,
         }
     }
 

@@ -16,6 +16,7 @@
 //!   credit, store, queue.
 //! - [`quota`]: the ceilings on a free task per space, checked as it is stored.
 //! - [`output`]: a stored output's download link, signed when it is read.
+//! - [`receipt`]: a paid task's receipt, signed with the seller's key.
 //!
 //! Status moves `queued → running → completed | failed | canceled`, and every
 //! transition is a conditional `UPDATE … WHERE status = …`.
@@ -26,6 +27,8 @@ pub(crate) mod input;
 #[cfg(feature = "s3-links")]
 pub mod output;
 pub(crate) mod queue;
+#[cfg(feature = "api-task-status")]
+pub mod receipt;
 #[cfg(feature = "api-tasks")]
 pub(crate) mod submit;
 
@@ -42,6 +45,8 @@ pub use queue::{QueueError, QueueMessage};
 pub use queue::{enqueue, enqueue_after};
 #[cfg(feature = "api-task-status")]
 pub use quota::{AT_ONCE_RETRY, Limit, QuotaExceeded, QuotaUse, Used};
+#[cfg(feature = "api-task-status")]
+pub use receipt::{NoReceipt, signed_receipt};
 #[cfg(feature = "catalog")]
 pub use shelf::Shelf;
 #[cfg(feature = "api-tasks")]

@@ -27,6 +27,7 @@ use super::input::{self, MAX_UPLOADS};
 use super::{Shelf, Task, TaskRequest, TaskStatus, find_by_idempotency_key};
 use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::{Catalog, TaskSpec};
+use crate::domain::payments::offer_receipt::{self, SellerKey};
 use crate::domain::payments::{
     self, Bought, Checkout, Credit, Order, PayError, PaymentInput, PaymentResponse, SIGNATURE_REQUIRED,
 };
@@ -44,6 +45,9 @@ pub struct SubmitContext<'a> {
     pub facilitator: Option<&'a payments::Facilitator>,
     /// Each network's JSON-RPC endpoint (`REEVE_CHAIN_RPC_URLS`).
     pub chains: &'a payments::Chains,
+    /// The seller's key: a `402`'s offers and a paid task's receipt are
+    /// signed with it. `None`: the deployment signs neither.
+    pub seller: Option<&'a SellerKey>,
 }
 
 /// One create request, as the HTTP layer (or an MCP tool call) extracted it.
@@ -148,8 +152,25 @@ impl From<PayError> for SubmitError {
     }
 }
 
-/// Creates (or answers again) a task. See the module documentation.
+/// Creates (or answers again) a task. See the module documentation. Where
+/// the seller signs, a paid task's settlement carries its signed receipt.
 pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitted, SubmitError> {
+    let mut submitted = submit_unsigned(cx, s).await?;
+    if let (Some(key), Paid::Payment(settlement)) = (cx.seller, &mut submitted.paid)
+        && settlement.success
+    {
+        let space = s.request.space;
+        match super::signed_receipt(cx.db, Some(key), space, submitted.task.id, &|_| s.resource_url.to_owned()).await {
+            Ok(Some(Ok(receipt))) => *settlement = offer_receipt::with_receipt(settlement.clone(), &receipt),
+            Ok(_) => tracing::warn!(task_id = %submitted.task.id, "a paid task without its payment's receipt"),
+            // The task is paid and queued: its receipt is still there to ask for.
+            Err(e) => tracing::warn!(task_id = %submitted.task.id, error = %e, "could not sign the receipt"),
+        }
+    }
+    Ok(submitted)
+}
+
+async fn submit_unsigned(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitted, SubmitError> {
     let request = &s.request;
     let spec = cx.catalog.task(request.kind).ok_or_else(|| SubmitError::UnknownTask(request.kind.to_owned()))?;
     if !request.input.is_object() {
@@ -181,7 +202,7 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
         .ok_or_else(|| SubmitError::Internal("a priced task without a payable challenge".into()))?;
     // Only what the facilitator settles is offered (payments::supported);
     // it is asked once per process, here rather than at a Lambda's init.
-    let challenge = match cx.facilitator {
+    let mut challenge = match cx.facilitator {
         Some(facilitator) => match facilitator.known().await {
             Some(supported) => payments::settleable(challenge, &supported, request.kind)
                 .ok_or(SubmitError::Payment(PayError::FacilitatorUnavailable))?,
@@ -189,6 +210,12 @@ pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitt
         },
         None => challenge,
     };
+    // Every answer that carries the challenge (the `402`, a refusal) carries
+    // the seller's signed offers for exactly this request.
+    if let Some(key) = cx.seller {
+        let now = payments::unix_now();
+        offer_receipt::sign_offers(key, &mut challenge, cx.catalog, request.kind, Some(request.input), now);
+    }
     let checkout = Checkout { db: cx.db, facilitator: cx.facilitator, chains: cx.chains };
     let order = Order { request: *request, payment: s.payment, deadline: s.deadline };
     match payments::pay(checkout, order, &challenge, &Shelf { catalog: cx.catalog }).await? {

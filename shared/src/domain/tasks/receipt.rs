@@ -1,0 +1,152 @@
+//! A paid task's signed receipt (x402 `offer-receipt`): what its buyer paid
+//! and, once it has ended, what it delivered, signed with the seller's key
+//! ([`SellerKey`]).
+//!
+//! Nothing is stored: a receipt is made from the task's row and its
+//! payment each time it is asked for (`GET /v1/tasks/{id}/receipt`, a paid
+//! create's `PAYMENT-RESPONSE`, MCP's `_meta`). Signatures are
+//! deterministic and `issuedAt` is a stored time (when it was paid; once
+//! the task has ended, when it ended), so the same task answers the same
+//! receipt until it ends, and then one final receipt for good.
+
+use serde_json::Value;
+use sqlx::PgPool;
+use time::OffsetDateTime;
+
+use super::{TaskStatus, output_key};
+use crate::domain::auth::SpaceIndex;
+use crate::domain::ids::Id;
+use crate::domain::payments::MeteredPayment;
+use crate::domain::payments::offer_receipt::{
+    DeliveredFile, Delivery, MeteredCharge, PAYLOAD_VERSION, ReceiptPayload, SellerKey, Signed, result_sha256,
+    sha256_json,
+};
+
+/// Why a task of this Space has no receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoReceipt {
+    /// This deployment signs no receipts (no `receipt_signer`).
+    Unsigned,
+    /// Free, or paid with a credit: no payment of its own.
+    NotPaid,
+    /// A metered task not charged (yet, or ever: it used nothing, failed,
+    /// or was canceled).
+    NotCharged,
+}
+
+impl NoReceipt {
+    pub fn message(self) -> &'static str {
+        match self {
+            NoReceipt::Unsigned => "this deployment signs no receipts (its catalog publishes no receipt_signer)",
+            NoReceipt::NotPaid => "the task was not paid with a payment of its own (it is free, or a credit paid it)",
+            NoReceipt::NotCharged => "the metered task has not been charged: its receipt comes once a charge is proven",
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    kind: String,
+    input: sqlx::types::Json<Value>,
+    #[sqlx(try_from = "String")]
+    status: TaskStatus,
+    result: Option<sqlx::types::Json<Value>>,
+    payment: Option<sqlx::types::Json<MeteredPayment>>,
+    updated_at: OffsetDateTime,
+    network: Option<String>,
+    payer: Option<String>,
+    amount: Option<String>,
+    asset: Option<String>,
+    transaction: Option<String>,
+    pay_to: Option<String>,
+    paid_at: Option<OffsetDateTime>,
+}
+
+/// `task`'s receipt, signed with `key`, naming `resource_url(kind)` as the
+/// resource paid for. `Ok(None)`: no such task in `space`.
+pub async fn signed_receipt(
+    db: &PgPool,
+    key: Option<&SellerKey>,
+    space: &SpaceIndex,
+    task: Id,
+    resource_url: &(dyn Fn(&str) -> String + Sync),
+) -> Result<Option<Result<Signed, NoReceipt>>, sqlx::Error> {
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT t.kind, t.input, t.status, t.result, t.payment, t.updated_at,
+                p.network, p.payer, p.amount, p.asset, p.transaction, p.pay_to, p.created_at AS paid_at
+           FROM tasks t LEFT JOIN payments p ON p.task_id = t.id
+          WHERE t.id = $1 AND t.space_idx = $2",
+    )
+    .bind(task)
+    .bind(space.as_bytes())
+    .fetch_optional(db)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let Some(key) = key else { return Ok(Some(Err(NoReceipt::Unsigned))) };
+    Ok(Some(payload(row, space, task, resource_url).map(|payload| key.sign(&payload))))
+}
+
+fn payload(
+    row: Row,
+    space: &SpaceIndex,
+    task: Id,
+    resource_url: &(dyn Fn(&str) -> String + Sync),
+) -> Result<ReceiptPayload, NoReceipt> {
+    let metered = row.payment.map(|json| json.0);
+    let (Some(network), Some(payer), Some(amount), Some(asset), Some(paid_at)) =
+        (row.network, row.payer, row.amount, row.asset, row.paid_at)
+    else {
+        return Err(if metered.is_some() { NoReceipt::NotCharged } else { NoReceipt::NotPaid });
+    };
+    let ended = row.status.is_terminal();
+    let delivery = ended.then(|| Delivery {
+        status: row.status.as_str().to_owned(),
+        result_sha256: row.result.as_ref().map(|result| result_sha256(&result.0)),
+        outputs: row.result.as_ref().map(|result| delivered_files(&result.0, space, task)).unwrap_or_default(),
+    });
+    let issued = if ended { row.updated_at } else { paid_at };
+    Ok(ReceiptPayload {
+        version: PAYLOAD_VERSION,
+        network,
+        resource_url: resource_url(&row.kind),
+        payer,
+        issued_at: u64::try_from(issued.unix_timestamp()).unwrap_or_default(),
+        transaction: row.transaction.unwrap_or_default(),
+        task: task.to_string(),
+        kind: row.kind,
+        input_sha256: sha256_json(&row.input.0),
+        scheme: if metered.is_some() { "upto" } else { "exact" }.to_owned(),
+        asset,
+        pay_to: row.pay_to.unwrap_or_default(),
+        amount,
+        metered: metered.map(|m| MeteredCharge { unit: m.unit, rate: m.rate, used: m.used, authorized: m.authorized }),
+        delivery,
+    })
+}
+
+/// The files a result delivered, each with its SHA-256: a `fetch` task's
+/// stored download (`body`, under this task's own key), and a protocol
+/// kind's `outputs` that carry one.
+fn delivered_files(result: &Value, space: &SpaceIndex, task: Id) -> Vec<DeliveredFile> {
+    let file = |name: &str, entry: &Value| {
+        Some(DeliveredFile {
+            name: name.to_owned(),
+            size: entry.get("size")?.as_u64()?,
+            sha256: entry.get("sha256")?.as_str()?.to_owned(),
+        })
+    };
+    let mut files = Vec::new();
+    if result.get("key").and_then(Value::as_str) == Some(output_key(space, task).as_str())
+        && let Some(body) = file("body", result)
+    {
+        files.push(body);
+    }
+    for output in result.get("outputs").and_then(Value::as_array).into_iter().flatten() {
+        if let Some(name) = output.get("name").and_then(Value::as_str)
+            && let Some(delivered) = file(name, output)
+        {
+            files.push(delivered);
+        }
+    }
+    files
+}

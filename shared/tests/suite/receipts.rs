@@ -1,0 +1,296 @@
+//! Signed offers and receipts (x402 `offer-receipt`) on the real payment
+//! stack: the `402` carries offers signed with the seller's key, a paid
+//! create's `PAYMENT-RESPONSE` its receipt, and `GET /v1/tasks/{id}/receipt`
+//! the final one with proof of delivery. The official TypeScript package
+//! (`@x402/extensions`, through `scripts/payments/verify-receipt.mjs`)
+//! verifies them, and refuses a changed byte; a receipt signed by another
+//! key verifies only as that key's, not the published signer's.
+
+use crate::common;
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::process::Stdio;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderValue, Request, StatusCode};
+use base64::Engine;
+use common::chain::{ChainLock, Payer, fresh_address};
+use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
+use reeve_shared::http::app;
+use reeve_shared::ids::Id;
+use reeve_shared::payments::offer_receipt::{self, SellerKey, Signed, VerifyError};
+use reeve_shared::settings::{self, Config};
+use reeve_shared::worker::{Outcome, process};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+/// The development key's address (reeve.dev.toml's `receipt_signer`).
+fn signer() -> String {
+    SellerKey::from_hex(common::RECEIPT_KEY).unwrap().address().to_checksum(None)
+}
+
+fn decode(header: &str) -> Value {
+    serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(header).unwrap()).unwrap()
+}
+
+/// A `fetch` priced a cent on the local chain, and a free one, under a
+/// catalog that publishes the development signer.
+fn catalog(pay_to: &str) -> String {
+    let tasks = r#"
+        [tasks.fetch]
+        title = "Fetch"
+        description = "Fetch a URL"
+        executor = "fetch"
+        [tasks.fetch.input_schema]
+        type = "object"
+        required = ["url"]
+        [tasks.fetch.input_schema.properties.url]
+        type = "string"
+        [[tasks.fetch.accepts]]
+        asset = "local"
+        amount_usd = "0.01"
+        [tasks.free]
+        title = "Free fetch"
+        description = "Fetch a URL for nothing"
+        executor = "fetch"
+        [tasks.free.input_schema]
+        type = "object"
+    "#;
+    let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+    common::paid_catalog_text(pay_to, &facilitator, 300, tasks).replacen(
+        "max_timeout_seconds = 300",
+        &format!("max_timeout_seconds = 300\n        receipt_signer = \"{}\"", signer()),
+        1,
+    )
+}
+
+struct Shop {
+    app: Router,
+    token: String,
+    queue: TestQueue,
+    config: Config,
+}
+
+impl Shop {
+    async fn new(pool: &PgPool) -> Shop {
+        let queue = TestQueue::new().await;
+        let config = common::with_catalog(common::config(pool), &catalog(&fresh_address()))
+            .with(settings::QUEUE_URL, &queue.url)
+            .with(settings::RECEIPT_KEY, common::RECEIPT_KEY);
+        let app = app(common::api(&config).await);
+        let token = new_session(&app).await.1;
+        Shop { app, token, queue, config }
+    }
+
+    async fn create(&self, kind: &str, input: &Value, payment: Option<&str>) -> Reply {
+        let mut r = post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({ "input": input }));
+        if let Some(p) = payment {
+            r.headers_mut().insert("payment-signature", HeaderValue::from_str(p).unwrap());
+        }
+        send(&self.app, r).await
+    }
+
+    async fn receipt(&self, id: &str) -> Reply {
+        send(&self.app, get_authed(&format!("/v1/tasks/{id}/receipt"), &self.token)).await
+    }
+
+    async fn run(&self, id: &str) {
+        let config = common::loopback_outbound(
+            self.config.clone().without(settings::QUEUE_URL).with(settings::WORKER_CONCURRENCY, "1"),
+        );
+        let worker = common::worker(&config).await;
+        self.queue.drain().await;
+        assert_eq!(process(&worker, &json!({"task_id": id, "kind": "fetch"}).to_string(), 1).await, Outcome::Done);
+    }
+}
+
+async fn serve(router: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+/// What `@x402/extensions` makes of `input` (scripts/payments/verify-receipt.mjs).
+fn typescript_verifies(input: &Value) -> Value {
+    let mut child = std::process::Command::new("node")
+        .arg(common::chain::root().join("scripts/payments/verify-receipt.mjs"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("node: {e}; run scripts/payments.sh up"));
+    child.stdin.take().unwrap().write_all(input.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "verify-receipt.mjs: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `signed` with one byte of its JWS payload changed (a digit of a number
+/// or a hex digit: still valid base64url and JSON).
+fn one_byte_changed(signed: &Signed) -> Signed {
+    let parts: Vec<&str> = signed.signature.split('.').collect();
+    let text = String::from_utf8(base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
+    let at = text.find("\"amount\":\"").unwrap() + "\"amount\":\"".len();
+    let mut bytes = text.into_bytes();
+    bytes[at] = if bytes[at] == b'9' { b'8' } else { bytes[at] + 1 };
+    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    Signed { signature: format!("{}.{payload}.{}", parts[0], parts[2]), ..signed.clone() }
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_paid_task_s_offer_and_receipts_are_signed_and_the_typescript_package_verifies_them(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let site = serve(Router::new().route("/page", axum::routing::get(|| async { "paid for" }))).await;
+    let input = json!({"url": format!("http://{site}/page")});
+    let published = signer();
+    let address: alloy_primitives::Address = published.parse().unwrap();
+
+    // The 402: one offer per `accepts` entry, signed, naming this request.
+    let reply = shop.create("fetch", &input, None).await;
+    assert_eq!(reply.status, StatusCode::PAYMENT_REQUIRED, "{}", reply.body);
+    let header = reply.headers["payment-required"].to_str().unwrap().to_owned();
+    let challenge = decode(&header);
+    assert_eq!(challenge, reply.body, "the header and the body are one document");
+    let extension = &challenge["extensions"]["offer-receipt"];
+    assert_eq!(extension["info"]["signer"]["address"], published.as_str());
+    let offers: Vec<Signed> = serde_json::from_value(extension["info"]["offers"].clone()).unwrap();
+    assert_eq!(offers.len(), challenge["accepts"].as_array().unwrap().len());
+    let offer = offer_receipt::verify(&offers[0], Some(address)).unwrap().payload;
+    let accepted = &challenge["accepts"][0];
+    for (field, value) in [("scheme", "scheme"), ("network", "network"), ("asset", "asset"), ("payTo", "payTo")] {
+        assert_eq!(offer[field], accepted[value], "{field}");
+    }
+    assert_eq!(offer["amount"], "10000");
+    assert_eq!(offer["kind"], "fetch");
+    assert_eq!(offer["inputSha256"], offer_receipt::sha256_json(&input));
+    assert_eq!(offers[0].accept_index, Some(0));
+
+    // Paid: the PAYMENT-RESPONSE carries the receipt, before any delivery.
+    let reply = shop.create("fetch", &input, Some(&payer.sign(&header).await)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = reply.body["id"].as_str().unwrap().to_owned();
+    let settlement = decode(reply.headers["payment-response"].to_str().unwrap());
+    let first = offer_receipt::receipt_in(&settlement).expect("the settlement carries the receipt");
+    let paid = offer_receipt::verify(&first, Some(address)).unwrap().payload;
+    assert_eq!(paid["task"], id.as_str());
+    assert_eq!(paid["transaction"], settlement["transaction"]);
+    assert_eq!(paid["payer"], settlement["payer"]);
+    assert_eq!((paid["amount"].as_str(), paid["scheme"].as_str()), (Some("10000"), Some("exact")));
+    assert_eq!(paid["inputSha256"], offer["inputSha256"]);
+    assert_eq!(paid["resourceUrl"], challenge["resource"]["url"]);
+    assert!(paid.get("delivery").is_none(), "not delivered yet: {paid}");
+    let again = shop.receipt(&id).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body, serde_json::to_value(&first).unwrap(), "the same receipt until the task ends");
+
+    // Delivered: the final receipt hashes the result and the stored body.
+    shop.run(&id).await;
+    let task = send(&shop.app, get_authed(&format!("/v1/tasks/{id}"), &shop.token)).await.body;
+    assert_eq!(task["status"], "completed", "{task}");
+    let last = shop.receipt(&id).await;
+    assert_eq!(last.status, StatusCode::OK, "{}", last.body);
+    let last: Signed = serde_json::from_value(last.body).unwrap();
+    let delivered = offer_receipt::verify(&last, Some(address)).unwrap().payload;
+    assert_eq!(delivered["delivery"]["status"], "completed");
+    assert_eq!(delivered["delivery"]["resultSha256"], offer_receipt::result_sha256(&task["result"]));
+    let body_sha256 = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(b"paid for"))
+    };
+    assert_eq!(delivered["delivery"]["outputs"], json!([{"name": "body", "size": 8, "sha256": body_sha256}]));
+    assert_eq!(shop.receipt(&id).await.body, serde_json::to_value(&last).unwrap(), "final, and stable");
+
+    // The key is in no answer.
+    let key_hex = common::RECEIPT_KEY.trim_start_matches("0x");
+    for text in [header.clone(), reply.body.to_string(), settlement.to_string(), serde_json::to_string(&last).unwrap()]
+    {
+        assert!(!text.contains(key_hex), "the receipt key leaked");
+    }
+
+    // The official TypeScript package: the offer and both receipts verify,
+    // and each names the published signer; a changed byte is refused; a
+    // receipt signed by another key verifies as that key's only.
+    let other = SellerKey::from_hex(&"42".repeat(32)).unwrap();
+    let forged = other.sign(&delivered);
+    let checked = typescript_verifies(&json!({
+        "paymentRequired": challenge,
+        "receipts": [settlement, last, one_byte_changed(&last), forged],
+    }));
+    let offer_ts = &checked["offers"][0];
+    assert_eq!(offer_ts["ok"], true, "{checked}");
+    assert_eq!(offer_ts["signer"], published.as_str());
+    assert_eq!(offer_ts["payload"], offer);
+    assert_eq!(offer_ts["accepts"], *accepted, "the offer matches its accepts entry");
+    let receipts = checked["receipts"].as_array().unwrap();
+    assert_eq!((receipts[0]["ok"].as_bool(), receipts[0]["signer"].as_str()), (Some(true), Some(published.as_str())));
+    assert_eq!(receipts[0]["payload"], paid);
+    assert_eq!((receipts[1]["ok"].as_bool(), receipts[1]["signer"].as_str()), (Some(true), Some(published.as_str())));
+    assert_eq!(receipts[1]["payload"], delivered);
+    assert_eq!(receipts[2]["ok"], false, "a changed byte: {}", receipts[2]);
+    assert_eq!(receipts[3]["ok"], true, "another key's own signature holds");
+    assert_ne!(receipts[3]["signer"], published.as_str(), "but it is not the published signer's");
+    // Reeve's own check refuses both.
+    assert_eq!(offer_receipt::verify(&one_byte_changed(&last), Some(address)), Err(VerifyError::BadSignature));
+    assert!(matches!(offer_receipt::verify(&forged, Some(address)), Err(VerifyError::WrongSigner { .. })));
+    shop.queue.delete().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_task_without_a_payment_of_its_own_has_no_receipt(pool: PgPool) {
+    let shop = Shop::new(&pool).await;
+    let reply = shop.create("free", &json!({}), None).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let free = shop.receipt(reply.body["id"].as_str().unwrap()).await;
+    assert_eq!(free.status, StatusCode::NOT_FOUND);
+    assert_eq!(free.body["error"]["code"], "no_receipt", "{}", free.body);
+    assert!(free.body["error"]["message"].as_str().unwrap().contains("free"), "{}", free.body);
+    // No such task, not a task id, another Space's: the one 404.
+    for id in [Id::new().to_string(), "nope".to_owned()] {
+        let missing = shop.receipt(&id).await;
+        assert_eq!(
+            (missing.status, missing.body["error"]["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("task_not_found"))
+        );
+    }
+    let (_, stranger) = new_session(&shop.app).await;
+    let request = Request::get(format!("/v1/tasks/{}/receipt", reply.body["id"].as_str().unwrap()))
+        .header("authorization", format!("Bearer {stranger}"))
+        .body(Body::empty())
+        .unwrap();
+    let theirs = send(&shop.app, request).await;
+    assert_eq!(theirs.body["error"]["code"], "task_not_found", "{}", theirs.body);
+    // Without a session: 401.
+    let anonymous = send(&shop.app, Request::get("/v1/tasks/x/receipt").body(Body::empty()).unwrap()).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    shop.queue.delete().await;
+}
+
+/// A catalog that publishes a signer needs that signer's key: start-up
+/// refuses a missing or another key, naming the variable, never its value.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn start_up_refuses_a_missing_or_wrong_receipt_key(pool: PgPool) {
+    let config = common::with_catalog(common::config(&pool), &catalog(&fresh_address()));
+    let sdk = reeve_shared::startup::sdk().await;
+    let wrong = "0x".to_owned() + &"42".repeat(32);
+    for (key, expected) in [
+        (None, "REEVE_RECEIPT_KEY is not set"),
+        (Some(wrong.as_str()), "REEVE_RECEIPT_KEY is the key of"),
+        (Some("0x1234"), "REEVE_RECEIPT_KEY must be 32 bytes"),
+    ] {
+        let config = match key {
+            Some(key) => config.clone().with(settings::RECEIPT_KEY, key),
+            None => config.clone().without(settings::RECEIPT_KEY),
+        };
+        let problems = match reeve_shared::startup::task_status(&config, &sdk).await {
+            Ok(_) => panic!("started with {key:?}"),
+            Err(e) => e.problems().join("\n"),
+        };
+        assert!(problems.contains(expected), "{problems}");
+        assert!(!problems.contains(&"42".repeat(32)), "the key is never quoted: {problems}");
+    }
+}
