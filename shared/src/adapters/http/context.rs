@@ -35,6 +35,10 @@ pub struct ApiSettings {
     pub queue_url: String,
     /// The login budgets (`REEVE_SPACES_BURST` and its kin).
     pub limits: crate::domain::login_limits::LoginLimits,
+    /// `REEVE_OUTPUT_RETENTION_DAYS`: how long the bucket keeps `outputs/`,
+    /// so that a service's output files say when they expire; unset, no
+    /// expiry is known.
+    pub output_retention_days: Option<u32>,
 }
 
 /// A context whose routes take a session token.
