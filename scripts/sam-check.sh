@@ -75,6 +75,7 @@ INVOKES=(
 LINT_VARIANTS=(
   "default"
   "vpc FunctionSubnetIds=subnet-0aaaaaaaaaaaaaaaa,subnet-0bbbbbbbbbbbbbbbb FunctionSecurityGroupIds=sg-0aaaaaaaaaaaaaaaa"
+  "services DeployWordfreqExample=true ExecutorFunctionArns=arn:aws:lambda:us-east-1:123456789012:function:pdf ExecutorSecretArns=arn:aws:secretsmanager:us-east-1:123456789012:secret:reeve/pdf-AbCdEf"
 )
 
 CHECKOV_REQS="$ROOT/scripts/requirements-checkov.txt"

@@ -5,8 +5,12 @@
 //! `InvocationType=Event`, so nothing waits for the function's answer: the
 //! handler reports through its [`Reporter`], and [`run`] reports how it
 //! ended if the handler did not (a [`Failure`](crate::Failure) it returned).
-//! A cancel event is acknowledged and dropped: the running invocation learns
-//! of it from its next report (`409 canceled`, [`Error::Canceled`](crate::Error)).
+//! A cancel event is acknowledged and dropped: Lambda runs it in another
+//! invocation than the job's (one event at a time per execution
+//! environment), which it cannot reach; the running invocation learns of
+//! the cancel from its next report (`409 canceled`, [`Error::Canceled`](crate::Error)).
+//! A function whose work runs elsewhere (a queue, a batch job) handles the
+//! cancel itself, from the event, rather than through `run`.
 
 use std::future::Future;
 

@@ -8,12 +8,16 @@
 //!   answers.
 //! - [`reporter`]: a [`Reporter`] sends progress, logs, usage, outputs and
 //!   the end of one attempt, each report idempotent, and says when to stop.
+//! - [`cancel`]: [`Cancels`] lets a signed cancel stop the attempt it names
+//!   in a long-lived service ([`Reporter::check`]).
 //! - `lambda` (feature `lambda`): a Lambda function's `main`, one job per
 //!   invocation.
 //!
 //! An HTTP service verifies and parses a delivery with [`verify_message`],
-//! answers `202`, and works on with a [`Reporter`].
+//! answers `202`, and works on with a [`Reporter`] from [`Cancels::reporter`];
+//! a cancel it hands to [`Cancels::cancel`] and answers `200`.
 
+pub mod cancel;
 pub mod messages;
 pub mod reporter;
 pub mod signature;
@@ -21,6 +25,7 @@ pub mod signature;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 
+pub use cancel::Cancels;
 pub use messages::{Cancel, Failure, InputFile, Job, Message, Metered, OutputUpload, Report, ReportBody, TaskRef};
 pub use reporter::{Error, Reporter, WorkError};
 pub use signature::{Secret, SignatureError, SignedHeaders};

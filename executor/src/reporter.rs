@@ -7,6 +7,7 @@
 //! back as an [`Error`] a service can act on: [`Error::is_over`] means the
 //! attempt is no longer this service's to work on (stop, report nothing more).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,6 +16,7 @@ use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use serde_json::Value;
 use zeroize::Zeroizing;
 
+use crate::cancel::Stop;
 use crate::messages::{
     ErrorAnswer, Failure, Job, MAX_LOG_LINE_CHARS, MAX_MESSAGE_CHARS, OutputUpload, Report, ReportBody, truncate,
 };
@@ -71,6 +73,8 @@ pub struct Reporter {
     token: Zeroizing<String>,
     tries: u32,
     backoff: Duration,
+    /// Set by the attempt's cancel ([`crate::Cancels`]).
+    stop: Arc<Stop>,
 }
 
 impl std::fmt::Debug for Reporter {
@@ -99,6 +103,37 @@ impl Reporter {
             token: Zeroizing::new(job.report.token.clone()),
             tries: 5,
             backoff: Duration::from_millis(250),
+            stop: Stop::new(),
+        }
+    }
+
+    pub(crate) fn stop(&self) -> &Arc<Stop> {
+        &self.stop
+    }
+
+    /// Whether the attempt's cancel has arrived ([`crate::Cancels`]).
+    pub fn is_canceled(&self) -> bool {
+        self.stop.is_set()
+    }
+
+    /// Resolves once the attempt's cancel arrives: for a service that waits
+    /// on something else meanwhile (`tokio::select!`).
+    pub async fn canceled(&self) {
+        self.stop.wait().await;
+    }
+
+    /// Between two steps of the work: `Ok` until the attempt's cancel has
+    /// arrived (a flag read, nothing sent). Then one `heartbeat` goes to
+    /// Reeve, whose `409 canceled` ends the task now rather than when the
+    /// lease lapses, and the answer is the error to stop with (`?`):
+    /// [`Error::Canceled`], or what else Reeve said of the attempt.
+    pub async fn check(&self) -> Result<(), Error> {
+        if !self.is_canceled() {
+            return Ok(());
+        }
+        match self.heartbeat().await {
+            Err(e) if e.is_over() => Err(e),
+            _ => Err(Error::Canceled),
         }
     }
 
@@ -342,6 +377,38 @@ mod tests {
 
     fn refusal(code: &str) -> Value {
         json!({"error": {"code": code, "message": format!("{code}!"), "request_id": "req_1"}})
+    }
+
+    #[tokio::test]
+    async fn a_cancel_stops_the_attempt_it_names_and_check_ends_it_at_reeve() {
+        let (reeve, reporter) = serve(vec![(409, refusal("canceled"))]).await;
+        let Message::Job(job) = serde_json::from_value(documented_job()).unwrap() else { unreachable!() };
+        let cancels = crate::Cancels::default();
+        let reporter = cancels.track(&job, reporter);
+        reporter.check().await.unwrap();
+        assert!(reeve.reports.lock().unwrap().is_empty(), "checking sends nothing until canceled");
+
+        let mut other = crate::Cancel { protocol: 1, task: job.task.clone() };
+        other.task.attempt += 1;
+        assert!(!cancels.cancel(&other), "another attempt of the task is not this one");
+        assert!(!reporter.is_canceled());
+
+        let waiting = tokio::spawn({
+            let reporter = reporter.clone();
+            async move { reporter.canceled().await }
+        });
+        let cancel = crate::Cancel { protocol: 1, task: job.task.clone() };
+        assert!(cancels.cancel(&cancel));
+        tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap();
+        assert!(reporter.is_canceled());
+        // One heartbeat tells Reeve, whose 409 canceled is the error to stop with.
+        assert_eq!(reporter.check().await, Err(Error::Canceled));
+        let reports: Vec<Value> = reeve.reports.lock().unwrap().iter().map(|(_, r)| r.clone()).collect();
+        assert_eq!(reports.len(), 1, "{reports:?}");
+        assert_eq!(reports[0]["type"], "heartbeat");
+
+        drop(reporter);
+        assert!(!cancels.cancel(&cancel), "an attempt whose reporter is gone has left");
     }
 
     #[tokio::test]

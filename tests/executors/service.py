@@ -7,8 +7,11 @@ It prints `listening on http://127.0.0.1:PORT` once it accepts jobs. Each POST i
 job or cancel (Standard Webhooks, checked with the official `standardwebhooks` package). A job
 is answered `202` and worked on in a thread: the text input is read line by line, progress
 (and, for a metered kind, usage in lines) is reported as it goes, the 100 most frequent words
-are uploaded as the output `top-100.csv`, and a `result` report ends the attempt. Standard
-library and `standardwebhooks` only.
+are uploaded as the output `top-100.csv`, and a `result` report ends the attempt. A signed
+cancel stops the attempt it names at its next line: one `heartbeat` then tells Reeve (whose
+`409 canceled` ends the task at once), and `canceled <task id> <attempt>` is printed.
+`--line-delay` slows the reading down, so a test can cancel mid-way. Standard library and
+`standardwebhooks` only.
 """
 
 import argparse
@@ -107,7 +110,35 @@ class Reports:
         self.send({"type": "failure", "retryable": retryable, "message": message[:500]})
 
 
-def count_words(job, reports, every):
+class Running:
+    """The attempts under way, by (task id, attempt): a cancel sets its attempt's event."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.attempts = {}
+
+    def start(self, task):
+        stop = threading.Event()
+        with self.lock:
+            self.attempts[(task["id"], task["attempt"])] = stop
+        return stop
+
+    def end(self, task):
+        with self.lock:
+            self.attempts.pop((task["id"], task["attempt"]), None)
+
+    def cancel(self, task):
+        with self.lock:
+            stop = self.attempts.get((task.get("id"), task.get("attempt")))
+        if stop is not None:
+            stop.set()
+        return stop is not None
+
+
+RUNNING = Running()
+
+
+def count_words(job, reports, every, stop, line_delay):
     files = job.get("files") or []
     if not files:
         raise Failed("the input names no text file (upload_id)", retryable=False)
@@ -131,6 +162,12 @@ def count_words(job, reports, every):
                 if word:
                     words += 1
                     counts[word.lower()] += 1
+            if stop.is_set():
+                # Told the buyer canceled: Reeve ends the task at this report, answering 409 canceled.
+                reports.send({"type": "heartbeat"})
+                raise Stop("canceled")
+            if line_delay:
+                time.sleep(line_delay)
             if lines % every == 0:
                 reports.progress(min(read / size, 0.99), f"{lines} lines read")
                 if metered:
@@ -146,12 +183,15 @@ def count_words(job, reports, every):
     reports.result(summary, lines if metered else None)
 
 
-def work(job, every):
+def work(job, every, line_delay):
     reports = Reports(job["report"])
+    stop = RUNNING.start(job["task"])
     try:
-        count_words(job, reports, every)
-    except Stop as stop:
-        print(f"task {job['task']['id']}: {stop}, stopping", file=sys.stderr)
+        count_words(job, reports, every, stop, line_delay)
+    except Stop as why:
+        print(f"task {job['task']['id']}: {why}, stopping", file=sys.stderr)
+        if stop.is_set():
+            print(f"canceled {job['task']['id']} {job['task']['attempt']}", flush=True)
     except Failed as failed:
         try:
             reports.failure(str(failed), failed.retryable)
@@ -163,11 +203,14 @@ def work(job, every):
             reports.failure("the service failed", retryable=True)
         except Exception:
             pass
+    finally:
+        RUNNING.end(job["task"])
 
 
 class Handler(BaseHTTPRequestHandler):
     webhook = None
     every = 10_000
+    line_delay = 0.0
     seen = set()
     lock = threading.Lock()
 
@@ -189,6 +232,8 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(message, dict) or message.get("protocol") != 1:
             return self.answer(400, {"error": "not a protocol 1 message"})
         if message.get("type") == "cancel":
+            # Answered whatever it names: an attempt not running here has ended, or never came.
+            RUNNING.cancel(message.get("task") or {})
             return self.answer(200, {})
         if message.get("type") != "job":
             return self.answer(400, {"error": "unknown message type"})
@@ -197,7 +242,7 @@ class Handler(BaseHTTPRequestHandler):
             first = self.headers["webhook-id"] not in self.seen
             self.seen.add(self.headers["webhook-id"])
         if first:
-            threading.Thread(target=work, args=(message, self.every), daemon=True).start()
+            threading.Thread(target=work, args=(message, self.every, self.line_delay), daemon=True).start()
         self.answer(202)
 
     def log_message(self, format, *args):
@@ -208,9 +253,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--report-every", type=int, default=10_000)
+    parser.add_argument("--line-delay", type=float, default=0.0, help="seconds to wait after each line")
     args = parser.parse_args()
     Handler.webhook = Webhook(os.environ["WORDFREQ_SECRET"])
     Handler.every = max(args.report_every, 1)
+    Handler.line_delay = max(args.line_delay, 0.0)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()

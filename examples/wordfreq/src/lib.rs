@@ -109,6 +109,10 @@ pub async fn work(job: Job, reporter: Reporter, settings: Settings) -> Result<()
             let line = &pending[start..start + end];
             counter.add_line(&String::from_utf8_lossy(line));
             start += end + 1;
+            // A cancel that reached this process (an HTTP service's
+            // `Cancels`) stops the count here; otherwise the next report's
+            // `409 canceled` does.
+            reporter.check().await?;
             if counter.lines % settings.report_every == 0 {
                 let fraction = read as f64 / size as f64;
                 reporter.progress(fraction.min(0.99), Some(&format!("{} lines read", counter.lines))).await?;

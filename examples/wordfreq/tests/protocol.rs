@@ -15,9 +15,10 @@
 //! (cargo-lambda is in the stack's .venv), or uses the one
 //! `REEVE_WORDFREQ_INVOKE_URL` names.
 
+#[path = "../../../tests/executors/harness.rs"]
+mod harness;
+
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
+use harness::{PythonService, Watch, root};
 use reeve_executor::{Job, Message, Reporter, Secret};
 use serde_json::{Value, json};
 use wordfreq::{Counter, OUTPUT, Settings};
@@ -34,10 +36,6 @@ use wordfreq::{Counter, OUTPUT, Settings};
 const TOKEN: &str = "rt_test_token";
 /// Lines between progress reports, for every service under test.
 const EVERY: u64 = 4;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// The input: 30 lines, words repeated so the ranking has ties to break.
 fn text() -> String {
@@ -263,7 +261,7 @@ async fn the_rust_example_under_cargo_lambda_watch() {
     let invoke = match std::env::var("REEVE_WORDFREQ_INVOKE_URL") {
         Ok(url) => url,
         Err(_) => {
-            served = Watch::start().await;
+            served = Watch::start(EVERY).await;
             served.url.clone()
         }
     };
@@ -302,24 +300,8 @@ async fn the_rust_example_under_cargo_lambda_watch() {
 async fn the_python_service_over_http() {
     let secret_text = Secret::generate();
     let secret = Secret::parse(&secret_text).unwrap();
-    let python =
-        std::env::var_os("REEVE_PAYER_PYTHON").map(PathBuf::from).unwrap_or_else(|| root().join(".venv/bin/python"));
-    let mut service = std::process::Command::new(&python)
-        .arg(root().join("tests/executors/service.py"))
-        .args(["--port", "0", "--report-every", &EVERY.to_string()])
-        .env("WORDFREQ_SECRET", &secret_text)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e}; run scripts/stack.sh up", python.display()));
-    let service = KillOnDrop(&mut service);
-    let stdout = service.0.stdout.take().unwrap();
-    let first = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line.trim().to_owned())
-    });
-    let first = tokio::time::timeout(Duration::from_secs(20), first).await.unwrap().unwrap().unwrap();
-    let endpoint =
-        first.strip_prefix("listening on ").unwrap_or_else(|| panic!("service.py said {first:?}")).to_owned();
+    let service = PythonService::start(&secret_text, &["--report-every", &EVERY.to_string()]).await;
+    let endpoint = &service.endpoint;
     let client = reqwest::Client::new();
 
     for (n, metered) in [false, true].into_iter().enumerate() {
@@ -329,7 +311,7 @@ async fn the_python_service_over_http() {
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let post = |timestamp: i64, signature: String, body: Vec<u8>| {
             client
-                .post(&endpoint)
+                .post(endpoint)
                 .header("content-type", "application/json")
                 .header("webhook-id", &id)
                 .header("webhook-timestamp", timestamp.to_string())
@@ -360,53 +342,5 @@ async fn the_python_service_over_http() {
         reeve.wait_for_end(Duration::from_secs(30)).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         reeve.assert_protocol(metered);
-    }
-}
-
-/// Ends the service when the test ends, however it ends.
-struct KillOnDrop<'a>(&'a mut std::process::Child);
-
-impl Drop for KillOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `cargo lambda watch` serving the example on a free loopback port, in a
-/// process group of its own (it runs `cargo run` and the function under
-/// it), ended with the test.
-struct Watch {
-    url: String,
-    child: std::process::Child,
-}
-
-impl Watch {
-    async fn start() -> Watch {
-        use std::os::unix::process::CommandExt;
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = std::process::Command::new("cargo")
-            .args(["lambda", "watch", "-p", "wordfreq", "-A", "127.0.0.1", "-P", &port.to_string()])
-            .args(["--concurrency", "2", "--env-var", &format!("WORDFREQ_REPORT_EVERY={EVERY}")])
-            .current_dir(root())
-            .stdin(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cargo lambda watch: {e}; cargo-lambda comes with scripts/stack.sh up"));
-        let watch = Watch { url: format!("http://127.0.0.1:{port}"), child };
-        let until = Instant::now() + Duration::from_secs(60);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            assert!(Instant::now() < until, "cargo lambda watch did not listen on port {port} within 60 s");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        watch
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let group = format!("-{}", self.child.id());
-        let _ = std::process::Command::new("kill").args(["--", &group]).status();
-        let _ = self.child.wait();
     }
 }

@@ -116,6 +116,9 @@ pub struct SweepReport {
     pub resent_expired: usize,
     /// Tasks failed as `retries_exhausted`.
     pub exhausted: usize,
+    /// Delegated attempts whose buyer canceled, their message sent for a
+    /// worker to tell the service (docs/executors.md, "Cancel").
+    pub cancels: usize,
     /// Sends that failed; those tasks are tried again a threshold later.
     pub send_errors: usize,
     /// Payments whose unknown outcome was resolved from the chain.
@@ -206,6 +209,7 @@ impl Sweeper {
         let mut report = SweepReport::default();
         self.fail_exhausted(Some(older_than), &mut report).await?;
         self.resend(Some(older_than), &mut report).await?;
+        self.wake_cancels(&mut report).await?;
         self.reconcile(reconcile_until, &mut report).await?;
         // In AWS completion webhooks ride on this schedule: their outbox is
         // polled, so they need no function and no trigger of their own. They
@@ -226,6 +230,7 @@ impl Sweeper {
         let before = report.clone();
         self.fail_exhausted(None, report).await?;
         self.resend(None, report).await?;
+        self.wake_cancels(report).await?;
         if *report != before {
             tracing::info!(?report, "swept lapsed leases");
         }
@@ -364,6 +369,40 @@ impl Sweeper {
                 return Ok(());
             }
         }
+    }
+
+    /// Sends the message of each task whose running attempt its service
+    /// works on (it answered `202`) and whose buyer canceled it, until its
+    /// service has been told: the worker that gets it, finding the task
+    /// held by the service's live lease, sends the service its signed
+    /// cancel (docs/executors.md, "Cancel"). The cancel itself never waits
+    /// on the service: it only marked the task, the outbox this reads.
+    /// Sent again at each sweep until told; the service's next report, or
+    /// its lease lapsing, ends the task whatever becomes of it.
+    async fn wake_cancels(&self, report: &mut SweepReport) -> Result<(), SweepError> {
+        let owed: Vec<(Id, String)> = sqlx::query_as(
+            "SELECT id, kind FROM tasks
+              WHERE status = 'running' AND lease_until >= now() AND cancel_requested_at IS NOT NULL
+                AND cancel_sent_at IS NULL AND delegated_attempt = attempts
+              ORDER BY id LIMIT $1",
+        )
+        .bind(BATCH)
+        .fetch_all(&self.db)
+        .await?;
+        for (id, kind) in owed {
+            match queue::enqueue(&self.sqs, &self.queue_url, id, &kind).await {
+                Ok(()) => {
+                    report.cancels += 1;
+                    crate::infra::metrics::sweeper_action("cancel_owed", 1);
+                }
+                Err(e) => {
+                    tracing::error!(task_id = %id, error = %e, "could not send a canceled task's message");
+                    report.send_errors += 1;
+                    crate::infra::metrics::sweeper_action("send_failed", 1);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Fails a stranded task (`queued`, or `running` under the lease of run

@@ -421,10 +421,18 @@ pub fn signed_headers(url: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The size of the object under `key`, by a HEAD; `None` when there is none.
-pub async fn object_size(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Option<i64>, String> {
+/// The size of the object under `key` and when it was written, by a HEAD;
+/// `None` when there is none.
+pub async fn object_size(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+) -> Result<Option<(i64, Option<time::OffsetDateTime>)>, String> {
     match s3.head_object().bucket(bucket).key(key).send().await {
-        Ok(head) => Ok(Some(head.content_length().unwrap_or(0))),
+        Ok(head) => {
+            let written = head.last_modified().and_then(|at| time::OffsetDateTime::from_unix_timestamp(at.secs()).ok());
+            Ok(Some((head.content_length().unwrap_or(0), written)))
+        }
         Err(e) if is_not_found(&e) => Ok(None),
         Err(e) => Err(format!("HEAD {key}: {}", DisplayErrorContext(&e))),
     }

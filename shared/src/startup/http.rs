@@ -113,6 +113,8 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
     let redis_url = env.required(settings::REDIS_URL);
     let lease = Duration::from_secs(env.number(settings::LEASE, TaskCreateContext::DEFAULT_LEASE.as_secs(), 2, 300));
     let max_attempts = settings::max_receives(&mut env);
+    // A service's output files say when the bucket deletes them.
+    let output_retention_days = settings::output_retention_days(&mut env);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
@@ -133,6 +135,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
         // Task create spends no login budget.
         limits: Default::default(),
         seller,
+        output_retention_days,
     };
     let aws = AwsClients::from_config(sdk, config.s3_endpoint());
     let ctx = TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains);

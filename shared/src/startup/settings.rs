@@ -449,6 +449,12 @@ impl Config {
     }
 }
 
+/// [`OUTPUT_RETENTION_DAYS`], if set. S3's lifecycle rules count whole
+/// days; the template allows 1 to 3650.
+pub fn output_retention_days<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Option<u32> {
+    env.optional(OUTPUT_RETENTION_DAYS).map(|_| env.number(OUTPUT_RETENTION_DAYS, 0, 1, 3650) as u32)
+}
+
 /// Every setting `needs` asks for; the secrets it does not are withheld.
 pub fn api_settings<F: Fn(&str) -> Option<String>>(
     env: &mut Env<F>,
@@ -462,6 +468,7 @@ pub fn api_settings<F: Fn(&str) -> Option<String>>(
     let bucket = env.required(BUCKET);
     let queue_url = env.required(QUEUE_URL);
     let limits = login_limits(env);
+    let output_retention_days = output_retention_days(env);
     let problems = env.take_problems();
     match (pepper, token_key, database_url) {
         (Some(pepper), Some(token_key), Some(database_url)) if problems.is_empty() => {
@@ -473,6 +480,7 @@ pub fn api_settings<F: Fn(&str) -> Option<String>>(
                 bucket,
                 queue_url,
                 limits,
+                output_retention_days,
                 // Checked against the catalog by the builder that has it.
                 #[cfg(feature = "receipts")]
                 seller: None,
@@ -522,9 +530,7 @@ pub fn worker_settings<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Resul
     let max_receives = max_receives(env);
     let fetch_max_bytes =
         env.number(FETCH_MAX_BYTES, WorkerSettings::DEFAULT_FETCH_MAX_BYTES, 1, 5 * 1024 * 1024 * 1024);
-    // S3's lifecycle rules count whole days; the template allows 1 to 3650.
-    let output_retention_days =
-        env.optional(OUTPUT_RETENTION_DAYS).map(|_| env.number(OUTPUT_RETENTION_DAYS, 0, 1, 3650) as u32);
+    let output_retention_days = output_retention_days(env);
     // Renewed every quarter of it: below 2 s a renewal's round trip is a
     // fair part of the lease; above 5 minutes a dead worker's task waits
     // longer than the sweeper's threshold for lost messages.

@@ -308,8 +308,17 @@ pub struct QueuedApi {
 impl QueuedApi {
     /// `catalog`: TOML, as [`with_catalog`] takes it.
     pub async fn new(pool: &sqlx::PgPool, catalog: &str) -> QueuedApi {
+        Self::with_vars(pool, catalog, &[]).await
+    }
+
+    /// [`QueuedApi::new`], its configuration given `vars` too.
+    pub async fn with_vars(pool: &sqlx::PgPool, catalog: &str, vars: &[(&str, &str)]) -> QueuedApi {
         let queue = TestQueue::new().await;
-        let ctx = api(&with_catalog(config(pool), catalog).with(settings::QUEUE_URL, &queue.url)).await;
+        let mut config = with_catalog(config(pool), catalog).with(settings::QUEUE_URL, &queue.url);
+        for (name, value) in vars {
+            config = config.with(name, *value);
+        }
+        let ctx = api(&config).await;
         let app = reeve_shared::http::app(ctx);
         let (_, token) = new_session(&app).await;
         QueuedApi { app, token, queue }

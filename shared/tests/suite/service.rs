@@ -52,6 +52,26 @@ impl Service {
     fn jobs(&self) -> Vec<(Value, bool)> {
         self.jobs.lock().unwrap().clone()
     }
+
+    /// The report token of the `n`-th job it received.
+    fn token(&self, n: usize) -> String {
+        self.jobs()[n].0["report"]["token"].as_str().unwrap().to_owned()
+    }
+}
+
+/// The loopback service sold as `svc`: it, the API (on a queue of its
+/// own) and a worker holding a run's lease `lease_seconds`.
+async fn sold(pool: &PgPool, lease_seconds: u32) -> (Service, Api, WorkerContext) {
+    sold_with(pool, lease_seconds, &[]).await
+}
+
+/// [`sold`], the API given `api_vars` too.
+async fn sold_with(pool: &PgPool, lease_seconds: u32, api_vars: &[(&str, &str)]) -> (Service, Api, WorkerContext) {
+    let (service, endpoint) = Service::start().await;
+    let catalog = catalog(&endpoint);
+    let api = Api::with_vars(pool, &catalog, api_vars).await;
+    let worker = worker(pool, &catalog, lease_seconds).await;
+    (service, api, worker)
 }
 
 async fn job(State(service): State<Service>, headers: HeaderMap, body: Bytes) -> Response {
@@ -133,10 +153,7 @@ async fn events(pool: &PgPool, id: reeve_shared::ids::Id, kind: &str) -> Vec<Val
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_signed_job_accepted_then_reported_to_its_end(pool: PgPool) {
-    let (service, endpoint) = Service::start().await;
-    let catalog = catalog(&endpoint);
-    let api = Api::new(&pool, &catalog).await;
-    let worker = worker(&pool, &catalog, 20).await;
+    let (service, api, worker) = sold(&pool, 20).await;
     let id = api.create("svc", json!({ "text": "hello" })).await;
 
     assert_eq!(run_next(&api, &worker).await, Outcome::Done, "the worker is done once the service accepts");
@@ -204,10 +221,7 @@ async fn a_signed_job_accepted_then_reported_to_its_end(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_services_answers_fail_retry_or_complete_as_the_contract_says(pool: PgPool) {
-    let (service, endpoint) = Service::start().await;
-    let catalog = catalog(&endpoint);
-    let api = Api::new(&pool, &catalog).await;
-    let worker = worker(&pool, &catalog, 20).await;
+    let (service, api, worker) = sold(&pool, 20).await;
 
     // 4xx: refused for good, in words that name no endpoint.
     service.answer(422, None);
@@ -241,14 +255,11 @@ async fn the_services_answers_fail_retry_or_complete_as_the_contract_says(pool: 
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_failure_ends_the_attempt_for_good_or_for_another(pool: PgPool) {
-    let (service, endpoint) = Service::start().await;
-    let catalog = catalog(&endpoint);
-    let api = Api::new(&pool, &catalog).await;
-    let worker = worker(&pool, &catalog, 20).await;
+    let (service, api, worker) = sold(&pool, 20).await;
 
     let id = api.create("svc", json!({})).await;
     assert_eq!(run_next(&api, &worker).await, Outcome::Done);
-    let token = service.jobs()[0].0["report"]["token"].as_str().unwrap().to_owned();
+    let token = service.token(0);
     let failed = report(
         &api,
         &token,
@@ -264,7 +275,7 @@ async fn a_failure_ends_the_attempt_for_good_or_for_another(pool: PgPool) {
 
     let id = api.create("svc", json!({})).await;
     assert_eq!(run_next(&api, &worker).await, Outcome::Done);
-    let token = service.jobs()[1].0["report"]["token"].as_str().unwrap().to_owned();
+    let token = service.token(1);
     let retry = json!({ "id": "f", "type": "failure", "retryable": true, "retry_after_seconds": 1 });
     let answered = report(&api, &token, retry).await;
     assert_eq!(answered.status, StatusCode::OK, "{}", answered.body);
@@ -289,14 +300,11 @@ async fn a_failure_ends_the_attempt_for_good_or_for_another(pool: PgPool) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_silent_service_is_retried_by_the_sweeper_and_its_old_token_is_superseded(pool: PgPool) {
-    let (service, endpoint) = Service::start().await;
-    let catalog = catalog(&endpoint);
-    let api = Api::new(&pool, &catalog).await;
-    let worker = worker(&pool, &catalog, 2).await;
+    let (service, api, worker) = sold(&pool, 2).await;
 
     let id = api.create("svc", json!({})).await;
     assert_eq!(run_next(&api, &worker).await, Outcome::Done);
-    let first = service.jobs()[0].0["report"]["token"].as_str().unwrap().to_owned();
+    let first = service.token(0);
     // No renewal lengthens the lease past what the worker gave it.
     let lease: f64 =
         sqlx::query_scalar("SELECT EXTRACT(EPOCH FROM lease_until - now())::float8 FROM tasks WHERE id = $1")
@@ -308,7 +316,7 @@ async fn a_silent_service_is_retried_by_the_sweeper_and_its_old_token_is_superse
 
     // Silence: the lease lapses, and the sweeper sends the task again.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let config = common::with_catalog(common::config(&pool), &catalog).with(settings::QUEUE_URL, &api.queue.url);
+    let config = common::config(&pool).with(settings::QUEUE_URL, &api.queue.url);
     let sweeper = reeve_shared::startup::sweeper(&config, &reeve_shared::startup::sdk().await).await.unwrap();
     let mut swept = Default::default();
     sweeper.sweep_lapsed(&mut swept).await.unwrap();
@@ -329,14 +337,11 @@ async fn a_silent_service_is_retried_by_the_sweeper_and_its_old_token_is_superse
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_cancel_while_the_service_works_answers_its_next_report_409_canceled(pool: PgPool) {
-    let (service, endpoint) = Service::start().await;
-    let catalog = catalog(&endpoint);
-    let api = Api::new(&pool, &catalog).await;
-    let worker = worker(&pool, &catalog, 20).await;
+    let (service, api, worker) = sold(&pool, 20).await;
 
     let id = api.create("svc", json!({})).await;
     assert_eq!(run_next(&api, &worker).await, Outcome::Done);
-    let token = service.jobs()[0].0["report"]["token"].as_str().unwrap().to_owned();
+    let token = service.token(0);
     let asked =
         send(&api.app, common::post_json(&format!("/v1/tasks/{id}/cancel"), Some(&api.token), &json!({}))).await;
     assert_eq!(asked.status, StatusCode::ACCEPTED, "{}", asked.body);
@@ -349,81 +354,125 @@ async fn a_cancel_while_the_service_works_answers_its_next_report_409_canceled(p
     api.queue.delete().await;
 }
 
-/// A metered kind sold by a service: paid with x402 `upto` per second the
-/// service says it used, charged the reported usage × rate once its result
-/// is captured, which a worker does (never the report route).
-#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn a_metered_service_is_charged_its_reported_usage_once_captured(pool: PgPool) {
-    use common::chain::{ChainLock, Payer, balance, fresh_address};
-    const RATE: u128 = 7;
-    const CEILING: u128 = 1_000;
-    const FUNDS: u128 = 1_000_000;
+/// A metered kind `kind` sold by the loopback service, paid with x402
+/// `upto` at `rate` per `unit` up to `ceiling`, and a payer holding `funds`
+/// who approved Permit2: what the metered tests share.
+struct Shop {
+    kind: &'static str,
+    service: Service,
+    pay_to: String,
+    payer: common::chain::Payer,
+    queue: common::TestQueue,
+    config: Config,
+    app: Router,
+    session: String,
+    _chain: common::chain::ChainLock,
+}
 
-    let chain = ChainLock::shared().await;
-    let (service, endpoint) = Service::start().await;
-    let pay_to = fresh_address();
-    let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
-    let tasks = format!(
-        r#"
-        [tasks.msvc]
-        title = "A metered service"
-        description = "An operator's own service, paid per second it reports."
-        executor = "http"
-        endpoint = "{endpoint}"
-        protocol = 1
-        secret = "{SECRET_VAR}"
-        timeout_seconds = 60
-        input_schema = {{ type = "object" }}
-        [[tasks.msvc.accepts]]
-        asset = "local"
-        scheme = "upto"
-        unit = "second"
-        rate = "{RATE}"
-        amount = "{CEILING}"
-        "#
-    );
-    let catalog = common::paid_catalog_text(&pay_to, &facilitator, 300, &tasks);
-    let queue = common::TestQueue::new().await;
-    let config = common::with_catalog(common::config(&pool), &catalog)
-        .with(settings::QUEUE_URL, &queue.url)
-        .with(reeve_shared::payments::CHAIN_RPC_URLS, common::chain::chain_rpc_urls());
-    let app = reeve_shared::http::app(common::api(&config).await);
-    let session = common::new_session(&app).await.1;
-    let payer = Payer::new(&chain, FUNDS).await;
-    payer.approve_permit2(&chain, u128::MAX).await;
+impl Shop {
+    async fn open(pool: &PgPool, kind: &'static str, unit: &str, rate: u128, ceiling: u128, funds: u128) -> Shop {
+        let chain = common::chain::ChainLock::shared().await;
+        let (service, endpoint) = Service::start().await;
+        let pay_to = common::chain::fresh_address();
+        let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
+        let tasks = format!(
+            r#"
+            [tasks.{kind}]
+            title = "A metered service"
+            description = "An operator's own service, paid per {unit} it reports."
+            executor = "http"
+            endpoint = "{endpoint}"
+            protocol = 1
+            secret = "{SECRET_VAR}"
+            timeout_seconds = 60
+            input_schema = {{ type = "object" }}
+            [[tasks.{kind}.accepts]]
+            asset = "local"
+            scheme = "upto"
+            unit = "{unit}"
+            rate = "{rate}"
+            amount = "{ceiling}"
+            "#
+        );
+        let catalog = common::paid_catalog_text(&pay_to, &facilitator, 300, &tasks);
+        let queue = common::TestQueue::new().await;
+        let config = common::with_catalog(common::config(pool), &catalog)
+            .with(settings::QUEUE_URL, &queue.url)
+            .with(reeve_shared::payments::CHAIN_RPC_URLS, common::chain::chain_rpc_urls());
+        let app = reeve_shared::http::app(common::api(&config).await);
+        let session = common::new_session(&app).await.1;
+        let payer = common::chain::Payer::new(&chain, funds).await;
+        payer.approve_permit2(&chain, u128::MAX).await;
+        Shop { kind, service, pay_to, payer, queue, config, app, session, _chain: chain }
+    }
 
-    let create = |payment: Option<String>| {
-        let mut request = common::post_json("/v1/tasks/msvc", Some(&session), &json!({ "input": {} }));
-        if let Some(p) = payment {
-            request.headers_mut().insert("payment-signature", p.parse().unwrap());
-        }
-        send(&app, request)
-    };
-    let challenge = create(None).await;
-    assert_eq!(challenge.status, StatusCode::PAYMENT_REQUIRED, "{}", challenge.body);
-    let signature = payer.sign(challenge.headers["payment-required"].to_str().unwrap()).await;
-    let created = create(Some(signature)).await;
-    assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
-    let id: reeve_shared::ids::Id = created.body["id"].as_str().unwrap().parse().unwrap();
-    assert_eq!(queue.drain().await.len(), 1);
+    /// A task created as a paying buyer does it: the `402`'s body, then
+    /// the task paid with the payer's `upto` authorization, queued.
+    async fn create_paid(&self) -> (Value, reeve_shared::ids::Id) {
+        let create = |payment: Option<String>| {
+            let uri = format!("/v1/tasks/{}", self.kind);
+            let mut request = common::post_json(&uri, Some(&self.session), &json!({ "input": {} }));
+            if let Some(p) = payment {
+                request.headers_mut().insert("payment-signature", p.parse().unwrap());
+            }
+            send(&self.app, request)
+        };
+        let challenge = create(None).await;
+        assert_eq!(challenge.status, StatusCode::PAYMENT_REQUIRED, "{}", challenge.body);
+        let signature = self.payer.sign(challenge.headers["payment-required"].to_str().unwrap()).await;
+        let created = create(Some(signature)).await;
+        assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
+        assert_eq!(self.queue.drain().await.len(), 1);
+        (challenge.body, created.body["id"].as_str().unwrap().parse().unwrap())
+    }
 
-    let worker_config = common::loopback_outbound(config.clone().without(settings::QUEUE_URL))
-        .with(SECRET_VAR, secret())
-        .with(settings::REPORT_URL, "http://127.0.0.1:9/v1/executor/reports");
-    let worker = common::worker(&worker_config).await;
-    let message = json!({ "task_id": id, "kind": "msvc" }).to_string();
-    assert_eq!(process(&worker, &message, 1).await, Outcome::Done);
-    let job = service.jobs()[0].0.clone();
-    assert_eq!(job["metered"], json!({ "unit": "second", "ceiling": CEILING / RATE }));
-    let token = job["report"]["token"].as_str().unwrap().to_owned();
-    let report = |body: Value| {
+    /// A worker that may call the service, and the job it sent it for `id`.
+    async fn send_job(&self, id: reeve_shared::ids::Id) -> (WorkerContext, Value) {
+        let worker_config = common::loopback_outbound(self.config.clone().without(settings::QUEUE_URL))
+            .with(SECRET_VAR, secret())
+            .with(settings::REPORT_URL, "http://127.0.0.1:9/v1/executor/reports");
+        let worker = common::worker(&worker_config).await;
+        let message = json!({ "task_id": id, "kind": self.kind }).to_string();
+        assert_eq!(process(&worker, &message, 1).await, Outcome::Done);
+        let job = self.service.jobs()[0].0.clone();
+        (worker, job)
+    }
+
+    /// A report sent as the service would, with `job`'s token.
+    async fn report(&self, job: &Value, body: Value) -> common::Reply {
+        let token = job["report"]["token"].as_str().unwrap();
         let request = axum::http::Request::post("/v1/executor/reports")
             .header("content-type", "application/json")
             .header("authorization", format!("Bearer {token}"))
             .body(axum::body::Body::from(body.to_string()))
             .unwrap();
-        send(&app, request)
-    };
+        send(&self.app, request).await
+    }
+
+    /// The worker resumes the capture the result left open: the task's one
+    /// queued message, run.
+    async fn capture(&self, worker: &WorkerContext) {
+        let next = self.queue.drain().await;
+        assert_eq!(next.len(), 1, "queued for its capture");
+        assert_eq!(process(worker, &next[0].to_string(), 1).await, Outcome::Done);
+    }
+}
+
+/// A metered kind sold by a service: paid with x402 `upto` per second the
+/// service says it used, charged the reported usage × rate once its result
+/// is captured, which a worker does (never the report route).
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_metered_service_is_charged_its_reported_usage_once_captured(pool: PgPool) {
+    use common::chain::balance;
+    const RATE: u128 = 7;
+    const CEILING: u128 = 1_000;
+    const FUNDS: u128 = 1_000_000;
+
+    let shop = Shop::open(&pool, "msvc", "second", RATE, CEILING, FUNDS).await;
+    let (_, id) = shop.create_paid().await;
+    let (worker, job) = shop.send_job(id).await;
+    assert_eq!(job["metered"], json!({ "unit": "second", "ceiling": CEILING / RATE }));
+    let report = |body: Value| shop.report(&job, body);
 
     // Before the charge: how far it got, nothing of what it found.
     let progress = report(json!({ "id": "p", "type": "progress", "fraction": 0.5, "message": "found 3 words" })).await;
@@ -436,25 +485,23 @@ async fn a_metered_service_is_charged_its_reported_usage_once_captured(pool: PgP
     assert_eq!(usage.status, StatusCode::OK, "{}", usage.body);
     let result = report(json!({ "id": "r", "type": "result", "result": { "top": "reeve" } })).await;
     assert_eq!((result.status, &result.body["used"]), (StatusCode::OK, &json!(5)), "{}", result.body);
-    assert_eq!(balance(&payer.address).await, FUNDS, "nothing captured by the report route");
+    assert_eq!(balance(&shop.payer.address).await, FUNDS, "nothing captured by the report route");
     let late = report(json!({ "id": "p2", "type": "progress", "fraction": 0.9 })).await;
     assert_eq!((late.status, late.code()), (StatusCode::CONFLICT, "ended"));
 
     // A worker resumes the held capture and delivers the result.
-    let next = queue.drain().await;
-    assert_eq!(next.len(), 1, "queued for its capture");
-    assert_eq!(process(&worker, &next[0].to_string(), 1).await, Outcome::Done);
+    shop.capture(&worker).await;
     let (status, _) = status(&pool, id).await;
     assert_eq!(status, "completed");
-    assert_eq!(balance(&payer.address).await, FUNDS - 5 * RATE, "charged the reported 5 seconds × the rate");
-    assert_eq!(balance(&pay_to).await, 5 * RATE);
+    assert_eq!(balance(&shop.payer.address).await, FUNDS - 5 * RATE, "charged the reported 5 seconds × the rate");
+    assert_eq!(balance(&shop.pay_to).await, 5 * RATE);
     assert_eq!(events(&pool, id, "result").await, [json!({ "top": "reeve" })]);
     assert!(
         events(&pool, id, "log").await.iter().any(|l| l["line"] == "the most frequent word is reeve"),
         "the held line is shown once charged"
     );
-    assert_eq!(service.jobs().len(), 1, "the service is not sent the job again");
-    queue.delete().await;
+    assert_eq!(shop.service.jobs().len(), 1, "the service is not sent the job again");
+    shop.queue.delete().await;
 }
 
 /// A PUT as a service sends it: the answer's method, URL and headers, its
@@ -470,10 +517,8 @@ async fn put_output(answer: &Value, body: Vec<u8>) -> u16 {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(pool: PgPool) {
-    let (service, endpoint) = Service::start().await;
-    let catalog = catalog(&endpoint);
-    let api = Api::new(&pool, &catalog).await;
-    let worker = worker(&pool, &catalog, 20).await;
+    // The bucket keeps outputs 2 days: each file says until when.
+    let (service, api, worker) = sold_with(&pool, 20, &[(settings::OUTPUT_RETENTION_DAYS, "2")]).await;
     let id = api.create("svc", json!({})).await;
     assert_eq!(run_next(&api, &worker).await, Outcome::Done);
     let job = service.jobs()[0].0.clone();
@@ -548,6 +593,15 @@ async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(po
     );
     let link = file["url"].as_str().expect("a download link");
     assert!(file["url_expires_at"].is_string());
+    let kept_until = time::OffsetDateTime::parse(
+        file["object_expires_at"].as_str().unwrap_or_else(|| panic!("the file's expiry: {file}")),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    let kept = kept_until - time::OffsetDateTime::now_utc();
+    assert!(kept > time::Duration::days(2) && kept <= time::Duration::days(3), "2 days, to the next midnight: {file}");
+    let documented = jsonschema::validator_for(&reeve_shared::executors::outputs_schema()).unwrap();
+    assert!(documented.is_valid(&read.body["result"]["outputs"]), "{}", read.body);
     let downloaded = reqwest::get(link).await.unwrap();
     assert_eq!(downloaded.status(), 200);
     assert_eq!(downloaded.bytes().await.unwrap().to_vec(), csv, "the link downloads what the service wrote");
@@ -556,10 +610,7 @@ async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(po
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_job_links_each_input_upload_and_the_link_downloads_its_bytes(pool: PgPool) {
-    let (service, endpoint) = Service::start().await;
-    let catalog = catalog(&endpoint);
-    let api = Api::new(&pool, &catalog).await;
-    let worker = worker(&pool, &catalog, 20).await;
+    let (service, api, worker) = sold(&pool, 20).await;
     let mut ids = Vec::new();
     let texts: [&[u8]; 2] = [b"the quick brown fox\n", b"jumps over the lazy dog\nand again\n"];
     for bytes in texts {
@@ -604,96 +655,33 @@ async fn the_job_links_each_input_upload_and_the_link_downloads_its_bytes(pool: 
 /// charged.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_service_unit_is_shown_per_unit_and_usage_above_the_ceiling_is_capped(pool: PgPool) {
-    use common::chain::{ChainLock, Payer, balance, fresh_address};
+    use common::chain::balance;
     const RATE: u128 = 7;
     const CEILING: u128 = 1_000;
     const FUNDS: u128 = 1_000_000;
     const LINES: u128 = CEILING / RATE; // 142 lines: 994 atomic units
 
-    let chain = ChainLock::shared().await;
-    let (service, endpoint) = Service::start().await;
-    let pay_to = fresh_address();
-    let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
-    let tasks = format!(
-        r#"
-        [tasks.lines]
-        title = "Lines"
-        description = "An operator's own service, paid per line it reads."
-        executor = "http"
-        endpoint = "{endpoint}"
-        protocol = 1
-        secret = "{SECRET_VAR}"
-        timeout_seconds = 60
-        input_schema = {{ type = "object" }}
-        [[tasks.lines.accepts]]
-        asset = "local"
-        scheme = "upto"
-        unit = "line"
-        rate = "{RATE}"
-        amount = "{CEILING}"
-        "#
-    );
-    let catalog = common::paid_catalog_text(&pay_to, &facilitator, 300, &tasks);
-    let queue = common::TestQueue::new().await;
-    let config = common::with_catalog(common::config(&pool), &catalog)
-        .with(settings::QUEUE_URL, &queue.url)
-        .with(reeve_shared::payments::CHAIN_RPC_URLS, common::chain::chain_rpc_urls());
-    let app = reeve_shared::http::app(common::api(&config).await);
-    let session = common::new_session(&app).await.1;
-
-    let view = send(&app, common::get("/v1/catalog")).await;
+    let shop = Shop::open(&pool, "lines", "line", RATE, CEILING, FUNDS).await;
+    let view = send(&shop.app, common::get("/v1/catalog")).await;
     let kind = view.body["tasks"].as_array().unwrap().iter().find(|t| t["kind"] == "lines").unwrap().clone();
     let price = &kind["prices"][0];
     assert_eq!(price["unit"], "line", "{kind}");
     assert!(price["summary"].as_str().unwrap().contains(" per line used"), "{price}");
 
-    let payer = Payer::new(&chain, FUNDS).await;
-    payer.approve_permit2(&chain, u128::MAX).await;
-    let create = |payment: Option<String>| {
-        let mut request = common::post_json("/v1/tasks/lines", Some(&session), &json!({ "input": {} }));
-        if let Some(p) = payment {
-            request.headers_mut().insert("payment-signature", p.parse().unwrap());
-        }
-        send(&app, request)
-    };
-    let challenge = create(None).await;
-    assert_eq!(challenge.status, StatusCode::PAYMENT_REQUIRED, "{}", challenge.body);
-    assert!(challenge.body.to_string().contains("per line"), "the 402 says per line: {}", challenge.body);
-    let signature = payer.sign(challenge.headers["payment-required"].to_str().unwrap()).await;
-    let created = create(Some(signature)).await;
-    assert_eq!(created.status, StatusCode::ACCEPTED, "{}", created.body);
-    let id: reeve_shared::ids::Id = created.body["id"].as_str().unwrap().parse().unwrap();
-    assert_eq!(queue.drain().await.len(), 1);
-
-    let worker_config = common::loopback_outbound(config.clone().without(settings::QUEUE_URL))
-        .with(SECRET_VAR, secret())
-        .with(settings::REPORT_URL, "http://127.0.0.1:9/v1/executor/reports");
-    let worker = common::worker(&worker_config).await;
-    let message = json!({ "task_id": id, "kind": "lines" }).to_string();
-    assert_eq!(process(&worker, &message, 1).await, Outcome::Done);
-    let job = service.jobs()[0].0.clone();
+    let (challenge, id) = shop.create_paid().await;
+    assert!(challenge.to_string().contains("per line"), "the 402 says per line: {challenge}");
+    let (worker, job) = shop.send_job(id).await;
     assert_eq!(job["metered"], json!({ "unit": "line", "ceiling": LINES }));
-    let token = job["report"]["token"].as_str().unwrap().to_owned();
-    let report = |body: Value| {
-        let request = axum::http::Request::post("/v1/executor/reports")
-            .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {token}"))
-            .body(axum::body::Body::from(body.to_string()))
-            .unwrap();
-        send(&app, request)
-    };
 
     // Over the ceiling: recorded as the ceiling.
-    let usage = report(json!({ "id": "u", "type": "usage", "used": 10_000 })).await;
+    let usage = shop.report(&job, json!({ "id": "u", "type": "usage", "used": 10_000 })).await;
     assert_eq!((usage.status, &usage.body["used"]), (StatusCode::OK, &json!(LINES)), "{}", usage.body);
-    let result = report(json!({ "id": "r", "type": "result", "result": { "lines": 10_000 } })).await;
+    let result = shop.report(&job, json!({ "id": "r", "type": "result", "result": { "lines": 10_000 } })).await;
     assert_eq!((result.status, &result.body["used"]), (StatusCode::OK, &json!(LINES)), "{}", result.body);
 
-    let next = queue.drain().await;
-    assert_eq!(next.len(), 1, "queued for its capture");
-    assert_eq!(process(&worker, &next[0].to_string(), 1).await, Outcome::Done);
+    shop.capture(&worker).await;
     assert_eq!(status(&pool, id).await.0, "completed");
-    assert_eq!(balance(&payer.address).await, FUNDS - LINES * RATE, "charged the ceiling's lines × the rate");
-    assert_eq!(balance(&pay_to).await, LINES * RATE);
-    queue.delete().await;
+    assert_eq!(balance(&shop.payer.address).await, FUNDS - LINES * RATE, "charged the ceiling's lines × the rate");
+    assert_eq!(balance(&shop.pay_to).await, LINES * RATE);
+    shop.queue.delete().await;
 }

@@ -16,8 +16,10 @@
 //!   (`cargo lambda watch` cannot be made to throttle, and would need a
 //!   second example function to crash).
 
+#[path = "../../../tests/executors/harness.rs"]
+mod harness;
+
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,6 +36,7 @@ use sqlx::PgPool;
 
 use crate::common::chain::{ChainLock, Payer, balance, charges_to, fresh_address};
 use crate::common::{self, QueuedApi as Api, TestQueue, get_authed, new_session, post_json, send};
+use harness::{PythonService, Watch};
 
 /// Lines between the services' progress reports, small so a short text
 /// reports several times.
@@ -202,6 +205,8 @@ async fn assert_ended(api: &Api, id: Id) {
     assert_eq!(summary["output"], "top-100.csv", "{summary}");
     let outputs = summary["outputs"].as_array().unwrap_or_else(|| panic!("the result lists its files: {summary}"));
     assert_eq!(outputs.len(), 1, "{summary}");
+    let documented = jsonschema::validator_for(&reeve_shared::executors::outputs_schema()).unwrap();
+    assert!(documented.is_valid(&summary["outputs"]), "as docs/executor-schemas/outputs.json says: {summary}");
     assert_eq!(outputs[0]["name"], "top-100.csv", "{summary}");
     let url = outputs[0]["url"].as_str().unwrap_or_else(|| panic!("a download link: {summary}"));
     let csv = reqwest::get(url).await.unwrap();
@@ -214,7 +219,7 @@ async fn assert_ended(api: &Api, id: Id) {
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn wordfreq_is_invoked_under_cargo_lambda_watch_and_reports_to_reeve(pool: PgPool) {
-    let watch = Watch::start().await;
+    let watch = Watch::start(EVERY).await;
     let catalog = common::catalog_text_with("");
     let (api, report_url) = served(&pool, &catalog).await;
     let worker = worker(&pool, &catalog, &report_url, &[], Some(&watch.url)).await;
@@ -271,27 +276,30 @@ async fn assert_files_linked_over_mcp(pool: &PgPool, catalog: &str, token: &str,
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_python_service_is_sold_as_an_http_protocol_kind(pool: PgPool) {
-    let secret = format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([9u8; 32]));
-    let python = std::env::var_os("REEVE_PAYER_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/python"));
-    let mut child = std::process::Command::new(&python)
-        .arg(root().join("tests/executors/service.py"))
-        .args(["--port", "0", "--report-every", &EVERY.to_string()])
-        .env("WORDFREQ_SECRET", &secret)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
-    let stdout = child.stdout.take().unwrap();
-    let service = KillOnDrop(child);
-    let first = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line.trim().to_owned())
-    });
-    let first = tokio::time::timeout(Duration::from_secs(20), first).await.unwrap().unwrap().unwrap();
-    let endpoint = first.strip_prefix("listening on ").unwrap_or_else(|| panic!("service.py said {first:?}"));
+    let secret = python_secret();
+    let service = PythonService::start(&secret, &["--report-every", &EVERY.to_string()]).await;
+    let catalog = python_catalog(&service.endpoint);
+    let (api, report_url) = served(&pool, &catalog).await;
+    let worker = worker(&pool, &catalog, &report_url, &[("WORDFREQ_SECRET", &secret)], None).await;
+    let upload_id = upload(&api, &pool, &text()).await;
+    let id = api.create("wordfreq-py", json!({ "upload_id": upload_id })).await;
 
-    let catalog = common::catalog_text_with(&format!(
+    // The service answers 202 and works on: the worker is done with it.
+    run_next(&api, &worker).await;
+    wait_for_end(&pool, id, Duration::from_secs(60)).await;
+    assert_reported_progress(&events(&pool, id).await);
+    assert_ended(&api, id).await;
+    drop(service);
+    api.queue.delete().await;
+}
+
+fn python_secret() -> String {
+    format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode([9u8; 32]))
+}
+
+/// The Python service at `endpoint`, sold as `wordfreq-py`.
+fn python_catalog(endpoint: &str) -> String {
+    common::catalog_text_with(&format!(
         r#"
         [tasks.wordfreq-py]
         title = "Word frequencies (Python)"
@@ -303,17 +311,63 @@ async fn the_python_service_is_sold_as_an_http_protocol_kind(pool: PgPool) {
         timeout_seconds = 300
         input_schema = {{ type = "object", required = ["upload_id"] }}
         "#
-    ));
+    ))
+}
+
+/// The sweeper as its Lambda builds it, on this database and the API's queue.
+async fn sweeper(pool: &PgPool, api: &Api, catalog: &str) -> reeve_shared::sweeper::Sweeper {
+    let config = common::with_catalog(common::config(pool), catalog).with(settings::QUEUE_URL, &api.queue.url);
+    reeve_shared::startup::sweeper(&config, &reeve_shared::startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The buyer cancels while the service works on alone (it answered 202):
+/// a sweep finds the cancel owed and sends the task's message, the worker
+/// that gets it sends the service its signed cancel, and the service stops
+/// at its next line, its heartbeat answered `409 canceled`: the task ends
+/// `canceled` in seconds, long before its text is read, with no result.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_buyer_s_cancel_reaches_the_python_service_signed_and_stops_its_job(pool: PgPool) {
+    let secret = python_secret();
+    // A second a line (12 s in all), and no report between "reading" and
+    // the end: only the signed cancel can stop it early.
+    let service = PythonService::start(&secret, &["--report-every", "1000", "--line-delay", "1"]).await;
+    let catalog = python_catalog(&service.endpoint);
     let (api, report_url) = served(&pool, &catalog).await;
     let worker = worker(&pool, &catalog, &report_url, &[("WORDFREQ_SECRET", &secret)], None).await;
+    let sweeper = sweeper(&pool, &api, &catalog).await;
     let upload_id = upload(&api, &pool, &text()).await;
     let id = api.create("wordfreq-py", json!({ "upload_id": upload_id })).await;
+    assert_eq!(run_next(&api, &worker).await, Outcome::Done, "accepted: the service works on alone");
+    common::wait_until("the service starts reading", Duration::from_secs(20), || async {
+        events(&pool, id).await.iter().any(|(t, d)| t == "progress" && d["message"] == "reading")
+    })
+    .await;
 
-    // The service answers 202 and works on: the worker is done with it.
-    run_next(&api, &worker).await;
-    wait_for_end(&pool, id, Duration::from_secs(60)).await;
-    assert_reported_progress(&events(&pool, id).await);
-    assert_ended(&api, id).await;
+    let canceled_at = Instant::now();
+    let reply =
+        send(&api.app, common::post_json(&format!("/v1/tasks/{id}/cancel"), Some(&api.token), &json!({}))).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "asked: its service holds it: {}", reply.body);
+    let mut report = reeve_shared::sweeper::SweepReport::default();
+    sweeper.sweep_lapsed(&mut report).await.unwrap();
+    assert_eq!(report.cancels, 1, "{report:?}");
+    assert_eq!(run_next(&api, &worker).await, Outcome::Done);
+    common::wait_until("the task ends canceled", Duration::from_secs(15), || async {
+        task(&pool, id).await.0 == "canceled"
+    })
+    .await;
+    assert!(canceled_at.elapsed() < Duration::from_secs(9), "stopped mid-way: {:?}", canceled_at.elapsed());
+    common::wait_until("the service says it stopped", Duration::from_secs(5), || async {
+        service.said().contains(&format!("canceled {id} 1"))
+    })
+    .await;
+    let events = events(&pool, id).await;
+    assert!(!events.iter().any(|(t, _)| t == "result"), "no result: {events:?}");
+    assert!(!events.iter().any(|(_, d)| d["fraction"] == 1.0), "never read to the end: {events:?}");
+
+    // Told once: the next sweep owes it nothing.
+    let mut again = reeve_shared::sweeper::SweepReport::default();
+    sweeper.sweep_lapsed(&mut again).await.unwrap();
+    assert_eq!(again.cancels, 0, "{again:?}");
     drop(service);
     api.queue.delete().await;
 }
@@ -556,6 +610,27 @@ async fn invoke_answers_complete_retry_or_fail_as_documented(pool: PgPool) {
     assert_eq!(kind.as_deref(), Some("Event"));
     assert_eq!(task(&pool, id).await.0, "running", "accepted: the function reports on its own");
 
+    // Its buyer cancels: a sweep sends its message, and the worker that
+    // gets it invokes the function with the cancel, as an Event, once.
+    let reply =
+        send(&api.app, common::post_json(&format!("/v1/tasks/{id}/cancel"), Some(&api.token), &json!({}))).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let sweeper = sweeper(&pool, &api, &catalog).await;
+    let mut report = reeve_shared::sweeper::SweepReport::default();
+    sweeper.sweep_lapsed(&mut report).await.unwrap();
+    assert_eq!(report.cancels, 1, "{report:?}");
+    assert_eq!(run_next(&api, &worker).await, Outcome::Done);
+    let (function, kind, cancel) = invoke.calls.lock().unwrap().last().cloned().unwrap();
+    assert_eq!((function.as_str(), kind.as_deref()), ("secret-event-fn", Some("Event")));
+    assert_eq!(cancel["type"], "cancel", "{cancel}");
+    assert_eq!(cancel["protocol"], 1, "{cancel}");
+    assert_eq!((&cancel["task"]["id"], &cancel["task"]["kind"]), (&json!(id.to_string()), &json!("event")));
+    assert_eq!(cancel["task"]["attempt"], 1, "{cancel}");
+    assert!(cancel["task"]["deadline"].is_string(), "{cancel}");
+    assert_eq!(task(&pool, id).await.0, "running", "the function's next report ends it (409 canceled)");
+    sweeper.sweep_lapsed(&mut report).await.unwrap();
+    assert_eq!(report.cancels, 1, "told once: {report:?}");
+
     // A crash and a throttle are tried again (a throttle after the wait
     // Lambda asks); neither fails the task.
     let cases = [
@@ -587,55 +662,42 @@ async fn invoke_answers_complete_retry_or_fail_as_documented(pool: PgPool) {
     api.queue.delete().await;
 }
 
-fn root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+/// `reeve serve` runs a `lambda` kind with its own worker: start-up gives
+/// that worker the Invoke client, on the endpoint the SDK's configuration
+/// names for Lambda (`AWS_ENDPOINT_URL_LAMBDA`; here the stand-in's).
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn reeve_serve_s_worker_invokes_a_lambda_kind(pool: PgPool) {
+    let (invoke, url) = Invoke::start().await;
+    invoke.answer(200, &[], json!({ "answer": 7 }));
+    let catalog = lambda_catalog(&[("sync", "served-fn", false)]);
+    let api = Api::new(&pool, &catalog).await;
+    let config = common::with_catalog(common::config(&pool), &catalog)
+        .with(settings::QUEUE_URL, &api.queue.url)
+        .with(settings::REPORT_URL, "http://127.0.0.1:9/v1/executor/reports");
+    let sdk = reeve_shared::startup::sdk().await.into_builder().service_config(LambdaAt(url)).build();
+    let served = reeve_shared::startup::serve(&config, &sdk, true).await.unwrap_or_else(|e| panic!("{e}"));
+    let worker = served.worker.expect("reeve serve runs a worker");
+
+    let id = api.create("sync", json!({ "n": 7 })).await;
+    assert_eq!(run_next(&api, &worker).await, Outcome::Done);
+    assert_eq!(task(&pool, id).await.0, "completed");
+    let (function, kind, job) = invoke.calls.lock().unwrap().last().cloned().expect("the function was invoked");
+    assert_eq!((function.as_str(), kind.as_deref()), ("served-fn", Some("RequestResponse")));
+    assert_eq!(job["input"], json!({ "n": 7 }));
+    api.queue.delete().await;
 }
 
-/// Ends a child process when the test ends, however it ends.
-struct KillOnDrop(std::process::Child);
+/// The SDK's service configuration as the environment gives it
+/// (`AWS_ENDPOINT_URL_<SERVICE>`: the stack's S3 and SQS), with Lambda's
+/// endpoint at `.0`.
+#[derive(Debug)]
+struct LambdaAt(String);
 
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `cargo lambda watch` serving examples/wordfreq on a free loopback port,
-/// in a process group of its own (it runs `cargo run` and the function
-/// under it), ended with the test: as examples/wordfreq/tests/protocol.rs
-/// starts it.
-struct Watch {
-    url: String,
-    child: std::process::Child,
-}
-
-impl Watch {
-    async fn start() -> Watch {
-        use std::os::unix::process::CommandExt;
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = std::process::Command::new("cargo")
-            .args(["lambda", "watch", "-p", "wordfreq", "-A", "127.0.0.1", "-P", &port.to_string()])
-            .args(["--concurrency", "2", "--env-var", &format!("WORDFREQ_REPORT_EVERY={EVERY}")])
-            .current_dir(root())
-            .stdin(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cargo lambda watch: {e}; cargo-lambda comes with scripts/stack.sh up"));
-        let watch = Watch { url: format!("http://127.0.0.1:{port}"), child };
-        let until = Instant::now() + Duration::from_secs(60);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            assert!(Instant::now() < until, "cargo lambda watch did not listen on port {port} within 60 s");
-            tokio::time::sleep(Duration::from_millis(200)).await;
+impl aws_types::service_config::LoadServiceConfig for LambdaAt {
+    fn load_config(&self, key: aws_types::service_config::ServiceConfigKey<'_>) -> Option<String> {
+        if key.service_id() == "Lambda" && key.profile() == "endpoint_url" {
+            return Some(self.0.clone());
         }
-        watch
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let group = format!("-{}", self.child.id());
-        let _ = std::process::Command::new("kill").args(["--", &group]).status();
-        let _ = self.child.wait();
+        std::env::var(format!("{}_{}", key.env(), key.service_id().to_uppercase().replace(' ', "_"))).ok()
     }
 }

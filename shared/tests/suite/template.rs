@@ -83,10 +83,17 @@ fn value_of<'a>(body: &'a str, key: &str) -> Option<&'a str> {
     body.lines().map(str::trim).find_map(|l| l.strip_prefix(&prefix)).map(|v| v.trim().trim_matches('"'))
 }
 
-/// Template functions: logical id → binary.
+/// The workspace's examples the template can deploy beside Reeve (each
+/// under a condition, off by default): logical id → binary, built from
+/// `examples/<binary>`. They are services Reeve sells, not Reeve: no
+/// start-up path, no secrets, no event files.
+const EXAMPLE_FUNCTIONS: &[(&str, &str)] = &[("WordfreqFunction", "wordfreq")];
+
+/// Reeve's own template functions: logical id → binary.
 fn template_functions() -> BTreeMap<String, String> {
     resources()
         .into_iter()
+        .filter(|(name, _)| !EXAMPLE_FUNCTIONS.iter().any(|(example, _)| example == name))
         .filter(|(_, body)| value_of(body, "Type") == Some("AWS::Serverless::Function"))
         .map(|(name, body)| {
             assert_eq!(value_of(&body, "BuildMethod"), Some("rust-cargolambda"), "{name}: BuildMethod");
@@ -946,4 +953,54 @@ fn the_worker_invokes_exactly_the_listed_executor_functions() {
     let doc = model::Template::load().resolve(&[]);
     assert_eq!(doc["Parameters"]["ExecutorFunctionArns"]["Type"], "CommaDelimitedList");
     assert_eq!(doc["Parameters"]["ExecutorFunctionArns"]["Default"], "");
+}
+
+/// examples/wordfreq deploys only when asked (`DeployWordfreqExample`),
+/// built by `sam build` from its own crate like any function, and then the
+/// worker may invoke that function and no other beyond the listed ones.
+#[test]
+fn the_example_deploys_on_request_and_only_the_worker_may_invoke_it() {
+    for (name, binary) in EXAMPLE_FUNCTIONS {
+        let manifest = read(&format!("examples/{binary}/Cargo.toml"));
+        assert!(manifest.contains(&format!("name = \"{binary}\"")), "examples/{binary} builds `{binary}`");
+        let body = &resources()[*name];
+        assert_eq!(value_of(body, "BuildMethod"), Some("rust-cargolambda"), "{name}");
+        assert_eq!(value_of(body, "Binary"), Some(*binary), "{name}");
+    }
+    let invokes = |statement: &Value| statement["Action"] == "lambda:InvokeFunction";
+    let by_default = model::Template::load().resolve(&[]);
+    assert!(by_default["Resources"].get("WordfreqFunction").is_none(), "off by default");
+    assert!(allowed(&[]).iter().all(|(_, s)| !invokes(s)), "nothing to invoke by default");
+
+    let deployed = model::Template::load().resolve(&[("DeployWordfreqExample", "true")]);
+    let function = &deployed["Resources"]["WordfreqFunction"]["Properties"];
+    assert_eq!(function["FunctionName"], serde_json::json!({ "Fn::Sub": "reeve-${Stage}-wordfreq" }));
+    assert!(function.get("Policies").is_none(), "the job's links and token are all it needs: {function}");
+    let granted: Vec<_> =
+        allowed(&[("DeployWordfreqExample", "true")]).into_iter().filter(|(_, s)| invokes(s)).collect();
+    assert_eq!(granted.len(), 1, "{granted:?}");
+    assert_eq!(granted[0].0, "WorkerFunction");
+    assert_eq!(granted[0].1["Resource"], serde_json::json!({ "Fn::GetAtt": ["WordfreqFunction", "Arn"] }));
+    // With other functions listed too, each grant stays its own.
+    let both = allowed(&[
+        ("DeployWordfreqExample", "true"),
+        ("ExecutorFunctionArns", "arn:aws:lambda:us-east-1:1:function:f"),
+    ]);
+    assert_eq!(both.iter().filter(|(_, s)| invokes(s)).count(), 2);
+    // The timeout fits any kind Lambda can run: its 15 minutes.
+    assert_eq!(function["Timeout"], 900);
+}
+
+/// An `http` protocol kind's secret kept in Secrets Manager is read by the
+/// worker alone, and only the ones the operator lists.
+#[test]
+fn the_worker_reads_exactly_the_listed_executor_secrets() {
+    let reads = |statement: &Value| statement["Action"] == "secretsmanager:GetSecretValue";
+    let listed = "arn:aws:secretsmanager:us-east-1:123456789012:secret:reeve/wordfreq-AbCdEf";
+    let before: Vec<_> = allowed(&[]).into_iter().filter(|(_, s)| reads(s)).collect();
+    let after: Vec<_> = allowed(&[("ExecutorSecretArns", listed)]).into_iter().filter(|(_, s)| reads(s)).collect();
+    let new: Vec<_> = after.iter().filter(|grant| !before.contains(grant)).collect();
+    assert_eq!(new.len(), 1, "{new:?}");
+    assert_eq!(new[0].0, "WorkerFunction");
+    assert_eq!(new[0].1["Resource"], serde_json::json!({ "Ref": "ExecutorSecretArns" }));
 }

@@ -39,6 +39,10 @@ pub struct ApiSettings {
     /// when the catalog publishes a `receipt_signer`.
     #[cfg(feature = "receipts")]
     pub seller: Option<Arc<crate::domain::payments::offer_receipt::SellerKey>>,
+    /// `REEVE_OUTPUT_RETENTION_DAYS`: how long the bucket keeps `outputs/`,
+    /// so that a service's output files say when they expire; unset, no
+    /// expiry is known.
+    pub output_retention_days: Option<u32>,
 }
 
 /// A context whose routes take a session token.

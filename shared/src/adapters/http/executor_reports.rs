@@ -144,6 +144,7 @@ async fn report(State(ctx): State<Arc<TaskCreateContext>>, headers: HeaderMap, b
         s3: &ctx.aws.s3,
         bucket: &ctx.settings.bucket,
         max_output_bytes: ctx.catalog.uploads.max_bytes,
+        output_retention_days: ctx.settings.output_retention_days,
     };
     let answered = match service::apply(&reports, &token, &id, &report).await {
         Ok(answered) => answered,

@@ -496,8 +496,11 @@ async fn list_tasks(
 ///
 /// A `queued` task is canceled at once (`200`). A `running` one is asked to
 /// stop (`202`): its worker notices within a second, stops the executor and
-/// ends it `canceled`; follow its events to see that. Each change is a
-/// `status` event on the task's stream.
+/// ends it `canceled`; follow its events to see that. A task whose service
+/// works on it alone (a service kind that accepted the job) is sent a
+/// signed cancel within seconds, and ends `canceled` at the service's next
+/// report, or once its lease lapses. Each change is a `status` event on the
+/// task's stream.
 #[utoipa::path(
     post,
     path = "/v1/tasks/{task}/cancel",

@@ -6,6 +6,7 @@ use std::time::Duration;
 use time::format_description::well_known::Rfc3339;
 
 use super::{Outcome, Retryable, WorkerContext, codes, retry, store};
+use crate::domain::executors::{self, DelegatedAttempt};
 use crate::domain::ids::Id;
 use crate::domain::tasks::{Change, Fence, TaskStatus, task_error, transition};
 
@@ -38,6 +39,37 @@ pub(super) async fn exhausted(ctx: &WorkerContext, task: &store::TaskRow) -> Out
         Ok(None) => Outcome::Done,
         Err(e) => retry("failing the exhausted task", e),
     }
+}
+
+/// Tells the service of a delegated attempt that its buyer canceled it
+/// (docs/executors.md, "Cancel"), once: the sweeper sends the task's
+/// message while a cancel is owed, and this worker alone holds what the
+/// call takes (the endpoint's signing secret, the Invoke grant). The task
+/// itself ends `canceled` at the service's next report (`409 canceled`),
+/// or once its lease lapses; nothing here changes it. A service that could
+/// not be told is tried again at the next sweep, so the message is done.
+pub(super) async fn tell_service(ctx: &WorkerContext, task: &store::TaskRow) -> Outcome {
+    let Some(owed) = task.delegated_cancel else { return Outcome::Done };
+    if owed.sent {
+        tracing::info!(attempt = task.attempts, "its service was told of the cancel already");
+        return Outcome::Done;
+    }
+    let Some(spec) = ctx.catalog.task(&task.kind) else {
+        tracing::warn!("a cancel is owed to a kind no longer offered; its lease will lapse");
+        return Outcome::Done;
+    };
+    let attempt =
+        DelegatedAttempt { task_id: task.id, kind: &task.kind, attempt: task.attempts, deadline: owed.deadline };
+    match executors::cancel(&ctx.exec, spec, &attempt).await {
+        Ok(()) => {
+            tracing::info!(attempt = task.attempts, "told its service of the cancel");
+            if let Err(e) = store::cancel_sent(&ctx.db, task.id, task.attempts).await {
+                tracing::warn!(error = %e, "could not record that the cancel was sent; it may be sent again");
+            }
+        }
+        Err(e) => tracing::warn!(attempt = task.attempts, error = %e, "could not tell its service of the cancel"),
+    }
+    Outcome::Done
 }
 
 pub(super) fn lost(attempt: i32) -> Outcome {

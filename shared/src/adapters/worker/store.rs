@@ -36,23 +36,52 @@ pub struct TaskRow {
     pub tries: i32,
     /// A run holds it under a lease that has not expired.
     pub lease_live: bool,
+    /// Its running attempt was handed to its service, and the buyer has
+    /// asked to cancel it since: the service is owed a cancel
+    /// (docs/executors.md), unless it was sent already.
+    pub delegated_cancel: Option<DelegatedCancel>,
+}
+
+/// A cancel owed to the service of a delegated attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DelegatedCancel {
+    /// The attempt's deadline, as its job said.
+    pub deadline: OffsetDateTime,
+    /// The service has been told.
+    pub sent: bool,
 }
 
 pub async fn load(db: &PgPool, id: Id) -> Result<Option<TaskRow>, sqlx::Error> {
-    type Row = (Vec<u8>, String, sqlx::types::Json<Value>, String, i32, i32, bool);
+    type Row = (Vec<u8>, String, sqlx::types::Json<Value>, String, i32, i32, bool, Option<OffsetDateTime>, bool);
     let row: Option<Row> = sqlx::query_as(
         "SELECT space_idx, kind, input, status, attempts, attempts - rerun_from,
-                (lease_until IS NOT NULL AND lease_until >= now())
+                (lease_until IS NOT NULL AND lease_until >= now()),
+                CASE WHEN status = 'running' AND lease_until >= now() AND cancel_requested_at IS NOT NULL
+                          AND delegated_attempt = attempts THEN delegated_until END,
+                cancel_sent_at IS NOT NULL
            FROM tasks WHERE id = $1",
     )
     .bind(id)
     .fetch_optional(db)
     .await?;
-    row.map(|(space, kind, input, status, attempts, tries, lease_live)| {
+    row.map(|(space, kind, input, status, attempts, tries, lease_live, delegated_until, sent)| {
         let status = TaskStatus::parse(&status).ok_or_else(|| bad(id, "status"))?;
-        task_row(id, &space, kind, input.0, status, (attempts, tries), lease_live)
+        let mut row = task_row(id, &space, kind, input.0, status, (attempts, tries), lease_live)?;
+        row.delegated_cancel = delegated_until.map(|deadline| DelegatedCancel { deadline, sent });
+        Ok(row)
     })
     .transpose()
+}
+
+/// Records that the service of the task's delegated attempt `attempt` was
+/// told of its cancel.
+pub async fn cancel_sent(db: &PgPool, id: Id, attempt: i32) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE tasks SET cancel_sent_at = now() WHERE id = $1 AND attempts = $2 AND status = 'running'")
+        .bind(id)
+        .bind(attempt)
+        .execute(db)
+        .await?;
+    Ok(())
 }
 
 fn bad(id: Id, what: &str) -> sqlx::Error {
@@ -69,7 +98,7 @@ fn task_row(
     lease_live: bool,
 ) -> Result<TaskRow, sqlx::Error> {
     let space = SpaceIndex::from_slice(space).ok_or_else(|| bad(id, "space_idx"))?;
-    Ok(TaskRow { id, space, kind, input, status, attempts, tries, lease_live })
+    Ok(TaskRow { id, space, kind, input, status, attempts, tries, lease_live, delegated_cancel: None })
 }
 
 /// How many runs `attempt` is of its task since the task was last re-run

@@ -94,6 +94,7 @@ mod work {
 
     use super::Fetch;
     use crate::domain::executors::{ExecDeps, ExecError, Job, TaskExecutor, codes, input_str, outbound_error};
+    use crate::domain::tasks::output::object_expiry;
     use crate::infra::outbound::OutboundStream;
 
     const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
@@ -137,16 +138,6 @@ mod work {
                 "object_expires_at": object_expires_at,
             }))
         }
-    }
-
-    /// When a lifecycle rule keeping objects `days` days expires one stored at
-    /// `stored`: S3 adds the days to the object's creation time and rounds up to
-    /// the next midnight UTC. (It deletes the object some time after; it stops
-    /// billing for it then, and the object may be gone from then on.)
-    pub fn object_expiry(stored: OffsetDateTime, days: u32) -> OffsetDateTime {
-        let due = stored.to_offset(time::UtcOffset::UTC) + time::Duration::days(days.into());
-        let midnight = due.replace_time(time::Time::MIDNIGHT);
-        if midnight == due { due } else { midnight + time::Duration::DAY }
     }
 
     /// The target's failures are the owner's: the network ones too, which
@@ -338,15 +329,6 @@ mod work {
             assert_eq!(usable_content_type("text/plain\r\nx-evil: 1"), None);
             assert_eq!(usable_content_type("tëxt/plain"), None);
             assert_eq!(usable_content_type(&"a".repeat(300)), None);
-        }
-
-        #[test]
-        fn an_object_expires_at_the_midnight_after_its_days() {
-            use time::macros::datetime;
-            // S3's own example: created 2024-01-01 10:00 UTC, kept 30 days.
-            assert_eq!(object_expiry(datetime!(2024-01-01 10:00 UTC), 30), datetime!(2024-02-01 00:00 UTC));
-            assert_eq!(object_expiry(datetime!(2024-01-01 00:00 UTC), 1), datetime!(2024-01-02 00:00 UTC));
-            assert_eq!(object_expiry(datetime!(2024-01-01 23:59:59 +02:00), 1), datetime!(2024-01-03 00:00 UTC));
         }
     }
 }

@@ -83,9 +83,10 @@ impl ExecutorKind for Http {
         u64::try_from(took.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Whatever the endpoint answers: Reeve knows nothing of its shape.
+    /// Whatever the endpoint answers: Reeve knows nothing of its shape,
+    /// but a protocol kind's result lists the files its service wrote.
     fn output_schema(&self) -> Value {
-        json!({})
+        if self.delegates() { super::delegated_result_schema() } else { json!({}) }
     }
 
     /// Only the report that the call has begun. The size of the answer at
@@ -109,7 +110,7 @@ mod work {
     use serde_json::{Value, json};
 
     use super::{Http, calling};
-    use crate::domain::executors::{ExecDeps, ExecError, Job, TaskExecutor, codes, outbound_error};
+    use crate::domain::executors::{DelegatedAttempt, ExecDeps, ExecError, Job, TaskExecutor, codes, outbound_error};
 
     /// The largest answer accepted from an endpoint.
     pub const MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
@@ -162,6 +163,17 @@ mod work {
             .await;
             Ok(result)
         }
+
+        /// A protocol kind's endpoint gets the signed cancel; a bare one
+        /// never delegates, so has nothing to cancel.
+        async fn cancel(&self, deps: &ExecDeps, attempt: &DelegatedAttempt<'_>) -> Result<(), ExecError> {
+            match &self.protocol {
+                Some(protocol) => {
+                    crate::domain::executors::protocol::send::send_cancel(deps, attempt, &self.endpoint, protocol).await
+                }
+                None => Ok(()),
+            }
+        }
     }
 }
 
@@ -201,6 +213,24 @@ mod tests {
             configure(&format!("endpoint = \"https://x.example/run\"\nprotocol = 1\nsecret = {arn:?}"));
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(http.unwrap().protocol.unwrap().secret, SecretRef::Arn(arn.into()));
+    }
+
+    #[test]
+    fn a_protocol_kind_s_result_schema_lists_the_files_its_service_wrote() {
+        let (bare, _) = configure(r#"endpoint = "https://x.example/run""#);
+        assert_eq!(bare.unwrap().output_schema(), json!({}), "a bare endpoint's answer is anything");
+        let (http, _) = configure("endpoint = \"https://x.example/run\"\nprotocol = 1\nsecret = \"RUN_SECRET\"");
+        let schema = http.unwrap().output_schema();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let file = json!({
+            "name": "top-100.csv", "size": 12, "content_type": "text/csv",
+            "key": "outputs/ab/01J/files/top-100.csv",
+            "url": "https://bucket.example/x", "url_expires_at": "2026-12-06T10:15:00Z",
+        });
+        assert!(validator.is_valid(&json!({ "lines": 3, "outputs": [file] })));
+        assert!(validator.is_valid(&json!({ "lines": 3 })), "a service that wrote no file");
+        assert!(!validator.is_valid(&json!({ "outputs": [{ "name": "../x" }] })));
+        assert!(!validator.is_valid(&json!({ "outputs": {} })));
     }
 
     #[test]

@@ -75,9 +75,10 @@ impl ExecutorKind for Lambda {
         u64::try_from(took.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Whatever the function returns or reports: Reeve knows nothing of its shape.
+    /// Whatever the function returns or reports: Reeve knows nothing of
+    /// its shape, but an asynchronous one's result lists the files it wrote.
     fn output_schema(&self) -> Value {
-        json!({})
+        if self.delegates() { super::delegated_result_schema() } else { json!({}) }
     }
 }
 
@@ -101,12 +102,23 @@ mod work {
     use serde_json::Value;
 
     use super::Lambda;
-    use crate::domain::executors::{ExecDeps, ExecError, Job, TaskExecutor};
+    use crate::domain::executors::{DelegatedAttempt, ExecDeps, ExecError, Job, TaskExecutor};
 
     impl TaskExecutor for Lambda {
         #[cfg(feature = "lambda-invoke")]
         async fn run(&self, deps: &ExecDeps, job: &Job<'_>) -> Result<Value, ExecError> {
             invoke::run(self, deps, job).await
+        }
+
+        /// The cancel, as an `Event` invoke of the same function.
+        #[cfg(feature = "lambda-invoke")]
+        async fn cancel(&self, deps: &ExecDeps, attempt: &DelegatedAttempt<'_>) -> Result<(), ExecError> {
+            invoke::cancel(self, deps, attempt).await
+        }
+
+        #[cfg(not(feature = "lambda-invoke"))]
+        async fn cancel(&self, _: &ExecDeps, _: &DelegatedAttempt<'_>) -> Result<(), ExecError> {
+            Err(ExecError::Retryable("this worker was built without the lambda executor".to_owned()))
         }
 
         /// Start-up refuses a catalog with a `lambda` kind in a worker
@@ -130,8 +142,36 @@ mod work {
 
         use super::Lambda;
         use crate::domain::executors::protocol::PROTOCOL_VERSION;
-        use crate::domain::executors::protocol::send::build_job;
-        use crate::domain::executors::{ExecDeps, ExecError, Job, codes};
+        use crate::domain::executors::protocol::send::{CANCEL_WAIT, build_job, cancel_message};
+        use crate::domain::executors::{DelegatedAttempt, ExecDeps, ExecError, Job, codes};
+
+        /// Invokes the function with the cancel of `attempt` as an `Event`:
+        /// nothing waits for what it does with it. Accepted (`202`, or
+        /// `200` from `cargo lambda watch`): it was told.
+        pub(super) async fn cancel(
+            lambda: &Lambda,
+            deps: &ExecDeps,
+            attempt: &DelegatedAttempt<'_>,
+        ) -> Result<(), ExecError> {
+            let Some(client) = &deps.lambda else {
+                return Err(ExecError::Retryable("the worker has no Lambda client".to_owned()));
+            };
+            let payload = serde_json::to_vec(&cancel_message(attempt, PROTOCOL_VERSION))
+                .map_err(|e| ExecError::retryable("encoding the cancel", e))?;
+            let call = client
+                .invoke()
+                .function_name(&lambda.function)
+                .invocation_type(InvocationType::Event)
+                .payload(Blob::new(payload));
+            let output = tokio::time::timeout(CANCEL_WAIT, call.send())
+                .await
+                .map_err(|_| ExecError::Retryable("lambda executor: Invoke did not answer the cancel".to_owned()))?
+                .map_err(|e| invoke_error(&lambda.function, e))?;
+            match output.status_code() {
+                200 | 202 => Ok(()),
+                status => Err(ExecError::Retryable(format!("lambda executor: Invoke answered {status} to a cancel"))),
+            }
+        }
 
         pub(super) async fn run(lambda: &Lambda, deps: &ExecDeps, job: &Job<'_>) -> Result<Value, ExecError> {
             let Some(client) = &deps.lambda else {

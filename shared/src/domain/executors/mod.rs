@@ -121,6 +121,24 @@ pub(crate) trait ExecutorKind: Sized {
     }
 }
 
+/// The JSON Schema of the `outputs` Reeve adds to the result of a kind
+/// whose service wrote files (docs/executor-schemas/outputs.json).
+pub fn outputs_schema() -> Value {
+    serde_json::from_str(include_str!("../../../../docs/executor-schemas/outputs.json"))
+        .expect("docs/executor-schemas/outputs.json is JSON")
+}
+
+/// The result schema of a kind whose service may answer `202` and report:
+/// whatever the service says, and the `outputs` Reeve adds to it.
+fn delegated_result_schema() -> Value {
+    let mut outputs = outputs_schema();
+    if let Some(fields) = outputs.as_object_mut() {
+        fields.remove("$schema");
+        fields.remove("$id");
+    }
+    json!({ "type": "object", "properties": { "outputs": outputs } })
+}
+
 /// A key of a `[tasks.<kind>]` table that only some executors read.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TaskKey {
@@ -294,6 +312,18 @@ impl Job<'_> {
 }
 
 #[cfg(feature = "worker")]
+/// An attempt handed to its service (it answered `202`), whose buyer has
+/// since canceled the task: what the service's cancel names.
+#[derive(Debug, Clone, Copy)]
+pub struct DelegatedAttempt<'a> {
+    pub task_id: Id,
+    pub kind: &'a str,
+    pub attempt: i32,
+    /// The job's deadline, as the job said it.
+    pub deadline: time::OffsetDateTime,
+}
+
+#[cfg(feature = "worker")]
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     /// Infrastructure trouble (S3, Postgres, a timeout): try again later.
@@ -379,12 +409,32 @@ pub mod codes {
 /// future so that callers can rely on it being `Send`.
 pub trait TaskExecutor {
     fn run(&self, deps: &ExecDeps, job: &Job<'_>) -> impl Future<Output = Result<Value, ExecError>> + Send;
+
+    /// Tells the service of a delegated attempt that its buyer canceled it
+    /// (docs/executors.md, "Cancel"). `Err`: it could not be told, and is
+    /// told again later. Only an executor that [`delegates`](ExecutorKind::delegates)
+    /// has attempts to cancel: the others keep this, which does nothing.
+    fn cancel(
+        &self,
+        deps: &ExecDeps,
+        attempt: &DelegatedAttempt<'_>,
+    ) -> impl Future<Output = Result<(), ExecError>> + Send {
+        let _ = (deps, attempt);
+        async { Ok(()) }
+    }
 }
 
 #[cfg(feature = "worker")]
 /// Runs the executor the task's catalog entry names.
 pub async fn run(deps: &ExecDeps, job: Job<'_>) -> Result<Value, ExecError> {
     job.spec.executor.run(deps, &job).await
+}
+
+#[cfg(feature = "worker")]
+/// Tells the service of `attempt`, a delegated attempt of a task of kind
+/// `spec`, that its buyer canceled it.
+pub async fn cancel(deps: &ExecDeps, spec: &TaskSpec, attempt: &DelegatedAttempt<'_>) -> Result<(), ExecError> {
+    spec.executor.cancel(deps, attempt).await
 }
 
 #[cfg(feature = "worker")]

@@ -76,6 +76,11 @@ pub fn job_id(task: impl fmt::Display, attempt: i32) -> String {
     format!("job_{task}_{attempt}")
 }
 
+/// The `webhook-id` of an attempt's cancel: the same for every delivery of it.
+pub fn cancel_id(task: impl fmt::Display, attempt: i32) -> String {
+    format!("cancel_{task}_{attempt}")
+}
+
 /// Sending the job: the worker's half.
 #[cfg(feature = "worker")]
 pub(super) mod send {
@@ -87,11 +92,12 @@ pub(super) mod send {
     use time::OffsetDateTime;
     use time::format_description::well_known::Rfc3339;
 
-    use super::{Protocol, job_id};
+    use super::{Protocol, cancel_id, job_id};
     use crate::domain::auth::issue_report_token;
-    use crate::domain::executors::{ExecDeps, ExecError, Job, codes, outbound_error};
+    use crate::domain::executors::{DelegatedAttempt, ExecDeps, ExecError, Job, codes, outbound_error};
     use crate::domain::ids::Id;
     use crate::domain::uploads::{self, UploadStatus};
+    use crate::infra::outbound::OutboundError;
 
     /// The largest answer accepted from an endpoint.
     const MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
@@ -121,13 +127,7 @@ pub(super) mod send {
         })?;
         let (body, deadline) = build_job(deps, job, protocol.version).await?;
         let body = serde_json::to_vec(&body).map_err(|e| ExecError::retryable("encoding the job", e))?;
-        let id = job_id(job.task_id, job.attempt);
-        let timestamp = OffsetDateTime::now_utc().unix_timestamp();
-        let headers = [
-            ("webhook-id", id.clone()),
-            ("webhook-timestamp", timestamp.to_string()),
-            ("webhook-signature", key.sign(&id, timestamp, &body)),
-        ];
+        let headers = signed(key, job_id(job.task_id, job.attempt), &body);
         let timeout = Duration::from_secs(job.spec.waited_seconds().into());
         let response = deps
             .operators
@@ -155,6 +155,63 @@ pub(super) mod send {
                 codes::BAD_EXECUTOR_RESPONSE,
                 format!("the executor answered an unexpected HTTP {status}"),
             )),
+        }
+    }
+
+    /// The Standard Webhooks headers of `body`, delivered as `id`, signed
+    /// now with `key`.
+    fn signed(key: &super::JobKey, id: String, body: &[u8]) -> [(&'static str, String); 3] {
+        let timestamp = OffsetDateTime::now_utc().unix_timestamp();
+        let signature = key.sign(&id, timestamp, body);
+        [("webhook-id", id), ("webhook-timestamp", timestamp.to_string()), ("webhook-signature", signature)]
+    }
+
+    /// The longest a cancel's delivery is waited for: the worker that sends
+    /// it has other records to run, and a service that does not answer is
+    /// told again at the next sweep.
+    pub const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
+    /// The cancel of `attempt` (docs/executors.md, "Cancel"): what an
+    /// `http` kind POSTs, signed, and a `lambda` kind's function receives.
+    pub fn cancel_message(attempt: &DelegatedAttempt<'_>, version: u8) -> Value {
+        json!({
+            "type": "cancel",
+            "protocol": version,
+            "task": {
+                "id": attempt.task_id,
+                "kind": attempt.kind,
+                "attempt": attempt.attempt,
+                "deadline": rfc3339(attempt.deadline),
+            },
+        })
+    }
+
+    /// Tells `endpoint` that the buyer canceled `attempt`, signed as its job
+    /// was. `Ok`: the service answered (whatever it said, but `408`, `429`
+    /// or `5xx`): it was told. `Err`: it was not, and is told again later.
+    pub async fn send_cancel(
+        deps: &ExecDeps,
+        attempt: &DelegatedAttempt<'_>,
+        endpoint: &str,
+        protocol: &Protocol,
+    ) -> Result<(), ExecError> {
+        let key = deps.protocol.keys.get(&protocol.secret).ok_or_else(|| {
+            ExecError::Retryable(format!("no signing secret was read for {}", protocol.secret.name()))
+        })?;
+        let body = serde_json::to_vec(&cancel_message(attempt, protocol.version))
+            .map_err(|e| ExecError::retryable("encoding the cancel", e))?;
+        let headers = signed(key, cancel_id(attempt.task_id, attempt.attempt), &body);
+        // The answer is not used: only its status says whether it arrived.
+        let response = match deps.operators.post_signed(endpoint, body, &headers, CANCEL_WAIT, 64 * 1024).await {
+            Ok(response) => response,
+            Err(OutboundError::TooLarge { .. }) => return Ok(()),
+            Err(e) => return Err(ExecError::retryable("sending the cancel", e)),
+        };
+        match response.status {
+            408 | 429 | 500..=599 => {
+                Err(ExecError::Retryable(format!("the endpoint answered the cancel HTTP {}", response.status)))
+            }
+            _ => Ok(()),
         }
     }
 

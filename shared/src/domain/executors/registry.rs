@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 #[cfg(feature = "worker")]
-use super::{ExecDeps, ExecError, Job, TaskExecutor};
+use super::{DelegatedAttempt, ExecDeps, ExecError, Job, TaskExecutor};
 use super::{ExecutorKind, Report, TaskKey};
 use super::{digest::Digest, fetch::Fetch, http::Http, lambda::Lambda};
 use crate::domain::catalog::meter::{Quantity, Unit};
@@ -103,6 +103,14 @@ macro_rules! registry {
             pub(super) async fn run(&self, deps: &ExecDeps, job: &Job<'_>) -> Result<Value, ExecError> {
                 match self {
                     $(Executor::$kind(executor) => executor.run(deps, job).await),+
+                }
+            }
+
+            /// Tells a delegated attempt's service that it was canceled.
+            #[cfg(feature = "worker")]
+            pub(super) async fn cancel(&self, deps: &ExecDeps, attempt: &DelegatedAttempt<'_>) -> Result<(), ExecError> {
+                match self {
+                    $(Executor::$kind(executor) => executor.cancel(deps, attempt).await),+
                 }
             }
         }

@@ -34,7 +34,7 @@ use crate::domain::error::{ErrorKind, Refusal, Wording};
 use crate::domain::ids::Id;
 use crate::domain::payments::{Held, HeldReport, Hold, MeteredAuthorization};
 use crate::domain::tasks::events::{Event, EventType, Publisher, running_event};
-use crate::domain::tasks::output::{LINK_LIFETIME, MAX_FILE_NAME_CHARS, files_prefix, valid_file_name};
+use crate::domain::tasks::output::{LINK_LIFETIME, MAX_FILE_NAME_CHARS, files_prefix, object_expiry, valid_file_name};
 use crate::domain::tasks::{Change, Fence, RETRIES_EXHAUSTED, TaskStatus, task_error, transition_in};
 use crate::domain::uploads::{object_size, presign_put};
 
@@ -270,6 +270,9 @@ pub struct Reports<'a> {
     /// The largest output file: the catalog's `[uploads]` `max_bytes`, as
     /// the deployment caps it.
     pub max_output_bytes: u64,
+    /// How many days the bucket keeps `outputs/`, if known: each output
+    /// file's `object_expires_at`.
+    pub output_retention_days: Option<u32>,
 }
 
 /// What the route does after the answer is committed: nothing, or queue
@@ -678,7 +681,14 @@ async fn with_outputs(
         let Some(name) = output["name"].as_str().filter(|n| valid_file_name(n)).map(str::to_owned) else { continue };
         let key = format!("{prefix}{name}");
         match object_size(r.s3, r.bucket, &key).await {
-            Ok(Some(size)) => output["size"] = json!(size),
+            Ok(Some((size, written))) => {
+                output["size"] = json!(size);
+                // The bucket's lifecycle counts from when the file was written.
+                if let Some(days) = r.output_retention_days {
+                    let expires = object_expiry(written.unwrap_or_else(OffsetDateTime::now_utc), days);
+                    output["object_expires_at"] = json!(expires.format(&Rfc3339).ok());
+                }
+            }
             Ok(None) => {
                 tracing::info!(task = %run.task, name, "a declared output was never written; it is not listed");
                 continue;

@@ -133,7 +133,10 @@ pub struct Task {
     /// valid until `url_expires_at` (15 minutes, or the object's expiry if
     /// sooner): read the task again for a new one. Once the bucket's
     /// retention has passed (`object_expires_at`), `url` is null and
-    /// `expired` says so: `{"at", "message"}`.
+    /// `expired` says so: `{"at", "message"}`. A service kind's result
+    /// (docs/executors.md) lists the files its service wrote in `outputs`:
+    /// `[{"name", "size", "content_type", "key", "url", "url_expires_at"}]`,
+    /// each `url` signed the same way (docs/executor-schemas/outputs.json).
     pub result: Option<Value>,
     /// What went wrong, once `failed`: `{"code", "message"}`.
     pub error: Option<Value>,
@@ -146,7 +149,9 @@ pub struct Task {
     #[sqlx(json(nullable))]
     pub payment: Option<crate::domain::payments::MeteredPayment>,
     /// When `POST /v1/tasks/{id}/cancel` asked a running task to stop;
-    /// `null` otherwise. Its worker ends it `canceled` within a second.
+    /// `null` otherwise. Its worker ends it `canceled` within a second; a
+    /// service working on it alone is sent a cancel, and it ends at the
+    /// service's next report (or once its lease lapses).
     #[serde(with = "time::serde::rfc3339::option")]
     pub cancel_requested_at: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339")]

@@ -41,6 +41,16 @@ pub fn files_prefix(space: &SpaceIndex, task_id: Id) -> String {
     format!("outputs/{}/{task_id}/files/", space.to_hex())
 }
 
+/// When a lifecycle rule keeping objects `days` days expires one stored at
+/// `stored`: S3 adds the days to the object's creation time and rounds up to
+/// the next midnight UTC. (It deletes the object some time after; it stops
+/// billing for it then, and the object may be gone from then on.)
+pub fn object_expiry(stored: OffsetDateTime, days: u32) -> OffsetDateTime {
+    let due = stored.to_offset(time::UtcOffset::UTC) + time::Duration::days(days.into());
+    let midnight = due.replace_time(time::Time::MIDNIGHT);
+    if midnight == due { due } else { midnight + time::Duration::DAY }
+}
+
 /// The longest name of an output file.
 pub const MAX_FILE_NAME_CHARS: usize = 100;
 
@@ -100,28 +110,16 @@ impl OutputLinks {
         if result.get("key").and_then(Value::as_str) != Some(key.as_str()) {
             return;
         }
-        let kept_until = result
-            .get("object_expires_at")
-            .and_then(Value::as_str)
-            .and_then(|at| OffsetDateTime::parse(at, &Rfc3339).ok().map(|t| (at.to_owned(), SystemTime::from(t))));
-        // SigV4 dates are whole seconds: start on one, so `url_expires_at` is exact.
-        let since_epoch = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(since_epoch.as_secs());
-        let mut lifetime = self.lifetime;
-        if let Some((at, until)) = &kept_until {
-            match until.duration_since(start) {
-                Ok(left) if left >= Duration::from_secs(1) => lifetime = lifetime.min(left),
-                _ => {
-                    let message = format!(
-                        "the output was kept until {at} and the bucket has deleted it; run the task again for a new one"
-                    );
-                    result["url"] = Value::Null;
-                    result["url_expires_at"] = Value::Null;
-                    result["expired"] = json!({ "at": at, "message": message });
-                    return;
-                }
+        let start = whole_second(now);
+        let lifetime = match self.lifetime_until(result.get("object_expires_at"), start) {
+            Ok(lifetime) => lifetime,
+            Err(expired) => {
+                result["url"] = Value::Null;
+                result["url_expires_at"] = Value::Null;
+                result["expired"] = expired;
+                return;
             }
-        }
+        };
         match self.sign(&key, start, lifetime).await {
             Ok(url) => {
                 let expires = OffsetDateTime::from(start + lifetime).format(&Rfc3339).ok();
@@ -144,14 +142,22 @@ impl OutputLinks {
     async fn present_files(&self, space: &SpaceIndex, task_id: Id, result: &mut Value, now: SystemTime) {
         let Some(outputs) = result.get_mut("outputs").and_then(Value::as_array_mut) else { return };
         let prefix = files_prefix(space, task_id);
-        let since_epoch = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(since_epoch.as_secs());
+        let start = whole_second(now);
         for output in outputs.iter_mut().filter(|o| o.is_object()) {
             let name = output.get("name").and_then(Value::as_str).filter(|n| valid_file_name(n));
             let key = name.map(|n| format!("{prefix}{n}"));
             let owned = key.as_deref().is_some_and(|k| output.get("key").and_then(Value::as_str) == Some(k));
+            let lifetime = match self.lifetime_until(output.get("object_expires_at"), start) {
+                Ok(lifetime) => lifetime,
+                Err(expired) => {
+                    output["url"] = Value::Null;
+                    output["url_expires_at"] = Value::Null;
+                    output["expired"] = expired;
+                    continue;
+                }
+            };
             let signed = match key.filter(|_| owned) {
-                Some(key) => match self.sign(&key, start, self.lifetime).await {
+                Some(key) => match self.sign(&key, start, lifetime).await {
                     Ok(url) => Some(url),
                     Err(e) => {
                         tracing::warn!(error = %e, task_id = %task_id, "signing an output file's link failed");
@@ -160,10 +166,27 @@ impl OutputLinks {
                 },
                 None => None,
             };
-            let expires =
-                signed.as_ref().and_then(|_| OffsetDateTime::from(start + self.lifetime).format(&Rfc3339).ok());
+            let expires = signed.as_ref().and_then(|_| OffsetDateTime::from(start + lifetime).format(&Rfc3339).ok());
             output["url"] = json!(signed);
             output["url_expires_at"] = json!(expires);
+        }
+    }
+
+    /// How long a link signed at `start` may live for an object the bucket
+    /// keeps until `object_expires_at` (RFC 3339), if that is known: at most
+    /// this signer's lifetime. `Err`: the object's time has passed, and
+    /// what the result says instead of a link (`{"at", "message"}`).
+    fn lifetime_until(&self, object_expires_at: Option<&Value>, start: SystemTime) -> Result<Duration, Value> {
+        let Some(at) = object_expires_at.and_then(Value::as_str) else { return Ok(self.lifetime) };
+        let Ok(until) = OffsetDateTime::parse(at, &Rfc3339) else { return Ok(self.lifetime) };
+        match SystemTime::from(until).duration_since(start) {
+            Ok(left) if left >= Duration::from_secs(1) => Ok(self.lifetime.min(left)),
+            _ => {
+                let message = format!(
+                    "the output was kept until {at} and the bucket has deleted it; run the task again for a new one"
+                );
+                Err(json!({ "at": at, "message": message }))
+            }
         }
     }
 
@@ -172,5 +195,26 @@ impl OutputLinks {
         // rendering it.
         let query = [("response-content-disposition", "attachment")];
         self.signer.get(&self.bucket, key, &query, start, lifetime).await
+    }
+}
+
+/// `now` to the whole second: SigV4 dates are whole seconds, so a link
+/// signed from it says exactly when it expires (`url_expires_at`).
+fn whole_second(now: SystemTime) -> SystemTime {
+    let since_epoch = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    SystemTime::UNIX_EPOCH + Duration::from_secs(since_epoch.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_expires_at_the_midnight_after_its_days() {
+        use time::macros::datetime;
+        // S3's own example: created 2024-01-01 10:00 UTC, kept 30 days.
+        assert_eq!(object_expiry(datetime!(2024-01-01 10:00 UTC), 30), datetime!(2024-02-01 00:00 UTC));
+        assert_eq!(object_expiry(datetime!(2024-01-01 00:00 UTC), 1), datetime!(2024-01-02 00:00 UTC));
+        assert_eq!(object_expiry(datetime!(2024-01-01 23:59:59 +02:00), 1), datetime!(2024-01-03 00:00 UTC));
     }
 }
