@@ -8,6 +8,7 @@
 mod auth;
 mod baseline;
 mod coldstart;
+mod fairness;
 mod fanout;
 mod stack;
 mod taskcreate;
@@ -37,6 +38,9 @@ enum Command {
     /// Task start latency and worker throughput, each beside the local
     /// queue's own floor.
     Worker(worker::Args),
+    /// Another Space's task start with one Space's backlog of 1,000 queued,
+    /// beside the same on an idle deployment.
+    Fairness(fairness::Args),
     /// Exec to first runtime-API request, per function binary.
     Coldstart(coldstart::Args),
     /// One line about this machine, for the report's header.
@@ -55,6 +59,7 @@ fn main() -> anyhow::Result<()> {
             Command::Coldstart(args) => coldstart::run(args).await,
             Command::Taskcreate(args) => taskcreate::run(args).await,
             Command::Worker(args) => worker::run(args).await,
+            Command::Fairness(args) => fairness::run(args).await,
             Command::Machine => {
                 println!("{}", stack::machine());
                 Ok(())

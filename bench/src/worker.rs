@@ -94,14 +94,14 @@ const WAIT_TIME_SECONDS: i32 = 20;
 /// The queues' visibility timeout, as the stack's queue has it.
 const VISIBILITY_TIMEOUT: &str = "60";
 /// How long one task may take before the run is called broken.
-const TASK_LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const TASK_LIMIT: Duration = Duration::from_secs(60);
 /// Clients that queue the throughput backlog through the API.
 const SEED_CLIENTS: usize = 4;
 
 /// The bench's task kind: free, with the largest quota (a free kind's
 /// default would refuse the backlog), run by the `http` executor against
 /// the harness's own endpoint.
-const KIND: &str = "bench";
+pub(crate) const KIND: &str = "bench";
 fn catalog(endpoint: &str) -> String {
     let shipped = include_str!("../../reeve.dev.toml");
     format!(
@@ -113,14 +113,14 @@ fn catalog(endpoint: &str) -> String {
 
 /// When each task (or floor message) was seen to start and to end.
 #[derive(Default, Clone, Copy)]
-struct Seen {
-    running: Option<Instant>,
+pub(crate) struct Seen {
+    pub(crate) running: Option<Instant>,
     /// The terminal status, and whether it was `completed`.
-    done: Option<(Instant, bool)>,
+    pub(crate) done: Option<(Instant, bool)>,
 }
 
 #[derive(Default)]
-struct Tracker {
+pub(crate) struct Tracker {
     seen: Mutex<HashMap<String, Seen>>,
     changed: Notify,
 }
@@ -153,7 +153,7 @@ impl Tracker {
     }
 
     /// Waits until `key` has ended; its times.
-    async fn ended(&self, key: &str, limit: Duration) -> anyhow::Result<Seen> {
+    pub(crate) async fn ended(&self, key: &str, limit: Duration) -> anyhow::Result<Seen> {
         let until = tokio::time::Instant::now() + limit;
         loop {
             let changed = self.changed.notified();
@@ -203,7 +203,10 @@ impl Tracker {
 }
 
 /// Follows every task's `status` events on the harness's Redis.
-async fn follow_events(redis_url: &str, tracker: Arc<Tracker>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+pub(crate) async fn follow_events(
+    redis_url: &str,
+    tracker: Arc<Tracker>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let mut pubsub = redis::Client::open(redis_url)?.get_async_pubsub().await?;
     pubsub.psubscribe("task:*:events").await?;
     Ok(tokio::spawn(async move {
@@ -225,17 +228,17 @@ async fn follow_events(redis_url: &str, tracker: Arc<Tracker>) -> anyhow::Result
 }
 
 /// A `reeve` process of the harness's, with its log.
-struct Reeve {
+pub(crate) struct Reeve {
     child: Child,
     log: PathBuf,
 }
 
 impl Reeve {
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
 
-    fn exited(&mut self) -> Option<String> {
+    pub(crate) fn exited(&mut self) -> Option<String> {
         match self.child.try_wait() {
             Ok(Some(status)) => {
                 Some(format!("reeve exited ({status}); its log, {}:\n{}", self.log.display(), tail(&self.log)))
@@ -252,13 +255,13 @@ fn tail(log: &Path) -> String {
 }
 
 /// Everything a `reeve` process of the run is started with.
-struct Env {
-    vars: Vec<(&'static str, String)>,
-    logs: PathBuf,
+pub(crate) struct Env {
+    pub(crate) vars: Vec<(&'static str, String)>,
+    pub(crate) logs: PathBuf,
 }
 
 impl Env {
-    async fn spawn(&self, bin: &Path, name: &str, args: &[&str]) -> anyhow::Result<Reeve> {
+    pub(crate) async fn spawn(&self, bin: &Path, name: &str, args: &[&str]) -> anyhow::Result<Reeve> {
         let log = self.logs.join(format!("{name}.log"));
         let file = std::fs::File::create(&log)?;
         let child = Command::new(bin)
@@ -285,15 +288,15 @@ async fn endpoint() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
 
 /// The API side of the harness: creates tasks through `reeve serve`.
 #[derive(Clone)]
-struct Api {
-    http: reqwest::Client,
-    base: String,
-    token: Arc<str>,
+pub(crate) struct Api {
+    pub(crate) http: reqwest::Client,
+    pub(crate) base: String,
+    pub(crate) token: Arc<str>,
 }
 
 impl Api {
     /// Creates one task; its id once the `202` is in.
-    async fn create(&self, input: Value) -> anyhow::Result<String> {
+    pub(crate) async fn create(&self, input: Value) -> anyhow::Result<String> {
         let response = self
             .http
             .post(format!("{}/v1/tasks/{KIND}", self.base))
@@ -307,7 +310,7 @@ impl Api {
         Ok(body["id"].as_str().context("the 202 has the task's id")?.to_owned())
     }
 
-    async fn healthy(&self, reeve: &mut Reeve) -> anyhow::Result<()> {
+    pub(crate) async fn healthy(&self, reeve: &mut Reeve) -> anyhow::Result<()> {
         for _ in 0..400 {
             if let Some(exited) = reeve.exited() {
                 bail!(exited);
@@ -440,7 +443,7 @@ struct Latency {
     floor: Vec<Sample>,
 }
 
-fn ms(sorted: &[u64], q: f64) -> f64 {
+pub(crate) fn ms(sorted: &[u64], q: f64) -> f64 {
     quantile(sorted, q) as f64 / 1000.0
 }
 
@@ -696,7 +699,7 @@ async fn floor_throughput(floor: &Floor, backlog: usize, round: usize) -> anyhow
     Ok(keys.len() as f64 / last.duration_since(first).as_secs_f64())
 }
 
-fn verdict(met: bool) -> &'static str {
+pub(crate) fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**missed**" }
 }
 
