@@ -8,6 +8,7 @@
 mod auth;
 mod baseline;
 mod coldstart;
+mod fairness;
 mod fanout;
 mod service;
 mod stack;
@@ -42,6 +43,9 @@ enum Command {
     /// against calling it directly, and reports per second against a bare
     /// INSERT + PUBLISH.
     Service(service::Args),
+    /// Another Space's task start with one Space's backlog of 1,000 queued,
+    /// beside the same on an idle deployment.
+    Fairness(fairness::Args),
     /// Exec to first runtime-API request, per function binary.
     Coldstart(coldstart::Args),
     /// One line about this machine, for the report's header.
@@ -61,6 +65,7 @@ fn main() -> anyhow::Result<()> {
             Command::Taskcreate(args) => taskcreate::run(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Service(args) => service::run(args).await,
+            Command::Fairness(args) => fairness::run(args).await,
             Command::Machine => {
                 println!("{}", stack::machine());
                 Ok(())

@@ -205,7 +205,8 @@ async fn one_round(
                             let Created::New(task) = tasks::create(&ctx.db, new).await? else {
                                 bail!("a task without an idempotency key is always new")
                             };
-                            tasks::enqueue(&ctx.aws.sqs, &ctx.settings.queue_url, task.id, &task.kind).await?;
+                            tasks::enqueue(&ctx.aws.sqs, &ctx.settings.queue_url, task.id, &task.kind, Some(&space))
+                                .await?;
                         }
                     }
                     Ok(())

@@ -94,14 +94,14 @@ const WAIT_TIME_SECONDS: i32 = 20;
 /// The queues' visibility timeout, as the stack's queue has it.
 const VISIBILITY_TIMEOUT: &str = "60";
 /// How long one task may take before the run is called broken.
-const TASK_LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const TASK_LIMIT: Duration = Duration::from_secs(60);
 /// Clients that queue the throughput backlog through the API.
 const SEED_CLIENTS: usize = 4;
 
 /// The bench's task kind: free, with the largest quota (a free kind's
 /// default would refuse the backlog), run by the `http` executor against
 /// the harness's own endpoint.
-const KIND: &str = "bench";
+pub(crate) const KIND: &str = "bench";
 fn catalog(endpoint: &str) -> String {
     let shipped = include_str!("../../reeve.dev.toml");
     format!(
@@ -288,15 +288,15 @@ async fn endpoint() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
 
 /// The API side of the harness: creates tasks through `reeve serve`.
 #[derive(Clone)]
-struct Api {
-    http: reqwest::Client,
-    base: String,
-    token: Arc<str>,
+pub(crate) struct Api {
+    pub(crate) http: reqwest::Client,
+    pub(crate) base: String,
+    pub(crate) token: Arc<str>,
 }
 
 impl Api {
     /// Creates one task; its id once the `202` is in.
-    async fn create(&self, input: Value) -> anyhow::Result<String> {
+    pub(crate) async fn create(&self, input: Value) -> anyhow::Result<String> {
         let response = self
             .http
             .post(format!("{}/v1/tasks/{KIND}", self.base))
@@ -310,7 +310,7 @@ impl Api {
         Ok(body["id"].as_str().context("the 202 has the task's id")?.to_owned())
     }
 
-    async fn healthy(&self, reeve: &mut Reeve) -> anyhow::Result<()> {
+    pub(crate) async fn healthy(&self, reeve: &mut Reeve) -> anyhow::Result<()> {
         for _ in 0..400 {
             if let Some(exited) = reeve.exited() {
                 bail!(exited);
@@ -443,7 +443,7 @@ struct Latency {
     floor: Vec<Sample>,
 }
 
-fn ms(sorted: &[u64], q: f64) -> f64 {
+pub(crate) fn ms(sorted: &[u64], q: f64) -> f64 {
     quantile(sorted, q) as f64 / 1000.0
 }
 
@@ -699,7 +699,7 @@ async fn floor_throughput(floor: &Floor, backlog: usize, round: usize) -> anyhow
     Ok(keys.len() as f64 / last.duration_since(first).as_secs_f64())
 }
 
-fn verdict(met: bool) -> &'static str {
+pub(crate) fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**missed**" }
 }
 

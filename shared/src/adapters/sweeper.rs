@@ -58,13 +58,14 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
 
+use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::Catalog;
 use crate::domain::ids::Id;
 use crate::domain::payments::{self, Chains};
 use crate::domain::tasks::RETRIES_EXHAUSTED;
 use crate::domain::tasks::events::Publisher;
 use crate::domain::tasks::queue::{self, QueueMessage};
-use crate::domain::tasks::{self, Change, Fence, TaskStatus, task_error};
+use crate::domain::tasks::{self, Change, Fence, TaskStatus, fairness, task_error};
 use crate::domain::webhooks::sender::Sender;
 
 /// How often `reeve work` and `reeve serve` sweep, and the `sweeper`
@@ -123,6 +124,8 @@ pub struct SweepReport {
     pub send_errors: usize,
     /// Payments whose unknown outcome was resolved from the chain.
     pub payments: payments::Reconciled,
+    /// Parked tasks sent again, a slot of their Space being free.
+    pub woken: usize,
 }
 
 /// What became of one dead-lettered message.
@@ -181,7 +184,7 @@ macro_rules! stranded {
               OR (updated_at < now() - make_interval(secs => ",
             $older_than,
             "::float8)
-                  AND (status = 'queued'
+                  AND ((status = 'queued' AND parked_at IS NULL)
                        OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))))"
         )
     };
@@ -210,6 +213,7 @@ impl Sweeper {
         self.fail_exhausted(Some(older_than), &mut report).await?;
         self.resend(Some(older_than), &mut report).await?;
         self.wake_cancels(&mut report).await?;
+        self.wake(&mut report).await?;
         self.reconcile(reconcile_until, &mut report).await?;
         // In AWS completion webhooks ride on this schedule: their outbox is
         // polled, so they need no function and no trigger of their own. They
@@ -231,6 +235,7 @@ impl Sweeper {
         self.fail_exhausted(None, report).await?;
         self.resend(None, report).await?;
         self.wake_cancels(report).await?;
+        self.wake(report).await?;
         if *report != before {
             tracing::info!(?report, "swept lapsed leases");
         }
@@ -278,11 +283,27 @@ impl Sweeper {
         for (id, kind) in std::mem::take(&mut report.payments.created) {
             // Not sent: the task is `queued`, and a later sweep's re-send
             // (after its threshold) finds it.
-            if let Err(e) = queue::enqueue(&self.sqs, &self.queue_url, id, &kind).await {
+            if let Err(e) = queue::enqueue(&self.sqs, &self.queue_url, id, &kind, None).await {
                 tracing::error!(task_id = %id, error = %e, "could not queue a task whose payment landed late");
                 report.send_errors += 1;
                 crate::infra::metrics::sweeper_action("send_failed", 1);
             }
+        }
+        Ok(())
+    }
+
+    /// Wakes every Space whose parked tasks have a free slot: the worker
+    /// wakes a Space after each of its runs, but not after an end it did not
+    /// see (a service's report, a run whose worker died) or a wake it could
+    /// not send. A parked task is not swept as stranded: this is its way
+    /// back (see `domain/tasks/fairness`).
+    async fn wake(&self, report: &mut SweepReport) -> Result<(), SweepError> {
+        for (space, kind) in fairness::parked_pools(&self.db, BATCH).await? {
+            let slots = self.catalog.slots(&kind);
+            let woken = fairness::wake(&self.db, &space, &slots).await?;
+            let woken = fairness::send_woken(&self.db, &self.sqs, &self.queue_url, woken).await?;
+            report.woken += woken;
+            crate::infra::metrics::sweeper_action("woken", woken as u64);
         }
         Ok(())
     }
@@ -326,7 +347,7 @@ impl Sweeper {
     /// two sweepers (the scheduled one and `reeve work`'s) never both do.
     async fn resend(&self, older_than: Option<Duration>, report: &mut SweepReport) -> Result<(), SweepError> {
         loop {
-            let batch: Vec<(Id, String, String)> = sqlx::query_as(concat!(
+            let batch: Vec<(Id, String, String, Vec<u8>)> = sqlx::query_as(concat!(
                 r#"UPDATE tasks SET updated_at = now()
                   WHERE id IN (
                         SELECT id FROM tasks
@@ -335,7 +356,7 @@ impl Sweeper {
                 r#"
                          ORDER BY id LIMIT $3
                            FOR UPDATE SKIP LOCKED)
-                RETURNING id, kind, status"#
+                RETURNING id, kind, status, space_idx"#
             ))
             .bind(self.max_attempts as i32)
             .bind(older_than.map(|d| d.as_secs_f64()))
@@ -344,8 +365,9 @@ impl Sweeper {
             .fetch_all(&self.db)
             .await?;
             let full = batch.len() as i64 == BATCH;
-            for (id, kind, status) in batch {
-                match queue::enqueue(&self.sqs, &self.queue_url, id, &kind).await {
+            for (id, kind, status, space) in batch {
+                let space = SpaceIndex::from_slice(&space);
+                match queue::enqueue(&self.sqs, &self.queue_url, id, &kind, space.as_ref()).await {
                     Ok(()) if status == "queued" => {
                         report.resent_queued += 1;
                         crate::infra::metrics::sweeper_action("resent_queued", 1);
@@ -440,22 +462,23 @@ impl Sweeper {
         // Twice at most: a task that moves between the read and the write is
         // read again once, and then whatever it became decides.
         for _ in 0..2 {
-            let row: Option<(String, i32, bool, bool)> = sqlx::query_as(
+            let row: Option<(String, i32, bool, bool, Vec<u8>)> = sqlx::query_as(
                 "SELECT status, attempts, (lease_until IS NOT NULL AND lease_until >= now()),
-                        coalesce(payment->>'status' IN ('capturing', 'charged'), false)
+                        coalesce(payment->>'status' IN ('capturing', 'charged'), false), space_idx
                    FROM tasks WHERE id = $1",
             )
             .bind(id)
             .fetch_optional(&self.db)
             .await?;
-            let Some((status, attempts, live, capturing)) = row else { return Ok(DeadLetter::Finished) };
+            let Some((status, attempts, live, capturing, space)) = row else { return Ok(DeadLetter::Finished) };
             let why = "the queue gave up delivering this task";
             match TaskStatus::parse(&status) {
                 Some(TaskStatus::Running) if live => return Ok(DeadLetter::StillRunning),
                 // Its capture is under way: it ends charged or with nothing
                 // charged, never dead-lettered. A fresh message resumes it.
                 Some(TaskStatus::Queued | TaskStatus::Running) if capturing => {
-                    queue::enqueue(&self.sqs, &self.queue_url, id, &message.kind).await?;
+                    let space = SpaceIndex::from_slice(&space);
+                    queue::enqueue(&self.sqs, &self.queue_url, id, &message.kind, space.as_ref()).await?;
                     tracing::warn!(task_id = %id, "dead-lettered during its capture; sent again");
                     crate::infra::metrics::sweeper_action("resent_capturing", 1);
                     return Ok(DeadLetter::Resent);

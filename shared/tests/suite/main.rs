@@ -12,6 +12,7 @@ mod catalog;
 mod cors;
 mod environment;
 mod executors;
+mod fairness;
 mod faults;
 mod flow;
 mod foundation;

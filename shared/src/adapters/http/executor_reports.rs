@@ -155,7 +155,9 @@ async fn report(State(ctx): State<Arc<TaskCreateContext>>, headers: HeaderMap, b
         let task = crate::domain::ids::Id::from_bytes(&token.task).expect("the token's task was read");
         // Written already: a lost message costs only time, since the
         // sweeper re-sends a task left queued (or running past its lease).
-        if let Err(e) = enqueue_after(&ctx.aws.sqs, &ctx.settings.queue_url, task, kind, *delay).await {
+        if let Err(e) =
+            enqueue_after(&ctx.aws.sqs, &ctx.settings.queue_url, task, kind, Some(&token.space), *delay).await
+        {
             tracing::warn!(error = %e, %task, "could not queue the task after a report; the sweeper will");
         }
     }

@@ -179,7 +179,12 @@ fn mcp_task(task: &Task) -> McpTask {
     };
     let mut handle = McpTask::new(task.id.to_string(), status, rfc3339(task.created_at), rfc3339(task.updated_at))
         .with_poll_interval_ms(POLL_INTERVAL_MS);
-    handle.status_message = Some(format!("{} ({:.0}%)", task.status.as_str(), task.progress * 100.0));
+    // A task its Space's limit holds back says why, as its view does.
+    let waiting = task.waiting.as_ref().and_then(|w| w["message"].as_str());
+    handle.status_message = Some(match waiting {
+        Some(why) if task.status == TaskStatus::Queued => format!("queued: {why}"),
+        _ => format!("{} ({:.0}%)", task.status.as_str(), task.progress * 100.0),
+    });
     handle
 }
 

@@ -67,6 +67,7 @@ pub(crate) mod poller;
 mod reports;
 pub(crate) mod store;
 pub mod visibility;
+mod wake;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -284,6 +285,8 @@ pub async fn process_until(
     let span = tracing::info_span!("task", task_id = %message.task_id, kind = %message.kind, receive_count);
     let stop_at = deadline.map(|d| d.checked_sub(ctx.deadline_margin).unwrap_or(d));
     let outcome = run_task(ctx, &message, receive_count, stop_at).instrument(span.clone()).await;
+    // Whatever became of it, a run of its Space may have ended.
+    wake::wake_space(ctx, &message).instrument(span.clone()).await;
     span.in_scope(|| match &outcome {
         Outcome::Done => tracing::info!("message done"),
         Outcome::Failed(code) => tracing::warn!(code, "task failed"),
@@ -340,10 +343,19 @@ async fn run_task(
     // The lease is counted from before the claim was sent: the database's
     // lease then ends no earlier than this run believes.
     let claimed_at = tokio::time::Instant::now();
-    let claim = match store::claim(&ctx.db, id, ctx.settings.lease, max_attempts).await {
-        Ok(Some(claim)) => claim,
+    // The kind the message names is the task's (see above): its slots.
+    let slots = ctx.catalog.slots(&message.kind);
+    let claim = match store::claim_within(&ctx.db, id, ctx.settings.lease, max_attempts, &slots).await {
+        Ok(store::Claimed::Run(claim)) => *claim,
+        // Its Space runs as many as it may: parked, its message done with,
+        // until a run of its Space ends and wakes it.
+        Ok(store::Claimed::Parked(event)) => {
+            tracing::info!("its Space is at its limit of tasks running at once; parked until one ends");
+            ctx.events.publish_all(id, event.as_slice()).await;
+            return Outcome::Done;
+        }
         // Not claimable: read why.
-        Ok(None) => {
+        Ok(store::Claimed::No) => {
             return match store::load(&ctx.db, id).await {
                 Ok(None) => {
                     tracing::warn!("no such task; dropping the message");

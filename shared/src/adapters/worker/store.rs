@@ -13,13 +13,14 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use time::OffsetDateTime;
 
 use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
 use crate::domain::tasks::TaskStatus;
 use crate::domain::tasks::events::{Event, EventType, append_event};
+use crate::domain::tasks::fairness::{self, Slots};
 
 /// What the worker needs of a task row.
 #[derive(Debug, Clone)]
@@ -154,9 +155,70 @@ fn secs(lease: Duration) -> f64 {
 /// knows whose run it ends and since when, and says so in the task's log.
 pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> Result<Option<Claim>, sqlx::Error> {
     let max_attempts = i32::try_from(max_attempts).unwrap_or(i32::MAX);
-    if let Some(claim) = claim_queued(db, id, lease, max_attempts).await? {
+    if let Some(claim) = claim_queued(&mut *db.acquire().await?, id, lease, max_attempts).await? {
         return Ok(Some(claim));
     }
+    claim_lapsed(db, id, lease, max_attempts).await
+}
+
+/// What [`claim_within`] did.
+#[derive(Debug)]
+pub enum Claimed {
+    Run(Box<Claim>),
+    /// Not claimed: its Space already runs as many of the tasks `slots`
+    /// counts as may run at once. The task is parked, `queued` with its
+    /// reason, no attempt counted; the event says so the first time.
+    Parked(Option<Event>),
+    /// Not claimable, as [`claim`]'s `None`.
+    No,
+}
+
+/// [`claim`] within the limit of its Space's running tasks (`slots`, its
+/// kind's; see [`fairness`]): a `queued` task is claimed only while fewer
+/// than that run, counted under the Space's lock in the claim's own
+/// statement, else parked. Taking over a lapsed lease is not limited (that
+/// task holds its slot), nor resuming a capture under way (its payer's
+/// deadline runs).
+pub async fn claim_within(
+    db: &PgPool,
+    id: Id,
+    lease: Duration,
+    max_attempts: u32,
+    slots: &Slots,
+) -> Result<Claimed, sqlx::Error> {
+    let max = i32::try_from(max_attempts).unwrap_or(i32::MAX);
+    // Twice at most: a Space found full, then not full once locked again
+    // for the park (a run ended in between), is claimed again once.
+    for _ in 0..2 {
+        let (claimed, running) = claim_gated(db, id, lease, max, slots).await?;
+        if let Some(claim) = claimed {
+            return Ok(Claimed::Run(Box::new(claim)));
+        }
+        if running < i64::from(slots.limit) {
+            // Under the limit, yet not claimed as queued: a running task
+            // (over a lapsed lease), or not claimable at all.
+            return Ok(claim_lapsed(db, id, lease, max).await?.map_or(Claimed::No, |c| Claimed::Run(Box::new(c))));
+        }
+        let mut tx = db.begin().await?;
+        if fairness::lock_and_count(&mut tx, id, slots).await? < i64::from(slots.limit) {
+            tx.rollback().await?;
+            continue;
+        }
+        let parked = fairness::park(&mut tx, id, &fairness::wait_reason(slots)).await?;
+        tx.commit().await?;
+        return match parked {
+            Some(event) => Ok(Claimed::Parked(event)),
+            // Not queued: a running task (whose takeover is not limited),
+            // or not claimable at all.
+            None => Ok(claim_lapsed(db, id, lease, max).await?.map_or(Claimed::No, |c| Claimed::Run(Box::new(c)))),
+        };
+    }
+    Ok(Claimed::No)
+}
+
+/// [`claim`] of a `running` task whose lease lapsed (or a `queued` one
+/// that is out of attempts but for its capture).
+async fn claim_lapsed(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -> Result<Option<Claim>, sqlx::Error> {
     let mut tx = db.begin().await?;
     type Before = (String, i32, Option<OffsetDateTime>, Option<f64>, Vec<u8>, String, sqlx::types::Json<Value>);
     let before: Option<Before> = sqlx::query_as(
@@ -172,7 +234,8 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
             sqlx::query_as(
                 "UPDATE tasks
                     SET status = 'running', attempts = attempts + 1,
-                        lease_until = now() + make_interval(secs => $2), updated_at = now()
+                        lease_until = now() + make_interval(secs => $2), updated_at = now(),
+                        parked_at = NULL, wait_reason = NULL
                   WHERE id = $1 AND (attempts - rerun_from < $3 OR payment->>'status' IN ('capturing', 'charged'))
                     AND (status = 'queued'
                          OR (status = 'running' AND (lease_until IS NULL OR lease_until < now())))
@@ -208,18 +271,19 @@ pub async fn claim(db: &PgPool, id: Id, lease: Duration, max_attempts: u32) -> R
     Ok(Some(Claim { task, attempt, events, took_over, cancel_requested }))
 }
 
-/// [`claim`] of a `queued` task: the status change and its `running` event
-/// in one statement, one round trip. `None` when the task is not `queued`
-/// (or out of attempts).
-async fn claim_queued(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -> Result<Option<Claim>, sqlx::Error> {
-    type Row = (i32, i32, i64, OffsetDateTime, String, bool, Vec<u8>, sqlx::types::Json<Value>);
-    let row: Option<Row> = sqlx::query_as(
-        "WITH claimed AS (
+/// The CTEs `claimed` and `appended` of a queued task's claim, `$1`–`$3`
+/// bound as [`claim_queued`] binds them; `$gate` more conditions.
+macro_rules! claim_queued_ctes {
+    ($gate:literal) => {
+        concat!(
+            "claimed AS (
              UPDATE tasks
                 SET status = 'running', attempts = attempts + 1, last_seq = last_seq + 1,
-                    lease_until = now() + make_interval(secs => $2), updated_at = now()
-              WHERE id = $1 AND status = 'queued'
-                AND (attempts - rerun_from < $3 OR payment->>'status' IN ('capturing', 'charged'))
+                    lease_until = now() + make_interval(secs => $2), updated_at = now(),
+                    parked_at = NULL, wait_reason = NULL
+              WHERE id = $1 AND status = 'queued' AND (attempts - rerun_from < $3 OR payment->>'status' IN ('capturing', 'charged'))",
+            $gate,
+            "
           RETURNING id, attempts, attempts - rerun_from AS tries, last_seq, kind, cancel_requested_at IS NOT NULL AS cancel_requested,
                     space_idx, input
          ), appended AS (
@@ -227,24 +291,96 @@ async fn claim_queued(db: &PgPool, id: Id, lease: Duration, max_attempts: i32) -
              SELECT id, last_seq, 'status', jsonb_build_object('status', 'running', 'attempt', attempts)
                FROM claimed
           RETURNING seq, at
-         )
-         SELECT claimed.attempts, claimed.tries, appended.seq, appended.at, claimed.kind, claimed.cancel_requested,
-                claimed.space_idx, claimed.input
-           FROM claimed, appended",
-    )
-    .bind(id)
-    .bind(secs(lease))
-    .bind(max_attempts)
-    .fetch_optional(db)
-    .await?;
-    let Some((attempt, tries, seq, at, kind, cancel_requested, space, input)) = row else {
-        return Ok(None);
+         )"
+        )
     };
+}
+
+/// What a claim of a queued task answers, from [`claim_queued_ctes`].
+macro_rules! claim_queued_select {
+    () => {
+        "SELECT claimed.attempts, claimed.tries, appended.seq, appended.at, claimed.kind, claimed.cancel_requested,
+                claimed.space_idx, claimed.input
+           FROM claimed, appended"
+    };
+}
+
+/// [`claim`] of a `queued` task: the status change and its `running` event
+/// in one statement, one round trip. `None` when the task is not `queued`
+/// (or out of attempts).
+async fn claim_queued(
+    conn: &mut PgConnection,
+    id: Id,
+    lease: Duration,
+    max_attempts: i32,
+) -> Result<Option<Claim>, sqlx::Error> {
+    let row: Option<QueuedRow> = sqlx::query_as(concat!("WITH ", claim_queued_ctes!(""), " ", claim_queued_select!()))
+        .bind(id)
+        .bind(secs(lease))
+        .bind(max_attempts)
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.map(|row| claimed_queued(id, row)).transpose()
+}
+
+/// [`claim_queued`] within its Space's limit, in one statement that takes
+/// the Space's lock and counts after it (`running_lock_and_count`): the
+/// claim, if the Space ran fewer than `slots.limit` (or the task's capture
+/// is under way), and the count either way.
+async fn claim_gated(
+    db: &PgPool,
+    id: Id,
+    lease: Duration,
+    max_attempts: i32,
+    slots: &Slots,
+) -> Result<(Option<Claim>, i64), sqlx::Error> {
+    type Row = (
+        i64,
+        Option<i32>,
+        Option<i32>,
+        Option<i64>,
+        Option<OffsetDateTime>,
+        Option<String>,
+        Option<bool>,
+        Option<Vec<u8>>,
+        Option<sqlx::types::Json<Value>>,
+    );
+    let sql = concat!(
+        "WITH gate AS (SELECT running_lock_and_count((SELECT space_idx FROM tasks WHERE id = $1), $4, $5) AS running), ",
+        claim_queued_ctes!(" AND ((SELECT running FROM gate) < $6 OR payment->>'status' IN ('capturing', 'charged'))"),
+        " SELECT gate.running, c.* FROM gate LEFT JOIN (",
+        claim_queued_select!(),
+        ") c ON true"
+    );
+    let row: Row = sqlx::query_as(sql)
+        .bind(id)
+        .bind(secs(lease))
+        .bind(max_attempts)
+        .bind(slots.kind.as_deref())
+        .bind(&slots.others)
+        .bind(i64::from(slots.limit))
+        .fetch_one(db)
+        .await?;
+    let (running, attempt, tries, seq, at, kind, cancel_requested, space, input) = row;
+    let claim = match (attempt, tries, seq, at, kind, cancel_requested, space, input) {
+        (Some(a), Some(t), Some(s), Some(at), Some(k), Some(c), Some(sp), Some(i)) => {
+            Some(claimed_queued(id, (a, t, s, at, k, c, sp, i))?)
+        }
+        _ => None,
+    };
+    Ok((claim, running))
+}
+
+type QueuedRow = (i32, i32, i64, OffsetDateTime, String, bool, Vec<u8>, sqlx::types::Json<Value>);
+
+/// The [`Claim`] a claim of a queued task answered.
+fn claimed_queued(id: Id, row: QueuedRow) -> Result<Claim, sqlx::Error> {
+    let (attempt, tries, seq, at, kind, cancel_requested, space, input) = row;
     let data = json!({ "status": "running", "attempt": attempt });
     crate::infra::metrics::task_status(&kind, seq, &data);
     let events = vec![Event { seq, kind: EventType::Status, data, at }];
     let task = task_row(id, &space, kind, input.0, TaskStatus::Running, (attempt, tries), true)?;
-    Ok(Some(Claim { task, attempt, events, took_over: None, cancel_requested }))
+    Ok(Claim { task, attempt, events, took_over: None, cancel_requested })
 }
 
 /// Renews the run's lease: `lease` from now. `false`: the run no longer

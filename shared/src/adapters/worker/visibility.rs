@@ -24,6 +24,11 @@ impl Visibility {
         &self.queue_url
     }
 
+    /// The client, to send a woken task's message to the same queue.
+    pub fn sqs(&self) -> &aws_sdk_sqs::Client {
+        &self.sqs
+    }
+
     /// Hides the message with this receipt for `after` from now (0: shown
     /// at once). SQS's own reason when it refuses.
     pub async fn set(&self, receipt: &str, after: Duration) -> Result<(), String> {

@@ -85,7 +85,14 @@ pub struct Catalog {
     /// Present whenever any task is priced.
     pub payments: Option<Payments>,
     pub uploads: Uploads,
+    /// `[limits] running_per_space`: how many of one Space's tasks may run
+    /// at once, over every kind without a limit of its own.
+    pub running_per_space: u32,
 }
+
+#[cfg(feature = "catalog")]
+/// `running_per_space` when `[limits]` leaves it out.
+pub const DEFAULT_RUNNING_PER_SPACE: u32 = 10;
 
 #[cfg(feature = "catalog")]
 /// A token a task can be paid in (`[assets.<id>]`).
@@ -128,6 +135,10 @@ pub struct TaskSpec {
     /// What one space may do with a free task (`[tasks.<kind>.quota]`, or
     /// its defaults); `None` for a priced one, whose limit is its payment.
     pub quota: Option<Quota>,
+    /// `tasks.<kind>.running_per_space`: the kind's own limit on a Space's
+    /// tasks of it running at once, which then do not count against the
+    /// catalog's; `None`, the kind shares the catalog's.
+    pub running_per_space: Option<u32>,
 }
 
 #[cfg(feature = "catalog")]
@@ -239,6 +250,26 @@ impl Catalog {
 
     pub fn task(&self, kind: &str) -> Option<&TaskSpec> {
         self.tasks.get(kind)
+    }
+
+    /// The running tasks a task of `kind` counts against in its Space, and
+    /// how many may be: its kind's own limit and its tasks, or the
+    /// catalog's and the tasks of every kind without one of its own. A kind
+    /// no longer offered shares the catalog's.
+    pub fn slots(&self, kind: &str) -> crate::domain::tasks::Slots {
+        match self.task(kind).and_then(|spec| spec.running_per_space) {
+            Some(limit) => crate::domain::tasks::Slots { limit, kind: Some(kind.to_owned()), others: Vec::new() },
+            None => crate::domain::tasks::Slots {
+                limit: self.running_per_space,
+                kind: None,
+                others: self
+                    .tasks
+                    .iter()
+                    .filter(|(_, spec)| spec.running_per_space.is_some())
+                    .map(|(kind, _)| kind.clone())
+                    .collect(),
+            },
+        }
     }
 }
 

@@ -13,7 +13,10 @@ use super::uploads::uploads;
 use super::{Asset, Catalog, Executor, Meter, NetworkKind, Payments, Price, Problem, Quota, TaskSpec, Unit};
 use super::{amount, formats, schema};
 
-const ROOT_KEYS: &[&str] = &["payments", "uploads", "assets", "tasks"];
+const ROOT_KEYS: &[&str] = &["payments", "uploads", "limits", "assets", "tasks"];
+const LIMITS_KEYS: &[&str] = &["running_per_space"];
+/// A limit no worker fleet could reach is a typo, not a setting.
+const MAX_RUNNING_PER_SPACE: i64 = 10_000;
 const ASSET_KEYS: &[&str] = &["network", "contract", "decimals", "usd_peg", "eip2612", "name", "version"];
 /// The keys every kind may have, around the executors' own ([`Executor::keys`]),
 /// in the order an unknown key's message lists them.
@@ -85,11 +88,22 @@ pub fn catalog(table: &Table, worker_timeout: u32) -> Result<Catalog, Vec<Proble
         .collect();
     let payments = payments(&root, &priced_tasks(table), p);
     let uploads = uploads(&root, p);
+    let running_per_space = limits(&root, p);
 
     if !problems.is_empty() {
         return Err(problems);
     }
-    Ok(Catalog { assets: assets.valid, tasks, payments, uploads })
+    Ok(Catalog { assets: assets.valid, tasks, payments, uploads, running_per_space })
+}
+
+/// `[limits]`: how many of one Space's tasks may run at once, so that one
+/// Space's backlog cannot hold every worker (docs/operations.md#fairness).
+fn limits(root: &Fields, p: &mut Problems) -> u32 {
+    let Some(f) = root.table("limits", p) else {
+        return super::DEFAULT_RUNNING_PER_SPACE;
+    };
+    f.deny_unknown(LIMITS_KEYS, p);
+    f.int_in("running_per_space", 1..=MAX_RUNNING_PER_SPACE, p).unwrap_or(super::DEFAULT_RUNNING_PER_SPACE)
 }
 
 /// The assets as prices need them: every declared id, so that a price naming
@@ -182,6 +196,8 @@ fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Pr
         None => Some(Vec::new()),
     };
     let quota = quota(f, listed.is_some_and(|items| !items.is_empty()), p);
+    // The kind's own limit, counted over its own running tasks only.
+    let running_per_space = f.int_in("running_per_space", 1..=MAX_RUNNING_PER_SPACE, p);
 
     kind?;
     let schema = schema?;
@@ -195,6 +211,7 @@ fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Pr
         input_validator: Arc::new(schema.validator),
         accepts: accepts?,
         quota,
+        running_per_space,
     })
 }
 

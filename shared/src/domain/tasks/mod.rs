@@ -17,11 +17,14 @@
 //! - [`quota`]: the ceilings on a free task per space, checked as it is stored.
 //! - [`output`]: a stored output's download link, signed when it is read.
 //! - [`receipt`]: a paid task's receipt, signed with the seller's key.
+//! - [`fairness`]: at most `running_per_space` of a Space's tasks run at
+//!   once; the others wait parked, with their reason, and are woken.
 //!
 //! Status moves `queued → running → completed | failed | canceled`, and every
 //! transition is a conditional `UPDATE … WHERE status = …`.
 
 pub(crate) mod events;
+pub mod fairness;
 #[cfg(feature = "catalog")]
 pub(crate) mod input;
 #[cfg(feature = "s3-links")]
@@ -38,6 +41,7 @@ use sqlx::PgPool;
 use time::OffsetDateTime;
 
 pub use events::{Event, EventType, Publisher, append_event, channel, events_after, running_event};
+pub use fairness::{RUNNING_PER_SPACE, Slots};
 #[cfg(feature = "s3-links")]
 pub use output::{OutputLinks, output_key};
 pub use queue::{QueueError, QueueMessage};
@@ -142,6 +146,13 @@ pub struct Task {
     pub error: Option<Value>,
     /// How many times a worker has started the task.
     pub attempts: i32,
+    /// Why a `queued` task is not running yet, when a worker found its
+    /// Space at its limit of tasks running at once: `{"code":
+    /// "running_per_space", "message", "limit"}`. It starts when one of
+    /// them ends, and its wait counts no attempt. `null` otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[sqlx(rename = "wait_reason")]
+    pub waiting: Option<Value>,
     /// A metered task's payment (x402 `upto`): authorized up to a ceiling,
     /// then charged what it used with its transaction, or released with
     /// nothing charged. Absent for a free task and one paid a fixed price.
@@ -164,7 +175,8 @@ pub struct Task {
 /// takes only `'static` SQL, never a string built at run time.
 macro_rules! task_columns {
     () => {
-        "id, kind, status, progress, result, error, attempts, payment, cancel_requested_at, created_at, updated_at"
+        "id, kind, status, progress, result, error, attempts, wait_reason, payment, cancel_requested_at, created_at, \
+         updated_at"
     };
 }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
 
 /// How long a send may take before the queue counts as unavailable. The SDK
@@ -61,16 +62,26 @@ pub enum QueueError {
     Timeout,
 }
 
-/// Sends a task's message to `queue_url`.
+/// The message's group: its Space (the index, never the id), so that on a
+/// fair queue (a standard queue whose messages carry a `MessageGroupId`)
+/// SQS shares delivery between Spaces, and one Space's backlog does not
+/// delay another's next task. `None` for the rare re-send that does not know
+/// the Space: delivered all the same, outside the fair share.
 #[cfg(feature = "sqs")]
-pub async fn enqueue(sqs: &aws_sdk_sqs::Client, queue_url: &str, task_id: Id, kind: &str) -> Result<(), QueueError> {
-    let body = serde_json::to_string(&QueueMessage { task_id, kind: kind.to_owned() }).expect("strings serialise");
-    let send = sqs.send_message().queue_url(queue_url).message_body(body).send();
-    match tokio::time::timeout(SEND_TIMEOUT, send).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(QueueError::Send(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())),
-        Err(_) => Err(QueueError::Timeout),
-    }
+fn group(space: Option<&SpaceIndex>) -> Option<String> {
+    space.map(SpaceIndex::to_hex)
+}
+
+/// Sends a task's message to `queue_url`, grouped by its `space`.
+#[cfg(feature = "sqs")]
+pub async fn enqueue(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    task_id: Id,
+    kind: &str,
+    space: Option<&SpaceIndex>,
+) -> Result<(), QueueError> {
+    enqueue_after(sqs, queue_url, task_id, kind, space, Duration::ZERO).await
 }
 
 /// [`enqueue`], shown to workers only after `delay` (SQS allows up to 15
@@ -81,12 +92,16 @@ pub async fn enqueue_after(
     queue_url: &str,
     task_id: Id,
     kind: &str,
+    space: Option<&SpaceIndex>,
     delay: Duration,
 ) -> Result<(), QueueError> {
     let body = serde_json::to_string(&QueueMessage { task_id, kind: kind.to_owned() }).expect("strings serialise");
     let delay = i32::try_from(delay.as_secs().min(900)).unwrap_or(900);
-    let send = sqs.send_message().queue_url(queue_url).message_body(body).delay_seconds(delay).send();
-    match tokio::time::timeout(SEND_TIMEOUT, send).await {
+    let mut send = sqs.send_message().queue_url(queue_url).message_body(body).set_message_group_id(group(space));
+    if delay > 0 {
+        send = send.delay_seconds(delay);
+    }
+    match tokio::time::timeout(SEND_TIMEOUT, send.send()).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(QueueError::Send(aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())),
         Err(_) => Err(QueueError::Timeout),

@@ -184,7 +184,7 @@ async fn submit_unsigned(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Su
         return Err(SubmitError::InvalidInput(input::describe_violations(&violations, total)));
     }
     if let Some(task) = find_keyed(cx.db, request).await? {
-        return replay(cx, task).await;
+        return replay(cx, request.space, task).await;
     }
     check_uploads(cx, request.space, request.input, !spec.is_free()).await?;
 
@@ -194,8 +194,8 @@ async fn submit_unsigned(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Su
             return answer_paid(cx, request.space, task, receipt).await;
         }
         return match store(cx.db, request, spec).await? {
-            (task, false) => queue(cx, task, Paid::Nothing).await,
-            (task, true) => replay(cx, task).await,
+            (task, false) => queue(cx, request.space, task, Paid::Nothing).await,
+            (task, true) => replay(cx, request.space, task).await,
         };
     }
     let challenge = payments::payment_required(cx.catalog, spec, s.resource_url, SIGNATURE_REQUIRED)
@@ -219,13 +219,13 @@ async fn submit_unsigned(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Su
     let checkout = Checkout { db: cx.db, facilitator: cx.facilitator, chains: cx.chains };
     let order = Order { request: *request, payment: s.payment, deadline: s.deadline };
     match payments::pay(checkout, order, &challenge, &Shelf { catalog: cx.catalog }).await? {
-        Bought::Settled { task, settlement } => queue(cx, task, Paid::Payment(settlement)).await,
-        Bought::Credit { task, credit } => queue(cx, task, Paid::Credit(credit)).await,
-        Bought::Authorized { task } => queue(cx, task, Paid::Authorized).await,
+        Bought::Settled { task, settlement } => queue(cx, request.space, task, Paid::Payment(settlement)).await,
+        Bought::Credit { task, credit } => queue(cx, request.space, task, Paid::Credit(credit)).await,
+        Bought::Authorized { task } => queue(cx, request.space, task, Paid::Authorized).await,
         Bought::Before { task, receipt } => answer_paid(cx, request.space, task, receipt).await,
         // The key was taken meanwhile: by this same request, or a conflict.
         Bought::KeyTaken => match find_keyed(cx.db, request).await? {
-            Some(task) => replay(cx, task).await,
+            Some(task) => replay(cx, request.space, task).await,
             None => Err(SubmitError::Internal("an idempotency key taken by a vanished task".into())),
         },
     }
@@ -247,25 +247,30 @@ async fn answer_paid(
     receipt: Option<PaymentResponse>,
 ) -> Result<Submitted, SubmitError> {
     match super::find_for_space(cx.db, space, task).await? {
-        Some(task) => Ok(replay_paid(cx, task, receipt).await),
+        Some(task) => Ok(replay_paid(cx, space, task, receipt).await),
         None => Err(SubmitError::Internal("a paid task that vanished".into())),
     }
 }
 
 /// An earlier request's task, with the receipt of the payment that bought
 /// it if one did: a client that lost the first answer learns what it paid.
-async fn replay(cx: &SubmitContext<'_>, task: Task) -> Result<Submitted, SubmitError> {
+async fn replay(cx: &SubmitContext<'_>, space: &SpaceIndex, task: Task) -> Result<Submitted, SubmitError> {
     let receipt = payments::receipt(cx.db, task.id).await?;
-    Ok(replay_paid(cx, task, receipt).await)
+    Ok(replay_paid(cx, space, task, receipt).await)
 }
 
 /// An earlier request's task, answered again with `receipt`. One still
 /// `queued` may have lost its message (a crash between commit and send), so
 /// it is sent again; duplicate messages are harmless, as the worker claims a
 /// task once.
-async fn replay_paid(cx: &SubmitContext<'_>, task: Task, receipt: Option<PaymentResponse>) -> Submitted {
+async fn replay_paid(
+    cx: &SubmitContext<'_>,
+    space: &SpaceIndex,
+    task: Task,
+    receipt: Option<PaymentResponse>,
+) -> Submitted {
     if task.status == TaskStatus::Queued
-        && let Err(e) = super::enqueue(cx.sqs, cx.queue_url, task.id, &task.kind).await
+        && let Err(e) = super::enqueue(cx.sqs, cx.queue_url, task.id, &task.kind, Some(space)).await
     {
         tracing::warn!(task_id = %task.id, error = %e, "could not re-send a replayed task's message");
     }
@@ -286,9 +291,9 @@ async fn store(db: &PgPool, request: &TaskRequest<'_>, spec: &TaskSpec) -> Resul
 /// Sends the stored task to the queue. If SQS refuses, the task is failed
 /// with `queue_unavailable` (a paid one leaves a credit) rather than left
 /// `queued` with no message.
-async fn queue(cx: &SubmitContext<'_>, task: Task, paid: Paid) -> Result<Submitted, SubmitError> {
+async fn queue(cx: &SubmitContext<'_>, space: &SpaceIndex, task: Task, paid: Paid) -> Result<Submitted, SubmitError> {
     tracing::info!(task_id = %task.id, kind = %task.kind, "task stored");
-    if let Err(e) = super::enqueue(cx.sqs, cx.queue_url, task.id, &task.kind).await {
+    if let Err(e) = super::enqueue(cx.sqs, cx.queue_url, task.id, &task.kind, Some(space)).await {
         tracing::error!(task_id = %task.id, error = %e, "queue unavailable; failing the task");
         let error = super::task_error(super::queue::QUEUE_UNAVAILABLE, "the task could not be queued");
         if let Err(db) = super::mark_failed(cx.db, task.id, &[TaskStatus::Queued], &error).await {

@@ -131,7 +131,8 @@ macro_rules! with_events {
             "WITH moved AS (
                  UPDATE tasks SET ",
             $set,
-            ", last_seq = last_seq + cardinality($5::text[]), updated_at = now()
+            ", last_seq = last_seq + cardinality($5::text[]), updated_at = now(),
+                        parked_at = NULL, wait_reason = NULL
                   WHERE id = $1 AND status = ANY($2) AND ($3::int4 IS NULL OR attempts = $3)",
             $held,
             "
