@@ -26,6 +26,11 @@ space=$(curl -fsS -X POST "$REEVE_TEST_URL/v1/spaces" | sed -n 's/.*"space_id":"
 token=$(curl -fsS -X POST "$REEVE_TEST_URL/v1/sessions" -H 'content-type: application/json' \
   -d "{\"space_id\":\"$space\"}" | sed -n 's/.*"token":"\([^"]*\)".*/\1/p')
 [[ -n $token ]] || die "could not open a session"
+# A Space with a webhook secret, so that a task or Space `webhook` (which the
+# document's examples carry) is taken and stored, not refused for the
+# Space's state (`webhook_secret_required`).
+curl -fsS -o /dev/null -X POST "$REEVE_TEST_URL/v1/space/webhook-secret" -H "Authorization: Bearer $token" \
+  || die "could not create the Space's webhook secret"
 
 # The session lasts 15 minutes, far longer than the run. One worker:
 # hypothesis's lambda descriptions are not thread-safe, and with two the

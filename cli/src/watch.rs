@@ -17,6 +17,14 @@ fn say(bar: &ProgressBar, line: String) {
     if bar.is_hidden() { println!("{line}") } else { bar.println(line) }
 }
 
+/// How a watched task ended.
+pub struct Watched {
+    pub status: TaskStatus,
+    /// Its result named output files (a service kind's `outputs`), whose
+    /// links only a read of the task signs.
+    pub files: bool,
+}
+
 /// `quiet`: print nothing (for `--json`, whose caller prints the task).
 pub async fn watch(
     http: &reqwest::Client,
@@ -24,7 +32,8 @@ pub async fn watch(
     token: &str,
     task: Id,
     quiet: bool,
-) -> Result<TaskStatus, FollowError> {
+) -> Result<Watched, FollowError> {
+    let files = std::cell::Cell::new(false);
     let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(1000) };
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{bar:40}] {percent:>3}% {msg}")
@@ -33,6 +42,9 @@ pub async fn watch(
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     let status = follow(http, endpoint, token, task, |event| {
+        if matches!(event.kind, EventType::Result) && event.data["outputs"].as_array().is_some_and(|o| !o.is_empty()) {
+            files.set(true);
+        }
         if quiet {
             return;
         }
@@ -97,5 +109,5 @@ pub async fn watch(
         bar.set_position(1000);
     }
     bar.finish_with_message(status.as_str());
-    Ok(status)
+    Ok(Watched { status, files: files.get() })
 }

@@ -580,22 +580,29 @@ async fn watch_to_end(
     download: Option<&Path>,
 ) -> Result<ExitCode, ClientError> {
     let relay = opts.relay.clone().unwrap_or_else(|| client.endpoint.clone());
-    let status = crate::watch::watch(&client.http, &relay, token, id, opts.json).await.map_err(|e| match e {
+    let watched = crate::watch::watch(&client.http, &relay, token, id, opts.json).await.map_err(|e| match e {
         FollowError::Refused { status, code, message } => ClientError::Refused { status, code, message },
         FollowError::GaveUp(n) => ClientError::Unreachable {
             endpoint: relay.clone(),
             cause: format!("lost the event stream {n} times in a row"),
         },
     })?;
+    let status = watched.status;
     if !opts.json && status != TaskStatus::Completed {
         if download.is_some() {
             eprintln!("task {id} {}: nothing to download", status.as_str());
         }
         return Ok(outcome_code(status));
     }
+    if !opts.json && download.is_none() && !watched.files {
+        return Ok(outcome_code(status));
+    }
     // The stream carries a result's files without links (a link is signed
-    // when the task is read, so it is fresh): read it once more for them.
-    let mut task = client.authed(Method::GET, &format!("/v1/tasks/{id}"), None, &[]).await?.body;
+    // when the task is read, so it is fresh): read it once more for them,
+    // with the token the stream was followed with (`task watch --token`
+    // has no profile to log in with).
+    let read = client.http.get(client.url(&format!("/v1/tasks/{id}"))).bearer_auth(token);
+    let mut task = client.send_raw(read).await?.checked()?.body;
     if !opts.json {
         // The links first: they stay usable if a save below fails.
         for file in task["result"]["outputs"].as_array().into_iter().flatten() {
