@@ -62,7 +62,7 @@ fi
 # past its own bounds. The chain tests coordinate through their own locks
 # (shared/tests/common/chain.rs), whatever the thread count.
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
-timed cargo-test cargo test --workspace --locked "$@" || { r=$?; ((rc)) || rc=$r; }
+timed cargo-test cargo test --workspace --locked --no-fail-fast "$@" || { r=$?; ((rc)) || rc=$r; }
 # The README's `cargo lambda watch` loop, on the functions the build above
 # made; then phases that drive a real `reeve serve` from outside, each on a
 # database and a queue of its own: schemathesis against the OpenAPI
