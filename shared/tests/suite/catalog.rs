@@ -385,7 +385,7 @@ fn each_rule_reports_one_problem_at_its_path() {
             task("executor = \"fetch\"\ntimout_seconds = 30"),
             "tasks.t.timout_seconds",
             "unknown key (expected one of: title, description, executor, endpoint, protocol, secret, function, \
-             asynchronous, timeout_seconds, input_schema, accepts, quota)",
+             asynchronous, timeout_seconds, input_schema, accepts, quota, running_per_space)",
         ),
         (
             "a protocol kind runs at most 12 hours",
@@ -670,7 +670,7 @@ fn each_rule_reports_one_problem_at_its_path() {
             "top-level typo",
             edit("[payments]", "[payment]"),
             "payment",
-            "unknown key (expected one of: payments, uploads, assets, tasks)",
+            "unknown key (expected one of: payments, uploads, limits, assets, tasks)",
         ),
         ("tasks not a table", format!("tasks = [1]\n{PAYMENTS}"), "tasks", "expected a table, found an array"),
     ];

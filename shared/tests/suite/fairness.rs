@@ -54,7 +54,6 @@ fn catalog(limit: u32, wide: u32) -> String {
 /// Runs every job until `release` gives it a permit (or at once when its
 /// input says `{"hold": false}`), noting how many of each Space's and each
 /// (Space, kind)'s jobs run at once, and the most there ever were.
-#[derive(Default)]
 struct Gate {
     release: Arc<Semaphore>,
     now: Mutex<HashMap<(SpaceIndex, Option<String>), usize>>,
@@ -63,7 +62,7 @@ struct Gate {
 
 impl Gate {
     fn new() -> Arc<Gate> {
-        Arc::new(Gate { release: Arc::new(Semaphore::new(0)), ..Gate::default() })
+        Arc::new(Gate { release: Arc::new(Semaphore::new(0)), now: Mutex::default(), most: Mutex::default() })
     }
 
     fn enter(&self, keys: &[(SpaceIndex, Option<String>)], by: isize) {

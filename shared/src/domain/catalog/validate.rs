@@ -20,8 +20,10 @@ const MAX_RUNNING_PER_SPACE: i64 = 10_000;
 const ASSET_KEYS: &[&str] = &["network", "contract", "decimals", "usd_peg", "eip2612", "name", "version"];
 /// The keys every kind may have, around the executors' own ([`Executor::keys`]),
 /// in the order an unknown key's message lists them.
-const TASK_KEYS: (&[&str], &[&str]) =
-    (&["title", "description", "executor"], &["timeout_seconds", "input_schema", "accepts", "quota"]);
+const TASK_KEYS: (&[&str], &[&str]) = (
+    &["title", "description", "executor"],
+    &["timeout_seconds", "input_schema", "accepts", "quota", "running_per_space"],
+);
 const QUOTA_KEYS: &[&str] = &["per_hour", "at_once"];
 /// A quota is a ceiling: one no space could reach is a typo, not a setting.
 const MAX_QUOTA_PER_HOUR: i64 = 1_000_000;
