@@ -50,8 +50,12 @@ impl Stop {
 /// it when the last clone of its reporter is dropped.
 #[derive(Debug, Clone, Default)]
 pub struct Cancels {
-    running: Arc<Mutex<HashMap<(String, u32), Weak<Stop>>>>,
+    running: Arc<Mutex<Running>>,
 }
+
+/// Each attempt under way, by task id and attempt: its stop, while any
+/// clone of its reporter lives.
+type Running = HashMap<(String, u32), Weak<Stop>>;
 
 impl Cancels {
     /// A reporter for `job`'s attempt that its cancel reaches.

@@ -367,7 +367,9 @@ async fn run_task(
                 }
                 // Its service works on it, and its buyer canceled: the
                 // sweeper sent this message for the service to be told.
-                Ok(Some(now)) if now.delegated_cancel.is_some() => ends::tell_service(ctx, &now).await,
+                // Boxed: a cold path, kept out of the run's future, whose
+                // layout is already deep.
+                Ok(Some(now)) if now.delegated_cancel.is_some() => Box::pin(ends::tell_service(ctx, &now)).await,
                 Ok(Some(now)) if now.tries >= max_attempts as i32 => exhausted(ctx, &now).await,
                 Ok(Some(now)) => {
                     tracing::info!(status = now.status.as_str(), "another worker holds a live lease");
