@@ -42,6 +42,7 @@ const ROUTES: [(&str, &str); 27] = [
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
+    ("POST", "/v1/tasks/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
     ("POST", "/v1/tasks/{task}/share"),
     ("GET", "/v1/space"),
@@ -71,6 +72,7 @@ const BEARER_ROUTES: [(&str, &str); 21] = [
     ("GET", "/v1/tasks/{task}"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/{task}/cancel"),
+    ("POST", "/v1/tasks/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
     ("POST", "/v1/tasks/{task}/share"),
     ("GET", "/v1/space"),
@@ -260,6 +262,7 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("GET", "/v1/tasks/{task}"),
         ("GET", "/v1/tasks"),
         ("POST", "/v1/tasks/{task}/cancel"),
+        ("POST", "/v1/tasks/cancel"),
         ("POST", "/v1/tasks/{task}/ticket"),
         ("POST", "/v1/tasks/{task}/share"),
         ("POST", "/v1/tasks/{task}/share"),
@@ -336,7 +339,11 @@ async fn every_documented_route_is_routed_and_no_other_method_is(pool: PgPool) {
                     reply.status,
                     reply.body
                 );
-            } else if documented.iter().any(|(m, p)| m == method.as_str() && p != path && matches(p, path)) {
+            } else if documented.iter().any(|(m, p)| m == method.as_str() && p != path && matches(p, path))
+                // A path documented as such (`POST /v1/tasks/cancel`) is its
+                // own route: its other methods are 405, never a template's.
+                && path != "/v1/tasks/cancel"
+            {
                 // `GET /v1/tasks/digest` is `GET /v1/tasks/{task}` for a task
                 // id "digest": served, and refused for that, not for the method.
                 assert!(is_routed(&reply), "{method} {path}: {}", reply.body);
@@ -385,6 +392,13 @@ async fn each_function_router_serves_and_documents_its_own_routes(pool: PgPool) 
         }
         // A function serves its own routes and nothing else.
         for (method, path) in ROUTES.iter().filter(|r| !routes.contains(&(r.0.to_owned(), r.1.to_owned()))) {
+            // Another function's path may fit one of this one's templates:
+            // `POST /v1/tasks/cancel` is `POST /v1/tasks/{task}` to the
+            // task-create function alone, which API Gateway never sends it
+            // (it picks the more specific route, task-status's).
+            if own_routes.iter().any(|(m, p)| m == method && matches(p, path)) {
+                continue;
+            }
             let reply = send(&served, probe(&method.parse().unwrap(), path)).await;
             assert!(!is_routed(&reply), "the {function} function also routes {method} {path}");
         }
