@@ -701,7 +701,11 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     let fetch_op = &operations(&doc)[&("POST".to_owned(), "/v1/tasks/fetch".to_owned())];
     let mut shown = fetch_op["responses"]["402"]["content"]["application/json"]["example"].clone();
     shown["resource"]["url"] = challenge.body["resource"]["url"].clone();
-    assert_eq!(shown, challenge.body);
+    // And for the signed offers, made for each request (the example has none).
+    let mut answered = challenge.body.clone();
+    let offers = answered["extensions"].as_object_mut().and_then(|e| e.remove("offer-receipt"));
+    assert!(offers.is_some_and(|o| o["info"]["offers"].is_array()), "the dev catalog's 402 carries signed offers");
+    assert_eq!(shown, answered);
 
     let mut bad_key = post_json("/v1/tasks/digest", Some(&token), &input);
     bad_key.headers_mut().insert("idempotency-key", "".parse().unwrap());
