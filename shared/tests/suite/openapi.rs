@@ -24,7 +24,7 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 26] = [
+const ROUTES: [(&str, &str); 27] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -58,7 +58,7 @@ const ROUTES: [(&str, &str); 26] = [
 const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 20] = [
+const BEARER_ROUTES: [(&str, &str); 21] = [
     ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/space/rotate"),
     ("POST", "/v1/uploads"),
