@@ -8,34 +8,42 @@
 //    "receipts": [{ok, signer, payload} | {ok: false, error}]}
 // where `signer` is the Ethereum address of the key the JWS `kid` names
 // (did:key), which a buyer compares with the seller's published address.
+import { secp256k1 } from "@noble/curves/secp256k1";
+import { base58 } from "@scure/base";
 import {
   decodeSignedOffers,
   extractJWSHeader,
   extractOffersFromPaymentRequired,
-  extractPublicKeyFromKid,
   findAcceptsObjectFromSignedOffer,
   verifyOfferSignatureJWS,
   verifyReceiptSignatureJWS,
 } from "@x402/extensions/offer-receipt";
-import { exportJWK } from "jose";
 import { publicKeyToAddress } from "viem/accounts";
 
 const chunks = [];
 for await (const chunk of process.stdin) chunks.push(chunk);
 const input = JSON.parse(Buffer.concat(chunks).toString("utf8"));
 
-// The address of the key a JWS's kid names.
-async function signerOf(jws) {
+// The key a JWS's did:key kid names (multicodec 0xe7 0x01, compressed
+// secp256k1), as a JWK, and its address. The package's own did:key reader
+// (extractPublicKeyFromKid) calls secp256k1.Point, which the @noble/curves
+// 1.x its range resolves to lacks; the same decoding, on that version's
+// ProjectivePoint, hands the package the key to verify with.
+function keyOf(jws) {
   const { kid } = extractJWSHeader(jws);
-  const jwk = await exportJWK(await extractPublicKeyFromKid(kid));
-  const hex = (b64) => Buffer.from(b64, "base64url").toString("hex");
-  return publicKeyToAddress(`0x04${hex(jwk.x)}${hex(jwk.y)}`);
+  const bytes = base58.decode(kid.split("#")[0].replace(/^did:key:z/, ""));
+  if (bytes[0] !== 0xe7 || bytes[1] !== 0x01) throw new Error(`not a secp256k1 did:key: ${kid}`);
+  const raw = secp256k1.ProjectivePoint.fromHex(bytes.slice(2)).toRawBytes(false);
+  const b64 = (b) => Buffer.from(b).toString("base64url");
+  const jwk = { kty: "EC", crv: "secp256k1", x: b64(raw.slice(1, 33)), y: b64(raw.slice(33)) };
+  return { jwk, signer: publicKeyToAddress(`0x${Buffer.from(raw).toString("hex")}`) };
 }
 
 async function check(verify, signed) {
   try {
-    const payload = await verify(signed);
-    return { ok: true, signer: await signerOf(signed.signature), payload };
+    const { jwk, signer } = keyOf(signed.signature);
+    const payload = await verify(signed, jwk);
+    return { ok: true, signer, payload };
   } catch (error) {
     return { ok: false, error: String(error?.message ?? error) };
   }

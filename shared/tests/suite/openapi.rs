@@ -24,7 +24,7 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 27] = [
+const ROUTES: [(&str, &str); 29] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -45,6 +45,7 @@ const ROUTES: [(&str, &str); 27] = [
     ("POST", "/v1/tasks/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
     ("POST", "/v1/tasks/{task}/share"),
+    ("GET", "/v1/tasks/{task}/receipt"),
     ("GET", "/v1/space"),
     ("POST", "/v1/space/webhook-secret"),
     ("GET", "/v1/space/webhook"),
@@ -59,7 +60,7 @@ const ROUTES: [(&str, &str); 27] = [
 const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
 
 /// The routes whose handlers take a bearer token.
-const BEARER_ROUTES: [(&str, &str); 21] = [
+const BEARER_ROUTES: [(&str, &str); 23] = [
     ("DELETE", "/v1/sessions/current"),
     ("POST", "/v1/space/rotate"),
     ("POST", "/v1/uploads"),
@@ -75,6 +76,7 @@ const BEARER_ROUTES: [(&str, &str); 21] = [
     ("POST", "/v1/tasks/cancel"),
     ("POST", "/v1/tasks/{task}/ticket"),
     ("POST", "/v1/tasks/{task}/share"),
+    ("GET", "/v1/tasks/{task}/receipt"),
     ("GET", "/v1/space"),
     ("POST", "/v1/space/webhook-secret"),
     ("GET", "/v1/space/webhook"),
@@ -265,7 +267,7 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
         ("POST", "/v1/tasks/cancel"),
         ("POST", "/v1/tasks/{task}/ticket"),
         ("POST", "/v1/tasks/{task}/share"),
-        ("POST", "/v1/tasks/{task}/share"),
+        ("GET", "/v1/tasks/{task}/receipt"),
         ("GET", "/v1/space"),
         ("POST", "/v1/space/webhook-secret"),
         ("GET", "/v1/space/webhook"),
@@ -746,7 +748,11 @@ async fn the_real_answers_conform_to_the_document(pool: PgPool) {
     let fetch_op = &operations(&doc)[&("POST".to_owned(), "/v1/tasks/fetch".to_owned())];
     let mut shown = fetch_op["responses"]["402"]["content"]["application/json"]["example"].clone();
     shown["resource"]["url"] = challenge.body["resource"]["url"].clone();
-    assert_eq!(shown, challenge.body);
+    // And for the signed offers, made for each request (the example has none).
+    let mut answered = challenge.body.clone();
+    let offers = answered["extensions"].as_object_mut().and_then(|e| e.remove("offer-receipt"));
+    assert!(offers.is_some_and(|o| o["info"]["offers"].is_array()), "the dev catalog's 402 carries signed offers");
+    assert_eq!(shown, answered);
 
     let mut bad_key = post_json("/v1/tasks/digest", Some(&token), &input);
     bad_key.headers_mut().insert("idempotency-key", "".parse().unwrap());
