@@ -457,10 +457,17 @@ async fn wordfreq_metered_is_charged_the_lines_it_read_and_nothing_when_it_fails
     }
     assert_eq!(charges_to(&pay_to).await.len(), 2, "one transfer per task");
 
-    // Its input was never written: the function cannot read it and fails
+    // Its input is gone from storage: the function cannot read it and fails
     // the task for good; the authorization is released, nothing moves.
-    let unwritten = upload_of(&api, &pool, &text(), false).await;
-    let id = paid_create(&api, &payer, "wordfreq-metered", &unwritten).await;
+    // (Create checks the object is there: it goes between create and run.)
+    let gone = upload(&api, &pool, &text()).await;
+    let id = paid_create(&api, &payer, "wordfreq-metered", &gone).await;
+    let key: String = sqlx::query_scalar("SELECT key FROM uploads WHERE id = $1")
+        .bind(gone.parse::<Id>().unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    common::aws().await.s3.delete_object().bucket(common::bucket()).key(&key).send().await.unwrap();
     run_paid(&api, &worker, &pool, id).await;
     let task = send(&api.app, get_authed(&format!("/v1/tasks/{id}"), &api.token)).await.body;
     assert_eq!(task["status"], "failed", "{task}");
