@@ -412,7 +412,8 @@ impl Sweeper {
         .fetch_all(&self.db)
         .await?;
         for (id, kind) in owed {
-            match queue::enqueue(&self.sqs, &self.queue_url, id, &kind).await {
+            // No fair-queue group: a cancel owed is a rare, short message.
+            match queue::enqueue(&self.sqs, &self.queue_url, id, &kind, None).await {
                 Ok(()) => {
                     report.cancels += 1;
                     crate::infra::metrics::sweeper_action("cancel_owed", 1);

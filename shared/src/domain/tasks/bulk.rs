@@ -490,7 +490,7 @@ mod operator {
                     Some(Rerun::Queued { kind, events, .. }) => {
                         self.events.publish_all(id, &events).await;
                         tally.done += 1;
-                        if let Err(e) = super::super::queue::enqueue(self.sqs, self.queue_url, id, &kind).await {
+                        if let Err(e) = super::super::queue::enqueue(self.sqs, self.queue_url, id, &kind, None).await {
                             tracing::warn!(task_id = %id, error = %e, "a re-run task was not sent; the sweeper will");
                             tally.unsent += 1;
                         }
