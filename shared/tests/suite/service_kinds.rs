@@ -388,7 +388,7 @@ const CAPPED_LINES: u128 = 5;
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn wordfreq_metered_is_charged_the_lines_it_read_and_nothing_when_it_fails(pool: PgPool) {
     let chain = ChainLock::shared().await;
-    let watch = Watch::start().await;
+    let watch = Watch::start(EVERY).await;
     let pay_to = fresh_address();
     let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
     // The development catalog as it ships, paying a fresh address (so every
