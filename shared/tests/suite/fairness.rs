@@ -106,7 +106,7 @@ impl Runner for Gate {
 async fn poll(pool: &PgPool, toml: &str, queue: &str, gate: Arc<Gate>, concurrency: usize) -> Polling {
     let config: Config = common::with_catalog(common::config(pool), toml)
         .with(settings::QUEUE_URL, queue)
-        .with(settings::WORKER_CONCURRENCY, &concurrency.to_string());
+        .with(settings::WORKER_CONCURRENCY, concurrency.to_string());
     let ctx = common::with_runner(common::worker(&config).await, gate);
     let mut poller = Poller::connect(Arc::new(ctx), common::aws().await.sqs, queue).await.unwrap();
     poller.wait_time_seconds = 1;
