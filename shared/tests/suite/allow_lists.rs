@@ -150,6 +150,10 @@ async fn the_worker_gives_the_operator_allow_list_to_http_only(_pool: sqlx::PgPo
         ("REEVE_OPERATOR_ALLOW", "127.0.0.1".to_owned()),
         ("REEVE_OUTBOUND_ALLOW_HTTP", "1".to_owned()),
         ("REEVE_CHAIN_RPC_URLS", common::chain::chain_rpc_urls()),
+        // The development catalog sells wordfreq, a kind that speaks the
+        // executor protocol: its jobs carry report tokens and the route.
+        ("REEVE_TOKEN_KEY", common::TOKEN_KEY.to_owned()),
+        ("REEVE_REPORT_URL", "http://127.0.0.1:8080/v1/executor/reports".to_owned()),
     ];
     let config = Config::from_vars(vars).with(settings::CATALOG, catalog.display().to_string());
     let worker = startup::worker(&config, &sdk, Connect::Lazily).await.unwrap_or_else(|e| panic!("{e}"));

@@ -51,16 +51,22 @@ async fn queued_tasks(pool: &PgPool, n: usize) -> Vec<Id> {
 }
 
 async fn queued_tasks_of(pool: &PgPool, kind: &str, n: usize) -> Vec<Id> {
-    let space = Id::new().to_bytes();
-    sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')").bind(space).execute(pool).await.unwrap();
+    // Each in a Space of its own: these tests are about delivery, and one
+    // Space's tasks past `running_per_space` would wait parked (fairness::).
+    let spaces: Vec<[u8; 16]> = (0..n).map(|_| Id::new().to_bytes()).collect();
+    sqlx::query("INSERT INTO spaces (idx, hash) SELECT idx, 'x' FROM unnest($1::bytea[]) AS idx")
+        .bind(&spaces)
+        .execute(pool)
+        .await
+        .unwrap();
     let ids: Vec<Id> = (0..n).map(|_| Id::new()).collect();
     let raw: Vec<[u8; 16]> = ids.iter().map(|id| id.to_bytes()).collect();
     sqlx::query(
         "INSERT INTO tasks (id, space_idx, kind, input, status, last_seq)
-         SELECT id, $2, $3, '{}', 'queued', 1 FROM unnest($1::bytea[]) AS id",
+         SELECT t.id, t.space, $3, '{}', 'queued', 1 FROM unnest($1::bytea[], $2::bytea[]) AS t(id, space)",
     )
     .bind(&raw)
-    .bind(space)
+    .bind(&spaces)
     .bind(kind)
     .execute(pool)
     .await

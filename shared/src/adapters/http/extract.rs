@@ -4,7 +4,7 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, Uri, header};
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
@@ -129,11 +129,8 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 pub fn share_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
     let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
-    scheme.eq_ignore_ascii_case(SHARE_SCHEME).then(|| token.trim())
+    scheme.eq_ignore_ascii_case(crate::domain::auth::SHARE_SCHEME).then(|| token.trim())
 }
-
-/// The authentication scheme of a share link's token.
-pub const SHARE_SCHEME: &str = "Share";
 
 pub fn invalid_token() -> ApiError {
     ApiError::refused(&TokenRefusal::Invalid)
@@ -155,4 +152,31 @@ pub fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result
         Some(f) if f.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(&f) => Ok(f as u64),
         _ => Err(D::Error::custom(format!("invalid value: {n}, expected a non-negative integer"))),
     }
+}
+
+/// `scheme://host[:port]` of the API as the request reached it (the `Host`
+/// header or an absolute URI), if it says.
+pub(super) fn origin(uri: &Uri, headers: &HeaderMap) -> Option<String> {
+    let authority = uri.authority().map(|a| a.as_str().to_owned()).or_else(|| {
+        headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
+            .filter(|a| !a.as_str().contains('@'))
+            .map(|a| a.as_str().to_owned())
+    })?;
+    let forwarded = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .filter(|v| v == "http" || v == "https");
+    let host = authority.rsplit_once(':').map_or(authority.as_str(), |(h, _)| h);
+    let local = matches!(host, "localhost" | "127.0.0.1" | "[::1]");
+    let scheme = uri
+        .scheme_str()
+        .map(str::to_owned)
+        .or(forwarded)
+        .unwrap_or_else(|| if local { "http".into() } else { "https".into() });
+    Some(format!("{scheme}://{authority}"))
 }

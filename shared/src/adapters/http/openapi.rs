@@ -159,7 +159,7 @@ pub fn generated() -> Value {
     let mut doc = serde_json::to_value(doc).expect("the OpenAPI document serialises");
     // utoipa names only the registered schemes; a share link's is Reeve's own.
     doc["components"]["securitySchemes"][SHARE] = json!({
-        "type": "http", "scheme": super::extract::SHARE_SCHEME,
+        "type": "http", "scheme": crate::domain::auth::SHARE_SCHEME,
         "description": "A share link's `share` token from `POST /v1/tasks/{task}/share`: stream tickets of that \
             one task (`POST /v1/tasks/{task}/ticket`) for 24 h, and nothing else.",
     });

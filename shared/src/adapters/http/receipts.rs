@@ -66,7 +66,7 @@ async fn task_receipt(
     let Some(task) = id.ok().and_then(|Path(id)| id.parse::<Id>().ok()) else {
         return Err(ApiError::task_not_found());
     };
-    let origin = super::tasks::origin(&uri, &headers).unwrap_or_default();
+    let origin = super::extract::origin(&uri, &headers).unwrap_or_default();
     let resource_url = |kind: &str| format!("{origin}/v1/tasks/{kind}");
     match tasks::signed_receipt(&ctx.db, ctx.seller.as_deref(), &space, task, &resource_url).await.map_err(db_error)? {
         None => Err(ApiError::task_not_found()),

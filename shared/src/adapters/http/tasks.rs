@@ -656,34 +656,7 @@ fn challenge_response(challenge: &PaymentRequired) -> Response {
 /// The URL a client paid for: absolute when the request says which host it
 /// reached (the `Host` header or an absolute URI), else just the path.
 fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
-    format!("{}{}", origin(uri, headers).unwrap_or_default(), uri.path())
-}
-
-/// `scheme://host[:port]` of the API as the request reached it (the `Host`
-/// header or an absolute URI), if it says.
-pub(super) fn origin(uri: &Uri, headers: &HeaderMap) -> Option<String> {
-    let authority = uri.authority().map(|a| a.as_str().to_owned()).or_else(|| {
-        headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
-            .filter(|a| !a.as_str().contains('@'))
-            .map(|a| a.as_str().to_owned())
-    })?;
-    let forwarded = headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(',').next())
-        .map(|v| v.trim().to_ascii_lowercase())
-        .filter(|v| v == "http" || v == "https");
-    let host = authority.rsplit_once(':').map_or(authority.as_str(), |(h, _)| h);
-    let local = matches!(host, "localhost" | "127.0.0.1" | "[::1]");
-    let scheme = uri
-        .scheme_str()
-        .map(str::to_owned)
-        .or(forwarded)
-        .unwrap_or_else(|| if local { "http".into() } else { "https".into() });
-    Some(format!("{scheme}://{authority}"))
+    format!("{}{}", super::extract::origin(uri, headers).unwrap_or_default(), uri.path())
 }
 
 #[cfg(feature = "api-tasks")]

@@ -26,7 +26,7 @@ mod token;
 pub use password::{hash_space_id, verify_space_id};
 pub use report_token::{ReportToken, ReportTokenError, issue_report_token, verify_report_token};
 pub use secret::Secret;
-pub use share::{SHARE_TTL, ShareError, ShareToken, issue_share, verify_share};
+pub use share::{SHARE_SCHEME, SHARE_TTL, ShareError, ShareToken, issue_share, verify_share};
 pub use space_id::{SpaceId, SpaceIndex, space_index};
 pub use ticket::{StreamTicket, TICKET_TTL, TicketError, issue_ticket, issue_ticket_for_share, verify_ticket};
 pub use token::{

@@ -21,6 +21,10 @@
 use time::{Duration, OffsetDateTime};
 
 use super::ticket::{self, Holder, TicketError};
+
+/// The `Authorization` scheme a share link's token is sent with
+/// (`Authorization: Share <token>`), on the stream-ticket route only.
+pub const SHARE_SCHEME: &str = "Share";
 use super::{Secret, SessionId, SpaceIndex};
 
 /// How long a share link may be used to get stream tickets.
