@@ -632,6 +632,8 @@ async fn the_mcp_function_starts_from_its_configuration() {
             ("REEVE_QUEUE_URL", "http://127.0.0.1:5000/000000000000/q"),
             (settings::CATALOG, catalog.as_str()),
             (settings::CHAIN_RPC_URLS, chain.as_str()),
+            // reeve.dev.toml publishes a receipt signer: its key.
+            (settings::RECEIPT_KEY, common::RECEIPT_KEY),
         ]
         .iter()
         .chain(extra)
