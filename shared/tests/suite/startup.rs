@@ -56,9 +56,14 @@ fn config(vars: &[(&str, String)]) -> Config {
         None => config.with(settings::CHAIN_RPC_URLS, common::chain::chain_rpc_urls()),
     };
     // That catalog sells a service kind (wordfreq): its jobs say where to report.
-    match config.get(settings::REPORT_URL) {
+    let config = match config.get(settings::REPORT_URL) {
         Some(_) => config,
         None => config.with(settings::REPORT_URL, "http://127.0.0.1:8080/v1/executor/reports"),
+    };
+    // It publishes a receipt signer, whose key signs offers and receipts.
+    match config.get(settings::RECEIPT_KEY) {
+        Some(_) => config,
+        None => config.with(settings::RECEIPT_KEY, common::RECEIPT_KEY),
     }
 }
 
