@@ -450,9 +450,16 @@ test("a service kind shows its progress in its own words, then its output file w
   await choose("wordfreq");
   const lines = Array.from({ length: 12 }, (_, n) => `The cat sat on the mat, line ${n}; the end.`).join("\n") + "\n";
   await upload("words.txt", Buffer.from(lines), "text/plain");
+  // The page still shows the task the test before watched (finished):
+  // wait for this one's end, not that one's.
+  const before = await page.evaluate(() => document.body.dataset.watching);
   await page.click("#task-create");
   // The first run compiles the function under cargo lambda watch.
-  await page.waitForSelector("body[data-finished]", { timeout: 240_000 });
+  await page.waitForFunction(
+    (prev) => document.body.dataset.watching && document.body.dataset.watching !== prev && document.body.dataset.finished,
+    before,
+    { timeout: 240_000 },
+  );
   assert.equal(await page.locator("body").getAttribute("data-finished"), "completed", await text("#log"));
   assert.equal(await value("#bar"), "1");
   assert.equal(await text("#percent"), "100%");
