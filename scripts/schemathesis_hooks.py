@@ -13,7 +13,10 @@ pattern on every string of every kind's input, so the check lets exactly
 that refusal pass when the request holds a NUL, and no other. Likewise a
 bulk cancel's time range whose `created_after` is not before its
 `created_before`: an order between two fields, which JSON Schema cannot
-state, refused as `invalid_request` naming both.
+state, refused as `invalid_request` naming both. And a `webhook` given as
+a bare string: the document gives its `{url, events}` form a pattern, but
+utoipa puts none on the one-string form, so a string that is no http(s) URL
+is refused there (`invalid_webhook`) as the document says in words.
 """
 
 import schemathesis
@@ -77,6 +80,8 @@ def schema_valid_requests_are_accepted(ctx, response, case):
         and isinstance(after, str)
         and isinstance(before, str)
     ):
+        return None
+    if error.get("code") == "invalid_webhook" and isinstance(body.get("webhook"), str):
         return None
     raise AssertionError(
         f"a request the document calls valid was refused: {response.status_code} "

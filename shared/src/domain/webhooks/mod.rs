@@ -105,7 +105,11 @@ impl Default for WebhookSettings {
 pub struct Subscription {
     /// An `https://` URL on a public address (a private or loopback one is
     /// refused when it is called). Redirects are not followed.
-    #[schema(example = "https://example.com/hooks/reeve", pattern = URL_PATTERN, max_length = 2048)]
+    #[schema(
+        example = "https://example.com/hooks/reeve",
+        max_length = 2048,
+        pattern = r"^https?://[A-Za-z0-9]+([.-][A-Za-z0-9]+)*(:[0-9]{1,4})?(/[A-Za-z0-9._~/-]*)?$"
+    )]
     pub url: String,
     /// Which events to deliver: the ends `completed`, `failed`, `canceled`,
     /// and `progress` while the task runs. The three ends when left out.
@@ -113,11 +117,6 @@ pub struct Subscription {
     #[schema(example = json!(["completed", "failed", "progress"]), value_type = Vec<WebhookEvent>, min_items = 1)]
     pub events: Vec<String>,
 }
-
-/// What the document says a webhook URL looks like: an absolute `http(s)`
-/// URL naming a host, without credentials ([`Subscription::checked`] is the
-/// rule; this is the part of it JSON Schema can say).
-const URL_PATTERN: &str = r"^https?://[A-Za-z0-9]+([.-][A-Za-z0-9]+)*(:[0-9]{1,4})?(/[A-Za-z0-9._~/-]*)?$";
 
 /// A webhook event's name, for the document ([`SUBSCRIBABLE`]).
 #[derive(Serialize, utoipa::ToSchema)]
@@ -171,7 +170,7 @@ impl Subscription {
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum WebhookRequest {
-    #[schema(example = "https://example.com/hooks/reeve", pattern = URL_PATTERN, max_length = 2048)]
+    #[schema(example = "https://example.com/hooks/reeve")]
     Url(String),
     Subscription(Subscription),
 }
