@@ -129,6 +129,17 @@ pub fn object(value: Value) -> Arc<JsonObject> {
     }
 }
 
+/// The input of a tool that takes a Space ID and nothing else (`login`,
+/// `rotate_space`), `description` saying which ID.
+pub fn space_id_input(description: &str) -> Value {
+    json!({
+        "type": "object",
+        "properties": { "space_id": { "type": "string", "pattern": "^[0-9]{20}$", "description": description } },
+        "required": ["space_id"],
+        "additionalProperties": false
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

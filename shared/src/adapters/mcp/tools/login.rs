@@ -32,13 +32,7 @@ impl FixedTool for Login {
     }
 
     fn input_schema() -> Value {
-        json!({
-            "type": "object",
-            "properties": { "space_id": { "type": "string", "pattern": "^[0-9]{20}$",
-                "description": "The 20-digit Space ID from create_space." } },
-            "required": ["space_id"],
-            "additionalProperties": false
-        })
+        crate::adapters::mcp::schema::space_id_input("The 20-digit Space ID from create_space.")
     }
 
     fn output_schema() -> Value {

@@ -34,13 +34,7 @@ impl FixedTool for RotateSpace {
     }
 
     fn input_schema() -> Value {
-        json!({
-            "type": "object",
-            "properties": { "space_id": { "type": "string", "pattern": "^[0-9]{20}$",
-                "description": "The Space's current 20-digit Space ID." } },
-            "required": ["space_id"],
-            "additionalProperties": false
-        })
+        crate::adapters::mcp::schema::space_id_input("The Space's current 20-digit Space ID.")
     }
 
     fn output_schema() -> Value {
