@@ -28,6 +28,9 @@ use sqlx::PgPool;
 
 /// 0.01 of the local 6-decimal token.
 const PRICE: u128 = 10_000;
+/// A fetch metered per KiB (x402's `upto`), authorized up to this.
+const METERED: &str = "metered_fetch";
+const CEILING: u128 = 1_000;
 const LEGACY: &str = "2025-11-25";
 const MODERN: &str = "2026-07-28";
 
@@ -46,6 +49,24 @@ fn catalog(pay_to: &str) -> String {
         {}
         "#,
         common::cent_on_mainnet_then_local("fetch")
+    ) + &format!(
+        r#"
+        [tasks.{METERED}]
+        title = "Metered fetch"
+        description = "Fetch a URL, paid per KiB"
+        executor = "fetch"
+        [tasks.{METERED}.input_schema]
+        type = "object"
+        required = ["url"]
+        [tasks.{METERED}.input_schema.properties.url]
+        type = "string"
+        [[tasks.{METERED}.accepts]]
+        asset = "local"
+        scheme = "upto"
+        unit = "KiB"
+        rate = "7"
+        amount = "{CEILING}"
+        "#
     );
     let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
     common::paid_catalog_text(pay_to, &facilitator, 300, &tasks)
@@ -105,13 +126,17 @@ impl Shop {
     /// A 2025-11-25 `tools/call` of `fetch` with `session` (the sealed
     /// declaration), by the Space of `token`: the JSON-RPC answer.
     async fn legacy_call(&self, token: &str, session: Option<&str>, url: &str) -> Value {
+        self.legacy_call_of("fetch", token, session, url).await
+    }
+
+    async fn legacy_call_of(&self, tool: &str, token: &str, session: Option<&str>, url: &str) -> Value {
         let bearer = format!("Bearer {token}");
         let mut headers = vec![("mcp-protocol-version", LEGACY), ("authorization", bearer.as_str())];
         if let Some(session) = session {
             headers.push(("mcp-session-id", session));
         }
         let body = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": { "name": "fetch", "arguments": { "url": url } } });
+            "params": { "name": tool, "arguments": { "url": url } } });
         let (status, _, answer) = self.rpc(&headers, body).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
         answer
@@ -154,13 +179,19 @@ impl Shop {
     /// Pays the link `token` from `payer`, as the page does: the challenge,
     /// then the signed payment. The task's id.
     async fn pay(&self, token: &str, payer: &Payer) -> String {
+        let paid = self.pay_reply(token, payer).await;
+        assert!(paid.headers.contains_key("payment-response"), "a receipt of the settlement");
+        paid.body["id"].as_str().unwrap().to_owned()
+    }
+
+    /// The page's payment's answer: the challenge, then the signed payment.
+    async fn pay_reply(&self, token: &str, payer: &Payer) -> Reply {
         let asked = self.pay_link("POST", token, None).await;
         assert_eq!(asked.status, StatusCode::PAYMENT_REQUIRED, "{}", asked.body);
         let challenge = asked.headers["payment-required"].to_str().unwrap().to_owned();
         let paid = self.pay_link("POST", token, Some(&payer.sign(&challenge).await)).await;
         assert_eq!(paid.status, StatusCode::ACCEPTED, "{}", paid.body);
-        assert!(paid.headers.contains_key("payment-response"), "a receipt of the settlement");
-        paid.body["id"].as_str().unwrap().to_owned()
+        paid
     }
 
     async fn tasks(&self) -> i64 {
@@ -367,5 +398,37 @@ async fn an_expired_altered_or_missing_pay_link_is_refused_and_charges_nothing(p
     assert_ne!(fresh, link, "a new link");
     assert_eq!(shop.pay_link("GET", &token_in(&fresh), None).await.status, StatusCode::OK);
     assert!(charges_to(&shop.pay_to).await.is_empty());
+    shop.done().await;
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_metered_kind_paid_by_link_is_authorized_up_to_its_ceiling_and_the_retry_answers_its_task(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let url = "http://127.0.0.1:1/metered";
+    let session = shop.initialize(json!({ "elicitation": { "url": {} } })).await.unwrap();
+    let asked = shop.legacy_call_of(METERED, &shop.token, Some(&session), url).await;
+    let link = elicitation(&asked)["url"].as_str().unwrap().to_owned();
+    assert!(elicitation(&asked)["message"].as_str().unwrap().contains("up to"), "the ceiling in words: {asked}");
+    let token = token_in(&link);
+    let offer = shop.pay_link("GET", &token, None).await;
+    let accepts = &offer.body["payment_required"]["accepts"];
+    assert_eq!((&accepts[0]["scheme"], &accepts[0]["amount"]), (&json!("upto"), &json!(CEILING.to_string())));
+
+    // Paid on the page: authorized up to the ceiling, nothing charged yet.
+    let before = balance(&payer.address).await;
+    let paid = shop.pay_reply(&token, &payer).await;
+    let payment = &paid.body["payment"];
+    assert_eq!((&payment["scheme"], &payment["status"]), (&json!("upto"), &json!("authorized")), "{}", paid.body);
+    assert_eq!(payment["authorized"], CEILING.to_string());
+    assert_eq!(balance(&payer.address).await, before, "charged only when the task ends");
+
+    // The agent's retry: that task, its payment authorized.
+    let retried = shop.legacy_call_of(METERED, &shop.token, Some(&session), url).await;
+    let task = &retried["result"]["structuredContent"];
+    assert_eq!(task["id"], paid.body["id"], "{retried}");
+    assert_eq!(task["payment"]["status"], "authorized", "{retried}");
+    assert_eq!(shop.tasks().await, 1);
     shop.done().await;
 }
