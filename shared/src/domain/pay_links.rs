@@ -281,6 +281,9 @@ pub async fn latest(
 }
 
 /// A new link for this offer, payable until [`PAY_LINK_TTL`] from `now`.
+/// The Space's links older than [`ANSWERS_FOR`] go first: no call meets
+/// them any more, and a task bought with one keeps its key, so a Space
+/// holds only the last hour's links.
 pub async fn issue(
     db: &PgPool,
     space: &SpaceIndex,
@@ -293,6 +296,11 @@ pub async fn issue(
     let key = format!("{KEY_PREFIX}{id}");
     let input_sha256 = crate::domain::payments::offer_receipt::sha256_json(input);
     let expires_at = now + PAY_LINK_TTL;
+    sqlx::query("DELETE FROM pay_links WHERE space_idx = $1 AND created_at < $2")
+        .bind(space.as_bytes().as_slice())
+        .bind(now - ANSWERS_FOR)
+        .execute(db)
+        .await?;
     sqlx::query(
         "INSERT INTO pay_links (id, space_idx, kind, input, input_sha256, prices, key, created_at, expires_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",

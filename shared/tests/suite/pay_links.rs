@@ -397,6 +397,16 @@ async fn an_expired_altered_or_missing_pay_link_is_refused_and_charges_nothing(p
         elicitation(&shop.legacy_call(&shop.token, Some(&session), url).await)["url"].as_str().unwrap().to_owned();
     assert_ne!(fresh, link, "a new link");
     assert_eq!(shop.pay_link("GET", &token_in(&fresh), None).await.status, StatusCode::OK);
+    // A Space keeps only its last hour's links: an older one is gone once
+    // another is made.
+    sqlx::query("UPDATE pay_links SET created_at = now() - interval '2 hours' WHERE expires_at < now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    elicitation(&shop.legacy_call(&shop.token, Some(&session), "http://127.0.0.1:1/another").await);
+    let gone = shop.pay_link("GET", &token, None).await;
+    assert_eq!((gone.status, gone.code()), (StatusCode::NOT_FOUND, "pay_link_invalid"), "{}", gone.body);
+    assert_eq!(shop.pay_link("GET", &token_in(&fresh), None).await.status, StatusCode::OK, "the last hour's stay");
     assert!(charges_to(&shop.pay_to).await.is_empty());
     shop.done().await;
 }
