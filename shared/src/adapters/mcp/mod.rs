@@ -25,7 +25,9 @@
 //! - [`failure`]: the boundary's errors, each a stable `code`.
 //!
 //! **Stateless.** No session store: each POST is served on its own (rmcp's
-//! stateless mode), so any Lambda instance answers any request. A reply is
+//! stateless mode), so any Lambda instance answers any request. (The
+//! `Mcp-Session-Id` a client declaring URL elicitation is given is no
+//! session: its declaration, sealed; see [`elicit`].) A reply is
 //! plain JSON unless the tool sends a notification first (progress), when
 //! rmcp switches that one reply to an event stream.
 //!
