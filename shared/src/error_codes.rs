@@ -23,6 +23,7 @@ use crate::domain::auth::AuthError;
 use crate::domain::error::{TaskRefusal, TokenRefusal};
 use crate::domain::executors::service::ReportRefusal;
 use crate::domain::login_limits::{Action, Limited};
+use crate::domain::pay_links::PayLinkRefusal;
 use crate::domain::payments::challenge::Resource;
 use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse, UptoRefusal};
 use crate::domain::spaces::SpaceError;
@@ -202,6 +203,32 @@ fn every_webhook_refusal() -> Vec<WebhookRefusal> {
     all
 }
 
+fn every_pay_link_refusal() -> Vec<PayLinkRefusal> {
+    let all = vec![
+        PayLinkRefusal::Invalid,
+        PayLinkRefusal::RequestState,
+        PayLinkRefusal::Expired,
+        PayLinkRefusal::Used,
+        PayLinkRefusal::OtherSpace,
+        PayLinkRefusal::InputChanged,
+        PayLinkRefusal::PriceChanged,
+        PayLinkRefusal::Db(sqlx::Error::PoolTimedOut),
+    ];
+    for e in &all {
+        match e {
+            PayLinkRefusal::Invalid
+            | PayLinkRefusal::RequestState
+            | PayLinkRefusal::Expired
+            | PayLinkRefusal::Used
+            | PayLinkRefusal::OtherSpace
+            | PayLinkRefusal::InputChanged
+            | PayLinkRefusal::PriceChanged
+            | PayLinkRefusal::Db(_) => {}
+        }
+    }
+    all
+}
+
 fn every_token_refusal() -> Vec<TokenRefusal> {
     let all = vec![
         TokenRefusal::Missing,
@@ -251,6 +278,7 @@ fn answers() -> Vec<Answer> {
     all.extend(both(every_login_limit, |e| ApiError::refused(&e)));
     all.extend(both(every_task_refusal, |e| ApiError::refused(&e)));
     all.extend(both(every_token_refusal, |e| ApiError::refused(&e)));
+    all.extend(both(every_pay_link_refusal, |e| ApiError::refused(&e)));
     // Not an MCP tool's yet: its answer there is the one vocabulary's all the same.
     all.extend(every_webhook_refusal().into_iter().map(|e| Answer {
         shown: format!("{e:?}"),

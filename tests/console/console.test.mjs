@@ -9,8 +9,11 @@
 // paid with the browser's wallet, and the receipt names the chain's
 // transaction; every refusal is shown in words; a metered task (x402 upto)
 // is authorized up to its ceiling with Permit2 and the token's permit, then
-// charged exactly what it used; the task list cancels a queued task, and the
-// credit a canceled paid task leaves pays the next one. A service kind
+// charged exactly what it used; the task list cancels a queued task, or the
+// ticked ones at once (Cancel selected), and the credit a canceled paid task
+// leaves pays the next one. An agent on the official TypeScript MCP SDK,
+// with no wallet but URL elicitation declared, is given a pay link for a
+// priced tool; the page pays it, and the agent's retried call gets that task. A service kind
 // (examples/wordfreq under `cargo lambda watch`) shows its progress in its
 // own words and ends with its output file's download link.
 // A separate relay serves the page calling the API it was configured with,
@@ -886,6 +889,43 @@ test("the task list shows the Space's tasks, and a queued one is canceled", asyn
   assert.match(await text("#notice"), /is canceled/);
 });
 
+test("Cancel selected: the ticked queued tasks are canceled in one request, and the one left unticked stays queued", async () => {
+  // The worker is still stopped: new tasks stay queued.
+  const made = [];
+  // The page watches each task it creates: a new id there is the new task.
+  const seen = [await page.locator("body").getAttribute("data-watching")];
+  for (const name of ["bulk-a.txt", "bulk-b.txt", "bulk-c.txt"]) {
+    await choose("digest");
+    await upload(name, Buffer.from(`cancel ${name} with the others\n`), "text/plain");
+    await page.click("#task-create");
+    await page.waitForFunction((known) => document.body.dataset.watching && !known.includes(document.body.dataset.watching), seen);
+    const id = await page.locator("body").getAttribute("data-watching");
+    made.push(id); seen.push(id);
+  }
+  await page.click("#tasks-refresh");
+  for (const id of made) await page.waitForSelector(`#tasks tbody tr[data-task="${id}"][data-status=queued] input.pick`);
+  assert.equal(await page.locator("#tasks-cancel").isDisabled(), true, "nothing ticked, nothing to cancel");
+  const sent = [];
+  const record = (r) => { if (new URL(r.url()).pathname === "/v1/tasks/cancel") sent.push(r.postDataJSON()); };
+  page.on("request", record);
+  await page.check(`#tasks tbody tr[data-task="${made[0]}"] input.pick`);
+  await page.check(`#tasks tbody tr[data-task="${made[1]}"] input.pick`);
+  assert.equal(await page.locator("#tasks-cancel").isDisabled(), false);
+  await page.click("#tasks-cancel");
+  await page.waitForSelector(`#tasks tbody tr[data-task="${made[0]}"][data-status=canceled]`);
+  await page.waitForSelector(`#tasks tbody tr[data-task="${made[1]}"][data-status=canceled]`);
+  page.off("request", record);
+  assert.equal(sent.length, 1, "one request for both");
+  assert.deepEqual(new Set(sent[0].ids), new Set([made[0], made[1]]));
+  assert.match(await text("#notice"), /^2 canceled\.$/);
+  assert.equal(await page.locator("#tasks-cancel").isDisabled(), true);
+  assert.equal(await page.locator(`#tasks tbody tr[data-task="${made[2]}"]`).getAttribute("data-status"), "queued");
+  const statuses = Object.fromEntries((await tasks()).map((t) => [t.id, t.status]));
+  assert.deepEqual(made.map((id) => statuses[id]), ["canceled", "canceled", "queued"], "as the server has them");
+  await page.click(`#tasks tbody tr[data-task="${made[2]}"] button.cancel`);
+  await page.waitForSelector(`#tasks tbody tr[data-task="${made[2]}"][data-status=canceled]`);
+});
+
 test("a paid task canceled before it ran leaves a credit, which pays the next one with no wallet asked", async () => {
   // The worker is still stopped: the paid task stays queued.
   wallet.reset(); wallet.chainId = 84532;
@@ -965,4 +1005,86 @@ test("Rotate the Space ID asks first, then shows the new ID once; the old one op
 
   await page.click("#tasks-refresh");
   await page.waitForFunction((n) => document.querySelectorAll("#tasks tbody tr").length === n, tasksBefore);
+});
+
+test("an MCP client without x402 that declares URL elicitation gets a pay link; a person pays it on the page, and the retried call returns that task: one charge, one task", async () => {
+  // The official TypeScript SDK, as a desktop agent uses it: no wallet, URL
+  // elicitation declared. Its session token is the agent's own.
+  const { Client } = await import("@modelcontextprotocol/sdk/client/index.js");
+  const { StreamableHTTPClientTransport } = await import("@modelcontextprotocol/sdk/client/streamableHttp.js");
+  const { ErrorCode, UrlElicitationRequiredError } = await import("@modelcontextprotocol/sdk/types.js");
+  const endpoint = new URL(`${base}/mcp`);
+  async function connect(token) {
+    const client = new Client({ name: "reeve-console-agent", version: "1.0.0" }, { capabilities: { elicitation: { url: {} } } });
+    const headers = token ? { authorization: `Bearer ${token}` } : {};
+    await client.connect(new StreamableHTTPClientTransport(endpoint, { requestInit: { headers } }));
+    return client;
+  }
+  const anonymous = await connect();
+  const space = (await anonymous.callTool({ name: "create_space", arguments: {} })).structuredContent;
+  await anonymous.close();
+  const agent = await connect(space.token);
+  try {
+    await agent.listTools();
+    const bytes = Buffer.from("a digest an agent asked for, paid by a person\n");
+    const stored = (await agent.callTool({ name: "create_upload", arguments: {
+      filename: "agent.txt", content_type: "text/plain", content_base64: bytes.toString("base64") } })).structuredContent;
+    const args = { upload_id: stored.upload_id };
+    const elicited = async () => {
+      let elicitation;
+      await assert.rejects(agent.callTool({ name: "paid-digest", arguments: args }), (e) => {
+        assert.ok(e instanceof UrlElicitationRequiredError, `${e}`);
+        assert.equal(e.code, ErrorCode.UrlElicitationRequired);
+        [elicitation] = e.elicitations;
+        return true;
+      });
+      return elicitation;
+    };
+    const elicitation = await elicited();
+    assert.equal(elicitation.mode, "url");
+    const link = new URL(elicitation.url);
+    assert.equal(link.origin, base, "the console beside the endpoint");
+    assert.match(link.hash, /^#pay=[0-9A-HJKMNP-TV-Z]{26}\.[A-Za-z0-9_-]{22}$/);
+    for (const secret of [space.token, space.space_id]) assert.ok(!elicitation.url.includes(secret), "no credential in the link");
+    assert.match(elicitation.message, /paid-digest again with the same arguments/);
+    // Asked again before anyone paid: the same link, not a second one.
+    assert.equal((await elicited()).url, elicitation.url);
+
+    // A person opens the link in their browser and pays with their wallet.
+    wallet.reset(); wallet.chainId = 84532;
+    const before = await balance(payer);
+    await page.goto("about:blank");
+    await page.goto(elicitation.url);
+    await page.waitForSelector("body[data-pay-link=open]");
+    assert.equal(await page.locator("#space-section").isHidden(), true, "no Space is needed to pay");
+    assert.equal(await text("#pay-link-kind"), "paid-digest");
+    assert.deepEqual(JSON.parse(await text("#pay-link-input")), args, "what the agent asked for");
+    assert.equal(await text("#pay-link-digest"), createHash("sha256").update(JSON.stringify(args)).digest("hex"));
+    assert.match(await text("#pay-link-price"), /^0\.01 USDC on Base Sepolia \(test\) \(eip155:84532\)/);
+    assert.match(await text("#pay-link-next"), /the agent's next call of the tool gets it/);
+    await shot("8-pay-link");
+    await payLocal();
+    await page.waitForSelector("body[data-pay-link=paid]", { timeout: 30_000 });
+    const task = await page.locator("#pay-link-status").getAttribute("data-task");
+    assert.equal(await text("#receipt-payer"), payer.toLowerCase());
+    assert.equal(await balance(payer), before - PRICE, "charged the price, once");
+
+    // The agent calls again, with the same arguments: the task the page bought.
+    const retried = await agent.callTool({ name: "paid-digest", arguments: args });
+    assert.notEqual(retried.isError, true, JSON.stringify(retried));
+    assert.equal(retried.structuredContent.id, task);
+    assert.equal(retried._meta["x402/payment-response"].payer, payer.toLowerCase(), "with the receipt of its payment");
+    assert.equal((await agent.callTool({ name: "paid-digest", arguments: args })).structuredContent.id, task);
+    const listed = (await agent.callTool({ name: "list_tasks", arguments: {} })).structuredContent.tasks;
+    assert.deepEqual(listed.map((t) => t.id), [task], "one task in the agent's Space");
+
+    // The link is spent: opened again, it says so and charges nothing.
+    await page.goto("about:blank");
+    await page.goto(elicitation.url);
+    await page.waitForSelector("#pay-link-status[data-code=pay_link_used]");
+    assert.equal(await page.locator("#payment").isHidden(), true, "nothing to pay");
+    assert.equal(await balance(payer), before - PRICE, "nothing more was charged");
+  } finally {
+    await agent.close();
+  }
 });

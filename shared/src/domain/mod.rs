@@ -14,6 +14,8 @@ pub mod ids;
 // Not only `api-auth`'s: every function's settings carry the login budgets
 // (`startup::settings`, `ApiSettings`), whether or not it spends them.
 pub mod login_limits;
+#[cfg(feature = "api-tasks")]
+pub mod pay_links;
 pub mod payments;
 #[cfg(feature = "relay")]
 pub mod relay;

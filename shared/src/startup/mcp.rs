@@ -32,6 +32,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
     let bucket = env.required(settings::BUCKET);
     let queue_url = env.required(settings::QUEUE_URL);
     let mcp_settings = settings::mcp_settings(&env, false);
+    let console_url = env.optional(settings::CONSOLE_URL);
     let limits = settings::login_limits(&mut env);
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
@@ -56,6 +57,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
     if let Some(fresh) = Arc::get_mut(&mut ctx) {
         fresh.limits = limits;
         fresh.seller = seller;
+        fresh.console_url = console_url;
     }
     Ok(ctx)
 }

@@ -180,6 +180,9 @@ pub const API_ORIGIN: &str = "REEVE_API_ORIGIN";
 pub const MCP_ALLOWED_HOSTS: &str = "REEVE_MCP_ALLOWED_HOSTS";
 /// Browser origins allowed to call `POST /mcp` (comma-separated; none if unset).
 pub const MCP_ALLOWED_ORIGINS: &str = "REEVE_MCP_ALLOWED_ORIGINS";
+/// The console's URL (the relay's), where `POST /mcp` sends a person to pay
+/// a pay link; unset, the origin the MCP request reached (`reeve serve`).
+pub const CONSOLE_URL: &str = "REEVE_CONSOLE_URL";
 
 // Names that belong to a lower floor, which reads them itself; here too, so
 // every variable Reeve reads is named in this file (the README's table is

@@ -26,6 +26,7 @@ mod mcp;
 mod metered;
 mod openapi;
 mod page;
+mod pay_links;
 mod payments;
 mod quota;
 mod receipts;

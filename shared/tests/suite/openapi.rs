@@ -14,7 +14,7 @@ use axum::http::{Method, Request, StatusCode};
 use common::{Reply, TestQueue, get, get_authed, new_session, post_json, send};
 use reeve_shared::catalog::Catalog;
 use reeve_shared::http::stream;
-use reeve_shared::http::{self, BEARER, Ctx, SHARE, STREAM_PATH, TICKET, app, openapi};
+use reeve_shared::http::{self, BEARER, Ctx, PAY_LINK, SHARE, STREAM_PATH, TICKET, app, openapi};
 use reeve_shared::ids::Id;
 use reeve_shared::settings;
 use serde_json::{Value, json};
@@ -24,7 +24,7 @@ use tower::ServiceExt;
 
 /// Every route of the API: one create per kind of the shipped catalog, and
 /// the relay's stream. Adding one means adding it here too.
-const ROUTES: [(&str, &str); 29] = [
+const ROUTES: [(&str, &str); 31] = [
     ("GET", "/healthz"),
     ("GET", "/v1/catalog"),
     ("GET", "/v1/openapi.json"),
@@ -54,10 +54,15 @@ const ROUTES: [(&str, &str); 29] = [
     ("GET", "/v1/tasks/{task}/webhooks"),
     ("GET", "/v1/tasks/{task}/events"),
     ("POST", "/v1/executor/reports"),
+    ("GET", "/v1/pay-link"),
+    ("POST", "/v1/pay-link"),
 ];
 
 /// The route that takes a job's report token, not a session's.
 const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
+
+/// The routes that take a pay link's token (`Authorization: PayLink`).
+const PAY_LINK_ROUTES: [(&str, &str); 2] = [("GET", "/v1/pay-link"), ("POST", "/v1/pay-link")];
 
 /// The routes whose handlers take a bearer token.
 const BEARER_ROUTES: [(&str, &str); 23] = [
@@ -251,12 +256,15 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
     // The executor report route shares the task-create function.
     let mut create_doc = http::tasks::create_router().into_openapi();
     create_doc.merge(http::executor_reports::router().into_openapi());
+    // So does the pay page's pay link: paying it creates a task.
+    create_doc.merge(http::pay_links::router().into_openapi());
     let mut creates = creates;
     creates.insert((REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()));
+    creates.extend(expected(&PAY_LINK_ROUTES));
     all.push((
         "task-create",
         create_doc,
-        expected(&[("POST", CREATE_TEMPLATE), REPORT_ROUTE]),
+        expected(&[("POST", CREATE_TEMPLATE), REPORT_ROUTE, PAY_LINK_ROUTES[0], PAY_LINK_ROUTES[1]]),
         creates,
         http::task_create_app(ctx.task_create.clone()),
     ));
@@ -327,13 +335,16 @@ async fn every_documented_route_is_routed_and_no_other_method_is(pool: PgPool) {
                     reply.body
                 );
                 assert_conforms(&doc, method.as_str(), path, &reply);
-                // The report route takes a job's report token, and names its own code.
-                let code = if route == (REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()) {
-                    "invalid_report_token"
+                // The report route takes a job's report token, and names its
+                // own code; a pay link's route, a pay link (`404`: no link).
+                let (status, code) = if route == (REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()) {
+                    (StatusCode::UNAUTHORIZED, "invalid_report_token")
+                } else if expected(&PAY_LINK_ROUTES).contains(&route) {
+                    (StatusCode::NOT_FOUND, "pay_link_invalid")
                 } else {
-                    "missing_token"
+                    (StatusCode::UNAUTHORIZED, "missing_token")
                 };
-                let refused_for_no_token = reply.status == StatusCode::UNAUTHORIZED && reply.code() == code;
+                let refused_for_no_token = reply.status == status && reply.code() == code;
                 assert_eq!(
                     refused_for_no_token,
                     bearer.contains(&route),
@@ -453,6 +464,10 @@ fn bearer_routes_declare_the_security_requirement_and_public_ones_none() {
             assert_eq!(declared, schemes, "{route:?}");
             let unauthorized = op["responses"]["401"]["description"].as_str().unwrap_or_default();
             assert!(unauthorized.contains("`missing_token`") && unauthorized.contains("`invalid_token`"), "{route:?}");
+        } else if expected(&PAY_LINK_ROUTES).contains(&route) {
+            assert_eq!(declared, json!([{ PAY_LINK: [] }]), "{route:?}");
+            let scheme = &doc["components"]["securitySchemes"][PAY_LINK];
+            assert_eq!((&scheme["type"], &scheme["scheme"]), (&json!("http"), &json!("PayLink")), "{scheme}");
         } else if route == (REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()) {
             assert_eq!(declared, json!([{ "report_token": [] }]), "{route:?}");
             let scheme = &doc["components"]["securitySchemes"]["report_token"];

@@ -8,6 +8,11 @@
 //! own configuration (`REEVE_API_ORIGIN`: the template's API URL in AWS)
 //! into the page's `<meta name="reeve-api-origin">`; left empty, as under
 //! `reeve serve`, the page calls its own origin.
+//!
+//! The same page is the **pay page** of a pay link (`/#pay=<token>`, which
+//! `POST /mcp` gives a client without x402): it then shows only that offer
+//! (what the agent asked for, its price, what happens next) and pays it with
+//! the console's own wallet flow at `/v1/pay-link` (`domain::pay_links`).
 
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};

@@ -75,6 +75,8 @@ pub(crate) mod limit;
 pub mod login;
 #[cfg(feature = "api-catalog")]
 mod openapi;
+#[cfg(feature = "api-tasks")]
+pub mod pay_links;
 #[cfg(feature = "api-task-status")]
 mod receipts;
 #[cfg(feature = "relay")]
@@ -121,7 +123,7 @@ pub use error::{ApiError, ErrorEnvelope, REQUEST_ID_HEADER, envelope};
 #[cfg(feature = "api")]
 pub use openapi::generated as generated_openapi;
 #[cfg(feature = "api-catalog")]
-pub use openapi::{BEARER, SHARE, STREAM_PATH, TICKET, openapi};
+pub use openapi::{BEARER, PAY_LINK, SHARE, STREAM_PATH, TICKET, openapi};
 #[cfg(feature = "relay")]
 pub use relay_context::{DEFAULT_KEEPALIVE, RelayContext, RelayCtx, RelayLimits};
 
@@ -170,16 +172,17 @@ pub fn presign_app(ctx: Arc<UploadsContext>) -> Router {
 }
 
 #[cfg(feature = "api-tasks")]
-/// The `task-create` function: `POST /v1/tasks/{kind}` and the executor
+/// The `task-create` function: `POST /v1/tasks/{kind}`, the executor
 /// report route (`POST /v1/executor/reports`, see [`executor_reports`] for
-/// why it lives here).
+/// why it lives here) and the pay page's `GET`/`POST /v1/pay-link`
+/// ([`pay_links`]: paying a link creates a task, with what a create needs).
 pub fn task_create_app(ctx: Arc<TaskCreateContext>) -> Router {
     finish(routed(task_create_routes(), ctx))
 }
 
 #[cfg(feature = "api-tasks")]
 fn task_create_routes() -> OpenApiRouter<Arc<TaskCreateContext>> {
-    tasks::create_router().merge(executor_reports::router())
+    tasks::create_router().merge(executor_reports::router()).merge(pay_links::router())
 }
 
 #[cfg(feature = "api-task-status")]

@@ -48,6 +48,10 @@ pub const TICKET: &str = "ticket";
 /// `Authorization: Share <share>`.
 pub const SHARE: &str = "share";
 
+/// The name of the scheme only `GET`/`POST /v1/pay-link` accept: a pay
+/// link's token, sent as `Authorization: PayLink <token>`.
+pub const PAY_LINK: &str = "pay_link";
+
 /// The routed path every task create shares; the document lists one
 /// concrete path per kind instead.
 const CREATE_TEMPLATE: &str = "/v1/tasks/{task}";
@@ -163,6 +167,15 @@ pub fn generated() -> Value {
         "description": "A share link's `share` token from `POST /v1/tasks/{task}/share`: stream tickets of that \
             one task (`POST /v1/tasks/{task}/ticket`) for 24 h, and nothing else.",
     });
+    #[cfg(feature = "api-tasks")]
+    {
+        doc["components"]["securitySchemes"][PAY_LINK] = json!({
+            "type": "http", "scheme": crate::domain::pay_links::PAY_LINK_SCHEME,
+            "description": "A pay link's token, from the URL an MCP client was given for a priced tool (the \
+                console's `/#pay=<token>`): it reads that one offer and pays it (`/v1/pay-link`), for 15 minutes, \
+                and nothing else of the Space.",
+        });
+    }
     stream(&mut doc);
     doc
 }

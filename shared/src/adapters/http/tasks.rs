@@ -125,7 +125,7 @@ struct CreateRequest {
 /// A created (or replayed) task.
 #[derive(Serialize, ToSchema)]
 #[schema(as = TaskAccepted)]
-struct Accepted {
+pub(super) struct Accepted {
     id: Id,
     kind: String,
     status: TaskStatus,
@@ -311,7 +311,7 @@ async fn create_task(
 #[cfg(feature = "api-tasks")]
 /// A header that must be visible ASCII if present (`400 invalid_payment`
 /// for a payment that is not).
-fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, SubmitFailure> {
+pub(super) fn header_text<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, SubmitFailure> {
     let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);
@@ -639,7 +639,7 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<&str>> {
 }
 
 #[cfg(feature = "api-tasks")]
-fn challenge_response(challenge: &PaymentRequired) -> Response {
+pub(super) fn challenge_response(challenge: &PaymentRequired) -> Response {
     let header_value = HeaderValue::from_str(&challenge.header_value()).expect("base64 is a valid header value");
     let mut response = (
         StatusCode::PAYMENT_REQUIRED,
@@ -655,12 +655,12 @@ fn challenge_response(challenge: &PaymentRequired) -> Response {
 #[cfg(feature = "api-tasks")]
 /// The URL a client paid for: absolute when the request says which host it
 /// reached (the `Host` header or an absolute URI), else just the path.
-fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
+pub(super) fn resource_url(uri: &Uri, headers: &HeaderMap) -> String {
     format!("{}{}", super::extract::origin(uri, headers).unwrap_or_default(), uri.path())
 }
 
 #[cfg(feature = "api-tasks")]
-fn accepted(submitted: Submitted) -> Response {
+pub(super) fn accepted(submitted: Submitted) -> Response {
     let Submitted { task, replayed, paid } = submitted;
     let body = Accepted {
         id: task.id,

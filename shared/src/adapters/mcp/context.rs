@@ -95,6 +95,10 @@ pub struct McpContext {
     /// The key offers and receipts are signed with, if the catalog
     /// publishes one.
     pub seller: Option<Arc<crate::domain::payments::offer_receipt::SellerKey>>,
+    /// The console's URL (`REEVE_CONSOLE_URL`, the relay's URL in AWS), where
+    /// a pay link's page is (`super::elicit`). `None`: the origin the
+    /// request reached, as under `reeve serve`, which serves both.
+    pub console_url: Option<String>,
 }
 
 impl McpContext {
@@ -130,6 +134,7 @@ impl McpContext {
             settings,
             limits: Default::default(),
             seller: None,
+            console_url: None,
         })
     }
 

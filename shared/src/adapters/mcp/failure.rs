@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use crate::domain::error::{ErrorKind, Refusal, TaskRefusal, TokenRefusal, Wording};
 use crate::domain::login_limits::Limited;
+use crate::domain::pay_links::PayLinkRefusal;
 use crate::domain::payments::{PayError, PaymentRequired};
 use crate::domain::spaces::SpaceError;
 use crate::domain::tasks::SubmitError;
@@ -120,4 +121,14 @@ macro_rules! refused_from {
         }
     )*};
 }
-refused_from!(sqlx::Error, SpaceError, CreateError, SubmitError, PayError, Limited, TaskRefusal, TokenRefusal);
+refused_from!(
+    sqlx::Error,
+    SpaceError,
+    CreateError,
+    SubmitError,
+    PayError,
+    Limited,
+    TaskRefusal,
+    TokenRefusal,
+    PayLinkRefusal
+);

@@ -17,7 +17,7 @@ use super::payment;
 use super::schema::{Priced, object, output_schema, task_schema};
 use super::wait::{self, MAX_WAIT_SECONDS, Progress};
 use crate::domain::auth::SpaceIndex;
-use crate::domain::catalog::{Catalog, PublicPrice, PublicTask};
+use crate::domain::catalog::{Catalog, PublicPrice, PublicTask, TaskSpec};
 use crate::domain::tasks::{self, Paid, Submission, SubmitContext, Task, TaskRequest};
 use crate::domain::webhooks::{self, Subscription, WebhookRequest};
 
@@ -155,6 +155,20 @@ pub async fn run(
     Ok(Created { task, settlement })
 }
 
+/// A call's task input: its arguments without `wait_seconds` and `webhook`
+/// (each unless the kind's own input names a field so), as [`run`] submits
+/// it. What a pay link is made for.
+pub fn task_input(spec: &TaskSpec, arguments: &Map<String, Value>) -> Value {
+    let ours = |name: &str| spec.input_schema.pointer(&format!("/properties/{name}")).is_none();
+    let mut input = arguments.clone();
+    for name in [WAIT_SECONDS, WEBHOOK] {
+        if ours(name) {
+            input.remove(name);
+        }
+    }
+    Value::Object(input)
+}
+
 fn wait_seconds(value: Option<Value>) -> ToolResult<u64> {
     match value {
         None | Some(Value::Null) => Ok(0),
@@ -251,7 +265,9 @@ fn kind_description(task: &PublicTask) -> String {
         };
         format!(
             "{lead}: {}.{when} Paid with x402: called without a payment it answers the payment requirements \
-             (isError, with the x402 PaymentRequired); sign one and call again with it in _meta[\"x402/payment\"].",
+             (isError, with the x402 PaymentRequired); sign one and call again with it in _meta[\"x402/payment\"]. \
+             A client that declares URL elicitation and not x402 is given a link instead, where a person pays in a \
+             browser wallet; calling again then answers the task paid there.",
             prices.join("; or ")
         )
     };

@@ -19,11 +19,15 @@
 //! - [`schema`]: the schemas the listings share.
 //! - [`server`]: rmcp's `ServerHandler`: dispatch, identity, the tasks extension.
 //! - [`payment`]: x402's MCP binding around the one payment path.
+//! - [`elicit`]: payment by URL elicitation, for a client without x402: a
+//!   pay link to the console's pay page, and the retried call's task.
 //! - [`wait`]: following a task until it ends, with progress notifications.
 //! - [`failure`]: the boundary's errors, each a stable `code`.
 //!
 //! **Stateless.** No session store: each POST is served on its own (rmcp's
-//! stateless mode), so any Lambda instance answers any request. A reply is
+//! stateless mode), so any Lambda instance answers any request. (The
+//! `Mcp-Session-Id` a client declaring URL elicitation is given is no
+//! session: its declaration, sealed; see [`elicit`].) A reply is
 //! plain JSON unless the tool sends a notification first (progress), when
 //! rmcp switches that one reply to an event stream.
 //!
@@ -44,6 +48,7 @@
 //! support the extension.
 
 mod context;
+mod elicit;
 pub(crate) mod failure;
 mod kind;
 mod payment;
@@ -59,6 +64,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::State;
 use axum::http::{HeaderValue, Request, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -113,24 +119,32 @@ fn routed(ctx: Arc<McpContext>, listening: Option<SocketAddr>) -> Router {
         // An empty list refuses every browser Origin rather than allowing all.
         .enforce_origin_validation();
     // The tool list is built here, once; each request gets a clone.
-    let server = server::ReeveMcp::new(ctx);
+    let server = server::ReeveMcp::new(ctx.clone());
     let service =
         StreamableHttpService::new(move || Ok(server.clone()), Arc::new(NeverSessionManager::default()), config);
-    Router::new().route_service(PATH, service).layer(axum::middleware::from_fn(as_json_rpc))
+    Router::new().route_service(PATH, service).layer(axum::middleware::from_fn_with_state(ctx, as_json_rpc))
 }
 
 /// What reaches a client outside a JSON-RPC reply: a body over the limit
 /// (refused on its `Content-Length` before it is read), and rmcp's own HTTP
 /// refusals (a host or origin not allowed, a wrong `Accept`), which it sends
 /// as plain text. Each becomes a JSON-RPC error with a stable `data.code`,
-/// at the same HTTP status.
-async fn as_json_rpc(request: Request<Body>, next: Next) -> Response {
+/// at the same HTTP status. And an `initialize` that declares URL
+/// elicitation is answered with that declaration sealed in its
+/// `Mcp-Session-Id` ([`elicit`]: a stateless server's way to know it later).
+async fn as_json_rpc(State(ctx): State<Arc<McpContext>>, request: Request<Body>, next: Next) -> Response {
     let declared =
         request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return refusal(StatusCode::PAYLOAD_TOO_LARGE, &too_large());
     }
-    let response = next.run(request).await;
+    let (request, sealed) = elicit::initialize_declared(request, &ctx.token_key).await;
+    let mut response = next.run(request).await;
+    if let Some(sealed) = sealed.filter(|_| response.status().is_success())
+        && let Ok(value) = HeaderValue::from_str(&sealed)
+    {
+        response.headers_mut().insert(elicit::SESSION_HEADER, value);
+    }
     let status = response.status();
     let is_json = response
         .headers()

@@ -29,8 +29,12 @@ pub const PAYMENT_META: &str = "x402/payment";
 pub const PAYMENT_RESPONSE_META: &str = "x402/payment-response";
 
 /// The challenge's `error` for a call without a payment.
+/// It names both ways to pay: x402, and a person paying a pay link in a
+/// browser, which a client gets by declaring URL elicitation.
 pub const PAYMENT_REQUIRED: &str = "payment required: sign one of `accepts` with x402 and call the tool again with \
-     the PaymentPayload in _meta[\"x402/payment\"]";
+     the PaymentPayload in _meta[\"x402/payment\"]; or, from a client that declares URL elicitation \
+     (capabilities.elicitation.url), call it again without a payment for a link where a person pays in a browser \
+     wallet";
 
 /// The payment of a call, as the text the REST path takes (the base64 of
 /// the payment's JSON, as in `PAYMENT-SIGNATURE`). The spec sends the

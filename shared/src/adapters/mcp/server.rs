@@ -27,6 +27,7 @@ use time::OffsetDateTime;
 use tracing::Instrument;
 
 use super::context::McpContext;
+use super::elicit::{self, Before};
 use super::failure::{ToolFailure, ToolResult};
 use super::kind::{self, Answer, KindCall};
 use super::task::{self, TaskRef};
@@ -108,16 +109,36 @@ impl ReeveMcp {
         tool.call(&self.ctx, Identity { session, client: client_of(&self.ctx, context) }, arguments).await
     }
 
+    /// A kind's tool. A call without a payment from a client that pays by
+    /// link (or that sends a pay link's `requestState` back) meets its pay
+    /// link first ([`elicit`]): a paid one answers its task, under its key;
+    /// an unpaid one is asked again; none, and a payment is required, makes
+    /// one. Every other call is [`kind::run`] as it is.
     async fn kind(
         &self,
         (listed, kind): (&Tool, &str),
         arguments: Map<String, Value>,
         (request_meta, named_id): (Option<&Value>, Option<&Value>),
+        request_state: Option<&str>,
         context: &RequestContext<RoleServer>,
-    ) -> ToolResult<CallToolResponse> {
+    ) -> Result<CallToolResponse, Refused> {
         let space = self.session(context).await?.space;
         let payment = payment::from_meta(request_meta)?;
-        let key = payment::identifier_key(payment.as_deref(), named_id)?;
+        let mut key = payment::identifier_key(payment.as_deref(), named_id)?;
+        let by_link = payment.is_none()
+            && key.is_none()
+            && (request_state.is_some() || elicit::declared(&self.ctx, context).pays_by_link());
+        let spec = self.ctx.catalog.task(kind).ok_or_else(|| ToolFailure::internal("a tool names no kind"))?;
+        let input = by_link.then(|| kind::task_input(spec, &arguments));
+        if let Some(input) = &input {
+            match elicit::before_call(&self.ctx, &space, kind, input, request_state).await? {
+                Before::Paid(link) => key = Some(link.key),
+                Before::Unpaid(link) => {
+                    return elicit::ask(&self.ctx, context, listed, &link).map_err(Refused::Protocol);
+                }
+                Before::Nothing => {}
+            }
+        }
         let as_task = context.client_capabilities().is_some_and(|caps| caps.supports_tasks());
         let answer = if as_task {
             // A task handle answers at once; the client polls tasks/get.
@@ -130,7 +151,17 @@ impl ReeveMcp {
             context.extensions.get::<Parts>().and_then(|parts| parts.extensions.get::<lambda_http::Context>());
         let deadline = invocation.map(crate::domain::tasks::deadline_of);
         let call = KindCall { listed, kind, arguments, key };
-        let created = kind::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await?;
+        let created = match kind::run(&self.ctx, &space, call, payment.as_deref(), deadline, answer).await {
+            Ok(created) => created,
+            // Unpaid and no credit: a link to pay it, instead of the
+            // requirements this client cannot sign.
+            Err(ToolFailure::Payment { code: PAYMENT_REQUIRED_CODE, challenge }) if input.is_some() => {
+                let input = input.as_ref().expect("checked");
+                let link = elicit::issue(&self.ctx, &space, kind, input, &challenge).await?;
+                return elicit::ask(&self.ctx, context, listed, &link).map_err(Refused::Protocol);
+            }
+            Err(failure) => return Err(failure.into()),
+        };
         let meta = created.settlement.map(meta_object);
         if as_task {
             let mut handle = CreateTaskResult::new(mcp_task(&created.task));
@@ -140,6 +171,22 @@ impl ReeveMcp {
             return Ok(CallToolResponse::Task(handle));
         }
         Ok(CallToolResponse::Complete(task_result(created.task).with_meta(meta)))
+    }
+}
+
+/// The code of a call that must be paid and was sent no payment.
+const PAYMENT_REQUIRED_CODE: &str = "payment_required";
+
+/// How a kind's call ends without a result: a tool error (the model reads
+/// it), or a JSON-RPC error (the `-32042` that asks for a pay link).
+enum Refused {
+    Tool(ToolFailure),
+    Protocol(ErrorData),
+}
+
+impl From<ToolFailure> for Refused {
+    fn from(failure: ToolFailure) -> Refused {
+        Refused::Tool(failure)
     }
 }
 
@@ -232,7 +279,8 @@ impl ServerHandler for ReeveMcp {
                  space_id), then send its token as `Authorization: Bearer <token>`; login renews it. Upload files \
                  with create_upload, then call a task's tool. Priced tools are paid with x402: an unpaid call \
                  answers the payment requirements, and the call is repeated with the payment in \
-                 _meta[\"x402/payment\"].",
+                 _meta[\"x402/payment\"]. A client without x402 that declares URL elicitation is given a pay link \
+                 for a person to pay in a browser wallet; calling again answers the task paid there.",
             )
     }
 
@@ -262,23 +310,31 @@ impl ServerHandler for ReeveMcp {
             match named {
                 Named::Fixed(tool) => {
                     let answer = self.fixed(tool, arguments, &context).await;
-                    answer.map(|v| task::with_file_links(CallToolResult::structured(v)).into())
+                    answer.map(|v| task::with_file_links(CallToolResult::structured(v)).into()).map_err(Refused::Tool)
                 }
                 Named::Kind { kind, listed } => {
                     // rmcp hands the request's `_meta` over in the context.
                     let meta =
                         |key: &str| context.meta.get(key).or_else(|| request.meta.as_ref().and_then(|m| m.get(key)));
                     let paid = (meta(payment::PAYMENT_META), meta(payment::IDENTIFIER_META));
-                    self.kind((listed, kind), arguments, paid, &context).await
+                    let state = request.request_state.as_deref();
+                    self.kind((listed, kind), arguments, paid, state, &context).await
                 }
             }
         }
         .instrument(tracing::info_span!("mcp_tool", tool = %name))
         .await;
-        Ok(answer.unwrap_or_else(|failure| {
-            tracing::info!(tool = %name, code = failure.code(), "tool refused");
-            failure.into_result().into()
-        }))
+        match answer {
+            Ok(answer) => Ok(answer),
+            Err(Refused::Protocol(error)) => {
+                tracing::info!(tool = %name, code = error.code.0, "tool answered with a pay link");
+                Err(error)
+            }
+            Err(Refused::Tool(failure)) => {
+                tracing::info!(tool = %name, code = failure.code(), "tool refused");
+                Ok(failure.into_result().into())
+            }
+        }
     }
 
     async fn get_task(

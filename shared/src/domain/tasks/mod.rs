@@ -54,7 +54,9 @@ pub use receipt::{NoReceipt, signed_receipt};
 #[cfg(feature = "catalog")]
 pub use shelf::Shelf;
 #[cfg(feature = "api-tasks")]
-pub use submit::{Paid, Submission, SubmitContext, SubmitError, Submitted, UploadProblem, deadline_of, submit};
+pub use submit::{
+    Paid, Submission, SubmitContext, SubmitError, Submitted, UploadProblem, challenge_for, deadline_of, submit,
+};
 
 use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;

@@ -29,7 +29,7 @@ use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::{Catalog, TaskSpec};
 use crate::domain::payments::offer_receipt::{self, SellerKey};
 use crate::domain::payments::{
-    self, Bought, Checkout, Credit, Order, PayError, PaymentInput, PaymentResponse, SIGNATURE_REQUIRED,
+    self, Bought, Checkout, Credit, Order, PayError, PaymentInput, PaymentRequired, PaymentResponse, SIGNATURE_REQUIRED,
 };
 use crate::domain::uploads::{self, UploadError};
 
@@ -198,7 +198,35 @@ async fn submit_unsigned(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Su
             (task, true) => replay(cx, request.space, task).await,
         };
     }
-    let challenge = payments::payment_required(cx.catalog, spec, s.resource_url, SIGNATURE_REQUIRED)
+    let challenge = challenge_for(cx, spec, request, s.resource_url).await?;
+    let checkout = Checkout { db: cx.db, facilitator: cx.facilitator, chains: cx.chains };
+    let order = Order { request: *request, payment: s.payment, deadline: s.deadline };
+    match payments::pay(checkout, order, &challenge, &Shelf { catalog: cx.catalog }).await? {
+        Bought::Settled { task, settlement } => queue(cx, request.space, task, Paid::Payment(settlement)).await,
+        Bought::Credit { task, credit } => queue(cx, request.space, task, Paid::Credit(credit)).await,
+        Bought::Authorized { task } => queue(cx, request.space, task, Paid::Authorized).await,
+        Bought::Before { task, receipt } => answer_paid(cx, request.space, task, receipt).await,
+        // The key was taken meanwhile: by this same request, or a conflict.
+        Bought::KeyTaken => match find_keyed(cx.db, request).await? {
+            Some(task) => replay(cx, request.space, task).await,
+            None => Err(SubmitError::Internal("an idempotency key taken by a vanished task".into())),
+        },
+    }
+}
+
+/// The x402 challenge for `request` of the priced kind `spec`: its prices
+/// as `accepts`, only those the facilitator settles (asked once per
+/// process, here rather than at a Lambda's init), and, where the seller
+/// signs, its signed offers for exactly this kind and input. The `402`,
+/// every refusal that carries the challenge, and a pay link's page
+/// (`domain::pay_links`) all show this one.
+pub async fn challenge_for(
+    cx: &SubmitContext<'_>,
+    spec: &TaskSpec,
+    request: &TaskRequest<'_>,
+    resource_url: &str,
+) -> Result<PaymentRequired, SubmitError> {
+    let challenge = payments::payment_required(cx.catalog, spec, resource_url, SIGNATURE_REQUIRED)
         .ok_or_else(|| SubmitError::Internal("a priced task without a payable challenge".into()))?;
     // Only what the facilitator settles is offered (payments::supported);
     // it is asked once per process, here rather than at a Lambda's init.
@@ -216,19 +244,7 @@ async fn submit_unsigned(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Su
         let now = payments::unix_now();
         offer_receipt::sign_offers(key, &mut challenge, cx.catalog, request.kind, Some(request.input), now);
     }
-    let checkout = Checkout { db: cx.db, facilitator: cx.facilitator, chains: cx.chains };
-    let order = Order { request: *request, payment: s.payment, deadline: s.deadline };
-    match payments::pay(checkout, order, &challenge, &Shelf { catalog: cx.catalog }).await? {
-        Bought::Settled { task, settlement } => queue(cx, request.space, task, Paid::Payment(settlement)).await,
-        Bought::Credit { task, credit } => queue(cx, request.space, task, Paid::Credit(credit)).await,
-        Bought::Authorized { task } => queue(cx, request.space, task, Paid::Authorized).await,
-        Bought::Before { task, receipt } => answer_paid(cx, request.space, task, receipt).await,
-        // The key was taken meanwhile: by this same request, or a conflict.
-        Bought::KeyTaken => match find_keyed(cx.db, request).await? {
-            Some(task) => replay(cx, request.space, task).await,
-            None => Err(SubmitError::Internal("an idempotency key taken by a vanished task".into())),
-        },
-    }
+    Ok(challenge)
 }
 
 /// The task the request's `Idempotency-Key` already names, if any.
