@@ -125,8 +125,10 @@ pub enum ReportBody {
     Log { line: String },
     /// Units used so far (metered kinds), never decreasing.
     Usage { used: u64 },
-    /// Asks for an upload link for an output file.
-    Output { name: String, size: u64, content_type: String },
+    /// Asks for an upload link for an output file of `size` bytes whose
+    /// SHA-256 (hex) is `sha256`: the link only takes those bytes, and the
+    /// buyer's receipt names the digest.
+    Output { name: String, size: u64, content_type: String, sha256: String },
     /// The attempt ends: the task completes with `result`.
     Result {
         result: Value,
@@ -283,8 +285,14 @@ pub(crate) mod tests {
             (ReportBody::Log { line: "l".into() }, json!({"id": "r1", "type": "log", "line": "l"})),
             (ReportBody::Usage { used: 7 }, json!({"id": "r1", "type": "usage", "used": 7})),
             (
-                ReportBody::Output { name: "top.csv".into(), size: 9, content_type: "text/csv".into() },
-                json!({"id": "r1", "type": "output", "name": "top.csv", "size": 9, "content_type": "text/csv"}),
+                ReportBody::Output {
+                    name: "top.csv".into(),
+                    size: 9,
+                    content_type: "text/csv".into(),
+                    sha256: "ab".repeat(32),
+                },
+                json!({"id": "r1", "type": "output", "name": "top.csv", "size": 9, "content_type": "text/csv",
+                       "sha256": "ab".repeat(32)}),
             ),
             (
                 ReportBody::Result { result: json!({"n": 1}), used: Some(3) },

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::cancel::Stop;
@@ -169,9 +170,22 @@ impl Reporter {
         self.report(ReportBody::Usage { used }).await.map(drop)
     }
 
-    /// Asks for an upload link for the output `name` of `size` bytes.
-    pub async fn output_upload(&self, name: &str, size: u64, content_type: &str) -> Result<OutputUpload, Error> {
-        let body = ReportBody::Output { name: name.to_owned(), size, content_type: content_type.to_owned() };
+    /// Asks for an upload link for the output `name` of `size` bytes whose
+    /// SHA-256 is `sha256` (hex): the link takes only those bytes (the
+    /// bucket refuses any others), and the buyer's receipt names the digest.
+    pub async fn output_upload(
+        &self,
+        name: &str,
+        size: u64,
+        content_type: &str,
+        sha256: &str,
+    ) -> Result<OutputUpload, Error> {
+        let body = ReportBody::Output {
+            name: name.to_owned(),
+            size,
+            content_type: content_type.to_owned(),
+            sha256: sha256.to_owned(),
+        };
         let answer = self.report(body).await?;
         serde_json::from_value(answer).map_err(|e| Error::Transport(format!("an output's answer is malformed: {e}")))
     }
@@ -180,7 +194,8 @@ impl Reporter {
     /// them there with the headers Reeve signed.
     pub async fn output(&self, name: &str, content_type: &str, bytes: impl Into<Bytes>) -> Result<OutputUpload, Error> {
         let bytes: Bytes = bytes.into();
-        let upload = self.output_upload(name, bytes.len() as u64, content_type).await?;
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let upload = self.output_upload(name, bytes.len() as u64, content_type, &sha256).await?;
         let fail = |reason: String| Error::Upload { name: name.to_owned(), reason };
         let mut wait = self.backoff;
         for attempt in 1..=self.tries {
@@ -480,6 +495,11 @@ mod tests {
         assert_eq!(
             (asked["type"].as_str(), asked["name"].as_str(), asked["size"].as_u64()),
             (Some("output"), Some("top.csv"), Some(8))
+        );
+        assert_eq!(
+            asked["sha256"],
+            hex::encode(Sha256::digest(b"word,n\n\n")),
+            "the link is bound to the bytes' digest"
         );
         let puts = reeve.puts.lock().unwrap().clone();
         assert_eq!(puts, vec![("top.csv".to_owned(), "text/csv".to_owned(), b"word,n\n\n".to_vec())]);

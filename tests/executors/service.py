@@ -15,6 +15,7 @@ cancel stops the attempt it names at its next line: one `heartbeat` then tells R
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -94,7 +95,9 @@ class Reports:
         self.send({"type": "usage", "used": used})
 
     def output(self, name, content_type, data):
-        upload = self.send({"type": "output", "name": name, "size": len(data), "content_type": content_type})
+        digest = hashlib.sha256(data).hexdigest()
+        upload = self.send({"type": "output", "name": name, "size": len(data), "content_type": content_type,
+                            "sha256": digest})
         headers = {k: v for k, v in upload.get("headers", {}).items() if k.lower() != "content-length"}
         put = urllib.request.Request(upload["url"], data=data, method=upload.get("method", "PUT"), headers=headers)
         with urllib.request.urlopen(put, timeout=60) as answer:

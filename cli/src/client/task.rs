@@ -285,8 +285,13 @@ pub async fn task(client: &mut Client, opts: &ClientOpts, command: TaskCommand) 
             }
             let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
             for delivery in deliveries {
+                // Each run's end has its own delivery: say which re-run's it is.
+                let run = match delivery["rerun"].as_i64() {
+                    Some(n) if n > 0 => format!(" (re-run {n})"),
+                    _ => String::new(),
+                };
                 println!(
-                    "{} {} {}: {}",
+                    "{} {}{run} {}: {}",
                     text(&delivery["id"]),
                     text(&delivery["event"]),
                     text(&delivery["url"]),

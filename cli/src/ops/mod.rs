@@ -22,8 +22,9 @@ use reeve_shared::webhooks::sender::POLL;
 use reeve_shared::worker::Poller;
 use reeve_shared::{aws, startup, telemetry};
 
-/// `reeve config check`: every problem with its TOML path, and every
-/// network priced without a chain endpoint (`REEVE_CHAIN_RPC_URLS`), then
+/// `reeve config check`: every problem with its TOML path, every network
+/// priced without a chain endpoint (`REEVE_CHAIN_RPC_URLS`) and every
+/// protocol kind whose signing secret is not set or not readable, then
 /// (with `--facilitator`) whether the facilitator settles every price.
 pub async fn config_check(file: &Path, ask_facilitator: bool) -> ExitCode {
     // Checked as every start-up checks it: against the worker's time limit
@@ -35,6 +36,10 @@ pub async fn config_check(file: &Path, ask_facilitator: bool) -> ExitCode {
     // (REEVE_CHAIN_RPC_URLS), as every paying process's start-up insists.
     if let Some(catalog) = &catalog {
         startup::chain_endpoints(&config, Some(catalog), &mut problems);
+        // Each protocol kind's signing secret, read as the worker's start-up
+        // reads it (from its variable, or Secrets Manager by its ARN), so a
+        // secret the worker would refuse is found before the deploy.
+        startup::executor_secrets(&config, None, catalog, &mut problems).await;
     }
     let catalog = match catalog {
         Some(catalog) if problems.is_empty() => catalog,

@@ -525,3 +525,92 @@ fn the_credentials_file_is_under_xdg_config_home_else_home() {
     assert!(named(&err, &flag), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A kind of `protocol = 1` named `kind`, signing with the secret `secret` names.
+fn protocol_kind(kind: &str, secret: &str) -> String {
+    format!(
+        "\n[tasks.{kind}]\ntitle = \"A service\"\ndescription = \"Speaks the executor protocol.\"\n\
+         executor = \"http\"\nendpoint = \"https://service.example/run\"\nprotocol = 1\nsecret = {secret:?}\n\
+         [tasks.{kind}.input_schema]\ntype = \"object\"\n"
+    )
+}
+
+/// Creates a secret holding `value` in the stack's moto (which serves every
+/// AWS service on one port): its ARN.
+fn stored_secret(moto: &str, value: &str) -> String {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .endpoint_url(moto)
+            .credentials_provider(aws_sdk_secretsmanager::config::Credentials::new("test", "test", None, None, "test"))
+            .load()
+            .await;
+        let client = aws_sdk_secretsmanager::Client::new(&sdk);
+        let name = format!("reeve-test/{}", ulid::Ulid::new());
+        let created = client.create_secret().name(name).secret_string(value).send().await.expect("moto serves it");
+        created.arn().expect("an ARN").to_owned()
+    })
+}
+
+/// Each kind that speaks the executor protocol signs its jobs with its
+/// endpoint's secret, which the worker reads at start-up from the variable
+/// or the Secrets Manager ARN its `secret` names. `reeve config check`
+/// reads each one the same way, so a secret that is not set, cannot be read
+/// or is no `whsec_…` key is found before the deploy: named at its kind's
+/// TOML path, beside the catalog's other problems, never with its value,
+/// and the check exits 1. Usable ones, by variable or ARN, pass.
+#[test]
+fn config_check_reads_each_protocol_kind_s_secret_and_names_every_unusable_one_at_its_toml_path() {
+    let moto = std::env::var("AWS_ENDPOINT_URL_SQS").expect("the stack's .env is loaded (moto)");
+    let key = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let stored = stored_secret(&moto, key);
+    let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:reeve-test/missing-AbCdEf";
+    let shipped = std::fs::read_to_string(repo("reeve.toml")).unwrap();
+    let usable = format!(
+        "{shipped}{}{}",
+        protocol_kind("by-variable", "REEVE_TEST_GOOD_SECRET"),
+        protocol_kind("by-arn", &stored)
+    );
+    let unusable = format!(
+        "{usable}{}{}{}",
+        protocol_kind("unset", "REEVE_TEST_UNSET_SECRET"),
+        protocol_kind("garbled", "REEVE_TEST_GARBLED_SECRET"),
+        protocol_kind("gone", missing)
+    );
+    let dir = std::env::temp_dir().join(format!("reeve-cli-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (usable_file, unusable_file) = (dir.join("usable.toml"), dir.join("unusable.toml"));
+    std::fs::write(&usable_file, usable).unwrap();
+    std::fs::write(&unusable_file, unusable).unwrap();
+    let env = [
+        ("AWS_ENDPOINT_URL_SECRETS_MANAGER", moto.as_str()),
+        ("REEVE_TEST_GOOD_SECRET", key),
+        ("REEVE_TEST_GARBLED_SECRET", "hunter2-not-a-key"),
+    ];
+    let check = |file: &Path, chains: &str| {
+        let mut env = env.to_vec();
+        env.push(("REEVE_CHAIN_RPC_URLS", chains));
+        reeve(&["config", "check", "--file", file.to_str().unwrap()], &env)
+    };
+
+    // Beside another problem: Base mainnet, which the catalog prices on, has no chain endpoint.
+    let out = check(&unusable_file, "eip155:84532=http://127.0.0.1:8545");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    for expected in [
+        "tasks.unset.secret: the environment variable REEVE_TEST_UNSET_SECRET is not set",
+        "tasks.garbled.secret: the value of REEVE_TEST_GARBLED_SECRET is not a Standard Webhooks secret",
+        &format!("tasks.gone.secret: cannot read {missing} from Secrets Manager: ResourceNotFoundException"),
+        "REEVE_CHAIN_RPC_URLS has no JSON-RPC endpoint for eip155:8453",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+    assert!(!err.contains("by-variable") && !err.contains("by-arn"), "usable secrets are no problem:\n{err}");
+    assert!(!err.contains("hunter2"), "a secret's value is never shown:\n{err}");
+
+    let out = check(&usable_file, CHAIN_RPC_URLS);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -752,6 +752,68 @@ async fn task_create_download_saves_a_service_kinds_output_files() {
     serve.cleanup().await;
 }
 
+/// Proof of delivery for a service kind: `wordfreq-metered` (the function
+/// under `cargo lambda watch`) paid with `--pay`, its CSV saved with
+/// `--download`; the task's signed receipt names the CSV's SHA-256 (the
+/// digest the bucket verified as the function wrote it), and `reeve receipt
+/// verify` accepts the receipt against the downloaded file, checking the
+/// signer the catalog publishes, and refuses the file with one byte changed.
+#[tokio::test]
+async fn a_service_kind_s_receipt_proves_the_file_it_wrote() {
+    let chain = chain::ChainLock::shared().await;
+    let payer = chain::Payer::new(&chain, 1_000_000).await;
+    let watch = Watch::start();
+    let serve = Serve::start_with(&[], &[("AWS_ENDPOINT_URL_LAMBDA", &watch.url)]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let text: String = (0..12).map(|n| format!("The cat sat on the mat, line {n}; the end.\n")).collect();
+    let words = serve.home.join("words.txt");
+    std::fs::write(&words, &text).unwrap();
+    let file = format!("upload_id={}", words.display());
+    let out = serve.home.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let create = ["task", "create", "wordfreq-metered", "--file", &file, "--pay", "--download", out.to_str().unwrap()];
+    serve.reeve_with(&create, &[("REEVE_WALLET_KEY", payer.key.as_str())]).expect(0);
+    let csv = std::fs::read(out.join("top-100.csv")).unwrap();
+    let id = serve.reeve(&["task", "list", "--json"]).expect(0).json()["tasks"][0]["id"].as_str().unwrap().to_owned();
+
+    let receipt = serve.home.join("receipt.json");
+    serve.reeve(&["receipt", "get", &id, "--out", receipt.to_str().unwrap()]).expect(0);
+    let csv_path = out.join("top-100.csv");
+    let verified = serve.reeve(&[
+        "receipt",
+        "verify",
+        receipt.to_str().unwrap(),
+        "--output",
+        csv_path.to_str().unwrap(),
+        "--json",
+    ]);
+    let verified = verified.expect(0).json();
+    let delivered = &verified["receipt"]["delivery"];
+    assert_eq!(delivered["status"], "completed", "{verified}");
+    let sha256 = hex::encode(sha2::Sha256::digest(&csv));
+    assert_eq!(
+        delivered["outputs"],
+        serde_json::json!([{ "name": "top-100.csv", "size": csv.len(), "sha256": sha256 }]),
+        "the receipt names the file's digest: {verified}"
+    );
+    assert_eq!(verified["outputs"][0]["name"], "top-100.csv", "{verified}");
+    assert_eq!(verified["receipt"]["metered"]["used"], 12, "charged for the 12 lines: {verified}");
+
+    // The same file with one byte changed: not what was delivered (exit 3).
+    let mut changed = csv.clone();
+    changed[0] ^= 0x20;
+    let forged = serve.home.join("top-100.csv");
+    std::fs::write(&forged, &changed).unwrap();
+    let refused = serve.reeve(&["receipt", "verify", receipt.to_str().unwrap(), "--output", forged.to_str().unwrap()]);
+    assert!(
+        refused.expect(3).stderr().contains("is not a file the receipt says was delivered"),
+        "{}",
+        refused.stderr()
+    );
+    drop(watch);
+    serve.cleanup().await;
+}
+
 /// Forwards to the stack's facilitator, but loses the answer of the first
 /// `/settle` (a 502 after the real one settled). Every payment document it
 /// was sent is kept.

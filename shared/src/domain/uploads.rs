@@ -18,6 +18,7 @@ use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
 use aws_sdk_s3::operation::head_object::HeadObjectError;
 use aws_sdk_s3::presigning::PresigningConfig;
+use base64::Engine as _;
 use sqlx::{PgExecutor, PgPool};
 use time::OffsetDateTime;
 
@@ -268,8 +269,9 @@ pub async fn create(
     let key = object_key(space, id, &declared.filename);
     let size = i64::try_from(declared.size).map_err(|_| CreateError::InvalidSize)?;
 
-    let signed =
-        presign_put(s3, bucket, &key, size, &declared.content_type, expires_in).await.map_err(CreateError::Storage)?;
+    let signed = presign_put(s3, bucket, &key, size, &declared.content_type, None, expires_in)
+        .await
+        .map_err(CreateError::Storage)?;
 
     record_pending(db, id, space, &key, &declared).await?;
 
@@ -297,14 +299,18 @@ pub struct SignedPut {
 /// Presigns a PUT of `key` bound to its exact `Content-Length` and
 /// `Content-Type`, valid `expires_in` from the current whole second: the
 /// size policy of uploads, and of the outputs a service writes
-/// (`executors::service`). Refuses (rather than hand out a URL that accepts
-/// any body) should the SDK ever stop signing either header.
+/// (`executors::service`). With `sha256` (hex), bound to that digest too:
+/// the PUT must carry it as `x-amz-checksum-sha256`, and S3 refuses a body
+/// that does not hash to it (`400 BadDigest`) and keeps it with the object
+/// ([`written_object`] reads it back). Refuses (rather than hand out a URL
+/// that accepts any body) should the SDK ever stop signing these headers.
 pub async fn presign_put(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
     key: &str,
     size: i64,
     content_type: &str,
+    sha256: Option<&str>,
     expires_in: Duration,
 ) -> Result<SignedPut, String> {
     // SigV4 dates are whole seconds: start on one, so `expires_at` is exact.
@@ -315,17 +321,26 @@ pub async fn presign_put(
         .expires_in(expires_in)
         .build()
         .map_err(|e| format!("presigning config: {e}"))?;
+    let checksum = match sha256 {
+        Some(hex_digest) => {
+            let digest = hex::decode(hex_digest).ok().filter(|d| d.len() == 32).ok_or("sha256 is not 64 hex digits")?;
+            Some(base64::engine::general_purpose::STANDARD.encode(digest))
+        }
+        None => None,
+    };
     let presigned = s3
         .put_object()
         .bucket(bucket)
         .key(key)
         .content_length(size)
         .content_type(content_type)
+        .set_checksum_sha256(checksum.clone())
         .presigned(config)
         .await
         .map_err(|e| format!("presigning PUT {key}: {}", DisplayErrorContext(&e)))?;
     let signed = signed_headers(presigned.uri());
-    for needed in ["content-length", "content-type"] {
+    let checksum_header = checksum.as_ref().map(|_| CHECKSUM_SHA256);
+    for needed in ["content-length", "content-type"].into_iter().chain(checksum_header) {
         if !signed.iter().any(|h| h == needed) {
             return Err(format!("presigned PUT does not sign {needed}; signed: {signed:?}"));
         }
@@ -421,17 +436,36 @@ pub fn signed_headers(url: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The size of the object under `key` and when it was written, by a HEAD;
-/// `None` when there is none.
-pub async fn object_size(
-    s3: &aws_sdk_s3::Client,
-    bucket: &str,
-    key: &str,
-) -> Result<Option<(i64, Option<time::OffsetDateTime>)>, String> {
-    match s3.head_object().bucket(bucket).key(key).send().await {
+/// The header that binds a PUT to its body's SHA-256 (base64).
+const CHECKSUM_SHA256: &str = "x-amz-checksum-sha256";
+
+/// An object as a HEAD shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenObject {
+    pub size: i64,
+    /// When it was written.
+    pub written: Option<time::OffsetDateTime>,
+    /// The SHA-256 (hex) S3 verified the body against when it was written
+    /// (its PUT carried `x-amz-checksum-sha256`), if it was.
+    pub sha256: Option<String>,
+}
+
+/// The object under `key`, by a HEAD that asks for its checksum; `None`
+/// when there is none.
+pub async fn written_object(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Option<WrittenObject>, String> {
+    let head = s3.head_object().bucket(bucket).key(key).checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled);
+    match head.send().await {
         Ok(head) => {
             let written = head.last_modified().and_then(|at| time::OffsetDateTime::from_unix_timestamp(at.secs()).ok());
-            Ok(Some((head.content_length().unwrap_or(0), written)))
+            // A checksum of the whole object: a multipart upload's is one of
+            // its parts' checksums (`<base64>-<parts>`), which no reader can
+            // compare with a file's SHA-256, and a presigned PUT is one part.
+            let sha256 = head
+                .checksum_sha256()
+                .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
+                .filter(|digest| digest.len() == 32)
+                .map(hex::encode);
+            Ok(Some(WrittenObject { size: head.content_length().unwrap_or(0), written, sha256 }))
         }
         Err(e) if is_not_found(&e) => Ok(None),
         Err(e) => Err(format!("HEAD {key}: {}", DisplayErrorContext(&e))),

@@ -57,28 +57,19 @@ pub(super) fn invoke_client(ctx: &mut WorkerContext, sdk: &SdkConfig) {
 
 #[cfg(feature = "worker")]
 /// What the catalog's protocol kinds (docs/executors.md) sign and link
-/// their jobs with, read once: each kind's `secret` (a variable, or a
-/// Secrets Manager ARN), the token key report tokens are signed with, and
-/// `REEVE_REPORT_URL`. Every problem goes to `problems`, a secret's at its
-/// TOML path; nothing is read when no kind speaks the protocol.
+/// their jobs with, read once: each kind's secret ([`executor_secrets`]),
+/// the token key report tokens are signed with, and `REEVE_REPORT_URL`.
+/// Every problem goes to `problems`; nothing is read when no kind speaks
+/// the protocol.
 pub(super) async fn protocol_deps(
     config: &Config,
     sdk: &SdkConfig,
     catalog: &Catalog,
     problems: &mut Vec<String>,
 ) -> crate::domain::executors::ProtocolDeps {
-    use crate::domain::executors::protocol::JobKey;
-    use crate::domain::executors::{Executor, ProtocolDeps, SecretRef};
+    use crate::domain::executors::{Executor, ProtocolDeps};
 
     let mut deps = ProtocolDeps::default();
-    let kinds: Vec<(&String, &SecretRef)> = catalog
-        .tasks
-        .iter()
-        .filter_map(|(kind, spec)| match &spec.executor {
-            Executor::Http(http) => http.protocol.as_ref().map(|p| (kind, &p.secret)),
-            _ => None,
-        })
-        .collect();
     // A `lambda` kind's function is sent the job too, unsigned.
     let lambdas: Vec<&String> = catalog
         .tasks
@@ -86,7 +77,7 @@ pub(super) async fn protocol_deps(
         .filter(|(_, spec)| matches!(spec.executor, Executor::Lambda(_)))
         .map(|(kind, _)| kind)
         .collect();
-    if kinds.is_empty() && lambdas.is_empty() {
+    if protocol_secrets(catalog).is_empty() && lambdas.is_empty() {
         return deps;
     }
     if cfg!(not(feature = "lambda-invoke")) {
@@ -97,9 +88,54 @@ pub(super) async fn protocol_deps(
             ));
         }
     }
+    deps.keys = executor_secrets(config, Some(sdk), catalog, problems).await;
+    let (config, fetched) = with_secrets(config, sdk, &[settings::TOKEN_KEY]).await;
+    problems.extend(fetched);
+    let mut env = config.env();
+    deps.token_key = env.secret(settings::TOKEN_KEY);
+    deps.report_url = env.http_url(settings::REPORT_URL);
+    problems.extend(env.take_problems().into_iter().map(|p| format!("{p} (a kind speaks the executor protocol)")));
+    deps
+}
+
+#[cfg(feature = "worker")]
+/// The `http` kinds that speak the executor protocol, with where each one's
+/// signing secret is.
+fn protocol_secrets(catalog: &Catalog) -> Vec<(&String, &crate::domain::executors::SecretRef)> {
+    use crate::domain::executors::Executor;
+    catalog
+        .tasks
+        .iter()
+        .filter_map(|(kind, spec)| match &spec.executor {
+            Executor::Http(http) => http.protocol.as_ref().map(|p| (kind, &p.secret)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(feature = "worker")]
+/// Each protocol kind's signing secret, read and parsed as a `whsec_…`
+/// key: from the variable its `secret` names, or the Secrets Manager secret
+/// whose ARN it is. The worker's start-up reads them here, and so does
+/// `reeve config check`, which thereby finds what the worker would. A
+/// secret that is not set, cannot be read or is no key is a problem at the
+/// kind's TOML path (`tasks.<kind>.secret`), naming the variable or ARN,
+/// never the value; a secret two kinds share is read once. `sdk`: the AWS
+/// configuration to reach Secrets Manager with, loaded from the
+/// environment (only if an ARN is named) when `None`.
+pub async fn executor_secrets(
+    config: &Config,
+    sdk: Option<&SdkConfig>,
+    catalog: &Catalog,
+    problems: &mut Vec<String>,
+) -> HashMap<crate::domain::executors::SecretRef, crate::domain::executors::protocol::JobKey> {
+    use crate::domain::executors::SecretRef;
+    use crate::domain::executors::protocol::JobKey;
+
+    let mut keys = HashMap::new();
     let mut client = None;
-    for (kind, secret) in kinds {
-        if deps.keys.contains_key(secret) {
+    for (kind, secret) in protocol_secrets(catalog) {
+        if keys.contains_key(secret) {
             continue;
         }
         let path = format!("tasks.{kind}.secret");
@@ -112,7 +148,14 @@ pub(super) async fn protocol_deps(
                 }
             },
             SecretRef::Arn(arn) => {
-                let client = client.get_or_insert_with(|| aws_sdk_secretsmanager::Client::new(sdk));
+                if client.is_none() {
+                    let sdk = match sdk {
+                        Some(sdk) => sdk.clone(),
+                        None => super::sdk().await,
+                    };
+                    client = Some(aws_sdk_secretsmanager::Client::new(&sdk));
+                }
+                let client = client.as_ref().expect("made just above");
                 match client.get_secret_value().secret_id(arn).send().await {
                     Ok(output) => match output.secret_string {
                         Some(value) => value,
@@ -134,18 +177,12 @@ pub(super) async fn protocol_deps(
         };
         match JobKey::parse(&value) {
             Ok(key) => {
-                deps.keys.insert(secret.clone(), key);
+                keys.insert(secret.clone(), key);
             }
             Err(why) => problems.push(format!("{path}: the value of {} {why}", secret.name())),
         }
     }
-    let (config, fetched) = with_secrets(config, sdk, &[settings::TOKEN_KEY]).await;
-    problems.extend(fetched);
-    let mut env = config.env();
-    deps.token_key = env.secret(settings::TOKEN_KEY);
-    deps.report_url = env.http_url(settings::REPORT_URL);
-    problems.extend(env.take_problems().into_iter().map(|p| format!("{p} (a kind speaks the executor protocol)")));
-    deps
+    keys
 }
 
 #[cfg(feature = "worker")]

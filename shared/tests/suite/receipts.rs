@@ -35,7 +35,8 @@ fn decode(header: &str) -> Value {
     serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(header).unwrap()).unwrap()
 }
 
-/// A `fetch` priced a cent on the local chain, and a free one, under a
+/// A `fetch` priced a cent on the local chain, one metered per KiB
+/// (x402 `upto`), and a free one, under a
 /// catalog that publishes the development signer.
 fn catalog(pay_to: &str) -> String {
     let tasks = r#"
@@ -51,6 +52,19 @@ fn catalog(pay_to: &str) -> String {
         [[tasks.fetch.accepts]]
         asset = "local"
         amount_usd = "0.01"
+        [tasks.metered]
+        title = "Metered fetch"
+        description = "Fetch a URL, paid per KiB"
+        executor = "fetch"
+        [tasks.metered.input_schema]
+        type = "object"
+        required = ["url"]
+        [[tasks.metered.accepts]]
+        asset = "local"
+        scheme = "upto"
+        unit = "KiB"
+        rate = "7"
+        amount = "1000"
         [tasks.free]
         title = "Free fetch"
         description = "Fetch a URL for nothing"
@@ -292,5 +306,99 @@ async fn start_up_refuses_a_missing_or_wrong_receipt_key(pool: PgPool) {
         };
         assert!(problems.contains(expected), "{problems}");
         assert!(!problems.contains(&"42".repeat(32)), "the key is never quoted: {problems}");
+    }
+}
+
+/// MCP's `tasks/get` answers a paid task's final result with its final
+/// signed receipt (the proof of delivery: the result's SHA-256 and the
+/// stored body's) in the settlement's `offer-receipt` extension, where the
+/// paid call's handle had its first one: for a task paid its price
+/// (`exact`) and one charged what it used (`upto`). It is the receipt
+/// `GET /v1/tasks/{id}/receipt` answers, but for the resource, which names
+/// the tool the call paid for, as the call's first receipt did.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn mcp_tasks_get_carries_the_final_receipt_of_an_exact_and_a_metered_task(pool: PgPool) {
+    use crate::lambda_events::through_lambda;
+    use crate::mcp::sample_event;
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    payer.approve_permit2(&chain, u128::MAX).await;
+    let site = serve(Router::new().route("/page", axum::routing::get(|| async { "paid for" }))).await;
+    let input = json!({"url": format!("http://{site}/page")});
+    let address: alloy_primitives::Address = signer().parse().unwrap();
+    let sdk = reeve_shared::startup::sdk().await;
+    let deployed = shop.config.clone().with(settings::MCP_ALLOWED_HOSTS, "*");
+    let mcp =
+        reeve_shared::mcp::router(reeve_shared::startup::mcp(&deployed, &sdk).await.unwrap_or_else(|e| panic!("{e}")));
+    let call = |kind: &str, payment: Option<String>| {
+        sample_event("mcp-tools-call-task", Some(&shop.token), |params| {
+            params["name"] = json!(kind);
+            params["arguments"] = input.clone();
+            if let Some(payment) = payment {
+                params["_meta"]["x402/payment"] = json!(payment);
+            }
+        })
+    };
+    for (kind, scheme) in [("fetch", "exact"), ("metered", "upto")] {
+        let unpaid = through_lambda(mcp.clone(), &call(kind, None)).await;
+        let challenge = &unpaid.body["result"]["structuredContent"];
+        assert_eq!(challenge["accepts"][0]["scheme"], scheme, "{}", unpaid.body);
+        let signature = payer.sign(&challenge.to_string()).await;
+        let handle = through_lambda(mcp.clone(), &call(kind, Some(signature))).await.body["result"].clone();
+        assert_eq!(handle["resultType"], "task", "{handle}");
+        let id = handle["taskId"].as_str().unwrap().to_owned();
+        shop.run_to_end(&id, kind).await;
+
+        let get = sample_event("mcp-tasks-get", Some(&shop.token), |params| params["taskId"] = json!(id));
+        let done = through_lambda(mcp.clone(), &get).await.body["result"].clone();
+        assert_eq!(done["status"], "completed", "{kind}: {done}");
+        let settlement = &done["result"]["_meta"]["x402/payment-response"];
+        let carried = offer_receipt::receipt_in(settlement).unwrap_or_else(|| panic!("{kind}: no receipt in {done}"));
+        let carried = offer_receipt::verify(&carried, Some(address)).unwrap().payload;
+        let task = &done["result"]["structuredContent"];
+        assert_eq!(carried["delivery"]["status"], "completed", "{kind}: {carried}");
+        assert_eq!(carried["delivery"]["resultSha256"], offer_receipt::result_sha256(&task["result"]), "{kind}");
+        let body_sha256 = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(b"paid for"))
+        };
+        assert_eq!(carried["delivery"]["outputs"], json!([{"name": "body", "size": 8, "sha256": body_sha256}]));
+        assert_eq!((carried["task"].as_str(), carried["scheme"].as_str()), (Some(id.as_str()), Some(scheme)));
+        assert_eq!(carried["resourceUrl"], format!("mcp://tool/{kind}"), "the tool paid for: {carried}");
+        assert_eq!(carried["transaction"], settlement["transaction"], "{kind}: {done}");
+        if scheme == "upto" {
+            assert_eq!(carried["amount"], task["payment"]["charged"], "what it used: {carried}");
+            assert_eq!(carried["metered"]["unit"], "KiB", "{carried}");
+        }
+        // The receipt the REST route answers, resource aside.
+        let rest: Signed = serde_json::from_value(shop.receipt(&id).await.body).unwrap();
+        let mut rest = offer_receipt::verify(&rest, Some(address)).unwrap().payload;
+        rest["resourceUrl"] = carried["resourceUrl"].clone();
+        assert_eq!(rest, carried, "{kind}");
+    }
+    shop.queue.delete().await;
+}
+
+impl Shop {
+    /// Runs task `id` of `kind` to its end, as the worker does: its run, and
+    /// for a metered task the capture after it, through the queue.
+    async fn run_to_end(&self, id: &str, kind: &str) {
+        let config = common::loopback_outbound(self.config.clone().with(settings::WORKER_CONCURRENCY, "1"));
+        let worker = common::worker(&config).await;
+        self.queue.drain().await;
+        let _ = process(&worker, &json!({"task_id": id, "kind": kind}).to_string(), 1).await;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let task = send(&self.app, get_authed(&format!("/v1/tasks/{id}"), &self.token)).await.body;
+            if task["status"] != "running" && task["status"] != "queued" {
+                return;
+            }
+            for message in self.queue.drain().await {
+                let _ = process(&worker, &message.to_string(), 1).await;
+            }
+            assert!(std::time::Instant::now() < until, "task {id} is still {} after 120 s", task["status"]);
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
     }
 }

@@ -524,9 +524,10 @@ async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(po
     let job = service.jobs()[0].0.clone();
     let token = job["report"]["token"].as_str().unwrap().to_owned();
     let csv = b"word,count\nhello,2\n".to_vec();
+    let sha256 = |bytes: &[u8]| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes));
 
     let declared = json!({ "id": "o-1", "type": "output", "name": "top.csv", "size": csv.len(),
-                           "content_type": "text/csv" });
+                           "content_type": "text/csv", "sha256": sha256(&csv) });
     let answer = report(&api, &token, declared.clone()).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
     let url = answer.body["url"].as_str().unwrap();
@@ -540,20 +541,29 @@ async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(po
     .unwrap();
     let left = expires - time::OffsetDateTime::now_utc();
     assert!(left <= time::Duration::minutes(15) && left > time::Duration::minutes(14), "15 min, before the deadline");
-    // The PUT is bound to the declared size: a longer body is refused.
+    // The PUT is bound to the declared size: a longer body is refused; and
+    // to the declared SHA-256: a body of that size with other bytes too.
     assert_eq!(put_output(&answer.body, b"word,count\nhello,2\nextra\n".to_vec()).await / 100, 4);
+    assert!(answer.body["headers"]["x-amz-checksum-sha256"].is_string(), "{}", answer.body);
+    assert_eq!(put_output(&answer.body, b"word,count\nhello,3\n".to_vec()).await / 100, 4, "other bytes");
     assert_eq!(put_output(&answer.body, csv.clone()).await, 200);
     // The same report again: a PUT of the same object.
     let again = report(&api, &token, declared).await;
     assert_eq!(again.status, StatusCode::OK, "{}", again.body);
     assert_eq!(again.body["headers"], answer.body["headers"]);
+    // Declared again under another digest once written: what the result
+    // (and a receipt) says is the digest of the bytes stored, not the claim.
+    let claimed = json!({ "id": "o-5", "type": "output", "name": "top.csv", "size": csv.len(),
+                          "content_type": "text/csv", "sha256": sha256(b"something else") });
+    assert_eq!(report(&api, &token, claimed).await.status, StatusCode::OK);
 
     // Refused: over the uploads' size limit, a name that is not one key component.
     let huge = report(
         &api,
         &token,
         json!({ "id": "o-2", "type": "output", "name": "big.bin",
-                                            "size": 104_857_601u64, "content_type": "application/octet-stream" }),
+                                            "size": 104_857_601u64, "content_type": "application/octet-stream",
+                                            "sha256": sha256(b"") }),
     )
     .await;
     assert_eq!((huge.status, huge.code()), (StatusCode::PAYLOAD_TOO_LARGE, "too_large"), "{}", huge.body);
@@ -562,17 +572,28 @@ async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(po
             &api,
             &token,
             json!({ "id": "o-3", "type": "output", "name": name, "size": 1,
-                                               "content_type": "text/plain" }),
+                                               "content_type": "text/plain", "sha256": sha256(b"x") }),
         )
         .await;
         assert_eq!((bad.status, bad.code()), (StatusCode::BAD_REQUEST, "invalid_report"), "{name:?}");
+    }
+    // No digest, or one that is not 64 hex digits: nothing to bind the PUT to.
+    for digest in [json!(null), json!("abc"), json!("z".repeat(64))] {
+        let mut declared = json!({ "id": "o-6", "type": "output", "name": "x.txt", "size": 1,
+                                   "content_type": "text/plain" });
+        if !digest.is_null() {
+            declared["sha256"] = digest.clone();
+        }
+        let bad = report(&api, &token, declared).await;
+        assert_eq!((bad.status, bad.code()), (StatusCode::BAD_REQUEST, "invalid_report"), "{digest}");
+        assert!(bad.body["error"]["message"].as_str().unwrap().contains("sha256"), "{}", bad.body);
     }
     // Declared and never written: not listed.
     let never = report(
         &api,
         &token,
         json!({ "id": "o-4", "type": "output", "name": "never.txt", "size": 3,
-                                             "content_type": "text/plain" }),
+                                             "content_type": "text/plain", "sha256": sha256(b"abc") }),
     )
     .await;
     assert_eq!(never.status, StatusCode::OK, "{}", never.body);
@@ -588,8 +609,9 @@ async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(po
     assert_eq!(outputs.len(), 1, "{outputs:?}");
     let file = &outputs[0];
     assert_eq!(
-        (&file["name"], &file["size"], &file["content_type"]),
-        (&json!("top.csv"), &json!(csv.len()), &json!("text/csv"))
+        (&file["name"], &file["size"], &file["content_type"], &file["sha256"]),
+        (&json!("top.csv"), &json!(csv.len()), &json!("text/csv"), &json!(sha256(&csv))),
+        "the digest the bucket verified, not the later claim"
     );
     let link = file["url"].as_str().expect("a download link");
     assert!(file["url_expires_at"].is_string());

@@ -686,3 +686,84 @@ async fn an_mcp_kind_tool_takes_a_webhook(pool: PgPool) {
     assert_eq!(got[0].json()["data"]["id"], id.to_string());
     hooks.done().await;
 }
+
+impl Hooks {
+    /// Ends queued task `id` failed by Reeve's fault, which an operator may run again.
+    async fn fail_by_reeve(&self, id: Id) {
+        let error = tasks::task_error("internal", "the worker broke");
+        let events =
+            tasks::transition(&self.pool, id, Fence::From(&[TaskStatus::Queued]), Change::Fail { error: &error })
+                .await
+                .unwrap();
+        assert!(events.is_some(), "the task was queued");
+    }
+
+    /// An operator's re-run (`reeve tasks rerun`) of task `id`.
+    async fn rerun(&self, id: Id) {
+        let rerun = tasks::bulk::rerun(&self.pool, id).await.unwrap().expect("the task exists");
+        assert!(matches!(rerun, tasks::bulk::Rerun::Queued { .. }), "{rerun:?}");
+    }
+
+    /// Sends until none of task `id`'s deliveries is pending: them all, as
+    /// `[event, status, rerun, attempts]`.
+    async fn settle_all(&self, id: Id) -> Vec<Value> {
+        wait_until("every delivery to settle", Duration::from_secs(20), || async {
+            self.deliver().await;
+            self.all_deliveries(id).await.iter().all(|d| d["status"] != "pending")
+        })
+        .await;
+        let deliveries = self.all_deliveries(id).await;
+        deliveries
+            .iter()
+            .map(|d| json!([d["event"], d["status"], d["rerun"], d["attempts"].as_array().unwrap().len()]))
+            .collect()
+    }
+}
+
+/// A task an operator runs again ends again, and a subscriber hears of that
+/// end too: its own delivery (its own `webhook-id`), once, beside the first
+/// end's. A first end still undelivered when the task is re-run is
+/// superseded: sent late, it would describe a run that is no longer the
+/// task's.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_rerun_s_end_is_delivered_as_its_own_message(pool: PgPool) {
+    let hooks = Hooks::new(&pool, short()).await;
+    let secret = hooks.rotate().await;
+    let url = hooks.receiver.url("/ok");
+    // Failed before any run (attempts 0), so its re-run starts from 0 attempts too.
+    let id = hooks.created(json!(url)).await;
+    hooks.fail_by_reeve(id).await;
+    assert_eq!(hooks.settle(id).await["status"], "delivered");
+    hooks.rerun(id).await;
+    hooks.complete(id).await;
+    let settled = hooks.settle_all(id).await;
+    assert_eq!(
+        settled,
+        [json!(["failed", "delivered", 0, 1]), json!(["completed", "delivered", 1, 1])],
+        "each end its delivery"
+    );
+    let got = hooks.receiver.at("/ok");
+    assert_eq!(got.len(), 2, "each end delivered once");
+    assert!(got.iter().all(|m| m.verifies_with(&secret)), "both signed");
+    let seen: Vec<Value> =
+        got.iter().map(Received::json).map(|p| json!([p["type"], p["data"]["status"], p["data"]["rerun"]])).collect();
+    assert_eq!(seen, [json!(["task.failed", "failed", 0]), json!(["task.completed", "completed", 1])]);
+    let deliveries = hooks.all_deliveries(id).await;
+    assert_ne!(got[0].header("webhook-id"), got[1].header("webhook-id"), "a new message, not a retry");
+    assert_eq!(got[1].header("webhook-id"), deliveries[1]["id"].as_str().unwrap());
+    assert_eq!(hooks.deliver().await, 0, "nothing more to send");
+
+    // Re-run before its failure was delivered, and failed again: the first
+    // failure is superseded, unsent; the second is delivered.
+    let late = hooks.created(json!(url)).await;
+    hooks.fail_by_reeve(late).await;
+    hooks.rerun(late).await;
+    hooks.fail_by_reeve(late).await;
+    let settled = hooks.settle_all(late).await;
+    assert_eq!(settled, [json!(["failed", "superseded", 0, 0]), json!(["failed", "delivered", 1, 1])]);
+    let got: Vec<Value> =
+        hooks.receiver.at("/ok").iter().map(Received::json).filter(|p| p["data"]["id"] == late.to_string()).collect();
+    assert_eq!(got.len(), 1, "only the re-run's end: {got:?}");
+    assert_eq!((&got[0]["type"], &got[0]["data"]["rerun"]), (&json!("task.failed"), &json!(1)));
+    hooks.done().await;
+}

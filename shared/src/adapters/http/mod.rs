@@ -89,6 +89,7 @@ pub(crate) mod space_view;
 pub mod stream;
 #[cfg(feature = "api-task-status")]
 pub mod tasks;
+#[cfg(feature = "api-task-status")]
 mod ticket;
 #[cfg(feature = "api-uploads")]
 pub mod uploads;

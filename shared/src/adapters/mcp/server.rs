@@ -35,9 +35,9 @@ use super::tool::{FixedTool, Identity};
 use super::tools::{CancelTask, Fixed, Named, Tools};
 use super::wait::Progress;
 use super::{payment, rfc3339};
-use crate::domain::auth::SessionToken;
+use crate::domain::auth::{SessionToken, SpaceIndex};
 use crate::domain::error::{TaskRefusal, TokenRefusal};
-use crate::domain::payments;
+use crate::domain::payments::{self, offer_receipt};
 use crate::domain::sessions::{self, SessionRefused};
 use crate::domain::tasks::{self, Task, TaskStatus};
 
@@ -235,6 +235,33 @@ fn mcp_task(task: &Task) -> McpTask {
     handle
 }
 
+impl ReeveMcp {
+    /// A paid task's settlement `_meta` with its final signed receipt (the
+    /// one `GET /v1/tasks/{id}/receipt` answers, with its proof of delivery:
+    /// the result's and each output file's SHA-256) in its `offer-receipt`
+    /// extension, where a paid call's first receipt was; as it is where the
+    /// deployment signs no receipts.
+    async fn with_final_receipt(&self, mut meta: Value, space: &SpaceIndex, task: &Task) -> ToolResult<Value> {
+        let Some(key) = self.ctx.seller.as_deref() else { return Ok(meta) };
+        // The resource a call paid for is its tool (`task_<kind>` where a
+        // fixed tool has the kind's name).
+        let tool = match self.tools.find(&task.kind) {
+            Some(Named::Kind { .. }) => task.kind.clone(),
+            _ => format!("task_{}", task.kind),
+        };
+        let signed = tasks::signed_receipt(&self.ctx.db, Some(key), space, task.id, &|_| payment::resource_url(&tool))
+            .await
+            .map_err(ToolFailure::from)?;
+        if let Some(Ok(receipt)) = signed
+            && let Some(settlement) = meta.get_mut(payment::PAYMENT_RESPONSE_META).and_then(Value::as_object_mut)
+        {
+            let extensions = settlement.entry("extensions").or_insert_with(|| json!({}));
+            extensions[offer_receipt::OFFER_RECEIPT] = offer_receipt::receipt_extension(&receipt);
+        }
+        Ok(meta)
+    }
+}
+
 /// Reeve's task as `tasks/get` answers it: once it has ended, its final
 /// result is the tool result the call would have answered had it waited,
 /// with the receipt of the payment that bought it (`None`: free, paid with
@@ -362,6 +389,10 @@ impl ServerHandler for ReeveMcp {
                     .map(|receipt| payment::response_meta(&receipt)),
             },
             _ => None,
+        };
+        let receipt = match receipt {
+            Some(meta) => Some(self.with_final_receipt(meta, &space, &task).await.map_err(task_method_error)?),
+            None => None,
         };
         Ok(GetTaskResult::new(detailed(task, receipt)))
     }

@@ -36,7 +36,7 @@ use crate::domain::payments::{Held, HeldReport, Hold, MeteredAuthorization};
 use crate::domain::tasks::events::{Event, EventType, Publisher, running_event};
 use crate::domain::tasks::output::{LINK_LIFETIME, MAX_FILE_NAME_CHARS, files_prefix, object_expiry, valid_file_name};
 use crate::domain::tasks::{Change, Fence, RETRIES_EXHAUSTED, TaskStatus, task_error, transition_in};
-use crate::domain::uploads::{object_size, presign_put};
+use crate::domain::uploads::{WrittenObject, presign_put, written_object};
 
 /// The stable code of a task its service failed for good.
 pub const EXECUTOR_FAILED: &str = "executor_failed";
@@ -147,6 +147,9 @@ pub enum ServiceReport {
         name: String,
         size: u64,
         content_type: String,
+        /// The file's SHA-256, hex: its PUT is bound to it, so the bucket
+        /// keeps only a body that hashes to it, and the receipt proves it.
+        sha256: String,
     },
     Result {
         result: Value,
@@ -212,7 +215,10 @@ pub fn parse(body: &[u8]) -> Result<(String, ServiceReport), ReportRefusal> {
                 return Err(ReportRefusal::TooLarge);
             }
         }
-        ServiceReport::Output { name, content_type, .. } => {
+        ServiceReport::Output { name, content_type, sha256, .. } => {
+            if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(invalid("sha256 must be the file's SHA-256, 64 hex digits".into()));
+            }
             if !valid_file_name(name) {
                 return Err(invalid(format!(
                     "name must be 1 to {MAX_FILE_NAME_CHARS} characters of A-Z a-z 0-9 . _ -, and not . or .."
@@ -302,12 +308,16 @@ pub struct OutputPut {
     pub key: String,
     pub size: u64,
     pub content_type: String,
+    /// The body's SHA-256, hex (lower case).
+    pub sha256: String,
     /// The attempt's deadline: the link dies at it, if not sooner.
     pub deadline: OffsetDateTime,
 }
 
 /// The answer to an `output` report: `{url, method: "PUT", headers,
-/// expires_at}`, a PUT of exactly the declared size and type, valid until
+/// expires_at}`, a PUT of exactly the declared size, type and SHA-256
+/// (`x-amz-checksum-sha256`: the bucket refuses a body that does not hash
+/// to it, and keeps it for [`with_outputs`] to read back), valid until
 /// the attempt's deadline or for [`LINK_LIFETIME`] (the bucket's largest
 /// signature age), whichever is sooner. Signed anew each time the report
 /// is answered: no signed URL is stored.
@@ -315,7 +325,7 @@ pub async fn sign_output(s3: &aws_sdk_s3::Client, bucket: &str, put: &OutputPut)
     let left = put.deadline - OffsetDateTime::now_utc();
     let lifetime = Duration::try_from(left).unwrap_or_default().min(LINK_LIFETIME).max(Duration::from_secs(1));
     let size = i64::try_from(put.size).map_err(|_| "size is out of range".to_owned())?;
-    let signed = presign_put(s3, bucket, &put.key, size, &put.content_type, lifetime).await?;
+    let signed = presign_put(s3, bucket, &put.key, size, &put.content_type, Some(&put.sha256), lifetime).await?;
     let expires_at = signed.expires_at.format(&Rfc3339).unwrap_or_default();
     Ok(json!({ "url": signed.url, "method": signed.method, "headers": signed.headers, "expires_at": expires_at }))
 }
@@ -328,6 +338,7 @@ fn recorded_output(answer: &Value, space: &SpaceIndex, task: Id, deadline: Offse
         key: format!("{}{name}", files_prefix(space, task)),
         size: output.get("size")?.as_u64()?,
         content_type: output.get("content_type")?.as_str()?.to_owned(),
+        sha256: output.get("sha256")?.as_str()?.to_owned(),
         deadline,
     })
 }
@@ -418,7 +429,7 @@ pub async fn apply(
             let used = capped(*used, metered.as_ref());
             json!({ "recorded": true, "used": used })
         }
-        ServiceReport::Output { name, size, content_type } => {
+        ServiceReport::Output { name, size, content_type, sha256 } => {
             if *size > r.max_output_bytes {
                 return Err(Ok(ReportRefusal::OutputTooLarge { max: r.max_output_bytes }));
             }
@@ -428,7 +439,9 @@ pub async fn apply(
             }
             renew(&mut tx, &run, r.lease).await.map_err(Err)?;
             let content_type = content_type.trim().to_ascii_lowercase();
-            json!({ "recorded": true, "output": { "name": name, "size": size, "content_type": content_type } })
+            let sha256 = sha256.to_ascii_lowercase();
+            let output = json!({ "name": name, "size": size, "content_type": content_type, "sha256": sha256 });
+            json!({ "recorded": true, "output": output })
         }
         ServiceReport::Result { result, used } => {
             let result = &with_outputs(r, &mut tx, &run, space, result.clone()).await.map_err(Err)?;
@@ -659,11 +672,16 @@ async fn declared_outputs(conn: &mut PgConnection, run: &Run) -> Result<Vec<Valu
 }
 
 /// The service's result with the output files it wrote: `outputs`, each
-/// `{name, size, content_type, key}` under the task's own `files/` prefix
-/// (Reeve's, replacing any `outputs` of the service's own). Each declared
-/// file is looked for: one never written is left out, and a size is the
-/// object's. A file that cannot be looked for (storage unreachable) is
-/// listed as declared; its link fails if it is not there.
+/// `{name, size, content_type, sha256, key}` under the task's own `files/`
+/// prefix (Reeve's, replacing any `outputs` of the service's own). Each
+/// declared file is looked for: one never written is left out, and a size
+/// is the object's. `sha256` is the digest the bucket verified the body
+/// against as it was written (its PUT was bound to one), read back from
+/// the object, not what the service declared: should two declarations of
+/// a name differ, it is the one of the bytes stored, which the receipt
+/// then proves. A file that cannot be looked for (storage unreachable) is
+/// listed as declared, without a `sha256`; its link fails if it is not
+/// there.
 async fn with_outputs(
     r: &Reports<'_>,
     conn: &mut PgConnection,
@@ -680,9 +698,16 @@ async fn with_outputs(
     for mut output in declared {
         let Some(name) = output["name"].as_str().filter(|n| valid_file_name(n)).map(str::to_owned) else { continue };
         let key = format!("{prefix}{name}");
-        match object_size(r.s3, r.bucket, &key).await {
-            Ok(Some((size, written))) => {
+        let declared_sha256 = output.as_object_mut().and_then(|o| o.remove("sha256"));
+        match written_object(r.s3, r.bucket, &key).await {
+            Ok(Some(WrittenObject { size, written, sha256 })) => {
                 output["size"] = json!(size);
+                match sha256 {
+                    Some(sha256) => output["sha256"] = json!(sha256),
+                    None => {
+                        tracing::warn!(task = %run.task, name, ?declared_sha256, "an output has no SHA-256 in storage")
+                    }
+                }
                 // The bucket's lifecycle counts from when the file was written.
                 if let Some(days) = r.output_retention_days {
                     let expires = object_expiry(written.unwrap_or_else(OffsetDateTime::now_utc), days);

@@ -234,10 +234,10 @@ pub async fn running_event(
         "WITH held AS (
              UPDATE tasks SET progress = COALESCE($3, progress), last_seq = last_seq + 1, updated_at = now()
               WHERE id = $1 AND status = 'running' AND attempts = $2
-          RETURNING id, last_seq, space_idx, webhook_url, webhook_events
+          RETURNING id, last_seq, space_idx, webhook_url, webhook_events, reruns
          ), outbox AS (
-             INSERT INTO webhook_deliveries (id, task_id, space_idx, url, event)
-             SELECT $6, held.id, held.space_idx, sub.url, 'progress'
+             INSERT INTO webhook_deliveries (id, task_id, space_idx, url, event, rerun)
+             SELECT $6, held.id, held.space_idx, sub.url, 'progress', held.reruns
                FROM held
                LEFT JOIN space_webhooks space_default ON space_default.space_idx = held.space_idx
               CROSS JOIN LATERAL (

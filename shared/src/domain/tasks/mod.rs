@@ -141,8 +141,10 @@ pub struct Task {
     /// retention has passed (`object_expires_at`), `url` is null and
     /// `expired` says so: `{"at", "message"}`. A service kind's result
     /// (docs/executors.md) lists the files its service wrote in `outputs`:
-    /// `[{"name", "size", "content_type", "key", "url", "url_expires_at"}]`,
-    /// each `url` signed the same way (docs/executor-schemas/outputs.json).
+    /// `[{"name", "size", "content_type", "sha256", "key", "url",
+    /// "url_expires_at"}]`, each `url` signed the same way, `sha256` the
+    /// digest the bucket verified as the file was written
+    /// (docs/executor-schemas/outputs.json).
     pub result: Option<Value>,
     /// What went wrong, once `failed`: `{"code", "message"}`.
     pub error: Option<Value>,

@@ -48,7 +48,8 @@ pub enum Change<'a> {
     /// `failed → queued` again, an operator's re-run (`reeve tasks rerun`):
     /// error, result and lease cleared, `rerun_from` set to `attempts`, so
     /// the retry limit counts afresh while `attempts`, the fencing token,
-    /// keeps growing. Events `log` (`line`, why), `status` (with
+    /// keeps growing; `reruns` counts it, so the re-run's end gets its own
+    /// completion webhook. Events `log` (`line`, why), `status` (with
     /// `rerun: true`).
     Rerun { line: &'a str },
 }
@@ -108,7 +109,9 @@ impl Change<'_> {
 /// webhook's outbox row in the same statement (`outbox`): to the task's own
 /// endpoint if it named one, else its Space's default, if the event is one
 /// it asked for (see `domain/webhooks`). No end is then without its row,
-/// whatever fails after the commit; the sender delivers it from there.
+/// whatever fails after the commit; the sender delivers it from there. The
+/// row is the end of the task's current run series (`reruns`): a re-run's
+/// end has a row of its own, and one end never two.
 ///
 /// The status change and its events are one statement: the `UPDATE` bumps
 /// the event counter by as many events as it appends, and the `INSERT`
@@ -136,10 +139,11 @@ macro_rules! with_events {
                   WHERE id = $1 AND status = ANY($2) AND ($3::int4 IS NULL OR attempts = $3)",
             $held,
             "
-              RETURNING id, last_seq, kind, attempts, space_idx, status, webhook_url, webhook_events, rerun_from
+              RETURNING id, last_seq, kind, attempts, space_idx, status, webhook_url, webhook_events, rerun_from,
+                        reruns
              ), outbox AS (
-                 INSERT INTO webhook_deliveries (id, task_id, space_idx, url, event)
-                 SELECT $7, moved.id, moved.space_idx, sub.url, moved.status
+                 INSERT INTO webhook_deliveries (id, task_id, space_idx, url, event, rerun)
+                 SELECT $7, moved.id, moved.space_idx, sub.url, moved.status, moved.reruns
                    FROM moved
                    LEFT JOIN space_webhooks space_default ON space_default.space_idx = moved.space_idx
                   CROSS JOIN LATERAL (
@@ -149,7 +153,7 @@ macro_rules! with_events {
                         ) sub
                   WHERE moved.status IN ('completed', 'failed', 'canceled')
                     AND sub.url IS NOT NULL AND moved.status = ANY(sub.events)
-                 ON CONFLICT (task_id) WHERE event <> 'progress' DO NOTHING
+                 ON CONFLICT (task_id, rerun) WHERE event <> 'progress' DO NOTHING
              ), appended AS (
                  INSERT INTO task_events (task_id, seq, type, data)
                  SELECT moved.id, moved.last_seq - cardinality($5::text[]) + e.n, e.type, e.data
@@ -212,7 +216,7 @@ pub async fn transition_in(
         Change::Rerun { .. } => (
             with_events!(
                 "status = 'queued', error = NULL, result = NULL, progress = 0, lease_until = NULL,
-                 cancel_requested_at = NULL, rerun_from = attempts"
+                 cancel_requested_at = NULL, rerun_from = attempts, reruns = reruns + 1"
             ),
             None,
         ),

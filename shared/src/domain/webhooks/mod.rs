@@ -12,7 +12,10 @@
 //!   [`ROTATION_GRACE`], during which both sign;
 //! - the outbox: a row of `webhook_deliveries` is written by the statement
 //!   that ends the task (`tasks::transition`), so no end is without its
-//!   row, whatever crashes after; a `progress` row by the statement that
+//!   row, whatever crashes after; one per end, keyed on the task's run
+//!   series (`rerun`), so a task an operator re-runs has its re-run's end
+//!   delivered too (and its first end's, if still undelivered, is
+//!   `superseded`); a `progress` row by the statement that
 //!   records a progress event (`tasks::events::running_event`), at most one
 //!   pending per task (see [`PROGRESS`]);
 //! - [`outbox`]: that table as the sender and the owner read it: due rows
@@ -258,12 +261,12 @@ pub async fn subscribe_task(
         "WITH subscribed AS (
              UPDATE tasks SET webhook_url = $3, webhook_events = $4
               WHERE id = $1 AND space_idx = $2 AND webhook_url IS NULL
-          RETURNING id, space_idx, status, webhook_url, webhook_events
+          RETURNING id, space_idx, status, webhook_url, webhook_events, reruns
          )
-         INSERT INTO webhook_deliveries (id, task_id, space_idx, url, event)
-         SELECT $5, id, space_idx, webhook_url, status FROM subscribed
+         INSERT INTO webhook_deliveries (id, task_id, space_idx, url, event, rerun)
+         SELECT $5, id, space_idx, webhook_url, status, reruns FROM subscribed
           WHERE status IN ('completed', 'failed', 'canceled') AND status = ANY(webhook_events)
-         ON CONFLICT (task_id) WHERE event <> 'progress' DO NOTHING",
+         ON CONFLICT (task_id, rerun) WHERE event <> 'progress' DO NOTHING",
     )
     .bind(id)
     .bind(space.as_bytes())

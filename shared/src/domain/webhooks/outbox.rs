@@ -26,6 +26,12 @@ pub struct Due {
     pub space_idx: Vec<u8>,
     pub url: String,
     pub event: String,
+    /// The task's run series it is about: 0 its first run, n its n-th
+    /// re-run by an operator.
+    pub rerun: i32,
+    /// The task has been re-run since: an end's delivery from before is
+    /// superseded, never sent (the re-run's own end will be).
+    pub rerun_since: bool,
     /// Attempts made before this one.
     pub attempts: i32,
     /// When the task ended (for progress: when the progress that made the
@@ -58,7 +64,8 @@ pub async fn claim_due(db: &PgPool, batch: i64, lease: Duration) -> Result<Vec<D
                    AND (claimed_until IS NULL OR claimed_until < now())
                  ORDER BY next_attempt_at LIMIT $1
                    FOR UPDATE SKIP LOCKED)
-      RETURNING id, task_id, space_idx, url, event, attempts, created_at,
+      RETURNING id, task_id, space_idx, url, event, rerun, attempts, created_at,
+                coalesce((SELECT t.reruns > d.rerun FROM tasks t WHERE t.id = d.task_id), false) AS rerun_since,
                 EXISTS (SELECT 1 FROM webhook_disabled w WHERE w.space_idx = d.space_idx AND w.url = d.url)
                     AS disabled",
     )
@@ -89,7 +96,9 @@ pub enum Next {
     Failed,
     /// The endpoint answered `410`, now or before: disabled for the Space.
     Disabled,
-    /// A progress delivery whose task ended before it was sent: never sent.
+    /// Never sent: a progress delivery whose task ended before it was sent,
+    /// or an end's whose task an operator ran again before it was
+    /// delivered (the re-run's end has a delivery of its own).
     Superseded,
 }
 
@@ -165,10 +174,15 @@ pub struct DeliveryView {
     /// `completed`, `failed` or `canceled`: how the task ended; or
     /// `progress`, while it ran.
     pub event: String,
+    /// Which run of the task it is about: 0 its first, n its n-th re-run by
+    /// an operator. Each run's end has its own delivery.
+    #[schema(minimum = 0, example = 0)]
+    pub rerun: i32,
     /// `pending` (to be tried at `next_attempt_at`), `delivered`, `failed`
     /// (refused, or every retry used), `disabled` (the endpoint answered
-    /// `410`, now or for an earlier delivery) or `superseded` (a progress
-    /// delivery whose task ended before it was sent: never sent).
+    /// `410`, now or for an earlier delivery) or `superseded` (never sent:
+    /// a progress delivery whose task ended before it was sent, or an end's
+    /// whose task an operator ran again before it was delivered).
     pub status: String,
     #[serde(with = "time::serde::rfc3339::option")]
     pub next_attempt_at: Option<OffsetDateTime>,
@@ -206,16 +220,16 @@ pub async fn for_task(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<
     if !owned {
         return Ok(None);
     }
-    type Row = (Id, String, String, String, OffsetDateTime, OffsetDateTime);
+    type Row = (Id, String, String, i32, String, OffsetDateTime, OffsetDateTime);
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT id, url, event, status, next_attempt_at, created_at FROM webhook_deliveries
+        "SELECT id, url, event, rerun, status, next_attempt_at, created_at FROM webhook_deliveries
           WHERE task_id = $1 ORDER BY created_at, id",
     )
     .bind(id)
     .fetch_all(db)
     .await?;
     let mut views = Vec::with_capacity(rows.len());
-    for (delivery, url, event, status, next_attempt_at, created_at) in rows {
+    for (delivery, url, event, rerun, status, next_attempt_at, created_at) in rows {
         let attempts: Vec<AttemptView> = sqlx::query_as(
             "SELECT n, at, status_code, error, duration_ms, next_attempt_at FROM webhook_attempts
               WHERE delivery_id = $1 ORDER BY n",
@@ -228,6 +242,7 @@ pub async fn for_task(db: &PgPool, space: &SpaceIndex, id: Id) -> Result<Option<
             id: message_id(delivery),
             url,
             event,
+            rerun,
             status,
             next_attempt_at,
             created_at,

@@ -14,7 +14,8 @@
 //!   `{"type": "task.completed", "timestamp", "data": {…, "links": {…}}}`
 //!   (`task.progress` for progress, with the task's `progress` as it is
 //!   when sent; one whose task has ended before it was sent is
-//!   `superseded`, never sent).
+//!   `superseded`, never sent, and so is an end's whose task an operator
+//!   re-ran before it was delivered: the re-run's end has its own).
 //!   Each attempt is signed afresh (its `webhook-timestamp` is when it is
 //!   sent); the `webhook-id` is the delivery's, the same for every attempt.
 //!
@@ -135,7 +136,15 @@ impl Sender {
         let Some(task) = tasks::find_for_space(&self.db, &space, due.task_id).await? else {
             return Ok(Posted::Refused("the task is gone".into()));
         };
-        if due.event == PROGRESS && task.status.is_terminal() {
+        // Progress after the end, or an end the task has left since (only an
+        // operator's re-run moves an ended task): the later news has its own
+        // delivery, and this one would only confuse a receiver.
+        let moved_on = if due.event == PROGRESS {
+            task.status.is_terminal()
+        } else {
+            due.rerun_since || task.status.as_str() != due.event
+        };
+        if moved_on {
             return Ok(Posted::Superseded);
         }
         let body = payload(due, &task).to_string().into_bytes();
@@ -223,7 +232,8 @@ enum Posted {
     Refused(String),
     /// Worth trying again: no answer, a broken connection.
     Failed(String),
-    /// Not to be sent: a progress delivery whose task has ended.
+    /// Not to be sent: a progress delivery whose task has ended, an end's
+    /// whose task was re-run.
     Superseded,
 }
 
@@ -240,12 +250,15 @@ fn jittered(wait: Duration, jitter: f64) -> Duration {
 
 /// The body: the task's view with links, not its result or input, so a
 /// payload stays small whatever the task made; the links are paths on the
-/// API the task was created on.
+/// API the task was created on. `rerun` says which run of the task it is
+/// about (0 its first, n its n-th re-run), so a receiver tells a re-run's
+/// end from the first one's.
 fn payload(due: &Due, task: &tasks::Task) -> Value {
     let mut data = serde_json::to_value(task).expect("a task serialises");
     if let Some(fields) = data.as_object_mut() {
         fields.remove("result");
     }
+    data["rerun"] = due.rerun.into();
     let id = task.id;
     data["links"] = json!({
         "task": format!("/v1/tasks/{id}"),
