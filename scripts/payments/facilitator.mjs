@@ -30,16 +30,25 @@ import { mnemonicToAccount } from "viem/accounts";
 
 const [rpc, host, port, accountIndex = "0", confirmationMs] = process.argv.slice(2);
 const NETWORK = "eip155:84532";
+// anvil mines a block a second (scripts/payments.sh), as Base does.
+const BLOCK_MS = 1000;
 const chain = defineChain({
   id: 84532,
   name: "reeve-local",
   nativeCurrency: { name: "Ether", symbol: "ETH", decimals: 18 },
   rpcUrls: { default: { http: [rpc] } },
+  blockTime: BLOCK_MS,
 });
 // anvil's development mnemonic; account 0 (unless told otherwise) pays the
 // gas of every settlement.
 const account = mnemonicToAccount("test test test test test test test test test test test junk", { addressIndex: Number(accountIndex) });
-const client = createWalletClient({ account, chain, transport: http(rpc) }).extend(publicActions);
+// A settle answers once its receipt is read, and the receipt is looked for
+// each time the client polls the block number. viem polls every 4 s for a
+// chain it does not know (so every local `exact` settle took ~4 s); a tenth
+// of a block keeps the wait within ~100 ms of the block that mines it, at
+// ten eth_blockNumber calls a second on loopback while a settle waits.
+const POLL_MS = BLOCK_MS / 10;
+const client = createWalletClient({ account, chain, transport: http(rpc), pollingInterval: POLL_MS }).extend(publicActions);
 const signer = toFacilitatorEvmSigner(
   { ...client, address: account.address },
   confirmationMs ? { confirmationTimeoutMs: Number(confirmationMs) } : {},
