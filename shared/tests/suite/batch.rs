@@ -107,7 +107,18 @@ async fn a_buyer_pays_ten_requests_by_batch_settlement_and_gets_the_rest_back_to
     // refunded, all of it claimed, and all the seller claimed is settled.
     assert_eq!(chain::balance(&seller).await, 10 * PRICE);
     assert_eq!(chain::balance(&payer.address).await, FUNDS - 10 * PRICE);
-    assert_eq!(channel(flow["channelId"].as_str().unwrap()).await, (10 * PRICE, 10 * PRICE));
+    let id = flow["channelId"].as_str().unwrap();
+    assert_eq!(channel(id).await, (10 * PRICE, 10 * PRICE));
+    // Reeve's own read of the escrow (what it checks vouchers against)
+    // says the same.
+    let chains = reeve_shared::payments::Chains::parse(&chain::chain_rpc_urls()).unwrap();
+    let read = reeve_shared::payments::batch::read(chains.get("eip155:84532").unwrap(), id.parse().unwrap()).await;
+    let expected = reeve_shared::payments::batch::OnChain {
+        balance: 10 * PRICE,
+        total_claimed: 10 * PRICE,
+        withdraw_requested_at: 0,
+    };
+    assert_eq!(read.unwrap(), expected);
     assert_eq!(receiver(&seller).await, (10 * PRICE, 10 * PRICE));
     // The buyer never held gas: the facilitator paid for every deposit.
     assert_eq!(chain::eth_balance(&payer.address).await, 0);

@@ -4,14 +4,17 @@
 //! with no transaction, and Reeve claims many vouchers in one transaction
 //! later.
 //!
-//! Built so far: the voucher and its signer ([`voucher`]), and each
-//! channel's running total in Postgres with the decision taken on every
-//! voucher ([`channel`]). Not yet: the scheme's offer and payloads at create
-//! (a variant of [`super::Scheme`]), deposits through the facilitator, the
-//! escrow read, claims and settlement in the sweep, refunds.
+//! Built so far: the voucher and its signer ([`voucher`]), each channel's
+//! running total in Postgres with the decision taken on every voucher
+//! ([`channel`]), and the escrow's state of a channel read from the chain
+//! ([`escrow`]). Not yet: the scheme's offer and payloads at create (a
+//! variant of [`super::Scheme`]), deposits through the facilitator, claims
+//! and settlement in the sweep, refunds.
 
 pub mod channel;
+pub mod escrow;
 pub mod voucher;
 
 pub use channel::{ChannelState, DecideError, Decision, OnChain, Refusal, Terms, VoucherIn, decide, record};
+pub use escrow::read;
 pub use voucher::{ChannelConfig, ESCROW, SignatureError, check_signature};
