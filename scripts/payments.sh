@@ -18,20 +18,27 @@
 #   token        reeve.dev.toml's usdc-base-sepolia contract address: scripts/payments/Token.sol
 #                (OpenZeppelin 5.7, compiled offline by solc-js 0.8.37), EIP-712 domain
 #                "USDC"/"2", 6 decimals, with USDC's EIP-3009 transferWithAuthorization
-#                (exact) and EIP-2612 permit (upto's gas sponsoring). Accounts 1-9 of
+#                (exact) and receiveWithAuthorization (batch-settlement deposits), and
+#                EIP-2612 permit (upto's gas sponsoring). Accounts 1-9 of
 #                anvil's development mnemonic hold 1,000 tokens each; account 0 pays the
 #                facilitator's gas.
 #   Permit2      0x000000000022D473030F116dDEE9F6B43aC78BA3, the runtime code Uniswap ships
 #                in @uniswap/v4-periphery 1.0.3 for placing it there.
 #   upto proxy   0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002 (@x402/evm's address for it):
 #                scripts/payments/UptoPermit2Proxy.sol, written against @x402/evm's ABI.
+#   batch        0x4020074e9dF2ce1deE5A9C1b5c3f541D02a10003 (@x402/evm's BATCH_SETTLEMENT_ADDRESS):
+#   settlement   scripts/payments/BatchSettlement.sol, the batch-settlement escrow, written
+#                against the ABI @x402/evm calls it with (batch-settlement-abi.json, pinned),
+#                and its ERC-3009 deposit collector (ERC3009DepositCollector.sol) at
+#                0x4020806089470a89826cB9fB1f4059150b550004 (ERC3009_DEPOSIT_COLLECTOR_ADDRESS).
 #   Multicall3   0xcA11bde05977b3631167028862bE2a173976CA11, viem's bytecode (Multicall3
 #                as deployed on every public chain): the facilitator explains a failing
 #                upto payment through it, and Reeve's worker reads a metered task's
 #                authorization through its aggregate3 in one round trip before the run.
 #   facilitator  127.0.0.1:4021  scripts/payments/facilitator.mjs: @x402/core 2.27's
-#                                facilitator with @x402/evm's exact and upto schemes and
-#                                the eip2612GasSponsoring extension.
+#                                facilitator with @x402/evm's exact, upto and
+#                                batch-settlement schemes and the eip2612GasSponsoring
+#                                extension.
 #
 # Reeve finds the facilitator through REEVE_FACILITATOR_URL, which this script
 # adds to .env (it replaces the catalog's facilitator_url for this deployment),
@@ -64,24 +71,30 @@ chain_ready() {
 }
 PERMIT2_ADDRESS=0x000000000022D473030F116dDEE9F6B43aC78BA3
 UPTO_PROXY_ADDRESS=0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002
+BATCH_SETTLEMENT_ADDRESS=0x4020074e9dF2ce1deE5A9C1b5c3f541D02a10003
+ERC3009_DEPOSIT_COLLECTOR_ADDRESS=0x4020806089470a89826cB9fB1f4059150b550004
 MULTICALL3_ADDRESS=0xcA11bde05977b3631167028862bE2a173976CA11
 # The facilitator answers /supported for this chain at all (it is up)...
 facilitator_answers() { curl -sf "$FAC_URL/supported" | grep -q "eip155:$CHAIN_ID"; }
-# ...and settles both schemes (an older one, exact only, is not ready).
+# ...and settles every scheme (an older one, without upto or batch-settlement,
+# is not ready).
 facilitator_ready() {
   local supported
   supported=$(curl -sf "$FAC_URL/supported") || return 1
-  grep -q '"scheme":"exact"' <<<"$supported" && grep -q '"scheme":"upto"' <<<"$supported"
+  grep -q '"scheme":"exact"' <<<"$supported" && grep -q '"scheme":"upto"' <<<"$supported" &&
+    grep -q '"scheme":"batch-settlement"' <<<"$supported"
 }
 eth_call() {
   curl -sf -H 'content-type: application/json' \
     -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"eth_call\",\"params\":[{\"to\":\"$1\",\"data\":\"$2\"},\"latest\"]}" "$RPC"
 }
-# name() of the token at the catalog's address answers "USDC", and nonces(0)
-# answers at all: the token has EIP-2612 permit.
+# name() of the token at the catalog's address answers "USDC", nonces(0)
+# answers at all (the token has EIP-2612 permit), and
+# RECEIVE_WITH_AUTHORIZATION_TYPEHASH() answers ERC-3009's.
 token_ready() {
   eth_call "$TOKEN_ADDRESS" 0x06fdde03 | grep -q '5553444300000000' &&
-    eth_call "$TOKEN_ADDRESS" 0x7ecebe000000000000000000000000000000000000000000000000000000000000000000 | grep -q '"result":"0x0'
+    eth_call "$TOKEN_ADDRESS" 0x7ecebe000000000000000000000000000000000000000000000000000000000000000000 | grep -q '"result":"0x0' &&
+    eth_call "$TOKEN_ADDRESS" 0x7f2eecc3 | grep -q 'd099cc98ef71107a616c4f0f941f04c322d8e254fe26b3c6668db87aae413de8'
 }
 # Permit2's DOMAIN_SEPARATOR(), the proxy's PERMIT2() and Multicall3's
 # getChainId() answer, and Multicall3's aggregate3([]) answers an empty list
@@ -93,7 +106,13 @@ multicall3_ready() {
   eth_call "$MULTICALL3_ADDRESS" 0x3408e470 | grep -q '"result":"0x0*14a34"' &&
     eth_call "$MULTICALL3_ADDRESS" "$AGGREGATE3_NONE" | grep -q "\"result\":\"0x$(printf '%064x%064x' 32 0)\""
 }
-contracts_ready() { token_ready && permit2_ready && upto_proxy_ready && multicall3_ready; }
+# The escrow's CHANNEL_CONFIG_TYPEHASH() answers, and the collector's
+# x402BatchSettlement() names the escrow.
+batch_ready() {
+  eth_call "$BATCH_SETTLEMENT_ADDRESS" 0x8e4a68ac | grep -q '1c9a06ceab9b0ebbd3301dc56c9111bb6d9af421356dc9ccb3b7084c755db308' &&
+    eth_call "$ERC3009_DEPOSIT_COLLECTOR_ADDRESS" 0x4dec6d95 | grep -qi "${BATCH_SETTLEMENT_ADDRESS#0x}"
+}
+contracts_ready() { token_ready && permit2_ready && upto_proxy_ready && batch_ready && multicall3_ready; }
 
 ensure_npm() {
   command -v node >/dev/null && command -v npm >/dev/null || die "node and npm are needed (apt-get install nodejs npm)"
@@ -118,20 +137,24 @@ chain_start() {
 
 contracts_deploy() {
   contracts_ready && return 0
-  log "compiling Token.sol and UptoPermit2Proxy.sol (solc-js); placing them, Permit2 and Multicall3"
+  log "compiling Token.sol, UptoPermit2Proxy.sol and the batch-settlement contracts (solc-js); placing them, Permit2 and Multicall3"
   node "$PKG/compile.mjs" >"$DIR/contracts.json"
   node "$PKG/deploy.mjs" "$RPC" "$TOKEN_ADDRESS" "$DIR/contracts.json" >&2
   contracts_ready || die "the contracts were placed but do not answer as expected"
 }
+
+port_closed() { ! port_open "$FAC_PORT"; }
 
 facilitator_start() {
   local pid
   if pid=$(live_pid "$DIR/facilitator.pid" facilitator.mjs); then
     wait_for facilitator 30 "$DIR/facilitator.log" facilitator_answers
     facilitator_ready && return 0
-    # Started by an older checkout of this script: exact only.
-    log "the running facilitator does not settle upto; restarting it"
+    # Started by an older checkout of this script: not every scheme.
+    log "the running facilitator does not settle every scheme; restarting it"
     stop_pid "$pid" 10
+    # Its listening socket can outlive it for a moment.
+    wait_for "the facilitator's port" 10 "$DIR/facilitator.log" port_closed
   fi
   port_open "$FAC_PORT" && die "$HOST:$FAC_PORT is in use by another process; stop it or set REEVE_STACK_FACILITATOR_PORT"
   log "starting the facilitator on $FAC_URL"
@@ -146,15 +169,17 @@ status_table() {
   if pid=$(live_pid "$DIR/anvil.pid" anvil) && chain_ready; then st=up; else st=down; pid=-; down=1; fi
   printf '%-12s %-22s %-8s %s\n' chain "$RPC" "$pid" "$st (anvil, chain id $CHAIN_ID)"
   if token_ready; then st=up; else st=down; down=1; fi
-  printf '%-12s %-22s %-8s %s\n' token "$TOKEN_ADDRESS" - "$st (EIP-3009, EIP-2612)"
+  printf '%-12s %-22s %-8s %s\n' token "$TOKEN_ADDRESS" - "$st (EIP-3009 transfer and receive, EIP-2612)"
   if permit2_ready; then st=up; else st=down; down=1; fi
   printf '%-12s %-22s %-8s %s\n' permit2 "$PERMIT2_ADDRESS" - "$st"
   if upto_proxy_ready; then st=up; else st=down; down=1; fi
   printf '%-12s %-22s %-8s %s\n' upto-proxy "$UPTO_PROXY_ADDRESS" - "$st"
+  if batch_ready; then st=up; else st=down; down=1; fi
+  printf '%-12s %-22s %-8s %s\n' batch "$BATCH_SETTLEMENT_ADDRESS" - "$st (deposits through $ERC3009_DEPOSIT_COLLECTOR_ADDRESS)"
   if multicall3_ready; then st=up; else st=down; down=1; fi
   printf '%-12s %-22s %-8s %s\n' multicall3 "$MULTICALL3_ADDRESS" - "$st"
   if pid=$(live_pid "$DIR/facilitator.pid" facilitator.mjs) && facilitator_ready; then st=up; else st=down; pid=-; down=1; fi
-  printf '%-12s %-22s %-8s %s\n' facilitator "$FAC_URL" "$pid" "$st (@x402/core: exact, upto)"
+  printf '%-12s %-22s %-8s %s\n' facilitator "$FAC_URL" "$pid" "$st (@x402/core: exact, upto, batch-settlement)"
   return "$down"
 }
 

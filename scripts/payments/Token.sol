@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // A test stablecoin for the local chain only: an ERC-20 with USDC's EIP-3009
 // `transferWithAuthorization`, which is what x402's `exact` scheme settles
-// with, and USDC's EIP-2612 `permit`, which lets an `upto` payer approve
+// with, its `receiveWithAuthorization`, which batch settlement's deposit
+// collector pulls a deposit with, and USDC's EIP-2612 `permit`, which lets an `upto` payer approve
 // Permit2 by signature (the eip2612GasSponsoring extension) instead of
 // sending an `approve` and paying its gas. Anyone may mint: the chain is a
 // throwaway anvil on loopback.
@@ -20,6 +21,10 @@ import {SignatureChecker} from "@openzeppelin/contracts/utils/cryptography/Signa
 contract Token is ERC20, EIP712, IERC20Permit {
     bytes32 public constant TRANSFER_WITH_AUTHORIZATION_TYPEHASH = keccak256(
         "TransferWithAuthorization(address from,address to,uint256 value,uint256 validAfter,uint256 validBefore,bytes32 nonce)"
+    );
+
+    bytes32 public constant RECEIVE_WITH_AUTHORIZATION_TYPEHASH = keccak256(
+        "ReceiveWithAuthorization(address from,address to,uint256 value,uint256 validAfter,uint256 validBefore,bytes32 nonce)"
     );
 
     bytes32 public constant PERMIT_TYPEHASH =
@@ -52,11 +57,41 @@ contract Token is ERC20, EIP712, IERC20Permit {
         address from, address to, uint256 value, uint256 validAfter, uint256 validBefore, bytes32 nonce,
         bytes memory signature
     ) public {
+        _useAuthorization(
+            TRANSFER_WITH_AUTHORIZATION_TYPEHASH, from, to, value, validAfter, validBefore, nonce, signature
+        );
+    }
+
+    // Like transferWithAuthorization, but only the payee may submit it, so an
+    // authorization seen in the mempool cannot be spent by anyone else
+    // (ERC-3009's answer to front-running a contract's deposit).
+    function receiveWithAuthorization(
+        address from, address to, uint256 value, uint256 validAfter, uint256 validBefore, bytes32 nonce,
+        bytes memory signature
+    ) public {
+        require(to == msg.sender, "caller must be the payee");
+        _useAuthorization(
+            RECEIVE_WITH_AUTHORIZATION_TYPEHASH, from, to, value, validAfter, validBefore, nonce, signature
+        );
+    }
+
+    function receiveWithAuthorization(
+        address from, address to, uint256 value, uint256 validAfter, uint256 validBefore, bytes32 nonce,
+        uint8 v, bytes32 r, bytes32 s
+    ) external {
+        receiveWithAuthorization(from, to, value, validAfter, validBefore, nonce, abi.encodePacked(r, s, v));
+    }
+
+    // Both kinds share one set of used nonces, as in USDC.
+    function _useAuthorization(
+        bytes32 typehash, address from, address to, uint256 value, uint256 validAfter, uint256 validBefore,
+        bytes32 nonce, bytes memory signature
+    ) private {
         require(block.timestamp > validAfter, "authorization is not yet valid");
         require(block.timestamp < validBefore, "authorization is expired");
         require(!_used[from][nonce], "authorization is used or canceled");
         bytes32 digest = _hashTypedDataV4(keccak256(abi.encode(
-            TRANSFER_WITH_AUTHORIZATION_TYPEHASH, from, to, value, validAfter, validBefore, nonce
+            typehash, from, to, value, validAfter, validBefore, nonce
         )));
         require(SignatureChecker.isValidSignatureNow(from, digest, signature), "invalid signature");
         _used[from][nonce] = true;

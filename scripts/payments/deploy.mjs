@@ -14,22 +14,36 @@
 //                an upto payment would fail.
 //   upto proxy   UptoPermit2Proxy.sol, deployed pointing at Permit2, its
 //                runtime code copied to @x402/evm's x402UptoPermit2ProxyAddress.
+//   batch        BatchSettlement.sol at @x402/evm's BATCH_SETTLEMENT_ADDRESS,
+//   settlement   and ERC3009DepositCollector.sol, deployed pointing at it, at
+//                its ERC3009_DEPOSIT_COLLECTOR_ADDRESS.
 //   token        Token.sol at the catalog's address.
 //
 // A contract is deployed normally (so its constructor fills the immutables),
 // then its runtime code is copied with anvil_setCode. Idempotent: a second
-// run changes nothing, and a chain that holds the older token (without
-// EIP-2612 permit) gets the new code with its balances kept.
+// run changes nothing, and a chain that holds an older token (without
+// EIP-2612 permit or ERC-3009 receiveWithAuthorization) gets the new code
+// with its balances kept.
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { PERMIT2_ADDRESS, uptoPermit2WitnessTypes, x402UptoPermit2ProxyAddress } from "@x402/evm";
+import {
+  BATCH_SETTLEMENT_ADDRESS,
+  BATCH_SETTLEMENT_DOMAIN,
+  ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
+  PERMIT2_ADDRESS,
+  uptoPermit2WitnessTypes,
+  voucherTypes,
+  x402UptoPermit2ProxyAddress,
+} from "@x402/evm";
+import { computeChannelId } from "@x402/evm/batch-settlement/client";
 import {
   createPublicClient,
   createWalletClient,
   defineChain,
   encodeDeployData,
   hashDomain,
+  hashTypedData,
   http,
   keccak256,
   parseUnits,
@@ -39,7 +53,7 @@ import { mnemonicToAccount } from "viem/accounts";
 import { baseSepolia } from "viem/chains";
 
 const [rpc, tokenAddress, compiled] = process.argv.slice(2);
-const { token, uptoProxy } = JSON.parse(readFileSync(compiled, "utf8"));
+const { token, uptoProxy, batchSettlement, depositCollector } = JSON.parse(readFileSync(compiled, "utf8"));
 const here = dirname(fileURLToPath(import.meta.url));
 const CHAIN_ID = 84532;
 const chain = defineChain({
@@ -114,12 +128,54 @@ if ((await read("WITNESS_TYPEHASH")) !== keccak256(toHex(`Witness(${witness})`))
 }
 if ((await read("PERMIT2")).toLowerCase() !== PERMIT2_ADDRESS.toLowerCase()) fail("the upto proxy does not point at Permit2");
 
-// The token. An older token without EIP-2612 permit answers nonces() with a
-// revert, and gets the new code (the storage layout only grew at its end).
-const hasPermit = await pub
-  .readContract({ address: tokenAddress, abi: token.abi, functionName: "nonces", args: [deployer.address] })
-  .then(() => true, () => false);
-if (!hasPermit) await placeDeployed(tokenAddress, encodeDeployData({ abi: token.abi, bytecode: token.bytecode }));
+// The batch-settlement escrow and its ERC-3009 deposit collector, which
+// only the escrow may call.
+if ((await codeAt(BATCH_SETTLEMENT_ADDRESS)) === "0x") {
+  await placeDeployed(BATCH_SETTLEMENT_ADDRESS, encodeDeployData({ abi: batchSettlement.abi, bytecode: batchSettlement.bytecode }));
+}
+if ((await codeAt(ERC3009_DEPOSIT_COLLECTOR_ADDRESS)) === "0x") {
+  await placeDeployed(
+    ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
+    encodeDeployData({ abi: depositCollector.abi, bytecode: depositCollector.bytecode, args: [BATCH_SETTLEMENT_ADDRESS] }),
+  );
+}
+const escrow = (functionName, args) =>
+  pub.readContract({ address: BATCH_SETTLEMENT_ADDRESS, abi: batchSettlement.abi, functionName, args });
+// The channel id and the voucher the clients compute from @x402/evm's
+// domain and types must be the ones the escrow hashes, or every deposit
+// lands in a channel nobody names and every voucher is refused.
+const sample = {
+  payer: deployer.address,
+  payerAuthorizer: deployer.address,
+  receiver: deployer.address,
+  receiverAuthorizer: deployer.address,
+  token: tokenAddress,
+  withdrawDelay: 900,
+  salt: keccak256(toHex("reeve")),
+};
+const channelId = computeChannelId(sample, CHAIN_ID);
+if ((await escrow("getChannelId", [sample])) !== channelId) fail("the escrow's channel id is not the one @x402/evm computes");
+const voucher = hashTypedData({
+  domain: { ...BATCH_SETTLEMENT_DOMAIN, chainId: CHAIN_ID, verifyingContract: BATCH_SETTLEMENT_ADDRESS },
+  types: voucherTypes,
+  primaryType: "Voucher",
+  message: { channelId, maxClaimableAmount: 1n },
+});
+if ((await escrow("getVoucherDigest", [channelId, 1n])) !== voucher) fail("the escrow's voucher is not the one @x402/evm's clients sign");
+const collectorEscrow = await pub.readContract({
+  address: ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
+  abi: depositCollector.abi,
+  functionName: "x402BatchSettlement",
+});
+if (collectorEscrow.toLowerCase() !== BATCH_SETTLEMENT_ADDRESS.toLowerCase()) fail("the deposit collector does not point at the escrow");
+
+// The token. An older one, without EIP-2612 permit (nonces) or ERC-3009's
+// receiveWithAuthorization, answers one of these with a revert, and gets the
+// new code (the storage layout only grew at its end).
+const answers = (functionName, args) =>
+  pub.readContract({ address: tokenAddress, abi: token.abi, functionName, args }).then(() => true, () => false);
+const current = (await answers("nonces", [deployer.address])) && (await answers("RECEIVE_WITH_AUTHORIZATION_TYPEHASH", []));
+if (!current) await placeDeployed(tokenAddress, encodeDeployData({ abi: token.abi, bytecode: token.bytecode }));
 
 // The mints go out together, with consecutive nonces, and share a block.
 const FUNDING = parseUnits("1000", 6);
@@ -138,6 +194,7 @@ for (const hash of mints) {
 }
 const name = await pub.readContract({ address: tokenAddress, abi: token.abi, functionName: "name" });
 console.log(
-  `Permit2 at ${PERMIT2_ADDRESS}, Multicall3 at ${MULTICALL3_ADDRESS}, upto proxy at ${x402UptoPermit2ProxyAddress}; ` +
+  `Permit2 at ${PERMIT2_ADDRESS}, Multicall3 at ${MULTICALL3_ADDRESS}, upto proxy at ${x402UptoPermit2ProxyAddress}, ` +
+    `batch settlement at ${BATCH_SETTLEMENT_ADDRESS} (ERC-3009 deposits through ${ERC3009_DEPOSIT_COLLECTOR_ADDRESS}); ` +
     `token ${name} (EIP-3009, EIP-2612) at ${tokenAddress}; accounts 1-9 funded`,
 );

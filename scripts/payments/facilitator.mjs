@@ -1,10 +1,11 @@
 // A thin x402 facilitator for the local chain: the official @x402/core
-// facilitator with @x402/evm's `exact` scheme (EIP-3009) and its `upto`
-// scheme (Permit2, through the upto proxy deploy.mjs placed), settling from
-// anvil's account 0. It declares the eip2612GasSponsoring extension: an upto
-// payer that never approved Permit2 may sign the token's EIP-2612 permit
-// instead, and the settlement applies it (settleWithPermit), so the payer
-// spends no gas.
+// facilitator with @x402/evm's `exact` scheme (EIP-3009), its `upto` scheme
+// (Permit2, through the upto proxy deploy.mjs placed) and its
+// `batch-settlement` scheme (the escrow and ERC-3009 deposit collector
+// deploy.mjs placed), settling from anvil's account 0. It declares the
+// eip2612GasSponsoring extension: an upto payer that never approved Permit2
+// may sign the token's EIP-2612 permit instead, and the settlement applies
+// it (settleWithPermit), so the payer spends no gas.
 //
 //   node facilitator.mjs <rpc url> <bind host> <port> [account] [confirmation ms]
 //
@@ -18,28 +19,44 @@
 // paymentRequirements}; GET /supported lists what it settles (for upto, with
 // the address a payer must name as its facilitator). An upto settle takes
 // the amount to charge as paymentRequirements.amount, at most the signed
-// ceiling; 0 charges nothing and sends no transaction. Everything the
-// protocol checks is x402's own code; this file only does HTTP.
+// ceiling; 0 charges nothing and sends no transaction. A batch-settlement
+// settle is a deposit (the payer's ERC-3009 authorization, gas paid here),
+// a claim, a settle or a refund; the claims and refunds carry the seller's
+// own receiver-authorizer signatures: this facilitator offers no authorizer
+// key of its own (it has no way to tell a seller's refund request from
+// anyone else's), so `/supported` names no `receiverAuthorizer`.
+// Everything the protocol checks is x402's own code; this file only does
+// HTTP.
 import { createServer } from "node:http";
 import { x402Facilitator } from "@x402/core/facilitator";
 import { toFacilitatorEvmSigner } from "@x402/evm";
 import { registerExactEvmScheme } from "@x402/evm/exact/facilitator";
+import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/facilitator";
 import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
 import { createWalletClient, defineChain, http, publicActions } from "viem";
 import { mnemonicToAccount } from "viem/accounts";
 
 const [rpc, host, port, accountIndex = "0", confirmationMs] = process.argv.slice(2);
 const NETWORK = "eip155:84532";
+// anvil mines a block a second (scripts/payments.sh), as Base does.
+const BLOCK_MS = 1000;
 const chain = defineChain({
   id: 84532,
   name: "reeve-local",
   nativeCurrency: { name: "Ether", symbol: "ETH", decimals: 18 },
   rpcUrls: { default: { http: [rpc] } },
+  blockTime: BLOCK_MS,
 });
 // anvil's development mnemonic; account 0 (unless told otherwise) pays the
 // gas of every settlement.
 const account = mnemonicToAccount("test test test test test test test test test test test junk", { addressIndex: Number(accountIndex) });
-const client = createWalletClient({ account, chain, transport: http(rpc) }).extend(publicActions);
+// A settle answers once its receipt is read, and the receipt is looked for
+// each time the client polls the block number. viem polls every 4 s for a
+// chain it does not know (so every local `exact` settle took ~4 s); a tenth
+// of a block keeps the wait within ~100 ms of the block that mines it, at
+// ten eth_blockNumber calls a second on loopback while a settle waits.
+const POLL_MS = BLOCK_MS / 10;
+const client = createWalletClient({ account, chain, transport: http(rpc), pollingInterval: POLL_MS }).extend(publicActions);
 const signer = toFacilitatorEvmSigner(
   { ...client, address: account.address },
   confirmationMs ? { confirmationTimeoutMs: Number(confirmationMs) } : {},
@@ -48,6 +65,7 @@ const signer = toFacilitatorEvmSigner(
 const facilitator = new x402Facilitator();
 registerExactEvmScheme(facilitator, { signer, networks: NETWORK });
 facilitator.register(NETWORK, new UptoEvmScheme(signer));
+facilitator.register(NETWORK, new BatchSettlementEvmScheme(signer));
 // Needs no signer of its own: the scheme's signer sends settleWithPermit.
 facilitator.registerExtension({ key: "eip2612GasSponsoring" });
 

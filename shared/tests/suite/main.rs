@@ -6,6 +6,7 @@
 mod common;
 
 mod allow_lists;
+mod batch;
 mod bulk;
 mod capture;
 mod catalog;

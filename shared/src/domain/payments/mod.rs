@@ -45,11 +45,15 @@
 //!   on chain, or its authorization released.
 //! - [`capture_proof`]: what proves a capture paid (a settle of its own
 //!   nonce and witness) or never to be paid (the nonce, past the deadline).
+//! - [`batch`]: x402 `batch-settlement`, the seller's side: vouchers checked
+//!   locally against each channel's running total (not yet offered).
 //!
 //! Nothing here names a task: the caller stores one through a [`Counter`].
 
 #[cfg(feature = "api-tasks")]
 pub(crate) mod authorize;
+#[cfg(feature = "chain")]
+pub mod batch;
 #[cfg(all(feature = "chain", feature = "catalog"))]
 pub(crate) mod capture;
 #[cfg(feature = "chain")]

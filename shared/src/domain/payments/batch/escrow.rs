@@ -1,0 +1,37 @@
+//! What the escrow holds for a channel, read from the chain: the state a
+//! voucher is checked against ([`super::channel::decide`] asks for a read
+//! when the one it keeps is older than the staleness bound).
+
+use alloy_primitives::B256;
+use alloy_rpc_types_eth::BlockId;
+use alloy_sol_types::{SolCall, sol};
+
+use super::channel::OnChain;
+use super::voucher::ESCROW;
+use crate::domain::payments::chain::{Chain, ChainError};
+
+sol! {
+    /// What the channel holds, and what of it the receiver has claimed.
+    function channels(bytes32 channelId) external view returns (uint128 balance, uint128 totalClaimed);
+    /// The payer's pending withdrawal: how much, and when it asked (0: none).
+    function pendingWithdrawals(bytes32 channelId) external view returns (uint128 amount, uint40 initiatedAt);
+}
+
+/// The escrow's state of `channel` at the latest block, both calls read at
+/// the same block (one Multicall3 round trip).
+pub async fn read(chain: &Chain, channel: B256) -> Result<OnChain, ChainError> {
+    let calls = [
+        (ESCROW, channelsCall { channelId: channel }.abi_encode()),
+        (ESCROW, pendingWithdrawalsCall { channelId: channel }.abi_encode()),
+    ];
+    let (_, answers) = chain.aggregate3(&calls, BlockId::latest()).await?;
+    let silent = || ChainError::Malformed("the batch-settlement escrow did not answer".into());
+    let [Some(held), Some(withdrawal)] = answers.as_slice() else { return Err(silent()) };
+    let held = channelsCall::abi_decode_returns(held).map_err(|_| silent())?;
+    let withdrawal = pendingWithdrawalsCall::abi_decode_returns(withdrawal).map_err(|_| silent())?;
+    Ok(OnChain {
+        balance: held.balance,
+        total_claimed: held.totalClaimed,
+        withdraw_requested_at: withdrawal.initiatedAt.to::<u64>(),
+    })
+}

@@ -1,0 +1,20 @@
+//! x402's `batch-settlement` scheme, the seller's side (issue 42): a buyer
+//! deposits once into the escrow (a channel), then pays each task with a
+//! signed cumulative voucher that Reeve checks itself, in milliseconds and
+//! with no transaction, and Reeve claims many vouchers in one transaction
+//! later.
+//!
+//! Built so far: the voucher and its signer ([`voucher`]), each channel's
+//! running total in Postgres with the decision taken on every voucher
+//! ([`channel`]), and the escrow's state of a channel read from the chain
+//! ([`escrow`]). Not yet: the scheme's offer and payloads at create (a
+//! variant of [`super::Scheme`]), deposits through the facilitator, claims
+//! and settlement in the sweep, refunds.
+
+pub mod channel;
+pub mod escrow;
+pub mod voucher;
+
+pub use channel::{ChannelState, DecideError, Decision, OnChain, Refusal, Terms, VoucherIn, decide, record};
+pub use escrow::read;
+pub use voucher::{ChannelConfig, ESCROW, SignatureError, check_signature};

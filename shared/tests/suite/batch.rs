@@ -1,0 +1,371 @@
+//! x402's `batch-settlement` scheme on the local chain: the escrow and its
+//! ERC-3009 deposit collector scripts/payments.sh places (our Solidity,
+//! written against what `@x402/evm` calls), and the local facilitator
+//! settling the scheme, driven by the official packages on every side
+//! (scripts/payments/batch-check.mjs, scripts/payments/batch-flow.mjs).
+
+use std::process::Stdio;
+
+use serde_json::{Value, json};
+
+use crate::common::chain::{self, ChainLock, Payer};
+
+/// `@x402/evm`'s `BATCH_SETTLEMENT_ADDRESS`: the escrow.
+const ESCROW: &str = "0x4020074e9dF2ce1deE5A9C1b5c3f541D02a10003";
+
+fn facilitator_url() -> String {
+    std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into())
+}
+
+/// Runs `node scripts/payments/<script> <args>` with `env`, off the runtime;
+/// answers its stdout, or fails the test with its stderr.
+async fn node(script: &str, args: Vec<String>, env: Vec<(&'static str, String)>) -> String {
+    let path = chain::root().join("scripts/payments").join(script);
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .arg(path)
+            .args(args)
+            .envs(env)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("node: {e}; run scripts/payments.sh up"))
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Two `uint128` words the escrow answers to `signature` called with
+/// `words` (each 32 bytes, hex).
+async fn read_pair(signature: &str, words: &[String]) -> (u128, u128) {
+    let selector = &alloy_primitives::keccak256(signature)[..4];
+    let data = format!("0x{}{}", hex::encode(selector), words.concat());
+    let answer = chain::rpc("eth_call", json!([{"to": ESCROW, "data": data}, "latest"])).await;
+    let words = answer.as_str().unwrap().trim_start_matches("0x");
+    let word = |i: usize| u128::from_str_radix(&words[64 * i..64 * (i + 1)], 16).unwrap();
+    (word(0), word(1))
+}
+
+/// The escrow's `channels(channelId)`: `(balance, totalClaimed)`.
+async fn channel(id: &str) -> (u128, u128) {
+    read_pair("channels(bytes32)", &[id.trim_start_matches("0x").to_owned()]).await
+}
+
+/// The escrow's `receivers(receiver, token)`: `(totalClaimed, totalSettled)`.
+async fn receiver(address: &str) -> (u128, u128) {
+    read_pair("receivers(address,address)", &[chain::word(address), chain::word(chain::TOKEN)]).await
+}
+
+#[tokio::test]
+async fn the_escrow_at_x402s_address_answers_every_call_and_hash_as_the_official_package_makes_them() {
+    // The pinned ABI copy against the package's own, and the escrow's
+    // channel id, voucher, refund and claim-batch hashes against the
+    // package's EIP-712 types: a mismatch is named on stderr.
+    let said = node("batch-check.mjs", vec![chain::rpc_url()], vec![]).await;
+    assert!(said.contains("agree with @x402/evm"), "{said}");
+}
+
+#[tokio::test]
+async fn a_buyer_pays_ten_requests_by_batch_settlement_and_gets_the_rest_back_to_the_unit() {
+    let chain = ChainLock::shared().await;
+    const PRICE: u128 = 1_000;
+    const DEPOSIT: u128 = 4_000;
+    const FUNDS: u128 = 50_000;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let seller = chain::fresh_address();
+
+    let out = node(
+        "batch-flow.mjs",
+        vec![facilitator_url(), seller.clone(), PRICE.to_string(), "10".into(), DEPOSIT.to_string()],
+        vec![("REEVE_WALLET_KEY", payer.key.clone())],
+    )
+    .await;
+    let flow: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+
+    // A deposit whenever the channel no longer covers the next request
+    // (4,000 covers four), a voucher otherwise: three deposits, seven
+    // vouchers, all ten answered.
+    let kinds: Vec<&str> = flow["payments"].as_array().unwrap().iter().map(|p| p["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["deposit", "voucher", "voucher", "voucher", "deposit", "voucher", "voucher", "voucher", "deposit", "voucher"],
+        "{flow}"
+    );
+    assert_eq!(flow["refund"]["success"], true, "{flow}");
+    assert!(flow["settle"]["transaction"].as_str().is_some_and(|t| t.starts_with("0x")), "{flow}");
+
+    // The books, to the unit: the seller has exactly ten prices, the buyer
+    // exactly its funds less ten prices (the refund returned the 2,000
+    // units deposited and never charged). The escrow owes neither of them
+    // anything more: the channel holds 12,000 deposited less 2,000
+    // refunded, all of it claimed, and all the seller claimed is settled.
+    assert_eq!(chain::balance(&seller).await, 10 * PRICE);
+    assert_eq!(chain::balance(&payer.address).await, FUNDS - 10 * PRICE);
+    let id = flow["channelId"].as_str().unwrap();
+    assert_eq!(channel(id).await, (10 * PRICE, 10 * PRICE));
+    // Reeve's own read of the escrow (what it checks vouchers against)
+    // says the same.
+    let chains = reeve_shared::payments::Chains::parse(&chain::chain_rpc_urls()).unwrap();
+    let read = reeve_shared::payments::batch::read(chains.get("eip155:84532").unwrap(), id.parse().unwrap()).await;
+    let expected = reeve_shared::payments::batch::OnChain {
+        balance: 10 * PRICE,
+        total_claimed: 10 * PRICE,
+        withdraw_requested_at: 0,
+    };
+    assert_eq!(read.unwrap(), expected);
+    assert_eq!(receiver(&seller).await, (10 * PRICE, 10 * PRICE));
+    // The buyer never held gas: the facilitator paid for every deposit.
+    assert_eq!(chain::eth_balance(&payer.address).await, 0);
+}
+
+// ------------------------------------------------------------ the seller
+//
+// Reeve's own check of a voucher (`payments::batch`): each decision against
+// a channel kept in Postgres, with vouchers signed as the official client
+// signs them (EIP-712 under the escrow's domain).
+
+mod seller {
+    use std::time::Duration;
+
+    use alloy_primitives::aliases::U40;
+    use alloy_primitives::{Address, B256, address};
+    use alloy_signer::k256::ecdsa::SigningKey;
+    use alloy_sol_types::SolStruct;
+    use reeve_shared::ids::Id;
+    use reeve_shared::payments::batch::{
+        self, ChannelConfig, Decision, OnChain, Refusal, SignatureError, Terms, VoucherIn,
+    };
+    use sqlx::PgPool;
+
+    const CHAIN: u64 = 84532;
+    const PRICE: u128 = 1_000;
+    const FRESH: Duration = Duration::from_secs(30);
+    const RECEIVER: Address = address!("0x3333333333333333333333333333333333333333");
+    const AUTHORIZER: Address = address!("0x4444444444444444444444444444444444444444");
+    const TOKEN: Address = address!("0x036CbD53842c5426634e7929541eC2318f3dCF7e");
+
+    fn terms() -> Terms<'static> {
+        Terms {
+            network: "eip155:84532",
+            chain_id: CHAIN,
+            receiver: RECEIVER,
+            receiver_authorizer: AUTHORIZER,
+            token: TOKEN,
+            withdraw_delay: 900,
+        }
+    }
+
+    /// A buyer: its key, and the channel it pays Reeve through.
+    struct Buyer {
+        key: SigningKey,
+        config: ChannelConfig,
+    }
+
+    impl Buyer {
+        fn new() -> Buyer {
+            let key = SigningKey::random(&mut rand_core());
+            let address = alloy_signer::utils::public_key_to_address(key.verifying_key());
+            let config = ChannelConfig {
+                payer: address,
+                payerAuthorizer: address,
+                receiver: RECEIVER,
+                receiverAuthorizer: AUTHORIZER,
+                token: TOKEN,
+                withdrawDelay: U40::from(900),
+                salt: B256::ZERO,
+            };
+            Buyer { key, config }
+        }
+
+        /// Its signature of a voucher for `ceiling` on `config`'s channel.
+        fn sign(&self, config: &ChannelConfig, ceiling: u128) -> Vec<u8> {
+            let voucher = batch::voucher::Voucher { channelId: config.id(CHAIN), maxClaimableAmount: ceiling };
+            let digest = voucher.eip712_signing_hash(&batch::voucher::domain(CHAIN));
+            let (signature, recovery) = self.key.sign_prehash_recoverable(digest.as_slice()).unwrap();
+            let mut bytes = signature.to_bytes().to_vec();
+            bytes.push(27 + recovery.to_byte());
+            bytes
+        }
+    }
+
+    fn rand_core() -> impl alloy_signer::k256::elliptic_curve::rand_core::CryptoRngCore {
+        alloy_signer::k256::elliptic_curve::rand_core::OsRng
+    }
+
+    const DEPOSITED: OnChain = OnChain { balance: 4 * PRICE, total_claimed: 0, withdraw_requested_at: 0 };
+
+    /// `decide` for `buyer`'s voucher of `ceiling` (signed by `buyer`) on
+    /// `config`, with `read` as the escrow's answer.
+    async fn decide(
+        pool: &PgPool,
+        buyer: &Buyer,
+        config: &ChannelConfig,
+        ceiling: u128,
+        read: Option<OnChain>,
+    ) -> Result<Decision, Refusal> {
+        let signature = buyer.sign(config, ceiling);
+        let voucher = VoucherIn { config, channel_id: config.id(CHAIN), ceiling, signature: &signature };
+        let mut conn = pool.acquire().await.unwrap();
+        match batch::decide(&mut conn, &terms(), &voucher, PRICE, read, FRESH).await {
+            Ok(decision) => Ok(decision),
+            Err(batch::DecideError::Refused(refusal)) => Err(refusal),
+            Err(batch::DecideError::Db(e)) => panic!("{e}"),
+        }
+    }
+
+    /// A task to buy, in a space of its own.
+    async fn task(pool: &PgPool) -> Id {
+        let space = Id::new().to_bytes();
+        sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x') ON CONFLICT DO NOTHING")
+            .bind(space)
+            .execute(pool)
+            .await
+            .unwrap();
+        let task = Id::new();
+        sqlx::query("INSERT INTO tasks (id, space_idx, kind, input, status) VALUES ($1, $2, 'digest', '{}', 'queued')")
+            .bind(task)
+            .bind(space)
+            .execute(pool)
+            .await
+            .unwrap();
+        task
+    }
+
+    /// `buyer` pays `n` tasks, each voucher the next one.
+    async fn buy(pool: &PgPool, buyer: &Buyer, n: u128) {
+        for i in 1..=n {
+            let decision = decide(pool, buyer, &buyer.config, i * PRICE, Some(DEPOSITED)).await.unwrap();
+            let Decision::Buys { channel, ceiling } = decision else { panic!("{decision:?}") };
+            let signature = buyer.sign(&buyer.config, ceiling);
+            let mut conn = pool.acquire().await.unwrap();
+            batch::record(&mut conn, (&channel, ceiling), PRICE, &signature, task(pool).await).await.unwrap();
+        }
+    }
+
+    #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+    async fn a_voucher_buys_one_task_and_sent_again_finds_that_task_never_a_second(pool: PgPool) {
+        let buyer = Buyer::new();
+        let decision = decide(&pool, &buyer, &buyer.config, PRICE, Some(DEPOSITED)).await.unwrap();
+        let Decision::Buys { channel, ceiling } = decision else { panic!("{decision:?}") };
+        assert_eq!((channel.clone(), ceiling), (format!("{:#x}", buyer.config.id(CHAIN)), PRICE));
+        let bought = task(&pool).await;
+        let signature = buyer.sign(&buyer.config, PRICE);
+        let mut conn = pool.acquire().await.unwrap();
+        batch::record(&mut conn, (&channel, ceiling), PRICE, &signature, bought).await.unwrap();
+        drop(conn);
+        // Sent again, with or without a fresh read: the same task.
+        assert_eq!(decide(&pool, &buyer, &buyer.config, PRICE, None).await, Ok(Decision::Again { task: Some(bought) }));
+        assert_eq!(
+            decide(&pool, &buyer, &buyer.config, PRICE, Some(DEPOSITED)).await,
+            Ok(Decision::Again { task: Some(bought) })
+        );
+        // The next voucher is the next price up.
+        assert!(matches!(
+            decide(&pool, &buyer, &buyer.config, 2 * PRICE, None).await,
+            Ok(Decision::Buys { ceiling, .. }) if ceiling == 2 * PRICE
+        ));
+    }
+
+    #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+    async fn a_voucher_below_or_beyond_what_was_charged_plus_the_price_is_refused_with_the_channel_state(pool: PgPool) {
+        let buyer = Buyer::new();
+        buy(&pool, &buyer, 2).await;
+        // Below: a ceiling already bought is a replay, one under it buys
+        // nothing; beyond: it would let the next voucher skip a charge.
+        for ceiling in [2 * PRICE + 1, 2 * PRICE + PRICE / 2, 4 * PRICE] {
+            let refused = decide(&pool, &buyer, &buyer.config, ceiling, Some(DEPOSITED)).await;
+            let Err(Refusal::NotNext { got, expected, state }) = refused else { panic!("{ceiling}: {refused:?}") };
+            assert_eq!((got, expected, state.charged), (ceiling, 3 * PRICE, 2 * PRICE));
+            assert_eq!(state.on_chain, DEPOSITED);
+        }
+        let refused = decide(&pool, &buyer, &buyer.config, 2 * PRICE - 1, None).await;
+        assert!(matches!(refused, Err(Refusal::NotNext { expected, .. }) if expected == 3 * PRICE), "{refused:?}");
+    }
+
+    #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+    async fn a_voucher_the_balance_does_not_cover_is_refused(pool: PgPool) {
+        let buyer = Buyer::new();
+        buy(&pool, &buyer, 4).await;
+        let refused = decide(&pool, &buyer, &buyer.config, 5 * PRICE, Some(DEPOSITED)).await;
+        assert!(
+            matches!(refused, Err(Refusal::AboveBalance { ceiling, balance, .. }) if ceiling == 5 * PRICE && balance == 4 * PRICE),
+            "{refused:?}"
+        );
+        // A deposit later, read from the escrow: covered.
+        let topped = OnChain { balance: 8 * PRICE, ..DEPOSITED };
+        assert!(matches!(
+            decide(&pool, &buyer, &buyer.config, 5 * PRICE, Some(topped)).await,
+            Ok(Decision::Buys { .. })
+        ));
+    }
+
+    #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+    async fn a_voucher_for_another_channel_is_refused(pool: PgPool) {
+        let buyer = Buyer::new();
+        let cases = [
+            (ChannelConfig { receiver: Address::repeat_byte(9), ..buyer.config.clone() }, "receiver"),
+            (
+                ChannelConfig { receiverAuthorizer: Address::repeat_byte(9), ..buyer.config.clone() },
+                "receiverAuthorizer",
+            ),
+            (ChannelConfig { token: Address::repeat_byte(9), ..buyer.config.clone() }, "token"),
+            (ChannelConfig { withdrawDelay: U40::from(901), ..buyer.config.clone() }, "withdrawDelay"),
+        ];
+        for (config, field) in cases {
+            let refused = decide(&pool, &buyer, &config, PRICE, Some(DEPOSITED)).await;
+            assert_eq!(refused, Err(Refusal::WrongChannel(field)));
+        }
+        // The payer's own channel, named by another channel's id.
+        let other = ChannelConfig { salt: B256::repeat_byte(1), ..buyer.config.clone() };
+        let signature = buyer.sign(&buyer.config, PRICE);
+        let voucher =
+            VoucherIn { config: &buyer.config, channel_id: other.id(CHAIN), ceiling: PRICE, signature: &signature };
+        let mut conn = pool.acquire().await.unwrap();
+        let refused = batch::decide(&mut conn, &terms(), &voucher, PRICE, Some(DEPOSITED), FRESH).await;
+        assert!(matches!(refused, Err(batch::DecideError::Refused(Refusal::WrongChannel("channelId")))), "{refused:?}");
+    }
+
+    #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+    async fn a_voucher_signed_by_another_key_is_refused(pool: PgPool) {
+        let (buyer, thief) = (Buyer::new(), Buyer::new());
+        // The thief signs a voucher on the buyer's channel.
+        let refused = decide(&pool, &thief, &buyer.config, PRICE, Some(DEPOSITED)).await;
+        assert!(
+            matches!(refused, Err(Refusal::Signature(SignatureError::AnotherKey { expected, .. })) if expected == buyer.config.payer),
+            "{refused:?}"
+        );
+        // Nothing of the channel was charged for it.
+        assert!(matches!(
+            decide(&pool, &buyer, &buyer.config, PRICE, Some(DEPOSITED)).await,
+            Ok(Decision::Buys { .. })
+        ));
+    }
+
+    #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+    async fn a_voucher_after_the_payer_asked_to_withdraw_is_refused(pool: PgPool) {
+        let buyer = Buyer::new();
+        buy(&pool, &buyer, 1).await;
+        let withdrawing = OnChain { withdraw_requested_at: 1_700_000_000, ..DEPOSITED };
+        let refused = decide(&pool, &buyer, &buyer.config, 2 * PRICE, Some(withdrawing)).await;
+        assert!(matches!(refused, Err(Refusal::Withdrawing { at: 1_700_000_000, .. })), "{refused:?}");
+    }
+
+    #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+    async fn a_voucher_on_a_balance_read_too_long_ago_waits_for_a_fresh_read(pool: PgPool) {
+        let buyer = Buyer::new();
+        // Never read: the caller must read the escrow first.
+        assert_eq!(decide(&pool, &buyer, &buyer.config, PRICE, None).await, Err(Refusal::Unread));
+        buy(&pool, &buyer, 1).await;
+        // Read within the bound: no read needed.
+        assert!(matches!(decide(&pool, &buyer, &buyer.config, 2 * PRICE, None).await, Ok(Decision::Buys { .. })));
+        // The read grows old.
+        sqlx::query("UPDATE batch_channels SET read_at = now() - interval '31 seconds'").execute(&pool).await.unwrap();
+        assert_eq!(decide(&pool, &buyer, &buyer.config, 2 * PRICE, None).await, Err(Refusal::Unread));
+    }
+}
