@@ -12,6 +12,11 @@
 //! and its receive count, which the dead-letter queue counts, never grows
 //! while it waits.
 //!
+//! A new task is parked the same way when it is created over the limit
+//! ([`admit`]): its Space's backlog waits here, not in the queue, which
+//! holds at most the limit of each Space's tasks, so another Space's task
+//! is never queued behind one Space's backlog.
+//!
 //! A parked task is **woken** (its message sent again) when a slot frees:
 //! the worker wakes its Space after each message it handled, and every sweep
 //! wakes every Space with parked tasks, for an end the worker did not see
@@ -52,6 +57,31 @@ pub async fn lock_and_count(conn: &mut PgConnection, id: Id, slots: &Slots) -> R
         .bind(&slots.others)
         .fetch_one(&mut *conn)
         .await
+}
+
+/// Whether the new `queued` task `id` goes to the queue: only while its
+/// Space has fewer than `slots.limit` tasks in flight (running, or queued
+/// and not parked) older than it; otherwise it is [`park`]ed at once, under
+/// the Space's lock, and a freed slot wakes it (migration 0027). So one
+/// Space's backlog waits here, not in the queue ahead of other Spaces'
+/// tasks. `Some(waiting)`: parked, with its reason.
+pub async fn admit(db: &PgPool, id: Id, slots: &Slots) -> Result<Option<Value>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let in_flight: i64 =
+        sqlx::query_scalar("SELECT in_flight_lock_and_count((SELECT space_idx FROM tasks WHERE id = $1), $2, $3, $1)")
+            .bind(id)
+            .bind(slots.kind.as_deref())
+            .bind(&slots.others)
+            .fetch_one(&mut *tx)
+            .await?;
+    if in_flight < i64::from(slots.limit) {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let reason = wait_reason(slots);
+    let parked = park(&mut tx, id, &reason).await?;
+    tx.commit().await?;
+    Ok(parked.map(|_| reason))
 }
 
 /// Why a parked task waits, as its owner reads it (`waiting`).

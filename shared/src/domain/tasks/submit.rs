@@ -307,8 +307,25 @@ async fn store(db: &PgPool, request: &TaskRequest<'_>, spec: &TaskSpec) -> Resul
 /// Sends the stored task to the queue. If SQS refuses, the task is failed
 /// with `queue_unavailable` (a paid one leaves a credit) rather than left
 /// `queued` with no message.
-async fn queue(cx: &SubmitContext<'_>, space: &SpaceIndex, task: Task, paid: Paid) -> Result<Submitted, SubmitError> {
+async fn queue(
+    cx: &SubmitContext<'_>,
+    space: &SpaceIndex,
+    mut task: Task,
+    paid: Paid,
+) -> Result<Submitted, SubmitError> {
     tracing::info!(task_id = %task.id, kind = %task.kind, "task stored");
+    // Over its Space's limit, the task waits parked rather than in the
+    // queue ahead of other Spaces' tasks. Should the check fail, it is
+    // sent anyway: the worker's claim holds the limit too.
+    match super::fairness::admit(cx.db, task.id, &cx.catalog.slots(&task.kind)).await {
+        Ok(Some(waiting)) => {
+            tracing::info!(task_id = %task.id, "its Space is at its limit of tasks in flight: parked");
+            task.waiting = Some(waiting);
+            return Ok(Submitted { task, replayed: false, paid });
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(task_id = %task.id, error = %e, "could not check its Space's limit; sent"),
+    }
     if let Err(e) = super::enqueue(cx.sqs, cx.queue_url, task.id, &task.kind, Some(space)).await {
         tracing::error!(task_id = %task.id, error = %e, "queue unavailable; failing the task");
         let error = super::task_error(super::queue::QUEUE_UNAVAILABLE, "the task could not be queued");
