@@ -279,6 +279,36 @@ async fn another_spaces_task_runs_while_one_spaces_backlog_waits(pool: PgPool) {
     api.queue.delete().await;
 }
 
+/// A Space's backlog waits parked in Postgres, not in the queue: with a
+/// limit of 1, six tasks created with no worker put one message in the
+/// queue and five tasks that say why they wait, so another Space's task
+/// created after them is queued behind one message, not six.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_backlog_beyond_the_limit_waits_out_of_the_queue(pool: PgPool) {
+    let toml = catalog(1, 5);
+    let api = Api::new(&pool, &toml).await;
+    let mut backlog = Vec::new();
+    for _ in 0..6 {
+        backlog.push(api.create("steps", json!({})).await);
+    }
+    let (_, other_token) = common::new_session(&api.app).await;
+    let other = create_as(&api, &other_token, "steps", json!({})).await;
+
+    let sent = api.queue.drain().await;
+    assert_eq!(
+        sent,
+        [json!({"task_id": backlog[0], "kind": "steps"}), json!({"task_id": other, "kind": "steps"})],
+        "the queue holds the busy Space's first task and the other Space's, nothing of the backlog"
+    );
+    assert!(view(&api, &api.token, backlog[0]).await.get("waiting").is_none());
+    for id in &backlog[1..] {
+        let waiting = view(&api, &api.token, *id).await;
+        assert_eq!((waiting["status"].as_str(), waiting["attempts"].as_i64()), (Some("queued"), Some(0)));
+        assert_eq!(waiting["waiting"]["code"], "running_per_space", "{waiting}");
+    }
+    api.queue.delete().await;
+}
+
 /// A kind with its own limit (3) counts its own tasks only: three `wide`
 /// run at once beside one `steps` (the catalog's limit, 1), and neither
 /// holds the other back.
