@@ -559,6 +559,9 @@ mod tests {
                 name: "USDC".into(),
                 version: "2".into(),
                 facilitator_address: None,
+                receiver_authorizer: None,
+                withdraw_delay: None,
+                min_deposit: None,
             },
         };
         assert!(decode(&encode(&sample())).unwrap().accepted.matches(&offered));
