@@ -288,6 +288,69 @@ mod seller {
         assert!(matches!(refused, Err(Refusal::NotNext { expected, .. }) if expected == 3 * PRICE), "{refused:?}");
     }
 
+    /// A buyer that lost count (it signed one task behind) is answered the
+    /// `402` `@x402/evm`'s client resynchronises from: the cumulative
+    /// mismatch code, and on the batch offer what the channel was charged
+    /// and the last voucher Reeve accepted, which is its own signature of
+    /// that amount (what the client checks before it trusts the state).
+    #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+    async fn a_buyer_behind_its_channel_is_told_where_it_stands_with_its_own_last_voucher(pool: PgPool) {
+        use reeve_shared::payments::PaymentRequired;
+        use serde_json::json;
+
+        let buyer = Buyer::new();
+        buy(&pool, &buyer, 2).await;
+        let again = decide(&pool, &buyer, &buyer.config, 2 * PRICE, Some(DEPOSITED)).await;
+        assert!(matches!(again, Ok(Decision::Again { .. })), "a replay finds its task: {again:?}");
+        let refusal = decide(&pool, &buyer, &buyer.config, 2 * PRICE - 1, None).await.unwrap_err();
+        assert_eq!(refusal.code(), "invalid_batch_settlement_evm_cumulative_amount_mismatch");
+
+        let channel = format!("{:#x}", buyer.config.id(CHAIN));
+        let mut conn = pool.acquire().await.unwrap();
+        let last = batch::last_voucher(&mut conn, &channel).await.unwrap();
+        let offer = |scheme: &str| {
+            json!({"scheme": scheme, "network": "eip155:84532", "amount": PRICE.to_string(),
+                   "asset": format!("{TOKEN:#x}"), "payTo": format!("{RECEIVER:#x}"), "maxTimeoutSeconds": 300,
+                   "extra": {"name": "USDC", "version": "2"}})
+        };
+        let challenge: PaymentRequired = serde_json::from_value(json!({
+            "x402Version": 2, "error": "PAYMENT-SIGNATURE header is required",
+            "resource": {"url": "http://127.0.0.1/v1/tasks/digest", "description": "D", "mimeType": "application/json"},
+            "accepts": [offer("exact"), offer("batch-settlement")],
+        }))
+        .unwrap();
+        let answer = batch::resynchronising(&challenge, "eip155:84532", &refusal, last);
+        let answer = serde_json::to_value(&answer).unwrap();
+        assert_eq!(answer["error"], "invalid_batch_settlement_evm_cumulative_amount_mismatch");
+        assert!(answer["accepts"][0]["extra"].get("channelState").is_none(), "only the batch offer: {answer}");
+        let extra = &answer["accepts"][1]["extra"];
+        assert_eq!(extra["channelState"]["channelId"], channel.as_str());
+        assert_eq!(extra["channelState"]["chargedCumulativeAmount"], (2 * PRICE).to_string());
+        assert_eq!(extra["channelState"]["balance"], (4 * PRICE).to_string());
+        assert_eq!(extra["voucherState"]["signedMaxClaimable"], (2 * PRICE).to_string());
+        let signature: alloy_primitives::Bytes = extra["voucherState"]["signature"].as_str().unwrap().parse().unwrap();
+        assert_eq!(batch::check_signature(&buyer.config, CHAIN, 2 * PRICE, &signature), Ok(()));
+
+        // A refusal that knows no channel state (a foreign signature) is its
+        // code alone.
+        let stranger = Buyer::new();
+        let signature = stranger.sign(&buyer.config, 3 * PRICE);
+        let voucher = VoucherIn {
+            config: &buyer.config,
+            channel_id: buyer.config.id(CHAIN),
+            ceiling: 3 * PRICE,
+            signature: &signature,
+        };
+        let Err(batch::DecideError::Refused(foreign)) =
+            batch::decide(&mut conn, &terms(), &voucher, PRICE, None, FRESH).await
+        else {
+            panic!("a stranger's voucher was taken")
+        };
+        let answer = batch::resynchronising(&challenge, "eip155:84532", &foreign, None);
+        assert_eq!(answer.error, "invalid_batch_settlement_evm_voucher_signature");
+        assert!(answer.accepts[1].extra.channel_state.is_none());
+    }
+
     #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
     async fn a_voucher_the_balance_does_not_cover_is_refused(pool: PgPool) {
         let buyer = Buyer::new();

@@ -126,6 +126,19 @@ pub struct Extra {
     /// (atomic units, a decimal string): [`BATCH_MIN_DEPOSIT_TASKS`] tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_deposit: Option<String>,
+    /// `batch-settlement` only, in the `402` refusing a voucher: the
+    /// payer's channel as Reeve keeps it (`channelId`, `balance`,
+    /// `totalClaimed`, `withdrawRequestedAt`, `refundNonce`,
+    /// `chargedCumulativeAmount`), from which the buyer signs its next
+    /// voucher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub channel_state: Option<serde_json::Value>,
+    /// `batch-settlement` only, beside `channelState`: the last voucher
+    /// Reeve accepted on the channel (`signedMaxClaimable`, `signature`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub voucher_state: Option<serde_json::Value>,
 }
 
 /// How many tasks a batch-settlement deposit should pay for at least, as
@@ -180,6 +193,8 @@ pub fn payment_required(
                 receiver_authorizer: price.batch.then(|| payments.batch_receiver_authorizer.clone()).flatten(),
                 withdraw_delay: price.batch.then_some(payments.batch_withdraw_delay_seconds),
                 min_deposit: price.batch.then(|| price.amount.saturating_mul(BATCH_MIN_DEPOSIT_TASKS).to_string()),
+                channel_state: None,
+                voucher_state: None,
             },
         });
     }

@@ -562,6 +562,8 @@ mod tests {
                 receiver_authorizer: None,
                 withdraw_delay: None,
                 min_deposit: None,
+                channel_state: None,
+                voucher_state: None,
             },
         };
         assert!(decode(&encode(&sample())).unwrap().accepted.matches(&offered));

@@ -16,9 +16,15 @@
 pub mod channel;
 pub mod escrow;
 pub mod payload;
+#[cfg(feature = "catalog")]
+pub mod resync;
 pub mod voucher;
 
-pub use channel::{ChannelState, DecideError, Decision, OnChain, Refusal, Terms, VoucherIn, decide, record};
+pub use channel::{
+    ChannelState, DecideError, Decision, OnChain, Refusal, Terms, VoucherIn, decide, last_voucher, record,
+};
 pub use escrow::read;
 pub use payload::{BatchPayload, Deposit};
+#[cfg(feature = "catalog")]
+pub use resync::resynchronising;
 pub use voucher::{ChannelConfig, ESCROW, SignatureError, check_signature};
