@@ -7,11 +7,12 @@
 //! Built so far: the voucher and its signer ([`voucher`]), each channel's
 //! running total in Postgres with the decision taken on every voucher
 //! ([`channel`]), the escrow's state of a channel read from the chain
-//! ([`escrow`]), what a payment's payload carries ([`payload`]), and the
-//! offer (`Scheme::Batch`, priced `scheme = "batch"` in the catalog). Not
-//! yet: paying at create (deciding a voucher there, deposits through the
-//! facilitator, the `402` that resynchronises a buyer), claims and
-//! settlement in the sweep, refunds.
+//! ([`escrow`]), what a payment's payload carries ([`payload`]), the `402`
+//! that answers a refused voucher ([`resync`]), and the offer
+//! (`Scheme::Batch`, priced `scheme = "batch"` in the catalog). Not yet:
+//! paying at create (the payload decoded beside `exact`'s and `upto`'s,
+//! a voucher decided in the transaction that stores its task, deposits
+//! through the facilitator), claims and settlement in the sweep, refunds.
 
 pub mod channel;
 pub mod escrow;
