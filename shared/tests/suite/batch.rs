@@ -288,6 +288,69 @@ mod seller {
         assert!(matches!(refused, Err(Refusal::NotNext { expected, .. }) if expected == 3 * PRICE), "{refused:?}");
     }
 
+    /// A buyer that lost count (it signed one task behind) is answered the
+    /// `402` `@x402/evm`'s client resynchronises from: the cumulative
+    /// mismatch code, and on the batch offer what the channel was charged
+    /// and the last voucher Reeve accepted, which is its own signature of
+    /// that amount (what the client checks before it trusts the state).
+    #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+    async fn a_buyer_behind_its_channel_is_told_where_it_stands_with_its_own_last_voucher(pool: PgPool) {
+        use reeve_shared::payments::PaymentRequired;
+        use serde_json::json;
+
+        let buyer = Buyer::new();
+        buy(&pool, &buyer, 2).await;
+        let again = decide(&pool, &buyer, &buyer.config, 2 * PRICE, Some(DEPOSITED)).await;
+        assert!(matches!(again, Ok(Decision::Again { .. })), "a replay finds its task: {again:?}");
+        let refusal = decide(&pool, &buyer, &buyer.config, 2 * PRICE - 1, None).await.unwrap_err();
+        assert_eq!(refusal.code(), "invalid_batch_settlement_evm_cumulative_amount_mismatch");
+
+        let channel = format!("{:#x}", buyer.config.id(CHAIN));
+        let mut conn = pool.acquire().await.unwrap();
+        let last = batch::last_voucher(&mut conn, &channel).await.unwrap();
+        let offer = |scheme: &str| {
+            json!({"scheme": scheme, "network": "eip155:84532", "amount": PRICE.to_string(),
+                   "asset": format!("{TOKEN:#x}"), "payTo": format!("{RECEIVER:#x}"), "maxTimeoutSeconds": 300,
+                   "extra": {"name": "USDC", "version": "2"}})
+        };
+        let challenge: PaymentRequired = serde_json::from_value(json!({
+            "x402Version": 2, "error": "PAYMENT-SIGNATURE header is required",
+            "resource": {"url": "http://127.0.0.1/v1/tasks/digest", "description": "D", "mimeType": "application/json"},
+            "accepts": [offer("exact"), offer("batch-settlement")],
+        }))
+        .unwrap();
+        let answer = batch::resynchronising(&challenge, "eip155:84532", &refusal, last);
+        let answer = serde_json::to_value(&answer).unwrap();
+        assert_eq!(answer["error"], "invalid_batch_settlement_evm_cumulative_amount_mismatch");
+        assert!(answer["accepts"][0]["extra"].get("channelState").is_none(), "only the batch offer: {answer}");
+        let extra = &answer["accepts"][1]["extra"];
+        assert_eq!(extra["channelState"]["channelId"], channel.as_str());
+        assert_eq!(extra["channelState"]["chargedCumulativeAmount"], (2 * PRICE).to_string());
+        assert_eq!(extra["channelState"]["balance"], (4 * PRICE).to_string());
+        assert_eq!(extra["voucherState"]["signedMaxClaimable"], (2 * PRICE).to_string());
+        let signature: alloy_primitives::Bytes = extra["voucherState"]["signature"].as_str().unwrap().parse().unwrap();
+        assert_eq!(batch::check_signature(&buyer.config, CHAIN, 2 * PRICE, &signature), Ok(()));
+
+        // A refusal that knows no channel state (a foreign signature) is its
+        // code alone.
+        let stranger = Buyer::new();
+        let signature = stranger.sign(&buyer.config, 3 * PRICE);
+        let voucher = VoucherIn {
+            config: &buyer.config,
+            channel_id: buyer.config.id(CHAIN),
+            ceiling: 3 * PRICE,
+            signature: &signature,
+        };
+        let Err(batch::DecideError::Refused(foreign)) =
+            batch::decide(&mut conn, &terms(), &voucher, PRICE, None, FRESH).await
+        else {
+            panic!("a stranger's voucher was taken")
+        };
+        let answer = batch::resynchronising(&challenge, "eip155:84532", &foreign, None);
+        assert_eq!(answer.error, "invalid_batch_settlement_evm_voucher_signature");
+        assert!(answer.accepts[1].extra.channel_state.is_none());
+    }
+
     #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
     async fn a_voucher_the_balance_does_not_cover_is_refused(pool: PgPool) {
         let buyer = Buyer::new();
@@ -367,5 +430,146 @@ mod seller {
         // The read grows old.
         sqlx::query("UPDATE batch_channels SET read_at = now() - interval '31 seconds'").execute(&pool).await.unwrap();
         assert_eq!(decide(&pool, &buyer, &buyer.config, 2 * PRICE, None).await, Err(Refusal::Unread));
+    }
+}
+
+/// Reeve's offer of a kind priced `scheme = "batch"`, as the official
+/// client reads it: no chain, no database.
+mod offer {
+    use alloy_primitives::aliases::U40;
+    use alloy_primitives::{Address, B256, Bytes};
+    use base64::Engine;
+    use reeve_shared::catalog::{Catalog, CatalogError};
+    use reeve_shared::payments::batch::{ChannelConfig, check_signature};
+    use reeve_shared::payments::{PaymentRequired, payment_required};
+    use serde_json::Value;
+
+    const PAY_TO: &str = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C";
+    const AUTHORIZER: &str = "0x4444444444444444444444444444444444444444";
+
+    /// A catalog with one kind `t` priced 1,000 per task by batch
+    /// settlement in the local token, `payments` spliced into `[payments]`.
+    fn catalog_text(payments: &str, price: &str) -> String {
+        format!(
+            r#"
+[payments]
+pay_to = "{PAY_TO}"
+facilitator_url = "http://127.0.0.1:4021"
+network_kind = "testnet"
+{payments}
+
+[assets.usdc]
+network = "eip155:84532"
+contract = "{token}"
+decimals = 6
+usd_peg = true
+name = "USDC"
+version = "2"
+
+[assets.sol]
+network = "solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1"
+contract = "4zMMC9srt5Ri5X14GAgXhaHii3GnPAEERYPJgZJDncDU"
+decimals = 6
+name = "USDC"
+version = "2"
+
+[tasks.t]
+title = "T"
+executor = "fetch"
+input_schema = {{ type = "object" }}
+[[tasks.t.accepts]]
+{price}
+"#,
+            token = super::chain::TOKEN,
+        )
+    }
+
+    fn problems(text: &str) -> Vec<String> {
+        match Catalog::parse(text) {
+            Err(CatalogError::Invalid { problems, .. }) => problems.iter().map(ToString::to_string).collect(),
+            other => panic!("expected problems, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_batch_price_is_refused_at_its_toml_path_without_a_receiver_authorizer_or_off_evm() {
+        let batch = "asset = \"usdc\"\nscheme = \"batch\"\namount = \"1000\"";
+        assert_eq!(
+            problems(&catalog_text("", batch)),
+            ["tasks.t.accepts[0].scheme: a batch price needs [payments] batch_receiver_authorizer, the address that \
+              authorizes Reeve's claims on the payer's channel"]
+        );
+        let authorizer = format!("batch_receiver_authorizer = \"{AUTHORIZER}\"");
+        let solana = "asset = \"sol\"\nscheme = \"batch\"\namount = \"1000\"";
+        assert_eq!(
+            problems(&catalog_text(&authorizer, solana)),
+            ["tasks.t.accepts[0].scheme: asset \"sol\" is not on an EVM network; batch pays through an EVM escrow"]
+        );
+        let short = format!("{authorizer}\nbatch_withdraw_delay_seconds = 60");
+        let shown = problems(&catalog_text(&short, batch));
+        assert!(
+            shown.len() == 1 && shown[0].starts_with("payments.batch_withdraw_delay_seconds: must be from 900 to"),
+            "{shown:?}"
+        );
+        let metered = "asset = \"usdc\"\nscheme = \"batch\"\namount = \"1000\"\nunit = \"byte\"\nrate = \"1\"";
+        let shown = problems(&catalog_text(&authorizer, metered));
+        assert!(shown.iter().all(|p| p.contains("only a metered price")), "{shown:?}");
+    }
+
+    /// The offer carries the channel terms `@x402/evm`'s batch-settlement
+    /// client builds a channel from, and the official client pays it: a
+    /// deposit of at least the offer's `minDeposit` into a channel naming
+    /// Reeve's receiver, receiver authorizer, token and withdraw delay, with
+    /// a first voucher of one task's price that Reeve's own check takes.
+    #[tokio::test]
+    async fn the_official_client_opens_a_channel_on_reeves_terms_from_a_batch_offer() {
+        let payments = format!("batch_receiver_authorizer = \"{AUTHORIZER}\"\nbatch_withdraw_delay_seconds = 3600");
+        let catalog =
+            Catalog::parse(&catalog_text(&payments, "asset = \"usdc\"\nscheme = \"batch\"\namount = \"1000\""))
+                .unwrap_or_else(|e| panic!("{e}"));
+        let task = catalog.task("t").unwrap();
+        assert_eq!(task.accepts[0].scheme(), "batch-settlement");
+        let challenge: PaymentRequired =
+            payment_required(&catalog, task, "http://127.0.0.1/v1/tasks/t", "payment_required").unwrap();
+        let offer = serde_json::to_value(&challenge.accepts[0]).unwrap();
+        assert_eq!(offer["scheme"], "batch-settlement");
+        assert_eq!(offer["amount"], "1000");
+        assert_eq!(offer["extra"]["receiverAuthorizer"], AUTHORIZER);
+        assert_eq!(offer["extra"]["withdrawDelay"], 3600);
+        assert_eq!(offer["extra"]["minDeposit"], "10000");
+        assert_eq!(offer["extra"]["name"], "USDC");
+
+        // anvil's well-known development account 1: a key with no secret.
+        let key = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
+        let required = base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(&challenge).unwrap());
+        let header = super::node("batch-pay.mjs", vec![required], vec![("REEVE_WALLET_KEY", key.into())]).await;
+        let payment: Value =
+            serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(header.trim()).unwrap()).unwrap();
+        assert_eq!(payment["accepted"]["scheme"], "batch-settlement", "{payment}");
+        let raw = &payment["payload"];
+        assert_eq!(raw["type"], "deposit", "{payment}");
+        let deposit: u128 = raw["deposit"]["amount"].as_str().unwrap().parse().unwrap();
+        assert!(deposit >= 10_000, "{payment}");
+
+        let text = |v: &Value| v.as_str().unwrap_or_else(|| panic!("{payment}")).to_owned();
+        let address = |v: &Value| text(v).parse::<Address>().unwrap();
+        let c = &raw["channelConfig"];
+        let config = ChannelConfig {
+            payer: address(&c["payer"]),
+            payerAuthorizer: address(&c["payerAuthorizer"]),
+            receiver: address(&c["receiver"]),
+            receiverAuthorizer: address(&c["receiverAuthorizer"]),
+            token: address(&c["token"]),
+            withdrawDelay: U40::from(c["withdrawDelay"].as_u64().unwrap()),
+            salt: text(&c["salt"]).parse::<B256>().unwrap(),
+        };
+        assert_eq!(config.receiver, PAY_TO.parse::<Address>().unwrap());
+        assert_eq!(config.receiverAuthorizer, AUTHORIZER.parse::<Address>().unwrap());
+        assert_eq!(config.token, super::chain::TOKEN.parse::<Address>().unwrap());
+        assert_eq!(config.withdrawDelay, U40::from(3600));
+        assert_eq!(text(&raw["voucher"]["channelId"]).parse::<B256>().unwrap(), config.id(84532));
+        assert_eq!(text(&raw["voucher"]["maxClaimableAmount"]), "1000");
+        let signature: Bytes = text(&raw["voucher"]["signature"]).parse().unwrap();
+        assert_eq!(check_signature(&config, 84532, 1000, &signature), Ok(()));
     }
 }

@@ -188,13 +188,21 @@ pub struct Price {
     /// `Some` for a metered price (`scheme = "upto"`): charged per unit the
     /// task used, up to `amount`, when it ends.
     pub meter: Option<Meter>,
+    /// `scheme = "batch"`: `amount` per task, paid with a voucher on the
+    /// payer's x402 batch-settlement channel (money held in escrow before
+    /// the task is created, claimed in batches later). Exact prices only.
+    pub batch: bool,
 }
 
 #[cfg(feature = "catalog")]
 impl Price {
     /// The x402 scheme this price is paid with.
     pub fn scheme(&self) -> &'static str {
-        if self.meter.is_some() { "upto" } else { "exact" }
+        match (&self.meter, self.batch) {
+            (Some(_), _) => "upto",
+            (None, true) => "batch-settlement",
+            (None, false) => "exact",
+        }
     }
 }
 
@@ -217,6 +225,15 @@ pub struct Payments {
     /// key itself is `REEVE_RECEIPT_KEY`, never here. `None`: nothing is
     /// signed.
     pub receipt_signer: Option<String>,
+    /// The address that authorizes Reeve's claims and refunds on
+    /// batch-settlement channels (their `receiverAuthorizer`, named in
+    /// every channel a payer opens to Reeve). Required when a price is
+    /// `scheme = "batch"`.
+    pub batch_receiver_authorizer: Option<String>,
+    /// How long a batch-settlement payer must wait between asking to
+    /// withdraw and withdrawing (the channel's `withdrawDelay`): the time
+    /// Reeve has to claim what its vouchers bought.
+    pub batch_withdraw_delay_seconds: u64,
 }
 
 #[cfg(feature = "catalog")]

@@ -29,8 +29,16 @@ const QUOTA_KEYS: &[&str] = &["per_hour", "at_once"];
 const MAX_QUOTA_PER_HOUR: i64 = 1_000_000;
 const MAX_QUOTA_AT_ONCE: i64 = 10_000;
 const PRICE_KEYS: &[&str] = &["asset", "scheme", "amount", "amount_usd", "unit", "rate", "rate_usd"];
-const PAYMENTS_KEYS: &[&str] =
-    &["network_kind", "pay_to", "facilitator_url", "max_timeout_seconds", "metered_queue_seconds", "receipt_signer"];
+const PAYMENTS_KEYS: &[&str] = &[
+    "network_kind",
+    "pay_to",
+    "facilitator_url",
+    "max_timeout_seconds",
+    "metered_queue_seconds",
+    "receipt_signer",
+    "batch_receiver_authorizer",
+    "batch_withdraw_delay_seconds",
+];
 /// How long a metered task may wait in the queue, within its authorization.
 const DEFAULT_METERED_QUEUE_SECONDS: u32 = 600;
 
@@ -92,10 +100,38 @@ pub fn catalog(table: &Table, worker_timeout: u32) -> Result<Catalog, Vec<Proble
     let uploads = uploads(&root, p);
     let running_per_space = limits(&root, p);
 
+    batch_needs_authorizer(&tasks, payments.as_ref(), p);
+
     if !problems.is_empty() {
         return Err(problems);
     }
     Ok(Catalog { assets: assets.valid, tasks, payments, uploads, running_per_space })
+}
+
+/// The escrow's bounds on a channel's withdraw delay (seconds): a channel
+/// outside them can never be deposited into.
+const BATCH_WITHDRAW_DELAY_SECONDS: std::ops::RangeInclusive<i64> = 15 * 60..=30 * 24 * 60 * 60;
+/// A day: long enough for Reeve to claim after a payer asks to withdraw,
+/// short enough for a payer to get back an idle deposit the same week.
+const DEFAULT_BATCH_WITHDRAW_DELAY_SECONDS: u64 = 24 * 60 * 60;
+
+/// Every `scheme = "batch"` price needs `[payments]
+/// batch_receiver_authorizer`: a channel names it, and without it no offer
+/// could be made.
+fn batch_needs_authorizer(tasks: &BTreeMap<String, TaskSpec>, payments: Option<&Payments>, p: &mut Problems) {
+    if payments.is_none_or(|payments| payments.batch_receiver_authorizer.is_some()) {
+        return;
+    }
+    for (kind, task) in tasks {
+        if let Some(index) = task.accepts.iter().position(|price| price.batch) {
+            p.push(Problem {
+                path: format!("tasks.{kind}.accepts[{index}].scheme"),
+                message: "a batch price needs [payments] batch_receiver_authorizer, the address that authorizes \
+                          Reeve's claims on the payer's channel"
+                    .into(),
+            });
+        }
+    }
 }
 
 /// `[limits]`: how many of one Space's tasks may run at once, so that one
@@ -260,7 +296,10 @@ fn prices(
         let (one, other) = (first.scheme(), prices[index].scheme());
         path.index(index).report(
             p,
-            format!("scheme {other:?} differs from accepts[0]'s {one:?}; a task's prices are all exact or all upto"),
+            format!(
+                "scheme {other:?} differs from accepts[0]'s {one:?}; a task's prices are all exact, all upto or all \
+                 batch"
+            ),
         );
         return None;
     }
@@ -288,14 +327,22 @@ fn price<'a>(
     // Present but broken assets were reported in [assets]; prices in them
     // are still checked as far as possible without the asset.
     let asset = id.and_then(|id| Some((id, assets.valid.get(id)?)));
-    let metered = match f.optional::<&str>("scheme", p) {
-        None | Some("exact") => false,
-        Some("upto") => true,
+    let (metered, batch) = match f.optional::<&str>("scheme", p) {
+        None | Some("exact") => (false, false),
+        Some("upto") => (true, false),
+        Some("batch") => (false, true),
         Some(other) => {
-            f.at("scheme").report(p, format!("unknown scheme {other:?} (known: exact, upto)"));
+            f.at("scheme").report(p, format!("unknown scheme {other:?} (known: exact, upto, batch)"));
             return None;
         }
     };
+    if batch
+        && let Some((id, asset)) = asset
+        && !formats::is_evm(&asset.network)
+    {
+        f.at("scheme").report(p, format!("asset {id:?} is not on an EVM network; batch pays through an EVM escrow"));
+        return None;
+    }
     let meter = if metered {
         meter(f, asset, executor, p).map(Some)
     } else {
@@ -316,7 +363,7 @@ fn price<'a>(
         f.path.report(p, "the ceiling (amount) is less than one unit's rate; no task could use a single unit");
         return None;
     }
-    Some(Price { asset: id?.to_owned(), amount, amount_usd, meter })
+    Some(Price { asset: id?.to_owned(), amount, amount_usd, meter, batch })
 }
 
 /// The unit and rate of a metered price: a unit its executor measures, a
@@ -442,6 +489,12 @@ fn payments(root: &Fields, priced: &[&str], p: &mut Problems) -> Option<Payments
     let receipt_signer = f
         .optional::<&str>("receipt_signer", p)
         .and_then(|address| f.verify("receipt_signer", formats::evm_address(address), p).map(|()| address.to_owned()));
+    let batch_receiver_authorizer = f.optional::<&str>("batch_receiver_authorizer", p).and_then(|address| {
+        f.verify("batch_receiver_authorizer", formats::evm_address(address), p).map(|()| address.to_owned())
+    });
+    let batch_withdraw_delay_seconds = f
+        .int_in("batch_withdraw_delay_seconds", BATCH_WITHDRAW_DELAY_SECONDS, p)
+        .unwrap_or(DEFAULT_BATCH_WITHDRAW_DELAY_SECONDS);
 
     Some(Payments {
         pay_to: pay_to?.to_owned(),
@@ -450,6 +503,8 @@ fn payments(root: &Fields, priced: &[&str], p: &mut Problems) -> Option<Payments
         metered_queue_seconds,
         network_kind,
         receipt_signer,
+        batch_receiver_authorizer,
+        batch_withdraw_delay_seconds,
     })
 }
 

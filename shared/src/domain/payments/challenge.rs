@@ -85,7 +85,9 @@ pub struct PaymentRequirements {
     /// `exact`: a fixed amount, paid with an EIP-3009 authorization before
     /// the task is queued. `upto`: a metered price; the payer signs
     /// `amount` as a ceiling through Permit2, and is charged what the task
-    /// used when it ends, nothing if it fails.
+    /// used when it ends, nothing if it fails. `batch-settlement`: a fixed
+    /// amount, paid with a cumulative voucher on the payer's escrow channel
+    /// (x402's batch-settlement scheme).
     pub scheme: String,
     /// CAIP-2, e.g. `eip155:8453`.
     pub network: String,
@@ -100,7 +102,8 @@ pub struct PaymentRequirements {
     pub extra: Extra,
 }
 
-/// The token's EIP-712 domain; for `upto`, also the address that settles.
+/// The token's EIP-712 domain; for `upto`, also the address that settles;
+/// for `batch-settlement`, the terms of the channel a payer opens.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 #[schema(as = PaymentExtra)]
@@ -111,7 +114,37 @@ pub struct Extra {
     /// the payer names in its signed witness: no one else can settle it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub facilitator_address: Option<String>,
+    /// `batch-settlement` only: the address that authorizes Reeve's claims
+    /// and refunds, which every channel to Reeve names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receiver_authorizer: Option<String>,
+    /// `batch-settlement` only: seconds a payer waits between asking to
+    /// withdraw and withdrawing (the channel's `withdrawDelay`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withdraw_delay: Option<u64>,
+    /// `batch-settlement` only: the least a first deposit should hold
+    /// (atomic units, a decimal string): [`BATCH_MIN_DEPOSIT_TASKS`] tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_deposit: Option<String>,
+    /// `batch-settlement` only, in the `402` refusing a voucher: the
+    /// payer's channel as Reeve keeps it (`channelId`, `balance`,
+    /// `totalClaimed`, `withdrawRequestedAt`, `refundNonce`,
+    /// `chargedCumulativeAmount`), from which the buyer signs its next
+    /// voucher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub channel_state: Option<serde_json::Value>,
+    /// `batch-settlement` only, beside `channelState`: the last voucher
+    /// Reeve accepted on the channel (`signedMaxClaimable`, `signature`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub voucher_state: Option<serde_json::Value>,
 }
+
+/// How many tasks a batch-settlement deposit should pay for at least, as
+/// `@x402/evm`'s server asks by default: fewer would spend the deposit's
+/// transaction on too few tasks.
+pub const BATCH_MIN_DEPOSIT_TASKS: u128 = 10;
 
 /// The challenge for `task`, or `None` when it is free. `resource_url` is the
 /// URL the client posted to; `error` says why payment is asked for (one of
@@ -153,7 +186,16 @@ pub fn payment_required(
             max_timeout_seconds,
             // The facilitator's address comes from its `/supported`
             // (`supported::settleable`).
-            extra: Extra { name: asset.name.clone(), version: asset.version.clone(), facilitator_address: None },
+            extra: Extra {
+                name: asset.name.clone(),
+                version: asset.version.clone(),
+                facilitator_address: None,
+                receiver_authorizer: price.batch.then(|| payments.batch_receiver_authorizer.clone()).flatten(),
+                withdraw_delay: price.batch.then_some(payments.batch_withdraw_delay_seconds),
+                min_deposit: price.batch.then(|| price.amount.saturating_mul(BATCH_MIN_DEPOSIT_TASKS).to_string()),
+                channel_state: None,
+                voucher_state: None,
+            },
         });
     }
     let description = match task.accepts.as_slice() {

@@ -559,6 +559,11 @@ mod tests {
                 name: "USDC".into(),
                 version: "2".into(),
                 facilitator_address: None,
+                receiver_authorizer: None,
+                withdraw_delay: None,
+                min_deposit: None,
+                channel_state: None,
+                voucher_state: None,
             },
         };
         assert!(decode(&encode(&sample())).unwrap().accepted.matches(&offered));

@@ -103,6 +103,56 @@ pub enum Refusal {
     Unread,
 }
 
+impl Refusal {
+    /// Its stable code, the `error` of the `402` that answers it: the code
+    /// `@x402/evm` gives the same refusal where it has one (its client acts
+    /// on `invalid_batch_settlement_evm_cumulative_amount_mismatch` by
+    /// resynchronising from the `402`'s channel state), Reeve's own
+    /// otherwise.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::WrongChannel("receiver") => "invalid_batch_settlement_evm_receiver_mismatch",
+            Refusal::WrongChannel("receiverAuthorizer") => "invalid_batch_settlement_evm_receiver_authorizer_mismatch",
+            Refusal::WrongChannel("token") => "invalid_batch_settlement_evm_token_mismatch",
+            Refusal::WrongChannel("withdrawDelay") => "invalid_batch_settlement_evm_withdraw_delay_mismatch",
+            Refusal::WrongChannel(_) => "invalid_batch_settlement_evm_channel_id_mismatch",
+            Refusal::Signature(_) => "invalid_batch_settlement_evm_voucher_signature",
+            Refusal::NotNext { .. } => "invalid_batch_settlement_evm_cumulative_amount_mismatch",
+            Refusal::AboveBalance { .. } => "invalid_batch_settlement_evm_cumulative_exceeds_balance",
+            Refusal::Withdrawing { .. } => "batch_withdraw_requested",
+            Refusal::Unread => "invalid_batch_settlement_evm_verification_state_unavailable",
+        }
+    }
+
+    /// The channel as Reeve keeps it, where the refusal knows it: what the
+    /// resynchronising `402` tells the buyer.
+    pub fn state(&self) -> Option<&ChannelState> {
+        match self {
+            Refusal::NotNext { state, .. }
+            | Refusal::AboveBalance { state, .. }
+            | Refusal::Withdrawing { state, .. } => Some(state),
+            _ => None,
+        }
+    }
+}
+
+/// The voucher Reeve last accepted on `channel` (its ceiling is what the
+/// channel was charged), as `(ceiling, signature)`: a buyer that lost its
+/// own state resumes from it. `None`: no voucher yet.
+pub async fn last_voucher(conn: &mut PgConnection, channel: &str) -> Result<Option<(u128, String)>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT ceiling::TEXT AS ceiling, signature FROM batch_vouchers WHERE channel_id = $1 \
+         ORDER BY ceiling DESC LIMIT 1",
+    )
+    .bind(channel)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let ceiling: String = row.try_get("ceiling")?;
+    let ceiling = ceiling.parse().map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    Ok(Some((ceiling, row.try_get("signature")?)))
+}
+
 /// Decides whether `voucher` buys a task priced `price` under `terms`,
 /// the channel's row locked in `conn`'s transaction. `read`: the escrow's
 /// state just read, if the caller read it (after an [`Refusal::Unread`]);

@@ -31,6 +31,8 @@ impl Scheme {
             (Scheme::Exact, Ended::Canceled { before_run: false }) => Ok(None),
             (Scheme::Upto, Ended::Failed(reason)) => ledger::release_if_authorized(conn, task, reason).await,
             (Scheme::Upto, Ended::Canceled { .. }) => ledger::release_if_authorized(conn, task, "canceled").await,
+            // No task is paid by a voucher yet.
+            (Scheme::Batch, _) => Ok(None),
         }
     }
 }
@@ -95,6 +97,12 @@ mod at_create {
             match self {
                 Scheme::Exact => checkout::settle(cx, order, payment, offer, challenge, counter).await,
                 Scheme::Upto => authorize::authorize(cx, order, payment, offer, challenge, counter).await,
+                // Offered, not taken yet (issue 42): refused before anything
+                // is charged or stored.
+                Scheme::Batch => Err(PayError::Invalid {
+                    challenge: with_error(challenge, "payment_invalid"),
+                    reason: "batch-settlement payments are not taken yet; pay with another offer".into(),
+                }),
             }
         }
     }
@@ -128,7 +136,7 @@ mod at_run {
         ) -> Result<Option<RunCheck>, sqlx::Error> {
             match self {
                 // Paid at create: nothing on chain can take it back.
-                Scheme::Exact => Ok(None),
+                Scheme::Exact | Scheme::Batch => Ok(None),
                 Scheme::Upto if !auth.outlives(run) => Ok(Some(RunCheck::Refused {
                     code: AUTHORIZATION_EXPIRED,
                     message: "its payment authorization would expire before what it uses could be settled, so it \
@@ -149,7 +157,7 @@ mod at_run {
             run: &Held,
         ) -> Result<Captured, sqlx::Error> {
             match self {
-                Scheme::Exact => Ok(Captured::Charged(auth.view().clone())),
+                Scheme::Exact | Scheme::Batch => Ok(Captured::Charged(auth.view().clone())),
                 Scheme::Upto => by.capture(auth, task, run).await,
             }
         }
@@ -180,7 +188,7 @@ mod in_sweep {
         ) -> Result<Reconciled, sqlx::Error> {
             match self {
                 Scheme::Exact => reconcile::reconcile(db, chains, counter, until).await,
-                Scheme::Upto => Ok(Reconciled::default()),
+                Scheme::Upto | Scheme::Batch => Ok(Reconciled::default()),
             }
         }
     }

@@ -1,0 +1,193 @@
+//! What a `batch-settlement` payment carries (its `payload`), read into
+//! typed values before anything is decided: a voucher on a channel, and for
+//! a channel's first payment (or one its balance no longer covers) the
+//! deposit that funds it, as `@x402/evm`'s batch-settlement client sends
+//! them. Any other payload (a refund, a shape this file does not know) is
+//! refused as malformed: nothing here is guessed.
+
+use alloy_primitives::aliases::U40;
+use alloy_primitives::{Address, B256, Bytes};
+use serde_json::Value;
+
+use super::channel::VoucherIn;
+use super::voucher::ChannelConfig;
+
+/// A batch-settlement payment's `payload`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchPayload {
+    pub config: ChannelConfig,
+    pub channel_id: B256,
+    /// The voucher's `maxClaimableAmount`: the channel's cumulative
+    /// ceiling with this payment.
+    pub ceiling: u128,
+    pub signature: Bytes,
+    /// `Some` for a `deposit` payload: what the payer puts in escrow first,
+    /// settled through the facilitator before the voucher is decided.
+    pub deposit: Option<Deposit>,
+}
+
+/// A deposit into the channel: its amount, and the payer's authorization
+/// of it (passed to the facilitator as signed; its `/settle` checks it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deposit {
+    pub amount: u128,
+    pub authorization: Value,
+}
+
+impl BatchPayload {
+    /// Reads `payload`, or says what is wrong with it (for a `400`).
+    pub fn parse(payload: &Value) -> Result<BatchPayload, String> {
+        let kind = text(payload, "type")?;
+        let deposit = match kind {
+            "voucher" => None,
+            "deposit" => {
+                let deposit = field(payload, "deposit")?;
+                let amount = amount(deposit, "amount", "deposit.amount")?;
+                if amount == 0 {
+                    return Err("deposit.amount must be more than 0".into());
+                }
+                Some(Deposit { amount, authorization: field(deposit, "authorization")?.clone() })
+            }
+            other => return Err(format!("payload.type {other:?} is not a voucher or a deposit")),
+        };
+        let config = field(payload, "channelConfig")?;
+        let address = |key: &str| -> Result<Address, String> {
+            text(config, key)?.parse().map_err(|_| format!("channelConfig.{key} is not an address"))
+        };
+        let delay = field(config, "withdrawDelay")?
+            .as_u64()
+            .filter(|delay| *delay < 1 << 40)
+            .ok_or("channelConfig.withdrawDelay is not a uint40")?;
+        let config = ChannelConfig {
+            payer: address("payer")?,
+            payerAuthorizer: address("payerAuthorizer")?,
+            receiver: address("receiver")?,
+            receiverAuthorizer: address("receiverAuthorizer")?,
+            token: address("token")?,
+            withdrawDelay: U40::from(delay),
+            salt: text(config, "salt")?.parse().map_err(|_| "channelConfig.salt is not 32 bytes of hex")?,
+        };
+        let voucher = field(payload, "voucher")?;
+        Ok(BatchPayload {
+            config,
+            channel_id: text(voucher, "channelId")?.parse().map_err(|_| "voucher.channelId is not 32 bytes of hex")?,
+            ceiling: amount(voucher, "maxClaimableAmount", "voucher.maxClaimableAmount")?,
+            signature: text(voucher, "signature")?.parse().map_err(|_| "voucher.signature is not hex")?,
+            deposit,
+        })
+    }
+
+    /// The voucher, as [`super::decide`] takes it.
+    pub fn voucher(&self) -> VoucherIn<'_> {
+        VoucherIn {
+            config: &self.config,
+            channel_id: self.channel_id,
+            ceiling: self.ceiling,
+            signature: &self.signature,
+        }
+    }
+}
+
+fn field<'a>(value: &'a Value, key: &str) -> Result<&'a Value, String> {
+    value.get(key).ok_or_else(|| format!("{key} is missing"))
+}
+
+fn text<'a>(value: &'a Value, key: &str) -> Result<&'a str, String> {
+    field(value, key)?.as_str().ok_or_else(|| format!("{key} is not a string"))
+}
+
+/// A uint128 written as a decimal string (it may not fit a JSON number).
+fn amount(value: &Value, key: &str, shown: &str) -> Result<u128, String> {
+    let written = text(value, key)?;
+    if written.is_empty() || !written.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{shown} is not a decimal amount"));
+    }
+    written.parse().map_err(|_| format!("{shown} does not fit a uint128"))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::payments::batch::check_signature;
+
+    /// A deposit payload made by `@x402/evm`'s batch-settlement client
+    /// (scripts/payments/batch-pay.mjs, anvil's account 1) for an offer of
+    /// 1,000 a task, `minDeposit` 10,000, withdraw delay 3,600 s.
+    fn official() -> Value {
+        json!({
+            "type": "deposit",
+            "channelConfig": {
+                "payer": "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
+                "payerAuthorizer": "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
+                "receiver": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
+                "receiverAuthorizer": "0x4444444444444444444444444444444444444444",
+                "token": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+                "withdrawDelay": 3600,
+                "salt": "0x0000000000000000000000000000000000000000000000000000000000000000"
+            },
+            "voucher": {
+                "channelId": "0x89e93206f45719853254dfac00e7e64433051107d8dd164742dc5ea75bff2fdd",
+                "maxClaimableAmount": "1000",
+                "signature": "0xa8c296c990c1a0fd6ded07352557562cb6977772c760eb0e92ebc854af578fe429ec0cbee3d2e866587c7b5443a4fe7a163bad16e4833436b2ca47c73ea1d4fe1b"
+            },
+            "deposit": {
+                "amount": "10000",
+                "authorization": { "erc3009Authorization": {
+                    "validAfter": "0",
+                    "validBefore": "1796577346",
+                    "salt": "0x20e585db0eebc3f8a3aa7dbefa098f687d42381424375d7bcfdd0d58278a3b4b",
+                    "signature": "0xbd1978f2f49853a09b497992d1f5391d2625bfb744ee24532d4879b110d097b35b5722dbc5e53cb1b07684a7063f4d3c29d633cf40dc2e2dd6ebd576b679fe481b"
+                } }
+            }
+        })
+    }
+
+    #[test]
+    fn the_official_clients_deposit_is_read_into_a_voucher_its_payer_signed() {
+        let read = BatchPayload::parse(&official()).unwrap();
+        assert_eq!(read.config.id(84532), read.channel_id);
+        assert_eq!(read.ceiling, 1000);
+        assert_eq!(read.config.withdrawDelay, U40::from(3600));
+        assert_eq!(read.deposit.as_ref().map(|d| d.amount), Some(10_000));
+        assert_eq!(check_signature(&read.config, 84532, read.ceiling, &read.signature), Ok(()));
+        // The same voucher without the deposit: a voucher payload.
+        let mut voucher = official();
+        voucher["type"] = json!("voucher");
+        voucher.as_object_mut().unwrap().remove("deposit");
+        let read = BatchPayload::parse(&voucher).unwrap();
+        assert_eq!((read.deposit, read.ceiling), (None, 1000));
+    }
+
+    #[test]
+    fn a_payload_of_another_shape_is_refused_naming_what_is_wrong() {
+        let broken = |path: &[&str], value: Value| {
+            let mut payload = official();
+            let (last, parents) = path.split_last().unwrap();
+            let parent = parents.iter().fold(&mut payload, |v, key| &mut v[*key]);
+            parent[*last] = value;
+            BatchPayload::parse(&payload).unwrap_err()
+        };
+        assert_eq!(broken(&["type"], json!("refund")), "payload.type \"refund\" is not a voucher or a deposit");
+        assert_eq!(
+            broken(&["voucher", "maxClaimableAmount"], json!("-1")),
+            "voucher.maxClaimableAmount is not a decimal amount"
+        );
+        assert_eq!(broken(&["voucher", "maxClaimableAmount"], json!(1000)), "maxClaimableAmount is not a string");
+        assert_eq!(
+            broken(&["voucher", "maxClaimableAmount"], json!("340282366920938463463374607431768211456")),
+            "voucher.maxClaimableAmount does not fit a uint128"
+        );
+        assert_eq!(broken(&["deposit", "amount"], json!("0")), "deposit.amount must be more than 0");
+        assert_eq!(
+            broken(&["channelConfig", "withdrawDelay"], json!(1u64 << 40)),
+            "channelConfig.withdrawDelay is not a uint40"
+        );
+        assert_eq!(broken(&["channelConfig", "payer"], json!("0x12")), "channelConfig.payer is not an address");
+        assert_eq!(broken(&["voucher", "channelId"], json!("0x12")), "voucher.channelId is not 32 bytes of hex");
+        let mut bare = official();
+        bare.as_object_mut().unwrap().remove("voucher");
+        assert_eq!(BatchPayload::parse(&bare).unwrap_err(), "voucher is missing");
+    }
+}
