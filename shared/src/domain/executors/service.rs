@@ -352,6 +352,11 @@ pub async fn apply(
     report: &ServiceReport,
 ) -> Result<Answered, Result<ReportRefusal, sqlx::Error>> {
     let task = Id::from_bytes(&token.task).map_err(|_| Ok(ReportRefusal::Token))?;
+    // Read before the transaction, not beside it: a second connection taken
+    // while this one holds the task's row made concurrent reports starve
+    // the pool (eight at once, on `reeve serve`'s eight connections, all
+    // answered 503 after the acquire timeout in the `service` benchmark).
+    let metered = MeteredAuthorization::of(r.db, task).await.map_err(Err)?;
     let mut tx = r.db.begin().await.map_err(Err)?;
     let row: Option<(Vec<u8>, String, String, i32, bool)> = sqlx::query_as(
         "SELECT space_idx, kind, status, attempts, cancel_requested_at IS NOT NULL FROM tasks WHERE id = $1 FOR UPDATE",
@@ -401,7 +406,6 @@ pub async fn apply(
         return Err(Ok(ReportRefusal::Canceled));
     }
     let spec = r.catalog.task(&kind);
-    let metered = MeteredAuthorization::of(r.db, task).await.map_err(Err)?;
     let metered_executor = metered.as_ref().and(spec).map(|spec| &spec.executor);
     let run = Run { task, attempt: token.attempt, deadline: token.expires_at };
     let mut held: Option<Value> = None;
