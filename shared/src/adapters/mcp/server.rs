@@ -243,8 +243,9 @@ impl ReeveMcp {
     /// deployment signs no receipts.
     async fn with_final_receipt(&self, mut meta: Value, space: &SpaceIndex, task: &Task) -> ToolResult<Value> {
         let Some(key) = self.ctx.seller.as_deref() else { return Ok(meta) };
-        // The resource a call paid for is its tool (`task_<kind>` where a
-        // fixed tool has the kind's name).
+        // The receipt names the resource the payment was recorded with; a
+        // payment recorded before Reeve kept it names the tool (`task_<kind>`
+        // where a fixed tool has the kind's name).
         let tool = match self.tools.find(&task.kind) {
             Some(Named::Kind { .. }) => task.kind.clone(),
             _ => format!("task_{}", task.kind),
