@@ -378,6 +378,48 @@ async fn mcp_tasks_get_carries_the_final_receipt_of_an_exact_and_a_metered_task_
         assert_eq!(rest, carried, "{kind}");
     }
 
+    // A paid call, not as a task, that waits for its task's end (a worker
+    // runs it meanwhile): its result carries the final receipt, with the
+    // proof of delivery, not the one signed when it was paid.
+    let waiting = |payment: Option<String>| {
+        sample_event("mcp-tools-call-task", Some(&shop.token), |params| {
+            params["name"] = json!("fetch");
+            params["arguments"] = input.clone();
+            params["arguments"]["wait_seconds"] = json!(20);
+            if let Some(payment) = payment {
+                params["_meta"]["x402/payment"] = json!(payment);
+            }
+            params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+        })
+    };
+    let unpaid = through_lambda(mcp.clone(), &waiting(None)).await;
+    let challenge = unpaid.body["result"]["structuredContent"].to_string();
+    let call = waiting(Some(payer.sign(&challenge).await));
+    let worker = common::worker(&common::loopback_outbound(shop.config.clone())).await;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (waited, ()) = tokio::join!(
+        async {
+            let answer = through_lambda(mcp.clone(), &call).await;
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            answer
+        },
+        async {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                for message in shop.queue.drain().await {
+                    let _ = process(&worker, &message.to_string(), 1).await;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    );
+    let waited = &waited.body["result"];
+    assert_eq!(waited["structuredContent"]["status"], "completed", "{waited}");
+    let settlement = &waited["_meta"]["x402/payment-response"];
+    let last = offer_receipt::receipt_in(settlement).unwrap_or_else(|| panic!("no receipt in {waited}"));
+    let last = offer_receipt::verify(&last, Some(address)).unwrap().payload;
+    assert_eq!(last["delivery"]["status"], "completed", "the final receipt: {last}");
+    assert_eq!(last["delivery"]["resultSha256"], offer_receipt::result_sha256(&waited["structuredContent"]["result"]));
+
     // And the other way: a task paid through REST still names the REST
     // resource when MCP's tasks/get reads its receipt.
     let unpaid = shop.create("fetch", &input, None).await;

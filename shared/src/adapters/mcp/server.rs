@@ -162,7 +162,16 @@ impl ReeveMcp {
             }
             Err(failure) => return Err(failure.into()),
         };
-        let meta = created.settlement.map(meta_object);
+        let mut settlement = created.settlement;
+        // A call that waited for the end answers the final receipt, with its
+        // proof of delivery, as `tasks/get` does; not only the create's.
+        if !as_task
+            && created.task.status.is_terminal()
+            && let Some(meta) = settlement.take()
+        {
+            settlement = Some(self.with_final_receipt(meta, &space, &created.task).await?);
+        }
+        let meta = settlement.map(meta_object);
         if as_task {
             let mut handle = CreateTaskResult::new(mcp_task(&created.task));
             if let Some(meta) = meta {
