@@ -544,7 +544,34 @@ test("Pay: the wallet signs, the task completes, the payer pays exactly the pric
   await page.waitForSelector(`#payments tr[data-transaction="${tx}"]`);
   assert.equal(sent.length, 1);
   paidSignature = sent[0];
+
+  // "verify" checks the signed receipt in the page: signed by the address
+  // the catalog publishes, and, the task having ended, what it delivered.
+  await page.click("#receipt-verify");
+  await page.waitForSelector("#receipt-verified[data-verified=true]");
+  const published = (await (await fetch(`${base}/v1/catalog`)).json()).receipts.signer;
+  assert.equal(await text("#receipt-signer"), published);
+  assert.match(await text("#receipt-verified"), /^Verified: signed by this service's published key/);
+  assert.match(await text("#receipt-result-sha256"), /^[0-9a-f]{64}$/);
+  assert.match(await page.locator("#receipt-download").getAttribute("download"), /^receipt-[0-9A-Z]{26}\.json$/);
   await shot("7-receipt");
+  // The same receipt with one byte of its payload changed (the amount, one
+  // more) is shown as not verified.
+  const forge = async (route) => {
+    const response = await route.fetch();
+    const receipt = await response.json();
+    const [header, payload, signature] = receipt.signature.split(".");
+    const changed = JSON.parse(Buffer.from(payload, "base64url"));
+    changed.amount = String(BigInt(changed.amount) + 1n);
+    receipt.signature = [header, Buffer.from(JSON.stringify(changed)).toString("base64url"), signature].join(".");
+    await route.fulfill({ response, json: receipt });
+  };
+  await page.route("**/v1/tasks/*/receipt", forge);
+  await page.click("#receipt-verify");
+  await page.waitForSelector("#receipt-verified[data-verified=false]");
+  assert.match(await text("#receipt-verified"), /^Not verified: the signature does not match what it signs/);
+  assert.equal(await page.locator("#receipt-signer").count(), 0);
+  await page.unroute("**/v1/tasks/*/receipt", forge);
 });
 
 test("every refusal is shown in words with the server's code, and the form stays as it was", async () => {
@@ -1068,6 +1095,12 @@ test("an MCP client without x402 that declares URL elicitation gets a pay link; 
     const task = await page.locator("#pay-link-status").getAttribute("data-task");
     assert.equal(await text("#receipt-payer"), payer.toLowerCase());
     assert.equal(await balance(payer), before - PRICE, "charged the price, once");
+    // With no session, "verify" checks the receipt the payment was answered
+    // with, against the catalog's published signer.
+    await page.click("#receipt-verify");
+    await page.waitForSelector("#receipt-verified[data-verified=true]");
+    assert.equal(await text("#receipt-signer"), (await (await fetch(`${base}/v1/catalog`)).json()).receipts.signer);
+    assert.ok((await text("#receipt-verified")).includes(`${task} (paid-digest)`), "the receipt of this task");
 
     // The agent calls again, with the same arguments: the task the page bought.
     const retried = await agent.callTool({ name: "paid-digest", arguments: args });

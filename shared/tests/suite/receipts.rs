@@ -317,7 +317,7 @@ async fn start_up_refuses_a_missing_or_wrong_receipt_key(pool: PgPool) {
 /// `GET /v1/tasks/{id}/receipt` answers, but for the resource, which names
 /// the tool the call paid for, as the call's first receipt did.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn mcp_tasks_get_carries_the_final_receipt_of_an_exact_and_a_metered_task(pool: PgPool) {
+async fn mcp_tasks_get_carries_the_final_receipt_of_an_exact_and_a_metered_task_naming_what_was_paid(pool: PgPool) {
     use crate::lambda_events::through_lambda;
     use crate::mcp::sample_event;
     let chain = ChainLock::shared().await;
@@ -371,12 +371,74 @@ async fn mcp_tasks_get_carries_the_final_receipt_of_an_exact_and_a_metered_task(
             assert_eq!(carried["amount"], task["payment"]["charged"], "what it used: {carried}");
             assert_eq!(carried["metered"]["unit"], "KiB", "{carried}");
         }
-        // The receipt the REST route answers, resource aside.
+        // The REST route answers the same receipt: it names the tool that
+        // was paid, not the route that reads it.
         let rest: Signed = serde_json::from_value(shop.receipt(&id).await.body).unwrap();
-        let mut rest = offer_receipt::verify(&rest, Some(address)).unwrap().payload;
-        rest["resourceUrl"] = carried["resourceUrl"].clone();
+        let rest = offer_receipt::verify(&rest, Some(address)).unwrap().payload;
         assert_eq!(rest, carried, "{kind}");
     }
+
+    // A paid call, not as a task, that waits for its task's end (a worker
+    // runs it meanwhile): its result carries the final receipt, with the
+    // proof of delivery, not the one signed when it was paid.
+    let waiting = |payment: Option<String>| {
+        sample_event("mcp-tools-call-task", Some(&shop.token), |params| {
+            params["name"] = json!("fetch");
+            params["arguments"] = input.clone();
+            params["arguments"]["wait_seconds"] = json!(20);
+            if let Some(payment) = payment {
+                params["_meta"]["x402/payment"] = json!(payment);
+            }
+            params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+        })
+    };
+    let unpaid = through_lambda(mcp.clone(), &waiting(None)).await;
+    let challenge = unpaid.body["result"]["structuredContent"].to_string();
+    let call = waiting(Some(payer.sign(&challenge).await));
+    let worker = common::worker(&common::loopback_outbound(shop.config.clone())).await;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (waited, ()) = tokio::join!(
+        async {
+            let answer = through_lambda(mcp.clone(), &call).await;
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            answer
+        },
+        async {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                for message in shop.queue.drain().await {
+                    let _ = process(&worker, &message.to_string(), 1).await;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    );
+    let waited = &waited.body["result"];
+    assert_eq!(waited["structuredContent"]["status"], "completed", "{waited}");
+    let settlement = &waited["_meta"]["x402/payment-response"];
+    let last = offer_receipt::receipt_in(settlement).unwrap_or_else(|| panic!("no receipt in {waited}"));
+    let last = offer_receipt::verify(&last, Some(address)).unwrap().payload;
+    assert_eq!(last["delivery"]["status"], "completed", "the final receipt: {last}");
+    assert_eq!(last["delivery"]["resultSha256"], offer_receipt::result_sha256(&waited["structuredContent"]["result"]));
+
+    // And the other way: a task paid through REST still names the REST
+    // resource when MCP's tasks/get reads its receipt.
+    let unpaid = shop.create("fetch", &input, None).await;
+    assert_eq!(unpaid.status, StatusCode::PAYMENT_REQUIRED, "{}", unpaid.body);
+    let header = unpaid.headers["payment-required"].to_str().unwrap().to_owned();
+    let paid_for = decode(&header)["resource"]["url"].clone();
+    assert!(paid_for.as_str().unwrap().ends_with("/v1/tasks/fetch"), "{paid_for}");
+    let reply = shop.create("fetch", &input, Some(&payer.sign(&header).await)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = reply.body["id"].as_str().unwrap().to_owned();
+    shop.run_to_end(&id, "fetch").await;
+    let get = sample_event("mcp-tasks-get", Some(&shop.token), |params| params["taskId"] = json!(id));
+    let done = through_lambda(mcp.clone(), &get).await.body["result"].clone();
+    let settlement = &done["result"]["_meta"]["x402/payment-response"];
+    let carried = offer_receipt::receipt_in(settlement).unwrap_or_else(|| panic!("no receipt in {done}"));
+    let carried = offer_receipt::verify(&carried, Some(address)).unwrap().payload;
+    assert_eq!(carried["resourceUrl"], paid_for, "the route paid for: {carried}");
+    let rest: Signed = serde_json::from_value(shop.receipt(&id).await.body).unwrap();
+    assert_eq!(offer_receipt::verify(&rest, Some(address)).unwrap().payload, carried);
     shop.queue.delete().await;
 }
 

@@ -13,11 +13,26 @@
 //! `POST /mcp` gives a client without x402): it then shows only that offer
 //! (what the agent asked for, its price, what happens next) and pays it with
 //! the console's own wallet flow at `/v1/pay-link` (`domain::pay_links`).
+//!
+//! A paid task's signed receipt has a "verify" link that checks it in the
+//! page itself (the signature, and that its key is the catalog's published
+//! signer), so a person need not take the server's word for its own
+//! receipt. WebCrypto has no secp256k1, so the page carries
+//! `@noble/curves`' and `@noble/hashes`' audited code for it
+//! (`assets/noble-secp256k1.js`, bundled unchanged; its header says how),
+//! written into the page here: one document, and no route of its own.
 
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
-const PAGE: &str = include_str!("assets/watch.html");
+const HTML: &str = include_str!("assets/watch.html");
+/// secp256k1 and keccak for the receipt check (see the module doc).
+const NOBLE: &str = include_str!("assets/noble-secp256k1.js");
+/// The tag in `watch.html` that [`NOBLE`] replaces.
+const NOBLE_TAG: &str = "<script>/* assets/noble-secp256k1.js */</script>";
+/// The page with its libraries in place.
+static PAGE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| HTML.replacen(NOBLE_TAG, &format!("<script>\n{NOBLE}\n</script>"), 1));
 /// The tag [`page`] fills in; the page reads its `content`.
 const API_META: &str = r#"<meta name="reeve-api-origin" content="">"#;
 
@@ -31,7 +46,7 @@ pub const CONTENT_SECURITY_POLICY: &str =
 /// see `Env::origin`), or at its own origin when `None`.
 pub fn page(api_origin: Option<&str>) -> Response {
     let html = match api_origin {
-        None => PAGE.to_owned(),
+        None => PAGE.clone(),
         Some(origin) => {
             PAGE.replacen(API_META, &format!(r#"<meta name="reeve-api-origin" content="{}">"#, attribute(origin)), 1)
         }
@@ -70,6 +85,15 @@ mod tests {
         ));
         assert!(!html.contains(API_META));
         assert!(self::html(None).await.contains(API_META), "unset: the page's own origin");
+    }
+
+    #[tokio::test]
+    async fn the_receipt_check_s_library_is_in_the_page_once() {
+        assert_eq!(HTML.matches(NOBLE_TAG).count(), 1);
+        assert!(!NOBLE.contains("</script"), "the library cannot end its own script element");
+        let html = html(None).await;
+        assert!(!html.contains(NOBLE_TAG));
+        assert_eq!(html.matches("globalThis.ReeveNoble=").count(), 1);
     }
 
     #[tokio::test]

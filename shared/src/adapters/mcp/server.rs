@@ -162,7 +162,16 @@ impl ReeveMcp {
             }
             Err(failure) => return Err(failure.into()),
         };
-        let meta = created.settlement.map(meta_object);
+        let mut settlement = created.settlement;
+        // A call that waited for the end answers the final receipt, with its
+        // proof of delivery, as `tasks/get` does; not only the create's.
+        if !as_task
+            && created.task.status.is_terminal()
+            && let Some(meta) = settlement.take()
+        {
+            settlement = Some(self.with_final_receipt(meta, &space, &created.task).await?);
+        }
+        let meta = settlement.map(meta_object);
         if as_task {
             let mut handle = CreateTaskResult::new(mcp_task(&created.task));
             if let Some(meta) = meta {
@@ -243,8 +252,9 @@ impl ReeveMcp {
     /// deployment signs no receipts.
     async fn with_final_receipt(&self, mut meta: Value, space: &SpaceIndex, task: &Task) -> ToolResult<Value> {
         let Some(key) = self.ctx.seller.as_deref() else { return Ok(meta) };
-        // The resource a call paid for is its tool (`task_<kind>` where a
-        // fixed tool has the kind's name).
+        // The receipt names the resource the payment was recorded with; a
+        // payment recorded before Reeve kept it names the tool (`task_<kind>`
+        // where a fixed tool has the kind's name).
         let tool = match self.tools.find(&task.kind) {
             Some(Named::Kind { .. }) => task.kind.clone(),
             _ => format!("task_{}", task.kind),

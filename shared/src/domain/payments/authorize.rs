@@ -63,7 +63,8 @@ pub(super) async fn authorize<C: Counter>(
 
     let request_hash = request.hash();
     let document = Some(&payment.document);
-    let recorded = record_attempt(cx.db, request, &request_hash, (payment, offer), document, counter).await?;
+    let resource = &challenge.resource.url;
+    let recorded = record_attempt(cx.db, request, &request_hash, (payment, offer), document, resource, counter).await?;
     let attempt = match recorded {
         Recorded::KeyTaken => return Ok(Bought::KeyTaken),
         Recorded::New(attempt) => attempt,

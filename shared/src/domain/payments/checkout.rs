@@ -160,7 +160,8 @@ pub(super) async fn settle<C: Counter>(
         }
     }
 
-    let recorded = record_attempt(cx.db, request, &request_hash, (payment, offer), None, counter).await?;
+    let recorded =
+        record_attempt(cx.db, request, &request_hash, (payment, offer), None, &challenge.resource.url, counter).await?;
     let claimed = match recorded {
         Recorded::KeyTaken => return Ok(Bought::KeyTaken),
         Recorded::New(attempt) => Claimed { attempt, resuming: false, from_block: None },

@@ -187,8 +187,10 @@ pub struct ReceiptPayload {
     pub version: u32,
     /// CAIP-2.
     pub network: String,
-    /// The resource paid for: `https://<api>/v1/tasks/<kind>`, or
-    /// `mcp://tool/<tool>` for a tool call.
+    /// The resource paid for, as its payment's challenge named it (whichever
+    /// interface reads the receipt): `https://<api>/v1/tasks/<kind>`,
+    /// `mcp://tool/<tool>` for a tool call, or `https://<api>/v1/pay-link`
+    /// for a pay link paid on the console's pay page.
     pub resource_url: String,
     pub payer: String,
     /// Unix seconds: when it was paid, or, once the task ended, when it ended.

@@ -282,13 +282,15 @@ pub(super) enum Recorded {
 /// Records `payment`'s attempt for `offer` and the request it pays for,
 /// under the request's key lock ([`ledger::lock_key`]), before the
 /// facilitator is asked anything. `upto_document`: a metered payment's
-/// signed document, which the worker settles with later.
+/// signed document, which the worker settles with later. `resource`: what
+/// it pays for (the challenge's `resource.url`), which its receipt names.
 pub(super) async fn record_attempt<C: Counter>(
     db: &PgPool,
     request: &TaskRequest<'_>,
     request_hash: &[u8; 32],
     (payment, offer): (&Payment, &PaymentRequirements),
     upto_document: Option<&serde_json::Value>,
+    resource: &str,
     counter: &C,
 ) -> Result<Recorded, sqlx::Error> {
     let new = NewAttempt {
@@ -307,6 +309,7 @@ pub(super) async fn record_attempt<C: Counter>(
         pay_to: &offer.pay_to,
         valid_before: &payment.valid_before,
         upto_document,
+        resource,
     };
     let mut tx = db.begin().await?;
     if let Some(key) = request.idempotency_key {

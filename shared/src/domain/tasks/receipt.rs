@@ -2,8 +2,8 @@
 //! and, once it has ended, what it delivered, signed with the seller's key
 //! ([`SellerKey`]).
 //!
-//! Nothing is stored: a receipt is made from the task's row and its
-//! payment each time it is asked for (`GET /v1/tasks/{id}/receipt`, a paid
+//! No receipt is stored: one is made from the task's row and its payment
+//! (which keeps the resource it paid for) each time it is asked for (`GET /v1/tasks/{id}/receipt`, a paid
 //! create's `PAYMENT-RESPONSE`, MCP's `_meta`). Signatures are
 //! deterministic and `issuedAt` is a stored time (when it was paid; once
 //! the task has ended, when it ended), so the same task answers the same
@@ -60,10 +60,14 @@ struct Row {
     transaction: Option<String>,
     pay_to: Option<String>,
     paid_at: Option<OffsetDateTime>,
+    resource: Option<String>,
 }
 
-/// `task`'s receipt, signed with `key`, naming `resource_url(kind)` as the
-/// resource paid for. `Ok(None)`: no such task in `space`.
+/// `task`'s receipt, signed with `key`, naming the resource its payment
+/// paid for (recorded with the payment), whichever interface asks: an MCP
+/// tool's task read through REST still names its tool. `resource_url(kind)`
+/// names it only for a payment recorded before Reeve kept it.
+/// `Ok(None)`: no such task in `space`.
 pub async fn signed_receipt(
     db: &PgPool,
     key: Option<&SellerKey>,
@@ -73,7 +77,8 @@ pub async fn signed_receipt(
 ) -> Result<Option<Result<Signed, NoReceipt>>, sqlx::Error> {
     let row: Option<Row> = sqlx::query_as(
         "SELECT t.kind, t.input, t.status, t.result, t.payment, t.updated_at,
-                p.network, p.payer, p.amount, p.asset, p.transaction, p.pay_to, p.created_at AS paid_at
+                p.network, p.payer, p.amount, p.asset, p.transaction, p.pay_to, p.created_at AS paid_at,
+                p.resource
            FROM tasks t LEFT JOIN payments p ON p.task_id = t.id
           WHERE t.id = $1 AND t.space_idx = $2",
     )
@@ -108,7 +113,7 @@ fn payload(
     Ok(ReceiptPayload {
         version: PAYLOAD_VERSION,
         network,
-        resource_url: resource_url(&row.kind),
+        resource_url: row.resource.unwrap_or_else(|| resource_url(&row.kind)),
         payer,
         issued_at: u64::try_from(issued.unix_timestamp()).unwrap_or_default(),
         transaction: row.transaction.unwrap_or_default(),

@@ -134,6 +134,9 @@ pub struct NewAttempt<'a> {
     /// with when the task ends. The attempt starts `verifying`, not
     /// `settling`.
     pub upto_document: Option<&'a Value>,
+    /// The resource paid for: the challenge's `resource.url`, which the
+    /// task's receipt names.
+    pub resource: &'a str,
 }
 
 /// The columns an [`Attempt`] is read from, as a literal for `concat!`
@@ -169,11 +172,11 @@ pub async fn insert_attempt(conn: &mut PgConnection, new: &NewAttempt<'_>) -> Re
     let inserted = sqlx::query(
         "INSERT INTO payment_attempts
              (id, network, payer, nonce, payload_hash, space_idx, kind, request_hash, payment_id, asset, amount,
-              input, idempotency_key, pay_to, valid_before, claimed_until, scheme, document, status)
+              input, idempotency_key, pay_to, valid_before, claimed_until, scheme, document, status, resource)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::numeric,
                  now() + make_interval(secs => $16),
                  CASE WHEN $17::jsonb IS NULL THEN 'exact' ELSE 'upto' END, $17,
-                 CASE WHEN $17::jsonb IS NULL THEN 'settling' ELSE 'verifying' END)
+                 CASE WHEN $17::jsonb IS NULL THEN 'settling' ELSE 'verifying' END, $18)
          ON CONFLICT DO NOTHING",
     )
     .bind(id)
@@ -193,6 +196,7 @@ pub async fn insert_attempt(conn: &mut PgConnection, new: &NewAttempt<'_>) -> Re
     .bind(new.valid_before)
     .bind(f64::from(CLAIM_SECONDS))
     .bind(new.upto_document.map(sqlx::types::Json))
+    .bind(new.resource)
     .execute(conn)
     .await?
     .rows_affected();

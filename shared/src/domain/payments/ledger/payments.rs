@@ -48,12 +48,13 @@ pub async fn record_settled(conn: &mut PgConnection, p: &SettledPayment<'_>) -> 
 }
 
 /// The `payments` row of a charge, and its count: once per attempt, since
-/// only the update that moved it to `settled` gets here.
+/// only the update that moved it to `settled` gets here. It keeps the
+/// resource its attempt paid for, which the task's receipt names.
 pub(super) async fn insert_payment(conn: &mut PgConnection, p: &SettledPayment<'_>) -> Result<(), sqlx::Error> {
     crate::infra::metrics::payment_settled(p.network, p.asset);
     sqlx::query(
-        "INSERT INTO payments (id, task_id, network, payer, amount, asset, transaction, space_idx, pay_to)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        "INSERT INTO payments (id, task_id, network, payer, amount, asset, transaction, space_idx, pay_to, resource)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, (SELECT resource FROM payment_attempts WHERE id = $10))",
     )
     .bind(Id::new())
     .bind(p.task_id)
@@ -64,6 +65,7 @@ pub(super) async fn insert_payment(conn: &mut PgConnection, p: &SettledPayment<'
     .bind(p.transaction)
     .bind(p.space.as_bytes())
     .bind(p.pay_to)
+    .bind(p.attempt)
     .execute(&mut *conn)
     .await?;
     Ok(())
