@@ -122,6 +122,25 @@ pub struct TaskCreateContext {
     pub max_attempts: u32,
 }
 
+#[cfg(feature = "api-tasks")]
+impl TaskCreateContext {
+    /// What the one create path needs of it: a REST create and a pay
+    /// link's page both submit through it.
+    pub fn submit_context(&self) -> crate::domain::tasks::SubmitContext<'_> {
+        crate::domain::tasks::SubmitContext {
+            catalog: &self.catalog,
+            db: &self.db,
+            s3: &self.aws.s3,
+            bucket: &self.settings.bucket,
+            sqs: &self.aws.sqs,
+            queue_url: &self.settings.queue_url,
+            facilitator: self.facilitator.as_ref(),
+            chains: &self.chains,
+            seller: self.settings.seller.as_deref(),
+        }
+    }
+}
+
 #[cfg(feature = "api-task-status")]
 /// The `task-status` function's: a Space reading and stopping its tasks.
 pub struct TaskStatusContext {

@@ -29,7 +29,7 @@ use super::error::{ApiError, ErrorEnvelope};
 use super::tasks::{Accepted, SubmitFailure, accepted, challenge_response, header_text, resource_url};
 use crate::domain::pay_links::{self, PAY_LINK_SCHEME, PayLink, PayLinkRefusal};
 use crate::domain::payments::{self, PayError, PaymentInput, PaymentRequired};
-use crate::domain::tasks::{self, Submission, SubmitContext, SubmitError, TaskRequest};
+use crate::domain::tasks::{self, Submission, SubmitError, TaskRequest};
 
 /// The route; both methods.
 pub const PATH: &str = "/v1/pay-link";
@@ -168,7 +168,7 @@ async fn pay_offer(
         // pays a link's offer by itself.
         return Ok(challenge_response(&challenge));
     };
-    let cx = submit_context(&ctx);
+    let cx = ctx.submit_context();
     let submission = Submission {
         request: TaskRequest {
             space: &link.space,
@@ -209,23 +209,9 @@ async fn open(
     }
     let spec = ctx.catalog.task(&link.kind).ok_or_else(|| refused(PayLinkRefusal::PriceChanged))?;
     let request = TaskRequest { space: &link.space, kind: &link.kind, input: &link.input, idempotency_key: None };
-    let challenge = tasks::challenge_for(&submit_context(ctx), spec, &request, url).await?;
+    let challenge = tasks::challenge_for(&ctx.submit_context(), spec, &request, url).await?;
     pay_links::payable(&link, &challenge, now).map_err(refused)?;
     Ok((link, challenge))
-}
-
-fn submit_context(ctx: &TaskCreateContext) -> SubmitContext<'_> {
-    SubmitContext {
-        catalog: &ctx.catalog,
-        db: &ctx.db,
-        s3: &ctx.aws.s3,
-        bucket: &ctx.settings.bucket,
-        sqs: &ctx.aws.sqs,
-        queue_url: &ctx.settings.queue_url,
-        facilitator: ctx.facilitator.as_ref(),
-        chains: &ctx.chains,
-        seller: ctx.settings.seller.as_deref(),
-    }
 }
 
 fn refused(e: PayLinkRefusal) -> SubmitFailure {

@@ -63,7 +63,7 @@ use crate::domain::tasks::bulk::{self, BulkCanceled};
 use crate::domain::tasks::events::publish_all_once;
 use crate::domain::tasks::{self, CancelOutcome, ListQuery, Task, TaskStatus};
 #[cfg(feature = "api-tasks")]
-use crate::domain::tasks::{Paid, Submission, SubmitContext, SubmitError, Submitted, TaskRequest};
+use crate::domain::tasks::{Paid, Submission, SubmitError, Submitted, TaskRequest};
 use crate::domain::webhooks::{self, WebhookRequest};
 
 /// One path for both routers: axum merges their methods only when the path
@@ -273,17 +273,7 @@ async fn create_task(
         ),
         None => None,
     };
-    let cx = SubmitContext {
-        catalog: &ctx.catalog,
-        db: &ctx.db,
-        s3: &ctx.aws.s3,
-        bucket: &ctx.settings.bucket,
-        sqs: &ctx.aws.sqs,
-        queue_url: &ctx.settings.queue_url,
-        facilitator: ctx.facilitator.as_ref(),
-        chains: &ctx.chains,
-        seller: ctx.settings.seller.as_deref(),
-    };
+    let cx = ctx.submit_context();
     let submission = Submission {
         request: TaskRequest { space: &space, kind: &kind, input: &request.input, idempotency_key: key },
         payment: payment.map(PaymentInput::Header),
