@@ -79,9 +79,12 @@ async fn migrating_again_is_a_no_op(pool: PgPool) {
         tables,
         [
             "_sqlx_migrations",
+            "batch_channels",
+            "batch_vouchers",
             "credits",
             "executor_reports",
             "login_limits",
+            "pay_links",
             "payment_attempts",
             "payments",
             "revoked_sessions",
