@@ -67,10 +67,23 @@ impl FreshDb {
         pool
     }
 
-    /// Dropped, even with connections still open on it.
+    /// Dropped, even with connections still open on it. Tried again a few
+    /// times: Postgres 15 refuses `WITH (FORCE)` to a role that is not a
+    /// superuser while an autovacuum worker happens to be in the database
+    /// ("must be a member of the role whose process is being terminated"),
+    /// and the worker leaves within moments.
     pub async fn drop(mut self) {
         let drop = format!("DROP DATABASE {} WITH (FORCE)", self.name);
-        sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&mut self.admin).await.unwrap();
+        for tries_left in (0..10).rev() {
+            match sqlx::query(sqlx::AssertSqlSafe(drop.clone())).execute(&mut self.admin).await {
+                Ok(_) => return,
+                Err(e) if tries_left > 0 => {
+                    eprintln!("dropping {}: {e}; trying again", self.name);
+                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                }
+                Err(e) => panic!("dropping {}: {e}", self.name),
+            }
+        }
     }
 }
 
