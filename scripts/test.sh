@@ -17,17 +17,76 @@ LOG_TAG="test"
 . "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 cd "$ROOT"
 
+# clippy lints inside the build, not beside it: `cargo clippy` is `cargo
+# check` with clippy-driver wrapping rustc for the workspace's own crates, and
+# a check compiles every dependency a second time (metadata only, but still
+# 340 of a cold CI run's seconds). The same wrapper on the debug build lints
+# the same crates, every warning an error, and keeps one set of dependency
+# builds. Every cargo of this run inherits it (the tests, the watch phase's
+# functions), so none of them rebuilds the workspace without it. The SAM
+# build does not: it builds each function alone, for Lambda, with plain rustc.
+export RUSTC_WORKSPACE_WRAPPER
+RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver"
+export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+[[ -x $RUSTC_WORKSPACE_WRAPPER ]] || die "no clippy-driver beside rustc ($RUSTC_WORKSPACE_WRAPPER): rustup component add clippy"
+
+# `cargo test` runs its test binaries one after another, and most of their
+# time is waiting (a block a second, leases, the queue's long polls): the
+# shared crate's suite alone is ~400 s of a ~550 s phase. So the binaries the
+# build made run here in two lanes side by side, that suite in one and every
+# other binary, then the doc tests, in the other, each binary from its
+# package's directory as cargo runs it. (Selecting them with `cargo test -p`
+# would resolve other features and rebuild; three packages name their
+# integration suite `suite`, so `--test` cannot pick the one either.)
+run_test_binaries() {
+  local list line dir name exe suite="" others=() suite_log suite_pid suite_rc=0 lane_rc=0 shared
+  shared=$(cd "$ROOT/shared" && pwd -P)
+  list=$(cargo test --workspace --locked --no-run --message-format=json-render-diagnostics |
+    python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(os.path.dirname(m["manifest_path"]), m["target"]["name"], m["executable"], sep="\t")') || return
+  while IFS=$'\t' read -r dir name exe; do
+    if [[ $dir == "$shared" && $name == suite ]]; then suite="$dir"$'\t'"$exe"; else others+=("$dir"$'\t'"$exe"); fi
+  done <<<"$list"
+  [[ -n $suite ]] || { log "no shared test suite among the built test binaries"; return 1; }
+  suite_log=$(mktemp)
+  (cd "${suite%%$'\t'*}" && exec "${suite#*$'\t'}") >"$suite_log" 2>&1 &
+  suite_pid=$!
+  for line in "${others[@]}"; do
+    log "running ${line#*$'\t'}"
+    (cd "${line%%$'\t'*}" && exec "${line#*$'\t'}") || lane_rc=$?
+  done
+  cargo test --workspace --locked --no-fail-fast --doc || lane_rc=$?
+  wait "$suite_pid" || suite_rc=$?
+  log "running ${suite#*$'\t'} (beside the others)"
+  cat "$suite_log"
+  rm -f "$suite_log"
+  ((suite_rc == 0)) || return "$suite_rc"
+  return "$lane_rc"
+}
+
 rc=0
 if (($# == 0)); then
-  # The lint gates, on a bare run (CI's): formatting as rustfmt.toml says,
-  # and clippy with every warning an error. They need no stack, and the
-  # stack's set-up is mostly downloads, so it comes up in the background
-  # meanwhile (its output follows, once it is up).
+  # The lint gates and the build, on a bare run (CI's): formatting as
+  # rustfmt.toml says, then one debug build of every target (the test
+  # binaries, and the function binaries that the watch phase's `cargo run
+  # --bin <function>` finds built: Cargo.toml's strsim note says why they are
+  # the same units), clippy in it. They need no stack, and the stack's set-up
+  # is mostly downloads, so it comes up in the background meanwhile (its
+  # output follows, once it is up).
   stack_log=$(mktemp)
   (REEVE_STACK_BROWSER=1 timed stack bash scripts/stack.sh up) >"$stack_log" 2>&1 &
   stack_pid=$!
   timed fmt cargo fmt --all --check || rc=$?
-  timed clippy cargo clippy --workspace --all-targets --locked -- -D warnings || { r=$?; ((rc)) || rc=$r; }
+  timed cargo-build cargo build --workspace --all-targets --locked || { r=$?; ((rc)) || rc=$r; }
+  # The phases below drive this build's `reeve`. Built alone (`-p
+  # reeve-cli`, as console-test.sh does when run by itself) it unifies other
+  # features, so cargo rebuilt reeve-shared and its dependencies: 10 of the
+  # console phase's 11 minutes in a cold run.
+  export REEVE_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/reeve"
   stack_rc=0
   wait "$stack_pid" || stack_rc=$?
   cat "$stack_log" >&2
@@ -39,17 +98,6 @@ fi
 load_dev_env
 sam_check=0
 if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then sam_check=1; fi
-if (($# == 0)); then
-  # One debug build of every target: the test binaries, and the function
-  # binaries that the watch phase's `cargo run --bin <function>` finds
-  # built (Cargo.toml's strsim note says why they are the same units).
-  timed cargo-build cargo build --workspace --all-targets --locked || { r=$?; ((rc)) || rc=$r; }
-  # The phases below drive this build's `reeve`. Built alone (`-p
-  # reeve-cli`, as console-test.sh does when run by itself) it unifies other
-  # features, so cargo rebuilt reeve-shared and its dependencies: 10 of the
-  # console phase's 11 minutes in a cold run.
-  export REEVE_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/reeve"
-fi
 if ((sam_check)); then
   # The SAM checks' first half (validate, lint, and `sam build` of each
   # function alone with its own features, so it also stands for a
@@ -58,7 +106,8 @@ if ((sam_check)); then
   # idle (they mostly wait on the chain, the queue and the browser). The
   # debug build comes first, so the two builds do not share the CPU.
   sam_log=$(mktemp)
-  (export SAM_CHECK_PROFILE=quick; timed sam-check-build nice -n 19 bash scripts/sam-check.sh validate lint build) >"$sam_log" 2>&1 &
+  (export SAM_CHECK_PROFILE=quick; unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
+   timed sam-check-build nice -n 19 bash scripts/sam-check.sh validate lint build) >"$sam_log" 2>&1 &
   sam_pid=$!
 fi
 # Six tests at a time, not one per core: the suites mostly wait (a block
@@ -67,7 +116,11 @@ fi
 # past its own bounds. The chain tests coordinate through their own locks
 # (shared/tests/common/chain.rs), whatever the thread count.
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
-timed cargo-test cargo test --workspace --locked --no-fail-fast "$@" || { r=$?; ((rc)) || rc=$r; }
+if (($# == 0)); then
+  timed cargo-test run_test_binaries || { r=$?; ((rc)) || rc=$r; }
+else
+  timed cargo-test cargo test --workspace --locked --no-fail-fast "$@" || { r=$?; ((rc)) || rc=$r; }
+fi
 # The README's `cargo lambda watch` loop, on the functions the build above
 # made; then phases that drive a real `reeve serve` from outside, each on a
 # database and a queue of its own: schemathesis against the OpenAPI
