@@ -49,7 +49,7 @@ pub use domain::executors;
 pub use domain::relay;
 #[cfg(feature = "s3")]
 pub use domain::uploads;
-pub use domain::{auth, catalog, ids, payments, sessions, tasks, webhooks};
+pub use domain::{auth, catalog, ids, pay_links, payments, sessions, tasks, webhooks};
 #[cfg(feature = "api-auth")]
 pub use domain::{login_limits, spaces};
 #[cfg(feature = "aws")]

@@ -38,6 +38,9 @@
 //! its margin: a slow chain endpoint never keeps a lost task from being
 //! sent again, nor a sweep from ending in time.
 //!
+//! Each sweep also forgets pay links no call can meet any more
+//! ([`pay_links::forget_old`]): they hold a task's input.
+//!
 //! The dead-letter queue's consumer ([`Sweeper::dead_lettered`]) fails each
 //! task SQS gave up on as `dead_lettered`, unless a live worker still holds
 //! it, or its capture is under way (then it is sent again).
@@ -61,6 +64,7 @@ use sqlx::PgPool;
 use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::Catalog;
 use crate::domain::ids::Id;
+use crate::domain::pay_links;
 use crate::domain::payments::{self, Chains};
 use crate::domain::tasks::RETRIES_EXHAUSTED;
 use crate::domain::tasks::events::Publisher;
@@ -126,6 +130,8 @@ pub struct SweepReport {
     pub payments: payments::Reconciled,
     /// Parked tasks sent again, a slot of their Space being free.
     pub woken: usize,
+    /// Pay links deleted: no call could meet them any more.
+    pub forgotten_pay_links: u64,
 }
 
 /// What became of one dead-lettered message.
@@ -214,6 +220,8 @@ impl Sweeper {
         self.resend(Some(older_than), &mut report).await?;
         self.wake_cancels(&mut report).await?;
         self.wake(&mut report).await?;
+        report.forgotten_pay_links = pay_links::forget_old(&self.db, time::OffsetDateTime::now_utc()).await?;
+        crate::infra::metrics::sweeper_action("pay_links_forgotten", report.forgotten_pay_links);
         self.reconcile(reconcile_until, &mut report).await?;
         // In AWS completion webhooks ride on this schedule: their outbox is
         // polled, so they need no function and no trigger of their own. They

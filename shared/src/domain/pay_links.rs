@@ -280,6 +280,26 @@ pub async fn latest(
     row.map(PayLink::try_from).transpose()
 }
 
+/// How many forgotten links one sweep deletes at most: a sweep stays short
+/// whatever piled up, and the next one takes the rest.
+pub const FORGET_BATCH: i64 = 1_000;
+
+/// Every Space's links older than [`ANSWERS_FOR`], at most [`FORGET_BATCH`]
+/// of them; how many went. [`issue`] forgets a Space's own old links, but a
+/// Space that never calls a priced tool again would keep its last ones, and
+/// their inputs, for good: the sweeper calls this on each sweep.
+pub async fn forget_old(db: &PgPool, now: OffsetDateTime) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "DELETE FROM pay_links WHERE id IN (\
+           SELECT id FROM pay_links WHERE created_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(now - ANSWERS_FOR)
+    .bind(FORGET_BATCH)
+    .execute(db)
+    .await?
+    .rows_affected())
+}
+
 /// A new link for this offer, payable until [`PAY_LINK_TTL`] from `now`.
 /// The Space's links older than [`ANSWERS_FOR`] go first: no call meets
 /// them any more, and a task bought with one keeps its key, so a Space

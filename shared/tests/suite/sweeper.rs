@@ -100,6 +100,33 @@ async fn lost_and_expired_tasks_are_sent_again_once_and_live_ones_are_left_alone
 /// task changed: its worker is gone, and the threshold is only for a queued
 /// task whose message may still be on its way. Once per lapse: the re-send
 /// is a change after it.
+/// A pay link holds a task's input; once no call can meet it (made over an
+/// hour ago) a sweep deletes it, even for a Space that never calls again.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn pay_links_no_call_can_meet_any_more_are_forgotten(pool: PgPool) {
+    let queue = TestQueue::new().await;
+    let sweeper = sweeper(&pool, &queue).await;
+    let now = time::OffsetDateTime::now_utc();
+    let mut links = Vec::new();
+    for made in [now - time::Duration::minutes(61), now - time::Duration::minutes(59)] {
+        let space = reeve_shared::auth::SpaceIndex::from_slice(&Id::new().to_bytes()).unwrap();
+        sqlx::query("INSERT INTO spaces (idx, hash) VALUES ($1, 'x')")
+            .bind(space.as_bytes().as_slice())
+            .execute(&pool)
+            .await
+            .unwrap();
+        let input = json!({ "url": "https://example.com/private" });
+        let link = reeve_shared::pay_links::issue(&pool, &space, "fetch", &input, json!([]), made).await.unwrap();
+        links.push(link.id);
+    }
+    let report = sweeper.sweep(Duration::from_secs(300)).await.unwrap();
+    assert_eq!(report.forgotten_pay_links, 1, "{report:?}");
+    let left: Vec<Id> = sqlx::query_scalar("SELECT id FROM pay_links").fetch_all(&pool).await.unwrap();
+    assert_eq!(left, vec![links[1]], "the link of the last hour stays");
+    assert_eq!(sweeper.sweep(Duration::from_secs(300)).await.unwrap().forgotten_pay_links, 0);
+    queue.delete().await;
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_lapsed_lease_is_sent_again_at_the_next_sweep_whatever_the_threshold(pool: PgPool) {
     let queue = TestQueue::new().await;
