@@ -138,6 +138,14 @@ fn print_verified(signer: &str, payload: &Value, matched: &[Value]) {
         let used = metered["used"].as_u64().map_or("-".to_owned(), |u| u.to_string());
         println!("  metered   {used} used, at {} per {}", text("/metered/rate"), text("/metered/unit"));
     }
+    if payload.get("credit").is_some() {
+        let source = payload.pointer("/credit/sourceTask").and_then(Value::as_str).unwrap_or("a charge without a task");
+        println!(
+            "  credit    {} (owed for {source}: {}); the payment below paid for that",
+            text("/credit/id"),
+            text("/credit/reason")
+        );
+    }
     println!("  payer     {}", text("/payer"));
     println!("  tx        {}", text("/transaction"));
     match payload.get("delivery") {

@@ -51,6 +51,7 @@ fn receipt_of(output: &[u8], result: &serde_json::Value) -> ReceiptPayload {
         pay_to: "0x209693Bc6afc0C5328bA36FaF03C514EF312287C".into(),
         amount: "10000".into(),
         metered: None,
+        credit: None,
         delivery: Some(Delivery {
             status: "completed".into(),
             result_sha256: Some(result_sha256(result)),

@@ -90,6 +90,18 @@ pub fn paid_catalog_text(pay_to: &str, facilitator: &str, max_timeout_seconds: u
     )
 }
 
+/// The address of [`RECEIPT_KEY`], which [`config`] gives: what a
+/// catalog's `receipt_signer` publishes.
+pub fn receipt_signer() -> String {
+    reeve_shared::payments::offer_receipt::SellerKey::from_hex(RECEIPT_KEY).unwrap().address().to_checksum(None)
+}
+
+/// `catalog` (a [`paid_catalog_text`]) publishing [`receipt_signer`]: its
+/// deployment signs offers and receipts.
+pub fn signing_receipts(catalog: &str) -> String {
+    catalog.replacen("[payments]\n", &format!("[payments]\n        receipt_signer = \"{}\"\n", receipt_signer()), 1)
+}
+
 /// `kind`'s prices in a [`paid_catalog`]: a cent on Base mainnet first, then
 /// a cent on the local chain, so a client has to choose the local one.
 pub fn cent_on_mainnet_then_local(kind: &str) -> String {

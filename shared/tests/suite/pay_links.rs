@@ -69,7 +69,7 @@ fn catalog(pay_to: &str) -> String {
         "#
     );
     let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
-    common::paid_catalog_text(pay_to, &facilitator, 300, &tasks)
+    common::signing_receipts(&common::paid_catalog_text(pay_to, &facilitator, 300, &tasks))
 }
 
 /// The API and the MCP endpoint on one context, no worker: a paid task
@@ -284,6 +284,15 @@ async fn a_client_that_declares_url_elicitation_gets_a_pay_link_and_its_retry_an
     let before = balance(&payer.address).await;
     let task = shop.pay(&token, &payer).await;
     assert_eq!(balance(&payer.address).await, before - PRICE);
+
+    // Its signed receipt names what was paid for: the pay link.
+    let receipt = send(&shop.app, common::get_authed(&format!("/v1/tasks/{task}/receipt"), &shop.token)).await;
+    assert_eq!(receipt.status, StatusCode::OK, "{}", receipt.body);
+    let receipt: reeve_shared::payments::offer_receipt::Signed = serde_json::from_value(receipt.body).unwrap();
+    let signer = common::receipt_signer().parse().unwrap();
+    let receipt = reeve_shared::payments::offer_receipt::verify(&receipt, Some(signer)).unwrap().payload;
+    assert!(receipt["resourceUrl"].as_str().unwrap().ends_with("/v1/pay-link"), "{receipt}");
+    assert_eq!(receipt["payer"].as_str().map(str::to_ascii_lowercase), Some(payer.address.to_ascii_lowercase()));
 
     // The agent's retried call, with the same arguments: that task.
     for _ in 0..2 {

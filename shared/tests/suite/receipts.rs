@@ -28,7 +28,7 @@ use sqlx::PgPool;
 
 /// The development key's address (reeve.dev.toml's `receipt_signer`).
 fn signer() -> String {
-    SellerKey::from_hex(common::RECEIPT_KEY).unwrap().address().to_checksum(None)
+    common::receipt_signer()
 }
 
 fn decode(header: &str) -> Value {
@@ -73,11 +73,7 @@ fn catalog(pay_to: &str) -> String {
         type = "object"
     "#;
     let facilitator = std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into());
-    common::paid_catalog_text(pay_to, &facilitator, 300, tasks).replacen(
-        "max_timeout_seconds = 300",
-        &format!("max_timeout_seconds = 300\n        receipt_signer = \"{}\"", signer()),
-        1,
-    )
+    common::signing_receipts(&common::paid_catalog_text(pay_to, &facilitator, 300, tasks))
 }
 
 struct Shop {
@@ -281,6 +277,60 @@ async fn a_task_without_a_payment_of_its_own_has_no_receipt(pool: PgPool) {
     // Without a session: 401.
     let anonymous = send(&shop.app, Request::get("/v1/tasks/x/receipt").body(Body::empty()).unwrap()).await;
     assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    shop.queue.delete().await;
+}
+
+/// A task a credit paid for has a receipt too: scheme `credit`, naming the
+/// credit and the canceled task that left it, with the payer and the
+/// transaction of the payment the credit was owed for; the TypeScript
+/// package verifies it under the published signer.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_task_paid_with_a_credit_has_a_receipt_naming_the_credit_and_the_payment_behind_it(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let address: alloy_primitives::Address = signer().parse().unwrap();
+    let input = json!({"url": "http://127.0.0.1:1/credited"});
+
+    // Paid, then canceled before it ran: the Space holds a credit.
+    let asked = shop.create("fetch", &input, None).await;
+    assert_eq!(asked.status, StatusCode::PAYMENT_REQUIRED, "{}", asked.body);
+    let challenge = asked.headers["payment-required"].to_str().unwrap().to_owned();
+    let paid = shop.create("fetch", &input, Some(&payer.sign(&challenge).await)).await;
+    assert_eq!(paid.status, StatusCode::ACCEPTED, "{}", paid.body);
+    let canceled = paid.body["id"].as_str().unwrap().to_owned();
+    let settlement = decode(paid.headers["payment-response"].to_str().unwrap());
+    let cancel = post_json(&format!("/v1/tasks/{canceled}/cancel"), Some(&shop.token), &json!({}));
+    assert_eq!(send(&shop.app, cancel).await.status, StatusCode::OK);
+
+    // The next task of that price is paid by the credit, with no payment.
+    let credited = shop.create("fetch", &input, None).await;
+    assert_eq!(credited.status, StatusCode::ACCEPTED, "{}", credited.body);
+    assert!(credited.headers.get("payment-response").is_none(), "no settlement of its own");
+    let id = credited.body["id"].as_str().unwrap().to_owned();
+    let reply = shop.receipt(&id).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let signed: Signed = serde_json::from_value(reply.body).unwrap();
+    let receipt = offer_receipt::verify(&signed, Some(address)).unwrap().payload;
+    assert_eq!((receipt["task"].as_str(), receipt["scheme"].as_str()), (Some(id.as_str()), Some("credit")));
+    assert_eq!(receipt["amount"], "10000");
+    assert_eq!(receipt["transaction"], settlement["transaction"], "the payment the credit came from");
+    assert_eq!(receipt["payer"], settlement["payer"]);
+    assert_eq!(receipt["credit"]["sourceTask"], canceled.as_str());
+    assert_eq!(receipt["credit"]["reason"], "canceled");
+    let space = send(&shop.app, get_authed("/v1/space", &shop.token)).await.body;
+    assert_eq!(receipt["credit"]["id"], space["credits"][0]["id"], "the credit the Space lists: {space}");
+    assert_eq!(receipt["inputSha256"], offer_receipt::sha256_json(&input));
+
+    // The canceled task's own receipt still names its own payment.
+    let own: Signed = serde_json::from_value(shop.receipt(&canceled).await.body).unwrap();
+    let own = offer_receipt::verify(&own, Some(address)).unwrap().payload;
+    assert_eq!((own["scheme"].as_str(), own.get("credit")), (Some("exact"), None));
+
+    let checked = typescript_verifies(&json!({ "receipts": [signed] }));
+    let verified = &checked["receipts"][0];
+    assert_eq!((verified["ok"].as_bool(), verified["signer"].as_str()), (Some(true), Some(signer().as_str())));
+    assert_eq!(verified["payload"], receipt);
     shop.queue.delete().await;
 }
 

@@ -29,8 +29,9 @@ pub fn router() -> OpenApiRouter<Arc<TaskStatusContext>> {
 /// extension specifies: `{format: "jws", signature}`, a JWS (`ES256K`)
 /// whose `kid` is the key's `did:key`. Its payload (`ReceiptPayload`)
 /// names the task, its kind and the SHA-256 of its input, the amount
-/// charged (for a metered task its unit, rate and use), the network,
-/// transaction and payer, and, once the task has ended, the SHA-256 of its
+/// charged (for a metered task its unit, rate and use; for a task paid with
+/// a credit, scheme `credit`, the credit and the task that left it), the
+/// network, transaction and payer, and, once the task has ended, the SHA-256 of its
 /// result and of each output file. It is the seller's when the key's
 /// address is the catalog's `receipts.signer`; `reeve receipt verify FILE
 /// [--output FILE]…` checks that offline. The receipt is the same each time
@@ -49,7 +50,7 @@ pub fn router() -> OpenApiRouter<Arc<TaskStatusContext>> {
         (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
         (status = 404, body = ErrorEnvelope,
             description = "`task_not_found`: no such task in this Space (or not a task id at all). \
-                `no_receipt`: the task has no receipt: it was free or paid with a credit, a metered task has not \
+                `no_receipt`: the task has no receipt: it was free, a metered task has not \
                 been charged (yet, or at all: it used nothing, failed or was canceled), or this deployment signs \
                 no receipts; the message says which."),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),

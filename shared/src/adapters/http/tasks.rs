@@ -172,7 +172,8 @@ pub(super) struct Accepted {
         (status = 202, description = "The task is queued (or was, for a replayed `Idempotency-Key` or \
             payment). When a payment paid for it, a `PAYMENT-RESPONSE` header carries base64 JSON \
             `{success, transaction, network, payer}`: the settlement of this request, or, sent again, the \
-            receipt stored when it was paid; a task paid with a credit has none. Where the seller signs \
+            receipt stored when it was paid; a task paid with a credit has none (its receipt, scheme \
+            `credit`, is at `GET /v1/tasks/{task}/receipt`). Where the seller signs \
             receipts, its `extensions[\"offer-receipt\"].info.receipt` is the task's signed receipt (as \
             `GET /v1/tasks/{task}/receipt` answers it).",
             body = Accepted,

@@ -195,7 +195,8 @@ pub struct ReceiptPayload {
     pub payer: String,
     /// Unix seconds: when it was paid, or, once the task ended, when it ended.
     pub issued_at: u64,
-    /// The settlement's transaction hash.
+    /// The settlement's transaction hash (for a task paid with a credit,
+    /// the payment's the credit came from).
     pub transaction: String,
     /// The task paid for.
     pub task: String,
@@ -203,7 +204,8 @@ pub struct ReceiptPayload {
     /// SHA-256 (hex) of the task's input as canonical JSON (keys sorted,
     /// no whitespace).
     pub input_sha256: String,
-    /// `exact` or `upto`.
+    /// `exact` or `upto`; `credit` for a task paid with a credit, whose
+    /// `credit` says which.
     pub scheme: String,
     /// The token contract.
     pub asset: String,
@@ -214,9 +216,29 @@ pub struct ReceiptPayload {
     /// units per unit), within the `authorized` ceiling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metered: Option<MeteredCharge>,
+    /// A task paid with a credit: the credit, and the task whose failure
+    /// left it. The payment fields (`payer`, `transaction`, `payTo`) then
+    /// name the payment the credit was first owed for, followed back
+    /// through credits that paid for tasks which failed in turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credit: Option<CreditSpent>,
     /// Proof of delivery, once the task has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<Delivery>,
+}
+
+/// The credit that paid for a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreditSpent {
+    /// The credit's id (`GET /v1/space` lists it).
+    pub id: String,
+    /// The paid task that ended without doing its work; absent for a
+    /// charge whose task could no longer be created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_task: Option<String>,
+    /// Why it was owed: that task's error code.
+    pub reason: String,
 }
 
 /// How a metered task's charge was counted.
@@ -487,6 +509,7 @@ mod tests {
             pay_to: "0x209693Bc6afc0C5328bA36FaF03C514EF312287C".into(),
             amount: "10000".into(),
             metered: None,
+            credit: None,
             delivery: None,
         }
     }

@@ -3,7 +3,8 @@
 //! ([`SellerKey`]).
 //!
 //! No receipt is stored: one is made from the task's row and its payment
-//! (which keeps the resource it paid for) each time it is asked for (`GET /v1/tasks/{id}/receipt`, a paid
+//! (which keeps the resource it paid for), or the credit that paid for it,
+//! each time it is asked for (`GET /v1/tasks/{id}/receipt`, a paid
 //! create's `PAYMENT-RESPONSE`, MCP's `_meta`). Signatures are
 //! deterministic and `issuedAt` is a stored time (when it was paid; once
 //! the task has ended, when it ended), so the same task answers the same
@@ -18,8 +19,8 @@ use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
 use crate::domain::payments::MeteredPayment;
 use crate::domain::payments::offer_receipt::{
-    DeliveredFile, Delivery, MeteredCharge, PAYLOAD_VERSION, ReceiptPayload, SellerKey, Signed, result_sha256,
-    sha256_json,
+    CreditSpent, DeliveredFile, Delivery, MeteredCharge, PAYLOAD_VERSION, ReceiptPayload, SellerKey, Signed,
+    result_sha256, sha256_json,
 };
 
 /// Why a task of this Space has no receipt.
@@ -27,7 +28,7 @@ use crate::domain::payments::offer_receipt::{
 pub enum NoReceipt {
     /// This deployment signs no receipts (no `receipt_signer`).
     Unsigned,
-    /// Free, or paid with a credit: no payment of its own.
+    /// Free: no payment, no credit.
     NotPaid,
     /// A metered task not charged (yet, or ever: it used nothing, failed,
     /// or was canceled).
@@ -38,7 +39,7 @@ impl NoReceipt {
     pub fn message(self) -> &'static str {
         match self {
             NoReceipt::Unsigned => "this deployment signs no receipts (its catalog publishes no receipt_signer)",
-            NoReceipt::NotPaid => "the task was not paid with a payment of its own (it is free, or a credit paid it)",
+            NoReceipt::NotPaid => "the task was free: neither a payment nor a credit paid for it",
             NoReceipt::NotCharged => "the metered task has not been charged: its receipt comes once a charge is proven",
         }
     }
@@ -86,13 +87,76 @@ pub async fn signed_receipt(
     .bind(space.as_bytes())
     .fetch_optional(db)
     .await?;
-    let Some(row) = row else { return Ok(None) };
+    let Some(mut row) = row else { return Ok(None) };
     let Some(key) = key else { return Ok(Some(Err(NoReceipt::Unsigned))) };
-    Ok(Some(payload(row, space, task, resource_url).map(|payload| key.sign(&payload))))
+    let mut credit = None;
+    if row.network.is_none() && row.payment.is_none() {
+        credit = credit_paid(db, task).await?;
+        if let Some(paid) = &credit {
+            row.network = Some(paid.network.clone());
+            row.payer = Some(paid.payer.clone());
+            row.amount = Some(paid.amount.clone());
+            row.asset = Some(paid.asset.clone());
+            row.transaction = paid.transaction.clone();
+            row.pay_to = paid.pay_to.clone();
+            row.paid_at = Some(paid.spent_at);
+        }
+    }
+    let credit = credit.map(|paid| CreditSpent {
+        id: paid.credit.to_string(),
+        source_task: paid.source_task.map(|task| task.to_string()),
+        reason: paid.reason,
+    });
+    Ok(Some(payload(row, credit, space, task, resource_url).map(|payload| key.sign(&payload))))
+}
+
+/// The credit that paid for a task, and the payment that money came from.
+#[derive(sqlx::FromRow)]
+struct CreditPaid {
+    credit: Id,
+    source_task: Option<Id>,
+    reason: String,
+    network: String,
+    asset: String,
+    amount: String,
+    spent_at: OffsetDateTime,
+    payer: String,
+    transaction: Option<String>,
+    pay_to: Option<String>,
+}
+
+/// The credit `task` spent (not one it spent on its own re-run: then its
+/// own payment paid), with the payer, transaction and recipient of the
+/// payment it was owed for. A credit owed for a task that a credit paid in
+/// turn is followed back to the payment at the start of that chain.
+async fn credit_paid(db: &PgPool, task: Id) -> Result<Option<CreditPaid>, sqlx::Error> {
+    sqlx::query_as(
+        "WITH RECURSIVE chain (first, source_task, source_attempt, depth) AS (
+             SELECT c.id, c.source_task, c.source_attempt, 1
+               FROM credits c WHERE c.spent_by = $1 AND c.source_task IS DISTINCT FROM $1
+             UNION ALL
+             SELECT chain.first, c.source_task, c.source_attempt, chain.depth + 1
+               FROM chain JOIN credits c ON c.spent_by = chain.source_task AND c.source_task IS DISTINCT FROM c.spent_by
+              WHERE chain.depth < 64)
+         SELECT f.id AS credit, f.source_task, f.reason, f.network, f.asset, f.amount, f.spent_at,
+                coalesce(p.payer, a.payer) AS payer, coalesce(p.transaction, a.transaction) AS transaction,
+                coalesce(p.pay_to, a.pay_to) AS pay_to
+           FROM chain
+           JOIN credits f ON f.id = chain.first
+           LEFT JOIN payments p ON p.task_id = chain.source_task
+           LEFT JOIN payment_attempts a ON a.id = chain.source_attempt
+          WHERE (p.task_id IS NOT NULL OR a.id IS NOT NULL) AND f.spent_at IS NOT NULL
+          ORDER BY chain.depth
+          LIMIT 1",
+    )
+    .bind(task)
+    .fetch_optional(db)
+    .await
 }
 
 fn payload(
     row: Row,
+    credit: Option<CreditSpent>,
     space: &SpaceIndex,
     task: Id,
     resource_url: &(dyn Fn(&str) -> String + Sync),
@@ -120,11 +184,17 @@ fn payload(
         task: task.to_string(),
         kind: row.kind,
         input_sha256: sha256_json(&row.input.0),
-        scheme: if metered.is_some() { "upto" } else { "exact" }.to_owned(),
+        scheme: match (&credit, &metered) {
+            (Some(_), _) => "credit",
+            (None, Some(_)) => "upto",
+            (None, None) => "exact",
+        }
+        .to_owned(),
         asset,
         pay_to: row.pay_to.unwrap_or_default(),
         amount,
         metered: metered.map(|m| MeteredCharge { unit: m.unit, rate: m.rate, used: m.used, authorized: m.authorized }),
+        credit,
         delivery,
     })
 }
