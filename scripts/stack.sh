@@ -135,8 +135,11 @@ ensure_venv() {
     echo "$VENV_DIR" >"$VENV_DIR/.reeve-path"
   fi
   log "installing Python tools from scripts/requirements.txt (a minute or two the first time)"
+  # --no-compile: Python compiles each module when it is first imported, so
+  # only what the tools use is compiled, not every file of every package
+  # (botocore, moto) while scripts/test.sh builds the workspace beside it.
   if ! "$VENV_DIR/bin/python" -m pip install -q --disable-pip-version-check \
-        --no-input -r "$REQS" >"$piplog" 2>&1; then
+        --no-input --no-compile -r "$REQS" >"$piplog" 2>&1; then
     tail -n 30 "$piplog" >&2
     die "pip install failed; full log in $piplog"
   fi
