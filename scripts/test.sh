@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The test command: start the local stack (while the bare run's lint gates,
-# fmt and clippy, run), load .env, build and run the workspace tests, the
+# The test command: start the local stack (while the bare run's format
+# check and its one build, clippy linting inside it, run), load .env, run
+# the workspace tests, the
 # README's cargo lambda watch loop (scripts/watch-check.sh), the
 # API fuzz run (scripts/api-fuzz.sh), the browser console test
 # (scripts/console-test.sh), the official MCP clients and the MCP
 # conformance suite (scripts/mcp-clients.sh), and the SAM checks (scripts/sam-check.sh:
 # validate, the translated-template lint and `sam build` with the quick
 # profile, in the background while the tests run; then cargo lambda deploy
-# to moto and local invoke).
+# to moto and local invoke, beside the phases after the tests).
 #   scripts/test.sh [extra cargo test args...]
 # With extra arguments (a filtered run) only the cargo tests run;
 # REEVE_SKIP_SAM_CHECK=1 skips the SAM checks. CI runs it without arguments.
@@ -104,10 +105,17 @@ if ((sam_check)); then
   # per-function clippy run; quick profile, see scripts/sam-check.sh) runs
   # while the tests run: at nice 19 it takes only the CPU the tests leave
   # idle (they mostly wait on the chain, the queue and the browser). The
-  # debug build comes first, so the two builds do not share the CPU.
+  # debug build comes first, so the two builds do not share the CPU. Its
+  # second half (cargo lambda deploy to moto, and sam local invoke of every
+  # function) needs the bootstraps, and waits for the cargo tests to end
+  # ($sam_go), whose timing bounds a busy machine would stretch; it then runs
+  # beside the phases that drive `reeve serve` from outside.
   sam_log=$(mktemp)
+  sam_go=$(mktemp -u)
   (export SAM_CHECK_PROFILE=quick; unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
-   timed sam-check-build nice -n 19 bash scripts/sam-check.sh validate lint build) >"$sam_log" 2>&1 &
+   timed sam-check-build nice -n 19 bash scripts/sam-check.sh validate lint build || exit
+   while [[ ! -e $sam_go ]]; do sleep 1; done
+   timed sam-check-invoke bash scripts/sam-check.sh deploy invoke) >"$sam_log" 2>&1 &
   sam_pid=$!
 fi
 # Six tests at a time, not one per core: the suites mostly wait (a block
@@ -121,6 +129,7 @@ if (($# == 0)); then
 else
   timed cargo-test cargo test --workspace --locked --no-fail-fast "$@" || { r=$?; ((rc)) || rc=$r; }
 fi
+if ((sam_check)); then touch "$sam_go"; fi
 # The README's `cargo lambda watch` loop, on the functions the build above
 # made; then phases that drive a real `reeve serve` from outside, each on a
 # database and a queue of its own: schemathesis against the OpenAPI
@@ -136,14 +145,8 @@ if ((sam_check)); then
   sam_rc=0
   wait "$sam_pid" || sam_rc=$?
   cat "$sam_log" >&2
-  rm -f "$sam_log"
-  if ((sam_rc == 0)); then
-    # The second half needs the bootstraps: cargo lambda deploy to moto, and
-    # sam local invoke of every function.
-    timed sam-check-invoke bash scripts/sam-check.sh deploy invoke || { r=$?; ((rc)) || rc=$r; }
-  else
-    ((rc)) || rc=$sam_rc
-  fi
+  rm -f "$sam_log" "$sam_go"
+  ((rc)) || rc=$sam_rc
 else
   log "skipping scripts/sam-check.sh (filtered run or REEVE_SKIP_SAM_CHECK=1)"
 fi
