@@ -57,6 +57,12 @@ async fn wait_past(deadline: u64) {
 }
 
 /// A mined transaction's receipt status (`0x1` succeeded, `0x0` reverted).
+/// The queue window of the tests that wait for a signed deadline to pass:
+/// short, so they wait little, but 6 s above the 10 s the create requires,
+/// so a payer signing on a busy machine (a Python process per signature)
+/// is not refused `deadline_too_short` first (2 s above was, under CI load).
+const SHORT_QUEUE: u32 = 16;
+
 async fn receipt_status(transaction: &str) -> Value {
     rpc("eth_getTransactionReceipt", json!([transaction])).await["status"].clone()
 }
@@ -139,7 +145,7 @@ async fn a_slow_first_settle_that_pays_and_a_second_that_reverts_charge_once_and
 async fn a_facilitator_naming_another_tasks_transaction_is_not_believed_and_the_nonce_decides_once(pool: PgPool) {
     let chain = ChainLock::shared().await;
     let scripted = ScriptedFacilitator::start(&shared_facilitator()).await;
-    let shop = Shop::settling_through(&pool, 12, &scripted.url).await;
+    let shop = Shop::settling_through(&pool, SHORT_QUEUE, &scripted.url).await;
     let payer = Payer::new(&chain, FUNDS).await;
     payer.approve_permit2(&chain, u128::MAX).await;
     let site = file_of(2048).await;
@@ -242,7 +248,7 @@ async fn pull(chain: &ChainLock, payer: &Payer, how: Pull, signature: &str) {
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_payer_who_pulls_its_money_during_the_run_is_charged_nothing_and_gets_nothing(pool: PgPool) {
     let chain = ChainLock::shared().await;
-    let shop = Shop::settling_through(&pool, 12, &shared_facilitator()).await;
+    let shop = Shop::settling_through(&pool, SHORT_QUEUE, &shared_facilitator()).await;
     let worker = Arc::new(shop.worker().await);
     let cases = [
         (Pull::RevokeApproval, "authorization_expired", FUNDS),
