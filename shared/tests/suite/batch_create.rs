@@ -38,7 +38,7 @@ fn facilitator_url() -> String {
 }
 
 /// Two kinds paid per task by batch settlement in the local token.
-fn catalog(pay_to: &str) -> String {
+fn catalog(pay_to: &str, facilitator: &str) -> String {
     let kind = |name: &str, price: u128| {
         format!(
             r#"
@@ -72,7 +72,6 @@ version = "2"
 {job}
 {big}
 "#,
-        facilitator = facilitator_url(),
         token = chain::TOKEN,
         job = kind("job", PRICE),
         big = kind("big", BIG),
@@ -92,11 +91,17 @@ struct Shop {
 
 impl Shop {
     async fn new(pool: &PgPool) -> Shop {
+        Shop::with(pool, &chain::fresh_address(), &facilitator_url(), &chain::rpc_url()).await
+    }
+
+    /// A shop selling to `pay_to` through `facilitator`, reading the chain
+    /// at `rpc`.
+    async fn with(pool: &PgPool, pay_to: &str, facilitator: &str, rpc: &str) -> Shop {
         let queue = TestQueue::new().await;
-        let pay_to = chain::fresh_address();
-        let config = common::with_catalog(common::config(pool), &catalog(&pay_to))
+        let pay_to = pay_to.to_owned();
+        let config = common::with_catalog(common::config(pool), &catalog(&pay_to, facilitator))
             .with(settings::QUEUE_URL, &queue.url)
-            .with(CHAIN_RPC_URLS, chain::chain_rpc_urls());
+            .with(CHAIN_RPC_URLS, chain::chain_rpc_urls_at(rpc));
         let app = app(common::api(&config).await);
         let token = new_session(&app).await.1;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -400,4 +405,40 @@ async fn the_official_client_pays_tasks_over_one_channel_one_deposit_then_vouche
         sqlx::query_as("SELECT amount, asset FROM credits").fetch_all(&pool).await.unwrap();
     assert_eq!(credits, [(PRICE.to_string(), chain::TOKEN.to_owned())]);
     shop.queue.delete().await;
+}
+
+/// While the facilitator and the chain are out of reach, vouchers go on
+/// being taken on Reeve's own check, as long as its last read of the
+/// channel is recent enough; then `503 chain_unavailable`, nothing charged.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn vouchers_are_taken_without_facilitator_or_chain_within_the_staleness_bound_then_503(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let channel = Channel::of(&payer, &shop.pay_to);
+    let opened = shop.official_client_creates(&payer, 2, "a").await;
+    assert!(opened.iter().all(|c| c["status"] == 202), "{opened:?}");
+
+    // The same seller, with its facilitator and its chain endpoint down
+    // (nothing listens on port 1).
+    let cut = Shop::with(&pool, &shop.pay_to, "http://127.0.0.1:1", "http://127.0.0.1:1").await;
+    let offer = cut.offer("job").await;
+    let taken = cut.create("job", &json!({"n": "b"}), Some(&channel.pay(&offer, 3 * PRICE))).await;
+    assert_eq!(taken.status, StatusCode::ACCEPTED, "{}", taken.body);
+    assert_eq!(cut.tasks().await, 3);
+
+    // Reeve's read of the channel grows older than the bound.
+    sqlx::query("UPDATE batch_channels SET read_at = now() - interval '61 seconds'").execute(&pool).await.unwrap();
+    let late = cut.create("job", &json!({"n": "c"}), Some(&channel.pay(&offer, 4 * PRICE))).await;
+    assert_eq!(late.status, StatusCode::SERVICE_UNAVAILABLE, "{}", late.body);
+    assert_eq!(late.code(), "chain_unavailable");
+    assert_eq!(cut.tasks().await, 3, "nothing charged, no task");
+    assert_eq!(cut.charged(&channel.id()).await, 3 * PRICE);
+
+    // The chain back: the same voucher is taken.
+    let back = shop.create("job", &json!({"n": "c"}), Some(&channel.pay(&offer, 4 * PRICE))).await;
+    assert_eq!(back.status, StatusCode::ACCEPTED, "{}", back.body);
+    assert_eq!(assert_channel_books(&pool, &channel.id()).await, 4 * PRICE);
+    shop.queue.delete().await;
+    cut.queue.delete().await;
 }
