@@ -7,6 +7,7 @@
 //! answered as the scheme says, with nothing charged.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use alloy_primitives::aliases::U40;
 use alloy_primitives::{Address, B256};
@@ -29,12 +30,20 @@ const PRICE: u128 = 1_000;
 /// A second kind's price, more than a first deposit (10 prices) holds.
 const BIG: u128 = 20_000;
 const FUNDS: u128 = 50_000;
-const AUTHORIZER: &str = "0x4444444444444444444444444444444444444444";
 const WITHDRAW_DELAY: u64 = 900;
 const CHAIN: u64 = 84532;
 
 fn facilitator_url() -> String {
     std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into())
+}
+
+/// The receiver authorizer's key: the test signs Reeve's claims with it.
+fn authorizer_key() -> SigningKey {
+    SigningKey::from_slice(&[0x42; 32]).unwrap()
+}
+
+fn authorizer() -> Address {
+    alloy_signer::utils::public_key_to_address(authorizer_key().verifying_key())
 }
 
 /// Two kinds paid per task by batch settlement in the local token.
@@ -59,7 +68,7 @@ amount = "{price}"
 [payments]
 pay_to = "{pay_to}"
 facilitator_url = "{facilitator}"
-batch_receiver_authorizer = "{AUTHORIZER}"
+batch_receiver_authorizer = "{authorizer:#x}"
 batch_withdraw_delay_seconds = {WITHDRAW_DELAY}
 
 [assets.local]
@@ -73,6 +82,7 @@ version = "2"
 {big}
 "#,
         token = chain::TOKEN,
+        authorizer = authorizer(),
         job = kind("job", PRICE),
         big = kind("big", BIG),
     )
@@ -166,7 +176,7 @@ impl Channel {
             payer: address,
             payerAuthorizer: address,
             receiver: pay_to.parse().unwrap(),
-            receiverAuthorizer: AUTHORIZER.parse().unwrap(),
+            receiverAuthorizer: authorizer(),
             token: chain::TOKEN.parse().unwrap(),
             withdrawDelay: U40::from(WITHDRAW_DELAY),
             salt: B256::ZERO,
@@ -227,6 +237,31 @@ sol! {
         bytes32 salt;
     }
     function initiateWithdraw(Config config, uint128 amount) external;
+
+    struct EscrowVoucher {
+        Config channel;
+        uint128 maxClaimableAmount;
+    }
+    struct VoucherClaim {
+        EscrowVoucher voucher;
+        bytes signature;
+        uint128 totalClaimed;
+    }
+    function getClaimBatchDigest(VoucherClaim[] voucherClaims) external view returns (bytes32);
+}
+
+impl Config {
+    fn of(config: &ChannelConfig) -> Config {
+        Config {
+            payer: config.payer,
+            payerAuthorizer: config.payerAuthorizer,
+            receiver: config.receiver,
+            receiverAuthorizer: config.receiverAuthorizer,
+            token: config.token,
+            withdrawDelay: config.withdrawDelay,
+            salt: config.salt,
+        }
+    }
 }
 
 /// The `402` a refused voucher answers: its code, and the challenge in
@@ -368,15 +403,7 @@ async fn the_official_client_pays_tasks_over_one_channel_one_deposit_then_vouche
     // the channel from before (within a minute) is still taken: the escrow
     // keeps it claimable for the withdraw delay (15 minutes here). Once
     // that read is too old, the channel is read again and buys nothing more.
-    let config = Config {
-        payer: channel.config.payer,
-        payerAuthorizer: channel.config.payerAuthorizer,
-        receiver: channel.config.receiver,
-        receiverAuthorizer: channel.config.receiverAuthorizer,
-        token: channel.config.token,
-        withdrawDelay: channel.config.withdrawDelay,
-        salt: channel.config.salt,
-    };
+    let config = Config::of(&channel.config);
     // Reeve read the channel just before the payer asked (on a busy channel
     // every minute).
     sqlx::query("UPDATE batch_channels SET read_at = now()").execute(&pool).await.unwrap();
@@ -441,4 +468,79 @@ async fn vouchers_are_taken_without_facilitator_or_chain_within_the_staleness_bo
     assert_eq!(assert_channel_books(&pool, &channel.id()).await, 4 * PRICE);
     shop.queue.delete().await;
     cut.queue.delete().await;
+}
+
+/// The claims that are due, the digest the receiver authorizer signs for
+/// them (the escrow's own `getClaimBatchDigest`), and the claim payload:
+/// sent through the facilitator's `/settle`, it claims exactly what the
+/// vouchers bought, and the `settle` payload then pays it to `payTo`.
+/// (Reeve's sweep does not run these yet; the test signs as the sweep will.)
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_claim_due_is_the_last_voucher_and_the_facilitator_claims_exactly_what_it_bought(pool: PgPool) {
+    use batch::claim;
+
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let channel = Channel::of(&payer, &shop.pay_to);
+    let paid = shop.official_client_creates(&payer, 3, "a").await;
+    assert!(paid.iter().all(|c| c["status"] == 202), "{paid:?}");
+
+    // Taken a moment ago, with 15 minutes of withdraw delay: not due within
+    // an hour's policy (a quarter of the delay is under four minutes away),
+    // due at once with none.
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(claim::due(&mut conn, Duration::from_secs(3600), 10).await.unwrap(), []);
+    let due = claim::due(&mut conn, Duration::ZERO, 10).await.unwrap();
+    assert_eq!(due.len(), 1, "{due:?}");
+    assert_eq!((due[0].ceiling, due[0].total), (3 * PRICE, 3 * PRICE));
+    assert_eq!(format!("{:#x}", due[0].channel_id), channel.id());
+
+    // The digest is the escrow's.
+    let signature: alloy_primitives::Bytes = due[0].signature.parse().unwrap();
+    let entry = VoucherClaim {
+        voucher: EscrowVoucher { channel: Config::of(&channel.config), maxClaimableAmount: 3 * PRICE },
+        signature: signature.clone(),
+        totalClaimed: 3 * PRICE,
+    };
+    let call = getClaimBatchDigestCall { voucherClaims: vec![entry] }.abi_encode();
+    let escrow = format!("{:#x}", batch::ESCROW);
+    let answer =
+        chain::rpc("eth_call", json!([{"to": escrow, "data": format!("0x{}", hex::encode(call))}, "latest"])).await;
+    let digest = claim::digest(CHAIN, &due);
+    assert_eq!(answer.as_str().unwrap(), format!("{digest:#x}"));
+
+    // Signed by the receiver authorizer, claimed and settled through the
+    // facilitator, as `@x402/evm`'s channel manager sends them.
+    let (signed, recovery) = authorizer_key().sign_prehash_recoverable(digest.as_slice()).unwrap();
+    let mut bytes = signed.to_bytes().to_vec();
+    bytes.push(27 + recovery.to_byte());
+    let requirements = json!({
+        "scheme": "batch-settlement", "network": "eip155:84532", "asset": chain::TOKEN, "amount": "0",
+        "payTo": shop.pay_to, "maxTimeoutSeconds": 0, "extra": {},
+    });
+    let settle = |payload: Value| {
+        let body = json!({
+            "x402Version": 2,
+            "paymentPayload": {"x402Version": 2, "accepted": requirements, "payload": payload},
+            "paymentRequirements": requirements,
+        });
+        async move {
+            let answer =
+                reqwest::Client::new().post(format!("{}/settle", facilitator_url())).json(&body).send().await.unwrap();
+            answer.json::<Value>().await.unwrap()
+        }
+    };
+    let claimed = settle(claim::payload(&due, &format!("0x{}", hex::encode(bytes)))).await;
+    assert_eq!(claimed["success"], true, "{claimed}");
+    let chains = reeve_shared::payments::Chains::parse(&chain::chain_rpc_urls()).unwrap();
+    let on_chain = batch::read(chains.get("eip155:84532").unwrap(), channel.id().parse().unwrap()).await.unwrap();
+    assert_eq!((on_chain.balance, on_chain.total_claimed), (10 * PRICE, 3 * PRICE));
+    let moved = settle(json!({"type": "settle", "receiver": shop.pay_to, "token": chain::TOKEN})).await;
+    assert_eq!(moved["success"], true, "{moved}");
+    assert_eq!(chain::balance(&shop.pay_to).await, 3 * PRICE, "the seller has exactly what the vouchers bought");
+    // The payer can get back the rest, and no more.
+    assert_eq!(chain::balance(&payer.address).await, FUNDS - 10 * PRICE);
+    assert_eq!(on_chain.balance - on_chain.total_claimed, 7 * PRICE);
+    shop.queue.delete().await;
 }

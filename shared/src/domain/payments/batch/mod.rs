@@ -11,11 +11,13 @@
 //! that answers a refused voucher ([`resync`]), and paying at create
 //! ([`pay`]: a deposit settled through the facilitator, the voucher decided
 //! in the transaction that stores its task). The offer is `Scheme::Batch`,
-//! priced `scheme = "batch"` in the catalog. Not yet: claims and settlement
-//! (the vouchers wait in `batch_vouchers`, claimable until the payer
-//! withdraws), cooperative refunds.
+//! priced `scheme = "batch"` in the catalog. The claims that are due and
+//! what the receiver authorizer signs for them are in [`claim`], but nothing
+//! runs them yet: the vouchers wait in `batch_vouchers`, claimable until the
+//! payer withdraws. Not yet: claims in the sweep, cooperative refunds.
 
 pub mod channel;
+pub mod claim;
 pub mod escrow;
 #[cfg(feature = "api-tasks")]
 pub(crate) mod pay;
