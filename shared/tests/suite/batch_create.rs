@@ -19,7 +19,8 @@ use reeve_shared::http::app;
 use reeve_shared::ids::Id;
 use reeve_shared::payments::CHAIN_RPC_URLS;
 use reeve_shared::payments::batch::{self, ChannelConfig};
-use reeve_shared::settings;
+use reeve_shared::settings::{self, Config};
+use reeve_shared::startup;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -97,6 +98,7 @@ struct Shop {
     pay_to: String,
     queue: TestQueue,
     pool: PgPool,
+    config: Config,
 }
 
 impl Shop {
@@ -113,12 +115,13 @@ impl Shop {
             .with(settings::QUEUE_URL, &queue.url)
             .with(CHAIN_RPC_URLS, chain::chain_rpc_urls_at(rpc));
         let app = app(common::api(&config).await);
+        let config = config.clone();
         let token = new_session(&app).await.1;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let served = app.clone();
         tokio::spawn(async move { axum::serve(listener, served).await.unwrap() });
-        Shop { app, addr, token, pay_to, queue, pool: pool.clone() }
+        Shop { app, addr, token, pay_to, queue, pool: pool.clone(), config }
     }
 
     /// The official client, in a process of its own, creating `count` tasks
@@ -227,7 +230,7 @@ impl Channel {
 }
 
 sol! {
-    struct Config {
+    struct EscrowConfig {
         address payer;
         address payerAuthorizer;
         address receiver;
@@ -236,10 +239,10 @@ sol! {
         uint40 withdrawDelay;
         bytes32 salt;
     }
-    function initiateWithdraw(Config config, uint128 amount) external;
+    function initiateWithdraw(EscrowConfig config, uint128 amount) external;
 
     struct EscrowVoucher {
-        Config channel;
+        EscrowConfig channel;
         uint128 maxClaimableAmount;
     }
     struct VoucherClaim {
@@ -250,9 +253,9 @@ sol! {
     function getClaimBatchDigest(VoucherClaim[] voucherClaims) external view returns (bytes32);
 }
 
-impl Config {
-    fn of(config: &ChannelConfig) -> Config {
-        Config {
+impl EscrowConfig {
+    fn of(config: &ChannelConfig) -> EscrowConfig {
+        EscrowConfig {
             payer: config.payer,
             payerAuthorizer: config.payerAuthorizer,
             receiver: config.receiver,
@@ -278,8 +281,8 @@ fn refused(reply: &Reply, code: &str) -> Value {
 
 /// The books of one channel, to the unit: every voucher Reeve took is one
 /// task, each the previous ceiling plus that task's price; what Reeve counts
-/// the channel charged is the last ceiling; and the escrow holds all of it.
-/// Answers what was charged.
+/// the channel charged is the last ceiling; the escrow holds all of it, and
+/// has let nothing be claimed beyond it. Answers what was charged.
 async fn assert_channel_books(pool: &PgPool, channel: &str) -> u128 {
     let vouchers: Vec<(String, String, Option<Id>)> = sqlx::query_as(
         "SELECT ceiling::TEXT, price::TEXT, task_id FROM batch_vouchers WHERE channel_id = $1 ORDER BY ceiling",
@@ -307,7 +310,8 @@ async fn assert_channel_books(pool: &PgPool, channel: &str) -> u128 {
     assert_eq!(charged.parse::<u128>().unwrap(), total, "the channel is charged what its vouchers bought");
     let chains = reeve_shared::payments::Chains::parse(&chain::chain_rpc_urls()).unwrap();
     let on_chain = batch::read(chains.get("eip155:84532").unwrap(), channel.parse().unwrap()).await.unwrap();
-    assert!(on_chain.balance - on_chain.total_claimed >= total, "the escrow holds every unclaimed voucher");
+    assert!(on_chain.total_claimed <= total, "nothing is claimed beyond the vouchers");
+    assert!(on_chain.balance >= total, "the escrow holds what every voucher bought");
     total
 }
 
@@ -403,7 +407,7 @@ async fn the_official_client_pays_tasks_over_one_channel_one_deposit_then_vouche
     // the channel from before (within a minute) is still taken: the escrow
     // keeps it claimable for the withdraw delay (15 minutes here). Once
     // that read is too old, the channel is read again and buys nothing more.
-    let config = Config::of(&channel.config);
+    let config = EscrowConfig::of(&channel.config);
     // Reeve read the channel just before the payer asked (on a busy channel
     // every minute).
     sqlx::query("UPDATE batch_channels SET read_at = now()").execute(&pool).await.unwrap();
@@ -499,7 +503,7 @@ async fn the_claim_due_is_the_last_voucher_and_the_facilitator_claims_exactly_wh
     // The digest is the escrow's.
     let signature: alloy_primitives::Bytes = due[0].signature.parse().unwrap();
     let entry = VoucherClaim {
-        voucher: EscrowVoucher { channel: Config::of(&channel.config), maxClaimableAmount: 3 * PRICE },
+        voucher: EscrowVoucher { channel: EscrowConfig::of(&channel.config), maxClaimableAmount: 3 * PRICE },
         signature: signature.clone(),
         totalClaimed: 3 * PRICE,
     };
@@ -542,5 +546,45 @@ async fn the_claim_due_is_the_last_voucher_and_the_facilitator_claims_exactly_wh
     // The payer can get back the rest, and no more.
     assert_eq!(chain::balance(&payer.address).await, FUNDS - 10 * PRICE);
     assert_eq!(on_chain.balance - on_chain.total_claimed, 7 * PRICE);
+    shop.queue.delete().await;
+}
+
+/// The sweep, given the receiver authorizer's key, claims what the vouchers
+/// bought and has it paid to `payTo`, once: a second sweep finds the escrow
+/// claimed and sends nothing. A key of another address does not start.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_sweep_claims_what_the_vouchers_bought_and_pays_it_to_pay_to_once(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let channel = Channel::of(&payer, &shop.pay_to);
+    let paid = shop.official_client_creates(&payer, 3, "a").await;
+    assert!(paid.iter().all(|c| c["status"] == 202), "{paid:?}");
+
+    let config = shop
+        .config
+        .clone()
+        .with(settings::BATCH_AUTHORIZER_KEY, format!("0x{}", hex::encode([0x42u8; 32])))
+        .with(settings::BATCH_CLAIM_AFTER, "0");
+    let sweeper = startup::sweeper(&config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
+    for _ in 0..2 {
+        sweeper.sweep(Duration::from_secs(300)).await.unwrap();
+        let chains = reeve_shared::payments::Chains::parse(&chain::chain_rpc_urls()).unwrap();
+        let on_chain = batch::read(chains.get("eip155:84532").unwrap(), channel.id().parse().unwrap()).await.unwrap();
+        assert_eq!((on_chain.balance, on_chain.total_claimed), (10 * PRICE, 3 * PRICE));
+        assert_eq!(chain::balance(&shop.pay_to).await, 3 * PRICE, "paid what the vouchers bought, once");
+        let kept: String = sqlx::query_scalar("SELECT total_claimed::TEXT FROM batch_channels WHERE channel_id = $1")
+            .bind(channel.id())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(kept, (3 * PRICE).to_string());
+    }
+    assert_eq!(assert_channel_books(&pool, &channel.id()).await, 3 * PRICE);
+
+    let wrong = shop.config.clone().with(settings::BATCH_AUTHORIZER_KEY, format!("0x{}", hex::encode([0x11u8; 32])));
+    let refused = startup::sweeper(&wrong, &startup::sdk().await).await.map(|_| ()).unwrap_err().to_string();
+    assert!(refused.contains("REEVE_BATCH_AUTHORIZER_KEY is the key of"), "{refused}");
+    assert!(!refused.contains(&hex::encode([0x11u8; 32])), "the key is never shown: {refused}");
     shop.queue.delete().await;
 }

@@ -114,7 +114,7 @@ pub use reconcile::{Reconciled, reconcile};
 pub use run_check::{RunCheck, check_before_run, read_once as read_run_check};
 #[cfg(feature = "api-tasks")]
 pub use scheme::pay;
-#[cfg(feature = "chain")]
+#[cfg(all(feature = "chain", feature = "catalog"))]
 pub use scheme::sweep;
 pub use scheme::{Ended, Scheme, ended_without_work};
 #[cfg(feature = "catalog")]

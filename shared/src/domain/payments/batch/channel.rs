@@ -264,6 +264,22 @@ pub async fn record(
     Ok(())
 }
 
+/// Keeps what the escrow just said of a channel Reeve already keeps (the
+/// claimer reads each channel before and after it claims).
+pub async fn refresh(conn: &mut PgConnection, channel: &str, read: OnChain) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE batch_channels SET balance = $2::NUMERIC, total_claimed = $3::NUMERIC, \
+             withdraw_requested_at = $4, read_at = now() WHERE channel_id = $1",
+    )
+    .bind(channel)
+    .bind(read.balance.to_string())
+    .bind(read.total_claimed.to_string())
+    .bind(i64::try_from(read.withdraw_requested_at).unwrap_or(i64::MAX))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// The failure of [`decide`]: a refusal, or the database.
 #[derive(Debug, thiserror::Error)]
 pub enum DecideError {

@@ -11,12 +11,12 @@
 //! that answers a refused voucher ([`resync`]), and paying at create
 //! ([`pay`]: a deposit settled through the facilitator, the voucher decided
 //! in the transaction that stores its task). The offer is `Scheme::Batch`,
-//! priced `scheme = "batch"` in the catalog. The claims that are due and
-//! what the receiver authorizer signs for them are in [`claim`], but nothing
-//! runs them yet: the vouchers wait in `batch_vouchers`, claimable until the
-//! payer withdraws. Not yet: claims in the sweep, cooperative refunds.
+//! priced `scheme = "batch"` in the catalog. The sweep claims what the
+//! vouchers bought and has it paid to `payTo` ([`claim`]) where the sweeper
+//! is given the receiver authorizer's key. Not yet: cooperative refunds.
 
 pub mod channel;
+#[cfg(feature = "catalog")]
 pub mod claim;
 pub mod escrow;
 #[cfg(feature = "api-tasks")]

@@ -162,12 +162,13 @@ mod at_run {
     }
 }
 
-#[cfg(feature = "chain")]
+#[cfg(all(feature = "chain", feature = "catalog"))]
 mod in_sweep {
     use sqlx::PgPool;
     use tokio::time::Instant;
 
     use super::Scheme;
+    use crate::domain::payments::batch::claim::Claimer;
     use crate::domain::payments::chain::Chains;
     use crate::domain::payments::counter::Counter;
     use crate::domain::payments::reconcile::{self, Reconciled};
@@ -176,17 +177,25 @@ mod in_sweep {
         /// In every sweep, starting nothing after `until`: `exact` resolves
         /// from the chain the settlements whose outcome nobody learnt
         /// ([`reconcile::reconcile`]); an open `upto` capture is resumed by
-        /// the worker that delivers its task again, so it has nothing here.
+        /// the worker that delivers its task again, so it has nothing here;
+        /// `batch-settlement` claims what is due, where the sweeper has a
+        /// `claimer` (the receiver authorizer's key).
         pub async fn sweep<C: Counter>(
             self,
             db: &PgPool,
-            chains: &Chains,
+            (chains, claimer): (&Chains, Option<&Claimer>),
             counter: &C,
             until: Instant,
         ) -> Result<Reconciled, sqlx::Error> {
             match self {
                 Scheme::Exact => reconcile::reconcile(db, chains, counter, until).await,
-                Scheme::Upto | Scheme::Batch => Ok(Reconciled::default()),
+                Scheme::Upto => Ok(Reconciled::default()),
+                Scheme::Batch => {
+                    if let Some(claimer) = claimer {
+                        claimer.claim_due(db, chains, until).await?;
+                    }
+                    Ok(Reconciled::default())
+                }
             }
         }
     }
@@ -195,13 +204,13 @@ mod in_sweep {
     /// up.
     pub async fn sweep<C: Counter>(
         db: &PgPool,
-        chains: &Chains,
+        (chains, claimer): (&Chains, Option<&Claimer>),
         counter: &C,
         until: Instant,
     ) -> Result<Reconciled, sqlx::Error> {
         let mut report = Reconciled::default();
         for scheme in Scheme::ALL {
-            report += scheme.sweep(db, chains, counter, until).await?;
+            report += scheme.sweep(db, (chains, claimer), counter, until).await?;
         }
         Ok(report)
     }
@@ -209,5 +218,5 @@ mod in_sweep {
 
 #[cfg(feature = "api-tasks")]
 pub use at_create::pay;
-#[cfg(feature = "chain")]
+#[cfg(all(feature = "chain", feature = "catalog"))]
 pub use in_sweep::sweep;

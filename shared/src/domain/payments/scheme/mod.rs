@@ -9,11 +9,11 @@
 //! | [`Scheme::before_run`] | nothing: paid already | the chain read once ([`super::run_check`]) | nothing: paid already |
 //! | [`Scheme::at_end`] (a run's result) | nothing: paid already | capture and prove ([`super::capture`]) | nothing: paid already |
 //! | [`Scheme::ended_without_work`] | a credit, if owed (a voucher-paid task's too) | the authorization released | (in `exact`'s) |
-//! | [`Scheme::sweep`] | open settlements resolved ([`super::reconcile`]) | nothing: the worker resumes a capture | nothing yet: claims are not built |
+//! | [`Scheme::sweep`] | open settlements resolved ([`super::reconcile`]) | nothing: the worker resumes a capture | the claims due claimed and paid to `payTo` ([`super::batch::claim`]) |
 //!
 //! `batch-settlement` (issue 42, [`super::batch`]) is offered to a kind
-//! priced `scheme = "batch"`, and paid at create; its vouchers are not yet
-//! claimed by the sweeper.
+//! priced `scheme = "batch"`, paid at create, and claimed in the sweep
+//! where the sweeper holds the receiver authorizer's key.
 //!
 //! The declarations are here; the hooks, which call each scheme's module,
 //! are in `hooks.rs`, above every scheme. A new scheme is a variant here,
@@ -24,7 +24,7 @@ mod hooks;
 pub use hooks::ended_without_work;
 #[cfg(feature = "api-tasks")]
 pub use hooks::pay;
-#[cfg(feature = "chain")]
+#[cfg(all(feature = "chain", feature = "catalog"))]
 pub use hooks::sweep;
 
 /// An x402 payment scheme Reeve takes.
