@@ -25,7 +25,7 @@ use crate::domain::executors::service::ReportRefusal;
 use crate::domain::login_limits::{Action, Limited};
 use crate::domain::pay_links::PayLinkRefusal;
 use crate::domain::payments::challenge::Resource;
-use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse, UptoRefusal};
+use crate::domain::payments::{PayError, PaymentRequired, PaymentResponse, UptoRefusal, batch};
 use crate::domain::spaces::SpaceError;
 use crate::domain::tasks::{Limit, QuotaExceeded, SubmitError, UploadProblem};
 use crate::domain::uploads::CreateError;
@@ -49,6 +49,7 @@ fn every_pay_error() -> Vec<PayError> {
         network: "eip155:84532".into(),
         payer: String::new(),
         extensions: None,
+        extra: None,
     };
     let mut all = vec![
         PayError::Required(challenge("PAYMENT-SIGNATURE header is required")),
@@ -68,11 +69,15 @@ fn every_pay_error() -> Vec<PayError> {
         PayError::IdentifierConflict,
         PayError::IdempotencyConflict,
         PayError::FacilitatorUnavailable,
+        PayError::ChainUnavailable,
         PayError::Db(sqlx::Error::PoolTimedOut),
         PayError::Db(sqlx::Error::RowNotFound),
     ];
     for refusal in UptoRefusal::ALL {
         all.push(PayError::Refused { challenge: challenge(refusal.code()), refusal, detail: "3 s left".into() });
+    }
+    for refusal in every_voucher_refusal() {
+        all.push(PayError::Voucher { challenge: challenge(refusal.code()), refusal: Box::new(refusal) });
     }
     for e in &all {
         // No `_`: a new variant stops here until it is listed above.
@@ -90,8 +95,41 @@ fn every_pay_error() -> Vec<PayError> {
             | PayError::RequestInProgress
             | PayError::IdentifierConflict
             | PayError::IdempotencyConflict
+            | PayError::Voucher { .. }
             | PayError::FacilitatorUnavailable
+            | PayError::ChainUnavailable
             | PayError::Db(_) => {}
+        }
+    }
+    all
+}
+
+/// Every refusal of a batch-settlement voucher a client can be answered
+/// (`Unread` never is: the escrow is read, or `chain_unavailable`).
+fn every_voucher_refusal() -> Vec<batch::Refusal> {
+    let state = batch::ChannelState {
+        channel_id: format!("0x{}", "ab".repeat(32)),
+        charged: 2_000,
+        on_chain: batch::OnChain { balance: 4_000, total_claimed: 0, withdraw_requested_at: 0 },
+    };
+    let mut all: Vec<batch::Refusal> = ["receiver", "receiverAuthorizer", "token", "withdrawDelay", "channelId"]
+        .into_iter()
+        .map(batch::Refusal::WrongChannel)
+        .collect();
+    all.extend([
+        batch::Refusal::Signature(batch::SignatureError::Malformed),
+        batch::Refusal::NotNext { got: 1_000, expected: 3_000, state: state.clone() },
+        batch::Refusal::AboveBalance { ceiling: 5_000, balance: 4_000, state: state.clone() },
+        batch::Refusal::Withdrawing { at: 1_700_000_000, state },
+    ]);
+    for refusal in &all {
+        match refusal {
+            batch::Refusal::WrongChannel(_)
+            | batch::Refusal::Signature(_)
+            | batch::Refusal::NotNext { .. }
+            | batch::Refusal::AboveBalance { .. }
+            | batch::Refusal::Withdrawing { .. } => {}
+            batch::Refusal::Unread => unreachable!("never answered"),
         }
     }
     all

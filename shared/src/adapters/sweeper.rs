@@ -65,6 +65,7 @@ use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::Catalog;
 use crate::domain::ids::Id;
 use crate::domain::pay_links;
+use crate::domain::payments::batch::claim::Claimer;
 use crate::domain::payments::{self, Chains};
 use crate::domain::tasks::RETRIES_EXHAUSTED;
 use crate::domain::tasks::events::Publisher;
@@ -168,6 +169,9 @@ pub struct Sweeper {
     pub chains: Chains,
     /// The completion webhooks' sender, in AWS (see [`Sweeper::sweep_by`]).
     pub webhooks: Option<Sender>,
+    /// Claims what batch-settlement vouchers bought, where the sweeper is
+    /// given the receiver authorizer's key (`REEVE_BATCH_AUTHORIZER_KEY`).
+    pub batch_claims: Option<Claimer>,
 }
 
 /// A task row as the sweeper sees it.
@@ -287,7 +291,8 @@ impl Sweeper {
     /// queues the tasks that the charges found on chain paid for.
     async fn reconcile(&self, until: tokio::time::Instant, report: &mut SweepReport) -> Result<(), SweepError> {
         let shelf = tasks::Shelf { catalog: &self.catalog };
-        report.payments = payments::sweep(&self.db, &self.chains, &shelf, until).await?;
+        let chains = (&self.chains, self.batch_claims.as_ref());
+        report.payments = payments::sweep(&self.db, chains, &shelf, until).await?;
         for (id, kind) in std::mem::take(&mut report.payments.created) {
             // Not sent: the task is `queued`, and a later sweep's re-send
             // (after its threshold) finds it.

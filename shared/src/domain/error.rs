@@ -326,6 +326,7 @@ mod tasks {
                 PayError::Replayed(_) => "payment_replayed",
                 PayError::Invalid { .. } => "payment_invalid",
                 PayError::Refused { refusal, .. } => refusal.code(),
+                PayError::Voucher { refusal, .. } => refusal.code(),
                 PayError::Failed { .. } => "payment_failed",
                 PayError::NotSettled(_) => "payment_not_settled",
                 PayError::Pending { .. } => "payment_pending",
@@ -334,6 +335,7 @@ mod tasks {
                 PayError::IdentifierConflict => "payment_identifier_conflict",
                 PayError::IdempotencyConflict => "idempotency_conflict",
                 PayError::FacilitatorUnavailable => "facilitator_unavailable",
+                PayError::ChainUnavailable => "chain_unavailable",
                 PayError::Db(e) => Refusal::code(e),
             }
         }
@@ -346,6 +348,7 @@ mod tasks {
                 | PayError::Replayed(_)
                 | PayError::Invalid { .. }
                 | PayError::Refused { .. }
+                | PayError::Voucher { .. }
                 | PayError::Failed { .. }
                 | PayError::NotSettled(_) => ErrorKind::Payment,
                 PayError::Pending { .. }
@@ -353,7 +356,7 @@ mod tasks {
                 | PayError::RequestInProgress
                 | PayError::IdentifierConflict
                 | PayError::IdempotencyConflict => ErrorKind::Conflict,
-                PayError::FacilitatorUnavailable => ErrorKind::Unavailable,
+                PayError::FacilitatorUnavailable | PayError::ChainUnavailable => ErrorKind::Unavailable,
                 PayError::Db(e) => Refusal::kind(e),
             }
         }
@@ -371,6 +374,11 @@ mod tasks {
                 }
                 PayError::Invalid { reason, .. } => format!("the payment was refused: {reason}"),
                 PayError::Refused { refusal, detail, .. } => refusal.message(detail),
+                PayError::Voucher { refusal, .. } => format!(
+                    "the voucher was refused ({refusal}); nothing was charged. The challenge's batch-settlement offer \
+                     carries the channel as this server keeps it (channelState, voucherState): sign the next \
+                     voucher from there"
+                ),
                 PayError::Failed { reason, .. } => {
                     format!("the payment could not be settled ({reason}); nothing was charged and no task was created")
                 }
@@ -398,6 +406,11 @@ mod tasks {
                 PayError::FacilitatorUnavailable => {
                     "the payment facilitator is unavailable; nothing was charged; try again".into()
                 }
+                PayError::ChainUnavailable => {
+                    "the payment network could not be read to check the payment channel; nothing was charged; try \
+                     again"
+                        .into()
+                }
                 PayError::Db(e) => e.message(words),
             }
         }
@@ -418,6 +431,7 @@ mod tasks {
                 | PayError::NotSettled(c)
                 | PayError::Invalid { challenge: c, .. }
                 | PayError::Refused { challenge: c, .. }
+                | PayError::Voucher { challenge: c, .. }
                 | PayError::Failed { challenge: c, .. } => Some(c),
                 _ => None,
             }

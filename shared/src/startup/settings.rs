@@ -108,6 +108,13 @@ pub const EDGE_SECRET: &str = "REEVE_EDGE_SECRET";
 /// 64 hex digits, whose address the catalog publishes as `[payments]
 /// receipt_signer`. Read by task-create, task-status and mcp.
 pub const RECEIPT_KEY: &str = "REEVE_RECEIPT_KEY";
+/// The batch-settlement receiver authorizer's key (64 hex digits), whose
+/// address is the catalog's `[payments] batch_receiver_authorizer`: the
+/// sweeper signs its claims with it. Unset: vouchers are not claimed.
+pub const BATCH_AUTHORIZER_KEY: &str = "REEVE_BATCH_AUTHORIZER_KEY";
+/// How long a batch-settlement voucher may wait unclaimed at most, in
+/// seconds (default 3600; a quarter of the channel's withdraw delay caps it).
+pub const BATCH_CLAIM_AFTER: &str = "REEVE_BATCH_CLAIM_AFTER_SECONDS";
 /// Set by Lambda in every function's environment.
 const LAMBDA_FUNCTION_NAME: &str = "AWS_LAMBDA_FUNCTION_NAME";
 /// The variables that move S3 off AWS (a local server); the SDK reads them
@@ -587,6 +594,12 @@ pub fn worker_timeout<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> u32 {
 /// The sweep's threshold ([`SWEEP_OLDER_THAN`]), `default` when unset.
 pub fn sweep_older_than<F: Fn(&str) -> Option<String>>(env: &mut Env<F>, default: Duration) -> Duration {
     Duration::from_secs(env.number(SWEEP_OLDER_THAN, default.as_secs(), 0, 86_400 * 14))
+}
+
+/// How long a batch-settlement voucher may wait unclaimed at most
+/// ([`BATCH_CLAIM_AFTER`]): an hour unless set, 0 to 30 days.
+pub fn batch_claim_after<F: Fn(&str) -> Option<String>>(env: &mut Env<F>) -> Duration {
+    Duration::from_secs(env.number(BATCH_CLAIM_AFTER, 3600, 0, 86_400 * 30))
 }
 
 /// How completion webhooks are sent: [`WEBHOOK_TIMEOUT`] and

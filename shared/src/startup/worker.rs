@@ -259,6 +259,7 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     let queue_url = env.required(settings::QUEUE_URL);
     let max_attempts = settings::max_receives(&mut env);
     let older_than = settings::sweep_older_than(&mut env, crate::adapters::sweeper::DEFAULT_OLDER_THAN);
+    let claim_after = settings::batch_claim_after(&mut env);
     // In AWS the sweeper sends the completion webhooks: through the users'
     // client, as `fetch` reaches users' URLs.
     let webhook_settings = settings::webhook_settings(&mut env);
@@ -270,6 +271,7 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     // kind is still offered.
     let catalog = catalog_file(&config, &mut problems);
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
+    let batch_claims = batch_claimer(&config, catalog.as_ref(), claim_after, &mut problems);
     checked(problems)?;
     let database_url = database_url.expect("reported when missing");
     let db = postgres_lazily(&config, database_url.expose_str())?;
@@ -286,7 +288,52 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
         catalog: Arc::new(catalog.expect("reported when unreadable")),
         chains,
         webhooks: Some(webhooks),
+        batch_claims,
     })
+}
+
+#[cfg(feature = "sweeper")]
+/// The claimer of batch-settlement vouchers, from the receiver authorizer's
+/// key (`REEVE_BATCH_AUTHORIZER_KEY`), which must be the key of the
+/// catalog's `batch_receiver_authorizer`. No key: vouchers are not claimed
+/// (logged where the catalog takes them). The key's value is never part of
+/// a problem or a log line.
+fn batch_claimer(
+    config: &Config,
+    catalog: Option<&crate::domain::catalog::Catalog>,
+    after: Duration,
+    problems: &mut Vec<String>,
+) -> Option<crate::domain::payments::batch::claim::Claimer> {
+    use crate::domain::payments::batch::claim::Claimer;
+    let payments = catalog.and_then(|c| c.payments.as_ref());
+    let authorizer = payments.and_then(|p| p.batch_receiver_authorizer.as_deref());
+    let key = zeroize::Zeroizing::new(config.get(settings::BATCH_AUTHORIZER_KEY));
+    let (Some(payments), Some(authorizer), Some(key)) = (payments, authorizer, key.as_deref()) else {
+        if authorizer.is_some() {
+            tracing::warn!(
+                "{} is not set: batch-settlement vouchers are taken but not claimed",
+                settings::BATCH_AUTHORIZER_KEY
+            );
+        }
+        return None;
+    };
+    let facilitator =
+        crate::domain::payments::Facilitator::new(&payments.facilitator_url).map_err(|e| problems.push(e)).ok()?;
+    match Claimer::new(facilitator, key, after) {
+        Err(e) => {
+            problems.push(format!("{} {e}", settings::BATCH_AUTHORIZER_KEY));
+            None
+        }
+        Ok(claimer) if !format!("{:#x}", claimer.address()).eq_ignore_ascii_case(authorizer) => {
+            problems.push(format!(
+                "{} is the key of {:#x}, not of the catalog's [payments] batch_receiver_authorizer {authorizer}",
+                settings::BATCH_AUTHORIZER_KEY,
+                claimer.address()
+            ));
+            None
+        }
+        Ok(claimer) => Some(claimer),
+    }
 }
 
 #[cfg(all(feature = "poller", feature = "sweeper"))]
@@ -305,6 +352,8 @@ pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_ur
         // A long-lived worker sends them on its own, every second
         // ([`webhooks_beside`]), not at the sweep's pace.
         webhooks: None,
+        // Not claimed here yet: only the sweeper function is given the key.
+        batch_claims: None,
     }
 }
 

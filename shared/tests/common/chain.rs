@@ -302,7 +302,7 @@ impl Payer {
     /// Sends `data` to `to` as the payer: anvil sends it impersonated,
     /// after giving it the gas, so the chain sees exactly what the payer's
     /// own wallet would send.
-    async fn send(&self, _chain: &ChainLock, to: &str, data: &str) {
+    pub async fn send(&self, _chain: &ChainLock, to: &str, data: &str) {
         rpc("anvil_setBalance", json!([self.address, "0xde0b6b3a7640000"])).await;
         rpc("anvil_impersonateAccount", json!([self.address])).await;
         let hash = rpc("eth_sendTransaction", json!([{"from": self.address, "to": to, "data": data}])).await;

@@ -19,7 +19,7 @@ fn facilitator_url() -> String {
 
 /// Runs `node scripts/payments/<script> <args>` with `env`, off the runtime;
 /// answers its stdout, or fails the test with its stderr.
-async fn node(script: &str, args: Vec<String>, env: Vec<(&'static str, String)>) -> String {
+pub(crate) async fn node(script: &str, args: Vec<String>, env: Vec<(&'static str, String)>) -> String {
     let path = chain::root().join("scripts/payments").join(script);
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new("node")
@@ -139,7 +139,7 @@ mod seller {
     use alloy_sol_types::SolStruct;
     use reeve_shared::ids::Id;
     use reeve_shared::payments::batch::{
-        self, ChannelConfig, Decision, OnChain, Refusal, SignatureError, Terms, VoucherIn,
+        self, ChannelConfig, Decision, OnChain, Purchase, Refusal, SignatureError, Terms, VoucherIn,
     };
     use sqlx::PgPool;
 
@@ -237,34 +237,49 @@ mod seller {
         task
     }
 
+    const SPACE: [u8; 16] = [7; 16];
+    const REQUEST: [u8; 32] = [9; 32];
+
+    /// Who buys in these tests: one Space, one request.
+    fn purchase() -> Purchase<'static> {
+        Purchase { space: &SPACE, request_hash: &REQUEST, asset: "0x036CbD53842c5426634e7929541eC2318f3dCF7e" }
+    }
+
+    /// Records the voucher `decision` bought `task` with.
+    async fn record(pool: &PgPool, buyer: &Buyer, decision: Decision, task: Id) {
+        let Decision::Buys { channel, ceiling, .. } = decision else { panic!("{decision:?}") };
+        let signature = buyer.sign(&buyer.config, ceiling);
+        let mut conn = pool.acquire().await.unwrap();
+        batch::record(&mut conn, (&channel, ceiling), PRICE, &signature, (task, &purchase())).await.unwrap();
+    }
+
     /// `buyer` pays `n` tasks, each voucher the next one.
     async fn buy(pool: &PgPool, buyer: &Buyer, n: u128) {
         for i in 1..=n {
             let decision = decide(pool, buyer, &buyer.config, i * PRICE, Some(DEPOSITED)).await.unwrap();
-            let Decision::Buys { channel, ceiling } = decision else { panic!("{decision:?}") };
-            let signature = buyer.sign(&buyer.config, ceiling);
-            let mut conn = pool.acquire().await.unwrap();
-            batch::record(&mut conn, (&channel, ceiling), PRICE, &signature, task(pool).await).await.unwrap();
+            record(pool, buyer, decision, task(pool).await).await;
         }
+    }
+
+    /// Whether `decision` is the voucher sent again, answering `task` to
+    /// the Space and request that bought it.
+    fn again(decision: &Result<Decision, Refusal>, task: Id) -> bool {
+        matches!(decision, Ok(Decision::Again { task: Some(t), space, request_hash, .. })
+            if *t == task && space == &SPACE && request_hash == &REQUEST)
     }
 
     #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
     async fn a_voucher_buys_one_task_and_sent_again_finds_that_task_never_a_second(pool: PgPool) {
         let buyer = Buyer::new();
         let decision = decide(&pool, &buyer, &buyer.config, PRICE, Some(DEPOSITED)).await.unwrap();
-        let Decision::Buys { channel, ceiling } = decision else { panic!("{decision:?}") };
-        assert_eq!((channel.clone(), ceiling), (format!("{:#x}", buyer.config.id(CHAIN)), PRICE));
+        let Decision::Buys { channel, ceiling, on_chain } = &decision else { panic!("{decision:?}") };
+        assert_eq!((channel.clone(), *ceiling), (format!("{:#x}", buyer.config.id(CHAIN)), PRICE));
+        assert_eq!(*on_chain, DEPOSITED);
         let bought = task(&pool).await;
-        let signature = buyer.sign(&buyer.config, PRICE);
-        let mut conn = pool.acquire().await.unwrap();
-        batch::record(&mut conn, (&channel, ceiling), PRICE, &signature, bought).await.unwrap();
-        drop(conn);
+        record(&pool, &buyer, decision, bought).await;
         // Sent again, with or without a fresh read: the same task.
-        assert_eq!(decide(&pool, &buyer, &buyer.config, PRICE, None).await, Ok(Decision::Again { task: Some(bought) }));
-        assert_eq!(
-            decide(&pool, &buyer, &buyer.config, PRICE, Some(DEPOSITED)).await,
-            Ok(Decision::Again { task: Some(bought) })
-        );
+        assert!(again(&decide(&pool, &buyer, &buyer.config, PRICE, None).await, bought));
+        assert!(again(&decide(&pool, &buyer, &buyer.config, PRICE, Some(DEPOSITED)).await, bought));
         // The next voucher is the next price up.
         assert!(matches!(
             decide(&pool, &buyer, &buyer.config, 2 * PRICE, None).await,
@@ -349,6 +364,19 @@ mod seller {
         let answer = batch::resynchronising(&challenge, "eip155:84532", &foreign, None);
         assert_eq!(answer.error, "invalid_batch_settlement_evm_voucher_signature");
         assert!(answer.accepts[1].extra.channel_state.is_none());
+    }
+
+    /// A channel Reeve first sees with claims on it (its own, before a
+    /// database was restored) starts charged what was claimed: a voucher
+    /// below it could never be claimed.
+    #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+    async fn a_channel_first_seen_with_claims_on_it_starts_at_what_was_claimed(pool: PgPool) {
+        let buyer = Buyer::new();
+        let claimed = OnChain { balance: 4 * PRICE, total_claimed: 2 * PRICE, withdraw_requested_at: 0 };
+        let refused = decide(&pool, &buyer, &buyer.config, PRICE, Some(claimed)).await;
+        assert!(matches!(refused, Err(Refusal::NotNext { expected, .. }) if expected == 3 * PRICE), "{refused:?}");
+        let taken = decide(&pool, &buyer, &buyer.config, 3 * PRICE, Some(claimed)).await;
+        assert!(matches!(taken, Ok(Decision::Buys { ceiling, .. }) if ceiling == 3 * PRICE), "{taken:?}");
     }
 
     #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]

@@ -7,6 +7,7 @@ mod common;
 
 mod allow_lists;
 mod batch;
+mod batch_create;
 mod bulk;
 mod capture;
 mod catalog;

@@ -211,6 +211,8 @@ const NOT_SET_BY_THE_TEMPLATE: &[(&str, &str)] = &[
     ("REEVE_EDGE_SECRET", "auth and mcp are given REEVE_EDGE_SECRET_ARN, and only behind the edge"),
     ("REEVE_RECEIPT_KEY", "task create, task status and mcp are given REEVE_RECEIPT_KEY_SECRET_ARN, when signing"),
     ("REEVE_FACILITATOR_URL", "the local stack's override: production uses the catalog's facilitator_url"),
+    ("REEVE_BATCH_AUTHORIZER_KEY", "batch-settlement claims: not deployed yet (the sweeper is not given the key)"),
+    ("REEVE_BATCH_CLAIM_AFTER_SECONDS", "batch-settlement claims: not deployed yet, the default stands"),
     // The `reeve` client's, named in settings.rs beside the servers' ones:
     // read by the CLI on a user's machine, never by a deployed function.
     ("REEVE_ENDPOINT", "the client's: the deployment it talks to"),

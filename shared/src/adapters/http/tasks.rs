@@ -186,7 +186,8 @@ pub(super) struct Accepted {
             doc_400_json!(),
             " An `input` that is not an object is `invalid_request` too, the same code over MCP. ",
             "`invalid_idempotency_key`: not one header of 1 to 255 printable ASCII characters; ",
-            "`invalid_payment`: a `PAYMENT-SIGNATURE` that is not base64 JSON of an x402 v2 `exact` payment; ",
+            "`invalid_payment`: a `PAYMENT-SIGNATURE` that is not base64 JSON of an x402 v2 `exact`, `upto` or ",
+            "`batch-settlement` (a voucher or a deposit) payment; ",
             "`invalid_input`: a string (or key) anywhere in the input holds a NUL character, which cannot be ",
             "stored; the message names its JSON pointer. Checked before any upload or payment.")),
         (status = 401, description = doc_401_token!(), body = ErrorEnvelope),
@@ -205,6 +206,17 @@ pub(super) struct Accepted {
                 being used on chain). A metered (`upto`) payment may also be refused with \
                 `permit2_approval_required` (approve Permit2 once, or sign the offered EIP-2612 permit), \
                 `ceiling_too_low`, `deadline_too_short`, `wrong_spender`, `wrong_facilitator` or `wrong_pay_to`. \
+                A `batch-settlement` voucher may be refused with the codes `@x402/evm` gives the same refusal: \
+                `invalid_batch_settlement_evm_cumulative_amount_mismatch` (its ceiling is not what the channel was \
+                charged plus this task's price: the batch offer then carries `extra.channelState` and \
+                `extra.voucherState`, from which the official client signs again), \
+                `invalid_batch_settlement_evm_cumulative_exceeds_balance` (the channel's balance does not cover it), \
+                `invalid_batch_settlement_evm_voucher_signature` (not signed by the channel's payer or its \
+                authorizer), `invalid_batch_settlement_evm_receiver_mismatch`, \
+                `invalid_batch_settlement_evm_receiver_authorizer_mismatch`, \
+                `invalid_batch_settlement_evm_token_mismatch`, `invalid_batch_settlement_evm_withdraw_delay_mismatch` \
+                or `invalid_batch_settlement_evm_channel_id_mismatch` (a channel this server cannot claim from), or \
+                `batch_withdraw_requested` (the payer asked to withdraw the channel). \
                 None of them charges anything or creates a task.",
             headers(
                 ("PAYMENT-REQUIRED" = String,
@@ -247,6 +259,8 @@ pub(super) struct Accepted {
             "`facilitator_unavailable`: the payment facilitator could not be reached (or too little time was ",
             "left to ask it) before anything was settled: nothing was charged (an outcome that is not known is ",
             "`409 payment_pending` instead); ",
+            "`chain_unavailable`: a `batch-settlement` channel's balance could not be read from its network; ",
+            "nothing was charged; ",
             doc_503_db!())),
     ),
 )]
@@ -333,12 +347,17 @@ pub struct SubmitFailure {
 impl From<SubmitError> for SubmitFailure {
     fn from(e: SubmitError) -> Self {
         let error = ApiError::refused(&e);
-        // Refusals decided here, before any facilitator call; the ledger
-        // counts those that come back from the facilitator.
+        // Refusals decided here, before any facilitator call (a voucher is
+        // decided by Reeve alone); the ledger counts those that come back
+        // from the facilitator.
         let refused_early = matches!(
             e,
             SubmitError::Payment(
-                PayError::Malformed(_) | PayError::Mismatch(_) | PayError::Replayed(_) | PayError::IdentifierConflict
+                PayError::Malformed(_)
+                    | PayError::Mismatch(_)
+                    | PayError::Replayed(_)
+                    | PayError::IdentifierConflict
+                    | PayError::Voucher { .. }
             )
         );
         if refused_early {

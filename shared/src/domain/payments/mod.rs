@@ -5,7 +5,7 @@
 //!
 //! Module map:
 //! - [`scheme`]: the seam where schemes differ: [`Scheme`] (`exact`,
-//!   `upto`) and its hooks at create, before the run, at the end, when a
+//!   `upto`, `batch-settlement`) and its hooks at create, before the run, at the end, when a
 //!   task ends without its work, and in the sweep; [`pay`], the one call
 //!   that pays for a request or refuses, picks the scheme there. The
 //!   worker, the sweeper and the task transitions call those hooks, never
@@ -46,7 +46,8 @@
 //! - [`capture_proof`]: what proves a capture paid (a settle of its own
 //!   nonce and witness) or never to be paid (the nonce, past the deadline).
 //! - [`batch`]: x402 `batch-settlement`, the seller's side: vouchers checked
-//!   locally against each channel's running total (not yet offered).
+//!   locally against each channel's running total, a deposit settled
+//!   through the facilitator, and the task stored with its voucher.
 //!
 //! Nothing here names a task: the caller stores one through a [`Counter`].
 
@@ -113,7 +114,7 @@ pub use reconcile::{Reconciled, reconcile};
 pub use run_check::{RunCheck, check_before_run, read_once as read_run_check};
 #[cfg(feature = "api-tasks")]
 pub use scheme::pay;
-#[cfg(feature = "chain")]
+#[cfg(all(feature = "chain", feature = "catalog"))]
 pub use scheme::sweep;
 pub use scheme::{Ended, Scheme, ended_without_work};
 #[cfg(feature = "catalog")]
@@ -153,6 +154,11 @@ pub struct PaymentResponse {
     /// signed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<serde_json::Map<String, serde_json::Value>>,
+    /// `batch-settlement` only: what this payment charged (`chargedAmount`)
+    /// and the payer's channel after it (`channelState`), from which
+    /// `@x402/evm`'s client counts its next voucher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<serde_json::Value>,
 }
 
 impl PaymentResponse {
@@ -166,6 +172,7 @@ impl PaymentResponse {
             network: network.to_owned(),
             payer: payer.to_owned(),
             extensions: None,
+            extra: None,
         }
     }
 
@@ -178,7 +185,14 @@ impl PaymentResponse {
             network: network.to_owned(),
             payer: payer.to_owned(),
             extensions: None,
+            extra: None,
         }
+    }
+
+    /// Whether it answers a `batch-settlement` voucher (its `extra` carries
+    /// the channel): such a task's receipt is not signed yet.
+    pub fn is_voucher(&self) -> bool {
+        self.extra.as_ref().is_some_and(|extra| extra.get("channelState").is_some())
     }
 
     pub fn header_value(&self) -> String {

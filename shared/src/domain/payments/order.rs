@@ -16,7 +16,7 @@ use super::facilitator::Facilitator;
 use super::ledger::{self, Attempt, AttemptStatus, Credit, NewAttempt};
 use super::payload::{Payment, PaymentInput};
 use super::upto::UptoRefusal;
-use super::{PaymentResponse, chain};
+use super::{PaymentResponse, batch, chain};
 use crate::domain::ids::Id;
 use crate::domain::request::TaskRequest;
 
@@ -137,10 +137,19 @@ pub enum PayError {
     /// The `Idempotency-Key` was paid for with another request.
     #[error("idempotency key already used for a different request")]
     IdempotencyConflict,
+    /// A `batch-settlement` voucher that buys nothing (see
+    /// [`batch::Refusal`]; never [`batch::Refusal::Unread`]): nothing was
+    /// charged. The challenge tells the buyer where its channel stands.
+    #[error("voucher refused: {refusal}")]
+    Voucher { challenge: Box<PaymentRequired>, refusal: Box<batch::Refusal> },
     /// The facilitator could not be asked, or not in time; nothing was
     /// charged.
     #[error("facilitator unavailable")]
     FacilitatorUnavailable,
+    /// The payment's network could not be read (a `batch-settlement`
+    /// channel's balance); nothing was charged.
+    #[error("chain unavailable")]
+    ChainUnavailable,
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
 }

@@ -1,10 +1,12 @@
 //! The client's payment: the `PAYMENT-SIGNATURE` header, decoded and checked
 //! against what this task kind offers.
 //!
-//! Two schemes: `exact`, an EIP-3009 authorization of the price, and
-//! `upto`, a Permit2 `PermitWitnessTransferFrom` of a ceiling to x402's upto
-//! proxy, witnessing `payTo` and the facilitator (what `@x402/evm` and the
-//! Python SDK's upto clients sign). The document itself is kept as sent: it
+//! Three schemes: `exact`, an EIP-3009 authorization of the price,
+//! `batch-settlement`, a cumulative voucher on the payer's escrow channel
+//! (its payload read by [`super::batch::payload`]), and `upto`, a Permit2
+//! `PermitWitnessTransferFrom` of a ceiling to x402's upto proxy,
+//! witnessing `payTo` and the facilitator (what `@x402/evm` and the Python
+//! SDK's upto clients sign). The document itself is kept as sent: it
 //! goes to the facilitator verbatim, so fields this parser does not know
 //! survive (the `eip2612GasSponsoring` permit among them).
 //!
@@ -22,7 +24,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::batch::BatchPayload;
 use super::challenge::{Extra, PAYMENT_IDENTIFIER, PaymentRequirements, X402_VERSION};
+use super::scheme::Scheme;
 
 /// The longest header we decode: a real payment is well under 2 KiB.
 const MAX_HEADER_BYTES: usize = 16 * 1024;
@@ -48,6 +52,11 @@ pub struct Payment {
     pub valid_before: String,
     /// `Some` for an `upto` payment: what its Permit2 signature permits.
     pub upto: Option<Permit2Authorization>,
+    /// `Some` for a `batch-settlement` payment: its voucher, and the deposit
+    /// that funds the channel first if it carries one. Its `payer` is the
+    /// channel's, its `nonce` the voucher's channel and ceiling (what makes
+    /// it unique), and its `valid_before` `"0"`: a voucher does not expire.
+    pub batch: Option<BatchPayload>,
 }
 
 /// A payment as a client sent it: the `PAYMENT-SIGNATURE` header of an HTTP
@@ -252,8 +261,11 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
     if serde_json::to_vec(&document).map_or(true, |b| b.len() > MAX_HEADER_BYTES) {
         return Err(format!("the payment must be at most {MAX_HEADER_BYTES} bytes of JSON"));
     }
+    if document.pointer("/accepted/scheme").and_then(Value::as_str) == Some(Scheme::Batch.name()) {
+        return batch_document(document);
+    }
     let parsed: PaymentPayload = serde_json::from_value(document.clone())
-        .map_err(|_| "the payment is not an x402 v2 exact or upto payment".to_owned())?;
+        .map_err(|_| "the payment is not an x402 v2 exact, upto or batch-settlement payment".to_owned())?;
     if parsed.x402_version != X402_VERSION {
         return Err(format!("x402Version must be {X402_VERSION}"));
     }
@@ -302,14 +314,7 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
     {
         return Err("payload.signature must be 0x-prefixed hex".to_owned());
     }
-    let payment_id = match parsed.extensions.as_ref().and_then(|e| e.get(PAYMENT_IDENTIFIER)) {
-        None => None,
-        Some(ext) => match ext.pointer("/info/id") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(id)) if payment_identifier(id) => Some(id.clone()),
-            Some(_) => return Err(PAYMENT_IDENTIFIER_RULE.to_owned()),
-        },
-    };
+    let payment_id = payment_id(parsed.extensions.as_ref())?;
     // The hash names the payment: what was signed and the requirement it
     // pays, as parsed. The rest (`resource`, `extensions`, fields a client
     // adds or leaves out, nulls it writes or omits) is unsigned and
@@ -332,6 +337,59 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
         payer: payer.to_ascii_lowercase(),
         nonce,
         upto,
+        batch: None,
+        accepted: parsed.accepted,
+        document,
+        hash,
+        payment_id,
+    })
+}
+
+/// The `payment-identifier` extension's id, if the client sent one.
+fn payment_id(extensions: Option<&serde_json::Map<String, Value>>) -> Result<Option<String>, String> {
+    match extensions.and_then(|e| e.get(PAYMENT_IDENTIFIER)).map(|ext| ext.pointer("/info/id")) {
+        None | Some(None | Some(Value::Null)) => Ok(None),
+        Some(Some(Value::String(id))) if payment_identifier(id) => Ok(Some(id.clone())),
+        Some(Some(_)) => Err(PAYMENT_IDENTIFIER_RULE.to_owned()),
+    }
+}
+
+/// A `batch-settlement` payment: the envelope as for every scheme, its
+/// payload read by [`BatchPayload::parse`] (a voucher, or a deposit with
+/// its voucher; a refund is refused there: Reeve takes none yet).
+fn batch_document(document: Value) -> Result<Payment, String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Envelope {
+        x402_version: u32,
+        accepted: Accepted,
+        payload: Value,
+        #[serde(default)]
+        extensions: Option<serde_json::Map<String, Value>>,
+    }
+    let parsed: Envelope = serde_json::from_value(document.clone())
+        .map_err(|_| "the payment is not an x402 v2 batch-settlement payment".to_owned())?;
+    if parsed.x402_version != X402_VERSION {
+        return Err(format!("x402Version must be {X402_VERSION}"));
+    }
+    uint256("accepted.amount", &parsed.accepted.amount)?;
+    let batch = BatchPayload::parse(&parsed.payload).map_err(|why| format!("payload: {why}"))?;
+    let payment_id = payment_id(parsed.extensions.as_ref())?;
+    // Named by what was signed (the voucher, and a deposit's authorization)
+    // and the requirement it pays, as for the other schemes.
+    let paid = &parsed.accepted;
+    let named = serde_json::json!({
+        "accepted": [&paid.scheme, &paid.network, &paid.amount, paid.asset.to_ascii_lowercase(),
+                     paid.pay_to.to_ascii_lowercase(), paid.max_timeout_seconds],
+        "payload": &parsed.payload,
+    });
+    let hash: [u8; 32] = Sha256::digest(crate::infra::canonical_json::canonical_json(&named).as_bytes()).into();
+    Ok(Payment {
+        payer: format!("{:#x}", batch.config.payer),
+        nonce: format!("{:#x}/{}", batch.channel_id, batch.ceiling),
+        valid_before: "0".into(),
+        upto: None,
+        batch: Some(batch),
         accepted: parsed.accepted,
         document,
         hash,
@@ -384,6 +442,61 @@ mod tests {
         })
     }
 
+    /// A voucher payment as `@x402/evm`'s batch-settlement client sends it.
+    fn batch_sample() -> Value {
+        json!({
+            "x402Version": 2,
+            "accepted": {
+                "scheme": "batch-settlement", "network": "eip155:84532", "amount": "1000",
+                "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+                "payTo": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C", "maxTimeoutSeconds": 300,
+                "extra": {"name": "USDC", "version": "2", "receiverAuthorizer": "0x4444444444444444444444444444444444444444",
+                          "withdrawDelay": 3600}
+            },
+            "payload": {
+                "type": "voucher",
+                "channelConfig": {
+                    "payer": "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
+                    "payerAuthorizer": "0x70997970C51812dc3A010C7d01b50e0d17dc79C8",
+                    "receiver": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C",
+                    "receiverAuthorizer": "0x4444444444444444444444444444444444444444",
+                    "token": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+                    "withdrawDelay": 3600,
+                    "salt": "0x0000000000000000000000000000000000000000000000000000000000000000"
+                },
+                "voucher": {
+                    "channelId": "0x89e93206f45719853254dfac00e7e64433051107d8dd164742dc5ea75bff2fdd",
+                    "maxClaimableAmount": "3000",
+                    "signature": "0xa8c296c990c1a0fd6ded07352557562cb6977772c760eb0e92ebc854af578fe429ec0cbee3d2e866587c7b5443a4fe7a163bad16e4833436b2ca47c73ea1d4fe1b"
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn a_batch_settlement_payment_decodes_with_its_voucher_and_nothing_else_does() {
+        let p = decode(&encode(&batch_sample())).unwrap();
+        let batch = p.batch.as_ref().unwrap();
+        assert_eq!((batch.ceiling, batch.deposit.is_none()), (3000, true));
+        assert_eq!(p.payer, "0x70997970c51812dc3a010c7d01b50e0d17dc79c8");
+        assert_eq!(p.nonce, "0x89e93206f45719853254dfac00e7e64433051107d8dd164742dc5ea75bff2fdd/3000");
+        assert!(p.upto.is_none());
+        // A shape the batch reader does not know is named, not guessed.
+        let mut refund = batch_sample();
+        refund["payload"]["type"] = json!("refund");
+        assert_eq!(
+            decode(&encode(&refund)).unwrap_err(),
+            "payload: payload.type \"refund\" is not a voucher or a deposit"
+        );
+        // An exact payload under a batch-settlement `accepted` is not one.
+        let mut mixed = sample();
+        mixed["accepted"]["scheme"] = json!("batch-settlement");
+        assert_eq!(decode(&encode(&mixed)).unwrap_err(), "payload: type is missing");
+        // Nor is a batch payment an exact one, nor a header's batch voucher
+        // any other scheme's.
+        assert!(decode(&encode(&sample())).unwrap().batch.is_none());
+    }
+
     #[test]
     fn a_payment_decodes_with_its_payer_nonce_and_hash() {
         let p = decode(&encode(&sample())).unwrap();
@@ -422,7 +535,7 @@ mod tests {
                 edit(&|v| {
                     v.as_object_mut().unwrap().remove("payload");
                 }),
-                "not an x402 v2 exact or upto",
+                "not an x402 v2 exact, upto or batch-settlement",
             ),
             ("short nonce", edit(&|v| v["payload"]["authorization"]["nonce"] = json!("0x12")), "nonce"),
             ("bad payer", edit(&|v| v["payload"]["authorization"]["from"] = json!("alice")), "addresses"),

@@ -156,8 +156,11 @@ impl From<PayError> for SubmitError {
 /// the seller signs, a paid task's settlement carries its signed receipt.
 pub async fn submit(cx: &SubmitContext<'_>, s: Submission<'_>) -> Result<Submitted, SubmitError> {
     let mut submitted = submit_unsigned(cx, s).await?;
+    // A voucher's task has no signed receipt yet (its payment is a line of
+    // the channel, not a settlement of its own).
     if let (Some(key), Paid::Payment(settlement)) = (cx.seller, &mut submitted.paid)
         && settlement.success
+        && !settlement.is_voucher()
     {
         let space = s.request.space;
         match super::signed_receipt(cx.db, Some(key), space, submitted.task.id, &|_| s.resource_url.to_owned()).await {

@@ -72,9 +72,23 @@ pub struct ChannelState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// It buys the task: record it with [`record`] in the same transaction.
-    Buys { channel: String, ceiling: u128 },
-    /// It was accepted before: the task it bought (`None`: since deleted).
-    Again { task: Option<Id> },
+    /// `on_chain`: the escrow's state it was decided against.
+    Buys { channel: String, ceiling: u128, on_chain: OnChain },
+    /// It was accepted before: the task it bought (`None`: since deleted),
+    /// and who bought it ([`Purchase::space`], [`Purchase::request_hash`]):
+    /// only the same request from the same Space is answered that task;
+    /// anyone else is told where the channel stands (`state`).
+    Again { task: Option<Id>, space: Vec<u8>, request_hash: Vec<u8>, state: ChannelState },
+}
+
+/// Who a voucher buys for, and in what: recorded with it by [`record`].
+#[derive(Debug, Clone, Copy)]
+pub struct Purchase<'a> {
+    pub space: &'a [u8; 16],
+    /// The request's hash ([`crate::domain::request::TaskRequest::hash`]).
+    pub request_hash: &'a [u8; 32],
+    /// The token as the offer spells it: a credit the task leaves is in it.
+    pub asset: &'a str,
 }
 
 /// Why a voucher buys nothing. Every refusal but [`Refusal::Unread`] is
@@ -187,13 +201,20 @@ pub async fn decide(
     };
     let state = ChannelState { channel_id: channel.clone(), charged, on_chain };
 
-    let again = sqlx::query("SELECT task_id FROM batch_vouchers WHERE channel_id = $1 AND ceiling = $2::NUMERIC")
-        .bind(&channel)
-        .bind(voucher.ceiling.to_string())
-        .fetch_optional(&mut *conn)
-        .await?;
+    let again = sqlx::query(
+        "SELECT task_id, space_idx, request_hash FROM batch_vouchers WHERE channel_id = $1 AND ceiling = $2::NUMERIC",
+    )
+    .bind(&channel)
+    .bind(voucher.ceiling.to_string())
+    .fetch_optional(&mut *conn)
+    .await?;
     if let Some(row) = again {
-        return Ok(Decision::Again { task: row.try_get("task_id")? });
+        return Ok(Decision::Again {
+            task: row.try_get("task_id")?,
+            space: row.try_get("space_idx")?,
+            request_hash: row.try_get("request_hash")?,
+            state,
+        });
     }
     let expected = charged.saturating_add(price);
     if voucher.ceiling != expected {
@@ -208,27 +229,31 @@ pub async fn decide(
     if voucher.ceiling > on_chain.balance {
         return Err(Refusal::AboveBalance { ceiling: voucher.ceiling, balance: on_chain.balance, state }.into());
     }
-    Ok(Decision::Buys { channel, ceiling: voucher.ceiling })
+    Ok(Decision::Buys { channel, ceiling: voucher.ceiling, on_chain })
 }
 
-/// Records a voucher [`decide`] said buys `task`, in the same transaction:
-/// the channel's total becomes its ceiling.
+/// Records a voucher [`decide`] said buys `task` for `purchase`, in the
+/// same transaction: the channel's total becomes its ceiling.
 pub async fn record(
     conn: &mut PgConnection,
     (channel, ceiling): (&str, u128),
     price: u128,
     signature: &[u8],
-    task: Id,
+    (task, purchase): (Id, &Purchase<'_>),
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO batch_vouchers (channel_id, ceiling, price, signature, task_id) \
-         VALUES ($1, $2::NUMERIC, $3::NUMERIC, $4, $5)",
+        "INSERT INTO batch_vouchers \
+             (channel_id, ceiling, price, signature, task_id, space_idx, request_hash, asset) \
+         VALUES ($1, $2::NUMERIC, $3::NUMERIC, $4, $5, $6, $7, $8)",
     )
     .bind(channel)
     .bind(ceiling.to_string())
     .bind(price.to_string())
     .bind(format!("0x{}", hex::encode(signature)))
     .bind(task)
+    .bind(purchase.space.as_slice())
+    .bind(purchase.request_hash.as_slice())
+    .bind(purchase.asset)
     .execute(&mut *conn)
     .await?;
     sqlx::query("UPDATE batch_channels SET charged = $2::NUMERIC WHERE channel_id = $1")
@@ -236,6 +261,22 @@ pub async fn record(
         .bind(ceiling.to_string())
         .execute(&mut *conn)
         .await?;
+    Ok(())
+}
+
+/// Keeps what the escrow just said of a channel Reeve already keeps (the
+/// claimer reads each channel before and after it claims).
+pub async fn refresh(conn: &mut PgConnection, channel: &str, read: OnChain) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE batch_channels SET balance = $2::NUMERIC, total_claimed = $3::NUMERIC, \
+             withdraw_requested_at = $4, read_at = now() WHERE channel_id = $1",
+    )
+    .bind(channel)
+    .bind(read.balance.to_string())
+    .bind(read.total_claimed.to_string())
+    .bind(i64::try_from(read.withdraw_requested_at).unwrap_or(i64::MAX))
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -249,7 +290,9 @@ pub enum DecideError {
 }
 
 /// Keeps what the escrow just said of `channel` (creating its row on its
-/// first voucher).
+/// first voucher). A channel Reeve first sees with claims on it already
+/// (its own, from a database restored from before them) starts charged
+/// what was claimed: nothing below that can be claimed again.
 async fn store_read(
     conn: &mut PgConnection,
     terms: &Terms<'_>,
@@ -269,8 +312,8 @@ async fn store_read(
     });
     sqlx::query(
         "INSERT INTO batch_channels \
-             (channel_id, network, payer, config, balance, total_claimed, withdraw_requested_at, read_at) \
-         VALUES ($1, $2, $3, $4, $5::NUMERIC, $6::NUMERIC, $7, now()) \
+             (channel_id, network, payer, config, charged, balance, total_claimed, withdraw_requested_at, read_at) \
+         VALUES ($1, $2, $3, $4, $6::NUMERIC, $5::NUMERIC, $6::NUMERIC, $7, now()) \
          ON CONFLICT (channel_id) DO UPDATE SET balance = EXCLUDED.balance, \
              total_claimed = EXCLUDED.total_claimed, \
              withdraw_requested_at = EXCLUDED.withdraw_requested_at, read_at = now()",

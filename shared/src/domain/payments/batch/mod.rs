@@ -4,25 +4,30 @@
 //! with no transaction, and Reeve claims many vouchers in one transaction
 //! later.
 //!
-//! Built so far: the voucher and its signer ([`voucher`]), each channel's
-//! running total in Postgres with the decision taken on every voucher
+//! Here: the voucher and its signer ([`voucher`]), each channel's running
+//! total in Postgres with the decision taken on every voucher
 //! ([`channel`]), the escrow's state of a channel read from the chain
 //! ([`escrow`]), what a payment's payload carries ([`payload`]), the `402`
-//! that answers a refused voucher ([`resync`]), and the offer
-//! (`Scheme::Batch`, priced `scheme = "batch"` in the catalog). Not yet:
-//! paying at create (the payload decoded beside `exact`'s and `upto`'s,
-//! a voucher decided in the transaction that stores its task, deposits
-//! through the facilitator), claims and settlement in the sweep, refunds.
+//! that answers a refused voucher ([`resync`]), and paying at create
+//! ([`pay`]: a deposit settled through the facilitator, the voucher decided
+//! in the transaction that stores its task). The offer is `Scheme::Batch`,
+//! priced `scheme = "batch"` in the catalog. The sweep claims what the
+//! vouchers bought and has it paid to `payTo` ([`claim`]) where the sweeper
+//! is given the receiver authorizer's key. Not yet: cooperative refunds.
 
 pub mod channel;
+#[cfg(feature = "catalog")]
+pub mod claim;
 pub mod escrow;
+#[cfg(feature = "api-tasks")]
+pub(crate) mod pay;
 pub mod payload;
 #[cfg(feature = "catalog")]
 pub mod resync;
 pub mod voucher;
 
 pub use channel::{
-    ChannelState, DecideError, Decision, OnChain, Refusal, Terms, VoucherIn, decide, last_voucher, record,
+    ChannelState, DecideError, Decision, OnChain, Purchase, Refusal, Terms, VoucherIn, decide, last_voucher, record,
 };
 pub use escrow::read;
 pub use payload::{BatchPayload, Deposit};

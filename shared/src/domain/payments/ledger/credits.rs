@@ -132,7 +132,8 @@ pub const CREDITED_CODES: &[&str] = &[
 ];
 
 /// Leaves a credit on the task's space if the task was paid for (with a
-/// payment or a credit) and `code` is one that earns one. Call it in the
+/// payment, a credit or a batch-settlement voucher) and `code` is one that
+/// earns one. Call it in the
 /// transaction that moves the task to `failed` or `canceled`; it is a no-op
 /// for a free task and for a task already credited (since its last re-run:
 /// a credit it spent on its re-run does not count, see
@@ -149,6 +150,9 @@ pub async fn credit_if_owed(conn: &mut PgConnection, task_id: Id, code: &str) ->
                 SELECT network, asset, amount FROM payments WHERE task_id = t.id
                 UNION ALL
                 SELECT network, asset, amount FROM credits WHERE spent_by = t.id
+                UNION ALL
+                SELECT c.network, v.asset, v.price::TEXT FROM batch_vouchers v
+                  JOIN batch_channels c USING (channel_id) WHERE v.task_id = t.id
                 LIMIT 1) paid ON true
           WHERE t.id = $2
          ON CONFLICT (source_task) WHERE spent_by IS DISTINCT FROM source_task DO NOTHING

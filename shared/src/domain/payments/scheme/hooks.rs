@@ -11,8 +11,8 @@ use crate::domain::payments::ledger;
 
 impl Scheme {
     /// A paid task ended without doing its work: `exact` leaves a credit on
-    /// its space if the end earns one (a task paid with a credit too: only
-    /// fixed prices are); `upto` releases an authorization nothing was sent
+    /// its space if the end earns one (a task paid with a credit or a
+    /// voucher too: only fixed prices are); `upto` releases an authorization nothing was sent
     /// to be settled under. Called in the transaction that ends the task,
     /// for every scheme (each is a no-op for a task another paid for).
     /// Returns the task's metered `payment` as it is now, if it has one.
@@ -31,7 +31,9 @@ impl Scheme {
             (Scheme::Exact, Ended::Canceled { before_run: false }) => Ok(None),
             (Scheme::Upto, Ended::Failed(reason)) => ledger::release_if_authorized(conn, task, reason).await,
             (Scheme::Upto, Ended::Canceled { .. }) => ledger::release_if_authorized(conn, task, "canceled").await,
-            // No task is paid by a voucher yet.
+            // `exact`'s arm credits a voucher-paid task too: the credit is
+            // of whichever fixed price paid it (a payment, a credit or a
+            // voucher), read by `credit_if_owed`.
             (Scheme::Batch, _) => Ok(None),
         }
     }
@@ -58,7 +60,7 @@ mod at_create {
     use crate::domain::payments::counter::Counter;
     use crate::domain::payments::order::{Bought, Checkout, Order, PayError, with_error};
     use crate::domain::payments::payload::Payment;
-    use crate::domain::payments::{authorize, checkout};
+    use crate::domain::payments::{authorize, batch, checkout};
 
     /// Pays for `order` against `challenge` (the kind's requirements), or
     /// refuses: the one call behind every priced create. Without a
@@ -83,9 +85,10 @@ mod at_create {
 
     impl Scheme {
         /// At create: `payment`, matching `offer`, pays for `order` (`exact`:
-        /// settled and proven, the task stored with its payment) or
-        /// authorizes it (`upto`: verified, the task stored authorized,
-        /// nothing charged).
+        /// settled and proven, the task stored with its payment;
+        /// `batch-settlement`: a voucher decided on the escrow's balance,
+        /// the task stored with it) or authorizes it (`upto`: verified, the
+        /// task stored authorized, nothing charged).
         pub(in crate::domain::payments) async fn pay<C: Counter>(
             self,
             cx: Checkout<'_>,
@@ -97,12 +100,7 @@ mod at_create {
             match self {
                 Scheme::Exact => checkout::settle(cx, order, payment, offer, challenge, counter).await,
                 Scheme::Upto => authorize::authorize(cx, order, payment, offer, challenge, counter).await,
-                // Offered, not taken yet (issue 42): refused before anything
-                // is charged or stored.
-                Scheme::Batch => Err(PayError::Invalid {
-                    challenge: with_error(challenge, "payment_invalid"),
-                    reason: "batch-settlement payments are not taken yet; pay with another offer".into(),
-                }),
+                Scheme::Batch => batch::pay::pay(cx, order, (payment, offer), challenge, counter).await,
             }
         }
     }
@@ -164,12 +162,13 @@ mod at_run {
     }
 }
 
-#[cfg(feature = "chain")]
+#[cfg(all(feature = "chain", feature = "catalog"))]
 mod in_sweep {
     use sqlx::PgPool;
     use tokio::time::Instant;
 
     use super::Scheme;
+    use crate::domain::payments::batch::claim::Claimer;
     use crate::domain::payments::chain::Chains;
     use crate::domain::payments::counter::Counter;
     use crate::domain::payments::reconcile::{self, Reconciled};
@@ -178,17 +177,25 @@ mod in_sweep {
         /// In every sweep, starting nothing after `until`: `exact` resolves
         /// from the chain the settlements whose outcome nobody learnt
         /// ([`reconcile::reconcile`]); an open `upto` capture is resumed by
-        /// the worker that delivers its task again, so it has nothing here.
+        /// the worker that delivers its task again, so it has nothing here;
+        /// `batch-settlement` claims what is due, where the sweeper has a
+        /// `claimer` (the receiver authorizer's key).
         pub async fn sweep<C: Counter>(
             self,
             db: &PgPool,
-            chains: &Chains,
+            (chains, claimer): (&Chains, Option<&Claimer>),
             counter: &C,
             until: Instant,
         ) -> Result<Reconciled, sqlx::Error> {
             match self {
                 Scheme::Exact => reconcile::reconcile(db, chains, counter, until).await,
-                Scheme::Upto | Scheme::Batch => Ok(Reconciled::default()),
+                Scheme::Upto => Ok(Reconciled::default()),
+                Scheme::Batch => {
+                    if let Some(claimer) = claimer {
+                        claimer.claim_due(db, chains, until).await?;
+                    }
+                    Ok(Reconciled::default())
+                }
             }
         }
     }
@@ -197,13 +204,13 @@ mod in_sweep {
     /// up.
     pub async fn sweep<C: Counter>(
         db: &PgPool,
-        chains: &Chains,
+        (chains, claimer): (&Chains, Option<&Claimer>),
         counter: &C,
         until: Instant,
     ) -> Result<Reconciled, sqlx::Error> {
         let mut report = Reconciled::default();
         for scheme in Scheme::ALL {
-            report += scheme.sweep(db, chains, counter, until).await?;
+            report += scheme.sweep(db, (chains, claimer), counter, until).await?;
         }
         Ok(report)
     }
@@ -211,5 +218,5 @@ mod in_sweep {
 
 #[cfg(feature = "api-tasks")]
 pub use at_create::pay;
-#[cfg(feature = "chain")]
+#[cfg(all(feature = "chain", feature = "catalog"))]
 pub use in_sweep::sweep;

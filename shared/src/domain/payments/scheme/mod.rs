@@ -5,15 +5,15 @@
 //!
 //! | hook | `exact` | `upto` | `batch-settlement` |
 //! | --- | --- | --- | --- |
-//! | [`Scheme::pay`] (create) | verify, settle, prove, store | verify, store authorized | refused: not built yet |
-//! | [`Scheme::before_run`] | nothing: paid already | the chain read once ([`super::run_check`]) | nothing |
-//! | [`Scheme::at_end`] (a run's result) | nothing: paid already | capture and prove ([`super::capture`]) | nothing |
-//! | [`Scheme::ended_without_work`] | a credit, if owed | the authorization released | nothing yet |
-//! | [`Scheme::sweep`] | open settlements resolved ([`super::reconcile`]) | nothing: the worker resumes a capture | nothing yet |
+//! | [`Scheme::pay`] (create) | verify, settle, prove, store | verify, store authorized | a deposit settled, the voucher decided, store ([`super::batch::pay`]) |
+//! | [`Scheme::before_run`] | nothing: paid already | the chain read once ([`super::run_check`]) | nothing: paid already |
+//! | [`Scheme::at_end`] (a run's result) | nothing: paid already | capture and prove ([`super::capture`]) | nothing: paid already |
+//! | [`Scheme::ended_without_work`] | a credit, if owed (a voucher-paid task's too) | the authorization released | (in `exact`'s) |
+//! | [`Scheme::sweep`] | open settlements resolved ([`super::reconcile`]) | nothing: the worker resumes a capture | the claims due claimed and paid to `payTo` ([`super::batch::claim`]) |
 //!
 //! `batch-settlement` (issue 42, [`super::batch`]) is offered to a kind
-//! priced `scheme = "batch"`; paying by it at create is not built yet, so
-//! no shipped kind is priced so.
+//! priced `scheme = "batch"`, paid at create, and claimed in the sweep
+//! where the sweeper holds the receiver authorizer's key.
 //!
 //! The declarations are here; the hooks, which call each scheme's module,
 //! are in `hooks.rs`, above every scheme. A new scheme is a variant here,
@@ -24,7 +24,7 @@ mod hooks;
 pub use hooks::ended_without_work;
 #[cfg(feature = "api-tasks")]
 pub use hooks::pay;
-#[cfg(feature = "chain")]
+#[cfg(all(feature = "chain", feature = "catalog"))]
 pub use hooks::sweep;
 
 /// An x402 payment scheme Reeve takes.
