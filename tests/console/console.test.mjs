@@ -235,16 +235,20 @@ before(async () => {
   context = await chromium.launchPersistentContext(profile, {
     executablePath: CHROMIUM, headless: true, args: FLAGS, viewport: { width: 1100, height: 900 },
   });
-  page = context.pages()[0] || await context.newPage();
-  page.on("pageerror", (e) => pageErrors.push(e));
-  // The wallet: the binding it answers through, then the provider itself,
-  // in every document before the page's own scripts.
-  await page.exposeFunction("reeveTestWallet", walletRequest);
-  const cdp = await context.newCDPSession(page);
+  page = await withWallet(context.pages()[0] || await context.newPage());
+});
+
+// `tab` with the test wallet: the binding it answers through, then the
+// provider itself, in every document before the page's own scripts.
+async function withWallet(tab) {
+  tab.on("pageerror", (e) => pageErrors.push(e));
+  await tab.exposeFunction("reeveTestWallet", walletRequest);
+  const cdp = await context.newCDPSession(tab);
   // A session's scripts run only once its Page domain is enabled.
   await cdp.send("Page.enable");
   await cdp.send("Page.addScriptToEvaluateOnNewDocument", { source: readFileSync(join(HERE, "test-wallet.js"), "utf8") });
-});
+  return tab;
+}
 
 after(async () => {
   assert.deepEqual(pageErrors, [], "the page threw no error");
@@ -898,6 +902,57 @@ test("a metered task that fails is charged nothing: the page shows its authoriza
   wallet.reset();
 });
 
+test("a metered tool paid by link: the person authorizes up to the ceiling on the page, the agent's retry gets that task, and it is charged exactly what it used", async () => {
+  const from = await freshMeteredPayer();
+  // Half a MiB: 500 atomic units at 1000 per MiB.
+  const { body, url } = await serveFile(512 * 1024);
+  const charge = (BigInt(body.length) * METERED.rate + METERED.unit - 1n) / METERED.unit;
+  assert.equal(charge, 500n);
+  const { space, agent } = await agentInNewSpace();
+  let tab;
+  try {
+    const args = { url };
+    const elicitation = await elicitationOf(agent, "fetch-metered", args);
+    assert.match(elicitation.message, /up to/, "the ceiling in words");
+
+    // The person opens the link in a tab of its own (the console's page
+    // stays on its Space for the tests after this one).
+    const before = await balance(from);
+    tab = await withWallet(await context.newPage());
+    const shown = (selector) => tab.locator(selector).textContent();
+    await tab.goto(elicitation.url);
+    await tab.waitForSelector("body[data-pay-link=open]");
+    assert.equal(await shown("#pay-link-kind"), "fetch-metered");
+    assert.deepEqual(JSON.parse(await shown("#pay-link-input")), args);
+    assert.match(await shown("#pay-link-price"), /^up to 0\.1 USDC.* on Base Sepolia \(test\) \(eip155:84532\): charged when the task ends, for what it used; nothing if it fails$/);
+    await tab.click("#payment-table button.pay[data-scheme=upto]");
+    await tab.waitForSelector("body[data-pay-link=paid]", { timeout: 30_000 });
+    const task = await tab.locator("#pay-link-status").getAttribute("data-task");
+
+    // The agent's retry, with the same arguments: the task the page bought.
+    const retried = await agent.callTool({ name: "fetch-metered", arguments: args });
+    assert.notEqual(retried.isError, true, JSON.stringify(retried));
+    assert.equal(retried.structuredContent.id, task);
+    assert.equal(retried.structuredContent.payment.scheme, "upto");
+
+    // It runs in the agent's Space and is charged what it downloaded, once.
+    let ended;
+    for (const until = Date.now() + 60_000; Date.now() < until; await new Promise((ok) => setTimeout(ok, 250))) {
+      const res = await fetch(`${base}/v1/tasks/${task}`, { headers: { authorization: `Bearer ${space.token}` } });
+      const read = await res.json();
+      if (read.status === "completed" && read.payment && read.payment.status === "charged") { ended = read; break; }
+      assert.ok(!["failed", "canceled"].includes(read.status), JSON.stringify(read));
+    }
+    assert.ok(ended, "completed and charged within 60 s");
+    assert.equal(ended.result.sha256, createHash("sha256").update(body).digest("hex"));
+    assert.equal(ended.payment.charged, String(charge));
+    assert.equal(await balance(from), before - charge, "charged exactly what it used");
+  } finally {
+    await agent.close();
+    await tab?.close();
+    wallet.reset();
+  }
+});
 test("the task list shows the Space's tasks, and a queued one is canceled", async () => {
   await page.click("#tasks-refresh");
   await page.waitForSelector("#tasks tbody tr[data-status=completed]");
@@ -1034,41 +1089,48 @@ test("Rotate the Space ID asks first, then shows the new ID once; the old one op
   await page.waitForFunction((n) => document.querySelectorAll("#tasks tbody tr").length === n, tasksBefore);
 });
 
-test("an MCP client without x402 that declares URL elicitation gets a pay link; a person pays it on the page, and the retried call returns that task: one charge, one task", async () => {
-  // The official TypeScript SDK, as a desktop agent uses it: no wallet, URL
-  // elicitation declared. Its session token is the agent's own.
+// ---------------------------------------------------------------- pay links
+// The official TypeScript MCP SDK as a desktop agent uses it: no wallet, URL
+// elicitation declared, and the session token of a Space of its own.
+async function mcpAgent(token) {
   const { Client } = await import("@modelcontextprotocol/sdk/client/index.js");
   const { StreamableHTTPClientTransport } = await import("@modelcontextprotocol/sdk/client/streamableHttp.js");
-  const { ErrorCode, UrlElicitationRequiredError } = await import("@modelcontextprotocol/sdk/types.js");
-  const endpoint = new URL(`${base}/mcp`);
-  async function connect(token) {
-    const client = new Client({ name: "reeve-console-agent", version: "1.0.0" }, { capabilities: { elicitation: { url: {} } } });
-    const headers = token ? { authorization: `Bearer ${token}` } : {};
-    await client.connect(new StreamableHTTPClientTransport(endpoint, { requestInit: { headers } }));
-    return client;
-  }
-  const anonymous = await connect();
+  const client = new Client({ name: "reeve-console-agent", version: "1.0.0" }, { capabilities: { elicitation: { url: {} } } });
+  const headers = token ? { authorization: `Bearer ${token}` } : {};
+  await client.connect(new StreamableHTTPClientTransport(new URL(`${base}/mcp`), { requestInit: { headers } }));
+  return client;
+}
+// A new Space, made through MCP, and an agent in it.
+async function agentInNewSpace() {
+  const anonymous = await mcpAgent();
   const space = (await anonymous.callTool({ name: "create_space", arguments: {} })).structuredContent;
   await anonymous.close();
-  const agent = await connect(space.token);
+  const agent = await mcpAgent(space.token);
+  await agent.listTools();
+  return { space, agent };
+}
+// The URL elicitation a call of the priced `tool` is refused with.
+async function elicitationOf(agent, tool, args) {
+  const { ErrorCode, UrlElicitationRequiredError } = await import("@modelcontextprotocol/sdk/types.js");
+  let elicitation;
+  await assert.rejects(agent.callTool({ name: tool, arguments: args }), (e) => {
+    assert.ok(e instanceof UrlElicitationRequiredError, `${e}`);
+    assert.equal(e.code, ErrorCode.UrlElicitationRequired);
+    [elicitation] = e.elicitations;
+    return true;
+  });
+  assert.equal(elicitation.mode, "url");
+  return elicitation;
+}
+test("an MCP client without x402 that declares URL elicitation gets a pay link; a person pays it on the page, and the retried call returns that task: one charge, one task", async () => {
+  const { space, agent } = await agentInNewSpace();
   try {
-    await agent.listTools();
     const bytes = Buffer.from("a digest an agent asked for, paid by a person\n");
     const stored = (await agent.callTool({ name: "create_upload", arguments: {
       filename: "agent.txt", content_type: "text/plain", content_base64: bytes.toString("base64") } })).structuredContent;
     const args = { upload_id: stored.upload_id };
-    const elicited = async () => {
-      let elicitation;
-      await assert.rejects(agent.callTool({ name: "paid-digest", arguments: args }), (e) => {
-        assert.ok(e instanceof UrlElicitationRequiredError, `${e}`);
-        assert.equal(e.code, ErrorCode.UrlElicitationRequired);
-        [elicitation] = e.elicitations;
-        return true;
-      });
-      return elicitation;
-    };
+    const elicited = () => elicitationOf(agent, "paid-digest", args);
     const elicitation = await elicited();
-    assert.equal(elicitation.mode, "url");
     const link = new URL(elicitation.url);
     assert.equal(link.origin, base, "the console beside the endpoint");
     assert.match(link.hash, /^#pay=[0-9A-HJKMNP-TV-Z]{26}\.[A-Za-z0-9_-]{22}$/);
