@@ -712,6 +712,8 @@ test("a settlement still pending is said so (payment_pending), and the page rese
 // fetch: what it downloads, and so what it is charged, is known.
 async function serveFile(size) {
   const body = randomBytes(size);
+  // One at a time: a server left listening keeps the test process alive.
+  site?.close();
   site = createHttpServer((req, res) => {
     res.writeHead(200, { "content-type": "application/octet-stream", "content-length": String(body.length) });
     res.end(req.method === "HEAD" ? undefined : body);
