@@ -52,6 +52,7 @@ fn receipt_of(output: &[u8], result: &serde_json::Value) -> ReceiptPayload {
         amount: "10000".into(),
         metered: None,
         credit: None,
+        voucher: None,
         delivery: Some(Delivery {
             status: "completed".into(),
             result_sha256: Some(result_sha256(result)),

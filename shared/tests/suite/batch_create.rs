@@ -19,6 +19,7 @@ use reeve_shared::http::app;
 use reeve_shared::ids::Id;
 use reeve_shared::payments::CHAIN_RPC_URLS;
 use reeve_shared::payments::batch::{self, ChannelConfig};
+use reeve_shared::payments::offer_receipt;
 use reeve_shared::settings::{self, Config};
 use reeve_shared::startup;
 use serde_json::{Value, json};
@@ -48,6 +49,8 @@ fn authorizer() -> Address {
 }
 
 /// Two kinds paid per task by batch settlement in the local token.
+/// The catalog: two kinds priced by batch settlement, its deployment
+/// signing receipts.
 fn catalog(pay_to: &str, facilitator: &str) -> String {
     let kind = |name: &str, price: u128| {
         format!(
@@ -64,7 +67,7 @@ amount = "{price}"
 "#
         )
     };
-    format!(
+    common::signing_receipts(&format!(
         r#"
 [payments]
 pay_to = "{pay_to}"
@@ -86,7 +89,7 @@ version = "2"
         authorizer = authorizer(),
         job = kind("job", PRICE),
         big = kind("big", BIG),
-    )
+    ))
 }
 
 /// Reeve, served on a loopback port as `reeve serve` serves it, and the
@@ -358,6 +361,18 @@ async fn the_official_client_pays_tasks_over_one_channel_one_deposit_then_vouche
     assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.body);
     assert_eq!(again.body["id"], last["id"]);
     assert_eq!(shop.tasks().await, 6);
+    // Its signed receipt names the voucher (its channel and cumulative
+    // amount), the payer and the price; no transaction until a claim.
+    let path = format!("/v1/tasks/{}/receipt", last["id"].as_str().unwrap());
+    let reply = send(&shop.app, common::get_authed(&path, &shop.token)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let signed: offer_receipt::Signed = serde_json::from_value(reply.body).unwrap();
+    let receipt = offer_receipt::verify(&signed, Some(common::receipt_signer().parse().unwrap())).unwrap().payload;
+    assert_eq!((receipt["scheme"].as_str(), receipt["transaction"].as_str()), (Some("batch-settlement"), Some("")));
+    assert_eq!(receipt["amount"], PRICE.to_string());
+    assert_eq!(receipt["voucher"], json!({ "channelId": channel.id(), "cumulativeAmount": (6 * PRICE).to_string() }));
+    assert_eq!(receipt["payer"].as_str().map(str::to_ascii_lowercase), Some(payer.address.to_ascii_lowercase()));
+    assert_eq!(receipt["payTo"].as_str().map(str::to_ascii_lowercase), Some(shop.pay_to.to_ascii_lowercase()));
     // The same voucher for another request: spent, and the buyer is told
     // where its channel stands (six prices charged, and its own last
     // voucher), from which the official client signs the next one.

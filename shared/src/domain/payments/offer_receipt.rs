@@ -196,7 +196,9 @@ pub struct ReceiptPayload {
     /// Unix seconds: when it was paid, or, once the task ended, when it ended.
     pub issued_at: u64,
     /// The settlement's transaction hash (for a task paid with a credit,
-    /// the payment's the credit came from).
+    /// the payment's the credit came from); empty for a batch-settlement
+    /// voucher's task, whose money the seller claims later, with others',
+    /// in one transaction.
     pub transaction: String,
     /// The task paid for.
     pub task: String,
@@ -204,8 +206,9 @@ pub struct ReceiptPayload {
     /// SHA-256 (hex) of the task's input as canonical JSON (keys sorted,
     /// no whitespace).
     pub input_sha256: String,
-    /// `exact` or `upto`; `credit` for a task paid with a credit, whose
-    /// `credit` says which.
+    /// `exact` or `upto`; `batch-settlement` for a task a voucher paid,
+    /// whose `voucher` says which; `credit` for a task paid with a credit,
+    /// whose `credit` says which.
     pub scheme: String,
     /// The token contract.
     pub asset: String,
@@ -222,9 +225,24 @@ pub struct ReceiptPayload {
     /// through credits that paid for tasks which failed in turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credit: Option<CreditSpent>,
+    /// A task a batch-settlement voucher paid: the channel and the
+    /// voucher's cumulative amount, which the escrow pays out against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub voucher: Option<VoucherSpent>,
     /// Proof of delivery, once the task has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<Delivery>,
+}
+
+/// The batch-settlement voucher that paid for a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VoucherSpent {
+    /// The escrow's channel id (hex).
+    pub channel_id: String,
+    /// The voucher's cumulative amount (atomic units): what the channel had
+    /// been charged once this task was bought.
+    pub cumulative_amount: String,
 }
 
 /// The credit that paid for a task.
@@ -510,6 +528,7 @@ mod tests {
             amount: "10000".into(),
             metered: None,
             credit: None,
+            voucher: None,
             delivery: None,
         }
     }

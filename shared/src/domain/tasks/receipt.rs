@@ -20,7 +20,7 @@ use crate::domain::ids::Id;
 use crate::domain::payments::MeteredPayment;
 use crate::domain::payments::offer_receipt::{
     CreditSpent, DeliveredFile, Delivery, MeteredCharge, PAYLOAD_VERSION, ReceiptPayload, SellerKey, Signed,
-    result_sha256, sha256_json,
+    VoucherSpent, result_sha256, sha256_json,
 };
 
 /// Why a task of this Space has no receipt.
@@ -28,7 +28,7 @@ use crate::domain::payments::offer_receipt::{
 pub enum NoReceipt {
     /// This deployment signs no receipts (no `receipt_signer`).
     Unsigned,
-    /// Free: no payment, no credit.
+    /// Free: no payment, no voucher, no credit.
     NotPaid,
     /// A metered task not charged (yet, or ever: it used nothing, failed,
     /// or was canceled).
@@ -39,7 +39,7 @@ impl NoReceipt {
     pub fn message(self) -> &'static str {
         match self {
             NoReceipt::Unsigned => "this deployment signs no receipts (its catalog publishes no receipt_signer)",
-            NoReceipt::NotPaid => "the task was free: neither a payment nor a credit paid for it",
+            NoReceipt::NotPaid => "the task was free: neither a payment, a voucher nor a credit paid for it",
             NoReceipt::NotCharged => "the metered task has not been charged: its receipt comes once a charge is proven",
         }
     }
@@ -89,7 +89,18 @@ pub async fn signed_receipt(
     .await?;
     let Some(mut row) = row else { return Ok(None) };
     let Some(key) = key else { return Ok(Some(Err(NoReceipt::Unsigned))) };
-    let mut credit = None;
+    let (mut credit, mut voucher) = (None, None);
+    if row.network.is_none() && row.payment.is_none() {
+        voucher = voucher_paid(db, task).await?;
+        if let Some(paid) = &voucher {
+            row.network = Some(paid.network.clone());
+            row.payer = Some(paid.payer.clone());
+            row.amount = Some(paid.amount.clone());
+            row.asset = Some(paid.asset.clone());
+            row.pay_to = paid.pay_to.clone();
+            row.paid_at = Some(paid.created_at);
+        }
+    }
     if row.network.is_none() && row.payment.is_none() {
         credit = credit_paid(db, task).await?;
         if let Some(paid) = &credit {
@@ -107,7 +118,33 @@ pub async fn signed_receipt(
         source_task: paid.source_task.map(|task| task.to_string()),
         reason: paid.reason,
     });
-    Ok(Some(payload(row, credit, space, task, resource_url).map(|payload| key.sign(&payload))))
+    let voucher = voucher.map(|paid| VoucherSpent { channel_id: paid.channel_id, cumulative_amount: paid.ceiling });
+    Ok(Some(payload(row, (credit, voucher), space, task, resource_url).map(|payload| key.sign(&payload))))
+}
+
+/// The batch-settlement voucher that bought a task, and its channel.
+#[derive(sqlx::FromRow)]
+struct VoucherPaid {
+    network: String,
+    payer: String,
+    amount: String,
+    asset: String,
+    pay_to: Option<String>,
+    created_at: OffsetDateTime,
+    channel_id: String,
+    ceiling: String,
+}
+
+async fn voucher_paid(db: &PgPool, task: Id) -> Result<Option<VoucherPaid>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT c.network, c.payer, v.price::TEXT AS amount, v.asset, c.config->>'receiver' AS pay_to,
+                v.created_at, v.channel_id, v.ceiling::TEXT AS ceiling
+           FROM batch_vouchers v JOIN batch_channels c USING (channel_id)
+          WHERE v.task_id = $1",
+    )
+    .bind(task)
+    .fetch_optional(db)
+    .await
 }
 
 /// The credit that paid for a task, and the payment that money came from.
@@ -127,7 +164,7 @@ struct CreditPaid {
 
 /// The credit `task` spent (not one it spent on its own re-run: then its
 /// own payment paid), with the payer, transaction and recipient of the
-/// payment it was owed for. A credit owed for a task that a credit paid in
+/// payment (or voucher) it was owed for. A credit owed for a task that a credit paid in
 /// turn is followed back to the payment at the start of that chain.
 async fn credit_paid(db: &PgPool, task: Id) -> Result<Option<CreditPaid>, sqlx::Error> {
     sqlx::query_as(
@@ -139,13 +176,16 @@ async fn credit_paid(db: &PgPool, task: Id) -> Result<Option<CreditPaid>, sqlx::
                FROM chain JOIN credits c ON c.spent_by = chain.source_task AND c.source_task IS DISTINCT FROM c.spent_by
               WHERE chain.depth < 64)
          SELECT f.id AS credit, f.source_task, f.reason, f.network, f.asset, f.amount, f.spent_at,
-                coalesce(p.payer, a.payer) AS payer, coalesce(p.transaction, a.transaction) AS transaction,
-                coalesce(p.pay_to, a.pay_to) AS pay_to
+                coalesce(p.payer, a.payer, bc.payer) AS payer,
+                coalesce(p.transaction, a.transaction) AS transaction,
+                coalesce(p.pay_to, a.pay_to, bc.config->>'receiver') AS pay_to
            FROM chain
            JOIN credits f ON f.id = chain.first
            LEFT JOIN payments p ON p.task_id = chain.source_task
            LEFT JOIN payment_attempts a ON a.id = chain.source_attempt
-          WHERE (p.task_id IS NOT NULL OR a.id IS NOT NULL) AND f.spent_at IS NOT NULL
+           LEFT JOIN batch_vouchers bv ON bv.task_id = chain.source_task
+           LEFT JOIN batch_channels bc ON bc.channel_id = bv.channel_id
+          WHERE (p.task_id IS NOT NULL OR a.id IS NOT NULL OR bc.channel_id IS NOT NULL) AND f.spent_at IS NOT NULL
           ORDER BY chain.depth
           LIMIT 1",
     )
@@ -156,7 +196,7 @@ async fn credit_paid(db: &PgPool, task: Id) -> Result<Option<CreditPaid>, sqlx::
 
 fn payload(
     row: Row,
-    credit: Option<CreditSpent>,
+    (credit, voucher): (Option<CreditSpent>, Option<VoucherSpent>),
     space: &SpaceIndex,
     task: Id,
     resource_url: &(dyn Fn(&str) -> String + Sync),
@@ -184,10 +224,11 @@ fn payload(
         task: task.to_string(),
         kind: row.kind,
         input_sha256: sha256_json(&row.input.0),
-        scheme: match (&credit, &metered) {
-            (Some(_), _) => "credit",
-            (None, Some(_)) => "upto",
-            (None, None) => "exact",
+        scheme: match (&credit, &voucher, &metered) {
+            (Some(_), _, _) => "credit",
+            (None, Some(_), _) => "batch-settlement",
+            (None, None, Some(_)) => "upto",
+            (None, None, None) => "exact",
         }
         .to_owned(),
         asset,
@@ -195,6 +236,7 @@ fn payload(
         amount,
         metered: metered.map(|m| MeteredCharge { unit: m.unit, rate: m.rate, used: m.used, authorized: m.authorized }),
         credit,
+        voucher,
         delivery,
     })
 }
