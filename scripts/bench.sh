@@ -86,10 +86,11 @@ build_each() {
   if needs fanout; then cargo build --release --locked -p reeve-fn-relay || return; fi
   if needs coldstart; then
     cargo build --release --locked -p reeve-bench-hello || return
-    # The worker as a catalog with a `lambda` kind deploys it, kept aside
-    # before the plain worker (built below) takes its name.
-    cargo build --release --locked -p reeve-fn-worker --features lambda || return
-    cp "$BIN/worker" "$BIN/worker-lambda"
+    # The worker without its default `lambda` feature (no Lambda Invoke
+    # client), kept aside before the worker as the template deploys it
+    # (default features, built below) takes its name.
+    cargo build --release --locked -p reeve-fn-worker --no-default-features || return
+    cp "$BIN/worker" "$BIN/worker-no-lambda"
     # Every Lambda under functions/ (the relay is the Fargate service).
     for dir in functions/*/; do
       p="reeve-fn-$(basename "$dir")"
