@@ -325,13 +325,7 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
     // every stored hash valid: a copy in another case is the same
     // authorization (one attempt) but not the same document, so it is
     // refused as a replay rather than answered as a resend.
-    let paid = &parsed.accepted;
-    let named = serde_json::json!({
-        "accepted": [&paid.scheme, &paid.network, &paid.amount, paid.asset.to_ascii_lowercase(),
-                     paid.pay_to.to_ascii_lowercase(), paid.max_timeout_seconds],
-        "payload": &parsed.payload,
-    });
-    let hash: [u8; 32] = Sha256::digest(crate::infra::canonical_json::canonical_json(&named).as_bytes()).into();
+    let hash = payment_hash(&parsed.accepted, &parsed.payload);
     Ok(Payment {
         valid_before: valid_before.clone(),
         payer: payer.to_ascii_lowercase(),
@@ -346,6 +340,17 @@ pub fn from_document(document: Value) -> Result<Payment, String> {
 }
 
 /// The `payment-identifier` extension's id, if the client sent one.
+/// The hash that names a payment: what was signed (`payload`) and the
+/// requirement it pays, as parsed (see [`from_document`]).
+fn payment_hash(paid: &Accepted, payload: &impl Serialize) -> [u8; 32] {
+    let named = serde_json::json!({
+        "accepted": [&paid.scheme, &paid.network, &paid.amount, paid.asset.to_ascii_lowercase(),
+                     paid.pay_to.to_ascii_lowercase(), paid.max_timeout_seconds],
+        "payload": payload,
+    });
+    Sha256::digest(crate::infra::canonical_json::canonical_json(&named).as_bytes()).into()
+}
+
 fn payment_id(extensions: Option<&serde_json::Map<String, Value>>) -> Result<Option<String>, String> {
     match extensions.and_then(|e| e.get(PAYMENT_IDENTIFIER)).map(|ext| ext.pointer("/info/id")) {
         None | Some(None | Some(Value::Null)) => Ok(None),
@@ -377,13 +382,7 @@ fn batch_document(document: Value) -> Result<Payment, String> {
     let payment_id = payment_id(parsed.extensions.as_ref())?;
     // Named by what was signed (the voucher, and a deposit's authorization)
     // and the requirement it pays, as for the other schemes.
-    let paid = &parsed.accepted;
-    let named = serde_json::json!({
-        "accepted": [&paid.scheme, &paid.network, &paid.amount, paid.asset.to_ascii_lowercase(),
-                     paid.pay_to.to_ascii_lowercase(), paid.max_timeout_seconds],
-        "payload": &parsed.payload,
-    });
-    let hash: [u8; 32] = Sha256::digest(crate::infra::canonical_json::canonical_json(&named).as_bytes()).into();
+    let hash = payment_hash(&parsed.accepted, &parsed.payload);
     Ok(Payment {
         payer: format!("{:#x}", batch.config.payer),
         nonce: format!("{:#x}/{}", batch.channel_id, batch.ceiling),
