@@ -20,8 +20,9 @@ cd "$ROOT"
 
 # clippy lints inside the build, not beside it: `cargo clippy` is `cargo
 # check` with clippy-driver wrapping rustc for the workspace's own crates, and
-# a check compiles every dependency a second time (metadata only, but still
-# 340 of a cold CI run's seconds). The same wrapper on the debug build lints
+# a check compiles every dependency a second time (metadata only, but most
+# of the clippy phase's 341 s in a cold CI run, beside the debug build's 415).
+# The same wrapper on the debug build lints
 # the same crates, every warning an error, and keeps one set of dependency
 # builds. Every cargo of this run inherits it (the tests, the watch phase's
 # functions), so none of them rebuilds the workspace without it. The SAM
