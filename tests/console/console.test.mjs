@@ -219,7 +219,9 @@ before(async () => {
   // of its own (it runs `cargo run` and the function under it); its Invoke
   // client pointed there, and its reports sent to this `reeve serve`.
   const lambdaPort = await freePort();
-  lambdaWatch = spawn("cargo", ["lambda", "watch", "-p", "wordfreq", "-A", "127.0.0.1", "-P", String(lambdaPort),
+  // The whole workspace, not `-p wordfreq`: selected alone, wordfreq's
+  // dependencies resolve other features and would be rebuilt here.
+  lambdaWatch = spawn("cargo", ["lambda", "watch", "-A", "127.0.0.1", "-P", String(lambdaPort),
     "--concurrency", "2", "--env-var", "WORDFREQ_REPORT_EVERY=4"],
   { cwd: ROOT, detached: true, stdio: ["ignore", openSync(join(LOGS, "console-wordfreq.log"), "a"), openSync(join(LOGS, "console-wordfreq.log"), "a")] });
   // The metered fetch downloads from the test's own server on loopback.

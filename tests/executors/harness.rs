@@ -36,7 +36,10 @@ impl Watch {
         use std::os::unix::process::CommandExt;
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = Command::new("cargo")
-            .args(["lambda", "watch", "-p", "wordfreq", "-A", "127.0.0.1", "-P", &port.to_string()])
+            // The whole workspace, as the README's loop runs it, not `-p
+            // wordfreq`: selected alone, wordfreq's dependencies resolve
+            // other features, and watch would rebuild them beside the tests.
+            .args(["lambda", "watch", "-A", "127.0.0.1", "-P", &port.to_string()])
             .args(["--concurrency", "2", "--env-var", &format!("WORDFREQ_REPORT_EVERY={report_every}")])
             .current_dir(root())
             .stdin(Stdio::null())
