@@ -20,7 +20,9 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
-use super::metered::{FUNDS, RATE, Shop, assert_books_balance, decode, events, file_of, id_of, output_of, stored};
+use super::metered::{
+    FUNDS, RATE, SHORT_QUEUE, Shop, assert_books_balance, decode, events, file_of, id_of, output_of, stored,
+};
 use crate::common::chain::{
     ChainLock, OWN_FACILITATOR_ACCOUNT, OwnFacilitator, Payer, ScriptedFacilitator, Settle, UPTO_PROXY, balance,
     chain_time, charges_to, fresh_address, rpc, wait_pending_from,
@@ -57,12 +59,6 @@ async fn wait_past(deadline: u64) {
 }
 
 /// A mined transaction's receipt status (`0x1` succeeded, `0x0` reverted).
-/// The queue window of the tests that wait for a signed deadline to pass:
-/// short, so they wait little, but 6 s above the 10 s the create requires,
-/// so a payer signing on a busy machine (a Python process per signature)
-/// is not refused `deadline_too_short` first (2 s above was, under CI load).
-const SHORT_QUEUE: u32 = 16;
-
 async fn receipt_status(transaction: &str) -> Value {
     rpc("eth_getTransactionReceipt", json!([transaction])).await["status"].clone()
 }

@@ -38,6 +38,12 @@ pub(crate) const RATE: u128 = 7;
 pub(crate) const CEILING: u128 = 1_000;
 pub(crate) const FUNDS: u128 = 1_000_000;
 
+/// The queue window of the tests that wait for a signed deadline to pass:
+/// short, so they wait little, but 6 s above the 10 s the create requires,
+/// so a payer signing on a busy machine (a Python process per signature)
+/// is not refused `deadline_too_short` first (2 s above was, under CI load).
+pub(crate) const SHORT_QUEUE: u32 = 16;
+
 pub(crate) fn decode(header: &str) -> Value {
     serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(header).unwrap()).unwrap()
 }
@@ -462,8 +468,9 @@ async fn a_failed_or_canceled_metered_task_costs_nothing_and_releases_its_author
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn a_task_held_in_the_queue_past_its_authorization_fails_authorization_expired(pool: PgPool) {
     let chain = ChainLock::shared().await;
-    // The payer signs now + 12 s of queue + 1 s of run + 30 s to settle.
-    let shop = Shop::queueing(&pool, 12).await;
+    // The payer signs now + SHORT_QUEUE of queue + 1 s of run + 30 s to
+    // settle; the task waits past the queue window.
+    let shop = Shop::queueing(&pool, SHORT_QUEUE).await;
     let payer = Payer::new(&chain, FUNDS).await;
     payer.approve_permit2(&chain, u128::MAX).await;
     let site = file_of(1024).await;
@@ -471,7 +478,7 @@ async fn a_task_held_in_the_queue_past_its_authorization_fails_authorization_exp
     let reply = shop.create("brief", &json!({"url": format!("http://{site}/file")}), Some(&signature)).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
     let id = id_of(&reply);
-    tokio::time::sleep(Duration::from_secs(14)).await;
+    tokio::time::sleep(Duration::from_secs(u64::from(SHORT_QUEUE) + 2)).await;
     let worker = shop.worker().await;
     let outcome = process(&worker, &json!({"task_id": id, "kind": "brief"}).to_string(), 1).await;
     assert_eq!(outcome, Outcome::Failed("authorization_expired"));
@@ -581,9 +588,9 @@ async fn an_open_capture_holds_its_task_until_it_is_charged_once_without_running
 async fn a_capture_that_never_lands_ends_with_nothing_charged_once_its_deadline_passed(pool: PgPool) {
     let chain = ChainLock::shared().await;
     let mut facilitator = OwnFacilitator::start(Duration::from_secs(30)).await;
-    // A short authorization: 12 s of queue (2 s more than create insists
-    // on, for the signing), 1 s of run, 30 s to settle.
-    let shop = Shop::settling_through(&pool, 12, &facilitator.url).await;
+    // A short authorization: SHORT_QUEUE of queue, 1 s of run, 30 s to
+    // settle.
+    let shop = Shop::settling_through(&pool, SHORT_QUEUE, &facilitator.url).await;
     let payer = Payer::new(&chain, FUNDS).await;
     payer.approve_permit2(&chain, u128::MAX).await;
     let site = file_of(2048).await;
