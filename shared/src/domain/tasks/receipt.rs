@@ -93,24 +93,13 @@ pub async fn signed_receipt(
     if row.network.is_none() && row.payment.is_none() {
         voucher = voucher_paid(db, task).await?;
         if let Some(paid) = &voucher {
-            row.network = Some(paid.network.clone());
-            row.payer = Some(paid.payer.clone());
-            row.amount = Some(paid.amount.clone());
-            row.asset = Some(paid.asset.clone());
-            row.pay_to = paid.pay_to.clone();
-            row.paid_at = Some(paid.created_at);
+            row.paid_by(&paid.paid);
         }
     }
     if row.network.is_none() && row.payment.is_none() {
         credit = credit_paid(db, task).await?;
         if let Some(paid) = &credit {
-            row.network = Some(paid.network.clone());
-            row.payer = Some(paid.payer.clone());
-            row.amount = Some(paid.amount.clone());
-            row.asset = Some(paid.asset.clone());
-            row.transaction = paid.transaction.clone();
-            row.pay_to = paid.pay_to.clone();
-            row.paid_at = Some(paid.spent_at);
+            row.paid_by(&paid.paid);
         }
     }
     let credit = credit.map(|paid| CreditSpent {
@@ -122,23 +111,44 @@ pub async fn signed_receipt(
     Ok(Some(payload(row, (credit, voucher), space, task, resource_url).map(|payload| key.sign(&payload))))
 }
 
-/// The batch-settlement voucher that bought a task, and its channel.
+/// The money that paid for a task when no payment row did: a voucher's or
+/// a credit's.
 #[derive(sqlx::FromRow)]
-struct VoucherPaid {
+struct Paid {
     network: String,
     payer: String,
     amount: String,
     asset: String,
+    transaction: Option<String>,
     pay_to: Option<String>,
-    created_at: OffsetDateTime,
+    paid_at: OffsetDateTime,
+}
+
+impl Row {
+    fn paid_by(&mut self, paid: &Paid) {
+        self.network = Some(paid.network.clone());
+        self.payer = Some(paid.payer.clone());
+        self.amount = Some(paid.amount.clone());
+        self.asset = Some(paid.asset.clone());
+        self.transaction = paid.transaction.clone();
+        self.pay_to = paid.pay_to.clone();
+        self.paid_at = Some(paid.paid_at);
+    }
+}
+
+/// The batch-settlement voucher that bought a task, and its channel.
+#[derive(sqlx::FromRow)]
+struct VoucherPaid {
+    #[sqlx(flatten)]
+    paid: Paid,
     channel_id: String,
     ceiling: String,
 }
 
 async fn voucher_paid(db: &PgPool, task: Id) -> Result<Option<VoucherPaid>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT c.network, c.payer, v.price::TEXT AS amount, v.asset, c.config->>'receiver' AS pay_to,
-                v.created_at, v.channel_id, v.ceiling::TEXT AS ceiling
+        "SELECT c.network, c.payer, v.price::TEXT AS amount, v.asset, NULL::TEXT AS transaction,
+                c.config->>'receiver' AS pay_to, v.created_at AS paid_at, v.channel_id, v.ceiling::TEXT AS ceiling
            FROM batch_vouchers v JOIN batch_channels c USING (channel_id)
           WHERE v.task_id = $1",
     )
@@ -150,16 +160,11 @@ async fn voucher_paid(db: &PgPool, task: Id) -> Result<Option<VoucherPaid>, sqlx
 /// The credit that paid for a task, and the payment that money came from.
 #[derive(sqlx::FromRow)]
 struct CreditPaid {
+    #[sqlx(flatten)]
+    paid: Paid,
     credit: Id,
     source_task: Option<Id>,
     reason: String,
-    network: String,
-    asset: String,
-    amount: String,
-    spent_at: OffsetDateTime,
-    payer: String,
-    transaction: Option<String>,
-    pay_to: Option<String>,
 }
 
 /// The credit `task` spent (not one it spent on its own re-run: then its
@@ -175,7 +180,7 @@ async fn credit_paid(db: &PgPool, task: Id) -> Result<Option<CreditPaid>, sqlx::
              SELECT chain.first, c.source_task, c.source_attempt, chain.depth + 1
                FROM chain JOIN credits c ON c.spent_by = chain.source_task AND c.source_task IS DISTINCT FROM c.spent_by
               WHERE chain.depth < 64)
-         SELECT f.id AS credit, f.source_task, f.reason, f.network, f.asset, f.amount, f.spent_at,
+         SELECT f.id AS credit, f.source_task, f.reason, f.network, f.asset, f.amount, f.spent_at AS paid_at,
                 coalesce(p.payer, a.payer, bc.payer) AS payer,
                 coalesce(p.transaction, a.transaction) AS transaction,
                 coalesce(p.pay_to, a.pay_to, bc.config->>'receiver') AS pay_to
