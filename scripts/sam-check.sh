@@ -209,7 +209,8 @@ for resource in template["Resources"].values():
     for arn, plain in (("REEVE_PEPPER_SECRET_ARN", "REEVE_PEPPER"),
                        ("REEVE_TOKEN_KEY_SECRET_ARN", "REEVE_TOKEN_KEY"),
                        ("REEVE_DATABASE_URL_SECRET_ARN", "DATABASE_URL"),
-                       ("REEVE_RECEIPT_KEY_SECRET_ARN", "REEVE_RECEIPT_KEY")):
+                       ("REEVE_RECEIPT_KEY_SECRET_ARN", "REEVE_RECEIPT_KEY"),
+                       ("REEVE_BATCH_AUTHORIZER_KEY_SECRET_ARN", "REEVE_BATCH_AUTHORIZER_KEY")):
         if variables.pop(arn, None) is not None:
             variables[plain] = ""
 with open(dst, "w") as f:

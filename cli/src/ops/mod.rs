@@ -119,11 +119,9 @@ pub async fn serve(
         (Some(sweep), Some(worker)) => {
             let queue_url = api.settings.queue_url.clone();
             let sqs = api.aws.sqs.clone();
-            let sweeping = startup::sweeper_beside(&worker, sqs.clone(), queue_url.clone()).spawn_every(
-                sweep.every(),
-                sweep.older_than(),
-                when(stopped.clone()),
-            );
+            let sweeping = startup::sweeper_beside(&worker, &config, &sdk, sqs.clone(), queue_url.clone())
+                .await?
+                .spawn_every(sweep.every(), sweep.older_than(), when(stopped.clone()));
             // Completion webhooks, from their outbox, every second.
             let sending = startup::webhooks_beside(&worker, &config)?.spawn_every(POLL, when(stopped.clone()));
             let mut poller = Poller::connect(Arc::new(worker), sqs, queue_url).await?;
@@ -213,7 +211,7 @@ pub async fn work(
     let sqs = aws::sqs(&sdk);
     let stopped = stop_on_signal();
     // The sweeps find the tasks whose message was lost.
-    let sweeping = startup::sweeper_beside(&ctx, sqs.clone(), queue_url.clone()).spawn_every(
+    let sweeping = startup::sweeper_beside(&ctx, &config, &sdk, sqs.clone(), queue_url.clone()).await?.spawn_every(
         sweep.every(),
         sweep.older_than(),
         when(stopped.clone()),

@@ -110,7 +110,8 @@ pub const EDGE_SECRET: &str = "REEVE_EDGE_SECRET";
 pub const RECEIPT_KEY: &str = "REEVE_RECEIPT_KEY";
 /// The batch-settlement receiver authorizer's key (64 hex digits), whose
 /// address is the catalog's `[payments] batch_receiver_authorizer`: the
-/// sweeper signs its claims with it. Unset: vouchers are not claimed.
+/// sweeper (and the sweep beside `reeve serve` and `reeve work`) signs its
+/// claims with it. Unset: vouchers are not claimed.
 pub const BATCH_AUTHORIZER_KEY: &str = "REEVE_BATCH_AUTHORIZER_KEY";
 /// How long a batch-settlement voucher may wait unclaimed at most, in
 /// seconds (default 3600; a quarter of the channel's withdraw delay caps it).
@@ -128,14 +129,16 @@ pub const TOKEN_KEY_SECRET_ARN: &str = "REEVE_TOKEN_KEY_SECRET_ARN";
 pub const DATABASE_URL_SECRET_ARN: &str = "REEVE_DATABASE_URL_SECRET_ARN";
 pub const EDGE_SECRET_ARN: &str = "REEVE_EDGE_SECRET_ARN";
 pub const RECEIPT_KEY_SECRET_ARN: &str = "REEVE_RECEIPT_KEY_SECRET_ARN";
+pub const BATCH_AUTHORIZER_KEY_SECRET_ARN: &str = "REEVE_BATCH_AUTHORIZER_KEY_SECRET_ARN";
 
 /// The secrets, each with the variable that names its ARN.
-pub const SECRETS: [(&str, &str); 5] = [
+pub const SECRETS: [(&str, &str); 6] = [
     (PEPPER, PEPPER_SECRET_ARN),
     (TOKEN_KEY, TOKEN_KEY_SECRET_ARN),
     (DATABASE_URL, DATABASE_URL_SECRET_ARN),
     (EDGE_SECRET, EDGE_SECRET_ARN),
     (RECEIPT_KEY, RECEIPT_KEY_SECRET_ARN),
+    (BATCH_AUTHORIZER_KEY, BATCH_AUTHORIZER_KEY_SECRET_ARN),
 ];
 
 /// The variable naming `secret`'s ARN (`REEVE_PEPPER` → `REEVE_PEPPER_SECRET_ARN`).

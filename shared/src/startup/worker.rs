@@ -252,7 +252,8 @@ pub async fn lambda_sweeper() -> Sweeper {
 #[cfg(feature = "sweeper")]
 /// The sweeper's context (the `sweeper` Lambda, `reeve sweep`).
 pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, StartupError> {
-    let (config, mut problems) = with_secrets(config, sdk, &[settings::DATABASE_URL]).await;
+    let (config, mut problems) =
+        with_secrets(config, sdk, &[settings::DATABASE_URL, settings::BATCH_AUTHORIZER_KEY]).await;
     let mut env = config.env();
     let database_url = env.secret_text(settings::DATABASE_URL);
     let redis_url = env.required(settings::REDIS_URL);
@@ -294,10 +295,11 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
 
 #[cfg(feature = "sweeper")]
 /// The claimer of batch-settlement vouchers, from the receiver authorizer's
-/// key (`REEVE_BATCH_AUTHORIZER_KEY`), which must be the key of the
-/// catalog's `batch_receiver_authorizer`. No key: vouchers are not claimed
-/// (logged where the catalog takes them). The key's value is never part of
-/// a problem or a log line.
+/// key (`REEVE_BATCH_AUTHORIZER_KEY`, or the secret its `_SECRET_ARN`
+/// names), which must be the key of the catalog's
+/// `batch_receiver_authorizer`. No key: vouchers are not claimed (logged
+/// where the catalog takes them). The key's value is never part of a
+/// problem or a log line.
 fn batch_claimer(
     config: &Config,
     catalog: Option<&crate::domain::catalog::Catalog>,
@@ -308,17 +310,19 @@ fn batch_claimer(
     let payments = catalog.and_then(|c| c.payments.as_ref());
     let authorizer = payments.and_then(|p| p.batch_receiver_authorizer.as_deref());
     let key = zeroize::Zeroizing::new(config.get(settings::BATCH_AUTHORIZER_KEY));
-    let (Some(payments), Some(authorizer), Some(key)) = (payments, authorizer, key.as_deref()) else {
+    let (Some(catalog), Some(authorizer), Some(key)) = (catalog, authorizer, key.as_deref()) else {
         if authorizer.is_some() {
             tracing::warn!(
-                "{} is not set: batch-settlement vouchers are taken but not claimed",
-                settings::BATCH_AUTHORIZER_KEY
+                "{} is not set (nor {}): batch-settlement vouchers are taken but not claimed",
+                settings::BATCH_AUTHORIZER_KEY,
+                settings::BATCH_AUTHORIZER_KEY_SECRET_ARN
             );
         }
         return None;
     };
-    let facilitator =
-        crate::domain::payments::Facilitator::new(&payments.facilitator_url).map_err(|e| problems.push(e)).ok()?;
+    // The facilitator the rest of the process pays through: the catalog's,
+    // or `REEVE_FACILITATOR_URL`'s.
+    let facilitator = super::facilitator_check::facilitator_for(config, catalog).map_err(|e| problems.push(e)).ok()??;
     match Claimer::new(facilitator, key, after) {
         Err(e) => {
             problems.push(format!("{} {e}", settings::BATCH_AUTHORIZER_KEY));
@@ -338,9 +342,23 @@ fn batch_claimer(
 
 #[cfg(all(feature = "poller", feature = "sweeper"))]
 /// The sweeper a long-running worker runs beside its poller (`reeve work`,
-/// `reeve serve`), on the worker's own Postgres pool and Redis doorbell.
-pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_url: String) -> Sweeper {
-    Sweeper {
+/// `reeve serve`), on the worker's own Postgres pool and Redis doorbell. It
+/// claims batch-settlement vouchers as the sweeper function does, given the
+/// receiver authorizer's key.
+pub async fn sweeper_beside(
+    worker: &WorkerContext,
+    config: &Config,
+    sdk: &SdkConfig,
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+) -> Result<Sweeper, StartupError> {
+    let (config, mut problems) = with_secrets(config, sdk, &[settings::BATCH_AUTHORIZER_KEY]).await;
+    let mut env = config.env();
+    let claim_after = settings::batch_claim_after(&mut env);
+    problems.extend(env.take_problems());
+    let batch_claims = batch_claimer(&config, Some(worker.catalog.as_ref()), claim_after, &mut problems);
+    checked(problems)?;
+    Ok(Sweeper {
         db: worker.db.clone(),
         sqs,
         queue_url,
@@ -352,9 +370,8 @@ pub fn sweeper_beside(worker: &WorkerContext, sqs: aws_sdk_sqs::Client, queue_ur
         // A long-lived worker sends them on its own, every second
         // ([`webhooks_beside`]), not at the sweep's pace.
         webhooks: None,
-        // Not claimed here yet: only the sweeper function is given the key.
-        batch_claims: None,
-    }
+        batch_claims,
+    })
 }
 
 #[cfg(feature = "worker")]

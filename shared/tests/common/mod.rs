@@ -229,6 +229,31 @@ pub fn with_runner(ctx: WorkerContext, runner: Arc<dyn Runner>) -> WorkerContext
     WorkerContext { runner, ..ctx }
 }
 
+/// The stack's moto, which serves every AWS service on one port
+/// (`AWS_ENDPOINT_URL_SQS` is its address): Secrets Manager for the tests
+/// that name secrets by ARN.
+pub fn moto() -> aws_config::SdkConfig {
+    use aws_config::{BehaviorVersion, Region, SdkConfig};
+    let endpoint = std::env::var("AWS_ENDPOINT_URL_SQS").expect("the stack's .env is loaded");
+    SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(aws_sdk_secretsmanager::config::SharedCredentialsProvider::new(
+            aws_sdk_secretsmanager::config::Credentials::new("test", "test", None, None, "test"),
+        ))
+        .build()
+}
+
+/// Creates a secret of the calling test's own in [`moto`] and answers its ARN.
+pub async fn create_secret(sdk: &aws_config::SdkConfig, value: &str) -> String {
+    let client = aws_sdk_secretsmanager::Client::new(sdk);
+    let name = format!("reeve-test/{}", ulid::Ulid::new());
+    let created =
+        client.create_secret().name(name).secret_string(value).send().await.expect("moto serves Secrets Manager");
+    created.arn().expect("an ARN").to_owned()
+}
+
 /// The stack's S3 and SQS, configured as every binary is (`startup`).
 pub async fn aws() -> AwsClients {
     reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await

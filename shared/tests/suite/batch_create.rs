@@ -458,12 +458,7 @@ async fn the_official_client_pays_tasks_over_one_channel_one_deposit_then_vouche
 /// channel is recent enough; then `503 chain_unavailable`, nothing charged.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn vouchers_are_taken_without_facilitator_or_chain_within_the_staleness_bound_then_503(pool: PgPool) {
-    let chain = ChainLock::shared().await;
-    let shop = Shop::new(&pool).await;
-    let payer = Payer::new(&chain, FUNDS).await;
-    let channel = Channel::of(&payer, &shop.pay_to);
-    let opened = shop.official_client_creates(&payer, 2, "a").await;
-    assert!(opened.iter().all(|c| c["status"] == 202), "{opened:?}");
+    let (_chain, shop, _payer, channel) = bought_over_a_channel(&pool, 2).await;
 
     // The same seller, with its facilitator and its chain endpoint down
     // (nothing listens on port 1).
@@ -489,21 +484,28 @@ async fn vouchers_are_taken_without_facilitator_or_chain_within_the_staleness_bo
     cut.queue.delete().await;
 }
 
+/// The chain held shared, a shop, and a payer that opened a channel to it
+/// with the official client and bought `tasks` tasks over it.
+async fn bought_over_a_channel(pool: &PgPool, tasks: usize) -> (ChainLock, Shop, Payer, Channel) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let channel = Channel::of(&payer, &shop.pay_to);
+    let paid = shop.official_client_creates(&payer, tasks, "a").await;
+    assert!(paid.iter().all(|c| c["status"] == 202), "{paid:?}");
+    (chain, shop, payer, channel)
+}
+
 /// The claims that are due, the digest the receiver authorizer signs for
 /// them (the escrow's own `getClaimBatchDigest`), and the claim payload:
 /// sent through the facilitator's `/settle`, it claims exactly what the
-/// vouchers bought, and the `settle` payload then pays it to `payTo`.
-/// (Reeve's sweep does not run these yet; the test signs as the sweep will.)
+/// vouchers bought, and the `settle` payload then pays it to `payTo`, as
+/// the sweep sends them.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_claim_due_is_the_last_voucher_and_the_facilitator_claims_exactly_what_it_bought(pool: PgPool) {
     use batch::claim;
 
-    let chain = ChainLock::shared().await;
-    let shop = Shop::new(&pool).await;
-    let payer = Payer::new(&chain, FUNDS).await;
-    let channel = Channel::of(&payer, &shop.pay_to);
-    let paid = shop.official_client_creates(&payer, 3, "a").await;
-    assert!(paid.iter().all(|c| c["status"] == 202), "{paid:?}");
+    let (_chain, shop, payer, channel) = bought_over_a_channel(&pool, 3).await;
 
     // Taken a moment ago, with 15 minutes of withdraw delay: not due within
     // an hour's policy (a quarter of the delay is under four minutes away),
@@ -565,25 +567,40 @@ async fn the_claim_due_is_the_last_voucher_and_the_facilitator_claims_exactly_wh
 }
 
 /// The sweep, given the receiver authorizer's key, claims what the vouchers
-/// bought and has it paid to `payTo`, once: a second sweep finds the escrow
-/// claimed and sends nothing. A key of another address does not start.
+/// bought and has it paid to `payTo`, once: the sweep beside a long-running
+/// worker (`reeve work`, `reeve serve`) with the key from Secrets Manager
+/// by ARN, as the template gives it to the sweeper function, claims; the
+/// sweeper function's own sweep after it finds the escrow claimed and sends
+/// nothing. A claim the facilitator does not answer is due again. A key of
+/// another address does not start, by value or by ARN.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_sweep_claims_what_the_vouchers_bought_and_pays_it_to_pay_to_once(pool: PgPool) {
-    let chain = ChainLock::shared().await;
-    let shop = Shop::new(&pool).await;
-    let payer = Payer::new(&chain, FUNDS).await;
-    let channel = Channel::of(&payer, &shop.pay_to);
-    let paid = shop.official_client_creates(&payer, 3, "a").await;
-    assert!(paid.iter().all(|c| c["status"] == 202), "{paid:?}");
+    let (_chain, shop, _payer, channel) = bought_over_a_channel(&pool, 3).await;
 
-    let config = shop
-        .config
-        .clone()
-        .with(settings::BATCH_AUTHORIZER_KEY, format!("0x{}", hex::encode([0x42u8; 32])))
-        .with(settings::BATCH_CLAIM_AFTER, "0");
-    let sweeper = startup::sweeper(&config, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
-    for _ in 0..2 {
-        sweeper.sweep(Duration::from_secs(300)).await.unwrap();
+    let moto = common::moto();
+    let key = format!("0x{}", hex::encode([0x42u8; 32]));
+    let config = shop.config.clone().with(settings::BATCH_CLAIM_AFTER, "0");
+    // With the facilitator unreachable the claim fails, nothing moves, and
+    // the channel stays due.
+    let cut =
+        config.clone().with(settings::BATCH_AUTHORIZER_KEY, &key).with("REEVE_FACILITATOR_URL", "http://127.0.0.1:1");
+    let cut = startup::sweeper(&cut, &startup::sdk().await).await.unwrap_or_else(|e| panic!("{e}"));
+    let report = cut.sweep(Duration::from_secs(300)).await.unwrap();
+    assert_eq!((report.payments.channels_claimed, report.payments.claims_failed), (0, 1), "{report:?}");
+    assert_eq!(chain::balance(&shop.pay_to).await, 0);
+    let by_arn =
+        config.clone().with(settings::BATCH_AUTHORIZER_KEY_SECRET_ARN, common::create_secret(&moto, &key).await);
+    let worker = common::worker(&config).await;
+    let beside = startup::sweeper_beside(&worker, &by_arn, &moto, common::aws().await.sqs, shop.queue.url.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let function = startup::sweeper(&config.clone().with(settings::BATCH_AUTHORIZER_KEY, &key), &startup::sdk().await)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The first claims the channel; the second finds nothing due.
+    for (sweeper, claimed) in [(beside, 1), (function, 0)] {
+        let report = sweeper.sweep(Duration::from_secs(300)).await.unwrap();
+        assert_eq!((report.payments.channels_claimed, report.payments.claims_failed), (claimed, 0), "{report:?}");
         let chains = reeve_shared::payments::Chains::parse(&chain::chain_rpc_urls()).unwrap();
         let on_chain = batch::read(chains.get("eip155:84532").unwrap(), channel.id().parse().unwrap()).await.unwrap();
         assert_eq!((on_chain.balance, on_chain.total_claimed), (10 * PRICE, 3 * PRICE));
@@ -597,8 +614,14 @@ async fn the_sweep_claims_what_the_vouchers_bought_and_pays_it_to_pay_to_once(po
     }
     assert_eq!(assert_channel_books(&pool, &channel.id()).await, 3 * PRICE);
 
-    let wrong = shop.config.clone().with(settings::BATCH_AUTHORIZER_KEY, format!("0x{}", hex::encode([0x11u8; 32])));
-    let refused = startup::sweeper(&wrong, &startup::sdk().await).await.map(|_| ()).unwrap_err().to_string();
+    let other = format!("0x{}", hex::encode([0x11u8; 32]));
+    let by_value = shop.config.clone().with(settings::BATCH_AUTHORIZER_KEY, &other);
+    let refused = startup::sweeper(&by_value, &startup::sdk().await).await.map(|_| ()).unwrap_err().to_string();
+    assert!(refused.contains("REEVE_BATCH_AUTHORIZER_KEY is the key of"), "{refused}");
+    assert!(!refused.contains(&hex::encode([0x11u8; 32])), "the key is never shown: {refused}");
+    let by_arn =
+        shop.config.clone().with(settings::BATCH_AUTHORIZER_KEY_SECRET_ARN, common::create_secret(&moto, &other).await);
+    let refused = startup::sweeper(&by_arn, &moto).await.map(|_| ()).unwrap_err().to_string();
     assert!(refused.contains("REEVE_BATCH_AUTHORIZER_KEY is the key of"), "{refused}");
     assert!(!refused.contains(&hex::encode([0x11u8; 32])), "the key is never shown: {refused}");
     shop.queue.delete().await;

@@ -7,7 +7,6 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use aws_config::{BehaviorVersion, Region, SdkConfig};
 use reeve_shared::auth::{self, Secret, SpaceId};
 use reeve_shared::db::Connect;
 use reeve_shared::settings::{self, Config, Needs};
@@ -18,28 +17,6 @@ const TOKEN_KEY: &str = "token-key-from-secrets-manager-0123456789ab";
 
 fn catalog() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../reeve.dev.toml")
-}
-
-/// The stack's moto: `AWS_ENDPOINT_URL_SQS` is its address.
-fn moto() -> SdkConfig {
-    let endpoint = std::env::var("AWS_ENDPOINT_URL_SQS").expect("the stack's .env is loaded");
-    SdkConfig::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .endpoint_url(endpoint)
-        .credentials_provider(aws_sdk_secretsmanager::config::SharedCredentialsProvider::new(
-            aws_sdk_secretsmanager::config::Credentials::new("test", "test", None, None, "test"),
-        ))
-        .build()
-}
-
-/// Creates a secret of this test's own and answers its ARN.
-async fn create_secret(sdk: &SdkConfig, value: &str) -> String {
-    let client = aws_sdk_secretsmanager::Client::new(sdk);
-    let name = format!("reeve-test/{}", ulid::Ulid::new());
-    let created =
-        client.create_secret().name(name).secret_string(value).send().await.expect("moto serves Secrets Manager");
-    created.arn().expect("an ARN").to_owned()
 }
 
 /// These variables, the shipped catalog unless they name another, and the
@@ -78,12 +55,12 @@ fn plain(redis: &str) -> Vec<(&'static str, String)> {
 
 #[tokio::test]
 async fn secrets_named_by_arn_are_read_from_secrets_manager() {
-    let sdk = moto();
+    let sdk = common::moto();
     let database_url = std::env::var("DATABASE_URL").unwrap();
     let mut vars = plain(&common::redis_url());
-    vars.push(("REEVE_PEPPER_SECRET_ARN", create_secret(&sdk, PEPPER).await));
-    vars.push(("REEVE_TOKEN_KEY_SECRET_ARN", create_secret(&sdk, TOKEN_KEY).await));
-    vars.push(("REEVE_DATABASE_URL_SECRET_ARN", create_secret(&sdk, &database_url).await));
+    vars.push(("REEVE_PEPPER_SECRET_ARN", common::create_secret(&sdk, PEPPER).await));
+    vars.push(("REEVE_TOKEN_KEY_SECRET_ARN", common::create_secret(&sdk, TOKEN_KEY).await));
+    vars.push(("REEVE_DATABASE_URL_SECRET_ARN", common::create_secret(&sdk, &database_url).await));
 
     let ctx = startup::api(&config(&vars), &sdk, Needs::AUTH, Connect::Now).await.unwrap_or_else(|e| panic!("{e}"));
     // The values are Secrets Manager's: the same keys derive the same index.
@@ -104,7 +81,7 @@ async fn secrets_named_by_arn_are_read_from_secrets_manager() {
 
 #[tokio::test]
 async fn a_function_without_a_secret_cannot_use_it() {
-    let sdk = moto();
+    let sdk = common::moto();
     // The catalog function: no secret at all, and it starts.
     let ctx = startup::api(&config(&plain(&common::redis_url())), &sdk, Needs::NONE, Connect::Lazily)
         .await
@@ -120,7 +97,7 @@ async fn a_function_without_a_secret_cannot_use_it() {
 
 #[tokio::test]
 async fn every_problem_is_reported_at_once() {
-    let sdk = moto();
+    let sdk = common::moto();
     let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:reeve-test/missing-AbCdEf";
     let vars = vec![
         // The pepper is not given at all; the token key names a secret that
@@ -156,7 +133,7 @@ async fn every_problem_is_reported_at_once() {
 
 #[tokio::test]
 async fn a_secret_given_both_ways_is_refused() {
-    let sdk = moto();
+    let sdk = common::moto();
     let mut vars = plain(&common::redis_url());
     vars.push(("DATABASE_URL", std::env::var("DATABASE_URL").unwrap()));
     vars.push(("REEVE_DATABASE_URL_SECRET_ARN", "arn:aws:secretsmanager:us-east-1:1:secret:x".to_owned()));
@@ -167,9 +144,9 @@ async fn a_secret_given_both_ways_is_refused() {
 
 #[tokio::test]
 async fn the_worker_and_the_guard_read_the_database_url_by_arn() {
-    let sdk = moto();
+    let sdk = common::moto();
     let database_url = std::env::var("DATABASE_URL").unwrap();
-    let arn = create_secret(&sdk, &database_url).await;
+    let arn = common::create_secret(&sdk, &database_url).await;
     let vars = vec![
         ("REEVE_DATABASE_URL_SECRET_ARN", arn),
         ("REDIS_URL", common::redis_url()),
@@ -207,7 +184,7 @@ async fn the_worker_and_the_guard_read_the_database_url_by_arn() {
 #[tokio::test]
 async fn a_priced_network_without_a_chain_endpoint_stops_every_paying_start_up() {
     use reeve_shared::payments::{CHAIN_CONFIRMATIONS, CHAIN_RPC_URLS};
-    let sdk = moto();
+    let sdk = common::moto();
     let mut vars = plain(&common::redis_url());
     vars.push(("DATABASE_URL", std::env::var("DATABASE_URL").unwrap()));
     vars.push(("REEVE_PEPPER", PEPPER.to_owned()));

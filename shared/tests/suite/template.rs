@@ -211,8 +211,8 @@ const NOT_SET_BY_THE_TEMPLATE: &[(&str, &str)] = &[
     ("REEVE_EDGE_SECRET", "auth and mcp are given REEVE_EDGE_SECRET_ARN, and only behind the edge"),
     ("REEVE_RECEIPT_KEY", "task create, task status and mcp are given REEVE_RECEIPT_KEY_SECRET_ARN, when signing"),
     ("REEVE_FACILITATOR_URL", "the local stack's override: production uses the catalog's facilitator_url"),
-    ("REEVE_BATCH_AUTHORIZER_KEY", "batch-settlement claims: not deployed yet (the sweeper is not given the key)"),
-    ("REEVE_BATCH_CLAIM_AFTER_SECONDS", "batch-settlement claims: not deployed yet, the default stands"),
+    ("REEVE_BATCH_AUTHORIZER_KEY", "the sweeper is given REEVE_BATCH_AUTHORIZER_KEY_SECRET_ARN, when claiming"),
+    ("REEVE_BATCH_CLAIM_AFTER_SECONDS", "batch-settlement claims: the default (an hour) stands"),
     // The `reeve` client's, named in settings.rs beside the servers' ones:
     // read by the CLI on a user's machine, never by a deployed function.
     ("REEVE_ENDPOINT", "the client's: the deployment it talks to"),
@@ -453,8 +453,14 @@ fn the_catalog_layer_ships_reeve_toml() {
 
 /// The template parameters that name secrets, and the one secret the stack
 /// makes itself (the CloudFront edge's origin secret, when the edge is on).
-const SECRET_PARAMETERS: [&str; 5] =
-    ["DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn", "ApiEdgeSecret", "ReceiptKeySecretArn"];
+const SECRET_PARAMETERS: [&str; 6] = [
+    "DatabaseUrlSecretArn",
+    "PepperSecretArn",
+    "TokenKeySecretArn",
+    "ApiEdgeSecret",
+    "ReceiptKeySecretArn",
+    "BatchAuthorizerKeySecretArn",
+];
 
 /// Which resource may read which secret. Only `auth` reads the pepper;
 /// `auth`, the routes behind a session (uploads, tasks) and the relay read
@@ -480,7 +486,8 @@ const SECRET_READERS: &[(&str, &[&str])] = &[
     // A protocol kind's job carries a report token, signed with the token key.
     ("WorkerFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     ("UploadGuardFunction", &["DatabaseUrlSecretArn"]),
-    ("SweeperFunction", &["DatabaseUrlSecretArn"]),
+    // It claims batch-settlement vouchers with the receiver authorizer's key.
+    ("SweeperFunction", &["BatchAuthorizerKeySecretArn", "DatabaseUrlSecretArn"]),
     // The relay's secrets are injected by ECS with its execution role.
     ("RelayExecutionRole", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     ("RelayTaskDefinition", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
@@ -494,6 +501,7 @@ fn arn_variable(parameter: &str) -> &'static str {
         "TokenKeySecretArn" => "REEVE_TOKEN_KEY_SECRET_ARN",
         "ApiEdgeSecret" => "REEVE_EDGE_SECRET_ARN",
         "ReceiptKeySecretArn" => "REEVE_RECEIPT_KEY_SECRET_ARN",
+        "BatchAuthorizerKeySecretArn" => "REEVE_BATCH_AUTHORIZER_KEY_SECRET_ARN",
         other => panic!("{other} is not a secret parameter"),
     }
 }
@@ -552,6 +560,11 @@ fn each_function_reads_only_its_own_secrets_by_arn() {
                     "ReceiptKeySecretArn" => {
                         format!("{}: !If [HasReceiptKey, !Ref {parameter}, !Ref AWS::NoValue]", arn_variable(parameter))
                     }
+                    // The authorizer's key only where vouchers are claimed.
+                    "BatchAuthorizerKeySecretArn" => format!(
+                        "{}: !If [HasBatchAuthorizerKey, !Ref {parameter}, !Ref AWS::NoValue]",
+                        arn_variable(parameter)
+                    ),
                     _ => format!("{}: !Ref {parameter}", arn_variable(parameter)),
                 };
                 assert!(body.contains(&line), "{name} lacks `{line}`");
@@ -599,8 +612,11 @@ fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
         } else if main.contains("startup::lambda_worker()") {
             // A protocol kind's report token is signed with the token key.
             ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()
-        } else if ["startup::lambda_guard()", "startup::lambda_sweeper()"].iter().any(|c| main.contains(c)) {
+        } else if main.contains("startup::lambda_guard()") {
             ["DatabaseUrlSecretArn"].into()
+        } else if main.contains("startup::lambda_sweeper()") {
+            // Plus the key it claims batch-settlement vouchers with.
+            ["BatchAuthorizerKeySecretArn", "DatabaseUrlSecretArn"].into()
         } else {
             panic!("{binary}'s main does not start through reeve_shared::startup");
         };

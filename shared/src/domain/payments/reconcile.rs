@@ -63,6 +63,11 @@ pub struct Reconciled {
     /// Claimed but not looked at: the sweep's time ran out. Released for
     /// the next one.
     pub deferred: usize,
+    /// Batch-settlement channels whose claim the escrow now shows.
+    pub channels_claimed: usize,
+    /// Batch-settlement claims that did not go through (refused, not
+    /// answered, or the channel unreadable): due again at the next sweep.
+    pub claims_failed: usize,
     /// The tasks created, `(id, kind)`, for the caller to queue.
     #[serde(skip)]
     pub created: Vec<(Id, String)>,
@@ -77,6 +82,8 @@ impl std::ops::AddAssign for Reconciled {
         self.open += other.open;
         self.chain_errors += other.chain_errors;
         self.deferred += other.deferred;
+        self.channels_claimed += other.channels_claimed;
+        self.claims_failed += other.claims_failed;
         self.created.extend(other.created);
     }
 }

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use super::channel::refresh;
 use super::escrow::read;
 use super::voucher::domain;
-use crate::domain::payments::chain::Chains;
+use crate::domain::payments::chain::{Chain, Chains};
 use crate::domain::payments::challenge::{Extra, PaymentRequirements};
 use crate::domain::payments::facilitator::Facilitator;
 use crate::domain::payments::scheme::Scheme;
@@ -161,6 +161,22 @@ pub struct Claimed {
     pub failed: usize,
 }
 
+/// Whether the escrow shows `claim` claimed, its read kept in
+/// `batch_channels`; `None` when the chain cannot be read.
+async fn shows_claimed(chain: &Chain, db: &PgPool, claim: &Claim) -> Result<Option<bool>, sqlx::Error> {
+    let channel = format!("{:#x}", claim.channel_id);
+    match read(chain, claim.channel_id).await {
+        Ok(on_chain) => {
+            refresh(&mut *db.acquire().await?, &channel, on_chain).await?;
+            Ok(Some(on_chain.total_claimed >= claim.total))
+        }
+        Err(e) => {
+            tracing::warn!(%channel, error = %e, "cannot read a batch-settlement channel");
+            Ok(None)
+        }
+    }
+}
+
 impl Claimer {
     /// `key`: the receiver authorizer's private key, 64 hex digits (`0x`
     /// optional). The message of an error never quotes it.
@@ -202,20 +218,10 @@ impl Claimer {
             // What the escrow shows already: a claim whose answer was lost.
             let mut open = Vec::new();
             for claim in claims {
-                let channel = format!("{:#x}", claim.channel_id);
-                match read(chain, claim.channel_id).await {
-                    Ok(on_chain) => {
-                        refresh(&mut *db.acquire().await?, &channel, on_chain).await?;
-                        if on_chain.total_claimed >= claim.total {
-                            report.channels += 1;
-                        } else {
-                            open.push(claim);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(%channel, error = %e, "cannot read a batch-settlement channel to claim it");
-                        report.failed += 1;
-                    }
+                match shows_claimed(chain, db, &claim).await? {
+                    Some(true) => report.channels += 1,
+                    Some(false) => open.push(claim),
+                    None => report.failed += 1,
                 }
             }
             if open.is_empty() {
@@ -232,17 +238,9 @@ impl Claimer {
             let budget = Some(until.saturating_duration_since(Instant::now()));
             let claimed = self.send(&requirements, payload(&open, &format!("0x{}", hex::encode(bytes))), budget).await;
             for claim in &open {
-                let channel = format!("{:#x}", claim.channel_id);
-                match read(chain, claim.channel_id).await {
-                    Ok(on_chain) => {
-                        refresh(&mut *db.acquire().await?, &channel, on_chain).await?;
-                        if on_chain.total_claimed >= claim.total {
-                            report.channels += 1;
-                        } else {
-                            report.failed += 1;
-                        }
-                    }
-                    Err(_) => report.failed += 1,
+                match shows_claimed(chain, db, claim).await? {
+                    Some(true) => report.channels += 1,
+                    _ => report.failed += 1,
                 }
             }
             if claimed {
@@ -255,6 +253,11 @@ impl Claimer {
         }
         if report != Claimed::default() {
             tracing::info!(?report, "batch-settlement claims");
+        }
+        for (action, n) in [("channel_claimed", report.channels), ("claim_failed", report.failed)] {
+            if n > 0 {
+                crate::infra::metrics::sweeper_action(action, n as u64);
+            }
         }
         Ok(report)
     }

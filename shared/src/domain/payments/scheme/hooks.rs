@@ -191,10 +191,13 @@ mod in_sweep {
                 Scheme::Exact => reconcile::reconcile(db, chains, counter, until).await,
                 Scheme::Upto => Ok(Reconciled::default()),
                 Scheme::Batch => {
-                    if let Some(claimer) = claimer {
-                        claimer.claim_due(db, chains, until).await?;
-                    }
-                    Ok(Reconciled::default())
+                    let Some(claimer) = claimer else { return Ok(Reconciled::default()) };
+                    let claimed = claimer.claim_due(db, chains, until).await?;
+                    Ok(Reconciled {
+                        channels_claimed: claimed.channels,
+                        claims_failed: claimed.failed,
+                        ..Reconciled::default()
+                    })
                 }
             }
         }
