@@ -322,7 +322,8 @@ fn batch_claimer(
     };
     // The facilitator the rest of the process pays through: the catalog's,
     // or `REEVE_FACILITATOR_URL`'s.
-    let facilitator = super::facilitator_check::facilitator_for(config, catalog).map_err(|e| problems.push(e)).ok()??;
+    let facilitator =
+        super::facilitator_check::facilitator_for(config, catalog).map_err(|e| problems.push(e)).ok()??;
     match Claimer::new(facilitator, key, after) {
         Err(e) => {
             problems.push(format!("{} {e}", settings::BATCH_AUTHORIZER_KEY));
