@@ -257,15 +257,14 @@ pub struct Payer {
 
 impl Payer {
     pub async fn new(chain: &ChainLock, funds: u128) -> Payer {
-        let out = std::process::Command::new(python())
-            .args(["-c", "from eth_account import Account; a = Account.create(); print(a.key.hex(), a.address)"])
-            .output()
-            .unwrap_or_else(|e| panic!("{}: {e}; run scripts/stack.sh up", python().display()));
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8(out.stdout).unwrap();
-        let (key, address) = text.trim().split_once(' ').unwrap();
-        let key = if key.starts_with("0x") { key.to_owned() } else { format!("0x{key}") };
-        let payer = Payer { key, address: address.to_owned() };
+        // Two ULIDs' 160 random bits, hashed: a key no other test holds,
+        // made here rather than by a Python process per payer (a second of
+        // CPU each, for a key).
+        let seed = [Id::new().to_bytes(), Id::new().to_bytes()].concat();
+        let secret = alloy_primitives::keccak256(seed);
+        let key = alloy_signer::k256::ecdsa::SigningKey::from_slice(secret.as_slice()).expect("a valid secp256k1 key");
+        let address = alloy_signer::utils::public_key_to_address(key.verifying_key()).to_checksum(None);
+        let payer = Payer { key: format!("{secret:#x}"), address };
         if funds > 0 {
             mint(chain, &payer.address, funds).await;
         }
@@ -322,12 +321,11 @@ impl Payer {
     /// The same, made by `client`.
     pub async fn sign_with(&self, client: Client, challenge_header: &str) -> String {
         let (key, challenge) = (self.key.clone(), challenge_header.to_owned());
+        if let Client::Python = client {
+            return tokio::task::spawn_blocking(move || PythonSigner::sign(&key, &challenge)).await.unwrap();
+        }
         let out = tokio::task::spawn_blocking(move || {
-            let mut command = match client {
-                Client::Python => std::process::Command::new(python()),
-                Client::TypeScript => std::process::Command::new("node"),
-            };
-            let mut child = command
+            let mut child = std::process::Command::new("node")
                 .arg(root().join(client.script()))
                 .arg(rpc_url())
                 .env("REEVE_WALLET_KEY", key)
@@ -343,6 +341,53 @@ impl Payer {
         .unwrap();
         assert!(out.status.success(), "{}: {}", client.script(), String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+}
+
+/// `scripts/payments/pay.py --serve`, one for the test binary, started on
+/// the first signature: each Python start imports the SDK again, over a
+/// second of CPU, and the suites sign some two hundred payments. It reads
+/// the payer's key from its stdin with each challenge, never from an
+/// argument, and ends when the binary does (its stdin closes).
+struct PythonSigner {
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    _child: std::process::Child,
+}
+
+static PYTHON_SIGNER: std::sync::Mutex<Option<PythonSigner>> = std::sync::Mutex::new(None);
+
+impl PythonSigner {
+    fn start() -> PythonSigner {
+        let mut child = std::process::Command::new(python())
+            .arg(root().join(Client::Python.script()))
+            .args(["--serve", &rpc_url()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e}", python().display()));
+        let (stdin, stdout) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
+        PythonSigner { stdin, stdout: std::io::BufReader::new(stdout), _child: child }
+    }
+
+    /// One signature; the signer is started again if the last one died.
+    fn sign(key: &str, challenge: &str) -> String {
+        use std::io::BufRead as _;
+        let mut signer = PYTHON_SIGNER.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let running = signer.get_or_insert_with(PythonSigner::start);
+        let request = json!({ "key": key, "challenge": challenge }).to_string() + "\n";
+        let mut line = String::new();
+        let asked = running.stdin.write_all(request.as_bytes()).and_then(|()| running.stdin.flush());
+        let answered = asked.and_then(|()| running.stdout.read_line(&mut line));
+        if !matches!(answered, Ok(n) if n > 0) {
+            *signer = None;
+            panic!("scripts/payments/pay.py --serve stopped answering: {answered:?}");
+        }
+        let answer: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("pay.py answered {line:?}: {e}"));
+        match answer["header"].as_str() {
+            Some(header) => header.to_owned(),
+            None => panic!("pay.py: {}", answer["error"]),
+        }
     }
 }
 
