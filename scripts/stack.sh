@@ -138,6 +138,8 @@ ensure_venv() {
   # --no-compile: Python compiles each module when it is first imported, so
   # only what the tools use is compiled, not every file of every package
   # (botocore, moto) while scripts/test.sh builds the workspace beside it.
+  # That needs bytecode writing on: lib/common.sh unsets
+  # PYTHONDONTWRITEBYTECODE for every script.
   if ! "$VENV_DIR/bin/python" -m pip install -q --disable-pip-version-check \
         --no-input --no-compile -r "$REQS" >"$piplog" 2>&1; then
     tail -n 30 "$piplog" >&2

@@ -5,6 +5,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 STACK_DIR="$ROOT/.stack"
 VENV_DIR="$ROOT/.venv"
 ENV_FILE="$ROOT/.env"
+# Python keeps the bytecode of what it imports (.venv's tools, installed
+# uncompiled: see stack.sh). A machine that sets PYTHONDONTWRITEBYTECODE
+# (CI's does) made every start compile its imports again: 2.1 s of CPU for
+# each process that imports the x402 SDK, and moto, sam, cfn-lint and
+# checkov alike.
+unset PYTHONDONTWRITEBYTECODE
 
 log()  { printf '%s: %s\n' "${LOG_TAG:-reeve}" "$*" >&2; }
 die()  { printf '%s: error: %s\n' "${LOG_TAG:-reeve}" "$*" >&2; exit 1; }
