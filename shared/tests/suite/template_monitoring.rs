@@ -28,6 +28,7 @@ const ALARMS: &[(&str, &str)] = &[
     ("RelayUnhealthyHostsAlarm", "UnHealthyHostCount"),
     ("Relay5xxAlarm", "HTTPCode_Target_5XX_Count"),
     ("FailedTaskRateAlarm", metrics::TASKS_FINISHED),
+    ("BatchClaimsFailingAlarm", metrics::SWEEPER_ACTIONS),
 ];
 
 #[test]
@@ -163,7 +164,10 @@ fn the_emf_namespace_is_per_stage_and_the_alarms_and_dashboard_read_it() {
         assert_eq!(value, format!("!Sub \"{namespace}\""), "an alarm reads another namespace");
         reeve_alarm_metrics += 1;
     }
-    assert_eq!(reeve_alarm_metrics, 2, "the failed-task rate reads failed and completed");
+    assert_eq!(
+        reeve_alarm_metrics, 3,
+        "the failed-task rate reads failed and completed, the batch claims alarm the sweeper's claim_failed"
+    );
 
     // The dashboard, each metric and each SEARCH: the same namespace, and
     // never the unstaged default.
