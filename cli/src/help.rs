@@ -12,7 +12,7 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("Task (client)", &["task", "receipt"]),
     (
         "Operations (run Reeve: its catalog, database, queue and bucket)",
-        &["config", "migrate", "serve", "work", "relay", "sweep", "tasks", "storage"],
+        &["config", "migrate", "serve", "work", "relay", "sweep", "tasks", "payments", "storage"],
     ),
 ];
 

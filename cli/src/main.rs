@@ -1,6 +1,6 @@
 //! `reeve`: a client of any deployment (space, login, catalog, upload, task:
 //! [`client`]) and the operations that run Reeve (config check, migrate,
-//! serve, work, relay, sweep, tasks, storage: [`ops`]). Glue only: the commands,
+//! serve, work, relay, sweep, tasks, payments, storage: [`ops`]). Glue only: the commands,
 //! their flags, and the dispatch to each group's module.
 
 use std::net::SocketAddr;
@@ -23,7 +23,7 @@ use client::receipt::{self, ReceiptCommand};
 use client::space::{self, LoginArgs, SpaceCommand};
 use client::task::{self, TaskCommand};
 use client::upload::{self, UploadArgs};
-use ops::{migrate, storage, sweep, tasks};
+use ops::{migrate, payments, storage, sweep, tasks};
 
 #[derive(Parser)]
 #[command(name = "reeve", version, about = "Reeve: zero-account, pay-per-task jobs")]
@@ -140,6 +140,11 @@ enum Command {
         #[command(subcommand)]
         command: tasks::TasksCommand,
     },
+    /// Batch-settlement channels: what is charged, claimed and due.
+    Payments {
+        #[command(subcommand)]
+        command: payments::PaymentsCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -192,6 +197,7 @@ fn main() -> ExitCode {
         Command::Storage { command } => runtime().block_on(storage::run(command)),
         Command::Sweep(args) => runtime().block_on(sweep::run(args, ops::shutdown_signal())),
         Command::Tasks { command } => runtime().block_on(tasks::run(command)),
+        Command::Payments { command } => runtime().block_on(payments::run(command)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,10 +1,11 @@
 //! The operations, as `reeve --help` groups them: checking the catalog,
 //! migrating, serving, working, relaying, sweeping, bulk cancel and re-run,
-//! and the bucket's policy.
+//! batch-settlement channels, and the bucket's policy.
 //! Each reads its variables through `reeve_shared::startup`, as the Lambda
 //! functions and the Fargate service do; the flags stand in for variables.
 
 pub mod migrate;
+pub mod payments;
 pub mod storage;
 pub mod sweep;
 pub mod tasks;

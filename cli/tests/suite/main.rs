@@ -11,6 +11,7 @@ mod kill;
 mod mcp;
 mod metrics;
 mod migrate;
+mod payments;
 mod receipt;
 mod startup;
 mod sweep;

@@ -575,11 +575,21 @@ async fn the_claim_due_is_the_last_voucher_and_the_facilitator_claims_exactly_wh
 /// another address does not start, by value or by ARN.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_sweep_claims_what_the_vouchers_bought_and_pays_it_to_pay_to_once(pool: PgPool) {
-    let (_chain, shop, _payer, channel) = bought_over_a_channel(&pool, 3).await;
+    let (_chain, shop, payer, channel) = bought_over_a_channel(&pool, 3).await;
 
     let moto = common::moto();
     let key = format!("0x{}", hex::encode([0x42u8; 32]));
     let config = shop.config.clone().with(settings::BATCH_CLAIM_AFTER, "0");
+    // What an operator sees (`reeve payments channels`): three prices
+    // charged, none claimed, due at once under a policy of 0.
+    let open = batch::claim::channels(&pool, Duration::ZERO, false, 10).await.unwrap();
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(
+        (open[0].charged.clone(), open[0].unclaimed.clone()),
+        ((3 * PRICE).to_string(), (3 * PRICE).to_string())
+    );
+    assert_eq!(open[0].payer, payer.address.to_lowercase());
+
     // With the facilitator unreachable the claim fails, nothing moves, and
     // the channel stays due.
     let cut =
@@ -613,6 +623,7 @@ async fn the_sweep_claims_what_the_vouchers_bought_and_pays_it_to_pay_to_once(po
         assert_eq!(kept, (3 * PRICE).to_string());
     }
     assert_eq!(assert_channel_books(&pool, &channel.id()).await, 3 * PRICE);
+    assert_eq!(batch::claim::channels(&pool, Duration::ZERO, false, 10).await.unwrap(), [], "nothing unclaimed");
 
     let other = format!("0x{}", hex::encode([0x11u8; 32]));
     let by_value = shop.config.clone().with(settings::BATCH_AUTHORIZER_KEY, &other);

@@ -20,6 +20,7 @@ use alloy_signer::k256::ecdsa::SigningKey;
 use alloy_sol_types::{SolStruct, sol};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool, Row};
+use time::OffsetDateTime;
 use tokio::time::Instant;
 
 use super::channel::refresh;
@@ -64,6 +65,21 @@ pub struct Claim {
     pub total: u128,
 }
 
+/// When a channel's claim falls due, as SQL over `batch_channels c` with
+/// `$1` the claim policy in seconds: at once when its payer asked to
+/// withdraw, else its oldest unclaimed voucher's time plus the policy or a
+/// quarter of the channel's withdraw delay, whichever is shorter; NULL when
+/// nothing is unclaimed. [`due`] and [`channels`] read it alike.
+macro_rules! claim_due_at {
+    () => {
+        "(CASE WHEN c.charged <= c.total_claimed THEN NULL \
+               WHEN c.withdraw_requested_at > 0 THEN now() \
+               ELSE (SELECT min(u.created_at) FROM batch_vouchers u \
+                      WHERE u.channel_id = c.channel_id AND u.ceiling > c.total_claimed) \
+                    + make_interval(secs => LEAST($1, (c.config->>'withdrawDelay')::FLOAT8 / 4)) END)"
+    };
+}
+
 /// The channels whose claim is due, at most `limit`: those with vouchers
 /// Reeve has not seen claimed (by its last read of the escrow) whose payer
 /// asked to withdraw, or whose oldest unclaimed voucher is older than
@@ -72,20 +88,18 @@ pub struct Claim {
 /// even if the payer asks to withdraw the moment the voucher is taken.
 /// Withdrawing channels come first.
 pub async fn due(conn: &mut PgConnection, after: Duration, limit: i64) -> Result<Vec<Claim>, sqlx::Error> {
-    let rows = sqlx::query(
+    let rows = sqlx::query(concat!(
         "SELECT c.channel_id, c.network, c.config, c.charged::TEXT AS charged, v.ceiling::TEXT AS ceiling, \
                 v.signature \
            FROM batch_channels c \
            JOIN LATERAL (SELECT ceiling, signature FROM batch_vouchers \
                           WHERE channel_id = c.channel_id ORDER BY ceiling DESC LIMIT 1) v ON true \
-          WHERE c.charged > c.total_claimed \
-            AND (c.withdraw_requested_at > 0 \
-                 OR (SELECT min(u.created_at) FROM batch_vouchers u \
-                      WHERE u.channel_id = c.channel_id AND u.ceiling > c.total_claimed) \
-                    <= now() - make_interval(secs => LEAST($1, (c.config->>'withdrawDelay')::FLOAT8 / 4))) \
+          WHERE c.charged > c.total_claimed AND ",
+        claim_due_at!(),
+        " <= now() \
           ORDER BY c.withdraw_requested_at DESC, c.channel_id \
-          LIMIT $2",
-    )
+          LIMIT $2"
+    ))
     .bind(after.as_secs_f64())
     .bind(limit)
     .fetch_all(&mut *conn)
@@ -107,6 +121,66 @@ pub async fn due(conn: &mut PgConnection, after: Duration, limit: i64) -> Result
             })
         })
         .collect()
+}
+
+/// A channel as an operator sees it (`reeve payments channels`): what its
+/// vouchers bought, what the escrow showed claimed at Reeve's last read
+/// (`read_at`), and when the rest is claimed. Amounts are the token's
+/// smallest units, as decimal text (they may exceed a JSON number).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct ChannelState {
+    pub channel_id: String,
+    pub network: String,
+    pub payer: String,
+    pub pay_to: Option<String>,
+    pub asset: Option<String>,
+    pub charged: String,
+    pub claimed: String,
+    pub unclaimed: String,
+    /// What the escrow held for the channel at the last read.
+    pub balance: String,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub oldest_unclaimed_at: Option<OffsetDateTime>,
+    /// When a sweep claims it (a past time: the next sweep).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub claim_due_at: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub withdraw_requested_at: Option<OffsetDateTime>,
+    /// From when the payer can take back whatever is still unclaimed.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub withdrawable_at: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub read_at: OffsetDateTime,
+}
+
+/// The channels, those with something unclaimed first by when their claim
+/// falls due (every channel with `all`, else only those), at most `limit`;
+/// `after` is the claim policy (`REEVE_BATCH_CLAIM_AFTER_SECONDS`).
+pub async fn channels(db: &PgPool, after: Duration, all: bool, limit: i64) -> Result<Vec<ChannelState>, sqlx::Error> {
+    sqlx::query_as(concat!(
+        "SELECT c.channel_id, c.network, c.payer, c.config->>'receiver' AS pay_to, c.config->>'token' AS asset, \
+                c.charged::TEXT AS charged, c.total_claimed::TEXT AS claimed, \
+                GREATEST(c.charged - c.total_claimed, 0)::TEXT AS unclaimed, c.balance::TEXT AS balance, \
+                (SELECT min(u.created_at) FROM batch_vouchers u \
+                  WHERE u.channel_id = c.channel_id AND u.ceiling > c.total_claimed) AS oldest_unclaimed_at, ",
+        claim_due_at!(),
+        " AS claim_due_at, \
+                CASE WHEN c.withdraw_requested_at > 0 THEN to_timestamp(c.withdraw_requested_at) END \
+                  AS withdraw_requested_at, \
+                CASE WHEN c.withdraw_requested_at > 0 \
+                     THEN to_timestamp(c.withdraw_requested_at + (c.config->>'withdrawDelay')::FLOAT8) END \
+                  AS withdrawable_at, \
+                c.read_at \
+           FROM batch_channels c \
+          WHERE $2 OR c.charged > c.total_claimed \
+          ORDER BY claim_due_at NULLS LAST, c.channel_id \
+          LIMIT $3"
+    ))
+    .bind(after.as_secs_f64())
+    .bind(all)
+    .bind(limit)
+    .fetch_all(db)
+    .await
 }
 
 /// The EIP-712 digest of `claims` on `chain_id` (the escrow's
