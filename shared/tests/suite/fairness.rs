@@ -261,9 +261,11 @@ async fn another_spaces_task_runs_while_one_spaces_backlog_waits(pool: PgPool) {
     .await;
     let busy = space_of(&pool, backlog[0]).await;
     // The backlog's first message and the other Space's may come in one
-    // receive: the other's run can end before the first is claimed.
+    // receive: the other's run can end before the first is claimed. And a
+    // task is `running` in Postgres a moment before its run reaches the
+    // gate: wait for both.
     common::wait_until("the backlog's first task running", WITHIN, || async {
-        count(&pool, &backlog, "running").await >= 1
+        count(&pool, &backlog, "running").await >= 1 && gate.running(busy, None) >= 1
     })
     .await;
     assert_eq!(count(&pool, &backlog, "running").await, 1, "the backlog runs one at a time");
