@@ -65,6 +65,22 @@ async fn a_connection_that_died_while_idle_is_replaced_before_a_query_uses_it(po
     app_pool.close().await;
 }
 
+/// An operator's `sslmode=require` (RDS) must get TLS, which sqlx has only
+/// when built with it (Cargo.toml turns it on through `sqlx-core`, not
+/// `sqlx`, so the query macros are built without it). The local Postgres
+/// offers no TLS: a build with TLS asks for it and is told no; one without
+/// would refuse before asking.
+#[tokio::test]
+async fn a_database_url_that_requires_tls_is_answered_over_tls_or_refused() {
+    let url = std::env::var(reeve_shared::settings::DATABASE_URL).expect("the stack's DATABASE_URL");
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let err =
+        db::connect(&format!("{url}{separator}sslmode=require")).await.expect_err("the local Postgres has no TLS");
+    let message = err.to_string();
+    assert!(message.contains("server does not support TLS"), "{message}");
+    assert!(!message.contains("password"), "{message}");
+}
+
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn migrating_again_is_a_no_op(pool: PgPool) {
     db::migrate(&pool).await.expect("second run");
