@@ -82,17 +82,19 @@ kill_tree() {
 # The SAM checks (scripts/sam-check.sh), in a lane of their own.
 # Its first half needs only the tools (sam, cargo lambda, zig): `sam build`
 # of each function alone with its own features (so it also stands for a
-# per-function clippy run; quick profile, see scripts/sam-check.sh), then
-# validate and lint (CPU, no stack) in the background. It starts as soon as the stack lane has installed the
-# tools ($tools_go), beside the debug build, at nice 19: it takes only the
-# CPU the debug build and then the tests leave idle (the build's serial
-# crates and links; the tests mostly wait on the chain, the queue and the
-# browser). Started after the debug build instead, it ran three minutes
-# past everything else in a cold run, mostly one function's crate at a time
-# on one core. Its second half (cargo lambda deploy to moto, and sam local
-# invoke of every function) needs the stack and waits for the cargo tests
-# to end ($sam_go), whose timing bounds a busy machine would stretch; it
-# then runs beside the phases that drive `reeve serve` from outside.
+# per-function clippy run; quick profile, see scripts/sam-check.sh), and
+# beside it validate and lint (Python, one core). Both start as soon as the
+# stack lane has installed the tools ($tools_go), beside the debug build,
+# at nice 19: they take only the CPU the debug build and then the tests
+# leave idle (the build's serial crates and links; the tests mostly wait on
+# the chain, the queue and the browser). Started after the debug build
+# instead, the SAM build ran three minutes past everything else in a cold
+# run, mostly one function's crate at a time on one core, and the rules
+# checks two more after it. Its second half (cargo lambda deploy to moto,
+# and sam local invoke of every function) needs the stack and waits for the
+# cargo tests to end ($sam_go), whose timing bounds a busy machine would
+# stretch; it then runs beside the phases that drive `reeve serve` from
+# outside.
 start_sam_lane() {
   sam_log=$(mktemp)
   sam_go=$(mktemp -u)
@@ -101,13 +103,16 @@ start_sam_lane() {
      kill -0 "$stack_pid" 2>/dev/null || { [[ -e $tools_go ]] || exit 1; }
      sleep 1
    done
-   timed sam-check-build nice -n 19 bash scripts/sam-check.sh build || exit
    timed sam-check-rules nice -n 19 bash scripts/sam-check.sh validate lint &
    rules_pid=$!
+   build_rc=0 invoke_rc=0 rules_rc=0
+   timed sam-check-build nice -n 19 bash scripts/sam-check.sh build || build_rc=$?
    while [[ ! -e $sam_go ]]; do sleep 1; done
-   invoke_rc=0 rules_rc=0
-   timed sam-check-invoke bash scripts/sam-check.sh deploy invoke || invoke_rc=$?
+   if ((build_rc == 0)); then
+     timed sam-check-invoke bash scripts/sam-check.sh deploy invoke || invoke_rc=$?
+   fi
    wait "$rules_pid" || rules_rc=$?
+   ((build_rc)) && exit "$build_rc"
    ((invoke_rc)) && exit "$invoke_rc"
    exit "$rules_rc") >"$sam_log" 2>&1 &
   sam_pid=$!
