@@ -1,11 +1,13 @@
 //! Paying a priced task from the command line: given a `402` challenge and a
 //! wallet key, the `PAYMENT-SIGNATURE` header value, signed as EIP-712
-//! typed data with alloy's local signer. Two x402 v2 schemes:
+//! typed data with alloy's local signer. Three x402 v2 schemes:
 //! - `exact`: an EIP-3009 `transferWithAuthorization` of the price;
 //! - `upto` (a metered price, [`upto`]): a Permit2 authorization of a
 //!   ceiling, of which the seller settles what the task used, with the
 //!   token's EIP-2612 permit when the 402 offers gas sponsoring and the
-//!   payer never approved Permit2.
+//!   payer never approved Permit2;
+//! - `batch-settlement` (with `--channel`, [`channel`]): a deposit into the
+//!   payer's escrow channel once, then a signed cumulative voucher per task.
 //!
 //! The key comes from `REEVE_WALLET_KEY` (read by clap, as [`WalletKey`],
 //! which refuses the same value as an argument) or a file
@@ -17,6 +19,7 @@
 //! with the result as `PAYMENT-SIGNATURE`. Without `--pay` the requirements
 //! are shown by `payment_required` and the command exits 3.
 
+pub mod channel;
 mod upto;
 
 use std::borrow::Cow;
@@ -80,6 +83,9 @@ pub enum PayError {
     Sign(String),
     #[error("no randomness for the nonce: {0}")]
     Rng(String),
+    /// The batch-settlement channel's record or the seller's account of it.
+    #[error("{0}")]
+    Channel(String),
 }
 
 /// The key in `REEVE_WALLET_KEY`, as clap read it. Its `Debug` never shows

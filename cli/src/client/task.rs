@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 
 use super::output::{self, bar, table};
 use super::upload::upload_file;
-use super::{Client, ClientError, ClientOpts, EXIT_TASK_CANCELED, EXIT_TASK_FAILED};
+use super::{Client, ClientError, ClientOpts, EXIT_TASK_CANCELED, EXIT_TASK_FAILED, credentials};
 use crate::follow::FollowError;
 
 #[derive(Subcommand, Debug)]
@@ -163,6 +163,15 @@ pub struct CreateArgs {
     /// charged.
     #[arg(long)]
     pub pay: bool,
+    /// With --pay: pay over a batch-settlement channel where the 402 offers
+    /// one. The first payment deposits into x402's escrow (the seller's
+    /// minimum: some tasks' worth), which the seller's facilitator sends;
+    /// every later task is a signed voucher, with no transaction to wait
+    /// for. What was not charged stays the payer's: the escrow lets it
+    /// withdraw the rest after the channel's withdraw delay. The channel's
+    /// state is kept under the credentials directory (reeve/channels/).
+    #[arg(long, requires = "pay")]
+    pub channel: bool,
     /// The payment network's JSON-RPC endpoint, for --pay of a metered
     /// price: a URL, or `eip155:<chain id>=URL` pairs separated by commas.
     /// There reeve reads whether the payer approved Permit2, to sign the
@@ -455,6 +464,9 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
     }
     let path = format!("/v1/tasks/{}", urlencode(&args.kind));
     let accepted = match client.authed(Method::POST, &path, Some(&body), &headers).await {
+        Err(ClientError::PaymentRequired(challenge)) if args.channel => {
+            pay_over_channel(client, opts, &args, &path, &body, &headers, challenge).await?
+        }
         // Priced, and the user asked to pay: sign the challenge, send again.
         Err(ClientError::PaymentRequired(challenge)) if args.pay => {
             let pay_error = |e: crate::pay::PayError| ClientError::Usage(format!("--pay: {e}"));
@@ -473,7 +485,7 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
             let timeout = crate::pay::choose(&challenge).map_or(300, |r| u64::from(r.max_timeout_seconds));
             let mut paid = headers.clone();
             paid.push(("payment-signature", signed.header));
-            let answer = pay_until_settled(client, &path, &body, &paid, timeout).await?;
+            let answer = pay_until_settled(client, &path, &body, &paid, timeout).await?.checked()?;
             let mut accepted = answer.body;
             // The settlement receipt is the user's proof of what was paid.
             if let Some(receipt) = settlement(&answer.headers) {
@@ -520,13 +532,103 @@ async fn create(client: &mut Client, opts: &ClientOpts, args: CreateArgs) -> Res
     watch_to_end(client, opts, id, &token, args.download.as_deref()).await
 }
 
+/// `--pay --channel`: pays `challenge` over the payer's batch-settlement
+/// channel (see `pay::channel`), and after a `402` that tells the channel as
+/// the seller keeps it, once more from there. Answers the accepted task,
+/// with the payment's `PAYMENT-RESPONSE` as its `payment`.
+async fn pay_over_channel(
+    client: &mut Client,
+    opts: &ClientOpts,
+    args: &CreateArgs,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, String)],
+    challenge: Value,
+) -> Result<Value, ClientError> {
+    use crate::pay::channel::{self, Channel};
+    let pay_error = |e: crate::pay::PayError| ClientError::Usage(format!("--pay --channel: {e}"));
+    let key = crate::pay::wallet_key(args.wallet_key_file.as_deref(), args.wallet_key.as_ref()).map_err(pay_error)?;
+    let signer: alloy_signer_local::PrivateKeySigner =
+        key.parse().map_err(|_| pay_error(crate::pay::PayError::BadKey))?;
+    let parse = |challenge: Value| -> Result<reeve_shared::payments::PaymentRequired, ClientError> {
+        serde_json::from_value(challenge)
+            .map_err(|e| ClientError::Usage(format!("--pay: the server's 402 is not an x402 v2 challenge: {e}")))
+    };
+    let challenge = parse(challenge)?;
+    let offer = channel::offer(&challenge).ok_or_else(|| {
+        ClientError::Usage(
+            "--pay --channel: this task's 402 offers no batch-settlement payment; pay it with --pay alone".into(),
+        )
+    })?;
+    let dir = credentials::path(opts.config_home.as_deref())?;
+    let dir = dir.parent().expect("the credentials file is in a directory");
+    let mut channel = Channel::open(dir, offer, &signer).map_err(pay_error)?;
+    // The first payment, and up to two more after a 402 that told the
+    // channel's state: a voucher sent blind, then perhaps a deposit.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let payment = channel.pay(&challenge, offer, &signer, now).map_err(pay_error)?;
+        let mut paid = headers.to_vec();
+        paid.push(("payment-signature", payment.header));
+        let answer = pay_until_settled(client, path, body, &paid, u64::from(offer.max_timeout_seconds)).await?;
+        // A refused voucher's 402 is an error envelope, its challenge (with
+        // the channel as the seller keeps it) in PAYMENT-REQUIRED.
+        let refused = (answer.status == reqwest::StatusCode::PAYMENT_REQUIRED)
+            .then(|| answer.headers.get(reeve_shared::payments::PAYMENT_REQUIRED_HEADER))
+            .flatten()
+            .and_then(|v| v.to_str().ok())
+            .and_then(reeve_shared::payments::PaymentRequired::from_header_value);
+        let (refusal, error) = match (refused, answer.checked()) {
+            (Some(refusal), Err(e)) if attempts < 3 => (refusal, e),
+            (_, Err(e)) => return Err(e),
+            (_, Ok(answer)) => {
+                let response = answer
+                    .headers
+                    .get(reeve_shared::payments::PAYMENT_RESPONSE_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(reeve_shared::payments::PaymentResponse::from_header)
+                    .ok_or_else(|| {
+                        ClientError::Usage("--pay --channel: the paid answer had no PAYMENT-RESPONSE".into())
+                    })?;
+                let charged = channel.paid(&response).map_err(pay_error)?;
+                if !opts.json {
+                    let (balance, total) = channel.known().unwrap_or_default();
+                    match payment.deposit {
+                        Some(amount) => eprintln!(
+                            "paid: deposited {amount} into channel {} (transaction {}) and charged {charged} by voucher; \
+                             charged {total} of {balance} held",
+                            channel.id(),
+                            response.transaction,
+                        ),
+                        None => eprintln!(
+                            "paid: charged {charged} by voucher on channel {}; charged {total} of {balance} held",
+                            channel.id()
+                        ),
+                    }
+                }
+                let mut accepted = answer.body;
+                accepted["payment"] = serde_json::to_value(&response).unwrap_or_default();
+                accepted["payment"]["channel"] = json!(channel.id());
+                return Ok(accepted);
+            }
+        };
+        // Refused for something resynchronising cannot mend: as refused.
+        if !channel.resynchronise(&refusal).map_err(pay_error)? {
+            return Err(error);
+        }
+    }
+}
+
 /// Sends the paid create, and while the server says the payment is
 /// pending (`409 payment_pending`, or another request holds it), waits its
 /// `Retry-After` and sends the very same signature again: a new one could
 /// be charged too. The server resolves the payment from the chain, so this
 /// ends in its one task or `payment_not_settled`, by the time the
 /// authorization expires (`max_timeout` seconds) plus a little; past that
-/// it stops waiting and says where the outcome will show.
+/// it stops waiting and says where the outcome will show. Any other
+/// answer is the caller's to check.
 async fn pay_until_settled(
     client: &mut Client,
     path: &str,
@@ -541,7 +643,7 @@ async fn pay_until_settled(
         let pending =
             answer.status == reqwest::StatusCode::CONFLICT && answer.code().is_some_and(|c| PENDING.contains(&c));
         if !pending {
-            return answer.checked();
+            return Ok(answer);
         }
         let wait = answer
             .headers

@@ -658,6 +658,83 @@ async fn a_metered_task_is_authorized_with_pay_and_released_when_canceled() {
     serve.cleanup().await;
 }
 
+/// `--pay --channel`: tasks paid by x402 batch settlement over the payer's
+/// one channel. The first create knows nothing of the channel, so its blind
+/// voucher is answered with the channel as Reeve keeps it (empty), and it
+/// deposits the offer's minimum (ten prices) with its voucher; every later
+/// one is a voucher alone, with no transaction and nothing more taken from
+/// the payer. A lost record is learnt again from Reeve's `402`, with no
+/// second deposit and no task paid twice. A kind offered no other way than
+/// `exact` is a usage error with --channel.
+#[tokio::test]
+async fn tasks_are_paid_over_one_channel_one_deposit_then_vouchers() {
+    const PRICE: u128 = 1_000;
+    let chain = chain::ChainLock::shared().await;
+    let payer = chain::Payer::new(&chain, 50_000).await;
+    let dev = std::fs::read_to_string(repo("reeve.dev.toml")).unwrap();
+    let catalog = dev.replacen(
+        "[payments]\n",
+        // Any receiver authorizer: no claim is made here.
+        "[payments]\nbatch_receiver_authorizer = \"0x000000000000000000000000000000000000a11c\"\n\
+         batch_withdraw_delay_seconds = 900\n",
+        1,
+    ) + &format!(
+        "\n[tasks.job]\ntitle = \"Job\"\ndescription = \"Paid by batch settlement\"\nexecutor = \"fetch\"\n\
+         input_schema = {{ type = \"object\" }}\n[[tasks.job.accepts]]\nasset = \"usdc-base-sepolia\"\n\
+         scheme = \"batch\"\namount = \"{PRICE}\"\n"
+    );
+    let dir = std::env::temp_dir().join(format!("reeve-channel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let catalog_file = dir.join("catalog.toml");
+    std::fs::write(&catalog_file, catalog).unwrap();
+    let serve = Serve::start_on(&catalog_file, &["--no-worker"], &[]).await;
+    serve.reeve(&["space", "create"]).expect(0);
+    let key = [("REEVE_WALLET_KEY", payer.key.as_str())];
+    let create = |n: &str| {
+        let input = format!("n={n}");
+        serve.reeve_with(&["task", "create", "job", "--input", &input, "--pay", "--channel", "--json"], &key)
+    };
+
+    let first = create("1").expect(0).json();
+    assert_eq!(first["status"], "queued", "{first}");
+    assert!(first["payment"]["transaction"].as_str().is_some_and(|t| t.starts_with("0x")), "the deposit: {first}");
+    assert_eq!(chain::balance(&payer.address).await, 50_000 - 10 * PRICE, "one deposit of ten prices");
+    let channel = first["payment"]["channel"].as_str().unwrap().to_owned();
+    let record = serve.home.join(format!("config/reeve/channels/eip155-84532/{channel}.json"));
+    let kept = || -> Value { serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap() };
+    assert_eq!((kept()["charged"].clone(), kept()["balance"].clone()), ("1000".into(), "10000".into()));
+
+    let second = create("2").expect(0).json();
+    assert_eq!(second["status"], "queued", "{second}");
+    assert_eq!(second["payment"]["transaction"], "", "a voucher alone: {second}");
+    assert_eq!(second["payment"]["channel"], channel.as_str());
+    assert_eq!(kept()["charged"], "2000");
+
+    std::fs::remove_file(&record).unwrap();
+    let third = create("3").expect(0).json();
+    assert_eq!(third["payment"]["transaction"], "", "learnt again, no second deposit: {third}");
+    assert_eq!(kept()["charged"], "3000");
+    assert_eq!(chain::balance(&payer.address).await, 50_000 - 10 * PRICE, "nothing more taken from the payer");
+
+    let pool = serve.pool().await;
+    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks").fetch_one(&pool).await.unwrap();
+    assert_eq!(tasks, 3, "one task per payment");
+    let charged: String = sqlx::query_scalar("SELECT charged::TEXT FROM batch_channels WHERE channel_id = $1")
+        .bind(&channel)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(charged, "3000");
+
+    let exact_only = serve.reeve_with(
+        &["task", "create", "fetch", "--input", "url=https://example.com/", "--pay", "--channel", "--json"],
+        &key,
+    );
+    assert!(exact_only.expect(4).stdout().contains("offers no batch-settlement payment"), "{}", exact_only.stdout());
+    serve.cleanup().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `cargo lambda watch` serving examples/wordfreq on a free loopback port
 /// (the development catalog's `wordfreq` kinds), in a process group of its
 /// own, ended with the test: as scripts/dev.sh runs it.
