@@ -172,6 +172,12 @@ pub struct CreateArgs {
     /// state is kept under the credentials directory (reeve/channels/).
     #[arg(long, requires = "pay")]
     pub channel: bool,
+    /// With --channel: how much a deposit puts into the channel, in the
+    /// asset's atomic units (default: the offer's minimum, some tasks'
+    /// worth; never less than the task needs). More tasks per deposit are
+    /// fewer transactions.
+    #[arg(long, value_name = "AMOUNT", requires = "channel")]
+    pub deposit: Option<u128>,
     /// The payment network's JSON-RPC endpoint, for --pay of a metered
     /// price: a URL, or `eip155:<chain id>=URL` pairs separated by commas.
     /// There reeve reads whether the payer approved Permit2, to sign the
@@ -569,7 +575,7 @@ async fn pay_over_channel(
     loop {
         attempts += 1;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let payment = channel.pay(&challenge, offer, &signer, now).map_err(pay_error)?;
+        let payment = channel.pay(&challenge, offer, &signer, now, args.deposit).map_err(pay_error)?;
         let mut paid = headers.to_vec();
         paid.push(("payment-signature", payment.header));
         let answer = pay_until_settled(client, path, body, &paid, u64::from(offer.max_timeout_seconds)).await?;

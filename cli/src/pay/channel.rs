@@ -148,13 +148,16 @@ impl Channel {
     /// The payment for one task of `offer`, signed by `signer` (the
     /// channel's payer and its authorizer), valid until `now` plus the
     /// offer's timeout: a voucher for what was charged plus the price, and
-    /// a deposit first when the channel is known not to hold that.
+    /// a deposit first when the channel is known not to hold that: of
+    /// `deposit` (`--deposit`), else the offer's minimum, and never less
+    /// than the voucher needs.
     pub fn pay(
         &self,
         challenge: &PaymentRequired,
         offer: &PaymentRequirements,
         signer: &PrivateKeySigner,
         now: u64,
+        deposit: Option<u128>,
     ) -> Result<Payment, PayError> {
         let price: u128 = offer.amount.parse().map_err(|_| PayError::BadRequirement("amount"))?;
         let known = self.known.unwrap_or(Known { charged: 0, balance: 0 });
@@ -165,13 +168,15 @@ impl Channel {
         // need.
         let deposit = match self.known {
             Some(known) if known.balance < ceiling => {
-                let least = offer
-                    .extra
-                    .min_deposit
-                    .as_deref()
-                    .and_then(|m| m.parse::<u128>().ok())
-                    .filter(|m| *m >= price)
-                    .unwrap_or(price.saturating_mul(DEPOSIT_PRICES));
+                let least = deposit.unwrap_or_else(|| {
+                    offer
+                        .extra
+                        .min_deposit
+                        .as_deref()
+                        .and_then(|m| m.parse::<u128>().ok())
+                        .filter(|m| *m >= price)
+                        .unwrap_or(price.saturating_mul(DEPOSIT_PRICES))
+                });
                 Some((ceiling - known.balance).max(least))
             }
             _ => None,
@@ -346,5 +351,90 @@ mod decimal {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u128, D::Error> {
         String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use alloy_primitives::Signature;
+    use base64::Engine;
+
+    use super::*;
+
+    /// anvil's account 1: a well-known development key with no real value.
+    const KEY: &str = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d";
+
+    fn challenge(min_deposit: &str) -> PaymentRequired {
+        serde_json::from_value(json!({
+            "x402Version": 2,
+            "error": "PAYMENT-SIGNATURE header is required",
+            "resource": {"url": "http://127.0.0.1:8080/v1/tasks/job", "description": "Job", "mimeType": "application/json"},
+            "accepts": [
+                {"scheme": "exact", "network": "eip155:84532", "amount": "1000",
+                 "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+                 "payTo": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C", "maxTimeoutSeconds": 300,
+                 "extra": {"name": "USDC", "version": "2"}},
+                {"scheme": BATCH, "network": "eip155:84532", "amount": "1000",
+                 "asset": "0x036CbD53842c5426634e7929541eC2318f3dCF7e",
+                 "payTo": "0x209693Bc6afc0C5328bA36FaF03C514EF312287C", "maxTimeoutSeconds": 300,
+                 "extra": {"name": "USDC", "version": "2", "receiverAuthorizer": "0x000000000000000000000000000000000000a11c",
+                           "withdrawDelay": 900, "minDeposit": min_deposit}}
+            ]
+        }))
+        .unwrap()
+    }
+
+    fn decode(header: &str) -> Value {
+        serde_json::from_slice(&base64::engine::general_purpose::STANDARD.decode(header).unwrap()).unwrap()
+    }
+
+    /// A channel whose record says it holds `balance` and was charged
+    /// `charged`, in a directory of its own.
+    fn channel(dir: &Path, offer: &PaymentRequirements, known: Option<(u128, u128)>) -> Channel {
+        let mut channel = Channel::open(dir, offer, &KEY.parse().unwrap()).unwrap();
+        channel.known = known.map(|(balance, charged)| Known { balance, charged });
+        channel.save().unwrap();
+        Channel::open(dir, offer, &KEY.parse().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_voucher_is_the_payers_signature_of_what_was_charged_plus_the_price() {
+        let dir = std::env::temp_dir().join(format!("reeve-channel-unit-{}", std::process::id()));
+        let required = challenge("10000");
+        let offer = offer(&required).unwrap();
+        assert_eq!(offer.scheme, BATCH, "the batch offer, not the exact one");
+        let signer: PrivateKeySigner = KEY.parse().unwrap();
+        let channel = channel(&dir, offer, Some((10_000, 3_000)));
+        assert_eq!(channel.known(), Some((10_000, 3_000)), "read back from its record");
+        let paid = decode(&channel.pay(&required, offer, &signer, 1_800_000_000, None).unwrap().header);
+        assert_eq!(paid["payload"]["type"], "voucher", "the balance covers it: {paid}");
+        assert_eq!(paid["payload"]["voucher"]["maxClaimableAmount"], "4000");
+        assert_eq!(paid["accepted"]["scheme"], BATCH);
+        let hash = Voucher { channelId: channel.id, maxClaimableAmount: 4_000 }.eip712_signing_hash(&domain(84532));
+        let signature = hex::decode(&paid["payload"]["voucher"]["signature"].as_str().unwrap()[2..]).unwrap();
+        let by = Signature::try_from(signature.as_slice()).unwrap().recover_address_from_prehash(&hash).unwrap();
+        assert_eq!(by, signer.address());
+        assert_eq!(paid["payload"]["channelConfig"]["payer"], signer.address().to_checksum(None));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_deposit_is_the_offers_minimum_or_what_the_payer_asks_and_never_less_than_the_task_needs() {
+        let dir = std::env::temp_dir().join(format!("reeve-channel-deposit-{}", std::process::id()));
+        let required = challenge("10000");
+        let offer = offer(&required).unwrap();
+        let signer: PrivateKeySigner = KEY.parse().unwrap();
+        let deposit = |known: Option<(u128, u128)>, asked: Option<u128>| {
+            let payment = channel(&dir, offer, known).pay(&required, offer, &signer, 1_800_000_000, asked).unwrap();
+            let sent = decode(&payment.header)["payload"]["deposit"]["amount"].as_str().map(str::to_owned);
+            assert_eq!(sent, payment.deposit.map(|d| d.to_string()));
+            payment.deposit
+        };
+        assert_eq!(deposit(None, None), None, "unknown: a voucher alone, to learn the channel");
+        assert_eq!(deposit(Some((0, 0)), None), Some(10_000), "the offer's minimum");
+        assert_eq!(deposit(Some((0, 0)), Some(100_000)), Some(100_000), "--deposit");
+        assert_eq!(deposit(Some((500, 0)), Some(10)), Some(500), "what the voucher needs beyond the balance");
+        assert_eq!(deposit(Some((10_000, 9_500)), None), Some(10_000), "an empty channel is topped up");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
