@@ -36,7 +36,7 @@ else
 fi
 command -v redis-server >/dev/null || die "redis-server is missing (scripts/stack.sh installs it)"
 
-all_phases=(worker service fairness taskcreate coldstart fanout auth)
+all_phases=(worker service paid fairness taskcreate coldstart fanout auth)
 SECTIONS="$ROOT/target/bench"
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 
@@ -82,7 +82,7 @@ needs() { [[ " ${phases[*]} " == *" $1 "* ]]; }
 build_each() {
   local p dir
   cargo build --release --locked -p reeve-bench || return
-  if needs worker || needs service || needs fairness; then cargo build --release --locked -p reeve-cli || return; fi
+  if needs worker || needs service || needs paid || needs fairness; then cargo build --release --locked -p reeve-cli || return; fi
   if needs fanout; then cargo build --release --locked -p reeve-fn-relay || return; fi
   if needs coldstart; then
     cargo build --release --locked -p reeve-bench-hello || return
@@ -120,6 +120,7 @@ for phase in "${phases[@]}"; do
     taskcreate) timed taskcreate "$BIN/reeve-bench" taskcreate >"$section" ;;
     worker)     timed worker "$BIN/reeve-bench" worker --reeve "$BIN/reeve" >"$section" ;;
     service)    timed service "$BIN/reeve-bench" service --reeve "$BIN/reeve" >"$section" ;;
+    paid)       timed paid "$BIN/reeve-bench" paid --reeve "$BIN/reeve" >"$section" ;;
     fairness)   timed fairness "$BIN/reeve-bench" fairness --reeve "$BIN/reeve" >"$section" ;;
     coldstart)  timed coldstart "$BIN/reeve-bench" coldstart --bin-dir "$BIN" >"$section" ;;
   esac

@@ -10,6 +10,7 @@ mod baseline;
 mod coldstart;
 mod fairness;
 mod fanout;
+mod paid;
 mod service;
 mod stack;
 mod taskcreate;
@@ -43,6 +44,9 @@ enum Command {
     /// against calling it directly, and reports per second against a bare
     /// INSERT + PUBLISH.
     Service(service::Args),
+    /// Create to running for a free, an `exact`-paid and a
+    /// batch-settlement-paid task, and transactions per 100 paid tasks.
+    Paid(paid::Args),
     /// Another Space's task start with one Space's backlog of 1,000 queued,
     /// beside the same on an idle deployment.
     Fairness(fairness::Args),
@@ -65,6 +69,7 @@ fn main() -> anyhow::Result<()> {
             Command::Taskcreate(args) => taskcreate::run(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Service(args) => service::run(args).await,
+            Command::Paid(args) => paid::run(args).await,
             Command::Fairness(args) => fairness::run(args).await,
             Command::Machine => {
                 println!("{}", stack::machine());

@@ -279,7 +279,7 @@ impl Env {
 }
 
 /// The `http` executor's endpoint: answers every POST with `{}`.
-async fn endpoint() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+pub(crate) async fn endpoint() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/", listener.local_addr()?);
     let app = axum::Router::new().route("/", axum::routing::post(|| async { axum::Json(json!({})) }));
