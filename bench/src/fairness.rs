@@ -149,23 +149,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
 async fn measure(args: &Args, db: &BenchDb, redis: &OwnRedis, moto: &OwnMoto, queue: &str) -> anyhow::Result<Measured> {
     let (endpoint_url, endpoint_server) = endpoint().await?;
-    let logs = std::env::temp_dir().join(format!("reeve-bench-fairness-{}", std::process::id()));
-    std::fs::create_dir_all(&logs)?;
-    let catalog_file = logs.join("catalog.toml");
-    std::fs::write(&catalog_file, catalog(&endpoint_url, args.running_per_space))?;
+    let env = Env::harness("fairness", db, redis, moto, queue, &catalog(&endpoint_url, args.running_per_space))?;
+    let logs = env.logs.clone();
     let port = free_port();
-    let env = Env {
-        vars: vec![
-            ("DATABASE_URL", db.url.clone()),
-            ("REDIS_URL", redis.url()),
-            ("REEVE_QUEUE_URL", queue.to_owned()),
-            ("AWS_ENDPOINT_URL_SQS", moto.url.clone()),
-            ("REEVE_CATALOG", catalog_file.display().to_string()),
-            ("REEVE_OPERATOR_ALLOW", "127.0.0.1".into()),
-            ("REEVE_OUTBOUND_ALLOW_HTTP", "1".into()),
-        ],
-        logs: logs.clone(),
-    };
     let tracker = Arc::new(Tracker::default());
     let events = follow_events(&redis.url(), tracker.clone()).await?;
     let key =

@@ -329,25 +329,10 @@ async fn measure(args: &Args, db: &BenchDb, redis: &OwnRedis, moto: &OwnMoto) ->
     .id(CHAIN_ID);
     let first_block = chain.block().await?;
 
-    let logs = std::env::temp_dir().join(format!("reeve-bench-paid-{}", std::process::id()));
-    std::fs::create_dir_all(&logs)?;
-    let catalog_file = logs.join("catalog.toml");
-    std::fs::write(&catalog_file, catalog(&endpoint, &pay_to, &authorizer)?)?;
+    let env = Env::harness("paid", db, redis, moto, &queue_url, &catalog(&endpoint, &pay_to, &authorizer)?)?;
+    let logs = env.logs.clone();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let env = Env {
-        vars: vec![
-            ("DATABASE_URL", db.url.clone()),
-            ("REDIS_URL", redis.url()),
-            ("REEVE_QUEUE_URL", queue_url),
-            ("AWS_ENDPOINT_URL_SQS", moto.url.clone()),
-            ("REEVE_CATALOG", catalog_file.display().to_string()),
-            // The endpoint is the harness's, on loopback over plain http.
-            ("REEVE_OPERATOR_ALLOW", "127.0.0.1".into()),
-            ("REEVE_OUTBOUND_ALLOW_HTTP", "1".into()),
-        ],
-        logs: logs.clone(),
-    };
     let tracker = Arc::new(Tracker::default());
     let events = follow_events(&redis.url(), tracker.clone()).await?;
     let buyer = Buyer { reeve: args.reeve.clone(), endpoint: base.clone(), home: logs.join("config"), key: payer_key };
@@ -387,7 +372,7 @@ async fn measure(args: &Args, db: &BenchDb, redis: &OwnRedis, moto: &OwnMoto) ->
         // given the receiver authorizer's key.
         let sweep = Command::new(&args.reeve)
             .args(["sweep", "--once", "--catalog"])
-            .arg(&catalog_file)
+            .arg(env.catalog())
             .envs(env.vars.iter().map(|(k, v)| (k, v)))
             .env("REEVE_BATCH_AUTHORIZER_KEY", AUTHORIZER_KEY)
             .env("REEVE_BATCH_CLAIM_AFTER_SECONDS", "0")

@@ -408,27 +408,11 @@ async fn measure(args: &Args, db: &BenchDb, redis: &OwnRedis, moto: &OwnMoto) ->
         tracker: tracker.clone(),
     };
 
-    let logs = std::env::temp_dir().join(format!("reeve-bench-service-{}", std::process::id()));
-    std::fs::create_dir_all(&logs)?;
-    let catalog_file = logs.join("catalog.toml");
-    std::fs::write(&catalog_file, catalog(&format!("{service_base}/job")))?;
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let env = Env {
-        vars: vec![
-            ("DATABASE_URL", db.url.clone()),
-            ("REDIS_URL", redis.url()),
-            ("REEVE_QUEUE_URL", queue_url),
-            ("AWS_ENDPOINT_URL_SQS", moto.url.clone()),
-            ("REEVE_CATALOG", catalog_file.display().to_string()),
-            // The service is the harness's, on loopback over plain http.
-            ("REEVE_OPERATOR_ALLOW", "127.0.0.1".into()),
-            ("REEVE_OUTBOUND_ALLOW_HTTP", "1".into()),
-            ("REEVE_REPORT_URL", format!("{base}/v1/executor/reports")),
-            (SECRET_VAR, secret_text),
-        ],
-        logs: logs.clone(),
-    };
+    let mut env = Env::harness("service", db, redis, moto, &queue_url, &catalog(&format!("{service_base}/job")))?;
+    env.vars.extend([("REEVE_REPORT_URL", format!("{base}/v1/executor/reports")), (SECRET_VAR, secret_text)]);
+    let logs = env.logs.clone();
     let events = follow_events(&redis.url(), tracker.clone()).await?;
     let key = auth::Secret::new(
         "REEVE_TOKEN_KEY",

@@ -261,6 +261,39 @@ pub(crate) struct Env {
 }
 
 impl Env {
+    /// A run's `reeve` processes on the harness's own database, Redis and
+    /// queue, selling `catalog` (written into `logs`, a directory of the
+    /// run's, named after `run`), whose endpoints are the harness's own, on
+    /// loopback over plain http.
+    pub(crate) fn harness(
+        run: &str,
+        db: &BenchDb,
+        redis: &OwnRedis,
+        moto: &OwnMoto,
+        queue_url: &str,
+        catalog: &str,
+    ) -> anyhow::Result<Env> {
+        let logs = std::env::temp_dir().join(format!("reeve-bench-{run}-{}", std::process::id()));
+        std::fs::create_dir_all(&logs)?;
+        let catalog_file = logs.join("catalog.toml");
+        std::fs::write(&catalog_file, catalog)?;
+        let vars = vec![
+            ("DATABASE_URL", db.url.clone()),
+            ("REDIS_URL", redis.url()),
+            ("REEVE_QUEUE_URL", queue_url.to_owned()),
+            ("AWS_ENDPOINT_URL_SQS", moto.url.clone()),
+            ("REEVE_CATALOG", catalog_file.display().to_string()),
+            ("REEVE_OPERATOR_ALLOW", "127.0.0.1".into()),
+            ("REEVE_OUTBOUND_ALLOW_HTTP", "1".into()),
+        ];
+        Ok(Env { vars, logs })
+    }
+
+    /// The catalog file the run's processes read.
+    pub(crate) fn catalog(&self) -> PathBuf {
+        self.logs.join("catalog.toml")
+    }
+
     pub(crate) async fn spawn(&self, bin: &Path, name: &str, args: &[&str]) -> anyhow::Result<Reeve> {
         let log = self.logs.join(format!("{name}.log"));
         let file = std::fs::File::create(&log)?;
@@ -538,24 +571,9 @@ async fn measure(
     queues: &[String],
 ) -> anyhow::Result<(Vec<Latency>, Throughput)> {
     let (endpoint_url, endpoint_server) = endpoint().await?;
-    let logs = std::env::temp_dir().join(format!("reeve-bench-worker-{}", std::process::id()));
-    std::fs::create_dir_all(&logs)?;
-    let catalog_file = logs.join("catalog.toml");
-    std::fs::write(&catalog_file, catalog(&endpoint_url))?;
+    let env = Env::harness("worker", db, redis, moto, &queues[0], &catalog(&endpoint_url))?;
+    let logs = env.logs.clone();
     let port = free_port();
-    let env = Env {
-        vars: vec![
-            ("DATABASE_URL", db.url.clone()),
-            ("REDIS_URL", redis.url()),
-            ("REEVE_QUEUE_URL", queues[0].clone()),
-            ("AWS_ENDPOINT_URL_SQS", moto.url.clone()),
-            ("REEVE_CATALOG", catalog_file.display().to_string()),
-            // The endpoint is the harness's, on loopback over plain http.
-            ("REEVE_OPERATOR_ALLOW", "127.0.0.1".into()),
-            ("REEVE_OUTBOUND_ALLOW_HTTP", "1".into()),
-        ],
-        logs: logs.clone(),
-    };
 
     let tracker = Arc::new(Tracker::default());
     let events = follow_events(&redis.url(), tracker.clone()).await?;
