@@ -110,7 +110,7 @@ fn every_voucher_refusal() -> Vec<batch::Refusal> {
     let state = batch::ChannelState {
         channel_id: format!("0x{}", "ab".repeat(32)),
         charged: 2_000,
-        on_chain: batch::OnChain { balance: 4_000, total_claimed: 0, withdraw_requested_at: 0 },
+        on_chain: batch::OnChain { balance: 4_000, total_claimed: 0, withdraw_requested_at: 0, refund_nonce: 0 },
     };
     let mut all: Vec<batch::Refusal> = ["receiver", "receiverAuthorizer", "token", "withdrawDelay", "channelId"]
         .into_iter()

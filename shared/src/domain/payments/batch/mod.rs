@@ -30,7 +30,7 @@ pub use channel::{
     ChannelState, DecideError, Decision, OnChain, Purchase, Refusal, Terms, VoucherIn, decide, last_voucher, record,
 };
 pub use escrow::read;
-pub use payload::{BatchPayload, Deposit};
+pub use payload::{BatchPayload, Deposit, RefundAsk};
 #[cfg(feature = "catalog")]
 pub use resync::resynchronising;
 pub use voucher::{ChannelConfig, ESCROW, SignatureError, check_signature};
