@@ -110,7 +110,7 @@ fn every_voucher_refusal() -> Vec<batch::Refusal> {
     let state = batch::ChannelState {
         channel_id: format!("0x{}", "ab".repeat(32)),
         charged: 2_000,
-        on_chain: batch::OnChain { balance: 4_000, total_claimed: 0, withdraw_requested_at: 0 },
+        on_chain: batch::OnChain { balance: 4_000, total_claimed: 0, withdraw_requested_at: 0, refund_nonce: 0 },
     };
     let mut all: Vec<batch::Refusal> = ["receiver", "receiverAuthorizer", "token", "withdrawDelay", "channelId"]
         .into_iter()
@@ -418,6 +418,62 @@ fn every_report_refusal() -> Vec<ReportRefusal> {
     all
 }
 
+/// A batch-settlement refund's refusals: HTTP only (`GET
+/// /v1/refund/{kind}`, where x402's clients ask it; no MCP tool refunds),
+/// each documented in both places.
+fn every_refund_error() -> Vec<batch::refund::RefundError> {
+    use batch::refund::RefundError;
+    let mut all = vec![
+        RefundError::Malformed("not base64".into()),
+        RefundError::UnknownChannel(challenge(RefundError::UNKNOWN_CHANNEL)),
+        RefundError::NothingToRefund(challenge(RefundError::NOTHING_TO_REFUND)),
+        RefundError::Failed {
+            challenge: challenge(RefundError::FAILED),
+            reason: "invalid_batch_settlement_evm_refund_simulation_failed".into(),
+            settlement: Box::new(PaymentResponse::refused("reverted", "eip155:84532", "0x")),
+        },
+        RefundError::NotOffered,
+        RefundError::FacilitatorUnavailable,
+        RefundError::ChainUnavailable,
+        RefundError::Db(sqlx::Error::PoolTimedOut),
+    ];
+    for refusal in every_voucher_refusal() {
+        all.push(RefundError::Voucher { challenge: challenge(refusal.code()), refusal: Box::new(refusal) });
+    }
+    for e in &all {
+        match e {
+            RefundError::Malformed(_)
+            | RefundError::Voucher { .. }
+            | RefundError::UnknownChannel(_)
+            | RefundError::NothingToRefund(_)
+            | RefundError::Failed { .. }
+            | RefundError::NotOffered
+            | RefundError::FacilitatorUnavailable
+            | RefundError::ChainUnavailable
+            | RefundError::Db(_) => {}
+        }
+    }
+    all
+}
+
+#[test]
+fn every_refund_refusal_is_documented_and_a_payment_refusal_carries_its_challenge() {
+    use crate::domain::error::Refusal;
+    let openapi = include_str!("adapters/http/openapi.json");
+    let readme = readme_codes();
+    for refusal in every_refund_error() {
+        let answer = ApiError::refused(&refusal);
+        let code = answer.code;
+        assert!(openapi.contains(&format!("`{code}`")), "{refusal:?}: `{code}` is in no description of openapi.json");
+        assert!(readme.iter().any(|c| c == code), "{refusal:?}: `{code}` is not in the README's table of error codes");
+        if answer.status == StatusCode::PAYMENT_REQUIRED {
+            let challenge = refusal.challenge().unwrap_or_else(|| panic!("{refusal:?}: a 402 without its challenge"));
+            assert_eq!(challenge.error, code, "{refusal:?}");
+        }
+        assert!(!answer.message.contains("PoolTimedOut"), "{refusal:?}: no internals: {}", answer.message);
+    }
+}
+
 #[test]
 fn every_report_refusal_is_documented() {
     let openapi = include_str!("adapters/http/openapi.json");
@@ -432,7 +488,11 @@ fn every_report_refusal_is_documented() {
 #[test]
 fn every_code_in_the_readme_is_answered_by_something() {
     let answers = answers();
-    let reports: Vec<&'static str> = every_report_refusal().iter().map(|r| ApiError::refused(r).code).collect();
+    let reports: Vec<&'static str> = every_report_refusal()
+        .iter()
+        .map(|r| ApiError::refused(r).code)
+        .chain(every_refund_error().iter().map(|r| ApiError::refused(r).code))
+        .collect();
     let refused: BTreeSet<&str> =
         answers.iter().flat_map(|a| [a.http.code, a.mcp.code()]).chain(reports.iter().copied()).collect();
     let named = adapter_literals();

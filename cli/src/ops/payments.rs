@@ -86,6 +86,14 @@ fn describe(c: &ChannelState, now: OffsetDateTime) -> String {
         at(&c.oldest_unclaimed_at),
         due,
     );
+    if c.refunds > 0 {
+        text += &format!(
+            "  refunded {} to the payer in {} refund(s), the last {}\n",
+            c.refunded,
+            c.refunds,
+            at(&c.last_refund_at)
+        );
+    }
     if c.withdraw_requested_at.is_some() {
         text += &format!(
             "  withdrawal asked {}: what is unclaimed is the payer's from {}\n",

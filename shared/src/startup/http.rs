@@ -101,9 +101,12 @@ pub async fn lambda_task_create() -> Arc<TaskCreateContext> {
 /// Creating tasks: the catalog, the token key, Postgres, S3 (the uploads an
 /// input names), SQS and the facilitator.
 pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCreateContext>, StartupError> {
-    let (config, mut problems) = with_secrets(config, sdk, &receipt_key_too(Needs::SESSION)).await;
+    let mut wanted = receipt_key_too(Needs::SESSION);
+    wanted.push(settings::BATCH_AUTHORIZER_KEY);
+    let (config, mut problems) = with_secrets(config, sdk, &wanted).await;
     let mut env = config.env();
     let catalog = deployed_catalog(&config, &mut problems);
+    let batch_authorizer = batch_claimer(&config, catalog.as_ref(), Duration::ZERO, &mut problems).map(Arc::new);
     let token_key = env.secret(settings::TOKEN_KEY);
     let database_url = env.secret_text(settings::DATABASE_URL);
     let bucket = env.required(settings::BUCKET);
@@ -139,7 +142,12 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
     };
     let aws = AwsClients::from_config(sdk, config.s3_endpoint());
     let ctx = TaskCreateContext::new(Arc::new(catalog), db, aws, api_settings, chains);
-    Ok(Arc::new(TaskCreateContext { lease, max_attempts, ..Arc::into_inner(ctx).expect("just built") }))
+    Ok(Arc::new(TaskCreateContext {
+        lease,
+        max_attempts,
+        batch_authorizer,
+        ..Arc::into_inner(ctx).expect("just built")
+    }))
 }
 
 #[cfg(feature = "api-task-status")]
@@ -186,8 +194,15 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
 /// The API's context: the catalog at `REEVE_CATALOG`, the secrets `needs`
 /// asks for, the stores.
 pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connect) -> Result<Ctx, StartupError> {
-    let (config, problems) = with_secrets(config, sdk, &receipt_key_too(needs)).await;
+    let mut wanted = receipt_key_too(needs);
+    wanted.push(settings::BATCH_AUTHORIZER_KEY);
+    let (config, problems) = with_secrets(config, sdk, &wanted).await;
     let (catalog, settings, operators, chains) = api_parts(&config, needs, problems)?;
+    let mut problems = Vec::new();
+    let batch_authorizer = batch_claimer(&config, Some(&catalog), Duration::ZERO, &mut problems).map(Arc::new);
+    if !problems.is_empty() {
+        return Err(StartupError::Config(problems));
+    }
     let db = if needs.database {
         postgres(&config, settings.database_url.expose_str(), connect).await?
     } else {
@@ -195,7 +210,13 @@ pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connec
     };
     let redis = RedisClient::new(&settings.redis_url)?;
     let aws = AwsClients::from_config(sdk, config.s3_endpoint());
-    Ok(ApiContext::with_operators(catalog, db, redis, aws, settings, operators, chains))
+    let mut ctx = ApiContext::with_operators(catalog, db, redis, aws, settings, operators, chains);
+    // Just built: no other holder yet.
+    match Arc::get_mut(&mut ctx).and_then(|ctx| Arc::get_mut(&mut ctx.task_create)) {
+        Some(create) => create.batch_authorizer = batch_authorizer,
+        None => tracing::error!("the task-create context is shared before start-up ends: refunds are not offered"),
+    }
+    Ok(ctx)
 }
 
 #[cfg(feature = "api")]

@@ -293,54 +293,6 @@ pub async fn sweeper(config: &Config, sdk: &SdkConfig) -> Result<Sweeper, Startu
     })
 }
 
-#[cfg(feature = "sweeper")]
-/// The claimer of batch-settlement vouchers, from the receiver authorizer's
-/// key (`REEVE_BATCH_AUTHORIZER_KEY`, or the secret its `_SECRET_ARN`
-/// names), which must be the key of the catalog's
-/// `batch_receiver_authorizer`. No key: vouchers are not claimed (logged
-/// where the catalog takes them). The key's value is never part of a
-/// problem or a log line.
-fn batch_claimer(
-    config: &Config,
-    catalog: Option<&crate::domain::catalog::Catalog>,
-    after: Duration,
-    problems: &mut Vec<String>,
-) -> Option<crate::domain::payments::batch::claim::Claimer> {
-    use crate::domain::payments::batch::claim::Claimer;
-    let payments = catalog.and_then(|c| c.payments.as_ref());
-    let authorizer = payments.and_then(|p| p.batch_receiver_authorizer.as_deref());
-    let key = zeroize::Zeroizing::new(config.get(settings::BATCH_AUTHORIZER_KEY));
-    let (Some(catalog), Some(authorizer), Some(key)) = (catalog, authorizer, key.as_deref()) else {
-        if authorizer.is_some() {
-            tracing::warn!(
-                "{} is not set (nor {}): batch-settlement vouchers are taken but not claimed",
-                settings::BATCH_AUTHORIZER_KEY,
-                settings::BATCH_AUTHORIZER_KEY_SECRET_ARN
-            );
-        }
-        return None;
-    };
-    // The facilitator the rest of the process pays through: the catalog's,
-    // or `REEVE_FACILITATOR_URL`'s.
-    let facilitator =
-        super::facilitator_check::facilitator_for(config, catalog).map_err(|e| problems.push(e)).ok()??;
-    match Claimer::new(facilitator, key, after) {
-        Err(e) => {
-            problems.push(format!("{} {e}", settings::BATCH_AUTHORIZER_KEY));
-            None
-        }
-        Ok(claimer) if !format!("{:#x}", claimer.address()).eq_ignore_ascii_case(authorizer) => {
-            problems.push(format!(
-                "{} is the key of {:#x}, not of the catalog's [payments] batch_receiver_authorizer {authorizer}",
-                settings::BATCH_AUTHORIZER_KEY,
-                claimer.address()
-            ));
-            None
-        }
-        Ok(claimer) => Some(claimer),
-    }
-}
-
 #[cfg(all(feature = "poller", feature = "sweeper"))]
 /// The sweeper a long-running worker runs beside its poller (`reeve work`,
 /// `reeve serve`), on the worker's own Postgres pool and Redis doorbell. It

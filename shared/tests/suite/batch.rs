@@ -117,6 +117,8 @@ async fn a_buyer_pays_ten_requests_by_batch_settlement_and_gets_the_rest_back_to
         balance: 10 * PRICE,
         total_claimed: 10 * PRICE,
         withdraw_requested_at: 0,
+        // One cooperative refund, the buyer's.
+        refund_nonce: 1,
     };
     assert_eq!(read.unwrap(), expected);
     assert_eq!(receiver(&seller).await, (10 * PRICE, 10 * PRICE));
@@ -198,7 +200,8 @@ mod seller {
         alloy_signer::k256::elliptic_curve::rand_core::OsRng
     }
 
-    const DEPOSITED: OnChain = OnChain { balance: 4 * PRICE, total_claimed: 0, withdraw_requested_at: 0 };
+    const DEPOSITED: OnChain =
+        OnChain { balance: 4 * PRICE, total_claimed: 0, withdraw_requested_at: 0, refund_nonce: 0 };
 
     /// `decide` for `buyer`'s voucher of `ceiling` (signed by `buyer`) on
     /// `config`, with `read` as the escrow's answer.
@@ -372,7 +375,8 @@ mod seller {
     #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
     async fn a_channel_first_seen_with_claims_on_it_starts_at_what_was_claimed(pool: PgPool) {
         let buyer = Buyer::new();
-        let claimed = OnChain { balance: 4 * PRICE, total_claimed: 2 * PRICE, withdraw_requested_at: 0 };
+        let claimed =
+            OnChain { balance: 4 * PRICE, total_claimed: 2 * PRICE, withdraw_requested_at: 0, refund_nonce: 0 };
         let refused = decide(&pool, &buyer, &buyer.config, PRICE, Some(claimed)).await;
         assert!(matches!(refused, Err(Refusal::NotNext { expected, .. }) if expected == 3 * PRICE), "{refused:?}");
         let taken = decide(&pool, &buyer, &buyer.config, 3 * PRICE, Some(claimed)).await;

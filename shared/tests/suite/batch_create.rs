@@ -28,23 +28,23 @@ use sqlx::PgPool;
 use crate::common::chain::{self, ChainLock, Payer};
 use crate::common::{self, Reply, TestQueue, new_session, post_json, send};
 
-const PRICE: u128 = 1_000;
+pub(super) const PRICE: u128 = 1_000;
 /// A second kind's price, more than a first deposit (10 prices) holds.
 const BIG: u128 = 20_000;
-const FUNDS: u128 = 50_000;
-const WITHDRAW_DELAY: u64 = 900;
-const CHAIN: u64 = 84532;
+pub(super) const FUNDS: u128 = 50_000;
+pub(super) const WITHDRAW_DELAY: u64 = 900;
+pub(super) const CHAIN: u64 = 84532;
 
 fn facilitator_url() -> String {
     std::env::var("REEVE_FACILITATOR_URL").unwrap_or_else(|_| "http://127.0.0.1:4021".into())
 }
 
 /// The receiver authorizer's key: the test signs Reeve's claims with it.
-fn authorizer_key() -> SigningKey {
+pub(super) fn authorizer_key() -> SigningKey {
     SigningKey::from_slice(&[0x42; 32]).unwrap()
 }
 
-fn authorizer() -> Address {
+pub(super) fn authorizer() -> Address {
     alloy_signer::utils::public_key_to_address(authorizer_key().verifying_key())
 }
 
@@ -94,29 +94,43 @@ version = "2"
 
 /// Reeve, served on a loopback port as `reeve serve` serves it, and the
 /// Space that buys.
-struct Shop {
-    app: axum::Router,
-    addr: SocketAddr,
-    token: String,
-    pay_to: String,
-    queue: TestQueue,
-    pool: PgPool,
-    config: Config,
+pub(super) struct Shop {
+    pub(super) app: axum::Router,
+    pub(super) addr: SocketAddr,
+    pub(super) token: String,
+    pub(super) pay_to: String,
+    pub(super) queue: TestQueue,
+    pub(super) pool: PgPool,
+    pub(super) config: Config,
 }
 
 impl Shop {
-    async fn new(pool: &PgPool) -> Shop {
+    pub(super) async fn new(pool: &PgPool) -> Shop {
         Shop::with(pool, &chain::fresh_address(), &facilitator_url(), &chain::rpc_url()).await
     }
 
     /// A shop selling to `pay_to` through `facilitator`, reading the chain
     /// at `rpc`.
     async fn with(pool: &PgPool, pay_to: &str, facilitator: &str, rpc: &str) -> Shop {
+        Shop::serving(pool, pay_to, facilitator, rpc, &[]).await
+    }
+
+    /// The same, with `settings` added to its environment.
+    pub(super) async fn serving(
+        pool: &PgPool,
+        pay_to: &str,
+        facilitator: &str,
+        rpc: &str,
+        settings: &[(&str, &str)],
+    ) -> Shop {
         let queue = TestQueue::new().await;
         let pay_to = pay_to.to_owned();
-        let config = common::with_catalog(common::config(pool), &catalog(&pay_to, facilitator))
+        let mut config = common::with_catalog(common::config(pool), &catalog(&pay_to, facilitator))
             .with(settings::QUEUE_URL, &queue.url)
             .with(CHAIN_RPC_URLS, chain::chain_rpc_urls_at(rpc));
+        for (name, value) in settings {
+            config = config.with(name, *value);
+        }
         let app = app(common::api(&config).await);
         let config = config.clone();
         let token = new_session(&app).await.1;
@@ -129,14 +143,14 @@ impl Shop {
 
     /// The official client, in a process of its own, creating `count` tasks
     /// of `job` with inputs `{"n": "<label>-<i>"}`.
-    async fn official_client_creates(&self, payer: &Payer, count: usize, label: &str) -> Vec<Value> {
+    pub(super) async fn official_client_creates(&self, payer: &Payer, count: usize, label: &str) -> Vec<Value> {
         let url = format!("http://{}/v1/tasks/job", self.addr);
         let args = vec![chain::rpc_url(), url, self.token.clone(), count.to_string(), label.to_owned()];
         let out = super::batch::node("batch-tasks.mjs", args, vec![("REEVE_WALLET_KEY", payer.key.clone())]).await;
         serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
     }
 
-    async fn create(&self, kind: &str, input: &Value, payment: Option<&str>) -> Reply {
+    pub(super) async fn create(&self, kind: &str, input: &Value, payment: Option<&str>) -> Reply {
         let mut request = post_json(&format!("/v1/tasks/{kind}"), Some(&self.token), &json!({ "input": input }));
         if let Some(payment) = payment {
             request.headers_mut().insert("payment-signature", HeaderValue::from_str(payment).unwrap());
@@ -145,7 +159,7 @@ impl Shop {
     }
 
     /// `kind`'s batch-settlement offer, as its `402` makes it.
-    async fn offer(&self, kind: &str) -> Value {
+    pub(super) async fn offer(&self, kind: &str) -> Value {
         let reply = self.create(kind, &json!({"n": "ask"}), None).await;
         assert_eq!(reply.status, StatusCode::PAYMENT_REQUIRED, "{}", reply.body);
         reply.body["accepts"].as_array().unwrap().iter().find(|o| o["scheme"] == "batch-settlement").unwrap().clone()
@@ -156,7 +170,7 @@ impl Shop {
     }
 
     /// What Reeve counts its channel was charged.
-    async fn charged(&self, channel: &str) -> u128 {
+    pub(super) async fn charged(&self, channel: &str) -> u128 {
         let charged: String = sqlx::query_scalar("SELECT charged::TEXT FROM batch_channels WHERE channel_id = $1")
             .bind(channel)
             .fetch_one(&self.pool)
@@ -169,13 +183,13 @@ impl Shop {
 /// The payer's channel to the shop, as the official client opens it (its
 /// own key as payer authorizer, salt 0), and the payer's key, to sign
 /// vouchers on it by hand.
-struct Channel {
-    key: SigningKey,
-    config: ChannelConfig,
+pub(super) struct Channel {
+    pub(super) key: SigningKey,
+    pub(super) config: ChannelConfig,
 }
 
 impl Channel {
-    fn of(payer: &Payer, pay_to: &str) -> Channel {
+    pub(super) fn of(payer: &Payer, pay_to: &str) -> Channel {
         let key = SigningKey::from_slice(&hex::decode(payer.key.trim_start_matches("0x")).unwrap()).unwrap();
         let address: Address = payer.address.parse().unwrap();
         let config = ChannelConfig {
@@ -190,13 +204,19 @@ impl Channel {
         Channel { key, config }
     }
 
-    fn id(&self) -> String {
+    pub(super) fn id(&self) -> String {
         format!("{:#x}", self.config.id(CHAIN))
     }
 
     /// A `PAYMENT-SIGNATURE` paying `offer` with a voucher of `ceiling` on
     /// `config`'s channel (named `channel_id`), signed by `key`.
-    fn voucher(offer: &Value, config: &ChannelConfig, channel_id: B256, ceiling: u128, key: &SigningKey) -> String {
+    pub(super) fn voucher(
+        offer: &Value,
+        config: &ChannelConfig,
+        channel_id: B256,
+        ceiling: u128,
+        key: &SigningKey,
+    ) -> String {
         let voucher = batch::voucher::Voucher { channelId: channel_id, maxClaimableAmount: ceiling };
         let digest = voucher.eip712_signing_hash(&batch::voucher::domain(CHAIN));
         let (signature, recovery) = key.sign_prehash_recoverable(digest.as_slice()).unwrap();
@@ -227,7 +247,7 @@ impl Channel {
     }
 
     /// The payer's own voucher of `ceiling` on this channel, paying `offer`.
-    fn pay(&self, offer: &Value, ceiling: u128) -> String {
+    pub(super) fn pay(&self, offer: &Value, ceiling: u128) -> String {
         Self::voucher(offer, &self.config, self.config.id(CHAIN), ceiling, &self.key)
     }
 }
@@ -272,7 +292,7 @@ impl EscrowConfig {
 
 /// The `402` a refused voucher answers: its code, and the challenge in
 /// `PAYMENT-REQUIRED` with the same code as its `error`.
-fn refused(reply: &Reply, code: &str) -> Value {
+pub(super) fn refused(reply: &Reply, code: &str) -> Value {
     assert_eq!(reply.status, StatusCode::PAYMENT_REQUIRED, "{}", reply.body);
     assert_eq!(reply.code(), code, "{}", reply.body);
     let header = reply.headers["payment-required"].to_str().unwrap();
@@ -286,7 +306,7 @@ fn refused(reply: &Reply, code: &str) -> Value {
 /// task, each the previous ceiling plus that task's price; what Reeve counts
 /// the channel charged is the last ceiling; the escrow holds all of it, and
 /// has let nothing be claimed beyond it. Answers what was charged.
-async fn assert_channel_books(pool: &PgPool, channel: &str) -> u128 {
+pub(super) async fn assert_channel_books(pool: &PgPool, channel: &str) -> u128 {
     let vouchers: Vec<(String, String, Option<Id>)> = sqlx::query_as(
         "SELECT ceiling::TEXT, price::TEXT, task_id FROM batch_vouchers WHERE channel_id = $1 ORDER BY ceiling",
     )
@@ -486,7 +506,7 @@ async fn vouchers_are_taken_without_facilitator_or_chain_within_the_staleness_bo
 
 /// The chain held shared, a shop, and a payer that opened a channel to it
 /// with the official client and bought `tasks` tasks over it.
-async fn bought_over_a_channel(pool: &PgPool, tasks: usize) -> (ChainLock, Shop, Payer, Channel) {
+pub(super) async fn bought_over_a_channel(pool: &PgPool, tasks: usize) -> (ChainLock, Shop, Payer, Channel) {
     let chain = ChainLock::shared().await;
     let shop = Shop::new(pool).await;
     let payer = Payer::new(&chain, FUNDS).await;

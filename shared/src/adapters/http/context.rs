@@ -117,6 +117,10 @@ pub struct TaskCreateContext {
     /// An attempt's lease, as the worker holds it (`REEVE_LEASE_SECONDS`):
     /// what a service's report renews.
     pub lease: std::time::Duration,
+    /// The receiver authorizer of batch-settlement channels
+    /// (`REEVE_BATCH_AUTHORIZER_KEY`), which signs a payer's cooperative
+    /// refund. `None`: refunds answer `503 batch_refund_unavailable`.
+    pub batch_authorizer: Option<Arc<crate::domain::payments::batch::claim::Claimer>>,
     /// The attempts a task may have (`REEVE_MAX_RECEIVES`): a service's
     /// retryable failure on the last one fails the task.
     pub max_attempts: u32,
@@ -268,6 +272,7 @@ impl TaskCreateContext {
             events: crate::domain::tasks::Publisher::new(redis),
             lease: Self::DEFAULT_LEASE,
             max_attempts: crate::domain::tasks::DEFAULT_MAX_RECEIVES,
+            batch_authorizer: None,
         })
     }
 }

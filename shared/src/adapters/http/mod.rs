@@ -79,6 +79,8 @@ mod openapi;
 pub mod pay_links;
 #[cfg(feature = "api-task-status")]
 mod receipts;
+#[cfg(feature = "api-tasks")]
+mod refunds;
 #[cfg(feature = "relay")]
 mod relay_context;
 #[cfg(feature = "api-task-status")]
@@ -202,6 +204,7 @@ pub fn app(ctx: Ctx) -> Router {
             .merge(routed(login::router(), ctx.auth.clone()))
             .merge(routed(uploads::router(), ctx.uploads.clone()))
             .merge(routed(task_create_routes(), ctx.task_create.clone()))
+            .merge(routed(refunds::router(), ctx.task_create.clone()))
             .merge(routed(tasks::status_router(), ctx.task_status.clone())),
     )
 }
@@ -242,6 +245,7 @@ fn documented() -> utoipa::openapi::OpenApi {
     doc.merge(login::router().into_openapi());
     doc.merge(uploads::router().into_openapi());
     doc.merge(task_create_routes().into_openapi());
+    doc.merge(refunds::router().into_openapi());
     doc.merge(tasks::status_router().into_openapi());
     doc
 }

@@ -481,11 +481,11 @@ mod tests {
         assert_eq!(p.nonce, "0x89e93206f45719853254dfac00e7e64433051107d8dd164742dc5ea75bff2fdd/3000");
         assert!(p.upto.is_none());
         // A shape the batch reader does not know is named, not guessed.
-        let mut refund = batch_sample();
-        refund["payload"]["type"] = json!("refund");
+        let mut claim = batch_sample();
+        claim["payload"]["type"] = json!("claim");
         assert_eq!(
-            decode(&encode(&refund)).unwrap_err(),
-            "payload: payload.type \"refund\" is not a voucher or a deposit"
+            decode(&encode(&claim)).unwrap_err(),
+            "payload: payload.type \"claim\" is not a voucher, a deposit or a refund"
         );
         // An exact payload under a batch-settlement `accepted` is not one.
         let mut mixed = sample();

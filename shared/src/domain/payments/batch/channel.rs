@@ -57,6 +57,9 @@ pub struct OnChain {
     pub total_claimed: u128,
     /// Unix seconds; 0: the payer never asked to withdraw.
     pub withdraw_requested_at: u64,
+    /// How many cooperative refunds the channel has had (the escrow's
+    /// `refundNonce`): the count the next one is signed for.
+    pub refund_nonce: u64,
 }
 
 /// A channel as Reeve keeps it: what the `402` that resynchronises a buyer
@@ -167,6 +170,27 @@ pub async fn last_voucher(conn: &mut PgConnection, channel: &str) -> Result<Opti
     Ok(Some((ceiling, row.try_get("signature")?)))
 }
 
+/// Checks that `voucher` is on a channel Reeve can claim from under
+/// `terms` and is signed by the channel's payer or its authorizer; answers
+/// the channel's id as Reeve keeps it (lowercase hex). (Boxed: a refusal
+/// is large, and this is called on every voucher.)
+pub fn check_voucher(terms: &Terms<'_>, voucher: &VoucherIn<'_>) -> Result<String, Box<Refusal>> {
+    let config = voucher.config;
+    let fits = [
+        (config.receiver == terms.receiver, "receiver"),
+        (config.receiverAuthorizer == terms.receiver_authorizer, "receiverAuthorizer"),
+        (config.token == terms.token, "token"),
+        (config.withdrawDelay.to::<u64>() == terms.withdraw_delay, "withdrawDelay"),
+        (config.id(terms.chain_id) == voucher.channel_id, "channelId"),
+    ];
+    if let Some((_, field)) = fits.iter().find(|(ok, _)| !ok) {
+        return Err(Box::new(Refusal::WrongChannel(field)));
+    }
+    check_signature(config, terms.chain_id, voucher.ceiling, voucher.signature)
+        .map_err(|e| Box::new(Refusal::from(e)))?;
+    Ok(format!("{:#x}", voucher.channel_id))
+}
+
 /// Decides whether `voucher` buys a task priced `price` under `terms`,
 /// the channel's row locked in `conn`'s transaction. `read`: the escrow's
 /// state just read, if the caller read it (after an [`Refusal::Unread`]);
@@ -179,20 +203,7 @@ pub async fn decide(
     read: Option<OnChain>,
     staleness: Duration,
 ) -> Result<Decision, DecideError> {
-    let config = voucher.config;
-    let fits = [
-        (config.receiver == terms.receiver, "receiver"),
-        (config.receiverAuthorizer == terms.receiver_authorizer, "receiverAuthorizer"),
-        (config.token == terms.token, "token"),
-        (config.withdrawDelay.to::<u64>() == terms.withdraw_delay, "withdrawDelay"),
-        (config.id(terms.chain_id) == voucher.channel_id, "channelId"),
-    ];
-    if let Some((_, field)) = fits.iter().find(|(ok, _)| !ok) {
-        return Err(Refusal::WrongChannel(field).into());
-    }
-    check_signature(config, terms.chain_id, voucher.ceiling, voucher.signature).map_err(Refusal::from)?;
-
-    let channel = format!("{:#x}", voucher.channel_id);
+    let channel = check_voucher(terms, voucher).map_err(|refusal| DecideError::Refused(*refusal))?;
     if let Some(read) = read {
         store_read(conn, terms, voucher, &channel, read).await?;
     }
@@ -269,12 +280,13 @@ pub async fn record(
 pub async fn refresh(conn: &mut PgConnection, channel: &str, read: OnChain) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE batch_channels SET balance = $2::NUMERIC, total_claimed = $3::NUMERIC, \
-             withdraw_requested_at = $4, read_at = now() WHERE channel_id = $1",
+             withdraw_requested_at = $4, refund_nonce = $5, read_at = now() WHERE channel_id = $1",
     )
     .bind(channel)
     .bind(read.balance.to_string())
     .bind(read.total_claimed.to_string())
     .bind(i64::try_from(read.withdraw_requested_at).unwrap_or(i64::MAX))
+    .bind(i64::try_from(read.refund_nonce).unwrap_or(i64::MAX))
     .execute(conn)
     .await?;
     Ok(())
@@ -312,11 +324,13 @@ async fn store_read(
     });
     sqlx::query(
         "INSERT INTO batch_channels \
-             (channel_id, network, payer, config, charged, balance, total_claimed, withdraw_requested_at, read_at) \
-         VALUES ($1, $2, $3, $4, $6::NUMERIC, $5::NUMERIC, $6::NUMERIC, $7, now()) \
+             (channel_id, network, payer, config, charged, balance, total_claimed, withdraw_requested_at, \
+              refund_nonce, read_at) \
+         VALUES ($1, $2, $3, $4, $6::NUMERIC, $5::NUMERIC, $6::NUMERIC, $7, $8, now()) \
          ON CONFLICT (channel_id) DO UPDATE SET balance = EXCLUDED.balance, \
              total_claimed = EXCLUDED.total_claimed, \
-             withdraw_requested_at = EXCLUDED.withdraw_requested_at, read_at = now()",
+             withdraw_requested_at = EXCLUDED.withdraw_requested_at, refund_nonce = EXCLUDED.refund_nonce, \
+             read_at = now()",
     )
     .bind(channel)
     .bind(terms.network)
@@ -325,6 +339,7 @@ async fn store_read(
     .bind(read.balance.to_string())
     .bind(read.total_claimed.to_string())
     .bind(i64::try_from(read.withdraw_requested_at).unwrap_or(i64::MAX))
+    .bind(i64::try_from(read.refund_nonce).unwrap_or(i64::MAX))
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -333,14 +348,14 @@ async fn store_read(
 /// The channel's row, locked: what it was charged, the escrow's last
 /// answer, and whether that answer is younger than `staleness`. `None`:
 /// Reeve never read this channel.
-async fn locked(
+pub(super) async fn locked(
     conn: &mut PgConnection,
     channel: &str,
     staleness: Duration,
 ) -> Result<Option<(u128, OnChain, bool)>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT charged::TEXT AS charged, balance::TEXT AS balance, total_claimed::TEXT AS total_claimed, \
-                withdraw_requested_at, read_at > now() - make_interval(secs => $2) AS fresh \
+                withdraw_requested_at, refund_nonce, read_at > now() - make_interval(secs => $2) AS fresh \
          FROM batch_channels WHERE channel_id = $1 FOR UPDATE",
     )
     .bind(channel)
@@ -356,6 +371,7 @@ async fn locked(
         balance: amount("balance")?,
         total_claimed: amount("total_claimed")?,
         withdraw_requested_at: u64::try_from(row.try_get::<i64, _>("withdraw_requested_at")?).unwrap_or_default(),
+        refund_nonce: u64::try_from(row.try_get::<i64, _>("refund_nonce")?).unwrap_or_default(),
     };
     Ok(Some((amount("charged")?, on_chain, row.try_get("fresh")?)))
 }

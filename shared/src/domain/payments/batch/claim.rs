@@ -149,6 +149,13 @@ pub struct ChannelState {
     /// From when the payer can take back whatever is still unclaimed.
     #[serde(with = "time::serde::rfc3339::option")]
     pub withdrawable_at: Option<OffsetDateTime>,
+    /// The cooperative refunds made at the payer's request: how many (the
+    /// escrow's `refundNonce` at the last read), what they returned in all,
+    /// and when the last one was.
+    pub refunds: i64,
+    pub refunded: String,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_refund_at: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339")]
     pub read_at: OffsetDateTime,
 }
@@ -170,6 +177,10 @@ pub async fn channels(db: &PgPool, after: Duration, all: bool, limit: i64) -> Re
                 CASE WHEN c.withdraw_requested_at > 0 \
                      THEN to_timestamp(c.withdraw_requested_at + (c.config->>'withdrawDelay')::FLOAT8) END \
                   AS withdrawable_at, \
+                c.refund_nonce AS refunds, \
+                (SELECT COALESCE(sum(r.amount), 0) FROM batch_refunds r WHERE r.channel_id = c.channel_id)::TEXT \
+                  AS refunded, \
+                (SELECT max(r.created_at) FROM batch_refunds r WHERE r.channel_id = c.channel_id) AS last_refund_at, \
                 c.read_at \
            FROM batch_channels c \
           WHERE $2 OR c.charged > c.total_claimed \
@@ -301,16 +312,13 @@ impl Claimer {
             if open.is_empty() {
                 continue;
             }
-            let digest = digest(chain_id, &open);
-            let Ok((signature, recovery)) = self.key.sign_prehash_recoverable(digest.as_slice()) else {
+            let Some(signature) = self.sign(digest(chain_id, &open)) else {
                 report.failed += open.len();
                 continue;
             };
-            let mut bytes = signature.to_bytes().to_vec();
-            bytes.push(27 + recovery.to_byte());
             let requirements = requirements(&network, &receiver, &token);
             let budget = Some(until.saturating_duration_since(Instant::now()));
-            let claimed = self.send(&requirements, payload(&open, &format!("0x{}", hex::encode(bytes))), budget).await;
+            let claimed = self.send(&requirements, payload(&open, &signature), budget).await;
             for claim in &open {
                 match shows_claimed(chain, db, claim).await? {
                     Some(true) => report.channels += 1,
@@ -336,8 +344,27 @@ impl Claimer {
         Ok(report)
     }
 
+    /// The receiver authorizer's signature of `digest`, `0x` hex (65
+    /// bytes, `v` 27 or 28, as the escrow's ECDSA check takes it).
+    pub(super) fn sign(&self, digest: B256) -> Option<String> {
+        let (signature, recovery) = self.key.sign_prehash_recoverable(digest.as_slice()).ok()?;
+        let mut bytes = signature.to_bytes().to_vec();
+        bytes.push(27 + recovery.to_byte());
+        Some(format!("0x{}", hex::encode(bytes)))
+    }
+
+    /// The facilitator claims and refunds are sent through.
+    pub(super) fn facilitator(&self) -> &Facilitator {
+        &self.facilitator
+    }
+
     /// `/settle` of a channel manager's payload: whether it went through.
-    async fn send(&self, requirements: &PaymentRequirements, payload: Value, budget: Option<Duration>) -> bool {
+    pub(super) async fn send(
+        &self,
+        requirements: &PaymentRequirements,
+        payload: Value,
+        budget: Option<Duration>,
+    ) -> bool {
         let kind = payload["type"].as_str().unwrap_or_default().to_owned();
         let document = json!({ "x402Version": 2, "accepted": requirements, "payload": payload });
         match self.facilitator.settle(&document, requirements, budget).await {
@@ -359,7 +386,7 @@ impl Claimer {
 
 /// The requirements a channel manager's payload is sent with: the
 /// receiver and token, no price.
-fn requirements(network: &str, receiver: &str, token: &str) -> PaymentRequirements {
+pub(super) fn requirements(network: &str, receiver: &str, token: &str) -> PaymentRequirements {
     PaymentRequirements {
         scheme: Scheme::Batch.name().to_owned(),
         network: network.to_owned(),

@@ -15,23 +15,29 @@ sol! {
     function channels(bytes32 channelId) external view returns (uint128 balance, uint128 totalClaimed);
     /// The payer's pending withdrawal: how much, and when it asked (0: none).
     function pendingWithdrawals(bytes32 channelId) external view returns (uint128 amount, uint40 initiatedAt);
+    /// How many cooperative refunds the channel has had: the next refund
+    /// is signed for this count.
+    function refundNonce(bytes32 channelId) external view returns (uint256);
 }
 
-/// The escrow's state of `channel` at the latest block, both calls read at
+/// The escrow's state of `channel` at the latest block, every call read at
 /// the same block (one Multicall3 round trip).
 pub async fn read(chain: &Chain, channel: B256) -> Result<OnChain, ChainError> {
     let calls = [
         (ESCROW, channelsCall { channelId: channel }.abi_encode()),
         (ESCROW, pendingWithdrawalsCall { channelId: channel }.abi_encode()),
+        (ESCROW, refundNonceCall { channelId: channel }.abi_encode()),
     ];
     let (_, answers) = chain.aggregate3(&calls, BlockId::latest()).await?;
     let silent = || ChainError::Malformed("the batch-settlement escrow did not answer".into());
-    let [Some(held), Some(withdrawal)] = answers.as_slice() else { return Err(silent()) };
+    let [Some(held), Some(withdrawal), Some(refunds)] = answers.as_slice() else { return Err(silent()) };
     let held = channelsCall::abi_decode_returns(held).map_err(|_| silent())?;
     let withdrawal = pendingWithdrawalsCall::abi_decode_returns(withdrawal).map_err(|_| silent())?;
+    let refunds = refundNonceCall::abi_decode_returns(refunds).map_err(|_| silent())?;
     Ok(OnChain {
         balance: held.balance,
         total_claimed: held.totalClaimed,
         withdraw_requested_at: withdrawal.initiatedAt.to::<u64>(),
+        refund_nonce: refunds.saturating_to::<u64>(),
     })
 }

@@ -13,7 +13,10 @@
 //! in the transaction that stores its task). The offer is `Scheme::Batch`,
 //! priced `scheme = "batch"` in the catalog. The sweep claims what the
 //! vouchers bought and has it paid to `payTo` ([`claim`]) where the sweeper
-//! is given the receiver authorizer's key. Not yet: cooperative refunds.
+//! is given the receiver authorizer's key. A payer asks for the rest of its
+//! channel back by a cooperative refund ([`refund`]): Reeve claims what the
+//! channel was charged and returns the rest in one transaction, signed by
+//! the same key.
 
 pub mod channel;
 #[cfg(feature = "catalog")]
@@ -22,6 +25,8 @@ pub mod escrow;
 #[cfg(feature = "api-tasks")]
 pub(crate) mod pay;
 pub mod payload;
+#[cfg(feature = "api-tasks")]
+pub mod refund;
 #[cfg(feature = "catalog")]
 pub mod resync;
 pub mod voucher;
@@ -30,7 +35,7 @@ pub use channel::{
     ChannelState, DecideError, Decision, OnChain, Purchase, Refusal, Terms, VoucherIn, decide, last_voucher, record,
 };
 pub use escrow::read;
-pub use payload::{BatchPayload, Deposit};
+pub use payload::{BatchPayload, Deposit, RefundAsk};
 #[cfg(feature = "catalog")]
 pub use resync::resynchronising;
 pub use voucher::{ChannelConfig, ESCROW, SignatureError, check_signature};

@@ -73,6 +73,12 @@ pub(in crate::domain::payments) async fn pay<C: Counter>(
     let Some(batch) = &payment.batch else {
         return Err(PayError::Malformed("a batch-settlement payment carries payload.voucher".into()));
     };
+    if batch.refund.is_some() {
+        // A refund buys nothing: it is asked where `refundChannel` asks it.
+        return Err(PayError::Malformed(
+            "a batch-settlement refund is asked with GET /v1/refund/{kind}, not with a task".into(),
+        ));
+    }
     let (Some(terms), Ok(price)) = (terms(offer), offer.amount.parse::<u128>()) else {
         // The catalog's offer always names them; one that does not is no
         // offer a channel can be opened on.
@@ -115,7 +121,7 @@ pub(in crate::domain::payments) async fn pay<C: Counter>(
 }
 
 /// The channel terms of `offer`, as the catalog wrote them into it.
-fn terms(offer: &PaymentRequirements) -> Option<Terms<'_>> {
+pub(super) fn terms(offer: &PaymentRequirements) -> Option<Terms<'_>> {
     Some(Terms {
         network: &offer.network,
         chain_id: offer.network.strip_prefix("eip155:")?.parse().ok()?,
@@ -241,8 +247,7 @@ impl Sale<'_> {
                 "balance": state.on_chain.balance.to_string(),
                 "totalClaimed": state.on_chain.total_claimed.to_string(),
                 "withdrawRequestedAt": state.on_chain.withdraw_requested_at,
-                // Reeve makes no cooperative refunds yet.
-                "refundNonce": "0",
+                "refundNonce": state.on_chain.refund_nonce.to_string(),
                 "chargedCumulativeAmount": state.charged.to_string(),
             },
         }));

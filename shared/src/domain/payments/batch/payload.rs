@@ -2,8 +2,10 @@
 //! typed values before anything is decided: a voucher on a channel, and for
 //! a channel's first payment (or one its balance no longer covers) the
 //! deposit that funds it, as `@x402/evm`'s batch-settlement client sends
-//! them. Any other payload (a refund, a shape this file does not know) is
-//! refused as malformed: nothing here is guessed.
+//! them; and a payer's request for a cooperative refund (`type: "refund"`:
+//! a voucher of what the channel was charged, and optionally how much to
+//! return), as its `refundChannel` sends it. Any other shape is refused as
+//! malformed: nothing here is guessed.
 
 use alloy_primitives::aliases::U40;
 use alloy_primitives::{Address, B256, Bytes};
@@ -24,6 +26,17 @@ pub struct BatchPayload {
     /// `Some` for a `deposit` payload: what the payer puts in escrow first,
     /// settled through the facilitator before the voucher is decided.
     pub deposit: Option<Deposit>,
+    /// `Some` for a `refund` payload: the payer asks for the channel's
+    /// unclaimed balance back (its voucher's ceiling is what the channel was
+    /// charged, nothing more).
+    pub refund: Option<RefundAsk>,
+}
+
+/// A payer's request for a cooperative refund.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefundAsk {
+    /// How much to return; `None`: all that is unclaimed.
+    pub amount: Option<u128>,
 }
 
 /// A deposit into the channel: its amount, and the payer's authorization
@@ -38,17 +51,27 @@ impl BatchPayload {
     /// Reads `payload`, or says what is wrong with it (for a `400`).
     pub fn parse(payload: &Value) -> Result<BatchPayload, String> {
         let kind = text(payload, "type")?;
-        let deposit = match kind {
-            "voucher" => None,
+        let (deposit, refund) = match kind {
+            "voucher" => (None, None),
             "deposit" => {
                 let deposit = field(payload, "deposit")?;
                 let amount = amount(deposit, "amount", "deposit.amount")?;
                 if amount == 0 {
                     return Err("deposit.amount must be more than 0".into());
                 }
-                Some(Deposit { amount, authorization: field(deposit, "authorization")?.clone() })
+                (Some(Deposit { amount, authorization: field(deposit, "authorization")?.clone() }), None)
             }
-            other => return Err(format!("payload.type {other:?} is not a voucher or a deposit")),
+            "refund" => {
+                let asked = match payload.get("amount") {
+                    None => None,
+                    Some(_) => Some(amount(payload, "amount", "amount")?).filter(|a| *a > 0),
+                };
+                if payload.get("amount").is_some() && asked.is_none() {
+                    return Err("amount must be more than 0".into());
+                }
+                (None, Some(RefundAsk { amount: asked }))
+            }
+            other => return Err(format!("payload.type {other:?} is not a voucher, a deposit or a refund")),
         };
         let config = field(payload, "channelConfig")?;
         let address = |key: &str| -> Result<Address, String> {
@@ -74,6 +97,7 @@ impl BatchPayload {
             ceiling: amount(voucher, "maxClaimableAmount", "voucher.maxClaimableAmount")?,
             signature: text(voucher, "signature")?.parse().map_err(|_| "voucher.signature is not hex")?,
             deposit,
+            refund,
         })
     }
 
@@ -158,6 +182,14 @@ mod tests {
         voucher.as_object_mut().unwrap().remove("deposit");
         let read = BatchPayload::parse(&voucher).unwrap();
         assert_eq!((read.deposit, read.ceiling), (None, 1000));
+        // A refund request as `refundChannel` sends it: all, or an amount.
+        voucher["type"] = json!("refund");
+        let read = BatchPayload::parse(&voucher).unwrap();
+        assert_eq!((read.deposit, read.refund, read.ceiling), (None, Some(RefundAsk { amount: None }), 1000));
+        voucher["amount"] = json!("250");
+        assert_eq!(BatchPayload::parse(&voucher).unwrap().refund, Some(RefundAsk { amount: Some(250) }));
+        voucher["amount"] = json!("0");
+        assert_eq!(BatchPayload::parse(&voucher).unwrap_err(), "amount must be more than 0");
     }
 
     #[test]
@@ -169,7 +201,7 @@ mod tests {
             parent[*last] = value;
             BatchPayload::parse(&payload).unwrap_err()
         };
-        assert_eq!(broken(&["type"], json!("refund")), "payload.type \"refund\" is not a voucher or a deposit");
+        assert_eq!(broken(&["type"], json!("claim")), "payload.type \"claim\" is not a voucher, a deposit or a refund");
         assert_eq!(
             broken(&["voucher", "maxClaimableAmount"], json!("-1")),
             "voucher.maxClaimableAmount is not a decimal amount"

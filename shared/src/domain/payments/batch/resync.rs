@@ -29,8 +29,7 @@ pub fn resynchronising(
             "balance": state.on_chain.balance.to_string(),
             "totalClaimed": state.on_chain.total_claimed.to_string(),
             "withdrawRequestedAt": state.on_chain.withdraw_requested_at,
-            // Reeve asks for no cooperative refund yet: none was made.
-            "refundNonce": "0",
+            "refundNonce": state.on_chain.refund_nonce.to_string(),
             "chargedCumulativeAmount": state.charged.to_string(),
         }));
         offer.extra.voucher_state = last
