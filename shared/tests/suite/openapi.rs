@@ -56,13 +56,8 @@ const ROUTES: [(&str, &str); 32] = [
     ("POST", "/v1/executor/reports"),
     ("GET", "/v1/pay-link"),
     ("POST", "/v1/pay-link"),
-    ("GET", REFUND_ROUTE.1),
+    ("GET", "/v1/refund/{kind}"),
 ];
-
-/// A batch-settlement channel's cooperative refund: served by `reeve serve`
-/// only, until the template routes it to the task-create function (with the
-/// receiver authorizer's secret it signs with).
-const REFUND_ROUTE: (&str, &str) = ("GET", "/v1/refund/{kind}");
 
 /// The route that takes a job's report token, not a session's.
 const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
@@ -388,9 +383,8 @@ async fn each_function_router_serves_and_documents_its_own_routes(pool: PgPool) 
     let doc = doc();
     let global = operations(&doc);
     let ctx = common::ctx(pool).await;
-    // /healthz is every process's; the stream is the relay's; a channel's
-    // refund is `reeve serve`'s alone for now (see REFUND_ROUTE).
-    let mut union = expected(&[("GET", "/healthz"), ("GET", STREAM_PATH), REFUND_ROUTE]);
+    // /healthz is every process's; the stream is the relay's.
+    let mut union = expected(&[("GET", "/healthz"), ("GET", STREAM_PATH)]);
     for (function, own, own_routes, routes, served) in function_routers(&ctx) {
         let own = serde_json::to_value(own).unwrap();
         assert_eq!(routes_of(&own), own_routes, "the {function} router documents other routes");

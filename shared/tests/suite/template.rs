@@ -211,7 +211,7 @@ const NOT_SET_BY_THE_TEMPLATE: &[(&str, &str)] = &[
     ("REEVE_EDGE_SECRET", "auth and mcp are given REEVE_EDGE_SECRET_ARN, and only behind the edge"),
     ("REEVE_RECEIPT_KEY", "task create, task status and mcp are given REEVE_RECEIPT_KEY_SECRET_ARN, when signing"),
     ("REEVE_FACILITATOR_URL", "the local stack's override: production uses the catalog's facilitator_url"),
-    ("REEVE_BATCH_AUTHORIZER_KEY", "the sweeper is given REEVE_BATCH_AUTHORIZER_KEY_SECRET_ARN, when claiming"),
+    ("REEVE_BATCH_AUTHORIZER_KEY", "the sweeper and task create are given REEVE_BATCH_AUTHORIZER_KEY_SECRET_ARN"),
     ("REEVE_BATCH_CLAIM_AFTER_SECONDS", "batch-settlement claims: the default (an hour) stands"),
     // The `reeve` client's, named in settings.rs beside the servers' ones:
     // read by the CLI on a user's machine, never by a deployed function.
@@ -473,8 +473,12 @@ const SECRET_READERS: &[(&str, &[&str])] = &[
     ("CatalogFunction", &[]),
     ("PresignFunction", &["DatabaseUrlSecretArn", "TokenKeySecretArn"]),
     // Task create, task status and mcp sign offers and receipts, when the
-    // seller's key is given.
-    ("TaskCreateFunction", &["DatabaseUrlSecretArn", "ReceiptKeySecretArn", "TokenKeySecretArn"]),
+    // seller's key is given; task create answers a channel's cooperative
+    // refund with the receiver authorizer's.
+    (
+        "TaskCreateFunction",
+        &["BatchAuthorizerKeySecretArn", "DatabaseUrlSecretArn", "ReceiptKeySecretArn", "TokenKeySecretArn"],
+    ),
     ("TaskStatusFunction", &["DatabaseUrlSecretArn", "ReceiptKeySecretArn", "TokenKeySecretArn"]),
     // create_space and login hash and verify Space IDs.
     (

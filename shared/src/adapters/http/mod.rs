@@ -177,15 +177,18 @@ pub fn presign_app(ctx: Arc<UploadsContext>) -> Router {
 #[cfg(feature = "api-tasks")]
 /// The `task-create` function: `POST /v1/tasks/{kind}`, the executor
 /// report route (`POST /v1/executor/reports`, see [`executor_reports`] for
-/// why it lives here) and the pay page's `GET`/`POST /v1/pay-link`
-/// ([`pay_links`]: paying a link creates a task, with what a create needs).
+/// why it lives here), the pay page's `GET`/`POST /v1/pay-link`
+/// ([`pay_links`]: paying a link creates a task, with what a create needs)
+/// and a batch-settlement channel's cooperative refund
+/// (`GET /v1/refund/{kind}`, [`refunds`]: the kind's offer, as a create has
+/// it).
 pub fn task_create_app(ctx: Arc<TaskCreateContext>) -> Router {
     finish(routed(task_create_routes(), ctx))
 }
 
 #[cfg(feature = "api-tasks")]
 fn task_create_routes() -> OpenApiRouter<Arc<TaskCreateContext>> {
-    tasks::create_router().merge(executor_reports::router()).merge(pay_links::router())
+    tasks::create_router().merge(executor_reports::router()).merge(pay_links::router()).merge(refunds::router())
 }
 
 #[cfg(feature = "api-task-status")]
@@ -204,7 +207,6 @@ pub fn app(ctx: Ctx) -> Router {
             .merge(routed(login::router(), ctx.auth.clone()))
             .merge(routed(uploads::router(), ctx.uploads.clone()))
             .merge(routed(task_create_routes(), ctx.task_create.clone()))
-            .merge(routed(refunds::router(), ctx.task_create.clone()))
             .merge(routed(tasks::status_router(), ctx.task_status.clone())),
     )
 }
@@ -245,7 +247,6 @@ fn documented() -> utoipa::openapi::OpenApi {
     doc.merge(login::router().into_openapi());
     doc.merge(uploads::router().into_openapi());
     doc.merge(task_create_routes().into_openapi());
-    doc.merge(refunds::router().into_openapi());
     doc.merge(tasks::status_router().into_openapi());
     doc
 }
