@@ -56,8 +56,12 @@ const ROUTES: [(&str, &str); 32] = [
     ("POST", "/v1/executor/reports"),
     ("GET", "/v1/pay-link"),
     ("POST", "/v1/pay-link"),
-    ("GET", "/v1/refund/{kind}"),
+    ("GET", REFUND_ROUTE.1),
 ];
+
+/// A batch-settlement channel's cooperative refund: the payer's signature
+/// is its credential.
+const REFUND_ROUTE: (&str, &str) = ("GET", "/v1/refund/{kind}");
 
 /// The route that takes a job's report token, not a session's.
 const REPORT_ROUTE: (&str, &str) = ("POST", "/v1/executor/reports");
@@ -257,15 +261,18 @@ fn function_routers(ctx: &Ctx) -> Vec<FunctionRouter> {
     // The executor report route shares the task-create function.
     let mut create_doc = http::tasks::create_router().into_openapi();
     create_doc.merge(http::executor_reports::router().into_openapi());
-    // So does the pay page's pay link: paying it creates a task.
+    // So does the pay page's pay link: paying it creates a task; and a
+    // channel's cooperative refund, which answers with the kind's offer.
     create_doc.merge(http::pay_links::router().into_openapi());
+    create_doc.merge(http::refunds::router().into_openapi());
     let mut creates = creates;
     creates.insert((REPORT_ROUTE.0.to_owned(), REPORT_ROUTE.1.to_owned()));
     creates.extend(expected(&PAY_LINK_ROUTES));
+    creates.extend(expected(&[REFUND_ROUTE]));
     all.push((
         "task-create",
         create_doc,
-        expected(&[("POST", CREATE_TEMPLATE), REPORT_ROUTE, PAY_LINK_ROUTES[0], PAY_LINK_ROUTES[1]]),
+        expected(&[("POST", CREATE_TEMPLATE), REPORT_ROUTE, PAY_LINK_ROUTES[0], PAY_LINK_ROUTES[1], REFUND_ROUTE]),
         creates,
         http::task_create_app(ctx.task_create.clone()),
     ));

@@ -600,7 +600,6 @@ fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
     for (function, binary) in template_functions() {
         let main = read(&format!("functions/{}/src/main.rs", crates[&binary]));
         // Each start-up builder reads these secrets (shared/src/startup/mod.rs).
-        let session = ["startup::lambda_presign()", "startup::lambda_task_create()", "startup::lambda_task_status()"];
         let asks: BTreeSet<&str> = if main.contains("startup::lambda_auth()") {
             ["ApiEdgeSecret", "DatabaseUrlSecretArn", "PepperSecretArn", "TokenKeySecretArn"].into()
         } else if main.contains("startup::lambda_mcp()") {
@@ -609,7 +608,10 @@ fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
                 .into()
         } else if main.contains("startup::lambda_presign()") {
             ["DatabaseUrlSecretArn", "TokenKeySecretArn"].into()
-        } else if session.iter().any(|c| main.contains(c)) {
+        } else if main.contains("startup::lambda_task_create()") {
+            // Plus the key a channel's cooperative refund is signed with.
+            ["BatchAuthorizerKeySecretArn", "DatabaseUrlSecretArn", "ReceiptKeySecretArn", "TokenKeySecretArn"].into()
+        } else if main.contains("startup::lambda_task_status()") {
             ["DatabaseUrlSecretArn", "ReceiptKeySecretArn", "TokenKeySecretArn"].into()
         } else if main.contains("startup::lambda_catalog()") {
             BTreeSet::new()

@@ -80,7 +80,7 @@ pub mod pay_links;
 #[cfg(feature = "api-task-status")]
 mod receipts;
 #[cfg(feature = "api-tasks")]
-mod refunds;
+pub mod refunds;
 #[cfg(feature = "relay")]
 mod relay_context;
 #[cfg(feature = "api-task-status")]
