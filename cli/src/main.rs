@@ -140,7 +140,8 @@ enum Command {
         #[command(subcommand)]
         command: tasks::TasksCommand,
     },
-    /// Batch-settlement channels: what is charged, claimed and due.
+    /// Batch-settlement channels: what is charged, claimed and due; a
+    /// payer's refund.
     Payments {
         #[command(subcommand)]
         command: payments::PaymentsCommand,
@@ -197,7 +198,12 @@ fn main() -> ExitCode {
         Command::Storage { command } => runtime().block_on(storage::run(command)),
         Command::Sweep(args) => runtime().block_on(sweep::run(args, ops::shutdown_signal())),
         Command::Tasks { command } => runtime().block_on(tasks::run(command)),
-        Command::Payments { command } => runtime().block_on(payments::run(command)),
+        Command::Payments { command: payments::PaymentsCommand::Channels(args) } => {
+            runtime().block_on(payments::channels(args))
+        }
+        Command::Payments { command: payments::PaymentsCommand::Refund(args) } => {
+            return run_client(args.client.clone(), |c, o| Box::pin(client::refund::refund(c, o, *args)));
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

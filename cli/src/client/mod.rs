@@ -11,6 +11,7 @@ pub mod credentials;
 pub mod output;
 pub mod payment_required;
 pub mod receipt;
+pub mod refund;
 pub mod space;
 pub mod task;
 pub mod upload;

@@ -399,7 +399,7 @@ fn parse_status(s: &str) -> Result<TaskStatus, String> {
 const COMPONENT: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
-fn urlencode(s: &str) -> String {
+pub(crate) fn urlencode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, COMPONENT).to_string()
 }
 

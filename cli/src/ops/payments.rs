@@ -18,6 +18,11 @@ pub enum PaymentsCommand {
     /// soonest claim first: what each bought, what is claimed, when the rest
     /// is claimed, and from when its payer could withdraw it.
     Channels(ChannelsArgs),
+    /// A payer's side: take back at once what your batch-settlement channel
+    /// to a deployment holds beyond what was charged (a cooperative refund,
+    /// signed with REEVE_WALLET_KEY; the channel `task create --pay
+    /// --channel` pays on).
+    Refund(Box<crate::client::refund::RefundArgs>),
 }
 
 #[derive(Args)]
@@ -34,9 +39,9 @@ pub struct ChannelsArgs {
     json: bool,
 }
 
-pub async fn run(command: PaymentsCommand) -> anyhow::Result<()> {
+/// `reeve payments channels`: the operator's view.
+pub async fn channels(args: ChannelsArgs) -> anyhow::Result<()> {
     telemetry::init();
-    let PaymentsCommand::Channels(args) = command;
     let config = Config::from_env();
     // The claim policy the sweeper runs with, to say when a claim is due.
     let mut env = config.env();

@@ -183,28 +183,72 @@ impl Channel {
         };
         let mut payload = json!({
             "type": if deposit.is_some() { "deposit" } else { "voucher" },
-            "channelConfig": {
-                "payer": self.config.payer.to_checksum(None),
-                "payerAuthorizer": self.config.payerAuthorizer.to_checksum(None),
-                "receiver": self.config.receiver.to_checksum(None),
-                "receiverAuthorizer": self.config.receiverAuthorizer.to_checksum(None),
-                "token": self.config.token.to_checksum(None),
-                "withdrawDelay": self.config.withdrawDelay.to::<u64>(),
-                "salt": format!("{:#x}", self.config.salt),
-            },
+            "channelConfig": self.config_json(),
             "voucher": voucher,
         });
         if let Some(amount) = deposit {
             payload["deposit"] = self.deposit(offer, amount, signer, now)?;
         }
+        Ok(Payment { header: self.document(challenge, offer, payload), deposit })
+    }
+
+    /// The request for a cooperative refund (x402's `refund` payload, as
+    /// `@x402/evm`'s `refundChannel` sends it): a voucher of what the seller
+    /// charged the channel, signed by `signer`, and the `amount` to return
+    /// (all that is not charged without one). Unknown, the voucher is for
+    /// nothing charged: the seller answers with the channel as it keeps it.
+    pub fn refund(
+        &self,
+        challenge: &PaymentRequired,
+        offer: &PaymentRequirements,
+        signer: &PrivateKeySigner,
+        amount: Option<u128>,
+    ) -> Result<String, PayError> {
+        let charged = self.known.map_or(0, |k| k.charged);
+        let mut payload = json!({
+            "type": "refund",
+            "channelConfig": self.config_json(),
+            "voucher": self.voucher(charged, signer)?,
+        });
+        if let Some(amount) = amount {
+            payload["amount"] = json!(amount.to_string());
+        }
+        Ok(self.document(challenge, offer, payload))
+    }
+
+    /// Records what a refund's `PAYMENT-RESPONSE` says the channel is now;
+    /// what went back to the payer.
+    pub fn refunded(&mut self, response: &PaymentResponse) -> Result<u128, PayError> {
+        let extra =
+            response.extra.as_ref().ok_or(PayError::Channel("the refund's answer carried no channel state".into()))?;
+        let known = known_of(&extra["channelState"])?;
+        let refunded = decimal_at(extra, "refundedAmount")?;
+        self.known = Some(known);
+        self.save()?;
+        Ok(refunded)
+    }
+
+    fn config_json(&self) -> Value {
+        json!({
+            "payer": self.config.payer.to_checksum(None),
+            "payerAuthorizer": self.config.payerAuthorizer.to_checksum(None),
+            "receiver": self.config.receiver.to_checksum(None),
+            "receiverAuthorizer": self.config.receiverAuthorizer.to_checksum(None),
+            "token": self.config.token.to_checksum(None),
+            "withdrawDelay": self.config.withdrawDelay.to::<u64>(),
+            "salt": format!("{:#x}", self.config.salt),
+        })
+    }
+
+    /// The `PAYMENT-SIGNATURE` value carrying `payload` for `offer`.
+    fn document(&self, challenge: &PaymentRequired, offer: &PaymentRequirements, payload: Value) -> String {
         let document = json!({
             "x402Version": 2,
             "accepted": Accepted::from(offer),
             "payload": payload,
             "resource": challenge.resource,
         });
-        let header = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, document.to_string());
-        Ok(Payment { header, deposit })
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, document.to_string())
     }
 
     /// The voucher of `ceiling`: the most the seller may ever claim.

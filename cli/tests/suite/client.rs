@@ -664,19 +664,23 @@ async fn a_metered_task_is_authorized_with_pay_and_released_when_canceled() {
 /// deposits the offer's minimum (ten prices) with its voucher; every later
 /// one is a voucher alone, with no transaction and nothing more taken from
 /// the payer. A lost record is learnt again from Reeve's `402`, with no
-/// second deposit and no task paid twice. A kind offered no other way than
-/// `exact` is a usage error with --channel.
+/// second deposit and no task paid twice. `reeve payments refund` takes back
+/// what was not charged. A kind offered no other way than `exact` is a usage
+/// error with --channel.
 #[tokio::test]
 async fn tasks_are_paid_over_one_channel_one_deposit_then_vouchers() {
     const PRICE: u128 = 1_000;
     let chain = chain::ChainLock::shared().await;
     let payer = chain::Payer::new(&chain, 50_000).await;
     let dev = std::fs::read_to_string(repo("reeve.dev.toml")).unwrap();
+    // The receiver authorizer's key: the server signs the refund with it.
+    let authorizer_key = format!("0x{}", "42".repeat(32));
+    let authorizer = alloy_signer::utils::public_key_to_address(
+        alloy_signer::k256::ecdsa::SigningKey::from_slice(&[0x42; 32]).unwrap().verifying_key(),
+    );
     let catalog = dev.replacen(
         "[payments]\n",
-        // Any receiver authorizer: no claim is made here.
-        "[payments]\nbatch_receiver_authorizer = \"0x000000000000000000000000000000000000a11c\"\n\
-         batch_withdraw_delay_seconds = 900\n",
+        &format!("[payments]\nbatch_receiver_authorizer = \"{authorizer:#x}\"\nbatch_withdraw_delay_seconds = 900\n"),
         1,
     ) + &format!(
         "\n[tasks.job]\ntitle = \"Job\"\ndescription = \"Paid by batch settlement\"\nexecutor = \"fetch\"\n\
@@ -687,7 +691,8 @@ async fn tasks_are_paid_over_one_channel_one_deposit_then_vouchers() {
     std::fs::create_dir_all(&dir).unwrap();
     let catalog_file = dir.join("catalog.toml");
     std::fs::write(&catalog_file, catalog).unwrap();
-    let serve = Serve::start_on(&catalog_file, &["--no-worker"], &[]).await;
+    let serve =
+        Serve::start_on(&catalog_file, &["--no-worker"], &[("REEVE_BATCH_AUTHORIZER_KEY", &authorizer_key)]).await;
     serve.reeve(&["space", "create"]).expect(0);
     let key = [("REEVE_WALLET_KEY", payer.key.as_str())];
     let create = |n: &str| {
@@ -725,6 +730,23 @@ async fn tasks_are_paid_over_one_channel_one_deposit_then_vouchers() {
         .await
         .unwrap();
     assert_eq!(charged, "3000");
+
+    // `reeve payments refund`: what was not charged comes back at once,
+    // Reeve keeping the three prices it charged.
+    let refund = ["payments", "refund", "job", "--json"];
+    let refunded = serve.reeve_with(&refund, &key).expect(0).json();
+    assert_eq!(refunded["refundedAmount"], "7000", "{refunded}");
+    assert_eq!(refunded["channel"], channel.as_str());
+    assert!(refunded["transaction"].as_str().is_some_and(|t| t.starts_with("0x")), "{refunded}");
+    assert_eq!(chain::balance(&payer.address).await, 50_000 - 3 * PRICE, "the rest is the payer's again");
+    assert_eq!((kept()["charged"].clone(), kept()["balance"].clone()), ("3000".into(), "3000".into()));
+    // Asked again alike, it is the same refund, answered again: never two.
+    let again = serve.reeve_with(&refund, &key).expect(0).json();
+    assert_eq!(
+        (&again["transaction"], &again["refundedAmount"]),
+        (&refunded["transaction"], &refunded["refundedAmount"])
+    );
+    assert_eq!(chain::balance(&payer.address).await, 50_000 - 3 * PRICE, "nothing more moved");
 
     let exact_only = serve.reeve_with(
         &["task", "create", "fetch", "--input", "url=https://example.com/", "--pay", "--channel", "--json"],

@@ -211,12 +211,20 @@ pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connec
     let redis = RedisClient::new(&settings.redis_url)?;
     let aws = AwsClients::from_config(sdk, config.s3_endpoint());
     let mut ctx = ApiContext::with_operators(catalog, db, redis, aws, settings, operators, chains);
-    // Just built: no other holder yet.
-    match Arc::get_mut(&mut ctx).and_then(|ctx| Arc::get_mut(&mut ctx.task_create)) {
-        Some(create) => create.batch_authorizer = batch_authorizer,
+    offer_refunds(&mut ctx, batch_authorizer);
+    Ok(ctx)
+}
+
+#[cfg(feature = "api")]
+/// Gives the API's create routes the receiver authorizer that signs a
+/// batch-settlement channel's cooperative refund (none: refunds answer
+/// `503 batch_refund_unavailable`). Called on a context just built, which
+/// nothing else holds yet.
+pub(super) fn offer_refunds(ctx: &mut Ctx, authorizer: Option<Arc<crate::domain::payments::batch::claim::Claimer>>) {
+    match Arc::get_mut(ctx).and_then(|ctx| Arc::get_mut(&mut ctx.task_create)) {
+        Some(create) => create.batch_authorizer = authorizer,
         None => tracing::error!("the task-create context is shared before start-up ends: refunds are not offered"),
     }
-    Ok(ctx)
 }
 
 #[cfg(feature = "api")]

@@ -1,7 +1,7 @@
 //! `reeve serve`: every route, the relay and a worker in one process.
 
 // The builders share the start-up module's helpers and imports.
-use super::http::api_parts;
+use super::http::{api_parts, offer_refunds};
 use super::relay::{relay_limits, relay_on};
 use super::worker::{invoke_client, protocol_deps, worker_on, worker_parts};
 use super::*;
@@ -25,7 +25,11 @@ pub struct Serve {
 #[cfg(all(feature = "api", feature = "relay", feature = "worker"))]
 /// `reeve serve`'s contexts, every problem of all of them at once.
 pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Result<Serve, StartupError> {
-    let (config, problems) = with_secrets(config, sdk, &receipt_key_too(Needs::ALL)).await;
+    let mut wanted = receipt_key_too(Needs::ALL);
+    // A channel's cooperative refund is signed with it (and the sweep
+    // beside claims with it).
+    wanted.push(settings::BATCH_AUTHORIZER_KEY);
+    let (config, problems) = with_secrets(config, sdk, &wanted).await;
     let api = api_parts(&config, Needs::ALL, problems);
     // The worker runs the API's catalog: loaded and checked once.
     let catalog = api.as_ref().ok().map(|(catalog, ..)| catalog.clone());
@@ -50,6 +54,9 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     let cors = settings::cors_origins(&mut env);
     let rest = checked(env.take_problems());
     let ((catalog, api_settings, operators, chains), (worker, ())) = both(api, both(worker, rest))?;
+    let mut problems = Vec::new();
+    let refunds = batch_claimer(&config, Some(&catalog), Duration::ZERO, &mut problems).map(Arc::new);
+    checked(problems)?;
     let db = postgres(&config, api_settings.database_url.expose_str(), Connect::Now).await?;
     let redis_url = api_settings.redis_url.clone();
     let aws = AwsClients::from_config(sdk, config.s3_endpoint());
@@ -74,7 +81,8 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
         None => None,
     };
     let redis = RedisClient::new(&redis_url)?;
-    let api = ApiContext::with_operators(catalog, db, redis, aws, api_settings, operators, chains);
+    let mut api = ApiContext::with_operators(catalog, db, redis, aws, api_settings, operators, chains);
+    offer_refunds(&mut api, refunds);
     // The worker settles metered tasks through the API's facilitator (one
     // client, one `/supported` answer for the process).
     if let Some(ctx) = worker.as_mut() {
