@@ -309,15 +309,9 @@ phase_invoke() {
 }
 
 main() {
+  load_dev_env
   local phases=("$@")
   ((${#phases[@]})) || phases=(validate lint build deploy invoke)
-  # validate, lint and build need only the tools (scripts/test.sh starts the
-  # build before the stack is up); deploy and invoke reach the stack.
-  if [[ " ${phases[*]} " == *" deploy "* || " ${phases[*]} " == *" invoke "* ]]; then
-    load_dev_env
-  else
-    use_tools
-  fi
   local p
   for p in "${phases[@]}"; do
     case $p in

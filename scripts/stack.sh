@@ -3,7 +3,6 @@
 #
 #   scripts/stack.sh up       install what is missing, start what is not running,
 #                             create bucket/queues, write .env (first time only)
-#   scripts/stack.sh tools    only install what is missing (packages, .venv/)
 #   scripts/stack.sh status   print the table; exit 1 if anything is down
 #   scripts/stack.sh down     stop everything this script started
 #
@@ -556,14 +555,6 @@ cmd_up() {
   log "ready in $((SECONDS - t0))s (env: $ENV_FILE)"
 }
 
-# What `up` installs first, without starting anything: scripts/test.sh starts
-# the SAM build as soon as the tools are there.
-cmd_tools() {
-  take_lock
-  ensure_packages
-  ensure_venv
-}
-
 cmd_down() {
   take_lock
   "$ROOT/scripts/payments.sh" down
@@ -576,8 +567,7 @@ cmd_down() {
 
 case "${1:-}" in
   up) cmd_up ;;
-  tools) cmd_tools ;;
   down) cmd_down ;;
   status) rc=0; status_table || rc=1; "$ROOT/scripts/payments.sh" status || rc=1; exit "$rc" ;;
-  *) echo "usage: $0 up|tools|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac

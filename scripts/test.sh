@@ -7,9 +7,9 @@
 # (scripts/console-test.sh), the official MCP clients and the MCP
 # conformance suite (scripts/mcp-clients.sh), and the SAM checks (scripts/sam-check.sh:
 # `sam build` with the quick profile, then validate and the
-# translated-template lint, in the background from the start, once the
-# tools are installed; then cargo lambda deploy to moto and local invoke,
-# beside the phases after the tests).
+# translated-template lint, in the background while the tests run; then
+# cargo lambda deploy to moto and local invoke, beside the phases after the
+# tests).
 #   scripts/test.sh [extra cargo test args...]
 # With extra arguments (a filtered run) only the cargo tests run;
 # REEVE_SKIP_SAM_CHECK=1 skips the SAM checks. CI runs it without arguments.
@@ -71,56 +71,7 @@ for line in sys.stdin:
   return "$lane_rc"
 }
 
-# kill_tree PID: the SAM lane and everything it started (sam, cargo, rustc),
-# when the run stops before the lane is waited for.
-kill_tree() {
-  local child
-  for child in $(pgrep -P "$1" || true); do kill_tree "$child"; done
-  kill "$1" 2>/dev/null || true
-}
-
-# The SAM checks (scripts/sam-check.sh), in a lane of their own.
-# Its first half needs only the tools (sam, cargo lambda, zig): `sam build`
-# of each function alone with its own features (so it also stands for a
-# per-function clippy run; quick profile, see scripts/sam-check.sh), and
-# beside it validate and lint (Python, one core). Both start as soon as the
-# stack lane has installed the tools ($tools_go), beside the debug build,
-# at nice 19: they take only the CPU the debug build and then the tests
-# leave idle (the build's serial crates and links; the tests mostly wait on
-# the chain, the queue and the browser). Started after the debug build
-# instead, the SAM build ran three minutes past everything else in a cold
-# run, mostly one function's crate at a time on one core, and the rules
-# checks two more after it. Its second half (cargo lambda deploy to moto,
-# and sam local invoke of every function) needs the stack and waits for the
-# cargo tests to end ($sam_go), whose timing bounds a busy machine would
-# stretch; it then runs beside the phases that drive `reeve serve` from
-# outside.
-start_sam_lane() {
-  sam_log=$(mktemp)
-  sam_go=$(mktemp -u)
-  (export SAM_CHECK_PROFILE=quick; unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
-   while [[ ! -e $tools_go ]]; do
-     kill -0 "$stack_pid" 2>/dev/null || { [[ -e $tools_go ]] || exit 1; }
-     sleep 1
-   done
-   timed sam-check-rules nice -n 19 bash scripts/sam-check.sh validate lint &
-   rules_pid=$!
-   build_rc=0 invoke_rc=0 rules_rc=0
-   timed sam-check-build nice -n 19 bash scripts/sam-check.sh build || build_rc=$?
-   while [[ ! -e $sam_go ]]; do sleep 1; done
-   if ((build_rc == 0)); then
-     timed sam-check-invoke bash scripts/sam-check.sh deploy invoke || invoke_rc=$?
-   fi
-   wait "$rules_pid" || rules_rc=$?
-   ((build_rc)) && exit "$build_rc"
-   ((invoke_rc)) && exit "$invoke_rc"
-   exit "$rules_rc") >"$sam_log" 2>&1 &
-  sam_pid=$!
-}
-
 rc=0
-sam_check=0
-if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then sam_check=1; fi
 if (($# == 0)); then
   # The lint gates and the build, on a bare run (CI's): formatting as
   # rustfmt.toml says, then one debug build of every target (the test
@@ -128,15 +79,10 @@ if (($# == 0)); then
   # --bin <function>` finds built: Cargo.toml's strsim note says why they are
   # the same units), clippy in it. They need no stack, and the stack's set-up
   # is mostly downloads, so it comes up in the background meanwhile (its
-  # output follows, once it is up), its tools first for the SAM lane.
+  # output follows, once it is up).
   stack_log=$(mktemp)
-  tools_go=$(mktemp -u)
-  (export REEVE_STACK_BROWSER=1
-   timed stack-tools bash scripts/stack.sh tools || exit
-   touch "$tools_go"
-   timed stack bash scripts/stack.sh up) >"$stack_log" 2>&1 &
+  (REEVE_STACK_BROWSER=1 timed stack bash scripts/stack.sh up) >"$stack_log" 2>&1 &
   stack_pid=$!
-  if ((sam_check)); then start_sam_lane; fi
   timed fmt cargo fmt --all --check || rc=$?
   timed cargo-build cargo build --workspace --all-targets --locked || { r=$?; ((rc)) || rc=$r; }
   # The phases below drive this build's `reeve`. Built alone (`-p
@@ -148,14 +94,43 @@ if (($# == 0)); then
   wait "$stack_pid" || stack_rc=$?
   cat "$stack_log" >&2
   rm -f "$stack_log"
-  if ((stack_rc)); then
-    if ((sam_check)); then kill_tree "$sam_pid"; rm -f "$sam_log"; fi
-    die "the local stack did not come up (exit $stack_rc)"
-  fi
+  ((stack_rc == 0)) || die "the local stack did not come up (exit $stack_rc)"
 else
   REEVE_STACK_BROWSER=1 timed stack bash scripts/stack.sh up
 fi
 load_dev_env
+sam_check=0
+if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then sam_check=1; fi
+if ((sam_check)); then
+  # The SAM checks' first half (`sam build` of each function alone with its
+  # own features, so it also stands for a per-function clippy run; quick
+  # profile, see scripts/sam-check.sh; then validate and lint) runs while
+  # the tests run: at nice 19 it takes only the CPU the tests leave idle
+  # (they mostly wait on the chain, the queue and the browser). The debug
+  # build comes first, so the two builds do not share the CPU. Its second
+  # half (cargo lambda deploy to moto, and sam local invoke of every
+  # function) needs the bootstraps, and waits for the cargo tests to end
+  # ($sam_go), whose timing bounds a busy machine would stretch; it then runs
+  # beside the phases that drive `reeve serve` from outside.
+  # The build goes first, the template's rules checks (validate, lint: CPU,
+  # no bootstraps needed) after it, beside the invokes (which mostly wait
+  # on Docker): in a cold run with the rules checks first, the build
+  # started four minutes later and the SAM checks ended six minutes after
+  # the rest.
+  sam_log=$(mktemp)
+  sam_go=$(mktemp -u)
+  (export SAM_CHECK_PROFILE=quick; unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
+   timed sam-check-build nice -n 19 bash scripts/sam-check.sh build || exit
+   timed sam-check-rules nice -n 19 bash scripts/sam-check.sh validate lint &
+   rules_pid=$!
+   while [[ ! -e $sam_go ]]; do sleep 1; done
+   invoke_rc=0 rules_rc=0
+   timed sam-check-invoke bash scripts/sam-check.sh deploy invoke || invoke_rc=$?
+   wait "$rules_pid" || rules_rc=$?
+   ((invoke_rc)) && exit "$invoke_rc"
+   exit "$rules_rc") >"$sam_log" 2>&1 &
+  sam_pid=$!
+fi
 # Six tests at a time, not one per core: the suites mostly wait (a block
 # a second, leases, the queue's long polls), so on two cores this cut the
 # shared suite from 566 s to 406 s in one measurement, with no test slower
@@ -183,7 +158,7 @@ if ((sam_check)); then
   sam_rc=0
   wait "$sam_pid" || sam_rc=$?
   cat "$sam_log" >&2
-  rm -f "$sam_log" "$sam_go" "$tools_go"
+  rm -f "$sam_log" "$sam_go"
   ((rc)) || rc=$sam_rc
 else
   log "skipping scripts/sam-check.sh (filtered run or REEVE_SKIP_SAM_CHECK=1)"

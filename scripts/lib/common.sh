@@ -52,22 +52,17 @@ env_add() {
   grep -q "^$1=" "$ENV_FILE" || env_line "$1" "$2" >>"$ENV_FILE"
 }
 
-# Put the project virtualenv first on PATH, so `cargo lambda` finds zig, and
-# `sam`, `weed`, `moto_server` come from the pinned venv.
-use_tools() {
-  export PATH="$VENV_DIR/bin:$PATH"
-  export SAM_CLI_TELEMETRY=0
-}
-
-# Load the development .env into the environment (KEY=value lines), and the
-# tools as use_tools does.
+# Load the development .env into the environment (KEY=value lines) and put
+# the project virtualenv first on PATH, so `cargo lambda` finds zig, and `sam`,
+# `weed`, `moto_server` come from the pinned venv.
 load_dev_env() {
   [[ -f "$ENV_FILE" ]] || die "$ENV_FILE is missing; run scripts/stack.sh up"
   set -a
   # shellcheck disable=SC1090
   . "$ENV_FILE"
   set +a
-  use_tools
+  export PATH="$VENV_DIR/bin:$PATH"
+  export SAM_CLI_TELEMETRY=0
 }
 
 # The `reeve` binary the script phases run (migrate, serve): the one the
