@@ -75,6 +75,18 @@ impl Answer {
     }
 }
 
+/// The payer's channel to `offer`'s seller, with its record under the
+/// credentials directory (what `--pay --channel` and the refund share).
+pub(crate) fn open_channel(
+    opts: &ClientOpts,
+    offer: &reeve_shared::payments::PaymentRequirements,
+    signer: &alloy_signer_local::PrivateKeySigner,
+) -> Result<Channel, ClientError> {
+    let file = credentials::path(opts.config_home.as_deref())?;
+    let dir = file.parent().expect("the credentials file is in a directory");
+    Channel::open(dir, offer, signer).map_err(|e| ClientError::Usage(format!("channel: {e}")))
+}
+
 pub async fn refund(client: &mut Client, opts: &ClientOpts, args: RefundArgs) -> Result<ExitCode, ClientError> {
     let pay_error = |e: crate::pay::PayError| ClientError::Usage(format!("refund: {e}"));
     let key = crate::pay::wallet_key(args.wallet_key_file.as_deref(), args.wallet_key.as_ref()).map_err(pay_error)?;
@@ -88,9 +100,7 @@ pub async fn refund(client: &mut Client, opts: &ClientOpts, args: RefundArgs) ->
     let offer = channel::offer(&challenge).ok_or_else(|| {
         ClientError::Usage(format!("refund: {} is not priced by batch settlement: there is no channel", args.kind))
     })?;
-    let dir = credentials::path(opts.config_home.as_deref())?;
-    let dir = dir.parent().expect("the credentials file is in a directory");
-    let mut channel = Channel::open(dir, offer, &signer).map_err(pay_error)?;
+    let mut channel = open_channel(opts, offer, &signer)?;
     // Unknown or out of date, the first ask is answered with the channel as
     // the server keeps it, and the second is signed from there.
     let mut attempts = 0;

@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 
 use super::output::{self, bar, table};
 use super::upload::upload_file;
-use super::{Client, ClientError, ClientOpts, EXIT_TASK_CANCELED, EXIT_TASK_FAILED, credentials};
+use super::{Client, ClientError, ClientOpts, EXIT_TASK_CANCELED, EXIT_TASK_FAILED};
 use crate::follow::FollowError;
 
 #[derive(Subcommand, Debug)]
@@ -551,7 +551,7 @@ async fn pay_over_channel(
     headers: &[(&str, String)],
     challenge: Value,
 ) -> Result<Value, ClientError> {
-    use crate::pay::channel::{self, Channel};
+    use crate::pay::channel;
     let pay_error = |e: crate::pay::PayError| ClientError::Usage(format!("--pay --channel: {e}"));
     let key = crate::pay::wallet_key(args.wallet_key_file.as_deref(), args.wallet_key.as_ref()).map_err(pay_error)?;
     let signer: alloy_signer_local::PrivateKeySigner =
@@ -566,9 +566,7 @@ async fn pay_over_channel(
             "--pay --channel: this task's 402 offers no batch-settlement payment; pay it with --pay alone".into(),
         )
     })?;
-    let dir = credentials::path(opts.config_home.as_deref())?;
-    let dir = dir.parent().expect("the credentials file is in a directory");
-    let mut channel = Channel::open(dir, offer, &signer).map_err(pay_error)?;
+    let mut channel = super::refund::open_channel(opts, offer, &signer)?;
     // The first payment, and up to two more after a 402 that told the
     // channel's state: a voucher sent blind, then perhaps a deposit.
     let mut attempts = 0;
