@@ -333,6 +333,18 @@ impl Client {
     }
 }
 
+/// The payer's channel to `offer`'s seller, with its record under the
+/// credentials directory (what `--pay --channel` and the refund share).
+pub(crate) fn open_channel(
+    opts: &ClientOpts,
+    offer: &reeve_shared::payments::PaymentRequirements,
+    signer: &alloy_signer_local::PrivateKeySigner,
+) -> Result<crate::pay::channel::Channel, ClientError> {
+    let file = credentials::path(opts.config_home.as_deref())?;
+    let dir = file.parent().expect("the credentials file is in a directory");
+    crate::pay::channel::Channel::open(dir, offer, signer).map_err(|e| ClientError::Usage(format!("channel: {e}")))
+}
+
 /// Prints a failed command's error: the server's code and message, the
 /// payment requirements for a `402`, or the local problem. With `--json`,
 /// the same as one JSON document on stdout.

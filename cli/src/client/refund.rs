@@ -13,8 +13,8 @@ use clap::Args;
 use reeve_shared::payments::{PAYMENT_REQUIRED_HEADER, PAYMENT_RESPONSE_HEADER, PaymentRequired, PaymentResponse};
 use serde_json::{Value, json};
 
-use super::{Client, ClientError, ClientOpts, credentials, output};
-use crate::pay::channel::{self, Channel};
+use super::{Client, ClientError, ClientOpts, output};
+use crate::pay::channel;
 
 #[derive(Args, Debug, Clone)]
 pub struct RefundArgs {
@@ -75,18 +75,6 @@ impl Answer {
     }
 }
 
-/// The payer's channel to `offer`'s seller, with its record under the
-/// credentials directory (what `--pay --channel` and the refund share).
-pub(crate) fn open_channel(
-    opts: &ClientOpts,
-    offer: &reeve_shared::payments::PaymentRequirements,
-    signer: &alloy_signer_local::PrivateKeySigner,
-) -> Result<Channel, ClientError> {
-    let file = credentials::path(opts.config_home.as_deref())?;
-    let dir = file.parent().expect("the credentials file is in a directory");
-    Channel::open(dir, offer, signer).map_err(|e| ClientError::Usage(format!("channel: {e}")))
-}
-
 pub async fn refund(client: &mut Client, opts: &ClientOpts, args: RefundArgs) -> Result<ExitCode, ClientError> {
     let pay_error = |e: crate::pay::PayError| ClientError::Usage(format!("refund: {e}"));
     let key = crate::pay::wallet_key(args.wallet_key_file.as_deref(), args.wallet_key.as_ref()).map_err(pay_error)?;
@@ -100,7 +88,7 @@ pub async fn refund(client: &mut Client, opts: &ClientOpts, args: RefundArgs) ->
     let offer = channel::offer(&challenge).ok_or_else(|| {
         ClientError::Usage(format!("refund: {} is not priced by batch settlement: there is no channel", args.kind))
     })?;
-    let mut channel = open_channel(opts, offer, &signer)?;
+    let mut channel = super::open_channel(opts, offer, &signer)?;
     // Unknown or out of date, the first ask is answered with the channel as
     // the server keeps it, and the second is signed from there.
     let mut attempts = 0;

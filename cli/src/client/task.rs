@@ -566,7 +566,7 @@ async fn pay_over_channel(
             "--pay --channel: this task's 402 offers no batch-settlement payment; pay it with --pay alone".into(),
         )
     })?;
-    let mut channel = super::refund::open_channel(opts, offer, &signer)?;
+    let mut channel = super::open_channel(opts, offer, &signer)?;
     // The first payment, and up to two more after a 402 that told the
     // channel's state: a voucher sent blind, then perhaps a deposit.
     let mut attempts = 0;
