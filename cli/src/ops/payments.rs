@@ -99,6 +99,9 @@ fn describe(c: &ChannelState, now: OffsetDateTime) -> String {
             at(&c.last_refund_at)
         );
     }
+    if c.written_off != "0" {
+        text += &format!("  written off {}: the payer withdrew it before a claim landed\n", c.written_off);
+    }
     if c.withdraw_requested_at.is_some() {
         text += &format!(
             "  withdrawal asked {}: what is unclaimed is the payer's from {}\n",

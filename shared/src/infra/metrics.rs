@@ -144,8 +144,8 @@ pub fn sqs_deleted(n: usize) {
 /// `dropped_unreadable` (a dead letter failed its task, or was not a task
 /// message); and the payments reconciler's `payment_settled_late`,
 /// `payment_credited`, `payment_not_settled`, `payment_still_open` and
-/// `chain_error`; and the batch-settlement claimer's `channel_claimed` and
-/// `claim_failed`.
+/// `chain_error`; and the batch-settlement claimer's `channel_claimed`,
+/// `claim_failed`, `claim_shortfall`, `claim_at_risk` and `paid_out`.
 pub fn sweeper_action(action: &'static str, n: u64) {
     counter!(SWEEPER_ACTIONS, "action" => action).increment(n);
 }

@@ -96,6 +96,7 @@ async fn migrating_again_is_a_no_op(pool: PgPool) {
         [
             "_sqlx_migrations",
             "batch_channels",
+            "batch_payouts",
             "batch_refunds",
             "batch_vouchers",
             "credits",

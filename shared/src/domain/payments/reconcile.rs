@@ -65,9 +65,18 @@ pub struct Reconciled {
     pub deferred: usize,
     /// Batch-settlement channels whose claim the escrow now shows.
     pub channels_claimed: usize,
-    /// Batch-settlement claims that did not go through (refused, not
-    /// answered, or the channel unreadable): due again at the next sweep.
+    /// Batch-settlement claims or payouts that did not go through
+    /// (refused, not answered, or the chain unreadable): due again at the
+    /// next sweep.
     pub claims_failed: usize,
+    /// Batch-settlement channels found holding less than their vouchers
+    /// bought (the payer withdrew first): the rest written off.
+    pub channels_short: usize,
+    /// Batch-settlement payouts to `payTo` made (claimed money settled).
+    pub paid_out: usize,
+    /// Batch-settlement channels with something unclaimed whose payer
+    /// asked to withdraw more than half the withdraw delay ago.
+    pub channels_at_risk: usize,
     /// The tasks created, `(id, kind)`, for the caller to queue.
     #[serde(skip)]
     pub created: Vec<(Id, String)>,
@@ -84,6 +93,9 @@ impl std::ops::AddAssign for Reconciled {
         self.deferred += other.deferred;
         self.channels_claimed += other.channels_claimed;
         self.claims_failed += other.claims_failed;
+        self.channels_short += other.channels_short;
+        self.paid_out += other.paid_out;
+        self.channels_at_risk += other.channels_at_risk;
         self.created.extend(other.created);
     }
 }

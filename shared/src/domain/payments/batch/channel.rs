@@ -278,9 +278,20 @@ pub async fn record(
 /// Keeps what the escrow just said of a channel Reeve already keeps (the
 /// claimer reads each channel before and after it claims).
 pub async fn refresh(conn: &mut PgConnection, channel: &str, read: OnChain) -> Result<(), sqlx::Error> {
+    // Claims Reeve had not seen on the channel (its own, landed since the
+    // last read, perhaps after their answer was lost) credited the receiver
+    // inside the escrow: its payout is owed until a sweep sees it paid.
+    // (`before` reads the row as the statement's snapshot has it, before
+    // `kept` changes it; a lock there would find it changed by `kept`.)
     sqlx::query(
-        "UPDATE batch_channels SET balance = $2::NUMERIC, total_claimed = $3::NUMERIC, \
-             withdraw_requested_at = $4, refund_nonce = $5, read_at = now() WHERE channel_id = $1",
+        "WITH before AS (SELECT total_claimed FROM batch_channels WHERE channel_id = $1), \
+              kept AS (UPDATE batch_channels SET balance = $2::NUMERIC, total_claimed = $3::NUMERIC, \
+                              withdraw_requested_at = $4, refund_nonce = $5, read_at = now() \
+                        WHERE channel_id = $1 RETURNING network, config) \
+         INSERT INTO batch_payouts (network, receiver, token) \
+         SELECT kept.network, lower(kept.config->>'receiver'), lower(kept.config->>'token') FROM kept, before \
+          WHERE $3::NUMERIC > before.total_claimed \
+         ON CONFLICT (network, receiver, token) DO UPDATE SET owed_since = clock_timestamp()",
     )
     .bind(channel)
     .bind(read.balance.to_string())

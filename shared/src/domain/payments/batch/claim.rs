@@ -6,11 +6,23 @@
 //! the receiver authorizer's key (`REEVE_BATCH_AUTHORIZER_KEY`): it reads
 //! each due channel from the escrow first (a claim whose answer was lost
 //! may have landed), signs one batch per `payTo` and token, has the
-//! facilitator's `/settle` send it (`claimWithSignature`), reads the
-//! channels again, and then has the claimed money paid to `payTo` (the
-//! `settle` payload). A claim is safe to send again: the escrow's totals
-//! are cumulative, so a claim at or below what is recorded changes nothing,
+//! facilitator's `/settle` send it (`claimWithSignature`), and reads the
+//! channels again. A claim is safe to send again: the escrow's totals are
+//! cumulative, so a claim at or below what is recorded changes nothing,
 //! and a claim that failed or was lost is simply due again next sweep.
+//!
+//! Claimed money waits in the escrow, credited to the receiver, until a
+//! `settle` pays it to `payTo`. Any read that finds claims Reeve had not
+//! seen on a channel (a claim just sent, or one that landed after its
+//! answer was lost) marks the receiver owed (`batch_payouts`), and every
+//! sweep then settles what each owed receiver has unpaid ([`Claimer`]'s
+//! payout pass), so nothing claimed is left in the escrow.
+//!
+//! A channel whose escrow holds less than its vouchers bought (the payer
+//! withdrew before a claim landed, which the claim policy leaves three
+//! quarters of the withdraw delay to prevent) is claimed as far as its
+//! balance goes; the rest is written off, logged and counted
+//! (`claim_shortfall`), and never claimed again.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,8 +35,8 @@ use sqlx::{PgConnection, PgPool, Row};
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
-use super::channel::refresh;
-use super::escrow::read;
+use super::channel::{OnChain, refresh};
+use super::escrow::{read, unpaid};
 use super::voucher::domain;
 use crate::domain::payments::chain::{Chain, Chains};
 use crate::domain::payments::challenge::{Extra, PaymentRequirements};
@@ -72,7 +84,7 @@ pub struct Claim {
 /// nothing is unclaimed. [`due`] and [`channels`] read it alike.
 macro_rules! claim_due_at {
     () => {
-        "(CASE WHEN c.charged <= c.total_claimed THEN NULL \
+        "(CASE WHEN c.charged <= c.total_claimed + c.written_off THEN NULL \
                WHEN c.withdraw_requested_at > 0 THEN now() \
                ELSE (SELECT min(u.created_at) FROM batch_vouchers u \
                       WHERE u.channel_id = c.channel_id AND u.ceiling > c.total_claimed) \
@@ -94,7 +106,7 @@ pub async fn due(conn: &mut PgConnection, after: Duration, limit: i64) -> Result
            FROM batch_channels c \
            JOIN LATERAL (SELECT ceiling, signature FROM batch_vouchers \
                           WHERE channel_id = c.channel_id ORDER BY ceiling DESC LIMIT 1) v ON true \
-          WHERE c.charged > c.total_claimed AND ",
+          WHERE c.charged > c.total_claimed + c.written_off AND ",
         claim_due_at!(),
         " <= now() \
           ORDER BY c.withdraw_requested_at DESC, c.channel_id \
@@ -137,6 +149,9 @@ pub struct ChannelState {
     pub charged: String,
     pub claimed: String,
     pub unclaimed: String,
+    /// What the vouchers bought that the escrow no longer held when the
+    /// sweep came to claim it (the payer withdrew it first): lost.
+    pub written_off: String,
     /// What the escrow held for the channel at the last read.
     pub balance: String,
     #[serde(with = "time::serde::rfc3339::option")]
@@ -167,7 +182,8 @@ pub async fn channels(db: &PgPool, after: Duration, all: bool, limit: i64) -> Re
     sqlx::query_as(concat!(
         "SELECT c.channel_id, c.network, c.payer, c.config->>'receiver' AS pay_to, c.config->>'token' AS asset, \
                 c.charged::TEXT AS charged, c.total_claimed::TEXT AS claimed, \
-                GREATEST(c.charged - c.total_claimed, 0)::TEXT AS unclaimed, c.balance::TEXT AS balance, \
+                GREATEST(c.charged - c.total_claimed - c.written_off, 0)::TEXT AS unclaimed, \
+                c.written_off::TEXT AS written_off, c.balance::TEXT AS balance, \
                 (SELECT min(u.created_at) FROM batch_vouchers u \
                   WHERE u.channel_id = c.channel_id AND u.ceiling > c.total_claimed) AS oldest_unclaimed_at, ",
         claim_due_at!(),
@@ -183,7 +199,7 @@ pub async fn channels(db: &PgPool, after: Duration, all: bool, limit: i64) -> Re
                 (SELECT max(r.created_at) FROM batch_refunds r WHERE r.channel_id = c.channel_id) AS last_refund_at, \
                 c.read_at \
            FROM batch_channels c \
-          WHERE $2 OR c.charged > c.total_claimed \
+          WHERE $2 OR c.charged > c.total_claimed + c.written_off \
           ORDER BY claim_due_at NULLS LAST, c.channel_id \
           LIMIT $3"
     ))
@@ -241,25 +257,66 @@ impl std::fmt::Debug for Claimer {
 pub struct Claimed {
     /// Channels whose claim the escrow now shows.
     pub channels: usize,
-    /// Claims or settles the facilitator refused or did not answer, and
-    /// channels the chain could not be read for: due again next sweep.
+    /// Claims or payouts the facilitator refused or did not answer, and
+    /// channels or receivers the chain could not be read for: due again
+    /// next sweep.
     pub failed: usize,
+    /// Channels found holding less than their vouchers bought: claimed as
+    /// far as the balance went, the rest written off.
+    pub short: usize,
+    /// Payouts to `payTo` the escrow now shows made.
+    pub paid_out: usize,
+    /// Channels still unclaimed whose payer asked to withdraw more than
+    /// half the withdraw delay ago: once the delay is over, what is
+    /// unclaimed is the payer's to take.
+    pub at_risk: usize,
 }
 
-/// Whether the escrow shows `claim` claimed, its read kept in
+/// How many channels have something unclaimed and a payer who asked to
+/// withdraw more than half the withdraw delay ago, by Reeve's last read.
+async fn at_risk(db: &PgPool) -> Result<usize, sqlx::Error> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM batch_channels c \
+          WHERE c.withdraw_requested_at > 0 AND c.charged > c.total_claimed + c.written_off \
+            AND now() > to_timestamp(c.withdraw_requested_at + (c.config->>'withdrawDelay')::FLOAT8 / 2)",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// The escrow's state of `claim`'s channel, its read kept in
 /// `batch_channels`; `None` when the chain cannot be read.
-async fn shows_claimed(chain: &Chain, db: &PgPool, claim: &Claim) -> Result<Option<bool>, sqlx::Error> {
+async fn reread(chain: &Chain, db: &PgPool, claim: &Claim) -> Result<Option<OnChain>, sqlx::Error> {
     let channel = format!("{:#x}", claim.channel_id);
     match read(chain, claim.channel_id).await {
         Ok(on_chain) => {
             refresh(&mut *db.acquire().await?, &channel, on_chain).await?;
-            Ok(Some(on_chain.total_claimed >= claim.total))
+            Ok(Some(on_chain))
         }
         Err(e) => {
             tracing::warn!(%channel, error = %e, "cannot read a batch-settlement channel");
             Ok(None)
         }
     }
+}
+
+/// Writes off what `claim`'s vouchers bought beyond the escrow's `balance`,
+/// and narrows the claim to the balance.
+async fn write_off(db: &PgPool, claim: &mut Claim, balance: u128) -> Result<(), sqlx::Error> {
+    let channel = format!("{:#x}", claim.channel_id);
+    let lost = claim.total - balance;
+    sqlx::query("UPDATE batch_channels SET written_off = GREATEST(written_off, $2::NUMERIC) WHERE channel_id = $1")
+        .bind(&channel)
+        .bind(lost.to_string())
+        .execute(db)
+        .await?;
+    tracing::error!(
+        %channel, charged = %claim.total, %balance, %lost,
+        "a batch-settlement channel holds less than its vouchers bought: the payer withdrew before a claim landed"
+    );
+    claim.total = balance;
+    Ok(())
 }
 
 impl Claimer {
@@ -279,8 +336,8 @@ impl Claimer {
         alloy_signer::utils::public_key_to_address(self.key.verifying_key())
     }
 
-    /// Claims what is due (see the module documentation), starting nothing
-    /// after `until`.
+    /// Claims what is due, then pays out what owed receivers have unpaid
+    /// (see the module documentation), starting nothing after `until`.
     pub async fn claim_due(&self, db: &PgPool, chains: &Chains, until: Instant) -> Result<Claimed, sqlx::Error> {
         let due = due(&mut *db.acquire().await?, self.after, MAX_CLAIMS).await?;
         let mut report = Claimed::default();
@@ -300,14 +357,26 @@ impl Claimer {
                 report.failed += claims.len();
                 continue;
             };
-            // What the escrow shows already: a claim whose answer was lost.
+            // What the escrow shows already: a claim whose answer was lost,
+            // or a balance the payer withdrew from.
             let mut open = Vec::new();
-            for claim in claims {
-                match shows_claimed(chain, db, &claim).await? {
-                    Some(true) => report.channels += 1,
-                    Some(false) => open.push(claim),
-                    None => report.failed += 1,
+            for mut claim in claims {
+                let Some(on_chain) = reread(chain, db, &claim).await? else {
+                    report.failed += 1;
+                    continue;
+                };
+                if on_chain.total_claimed >= claim.total {
+                    report.channels += 1;
+                    continue;
                 }
+                if on_chain.balance < claim.total {
+                    write_off(db, &mut claim, on_chain.balance).await?;
+                    report.short += 1;
+                    if on_chain.total_claimed >= claim.total {
+                        continue;
+                    }
+                }
+                open.push(claim);
             }
             if open.is_empty() {
                 continue;
@@ -318,30 +387,93 @@ impl Claimer {
             };
             let requirements = requirements(&network, &receiver, &token);
             let budget = Some(until.saturating_duration_since(Instant::now()));
-            let claimed = self.send(&requirements, payload(&open, &signature), budget).await;
+            self.send(&requirements, payload(&open, &signature), budget).await;
+            // The escrow decides, not the facilitator's answer.
             for claim in &open {
-                match shows_claimed(chain, db, claim).await? {
-                    Some(true) => report.channels += 1,
+                match reread(chain, db, claim).await? {
+                    Some(on_chain) if on_chain.total_claimed >= claim.total => report.channels += 1,
                     _ => report.failed += 1,
                 }
             }
-            if claimed {
-                let settle = json!({ "type": "settle", "receiver": receiver, "token": token });
-                let budget = Some(until.saturating_duration_since(Instant::now()));
-                if !self.send(&requirements, settle, budget).await {
-                    report.failed += 1;
-                }
-            }
         }
+        self.pay_out(db, chains, until, &mut report).await?;
+        report.at_risk = at_risk(db).await?;
         if report != Claimed::default() {
             tracing::info!(?report, "batch-settlement claims");
         }
-        for (action, n) in [("channel_claimed", report.channels), ("claim_failed", report.failed)] {
+        for (action, n) in [
+            ("channel_claimed", report.channels),
+            ("claim_failed", report.failed),
+            ("claim_shortfall", report.short),
+            ("paid_out", report.paid_out),
+            ("claim_at_risk", report.at_risk),
+        ] {
             if n > 0 {
                 crate::infra::metrics::sweeper_action(action, n as u64);
             }
         }
         Ok(report)
+    }
+
+    /// Has each owed receiver's unpaid claims (`batch_payouts`) paid to it
+    /// by a `settle`, and forgets a receiver once a read made after its
+    /// last claims were seen shows nothing unpaid.
+    async fn pay_out(
+        &self,
+        db: &PgPool,
+        chains: &Chains,
+        until: Instant,
+        report: &mut Claimed,
+    ) -> Result<(), sqlx::Error> {
+        let owed: Vec<(String, String, String)> =
+            sqlx::query_as("SELECT network, receiver, token FROM batch_payouts ORDER BY owed_since, receiver LIMIT $1")
+                .bind(MAX_CLAIMS)
+                .fetch_all(db)
+                .await?;
+        for (network, receiver, token) in owed {
+            if Instant::now() >= until {
+                break;
+            }
+            let (Ok(chain), Ok(to), Ok(asset)) =
+                (chains.get(&network), receiver.parse::<Address>(), token.parse::<Address>())
+            else {
+                tracing::error!(%network, %receiver, "a batch-settlement payout owed on a network without a chain endpoint");
+                report.failed += 1;
+                continue;
+            };
+            // The database's clock, as `owed_since` is written by it.
+            let read_at: OffsetDateTime = sqlx::query_scalar("SELECT clock_timestamp()").fetch_one(db).await?;
+            let mut left = unpaid(chain, to, asset).await;
+            if matches!(left, Ok(n) if n > 0) {
+                let settle = json!({ "type": "settle", "receiver": receiver, "token": token });
+                let budget = Some(until.saturating_duration_since(Instant::now()));
+                self.send(&requirements(&network, &receiver, &token), settle, budget).await;
+                left = unpaid(chain, to, asset).await;
+                if matches!(left, Ok(0)) {
+                    report.paid_out += 1;
+                }
+            }
+            match left {
+                Ok(0) => {
+                    sqlx::query(
+                        "DELETE FROM batch_payouts \
+                          WHERE network = $1 AND receiver = $2 AND token = $3 AND owed_since < $4",
+                    )
+                    .bind(&network)
+                    .bind(&receiver)
+                    .bind(&token)
+                    .bind(read_at)
+                    .execute(db)
+                    .await?;
+                }
+                Ok(_) => report.failed += 1,
+                Err(e) => {
+                    tracing::warn!(%receiver, error = %e, "cannot read what the batch-settlement escrow owes a receiver");
+                    report.failed += 1;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The receiver authorizer's signature of `digest`, `0x` hex (65

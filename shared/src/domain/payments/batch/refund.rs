@@ -351,7 +351,8 @@ pub async fn refund(
     crate::infra::metrics::sweeper_action("channel_refunded", 1);
 
     // What the refund's claim gave the receiver is paid to `payTo`; should
-    // this fail, it waits in the escrow, claimed, for the next settle.
+    // this fail, the read above marked `payTo` owed, and the next sweep
+    // pays it out.
     if !claims.is_empty() {
         let settle = json!({ "type": "settle", "receiver": offer.pay_to, "token": offer.asset });
         let requirements = claim::requirements(&offer.network, &offer.pay_to, &offer.asset);

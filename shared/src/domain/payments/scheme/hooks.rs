@@ -196,6 +196,9 @@ mod in_sweep {
                     Ok(Reconciled {
                         channels_claimed: claimed.channels,
                         claims_failed: claimed.failed,
+                        channels_short: claimed.short,
+                        paid_out: claimed.paid_out,
+                        channels_at_risk: claimed.at_risk,
                         ..Reconciled::default()
                     })
                 }
