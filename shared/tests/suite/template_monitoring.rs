@@ -29,6 +29,7 @@ const ALARMS: &[(&str, &str)] = &[
     ("Relay5xxAlarm", "HTTPCode_Target_5XX_Count"),
     ("FailedTaskRateAlarm", metrics::TASKS_FINISHED),
     ("BatchClaimsFailingAlarm", metrics::SWEEPER_ACTIONS),
+    ("BatchClaimDeadlineAlarm", metrics::SWEEPER_ACTIONS),
 ];
 
 #[test]
@@ -165,8 +166,9 @@ fn the_emf_namespace_is_per_stage_and_the_alarms_and_dashboard_read_it() {
         reeve_alarm_metrics += 1;
     }
     assert_eq!(
-        reeve_alarm_metrics, 3,
-        "the failed-task rate reads failed and completed, the batch claims alarm the sweeper's claim_failed"
+        reeve_alarm_metrics, 5,
+        "the failed-task rate reads failed and completed, the batch claims alarm the sweeper's claim_failed, \
+         the batch deadline alarm its claim_at_risk and claim_shortfall"
     );
 
     // The dashboard, each metric and each SEARCH: the same namespace, and
