@@ -8,6 +8,7 @@ mod common;
 mod allow_lists;
 mod batch;
 mod batch_create;
+mod batch_faults;
 mod batch_refund;
 mod bulk;
 mod capture;

@@ -287,7 +287,7 @@ async fn collision<C: Counter>(
 /// official facilitator answers `settlement_pending` after broadcasting,
 /// and any refusal that carries a transaction hash names a transaction that
 /// was sent.
-fn outcome_open(settled: &Settled) -> bool {
+pub(super) fn outcome_open(settled: &Settled) -> bool {
     !settled.transaction.is_empty()
         || settled.error_reason.as_deref().is_some_and(|r| r.contains("settlement_pending") || r.contains("pending"))
 }

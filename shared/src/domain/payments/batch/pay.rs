@@ -14,7 +14,9 @@
 //!    holds decides, not the facilitator's word: a deposit refused or lost
 //!    whose channel covers the voucher anyway (the same deposit sent again,
 //!    its first settle landed) still buys the task, and a voucher the escrow
-//!    does not cover buys nothing, whatever was said.
+//!    does not cover buys nothing, whatever was said. A deposit sent and not
+//!    seen mined buys nothing yet (`payment_pending`): the same payment sent
+//!    again reads the escrow again, or is sent again if it never mined.
 //! 3. A **voucher** payload needs neither the facilitator nor a transaction:
 //!    the escrow is read (one Multicall3 call) only when Reeve's last read of
 //!    the channel is older than [`STALENESS`], or its balance does not cover
@@ -46,6 +48,7 @@ use super::payload::BatchPayload;
 use super::{decide, last_voucher, record, resynchronising};
 use crate::domain::payments::PaymentResponse;
 use crate::domain::payments::challenge::{PaymentRequired, PaymentRequirements};
+use crate::domain::payments::checkout::outcome_open;
 use crate::domain::payments::counter::{Counter, store_in};
 use crate::domain::payments::facilitator::FacilitatorError;
 use crate::domain::payments::ledger;
@@ -282,6 +285,15 @@ impl Sale<'_> {
                 tracing::info!(transaction = %settled.transaction, "facilitator: batch-settlement deposit settled");
                 let on_chain = self.covering_read().await?;
                 return Ok((Some(settled.transaction).filter(|t| !t.is_empty()), on_chain));
+            }
+            // Sent and not seen mined (`settlement_pending`, or a refusal
+            // naming its transaction): the chain decides, as for `exact`.
+            Ok(settled) if outcome_open(&settled) => {
+                tracing::warn!(
+                    transaction = %settled.transaction, reason = ?settled.error_reason,
+                    "facilitator: batch-settlement deposit sent, outcome unknown"
+                );
+                PENDING
             }
             Ok(settled) => {
                 let reason = settled.error_reason.unwrap_or_else(|| "settle_failed".into());
