@@ -85,6 +85,44 @@ async fn on_chain(channel: &str) -> OnChain {
     batch::read(chains.get("eip155:84532").unwrap(), channel.parse().unwrap()).await.unwrap()
 }
 
+/// The books of everything sold to `pay_to` by batch settlement, once the
+/// claims are made: each channel's vouchers one task each and its charge
+/// their last ceiling ([`assert_channel_books`], for a channel nothing was
+/// written off of); the escrow shows claimed on each exactly what Reeve
+/// charged it, less what Reeve wrote off; every token `pay_to` received is
+/// claimed money paid out, their sum; and the escrow owes it nothing more.
+pub(super) async fn assert_batch_books(pool: &PgPool, pay_to: &str) {
+    let channels: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT channel_id, charged::TEXT, written_off::TEXT FROM batch_channels \
+          WHERE lower(config->>'receiver') = lower($1) ORDER BY channel_id",
+    )
+    .bind(pay_to)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(!channels.is_empty(), "no channel pays {pay_to}");
+    let mut claimed = 0;
+    for (channel, charged, written_off) in &channels {
+        let (charged, written_off) = (charged.parse::<u128>().unwrap(), written_off.parse::<u128>().unwrap());
+        if written_off == 0 {
+            assert_eq!(assert_channel_books(pool, channel).await, charged);
+        }
+        let on_chain = on_chain(channel).await;
+        assert_eq!(
+            on_chain.total_claimed + written_off,
+            charged,
+            "{channel}: claimed all it was charged but what was lost"
+        );
+        claimed += on_chain.total_claimed;
+    }
+    let received: u128 = chain::charges_to(pay_to).await.iter().map(|c| c.value).sum();
+    assert_eq!(received, claimed, "{pay_to} received exactly what was claimed");
+    let chains = reeve_shared::payments::Chains::parse(&chain::chain_rpc_urls()).unwrap();
+    let (to, token) = (pay_to.parse().unwrap(), chain::TOKEN.parse().unwrap());
+    let owed = batch::escrow::unpaid(chains.get("eip155:84532").unwrap(), to, token).await.unwrap();
+    assert_eq!(owed, 0, "nothing claimed is left in the escrow");
+}
+
 /// A payer that opened a channel to `shop` with the official client (one
 /// deposit of ten prices) and bought `tasks` tasks over it.
 async fn buyer(chain: &ChainLock, shop: &Shop, tasks: usize) -> (Payer, super::batch_create::Channel) {
@@ -210,7 +248,7 @@ async fn a_claim_whose_answer_is_lost_is_claimed_and_paid_out_once_whether_it_la
     assert_eq!(chain::balance(&shop.pay_to).await, 5 * PRICE);
     assert_eq!(sweep(&sweeper).await, (0, 0, 0, 0, 0), "nothing left to do");
     assert_eq!(chain::balance(&shop.pay_to).await, 5 * PRICE, "paid once");
-    assert_eq!(assert_channel_books(&pool, &channel.id()).await, 5 * PRICE);
+    assert_batch_books(&pool, &shop.pay_to).await;
     assert_eq!(chain::balance(&payer.address).await, FUNDS - 10 * PRICE);
     drop(own);
     shop.queue.delete().await;
@@ -247,7 +285,7 @@ async fn a_payer_who_asks_to_withdraw_is_claimed_at_once_and_takes_back_only_wha
     assert_eq!(chain::balance(&payer.address).await, FUNDS - 3 * PRICE, "charged exactly three tasks");
     let left = on_chain(&channel.id()).await;
     assert_eq!((left.balance, left.total_claimed), (3 * PRICE, 3 * PRICE));
-    assert_eq!(assert_channel_books(&pool, &channel.id()).await, 3 * PRICE);
+    assert_batch_books(&pool, &shop.pay_to).await;
     assert_eq!(sweep(&sweeper).await, (0, 0, 0, 0, 0));
     shop.queue.delete().await;
 }
@@ -297,6 +335,7 @@ async fn a_claim_that_reverts_behind_a_payers_withdrawal_is_written_off_once_and
     );
     assert_eq!(batch::claim::channels(&pool, Duration::ZERO, false, 10).await.unwrap(), [], "nothing to claim");
     assert_eq!(chain::balance(&shop.pay_to).await, 0);
+    assert_batch_books(&pool, &shop.pay_to).await;
     drop(own);
     shop.queue.delete().await;
 }
