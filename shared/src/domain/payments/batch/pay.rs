@@ -16,7 +16,10 @@
 //!    its first settle landed) still buys the task, and a voucher the escrow
 //!    does not cover buys nothing, whatever was said. A deposit sent and not
 //!    seen mined buys nothing yet (`payment_pending`): the same payment sent
-//!    again reads the escrow again, or is sent again if it never mined.
+//!    again reads the escrow again, or is sent again if it never mined; once
+//!    its authorization has expired it is not sent again, and unless the
+//!    escrow covers the voucher it is refused (`payment_invalid`,
+//!    `authorization_expired`): the payer signs a new deposit.
 //! 3. A **voucher** payload needs neither the facilitator nor a transaction:
 //!    the escrow is read (one Multicall3 call) only when Reeve's last read of
 //!    the channel is older than [`STALENESS`], or its balance does not cover
@@ -44,7 +47,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::channel::{ChannelState, DecideError, Decision, OnChain, Purchase, Refusal, Terms};
-use super::payload::BatchPayload;
+use super::payload::{BatchPayload, Deposit};
 use super::{decide, last_voucher, record, resynchronising};
 use crate::domain::payments::PaymentResponse;
 use crate::domain::payments::challenge::{PaymentRequired, PaymentRequirements};
@@ -63,6 +66,18 @@ use crate::domain::payments::payload::Payment;
 /// `withdrawDelay` (at least 15 minutes) ahead: a read this old misses at
 /// most an announcement, and vouchers taken meanwhile are still claimable.
 pub const STALENESS: Duration = Duration::from_secs(60);
+
+/// How long after its `validBefore` a deposit counts as expired: the chain's
+/// clock may run behind this one's, and a send of it may still be mined
+/// until the chain's clock passes it.
+const EXPIRY_MARGIN: Duration = Duration::from_secs(60);
+
+/// Whether an authorization valid before `valid_before` (unix seconds) can
+/// no longer be used.
+fn expired(valid_before: u64) -> bool {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    now.as_secs() >= valid_before.saturating_add(EXPIRY_MARGIN.as_secs())
+}
 
 /// Pays for `order` with `payment`, a `batch-settlement` one matching
 /// `offer`. See the module documentation.
@@ -279,6 +294,18 @@ impl Sale<'_> {
             return Err(PayError::FacilitatorUnavailable);
         };
         let Ok(budget) = budget(self.order.deadline) else { return Err(PayError::FacilitatorUnavailable) };
+        if self.batch.deposit.as_ref().and_then(Deposit::valid_before).is_some_and(expired) {
+            // It can no longer land (a facilitator may still wait on a send
+            // of it that was dropped): the escrow says whether one did.
+            let on_chain = self.read().await?;
+            if on_chain.balance >= self.batch.ceiling {
+                return Ok((None, on_chain));
+            }
+            return Err(PayError::Invalid {
+                challenge: with_error(self.challenge, "payment_invalid"),
+                reason: "authorization_expired: the deposit never landed and no longer can; sign a new one".into(),
+            });
+        }
         let (network, payer) = (&self.offer.network, &self.payment.payer);
         let failed = match facilitator.settle(&self.payment.document, self.offer, budget).await {
             Ok(settled) if settled.success => {
@@ -335,5 +362,20 @@ impl Sale<'_> {
             }
             tokio::time::sleep(CONFIRM_POLL).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deposit_expires_a_minute_after_its_valid_before() {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        assert!(expired(0));
+        assert!(expired(now - 61));
+        assert!(!expired(now - 30), "the chain's clock may be behind");
+        assert!(!expired(now + 300));
+        assert!(!expired(u64::MAX), "no overflow");
     }
 }

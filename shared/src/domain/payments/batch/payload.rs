@@ -47,6 +47,18 @@ pub struct Deposit {
     pub authorization: Value,
 }
 
+impl Deposit {
+    /// When the payer's authorization stops being usable (unix seconds): an
+    /// ERC-3009 authorization's `validBefore`, a Permit2 one's `deadline`;
+    /// `None` when it names neither.
+    pub fn valid_before(&self) -> Option<u64> {
+        let seconds = |v: &Value| v.as_u64().or_else(|| v.as_str()?.parse().ok());
+        let auth = &self.authorization;
+        seconds(&auth["erc3009Authorization"]["validBefore"])
+            .or_else(|| seconds(&auth["permit2Authorization"]["deadline"]))
+    }
+}
+
 impl BatchPayload {
     /// Reads `payload`, or says what is wrong with it (for a `400`).
     pub fn parse(payload: &Value) -> Result<BatchPayload, String> {
@@ -175,6 +187,7 @@ mod tests {
         assert_eq!(read.ceiling, 1000);
         assert_eq!(read.config.withdrawDelay, U40::from(3600));
         assert_eq!(read.deposit.as_ref().map(|d| d.amount), Some(10_000));
+        assert_eq!(read.deposit.as_ref().and_then(Deposit::valid_before), Some(1_796_577_346));
         assert_eq!(check_signature(&read.config, 84532, read.ceiling, &read.signature), Ok(()));
         // The same voucher without the deposit: a voucher payload.
         let mut voucher = official();
