@@ -20,8 +20,9 @@ Spend controls are off: the local token is not one of the SDK's known assets.
 Task i's input is {"n": "<label>-<i>"}. Prints JSON, one entry per task: the
 create's status and task id (or error code), the payload type paid with,
 whether the client resynchronised, the PAYMENT-SIGNATURE it sent last (a test
-sends it again) and the paid round trip in ms. The key comes from the
-environment, never from an argument.
+sends it again) and the paid round trip in ms; on stderr, a line per payment
+sent (its type and the answer's status). The key comes from the environment,
+never from an argument.
 """
 
 import json
@@ -51,6 +52,17 @@ def post(url: str, token: str, body: bytes, extra: dict[str, str]):
         return answer.code, answer.headers, answer.read()
 
 
+def paid(client: x402HTTPClientSync, required, url: str, token: str, body: bytes, i: int):
+    """Pays `required` with the SDK's next payload; answers the payload, the
+    header sent and the answer. Says on stderr what it sent and what came
+    back, so a run that fails shows how far it got."""
+    payload = client.create_payment_payload(required)
+    signature = client.encode_payment_signature_header(payload)
+    status, headers, text = post(url, token, body, signature)
+    print(f"task {i}: a {payload.payload['type']} payment, answered {status}", file=sys.stderr)
+    return payload, signature, (status, headers, text)
+
+
 def create(client: x402HTTPClientSync, url: str, token: str, label: str, i: int) -> dict:
     """One create, paid."""
     body = json.dumps({"input": {"n": f"{label}-{i}"}}).encode()
@@ -59,14 +71,10 @@ def create(client: x402HTTPClientSync, url: str, token: str, label: str, i: int)
         raise RuntimeError(f"expected 402, got {status}: {text.decode(errors='replace')}")
     required = client.get_payment_required_response(headers.get, json.loads(text))
     started = time.perf_counter()
-    payload = client.create_payment_payload(required)
-    signature = client.encode_payment_signature_header(payload)
-    status, headers, text = post(url, token, body, signature)
+    payload, signature, (status, headers, text) = paid(client, required, url, token, body, i)
     recovered = client.process_payment_result(payload, headers.get, status).recovered
     if recovered:
-        payload = client.create_payment_payload(required)
-        signature = client.encode_payment_signature_header(payload)
-        status, headers, text = post(url, token, body, signature)
+        payload, signature, (status, headers, text) = paid(client, required, url, token, body, i)
         client.process_payment_result(payload, headers.get, status)
     ms = round((time.perf_counter() - started) * 1000, 1)
     try:

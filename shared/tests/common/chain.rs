@@ -420,8 +420,25 @@ impl Client {
     /// a process of its own, off the runtime; answers its stdout, or fails
     /// the test with its output.
     pub async fn run(self, script: &str, args: Vec<String>, env: Vec<(&'static str, String)>) -> String {
+        let out = self.output(script, args, env).await;
+        assert!(
+            out.status.success(),
+            "{script}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// The same, answering how it ended, failed or not.
+    pub async fn output(
+        self,
+        script: &str,
+        args: Vec<String>,
+        env: Vec<(&'static str, String)>,
+    ) -> std::process::Output {
         let (program, path) = (self.program(), root().join("scripts/payments").join(script));
-        let out = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             std::process::Command::new(&program)
                 .arg(path)
                 .args(args)
@@ -431,14 +448,7 @@ impl Client {
                 .unwrap_or_else(|e| panic!("{}: {e}; run scripts/payments.sh up", program.display()))
         })
         .await
-        .unwrap();
-        assert!(
-            out.status.success(),
-            "{script}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        .unwrap()
     }
 }
 

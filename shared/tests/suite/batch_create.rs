@@ -526,6 +526,43 @@ async fn the_python_sdk_pays_tasks_over_one_channel_one_deposit_then_vouchers_ea
     shop.queue.delete().await;
 }
 
+/// A Python SDK process that cannot read the chain takes the payer's old
+/// channel for a new one: the SDK (2.25) treats a failed read as no channel
+/// and signs a deposit of ten prices with a voucher of one price, where the
+/// TypeScript client stops. Reeve decides a deposit's voucher before it has
+/// the deposit settled, as the scheme has servers do: one price on a channel
+/// charged two is refused with the resynchronising `402`, the facilitator is
+/// never asked, and the SDK, unable to read the chain to resynchronise,
+/// stops. No second deposit, no task.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_python_sdk_blind_to_the_chain_signs_a_second_deposit_that_is_refused_before_money_moves(pool: PgPool) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let chain = ChainLock::shared().await;
+    let facilitator = chain::ScriptedFacilitator::start(&facilitator_url()).await;
+    let shop = Shop::serving(&pool, &chain::fresh_address(), &facilitator.url, &chain::rpc_url(), &[]).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let channel = Channel::of(&payer, &shop.pay_to);
+    let paid = shop.client_creates(Client::Python, &payer, 2, "a").await;
+    assert!(paid.iter().all(|c| c["status"] == 202), "{paid:?}");
+    assert_eq!(facilitator.settles.load(SeqCst), 1, "the first deposit");
+
+    let url = format!("http://{}/v1/tasks/job", shop.addr);
+    let args = vec!["http://127.0.0.1:1".to_owned(), url, shop.token.clone(), "1".to_owned(), "b".to_owned()];
+    let env = vec![("REEVE_WALLET_KEY", payer.key.clone())];
+    let out = Client::Python.output("batch-tasks.py", args, env).await;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    // It sent a deposit, was refused, and stopped resynchronising from
+    // Reeve's answer.
+    assert!(said.contains("task 0: a deposit payment, answered 402"), "{said}");
+    assert!(said.contains("process_corrective_payment_required"), "{said}");
+    assert_eq!(facilitator.settles.load(SeqCst), 1, "no second deposit was sent");
+    assert_eq!(chain::balance(&payer.address).await, FUNDS - 10 * PRICE);
+    assert_eq!(shop.tasks().await, 2);
+    assert_eq!(assert_channel_books(&pool, &channel.id()).await, 2 * PRICE);
+    shop.queue.delete().await;
+}
+
 /// While the facilitator and the chain are out of reach, vouchers go on
 /// being taken on Reeve's own check, as long as its last read of the
 /// channel is recent enough; then `503 chain_unavailable`, nothing charged.
