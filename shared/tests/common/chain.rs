@@ -407,6 +407,49 @@ impl Client {
             Client::TypeScript => "scripts/payments/pay.mjs",
         }
     }
+
+    /// What runs this client's scripts: the project's Python, or node.
+    fn program(self) -> PathBuf {
+        match self {
+            Client::Python => python(),
+            Client::TypeScript => PathBuf::from("node"),
+        }
+    }
+
+    /// Runs this client's `scripts/payments/<script> <args>` with `env`, in
+    /// a process of its own, off the runtime; answers its stdout, or fails
+    /// the test with its output.
+    pub async fn run(self, script: &str, args: Vec<String>, env: Vec<(&'static str, String)>) -> String {
+        let out = self.output(script, args, env).await;
+        assert!(
+            out.status.success(),
+            "{script}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// The same, answering how it ended, failed or not.
+    pub async fn output(
+        self,
+        script: &str,
+        args: Vec<String>,
+        env: Vec<(&'static str, String)>,
+    ) -> std::process::Output {
+        let (program, path) = (self.program(), root().join("scripts/payments").join(script));
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(&program)
+                .arg(path)
+                .args(args)
+                .envs(env)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("{}: {e}; run scripts/payments.sh up", program.display()))
+        })
+        .await
+        .unwrap()
+    }
 }
 
 /// The Python that signs an EIP-3009 `TransferWithAuthorization` with the

@@ -4,8 +4,6 @@
 //! settling the scheme, driven by the official packages on every side
 //! (scripts/payments/batch-check.mjs, scripts/payments/batch-flow.mjs).
 
-use std::process::Stdio;
-
 use serde_json::{Value, json};
 
 use crate::common::chain::{self, ChainLock, Payer};
@@ -20,25 +18,7 @@ fn facilitator_url() -> String {
 /// Runs `node scripts/payments/<script> <args>` with `env`, off the runtime;
 /// answers its stdout, or fails the test with its stderr.
 pub(crate) async fn node(script: &str, args: Vec<String>, env: Vec<(&'static str, String)>) -> String {
-    let path = chain::root().join("scripts/payments").join(script);
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("node")
-            .arg(path)
-            .args(args)
-            .envs(env)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("node: {e}; run scripts/payments.sh up"))
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{script}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    chain::Client::TypeScript.run(script, args, env).await
 }
 
 /// Two `uint128` words the escrow answers to `signature` called with

@@ -1,8 +1,10 @@
 //! Paying Reeve's REST create by x402's `batch-settlement` scheme, on the
-//! real local chain and facilitator: the official TypeScript client
-//! (`@x402/evm`'s batch-settlement client under `@x402/core`'s HTTP client,
-//! scripts/payments/batch-tasks.mjs) pays `POST /v1/tasks/{kind}` on a
-//! served Reeve, one deposit then vouchers over one channel; and every
+//! real local chain and facilitator: each official client (`@x402/evm`'s
+//! batch-settlement client under `@x402/core`'s HTTP client,
+//! scripts/payments/batch-tasks.mjs; coinbase's x402 Python SDK's, under its
+//! sync HTTP client, scripts/payments/batch-tasks.py) pays
+//! `POST /v1/tasks/{kind}` on a served Reeve, one deposit then vouchers over
+//! one channel; and every
 //! voucher an attacker (or a confused client) could send instead is
 //! answered as the scheme says, with nothing charged.
 
@@ -25,7 +27,7 @@ use reeve_shared::startup;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::common::chain::{self, ChainLock, Payer};
+use crate::common::chain::{self, ChainLock, Client, Payer};
 use crate::common::{self, Reply, TestQueue, new_session, post_json, send};
 
 pub(super) const PRICE: u128 = 1_000;
@@ -141,12 +143,23 @@ impl Shop {
         Shop { app, addr, token, pay_to, queue, pool: pool.clone(), config }
     }
 
-    /// The official client, in a process of its own, creating `count` tasks
-    /// of `job` with inputs `{"n": "<label>-<i>"}`.
+    /// The official TypeScript client, in a process of its own, creating
+    /// `count` tasks of `job` with inputs `{"n": "<label>-<i>"}`.
     pub(super) async fn official_client_creates(&self, payer: &Payer, count: usize, label: &str) -> Vec<Value> {
+        self.client_creates(Client::TypeScript, payer, count, label).await
+    }
+
+    /// The same by `client`'s official SDK: its batch-settlement buyer
+    /// (scripts/payments/batch-tasks.mjs, batch-tasks.py), one entry per
+    /// task, as both print.
+    pub(super) async fn client_creates(&self, client: Client, payer: &Payer, count: usize, label: &str) -> Vec<Value> {
+        let script = match client {
+            Client::TypeScript => "batch-tasks.mjs",
+            Client::Python => "batch-tasks.py",
+        };
         let url = format!("http://{}/v1/tasks/job", self.addr);
         let args = vec![chain::rpc_url(), url, self.token.clone(), count.to_string(), label.to_owned()];
-        let out = super::batch::node("batch-tasks.mjs", args, vec![("REEVE_WALLET_KEY", payer.key.clone())]).await;
+        let out = client.run(script, args, vec![("REEVE_WALLET_KEY", payer.key.clone())]).await;
         serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
     }
 
@@ -338,39 +351,52 @@ pub(super) async fn assert_channel_books(pool: &PgPool, channel: &str) -> u128 {
     total
 }
 
-#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
-async fn the_official_client_pays_tasks_over_one_channel_one_deposit_then_vouchers_each_task_once(pool: PgPool) {
-    let chain = ChainLock::shared().await;
-    let shop = Shop::new(&pool).await;
-    let payer = Payer::new(&chain, FUNDS).await;
-    let channel = Channel::of(&payer, &shop.pay_to);
-
-    // One deposit (ten prices, the offer's minDeposit, sent by the
-    // facilitator), then vouchers Reeve checks itself.
-    let first = shop.official_client_creates(&payer, 4, "a").await;
+/// What every official client does over a new channel to the shop, on the
+/// chain: one process pays 4 tasks (a deposit of ten prices, the offer's
+/// `minDeposit`, sent by the facilitator; then three vouchers Reeve checks
+/// itself), a second process knowing nothing of the channel pays 2 more
+/// (it resynchronises from Reeve's `402` and deposits nothing). Six tasks,
+/// each bought once (the last voucher sent again buys the same task), one
+/// deposit, no gas held by the payer, nothing moved to the seller, and the
+/// channel's books balance. Answers both processes' entries.
+async fn pays_six_tasks_over_one_channel(
+    shop: &Shop,
+    payer: &Payer,
+    channel: &Channel,
+    client: Client,
+) -> (Vec<Value>, Vec<Value>) {
+    let first = shop.client_creates(client, payer, 4, "a").await;
     let kinds: Vec<&str> = first.iter().map(|c| c["type"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["deposit", "voucher", "voucher", "voucher"], "{first:?}");
-    assert!(first.iter().all(|c| c["status"] == 202 && c["recovered"] == false), "{first:?}");
+    assert_eq!(kinds, ["deposit", "voucher", "voucher", "voucher"], "{client:?}: {first:?}");
+    assert!(first.iter().all(|c| c["status"] == 202 && c["recovered"] == false), "{client:?}: {first:?}");
     let ids: std::collections::BTreeSet<&str> = first.iter().map(|c| c["id"].as_str().unwrap()).collect();
     assert_eq!(ids.len(), 4, "four tasks: {first:?}");
+    // The deposit is the payer's ERC-3009 authorization (for the deposit
+    // collector), of the offer's minDeposit.
+    let header = base64::engine::general_purpose::STANDARD.decode(first[0]["header"].as_str().unwrap()).unwrap();
+    let deposit = &serde_json::from_slice::<Value>(&header).unwrap()["payload"]["deposit"];
+    assert_eq!(deposit["amount"], (10 * PRICE).to_string(), "{client:?}: {deposit}");
+    assert!(deposit["authorization"]["erc3009Authorization"]["signature"].is_string(), "{client:?}: {deposit}");
     assert_eq!(shop.tasks().await, 4);
     assert_eq!(chain::balance(&payer.address).await, FUNDS - 10 * PRICE, "one deposit of ten prices");
     assert_eq!(shop.charged(&channel.id()).await, 4 * PRICE);
+
+    // Another process of the same payer knows nothing of the channel: it
+    // reads the escrow (a balance, nothing claimed), signs one price, is
+    // told by the resynchronising 402 that four were charged, and pays the
+    // fifth; never a second deposit.
+    let second = shop.client_creates(client, payer, 2, "b").await;
+    assert_eq!(second[0]["recovered"], true, "{client:?}: {second:?}");
+    assert!(second.iter().all(|c| c["status"] == 202 && c["type"] == "voucher"), "{client:?}: {second:?}");
+    assert_eq!(shop.tasks().await, 6);
+    assert_eq!(shop.charged(&channel.id()).await, 6 * PRICE);
+    assert_eq!(chain::balance(&payer.address).await, FUNDS - 10 * PRICE, "still one deposit");
     // Nothing moved to the seller yet: the vouchers wait to be claimed.
     assert_eq!(chain::balance(&shop.pay_to).await, 0);
     // The buyer never held gas: the facilitator sent the deposit.
     assert_eq!(chain::eth_balance(&payer.address).await, 0);
-
-    // Another process of the same payer knows nothing of the channel: it
-    // reads the escrow (nothing claimed), signs one price, is told by the
-    // resynchronising 402 that four were charged, and pays the fifth.
-    let second = shop.official_client_creates(&payer, 2, "b").await;
-    assert_eq!(second[0]["recovered"], true, "{second:?}");
-    assert!(second.iter().all(|c| c["status"] == 202 && c["type"] == "voucher"), "{second:?}");
-    assert_eq!(shop.tasks().await, 6);
-    assert_eq!(shop.charged(&channel.id()).await, 6 * PRICE);
     eprintln!(
-        "voucher-paid creates (ms): {:?}",
+        "{client:?} voucher-paid creates (ms): {:?}",
         first.iter().chain(&second).filter(|c| c["type"] == "voucher").map(|c| &c["ms"]).collect::<Vec<_>>()
     );
 
@@ -381,6 +407,19 @@ async fn the_official_client_pays_tasks_over_one_channel_one_deposit_then_vouche
     assert_eq!(again.status, StatusCode::ACCEPTED, "{}", again.body);
     assert_eq!(again.body["id"], last["id"]);
     assert_eq!(shop.tasks().await, 6);
+    assert_eq!(assert_channel_books(&shop.pool, &channel.id()).await, 6 * PRICE);
+    (first, second)
+}
+
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_official_client_pays_tasks_over_one_channel_one_deposit_then_vouchers_each_task_once(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let channel = Channel::of(&payer, &shop.pay_to);
+    let (_, second) = pays_six_tasks_over_one_channel(&shop, &payer, &channel, Client::TypeScript).await;
+    let last = &second[1];
+
     // Its signed receipt names the voucher (its channel and cumulative
     // amount), the payer and the price; no transaction until a claim.
     let path = format!("/v1/tasks/{}/receipt", last["id"].as_str().unwrap());
@@ -470,6 +509,57 @@ async fn the_official_client_pays_tasks_over_one_channel_one_deposit_then_vouche
     let credits: Vec<(String, String)> =
         sqlx::query_as("SELECT amount, asset FROM credits").fetch_all(&pool).await.unwrap();
     assert_eq!(credits, [(PRICE.to_string(), chain::TOKEN.to_owned())]);
+    shop.queue.delete().await;
+}
+
+/// coinbase's x402 Python SDK pays as the TypeScript client does: its own
+/// batch-settlement client under its HTTP client, the same deposit rule
+/// (the offer's `minDeposit`, by ERC-3009 through the deposit collector),
+/// the same resynchronisation from Reeve's `402`.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_python_sdk_pays_tasks_over_one_channel_one_deposit_then_vouchers_each_task_once(pool: PgPool) {
+    let chain = ChainLock::shared().await;
+    let shop = Shop::new(&pool).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let channel = Channel::of(&payer, &shop.pay_to);
+    pays_six_tasks_over_one_channel(&shop, &payer, &channel, Client::Python).await;
+    shop.queue.delete().await;
+}
+
+/// A Python SDK process that cannot read the chain takes the payer's old
+/// channel for a new one: the SDK (2.25) treats a failed read as no channel
+/// and signs a deposit of ten prices with a voucher of one price, where the
+/// TypeScript client stops. Reeve decides a deposit's voucher before it has
+/// the deposit settled, as the scheme has servers do: one price on a channel
+/// charged two is refused with the resynchronising `402`, the facilitator is
+/// never asked, and the SDK, unable to read the chain to resynchronise,
+/// stops. No second deposit, no task.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_python_sdk_blind_to_the_chain_signs_a_second_deposit_that_is_refused_before_money_moves(pool: PgPool) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let chain = ChainLock::shared().await;
+    let facilitator = chain::ScriptedFacilitator::start(&facilitator_url()).await;
+    let shop = Shop::serving(&pool, &chain::fresh_address(), &facilitator.url, &chain::rpc_url(), &[]).await;
+    let payer = Payer::new(&chain, FUNDS).await;
+    let channel = Channel::of(&payer, &shop.pay_to);
+    let paid = shop.client_creates(Client::Python, &payer, 2, "a").await;
+    assert!(paid.iter().all(|c| c["status"] == 202), "{paid:?}");
+    assert_eq!(facilitator.settles.load(SeqCst), 1, "the first deposit");
+
+    let url = format!("http://{}/v1/tasks/job", shop.addr);
+    let args = vec!["http://127.0.0.1:1".to_owned(), url, shop.token.clone(), "1".to_owned(), "b".to_owned()];
+    let env = vec![("REEVE_WALLET_KEY", payer.key.clone())];
+    let out = Client::Python.output("batch-tasks.py", args, env).await;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    // It sent a deposit, was refused, and stopped resynchronising from
+    // Reeve's answer.
+    assert!(said.contains("task 0: a deposit payment, answered 402"), "{said}");
+    assert!(said.contains("process_corrective_payment_required"), "{said}");
+    assert_eq!(facilitator.settles.load(SeqCst), 1, "no second deposit was sent");
+    assert_eq!(chain::balance(&payer.address).await, FUNDS - 10 * PRICE);
+    assert_eq!(shop.tasks().await, 2);
+    assert_eq!(assert_channel_books(&pool, &channel.id()).await, 2 * PRICE);
     shop.queue.delete().await;
 }
 
