@@ -10,7 +10,9 @@
 // The resend (an agent whose answer was lost) gets what it bought, not a
 // second charge. A metered tool (x402's upto) is paid with @x402/evm's upto
 // client, from a wallet that never approved Permit2: it signs the token's
-// permit the challenge offers, and is charged what the task used. Every answer goes through `Client.callTool` after
+// permit the challenge offers, and is charged what the task used. A tool
+// priced by batch settlement is paid from an escrow channel with
+// @x402/evm's batch-settlement client: one deposit, then vouchers. Every answer goes through `Client.callTool` after
 // `listTools`, so the SDK checks each `structuredContent` against the tool's
 // outputSchema, errors and payment requests included: the check that made
 // this client throw at Reeve's payment answer before.
@@ -24,6 +26,7 @@ import { x402Client } from "@x402/core/client";
 import { toClientEvmSigner } from "@x402/evm";
 import { registerExactEvmScheme } from "@x402/evm/exact/client";
 import { UptoEvmScheme } from "@x402/evm/upto/client";
+import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/client";
 import { createPublicClient, http } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 
@@ -39,6 +42,9 @@ const PRICE = 10000n;
 const METERED = "metered_digest";
 const RATE = 3n;
 const CEILING = 100000n;
+// And batch_digest: 0.001 of it a task, paid by x402's batch settlement.
+const BATCH = "batch_digest";
+const BATCH_PRICE = 1000n;
 // keccak256("Transfer(address,address,uint256)")
 const TRANSFER = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef";
 const TEXT = "hello, reeve, from the TypeScript SDK\n";
@@ -225,4 +231,74 @@ test("a metered tool paid with the TypeScript upto client: charged exactly what 
   assert.equal(await balance(PAYER.address), before - used, "the payer paid exactly bytes × rate");
   assert.deepEqual(await transfers(receipt.transaction), [[word(PAYER.address), word(offered.accepts[0].payTo), used]],
     "the capture moved what was used from the payer to payTo, and nothing else");
+});
+
+/**
+ * One call of the batch-priced tool, paid by `client` (its channel state
+ * kept across calls, as @x402/mcp's wrapper keeps it): asked unpaid, paid,
+ * and after a corrective payment-required answer, resynchronised and paid
+ * once more. Answers the paid answer, the payload types sent, and whether
+ * it resynchronised. (The same payment for the same input is a retry: it
+ * answers the task it bought.)
+ */
+async function batchCall(client, uploadId = upload.upload_id) {
+  const args = { upload_id: uploadId, wait_seconds: 20 };
+  const unpaid = await agent.callTool({ name: BATCH, arguments: args });
+  assert.equal(unpaid.isError, true);
+  const required = unpaid.structuredContent;
+  const sent = [];
+  let recovered = false;
+  for (;;) {
+    const payload = await client.createPaymentPayload(required);
+    sent.push(payload.payload.type);
+    const answer = await agent.callTool({ name: BATCH, arguments: args, _meta: { "x402/payment": payload } },
+      undefined, TIMEOUT);
+    const settleResponse = answer._meta?.["x402/payment-response"];
+    const refusal = answer.isError ? answer.structuredContent : undefined;
+    const handled = await client.handlePaymentResponse({ paymentPayload: payload, requirements: payload.accepted,
+      ...(settleResponse ? { settleResponse } : {}), ...(refusal?.accepts ? { paymentRequired: refusal } : {}) });
+    if (!answer.isError) return { answer, sent, recovered };
+    assert.ok(handled?.recovered && !recovered, `refused: ${JSON.stringify(refusal)}`);
+    recovered = true;
+  }
+}
+
+test("a tool paid by batch settlement: one deposit, then vouchers with no transaction, each call its own task", async () => {
+  const signer = toClientEvmSigner(PAYER, createPublicClient({ transport: http(RPC) }));
+  const wallet = () => new x402Client().register(NETWORK, new BatchSettlementEvmScheme(signer));
+  const client = wallet();
+  const before = await balance(PAYER.address);
+
+  const first = await batchCall(client);
+  assert.deepEqual([first.sent, first.recovered], [["deposit"], false]);
+  const task = first.answer.structuredContent;
+  assert.deepEqual([task.kind, task.status, task.result.sha256], [BATCH, "completed", SHA256]);
+  const receipt = first.answer._meta["x402/payment-response"];
+  assert.equal(receipt.success, true, JSON.stringify(receipt));
+  const deposited = before - await balance(PAYER.address);
+  assert.ok(deposited >= BATCH_PRICE, `one deposit of at least the price: ${deposited}`);
+  assert.equal(receipt.extra.channelState.balance, deposited.toString(), JSON.stringify(receipt));
+  assert.equal(receipt.extra.chargedAmount, BATCH_PRICE.toString(), JSON.stringify(receipt));
+  assert.equal(receipt.extra.channelState.chargedCumulativeAmount, BATCH_PRICE.toString());
+
+  // The next call: a voucher alone, checked by Reeve with no transaction.
+  const second = await batchCall(client);
+  assert.deepEqual([second.sent, second.recovered], [["voucher"], false]);
+  assert.notEqual(second.answer.structuredContent.id, task.id, "a task of its own");
+  assert.equal(second.answer._meta["x402/payment-response"].transaction, "", "no transaction until a claim");
+  const charged = (answer) => answer._meta["x402/payment-response"].extra.channelState.chargedCumulativeAmount;
+  assert.equal(charged(second.answer), (2n * BATCH_PRICE).toString());
+  assert.equal(before - await balance(PAYER.address), deposited, "nothing moved for the voucher");
+
+  // A wallet with no state of the channel, for another file: its first
+  // voucher (one price on what the chain shows claimed, nothing) is refused
+  // with where the channel stands, and it pays the third with the next.
+  const other = await agent.callTool({ name: "create_upload", arguments: {
+    filename: "other.txt", content_type: "text/plain", content_base64: Buffer.from("other\n").toString("base64") } });
+  const third = await batchCall(wallet(), other.structuredContent.upload_id);
+  assert.deepEqual([third.sent, third.recovered], [["voucher", "voucher"], true]);
+  assert.equal(charged(third.answer), (3n * BATCH_PRICE).toString());
+  assert.equal(before - await balance(PAYER.address), deposited, "still the one deposit");
+  const listed = await agent.callTool({ name: "list_tasks", arguments: { kind: BATCH } });
+  assert.equal(listed.structuredContent.tasks.length, 3, "three calls, three tasks");
 });
