@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use super::batch_create::{CHAIN, Channel, FUNDS, PRICE, Shop, assert_channel_books, authorizer_key, refused};
-use crate::common::chain::{self, ChainLock, Payer};
+use crate::common::chain::{self, ChainLock, Client, Payer};
 use crate::common::{Reply, send};
 
 fn facilitator_url() -> String {
@@ -43,12 +43,23 @@ async fn escrow(channel: &str) -> OnChain {
     batch::read(chains.get("eip155:84532").unwrap(), channel.parse().unwrap()).await.unwrap()
 }
 
-/// The official client asking `shop` for its refund (all, or `amount`).
+/// The official TypeScript client asking `shop` for its refund (all, or
+/// `amount`).
 async fn official_client_refunds(shop: &Shop, payer: &Payer, amount: Option<u128>) -> Value {
+    client_refunds(Client::TypeScript, shop, payer, amount).await
+}
+
+/// The same by `client`'s official SDK, its batch-settlement client's
+/// `refund(url)` (scripts/payments/batch-refund.mjs, batch-refund.py).
+async fn client_refunds(client: Client, shop: &Shop, payer: &Payer, amount: Option<u128>) -> Value {
+    let script = match client {
+        Client::TypeScript => "batch-refund.mjs",
+        Client::Python => "batch-refund.py",
+    };
     let url = format!("http://{}/v1/refund/job", shop.addr);
     let mut args = vec![chain::rpc_url(), url];
     args.extend(amount.map(|a| a.to_string()));
-    let out = super::batch::node("batch-refund.mjs", args, vec![("REEVE_WALLET_KEY", payer.key.clone())]).await;
+    let out = client.run(script, args, vec![("REEVE_WALLET_KEY", payer.key.clone())]).await;
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
@@ -94,6 +105,17 @@ async fn kept(pool: &PgPool, channel: &str) -> (i64, String) {
 /// deposit), and the books balance.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_official_client_gets_back_exactly_what_was_not_charged_once(pool: PgPool) {
+    gets_back_exactly_what_was_not_charged_once(pool, Client::TypeScript).await;
+}
+
+/// The same, asked by coinbase's x402 Python SDK (the tasks bought by the
+/// TypeScript client: one payer, two SDKs on one channel).
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn the_python_sdk_gets_back_exactly_what_was_not_charged_once(pool: PgPool) {
+    gets_back_exactly_what_was_not_charged_once(pool, Client::Python).await;
+}
+
+async fn gets_back_exactly_what_was_not_charged_once(pool: PgPool, client: Client) {
     let _chain = ChainLock::shared().await;
     let shop = refunding(&pool, &chain::fresh_address(), &facilitator_url()).await;
     let payer = Payer::new(&_chain, FUNDS).await;
@@ -105,7 +127,7 @@ async fn the_official_client_gets_back_exactly_what_was_not_charged_once(pool: P
     // A new process, with no state of its channel: it reads the chain
     // (nothing claimed yet), is told by Reeve's 402 what was charged, and
     // asks again.
-    let asked = official_client_refunds(&shop, &payer, None).await;
+    let asked = client_refunds(client, &shop, &payer, None).await;
     let settled = &asked["settled"];
     assert_eq!(settled["success"], true, "{asked}");
     assert_eq!(asked["statuses"], json!([402, 402, 200]), "probe, resynchronised, refunded: {asked}");
@@ -138,7 +160,7 @@ async fn the_official_client_gets_back_exactly_what_was_not_charged_once(pool: P
     assert_eq!(chain::balance(&payer.address).await, FUNDS - 3 * PRICE);
     assert_eq!(escrow(&channel.id()).await.refund_nonce, 1, "never refunded twice");
     // The official client asking again is told nothing is left.
-    let empty = official_client_refunds(&shop, &payer, None).await;
+    let empty = client_refunds(client, &shop, &payer, None).await;
     assert!(empty["error"].as_str().is_some_and(|e| e.contains("no remaining balance")), "{empty}");
 
     // The channel works on: the next task deposits again, and Reeve's
