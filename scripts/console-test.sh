@@ -6,6 +6,8 @@
 # chain), Debian's chromium, node and the project venv (eth-account).
 #   scripts/console-test.sh
 # REEVE_CONSOLE_SCREENSHOTS=1 saves the main states as docs/console-*.png.
+# Then tests/console/bundle.test.mjs rebuilds the page's vendored noble
+# bundle from the pinned packages and checks it byte for byte.
 set -euo pipefail
 LOG_TAG="console-test"
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh
@@ -23,9 +25,10 @@ load_dev_env
 # never drives an older page than the working tree's.
 [[ -n ${REEVE_BIN:-} ]] || cargo build --locked -q -p reeve-cli --bin reeve || die "cannot build reeve"
 bash scripts/payments.sh status >/dev/null || die "the local payment stack is down: scripts/payments.sh up"
-# The lockfile pins playwright-core; it drives Debian's Chromium and never
-# downloads a browser of its own.
+# The lockfile pins playwright-core (it drives Debian's Chromium and never
+# downloads a browser of its own), and the noble packages and esbuild the
+# bundle check rebuilds with.
 (cd tests/console && npm ci --no-audit --no-fund --loglevel=error)
 trap isolated_stop EXIT
 isolated_stack_start console
-(cd tests/console && node --test --test-reporter=spec console.test.mjs)
+(cd tests/console && node --test --test-reporter=spec console.test.mjs bundle.test.mjs)

@@ -19,7 +19,8 @@
 //! signer), so a person need not take the server's word for its own
 //! receipt. WebCrypto has no secp256k1, so the page carries
 //! `@noble/curves`' and `@noble/hashes`' audited code for it
-//! (`assets/noble-secp256k1.js`, bundled unchanged; its header says how),
+//! (`assets/noble-secp256k1.js`, bundled unchanged; its header says how,
+//! and tests/console/bundle.test.mjs rebuilds it from the pinned packages),
 //! written into the page here: one document, and no route of its own.
 
 use axum::http::{HeaderValue, header};
