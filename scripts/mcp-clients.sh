@@ -8,8 +8,10 @@
 #      the checks that need the suite's own fixture server
 #      (tests/mcp/conformance-baseline.yml, each entry with its reason);
 #   2. the TypeScript SDK (@modelcontextprotocol/sdk), paying with the
-#      TypeScript x402 client (@x402/core + @x402/evm, its exact and upto
-#      schemes): tests/mcp/sdk.test.mjs.
+#      TypeScript x402 client (@x402/core + @x402/evm, its exact, upto and
+#      batch-settlement schemes): tests/mcp/sdk.test.mjs;
+#   3. the MCP Python SDK 2.x over 2026-07-28 with no x402, paid through a
+#      pay link (URL elicitation): tests/mcp/modern.py.
 # The Python SDK (`mcp`, `x402[mcp]`) and rmcp run in `cargo test`
 # (shared/tests/suite/mcp.rs, cli/tests/suite/mcp.rs).
 # Needs the stack up (with scripts/payments.sh's chain), node and npm, the
@@ -127,4 +129,15 @@ payer=${key_and_address#* }
 mint "$payer" 1000000
 log "TypeScript SDK client, paying as $payer"
 (cd "$HERE" && timed typescript-sdk node --test --test-reporter=spec sdk.test.mjs) || rc=1
+
+# The MCP Python SDK 2.x over 2026-07-28, with no x402 of its own: the
+# priced tool answers input_required with a pay link, which the test pays as
+# the pay page does, and the SDK's retry gets the task. In a venv of its own
+# (x402[mcp] pins the project venv's mcp to 1.x).
+modern=$(ensure_venv mcp-modern "$HERE/requirements-modern.txt") || die "cannot install tests/mcp/requirements-modern.txt"
+key_and_address=$("$modern/bin/python" -c 'from eth_account import Account; a = Account.create(); print("0x" + bytes(a.key).hex(), a.address)')
+person=${key_and_address#* }
+mint "$person" 100000
+log "MCP Python SDK 2 client (2026-07-28), its pay link paid as $person"
+REEVE_WALLET_KEY="${key_and_address%% *}" timed python-sdk-2026 "$modern/bin/python" "$HERE/modern.py" || rc=1
 exit "$rc"

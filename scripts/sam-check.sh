@@ -79,22 +79,12 @@ LINT_VARIANTS=(
 )
 
 CHECKOV_REQS="$ROOT/scripts/requirements-checkov.txt"
-CHECKOV_VENV="$STACK_DIR/venvs/checkov"
 
 sam_cli() { SAM_CLI_TELEMETRY=0 sam "$@"; }
 
 # checkov's pinned virtualenv, made again when its requirements change.
 ensure_checkov() {
-  local stamp="$CHECKOV_VENV/.reeve-requirements.sha256" want
-  want=$(cat "$CHECKOV_REQS" <(python3 -c 'import sys; print(sys.version)'; echo "$CHECKOV_VENV") | sha256sum | cut -d' ' -f1)
-  [[ -x $CHECKOV_VENV/bin/checkov && -f $stamp && $(cat "$stamp") == "$want" ]] && return 0
-  log "installing checkov into $CHECKOV_VENV (scripts/requirements-checkov.txt)"
-  rm -rf "$CHECKOV_VENV"
-  mkdir -p "$(dirname "$CHECKOV_VENV")"
-  python3 -m venv "$CHECKOV_VENV" &&
-    "$CHECKOV_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-input -r "$CHECKOV_REQS" >&2 ||
-    { log "installing checkov failed"; return 1; }
-  echo "$want" >"$stamp"
+  CHECKOV_VENV=$(ensure_venv checkov "$CHECKOV_REQS") && [[ -x $CHECKOV_VENV/bin/checkov ]]
 }
 
 phase_validate() {

@@ -76,6 +76,26 @@ reeve_bin() {
   export REEVE_BIN
 }
 
+# ensure_venv NAME REQUIREMENTS: a virtualenv of its own under
+# .stack/venvs/NAME for tools whose pins clash with the project venv's,
+# installed from REQUIREMENTS and made again when they (or the Python)
+# change. Prints its directory.
+ensure_venv() {
+  local dir="$STACK_DIR/venvs/$1" reqs=$2 stamp want
+  stamp="$dir/.reeve-requirements.sha256"
+  want=$(cat "$reqs" <(python3 -c 'import sys; print(sys.version)'; echo "$dir") | sha256sum | cut -d' ' -f1)
+  if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+    log "installing ${reqs#"$ROOT"/} into $dir"
+    rm -rf "$dir"
+    mkdir -p "$(dirname "$dir")"
+    python3 -m venv "$dir" &&
+      "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-input -r "$reqs" >&2 ||
+      { log "installing ${reqs#"$ROOT"/} failed"; return 1; }
+    echo "$want" >"$stamp"
+  fi
+  printf '%s\n' "$dir"
+}
+
 # Run "$@" and print how long it took, tagged with a phase name.
 timed() {
   local name=$1; shift
