@@ -16,11 +16,17 @@ fn reeve(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
 fn serve_reports_every_problem_once_and_exits_1() {
     let (code, err) = reeve(
         &["serve", "--catalog", "no-such-reeve.toml"],
-        &[("DATABASE_URL", "mysql:/not-postgres"), ("REDIS_URL", "http://not-redis"), ("REEVE_TOKEN_KEY", "short")],
+        &[
+            ("DATABASE_URL", "mysql:/not-postgres"),
+            ("REDIS_URL", "http://not-redis"),
+            ("REEVE_TOKEN_KEY", "short"),
+            ("REEVE_BATCH_AUTHORIZER_KEY", "not-a-key"),
+        ],
     );
     assert_eq!(code, Some(1), "{err}");
     for expected in [
         "no-such-reeve.toml",
+        "REEVE_BATCH_AUTHORIZER_KEY must be 32 bytes as 64 hex digits",
         "REEVE_PEPPER is not set (nor REEVE_PEPPER_SECRET_ARN",
         "REEVE_TOKEN_KEY must be at least 32 bytes",
         "REEVE_BUCKET is not set",
@@ -34,6 +40,7 @@ fn serve_reports_every_problem_once_and_exits_1() {
     // it is reported once.
     assert_eq!(err.matches("REEVE_TOKEN_KEY must be at least 32 bytes").count(), 1, "{err}");
     assert!(!err.contains("short\""), "{err}");
+    assert!(!err.contains("not-a-key"), "a key is never shown: {err}");
 }
 
 #[test]

@@ -197,12 +197,12 @@ pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connec
     let mut wanted = receipt_key_too(needs);
     wanted.push(settings::BATCH_AUTHORIZER_KEY);
     let (config, problems) = with_secrets(config, sdk, &wanted).await;
-    let (catalog, settings, operators, chains) = api_parts(&config, needs, problems)?;
+    let parts = api_parts(&config, needs, problems);
+    // The key's problems listed with every other.
     let mut problems = Vec::new();
-    let batch_authorizer = batch_claimer(&config, Some(&catalog), Duration::ZERO, &mut problems).map(Arc::new);
-    if !problems.is_empty() {
-        return Err(StartupError::Config(problems));
-    }
+    let catalog = parts.as_ref().ok().map(|(catalog, ..)| catalog);
+    let batch_authorizer = batch_claimer(&config, catalog, Duration::ZERO, &mut problems).map(Arc::new);
+    let ((catalog, settings, operators, chains), ()) = both(parts, checked(problems))?;
     let db = if needs.database {
         postgres(&config, settings.database_url.expose_str(), connect).await?
     } else {

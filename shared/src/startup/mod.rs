@@ -344,6 +344,13 @@ pub(crate) fn batch_claimer(
     let authorizer = payments.and_then(|p| p.batch_receiver_authorizer.as_deref());
     let key = zeroize::Zeroizing::new(config.get(settings::BATCH_AUTHORIZER_KEY));
     let (Some(catalog), Some(authorizer), Some(key)) = (catalog, authorizer, key.as_deref()) else {
+        // Without the catalog (its own problems are reported), the key is
+        // still checked, so that its problem is listed with theirs.
+        if let (None, Some(key)) = (catalog, key.as_deref())
+            && let Err(e) = crate::domain::payments::batch::claim::signing_key(key)
+        {
+            problems.push(format!("{} {e}", settings::BATCH_AUTHORIZER_KEY));
+        }
         if authorizer.is_some() {
             tracing::warn!(
                 "{} is not set (nor {}): batch-settlement vouchers are taken but not claimed",

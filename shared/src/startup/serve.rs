@@ -52,11 +52,12 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     let api_origin = env.origin(settings::API_ORIGIN);
     let limits = relay_limits(&mut env);
     let cors = settings::cors_origins(&mut env);
-    let rest = checked(env.take_problems());
+    let mut problems = env.take_problems();
+    // The key's problems listed with every other.
+    let catalog = api.as_ref().ok().map(|(catalog, ..)| catalog);
+    let refunds = batch_claimer(&config, catalog, Duration::ZERO, &mut problems).map(Arc::new);
+    let rest = checked(problems);
     let ((catalog, api_settings, operators, chains), (worker, ())) = both(api, both(worker, rest))?;
-    let mut problems = Vec::new();
-    let refunds = batch_claimer(&config, Some(&catalog), Duration::ZERO, &mut problems).map(Arc::new);
-    checked(problems)?;
     let db = postgres(&config, api_settings.database_url.expose_str(), Connect::Now).await?;
     let redis_url = api_settings.redis_url.clone();
     let aws = AwsClients::from_config(sdk, config.s3_endpoint());

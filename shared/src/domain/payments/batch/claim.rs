@@ -319,15 +319,20 @@ async fn write_off(db: &PgPool, claim: &mut Claim, balance: u128) -> Result<(), 
     Ok(())
 }
 
+/// The receiver authorizer's key from its 64 hex digits (`0x` optional);
+/// what is wrong with it otherwise, never quoting it.
+pub fn signing_key(key: &str) -> Result<SigningKey, String> {
+    let digits = key.trim().strip_prefix("0x").unwrap_or(key.trim());
+    let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
+    hex::decode_to_slice(digits, bytes.as_mut()).map_err(|_| "must be 32 bytes as 64 hex digits".to_owned())?;
+    SigningKey::from_slice(bytes.as_ref()).map_err(|_| "is not a valid secp256k1 key".to_owned())
+}
+
 impl Claimer {
     /// `key`: the receiver authorizer's private key, 64 hex digits (`0x`
     /// optional). The message of an error never quotes it.
     pub fn new(facilitator: Facilitator, key: &str, after: Duration) -> Result<Claimer, String> {
-        let digits = key.trim().strip_prefix("0x").unwrap_or(key.trim());
-        let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
-        hex::decode_to_slice(digits, bytes.as_mut()).map_err(|_| "must be 32 bytes as 64 hex digits".to_owned())?;
-        let key = SigningKey::from_slice(bytes.as_ref()).map_err(|_| "is not a valid secp256k1 key".to_owned())?;
-        Ok(Claimer { facilitator, key, after })
+        Ok(Claimer { facilitator, key: signing_key(key)?, after })
     }
 
     /// The receiver authorizer's address: the catalog's
