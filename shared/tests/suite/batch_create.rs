@@ -276,6 +276,7 @@ sol! {
         bytes32 salt;
     }
     function initiateWithdraw(EscrowConfig config, uint128 amount) external;
+    function finalizeWithdraw(EscrowConfig config) external;
 
     struct EscrowVoucher {
         EscrowConfig channel;
@@ -290,7 +291,7 @@ sol! {
 }
 
 impl EscrowConfig {
-    fn of(config: &ChannelConfig) -> EscrowConfig {
+    pub(super) fn of(config: &ChannelConfig) -> EscrowConfig {
         EscrowConfig {
             payer: config.payer,
             payerAuthorizer: config.payerAuthorizer,

@@ -15,47 +15,24 @@
 use std::time::Duration;
 
 use alloy_primitives::{U256, keccak256};
-use alloy_sol_types::{SolCall, sol};
+use alloy_sol_types::SolCall;
 use axum::http::StatusCode;
-use reeve_shared::payments::batch::{self, ChannelConfig, OnChain};
+use reeve_shared::payments::batch::{self, OnChain};
 use reeve_shared::settings;
 use reeve_shared::startup;
 use reeve_shared::sweeper::Sweeper;
 use serde_json::json;
 use sqlx::PgPool;
 
-use super::batch_create::{FUNDS, PRICE, Shop, WITHDRAW_DELAY, assert_channel_books};
+use super::batch_create::{
+    Channel, EscrowConfig, FUNDS, PRICE, Shop, WITHDRAW_DELAY, assert_channel_books, finalizeWithdrawCall,
+    initiateWithdrawCall,
+};
 use crate::common::chain::{self, ChainLock, ExclusiveChain, OWN_FACILITATOR_ACCOUNT, OwnFacilitator, Payer};
 
 /// How long the test's own facilitator waits for a receipt: long enough
 /// for a block a second, short enough that a paused chain answers soon.
 const CONFIRMATION: Duration = Duration::from_secs(3);
-
-sol! {
-    struct EscrowConfig {
-        address payer;
-        address payerAuthorizer;
-        address receiver;
-        address receiverAuthorizer;
-        address token;
-        uint40 withdrawDelay;
-        bytes32 salt;
-    }
-    function initiateWithdraw(EscrowConfig config, uint128 amount) external;
-    function finalizeWithdraw(EscrowConfig config) external;
-}
-
-fn escrow_config(config: &ChannelConfig) -> EscrowConfig {
-    EscrowConfig {
-        payer: config.payer,
-        payerAuthorizer: config.payerAuthorizer,
-        receiver: config.receiver,
-        receiverAuthorizer: config.receiverAuthorizer,
-        token: config.token,
-        withdrawDelay: config.withdrawDelay,
-        salt: config.salt,
-    }
-}
 
 fn escrow() -> String {
     format!("{:#x}", batch::ESCROW)
@@ -125,12 +102,22 @@ pub(super) async fn assert_batch_books(pool: &PgPool, pay_to: &str) {
 
 /// A payer that opened a channel to `shop` with the official client (one
 /// deposit of ten prices) and bought `tasks` tasks over it.
-async fn buyer(chain: &ChainLock, shop: &Shop, tasks: usize) -> (Payer, super::batch_create::Channel) {
+async fn buyer(chain: &ChainLock, shop: &Shop, tasks: usize) -> (Payer, Channel) {
     let payer = Payer::new(chain, FUNDS).await;
-    let channel = super::batch_create::Channel::of(&payer, &shop.pay_to);
+    let channel = Channel::of(&payer, &shop.pay_to);
     let paid = shop.official_client_creates(&payer, tasks, "a").await;
     assert!(paid.iter().all(|c| c["status"] == 202), "{paid:?}");
     (payer, channel)
+}
+
+/// `payer` asks the escrow for all ten prices of its channel back
+/// (`initiateWithdraw`); answers the channel's configuration as the escrow
+/// takes it.
+async fn withdraws_everything(chain: &ChainLock, payer: &Payer, channel: &Channel) -> EscrowConfig {
+    let config = EscrowConfig::of(&channel.config);
+    let call = initiateWithdrawCall { config: config.clone(), amount: 10 * PRICE }.abi_encode();
+    payer.send(chain, &escrow(), &format!("0x{}", hex::encode(call))).await;
+    config
 }
 
 /// Sends `data` to the escrow from `from` (impersonated, given gas) with a
@@ -263,9 +250,7 @@ async fn a_payer_who_asks_to_withdraw_is_claimed_at_once_and_takes_back_only_wha
     let chain = ChainLock::exclusive().await;
     let shop = Shop::new(&pool).await;
     let (payer, channel) = buyer(&chain, &shop, 3).await;
-    let config = escrow_config(&channel.config);
-    let call = initiateWithdrawCall { config: config.clone(), amount: 10 * PRICE }.abi_encode();
-    payer.send(&chain, &escrow(), &format!("0x{}", hex::encode(call))).await;
+    let config = withdraws_everything(&chain, &payer, &channel).await;
 
     // The next voucher, on a read of the channel too old to decide on.
     sqlx::query("UPDATE batch_channels SET read_at = now() - interval '61 seconds'").execute(&pool).await.unwrap();
@@ -305,9 +290,7 @@ async fn a_claim_that_reverts_behind_a_payers_withdrawal_is_written_off_once_and
     let chain = ChainLock::exclusive().await;
     let shop = Shop::new(&pool).await;
     let (payer, channel) = buyer(&chain, &shop, 3).await;
-    let config = escrow_config(&channel.config);
-    let call = initiateWithdrawCall { config: config.clone(), amount: 10 * PRICE }.abi_encode();
-    payer.send(&chain, &escrow(), &format!("0x{}", hex::encode(call))).await;
+    let config = withdraws_everything(&chain, &payer, &channel).await;
     backdate_withdrawal(&channel.id(), 10 * PRICE).await;
     let own = OwnFacilitator::start(CONFIRMATION).await;
     let sweeper = sweeper(&shop, &own.url, 0).await;
@@ -384,7 +367,7 @@ async fn a_deposit_that_never_mines_buys_nothing_and_sent_again_buys_one_task_on
         let again = shop.create("job", &input, Some(&deposit)).await;
         assert_eq!((again.status, &again.body["id"]), (StatusCode::ACCEPTED, &bought.body["id"]), "the same task");
         let deposited = FUNDS - chain::balance(&payer.address).await;
-        let channel = super::batch_create::Channel::of(&payer, &shop.pay_to);
+        let channel = Channel::of(&payer, &shop.pay_to);
         assert_eq!(on_chain(&channel.id()).await.balance, deposited, "one deposit (lost: {lost})");
         assert_eq!(assert_channel_books(&pool, &channel.id()).await, PRICE);
     }
