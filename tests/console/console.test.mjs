@@ -278,12 +278,12 @@ async function upload(name, bytes, mimeType = "application/octet-stream") {
   return page.locator("#in-upload_id-status").getAttribute("data-uploaded");
 }
 // A priced task up to its payment table.
-async function priced(name) {
-  await choose("paid-digest");
+async function priced(name, kind = "paid-digest", shown = "button.pay") {
+  await choose(kind);
   const bytes = randomBytes(4096);
   const uploadId = await upload(name, bytes);
   await page.click("#task-create");
-  await page.waitForSelector("#payment:not([hidden]) #payment-table button.pay");
+  await page.waitForSelector(`#payment:not([hidden]) #payment-table ${shown}`);
   return { bytes, uploadId };
 }
 const payLocal = () => page.click(`#payment-table button.pay[data-network="${LOCAL}"]`);
@@ -336,12 +336,14 @@ test("a digest task from the file picker to its SHA-256", async () => {
   await page.goto(`${base}/`);
   await page.waitForSelector("body[data-catalog=loaded]");
   const kinds = await page.locator("#catalog tbody tr").evaluateAll((rows) => rows.map((r) => r.dataset.kind));
-  assert.deepEqual(kinds.sort(), ["digest", "fetch-metered", "paid-digest", "wordfreq"]);
+  assert.deepEqual(kinds.sort(), ["digest", "fetch-metered", "paid-digest", "paid-digest-channel", "wordfreq"]);
   assert.equal(await page.locator("#catalog tr[data-kind=digest] td").nth(2).textContent(), "free");
   assert.equal(await page.locator("#catalog tr[data-kind=paid-digest] td").nth(2).textContent(),
     "0.01 USDC on Base Sepolia (test) (eip155:84532)");
   assert.equal(await page.locator("#catalog tr[data-kind=fetch-metered] td").nth(2).textContent(),
     "up to 0.1 USDC on Base Sepolia (test) (eip155:84532), charged 0.001 USDC per MiB used");
+  assert.equal(await page.locator("#catalog tr[data-kind=paid-digest-channel] td").nth(2).textContent(),
+    "0.01 USDC on Base Sepolia (test) (eip155:84532) a task, from a batch-settlement channel");
   // Base is named too, though the local facilitator cannot settle it.
   assert.equal(await page.evaluate(() => networkText("eip155:8453")), "Base (eip155:8453)");
   await shot("1-catalog");
@@ -486,6 +488,17 @@ test("a service kind shows its progress in its own words, then its output file w
   assert.match(await text("#outputs li"), /^top-100\.csv \(\d+ B, text\/csv\) — link valid until /);
   const csv = await (await fetch(await link.getAttribute("href"))).text();
   assert.ok(csv.startsWith("word,count\nthe,36\n"), csv);
+});
+
+test("a batch-settlement price says which client pays it, with no Pay button the wallet could not honour", async () => {
+  await priced("channel.bin", "paid-digest-channel", `.channel-note`);
+  const rows = await page.locator("#payment-table tbody tr").allTextContents();
+  assert.equal(rows.length, 1, rows.join("\n"));
+  const channel = page.locator(`#payment-table tbody tr[data-scheme="batch-settlement"]`);
+  assert.match(await channel.textContent(), /0\.01 USDC a task \(10000 atomic\).*with a batch-settlement client$/);
+  assert.match(await channel.locator(".channel-note").getAttribute("title"), /reeve task create --pay --channel/);
+  assert.equal(await page.locator("#payment-table button.pay").count(), 0);
+  assert.deepEqual(wallet.calls, [], "no wallet is asked anything");
 });
 
 test("a priced task shows its payment requirements, each with a Pay button for the wallet", async () => {
