@@ -67,7 +67,8 @@ async fn on_chain(channel: &str) -> OnChain {
 /// their last ceiling ([`assert_channel_books`], for a channel nothing was
 /// written off of); the escrow shows claimed on each exactly what Reeve
 /// charged it, less what Reeve wrote off; every token `pay_to` received is
-/// claimed money paid out, their sum; and the escrow owes it nothing more.
+/// claimed money paid out, their sum; the escrow owes it nothing more; and
+/// every refund sent its payer exactly what Reeve recorded returning.
 pub(super) async fn assert_batch_books(pool: &PgPool, pay_to: &str) {
     let channels: Vec<(String, String, String)> = sqlx::query_as(
         "SELECT channel_id, charged::TEXT, written_off::TEXT FROM batch_channels \
@@ -98,6 +99,34 @@ pub(super) async fn assert_batch_books(pool: &PgPool, pay_to: &str) {
     let (to, token) = (pay_to.parse().unwrap(), chain::TOKEN.parse().unwrap());
     let owed = batch::escrow::unpaid(chains.get("eip155:84532").unwrap(), to, token).await.unwrap();
     assert_eq!(owed, 0, "nothing claimed is left in the escrow");
+
+    // Every cooperative refund sent its payer exactly what Reeve recorded
+    // returning, in its own transaction, from the escrow.
+    let refunds: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT r.transaction, r.amount::TEXT, c.payer FROM batch_refunds r JOIN batch_channels c USING (channel_id) \
+          WHERE lower(c.config->>'receiver') = lower($1) AND r.transaction <> ''",
+    )
+    .bind(pay_to)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let transfer = format!("{:#x}", alloy_primitives::keccak256("Transfer(address,address,uint256)"));
+    let (from, token) = (format!("0x{}", chain::word(&escrow())), chain::TOKEN.to_ascii_lowercase());
+    for (transaction, amount, payer) in refunds {
+        let receipt = chain::rpc("eth_getTransactionReceipt", json!([transaction])).await;
+        let to = format!("0x{}", chain::word(&payer));
+        let back: u128 = receipt["logs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["address"].as_str().is_some_and(|a| a.eq_ignore_ascii_case(&token)))
+            .filter(|l| {
+                l["topics"][0] == transfer.as_str() && l["topics"][1] == from.as_str() && l["topics"][2] == to.as_str()
+            })
+            .map(|l| u128::from_str_radix(l["data"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap())
+            .sum();
+        assert_eq!(back.to_string(), amount, "refund {transaction}: the payer got back what Reeve recorded");
+    }
 }
 
 /// A payer that opened a channel to `shop` with the official client (one
