@@ -219,13 +219,7 @@ impl Channel {
     /// Records what a refund's `PAYMENT-RESPONSE` says the channel is now;
     /// what went back to the payer.
     pub fn refunded(&mut self, response: &PaymentResponse) -> Result<u128, PayError> {
-        let extra =
-            response.extra.as_ref().ok_or(PayError::Channel("the refund's answer carried no channel state".into()))?;
-        let known = known_of(&extra["channelState"])?;
-        let refunded = decimal_at(extra, "refundedAmount")?;
-        self.known = Some(known);
-        self.save()?;
-        Ok(refunded)
+        self.learn(response, "refundedAmount", "the refund's answer")
     }
 
     fn config_json(&self) -> Value {
@@ -338,13 +332,19 @@ impl Channel {
     /// Records what a paid answer's `PAYMENT-RESPONSE` says the channel is
     /// now; what it charged.
     pub fn paid(&mut self, response: &PaymentResponse) -> Result<u128, PayError> {
+        self.learn(response, "chargedAmount", "the paid answer")
+    }
+
+    /// Keeps the channel state a `PAYMENT-RESPONSE` carries in `extra`;
+    /// answers its `amount` field (what was charged, or refunded).
+    fn learn(&mut self, response: &PaymentResponse, amount: &str, what: &str) -> Result<u128, PayError> {
         let extra =
-            response.extra.as_ref().ok_or(PayError::Channel("the paid answer carried no channel state".into()))?;
+            response.extra.as_ref().ok_or_else(|| PayError::Channel(format!("{what} carried no channel state")))?;
         let known = known_of(&extra["channelState"])?;
-        let charged = decimal_at(extra, "chargedAmount")?;
+        let moved = decimal_at(extra, amount)?;
         self.known = Some(known);
         self.save()?;
-        Ok(charged)
+        Ok(moved)
     }
 
     /// What the escrow holds and the seller has charged, as last known.
