@@ -3,6 +3,7 @@
 //! way to send a request through a router in-process.
 
 pub mod chain;
+pub mod cuttable;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -268,7 +269,7 @@ pub fn bucket() -> String {
     env(settings::BUCKET)
 }
 
-fn env(name: &str) -> String {
+pub fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the tests with scripts/test.sh"))
 }
 

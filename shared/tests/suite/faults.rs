@@ -220,51 +220,6 @@ async fn with_redis_stopped_mid_run_tasks_complete_and_nothing_is_lost(pool: PgP
     redis.wait().unwrap();
 }
 
-/// A TCP proxy to the stack's Postgres that this test can cut: "Postgres
-/// stopped" for this app only, without stopping the Postgres others use.
-struct Cuttable {
-    port: u16,
-    up: Arc<std::sync::atomic::AtomicBool>,
-    links: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
-}
-
-impl Cuttable {
-    async fn to(target: (String, u16)) -> Cuttable {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let links: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
-        let (up2, links2) = (up.clone(), links.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut client, _)) = listener.accept().await else { return };
-                if !up2.load(Ordering::SeqCst) {
-                    continue; // dropped: connection refused, in effect
-                }
-                let target = target.clone();
-                let link = tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                });
-                links2.lock().unwrap().push(link.abort_handle());
-            }
-        });
-        Cuttable { port, up, links }
-    }
-
-    fn cut(&self) {
-        self.up.store(false, Ordering::SeqCst);
-        for link in self.links.lock().unwrap().drain(..) {
-            link.abort();
-        }
-    }
-
-    fn restore(&self) {
-        self.up.store(true, Ordering::SeqCst);
-    }
-}
-
 /// Postgres stops while requests arrive: each answers `503` in the
 /// envelope, nothing is half-written, and service resumes once it is back.
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
@@ -272,7 +227,7 @@ async fn with_postgres_stopped_requests_get_503_and_nothing_is_half_written(pool
     use axum::http::StatusCode;
     use common::{get_authed, new_session, post_json, send};
     let options = (*pool.connect_options()).clone();
-    let proxy = Cuttable::to((options.get_host().to_owned(), options.get_port())).await;
+    let proxy = common::cuttable::Cuttable::to((options.get_host().to_owned(), options.get_port())).await;
     let through = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(3))
@@ -468,7 +423,7 @@ async fn with_postgres_stopped_under_a_running_worker_every_message_is_handed_ba
         .await
         .unwrap();
     let options = (*pool.connect_options()).clone();
-    let proxy = Cuttable::to((options.get_host().to_owned(), options.get_port())).await;
+    let proxy = common::cuttable::Cuttable::to((options.get_host().to_owned(), options.get_port())).await;
     // A short acquire timeout: each call that meets the outage gives up in
     // a second rather than sqlx's default 30.
     let through = sqlx::postgres::PgPoolOptions::new()
