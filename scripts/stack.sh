@@ -540,6 +540,9 @@ cmd_up() {
   # The development catalog sells examples/wordfreq as a `lambda` kind;
   # scripts/dev.sh serves it here.
   env_add AWS_ENDPOINT_URL_LAMBDA "http://$HOST:$LAMBDA_PORT"
+  # KMS is moto's, where the tests keep a seller's key that never leaves it
+  # (REEVE_RECEIPT_KMS_KEY_ID).
+  env_add AWS_ENDPOINT_URL_KMS "http://$HOST:$SQS_PORT"
   # Where a service kind's job tells the service to report: `reeve serve`'s
   # route (scripts/dev.sh binds 127.0.0.1:8080).
   env_add REEVE_REPORT_URL "http://127.0.0.1:8080/v1/executor/reports"

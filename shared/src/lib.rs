@@ -54,6 +54,8 @@ pub use domain::{auth, catalog, ids, pay_links, payments, sessions, tasks, webho
 pub use domain::{login_limits, spaces};
 #[cfg(feature = "aws")]
 pub use infra::aws;
+#[cfg(feature = "receipts")]
+pub use infra::kms;
 #[cfg(feature = "outbound")]
 pub use infra::outbound;
 #[cfg(feature = "s3-links")]

@@ -65,15 +65,15 @@ fn receipt_of(output: &[u8], result: &serde_json::Value) -> ReceiptPayload {
     }
 }
 
-#[test]
-fn a_receipt_verifies_offline_and_a_changed_one_is_refused() {
+#[tokio::test]
+async fn a_receipt_verifies_offline_and_a_changed_one_is_refused() {
     let dir = std::env::temp_dir().join(format!("reeve-receipt-{}", ulid::Ulid::new()));
     std::fs::create_dir_all(&dir).unwrap();
     let csv = b"word,count\na,2\nb,1\n";
     let result = json!({"outputs": [{"name": "counts.csv", "size": csv.len(), "key": "k"}], "words": 3});
     let key = SellerKey::from_hex(DEV_RECEIPT_KEY).unwrap();
     let signer = key.address().to_checksum(None);
-    let signed = key.sign(&receipt_of(csv, &result));
+    let signed = key.sign(&receipt_of(csv, &result)).await.unwrap();
     let file = write(&dir, "receipt.json", serde_json::to_string(&signed).unwrap().as_bytes());
     let output = write(&dir, "counts.csv", csv);
     // The task as the API shows it, download links and all.
@@ -107,7 +107,7 @@ fn a_receipt_verifies_offline_and_a_changed_one_is_refused() {
     assert!(text(&out).contains("the signature does not match"), "{}", text(&out));
 
     // Signed by another key.
-    let other = SellerKey::from_hex(&"42".repeat(32)).unwrap().sign(&receipt_of(csv, &result));
+    let other = SellerKey::from_hex(&"42".repeat(32)).unwrap().sign(&receipt_of(csv, &result)).await.unwrap();
     let other = write(&dir, "other.json", serde_json::to_string(&other).unwrap().as_bytes());
     let out = verify(&[&other, "--signer", &signer]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));

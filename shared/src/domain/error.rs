@@ -108,6 +108,37 @@ impl Refusal for sqlx::Error {
     }
 }
 
+/// A receipt that cannot be made now: the database's failure, or the
+/// seller's key in KMS not signing (try again shortly; the cause is logged).
+#[cfg(feature = "receipts")]
+impl Refusal for crate::domain::tasks::ReceiptError {
+    fn code(&self) -> &'static str {
+        use crate::domain::tasks::ReceiptError;
+        match self {
+            ReceiptError::Db(e) => Refusal::code(e),
+            ReceiptError::Sign(_) => "signer_unavailable",
+        }
+    }
+    fn kind(&self) -> ErrorKind {
+        use crate::domain::tasks::ReceiptError;
+        match self {
+            ReceiptError::Db(e) => Refusal::kind(e),
+            ReceiptError::Sign(_) => ErrorKind::Unavailable,
+        }
+    }
+    fn message(&self, words: &Wording) -> String {
+        use crate::domain::tasks::ReceiptError;
+        match self {
+            ReceiptError::Db(e) => e.message(words),
+            ReceiptError::Sign(_) => "the receipt could not be signed just now; try again".into(),
+        }
+    }
+    fn retry_after(&self) -> Option<Duration> {
+        use crate::domain::tasks::ReceiptError;
+        matches!(self, ReceiptError::Sign(_)).then_some(Duration::from_secs(5))
+    }
+}
+
 /// A task the request names that is not there for it, or that has ended
 /// before a cancel: reading, watching and canceling a task answer these
 /// over HTTP, the relay and MCP alike.

@@ -6,6 +6,8 @@ pub mod aws;
 pub mod canonical_json;
 pub mod client_addr;
 pub mod db;
+#[cfg(feature = "receipts")]
+pub mod kms;
 pub mod metrics;
 #[cfg(feature = "outbound")]
 pub mod outbound;

@@ -121,7 +121,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
     check_urls(&mut problems, &config, true);
     problems.extend(env.take_problems());
     let chains = chain_endpoints(&config, catalog.as_ref(), &mut problems);
-    let seller = seller_key(&config, catalog.as_ref(), &mut problems);
+    let seller = seller_key(&config, sdk, catalog.as_ref(), &mut problems).await;
     let (Some(catalog), Some(token_key), Some(database_url), true) =
         (catalog, token_key, database_url, problems.is_empty())
     else {
@@ -165,7 +165,7 @@ pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
 pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskStatusContext>, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &receipt_key_too(Needs::SESSION)).await;
     let catalog = deployed_catalog(&config, &mut problems);
-    let seller = seller_key(&config, catalog.as_ref(), &mut problems);
+    let seller = seller_key(&config, sdk, catalog.as_ref(), &mut problems).await;
     let mut env = config.env();
     let token_key = env.secret(settings::TOKEN_KEY);
     let database_url = env.secret_text(settings::DATABASE_URL);
@@ -197,7 +197,7 @@ pub async fn api(config: &Config, sdk: &SdkConfig, needs: Needs, connect: Connec
     let mut wanted = receipt_key_too(needs);
     wanted.push(settings::BATCH_AUTHORIZER_KEY);
     let (config, problems) = with_secrets(config, sdk, &wanted).await;
-    let parts = api_parts(&config, needs, problems);
+    let parts = api_parts(&config, sdk, needs, problems).await;
     // The key's problems listed with every other.
     let mut problems = Vec::new();
     let catalog = parts.as_ref().ok().map(|(catalog, ..)| catalog);
@@ -230,8 +230,9 @@ pub(super) fn offer_refunds(ctx: &mut Ctx, authorizer: Option<Arc<crate::domain:
 #[cfg(feature = "api")]
 /// The API's catalog, settings, operators' client and chain endpoints, every
 /// problem at once.
-pub(super) fn api_parts(
+pub(super) async fn api_parts(
     config: &Config,
+    sdk: &SdkConfig,
     needs: Needs,
     mut problems: Vec<String>,
 ) -> Result<(Catalog, crate::adapters::http::ApiSettings, Outbound, Chains), StartupError> {
@@ -243,7 +244,7 @@ pub(super) fn api_parts(
     check_urls(&mut problems, config, needs.database);
     let mut api_settings = settings::api_settings(&mut env, needs).map_err(|e| problems.extend(e.problems)).ok();
     problems.extend(env.take_problems());
-    let seller = seller_key(config, catalog.as_ref(), &mut problems);
+    let seller = seller_key(config, sdk, catalog.as_ref(), &mut problems).await;
     if let Some(api_settings) = api_settings.as_mut() {
         api_settings.seller = seller;
     }

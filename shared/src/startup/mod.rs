@@ -276,53 +276,80 @@ fn deployed_catalog(config: &Config, problems: &mut Vec<String>) -> Option<Catal
 }
 
 #[cfg(feature = "receipts")]
-/// The seller's signing key (`REEVE_RECEIPT_KEY`), checked against the
-/// address `catalog` publishes (`[payments] receipt_signer`): a catalog
-/// that publishes one needs its key, and a key of another address is a
-/// problem, so no process signs what buyers would check against another
-/// address. A key with no address published signs nothing (logged). The
-/// key's value is never part of a problem or a log line.
-pub fn seller_key(
+/// The seller's signing key (`REEVE_RECEIPT_KEY`, or the KMS key
+/// `REEVE_RECEIPT_KMS_KEY_ID` names, asked for its public key here),
+/// checked against the address `catalog` publishes (`[payments]
+/// receipt_signer`): a catalog that publishes one needs its key, and a key
+/// of another address is a problem, so no process signs what buyers would
+/// check against another address. A key with no address published signs
+/// nothing (logged). The key's value is never part of a problem or a log
+/// line.
+pub async fn seller_key(
     config: &Config,
+    sdk: &SdkConfig,
     catalog: Option<&Catalog>,
     problems: &mut Vec<String>,
 ) -> Option<Arc<crate::domain::payments::offer_receipt::SellerKey>> {
     use crate::domain::payments::offer_receipt::SellerKey;
     let published = catalog.and_then(|c| c.payments.as_ref()).and_then(|p| p.receipt_signer.as_deref());
     let text = zeroize::Zeroizing::new(config.get(settings::RECEIPT_KEY));
-    match (published, text.as_deref()) {
-        (None, None) => None,
-        (None, Some(_)) => {
+    let in_kms = config.get(settings::RECEIPT_KMS_KEY).filter(|id| !id.trim().is_empty());
+    let key = match (published, text.as_deref(), in_kms) {
+        (_, Some(_), Some(_)) => {
+            problems.push(format!("set {} or {}, not both", settings::RECEIPT_KEY, settings::RECEIPT_KMS_KEY));
+            return None;
+        }
+        (None, None, None) => return None,
+        (None, _, _) => {
             tracing::warn!(
-                "{} is set, but the catalog publishes no [payments] receipt_signer: offers and receipts are not signed",
-                settings::RECEIPT_KEY
+                "a receipt key is set, but the catalog publishes no [payments] receipt_signer: offers and receipts are not signed"
             );
-            None
+            return None;
         }
-        (Some(address), None) => {
+        (Some(address), None, None) => {
             problems.push(format!(
-                "{} is not set (nor {}): the catalog's [payments] receipt_signer {address} signs offers and receipts",
+                "{} is not set (nor {} or {}): the catalog's [payments] receipt_signer {address} signs offers and receipts",
                 settings::RECEIPT_KEY,
-                settings::RECEIPT_KEY_SECRET_ARN
+                settings::RECEIPT_KEY_SECRET_ARN,
+                settings::RECEIPT_KMS_KEY
             ));
-            None
+            return None;
         }
-        (Some(address), Some(text)) => match SellerKey::from_hex(text) {
-            Err(e) => {
-                problems.push(format!("{} {e}", settings::RECEIPT_KEY));
-                None
-            }
-            Ok(key) if !key.address().to_string().eq_ignore_ascii_case(address) => {
-                problems.push(format!(
-                    "{} is the key of {}, not of the catalog's [payments] receipt_signer {address}",
-                    settings::RECEIPT_KEY,
-                    key.address()
-                ));
-                None
-            }
-            Ok(key) => Some(Arc::new(key)),
-        },
+        (Some(address), Some(text), None) => {
+            let key = SellerKey::from_hex(text).map_err(|e| problems.push(format!("{} {e}", settings::RECEIPT_KEY)));
+            (address, settings::RECEIPT_KEY, key.ok()?)
+        }
+        (Some(address), None, Some(id)) => {
+            let key = SellerKey::in_kms(crate::infra::kms::KmsKey::new(sdk, &id)).await;
+            let key = key.map_err(|e| problems.push(format!("{}: {e}", settings::RECEIPT_KMS_KEY)));
+            (address, settings::RECEIPT_KMS_KEY, key.ok()?)
+        }
+    };
+    let (address, name, key) = key;
+    if !key.address().to_string().eq_ignore_ascii_case(address) {
+        problems.push(format!(
+            "{name} is the key of {}, not of the catalog's [payments] receipt_signer {address}",
+            key.address()
+        ));
+        return None;
     }
+    Some(Arc::new(key))
+}
+
+#[cfg(all(feature = "receipts", feature = "secrets"))]
+/// `reeve config check`: the seller's key, where one is given (by value,
+/// by secret ARN, or in KMS), checked as start-up checks it against
+/// `catalog`'s `receipt_signer`; a key of another address is named by its
+/// address, which is how an operator learns a KMS key's.
+pub async fn receipt_key_check(config: &Config, catalog: &Catalog, problems: &mut Vec<String>) {
+    let names = [settings::RECEIPT_KEY, settings::RECEIPT_KEY_SECRET_ARN, settings::RECEIPT_KMS_KEY];
+    if !names.iter().any(|name| config.get(name).is_some()) {
+        return;
+    }
+    let sdk = sdk().await;
+    let (config, fetched) = with_secrets(config, &sdk, &[settings::RECEIPT_KEY]).await;
+    problems.extend(fetched);
+    seller_key(&config, &sdk, Some(catalog), problems).await;
 }
 
 #[cfg(any(feature = "sweeper", feature = "api-tasks"))]

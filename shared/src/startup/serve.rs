@@ -30,7 +30,7 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     // beside claims with it).
     wanted.push(settings::BATCH_AUTHORIZER_KEY);
     let (config, problems) = with_secrets(config, sdk, &wanted).await;
-    let api = api_parts(&config, Needs::ALL, problems);
+    let api = api_parts(&config, sdk, Needs::ALL, problems).await;
     // The worker runs the API's catalog: loaded and checked once.
     let catalog = api.as_ref().ok().map(|(catalog, ..)| catalog.clone());
     let mut protocol = crate::domain::executors::ExecDeps::default_protocol();

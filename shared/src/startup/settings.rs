@@ -108,6 +108,10 @@ pub const EDGE_SECRET: &str = "REEVE_EDGE_SECRET";
 /// 64 hex digits, whose address the catalog publishes as `[payments]
 /// receipt_signer`. Read by task-create, task-status and mcp.
 pub const RECEIPT_KEY: &str = "REEVE_RECEIPT_KEY";
+/// Or the seller's key stays in AWS KMS: the id, ARN or alias of an
+/// `ECC_SECG_P256K1` `SIGN_VERIFY` key, which signs each offer and receipt
+/// (`kms:Sign`) and whose address the catalog publishes. Not a secret.
+pub const RECEIPT_KMS_KEY: &str = "REEVE_RECEIPT_KMS_KEY_ID";
 /// The batch-settlement receiver authorizer's key (64 hex digits), whose
 /// address is the catalog's `[payments] batch_receiver_authorizer`: the
 /// sweeper (and the sweep beside `reeve serve` and `reeve work`) signs its

@@ -11,7 +11,9 @@ use crate::common;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::Stdio;
+use std::sync::Arc;
 
+use aws_sdk_kms::types::{KeySpec, KeyUsageType};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
@@ -20,6 +22,7 @@ use common::chain::{ChainLock, Payer, fresh_address};
 use common::{Reply, TestQueue, get_authed, new_session, post_json, send};
 use reeve_shared::http::app;
 use reeve_shared::ids::Id;
+use reeve_shared::kms::KmsKey;
 use reeve_shared::payments::offer_receipt::{self, SellerKey, Signed, VerifyError};
 use reeve_shared::settings::{self, Config};
 use reeve_shared::worker::{Outcome, process};
@@ -85,10 +88,24 @@ struct Shop {
 
 impl Shop {
     async fn new(pool: &PgPool) -> Shop {
-        let queue = TestQueue::new().await;
         let config = common::with_catalog(common::config(pool), &catalog(&fresh_address()))
-            .with(settings::QUEUE_URL, &queue.url)
             .with(settings::RECEIPT_KEY, common::RECEIPT_KEY);
+        Shop::with(config).await
+    }
+
+    /// Signing with the KMS key `key_id`, whose address `signer` the
+    /// catalog publishes.
+    async fn in_kms(pool: &PgPool, key_id: &str, signer: &str) -> Shop {
+        let catalog = catalog(&fresh_address()).replace(&self::signer(), signer);
+        let config = common::with_catalog(common::config(pool), &catalog)
+            .without(settings::RECEIPT_KEY)
+            .with(settings::RECEIPT_KMS_KEY, key_id);
+        Shop::with(config).await
+    }
+
+    async fn with(config: Config) -> Shop {
+        let queue = TestQueue::new().await;
+        let config = config.with(settings::QUEUE_URL, &queue.url);
         let app = app(common::api(&config).await);
         let token = new_session(&app).await.1;
         Shop { app, token, queue, config }
@@ -226,7 +243,7 @@ async fn a_paid_task_s_offer_and_receipts_are_signed_and_the_typescript_package_
     // and each names the published signer; a changed byte is refused; a
     // receipt signed by another key verifies as that key's only.
     let other = SellerKey::from_hex(&"42".repeat(32)).unwrap();
-    let forged = other.sign(&delivered);
+    let forged = other.sign(&delivered).await.unwrap();
     let checked = typescript_verifies(&json!({
         "paymentRequired": challenge,
         "receipts": [settlement, last, one_byte_changed(&last), forged],
@@ -512,5 +529,167 @@ impl Shop {
             assert!(std::time::Instant::now() < until, "task {id} is still {} after 120 s", task["status"]);
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
+    }
+}
+
+/// A key made in the stack's KMS (moto): its ARN.
+async fn kms_key(kms: &aws_sdk_kms::Client, spec: KeySpec, usage: KeyUsageType) -> String {
+    let made = kms.create_key().key_spec(spec).key_usage(usage).send().await.expect("moto makes KMS keys");
+    made.key_metadata().unwrap().arn().unwrap().to_owned()
+}
+
+/// The seller's key in KMS, where it never leaves: start-up reads its
+/// public half, and offers and receipts are signed by KMS, every signature
+/// with a low `s` (KMS's own are either), each verifying as the published
+/// signer's in Reeve and in the official TypeScript package, though KMS
+/// signs the same payload differently each time. With KMS out of reach a
+/// `402` goes without offers, still payable, and a receipt answers
+/// `503 signer_unavailable` with a `Retry-After`, until KMS is back.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn a_seller_key_in_kms_signs_offers_and_receipts_that_verify_as_the_published_signer(pool: PgPool) {
+    let sdk = reeve_shared::startup::sdk().await;
+    let kms = aws_sdk_kms::Client::new(&sdk);
+    let arn = kms_key(&kms, KeySpec::EccSecgP256K1, KeyUsageType::SignVerify).await;
+    let seller = SellerKey::in_kms(KmsKey::new(&sdk, &arn)).await.unwrap();
+    let (address, published) = (seller.address(), seller.address().to_checksum(None));
+    assert!(format!("{seller:?}").contains(&arn), "its Debug names the key's id: {seller:?}");
+
+    // KMS signs: each signature verifies, with a low `s`; not deterministic.
+    let payload = json!({"version": 1, "task": "t", "amount": "10000"});
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..16 {
+        let signed = seller.sign(&payload).await.unwrap();
+        assert_eq!(offer_receipt::verify(&signed, Some(address)).unwrap().payload, payload);
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(signed.signature.rsplit('.').next().unwrap())
+            .unwrap();
+        let signature = alloy_signer::k256::ecdsa::Signature::from_slice(&raw).unwrap();
+        assert!(signature.normalize_s().is_none(), "a high s, which noble refuses: {}", signed.signature);
+        seen.insert(signed.signature);
+    }
+    assert!(seen.len() > 1, "KMS's ECDSA is randomised, not RFC 6979");
+
+    // The API, started with the key's id: its 402 offers and the paid
+    // task's receipts are KMS's.
+    let chain = ChainLock::shared().await;
+    let shop = Shop::in_kms(&pool, &arn, &published).await;
+    let payer = Payer::new(&chain, 1_000_000).await;
+    let input = json!({"url": "http://127.0.0.1:1/kms"});
+    let reply = shop.create("fetch", &input, None).await;
+    assert_eq!(reply.status, StatusCode::PAYMENT_REQUIRED, "{}", reply.body);
+    let header = reply.headers["payment-required"].to_str().unwrap().to_owned();
+    let challenge = decode(&header);
+    assert_eq!(challenge["extensions"]["offer-receipt"]["info"]["signer"]["address"], published.as_str());
+    let offers: Vec<Signed> =
+        serde_json::from_value(challenge["extensions"]["offer-receipt"]["info"]["offers"].clone()).unwrap();
+    let offer = offer_receipt::verify(&offers[0], Some(address)).unwrap().payload;
+    assert_eq!(offer["inputSha256"], offer_receipt::sha256_json(&input));
+    let reply = shop.create("fetch", &input, Some(&payer.sign(&header).await)).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+    let id = reply.body["id"].as_str().unwrap().to_owned();
+    let settlement = decode(reply.headers["payment-response"].to_str().unwrap());
+    let first = offer_receipt::receipt_in(&settlement).expect("the settlement carries the receipt");
+    let paid = offer_receipt::verify(&first, Some(address)).unwrap().payload;
+    assert_eq!(
+        (paid["task"].as_str(), paid["transaction"].clone()),
+        (Some(id.as_str()), settlement["transaction"].clone())
+    );
+    let again = shop.receipt(&id).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    let again: Signed = serde_json::from_value(again.body).unwrap();
+    assert_eq!(offer_receipt::verify(&again, Some(address)).unwrap().payload, paid, "the same receipt, signed again");
+    let checked = typescript_verifies(&json!({
+        "paymentRequired": challenge,
+        "receipts": [settlement, again, one_byte_changed(&again)],
+    }));
+    assert_eq!(
+        (checked["offers"][0]["ok"].as_bool(), checked["offers"][0]["signer"].as_str()),
+        (Some(true), Some(published.as_str())),
+        "{checked}"
+    );
+    let receipts = checked["receipts"].as_array().unwrap();
+    for receipt in &receipts[..2] {
+        assert_eq!(
+            (receipt["ok"].as_bool(), receipt["signer"].as_str()),
+            (Some(true), Some(published.as_str())),
+            "{checked}"
+        );
+        assert_eq!(receipt["payload"], paid);
+    }
+    assert_eq!(receipts[2]["ok"], false, "a changed byte: {}", receipts[2]);
+
+    // KMS out of reach: the task-create and task-status functions, their
+    // key reached through a proxy this test cuts.
+    let moto: url::Url = common::env("AWS_ENDPOINT_URL_KMS").parse().unwrap();
+    let proxy = common::cuttable::Cuttable::to((moto.host_str().unwrap().to_owned(), moto.port().unwrap())).await;
+    let through =
+        aws_sdk_kms::config::Builder::from(&sdk).endpoint_url(format!("http://127.0.0.1:{}", proxy.port)).build();
+    let cut_off =
+        Arc::new(SellerKey::in_kms(KmsKey::with_client(aws_sdk_kms::Client::from_conf(through), &arn)).await.unwrap());
+    let mut create = reeve_shared::startup::task_create(&shop.config, &sdk).await.unwrap_or_else(|e| panic!("{e}"));
+    Arc::get_mut(&mut create).unwrap().settings.seller = Some(cut_off.clone());
+    let mut status = reeve_shared::startup::task_status(&shop.config, &sdk).await.unwrap_or_else(|e| panic!("{e}"));
+    Arc::get_mut(&mut status).unwrap().seller = Some(cut_off);
+    let (create, status) = (reeve_shared::http::task_create_app(create), reeve_shared::http::task_status_app(status));
+    let challenge_of = |reply: &Reply| decode(reply.headers["payment-required"].to_str().unwrap());
+    let create_request = || post_json("/v1/tasks/fetch", Some(&shop.token), &json!({ "input": input }));
+    let receipt_request = || get_authed(&format!("/v1/tasks/{id}/receipt"), &shop.token);
+
+    proxy.cut();
+    let unsigned = send(&create, create_request()).await;
+    assert_eq!(unsigned.status, StatusCode::PAYMENT_REQUIRED, "{}", unsigned.body);
+    let unsigned = challenge_of(&unsigned);
+    assert_eq!(unsigned["accepts"], challenge["accepts"], "still payable");
+    assert!(unsigned["extensions"].get("offer-receipt").is_none(), "no offers: {unsigned}");
+    let refused = send(&status, receipt_request()).await;
+    assert_eq!(
+        (refused.status, refused.code()),
+        (StatusCode::SERVICE_UNAVAILABLE, "signer_unavailable"),
+        "{}",
+        refused.body
+    );
+    assert_eq!(refused.headers["retry-after"], "5");
+    assert!(!refused.body.to_string().contains("127.0.0.1"), "no endpoint in the answer: {}", refused.body);
+
+    proxy.restore();
+    let signed = challenge_of(&send(&create, create_request()).await);
+    let offers: Vec<Signed> =
+        serde_json::from_value(signed["extensions"]["offer-receipt"]["info"]["offers"].clone()).unwrap();
+    assert!(offer_receipt::verify(&offers[0], Some(address)).is_ok());
+    let back = send(&status, receipt_request()).await;
+    assert_eq!(back.status, StatusCode::OK, "{}", back.body);
+    let back: Signed = serde_json::from_value(back.body).unwrap();
+    assert_eq!(offer_receipt::verify(&back, Some(address)).unwrap().payload, paid);
+    shop.queue.delete().await;
+}
+
+/// Start-up takes a KMS key only when it is a secp256k1 signing key whose
+/// address is the catalog's signer, and only one key: every other case is
+/// a problem naming the variable and KMS's own reason.
+#[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
+async fn start_up_refuses_a_kms_key_that_is_not_the_published_secp256k1_signer(pool: PgPool) {
+    let sdk = reeve_shared::startup::sdk().await;
+    let kms = aws_sdk_kms::Client::new(&sdk);
+    let config = common::with_catalog(common::config(&pool), &catalog(&fresh_address())).without(settings::RECEIPT_KEY);
+    let symmetric = kms_key(&kms, KeySpec::SymmetricDefault, KeyUsageType::EncryptDecrypt).await;
+    let p256 = kms_key(&kms, KeySpec::EccNistP256, KeyUsageType::SignVerify).await;
+    // A secp256k1 key, but not the published signer's.
+    let another = kms_key(&kms, KeySpec::EccSecgP256K1, KeyUsageType::SignVerify).await;
+    for (key, receipt_key, expected) in [
+        (symmetric.as_str(), None, "is not a secp256k1 signing key"),
+        (p256.as_str(), None, "its KeySpec is ECC_NIST_P256"),
+        (another.as_str(), None, "REEVE_RECEIPT_KMS_KEY_ID is the key of"),
+        ("alias/reeve-no-such-key", None, "cannot use the KMS key alias/reeve-no-such-key: NotFoundException"),
+        (another.as_str(), Some(common::RECEIPT_KEY), "set REEVE_RECEIPT_KEY or REEVE_RECEIPT_KMS_KEY_ID, not both"),
+    ] {
+        let mut config = config.clone().with(settings::RECEIPT_KMS_KEY, key);
+        if let Some(receipt_key) = receipt_key {
+            config = config.with(settings::RECEIPT_KEY, receipt_key);
+        }
+        let problems = match reeve_shared::startup::task_status(&config, &sdk).await {
+            Ok(_) => panic!("started with the KMS key {key}"),
+            Err(e) => e.problems().join("\n"),
+        };
+        assert!(problems.contains(expected), "{key}: {problems}");
     }
 }

@@ -6,17 +6,18 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{OriginalUri, Path, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::context::TaskStatusContext;
-use super::error::{ApiError, ApiResult, ErrorEnvelope, db_error};
+use super::error::{ApiError, ErrorEnvelope};
 use super::extract::Session;
-use crate::domain::error::TaskRefusal;
+use crate::domain::error::{Refusal, TaskRefusal};
 use crate::domain::ids::Id;
 use crate::domain::payments::offer_receipt::Signed;
-use crate::domain::tasks;
+use crate::domain::tasks::{self, ReceiptError};
 
 pub fn router() -> OpenApiRouter<Arc<TaskStatusContext>> {
     OpenApiRouter::default().routes(routes!(task_receipt))
@@ -36,7 +37,8 @@ pub fn router() -> OpenApiRouter<Arc<TaskStatusContext>> {
 /// address is the catalog's `receipts.signer`; `reeve receipt verify FILE
 /// [--output FILE]…` checks that offline. The receipt is the same each time
 /// it is read until the task ends, then a final one (its `issuedAt` is when
-/// it ended).
+/// it ended); a key held in AWS KMS signs it anew at each read, every
+/// signature valid.
 #[utoipa::path(
     get,
     path = "/v1/tasks/{task}/receipt",
@@ -54,7 +56,9 @@ pub fn router() -> OpenApiRouter<Arc<TaskStatusContext>> {
                 been charged (yet, or at all: it used nothing, failed or was canceled), or this deployment signs \
                 no receipts; the message says which."),
         (status = 500, description = doc_500!(), body = ErrorEnvelope),
-        (status = 503, description = doc_503_db!(), body = ErrorEnvelope),
+        (status = 503, body = ErrorEnvelope,
+            description = "`database_unavailable`: try again. `signer_unavailable`: the seller's key is in \
+                AWS KMS, which did not sign just now; try again after `Retry-After` seconds."),
     ),
 )]
 async fn task_receipt(
@@ -63,15 +67,25 @@ async fn task_receipt(
     id: Result<Path<String>, PathRejection>,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
-) -> ApiResult<Json<Signed>> {
+) -> Result<Json<Signed>, Response> {
     let Some(task) = id.ok().and_then(|Path(id)| id.parse::<Id>().ok()) else {
-        return Err(ApiError::task_not_found());
+        return Err(ApiError::task_not_found().into_response());
     };
     let origin = super::extract::origin(&uri, &headers).unwrap_or_default();
     let resource_url = |kind: &str| format!("{origin}/v1/tasks/{kind}");
-    match tasks::signed_receipt(&ctx.db, ctx.seller.as_deref(), &space, task, &resource_url).await.map_err(db_error)? {
-        None => Err(ApiError::task_not_found()),
-        Some(Err(why)) => Err(ApiError::refused(&TaskRefusal::NoReceipt(why.message()))),
+    let receipt = tasks::signed_receipt(&ctx.db, ctx.seller.as_deref(), &space, task, &resource_url).await;
+    match receipt.map_err(unavailable)? {
+        None => Err(ApiError::task_not_found().into_response()),
+        Some(Err(why)) => Err(ApiError::refused(&TaskRefusal::NoReceipt(why.message())).into_response()),
         Some(Ok(receipt)) => Ok(Json(receipt)),
     }
+}
+
+/// The database's or the signer's failure, with the wait before a retry.
+fn unavailable(e: ReceiptError) -> Response {
+    let mut response = ApiError::refused(&e).into_response();
+    if let Some(after) = e.retry_after() {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(after.as_secs()));
+    }
+    response
 }

@@ -259,9 +259,19 @@ impl ReeveMcp {
             Some(Named::Kind { .. }) => task.kind.clone(),
             _ => format!("task_{}", task.kind),
         };
-        let signed = tasks::signed_receipt(&self.ctx.db, Some(key), space, task.id, &|_| payment::resource_url(&tool))
-            .await
-            .map_err(ToolFailure::from)?;
+        let signed =
+            match tasks::signed_receipt(&self.ctx.db, Some(key), space, task.id, &|_| payment::resource_url(&tool))
+                .await
+            {
+                Ok(signed) => signed,
+                Err(tasks::ReceiptError::Db(e)) => return Err(e.into()),
+                // The task's own answer goes out without its receipt, which
+                // `GET /v1/tasks/{id}/receipt` answers once KMS signs again.
+                Err(e) => {
+                    tracing::warn!(task_id = %task.id, error = %e, "the final receipt could not be signed");
+                    None
+                }
+            };
         if let Some(Ok(receipt)) = signed
             && let Some(settlement) = meta.get_mut(payment::PAYMENT_RESPONSE_META).and_then(Value::as_object_mut)
         {

@@ -25,7 +25,8 @@
 //!   `GET /v1/tasks/{id}/receipt` answers.
 //!
 //! The signing key ([`SellerKey`]) comes from `REEVE_RECEIPT_KEY` (or the
-//! Secrets Manager secret `REEVE_RECEIPT_KEY_SECRET_ARN` names): never the
+//! Secrets Manager secret `REEVE_RECEIPT_KEY_SECRET_ARN` names), or stays
+//! in AWS KMS (`REEVE_RECEIPT_KMS_KEY_ID`, [`crate::infra::kms`]): never the
 //! catalog, never a log line (its `Debug` shows the address only).
 
 use alloy_primitives::Address;
@@ -40,6 +41,7 @@ use utoipa::ToSchema;
 use super::{PaymentRequired, PaymentRequirements, PaymentResponse};
 use crate::domain::catalog::{Catalog, Price};
 use crate::infra::canonical_json::canonical_json;
+use crate::infra::kms::{KmsError, KmsKey};
 
 /// The extension's key in `extensions`.
 pub const OFFER_RECEIPT: &str = "offer-receipt";
@@ -56,14 +58,25 @@ const SECP256K1_PUB: [u8; 2] = [0xe7, 0x01];
 /// The seller's signing key. `Debug` shows its address, never the key.
 #[derive(Clone)]
 pub struct SellerKey {
-    key: SigningKey,
+    signer: Signer,
     address: Address,
     kid: String,
 }
 
+/// Where the private key is: in this process, or in KMS (with its public
+/// half, which checks each signature KMS answers before it is used).
+#[derive(Clone)]
+enum Signer {
+    Local(SigningKey),
+    Kms(KmsKey, VerifyingKey),
+}
+
 impl std::fmt::Debug for SellerKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SellerKey({}, redacted)", self.address)
+        match &self.signer {
+            Signer::Local(_) => write!(f, "SellerKey({}, redacted)", self.address),
+            Signer::Kms(key, _) => write!(f, "SellerKey({}, in KMS {})", self.address, key.id()),
+        }
     }
 }
 
@@ -76,6 +89,15 @@ pub enum KeyError {
     OutOfRange,
 }
 
+/// Why nothing was signed: only a key in KMS can fail to sign.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignError {
+    #[error(transparent)]
+    Kms(#[from] KmsError),
+    #[error("the KMS key {0} signed with another key than the one it publishes")]
+    NotThisKey(String),
+}
+
 impl SellerKey {
     /// A key written as 64 hex digits, `0x` optional.
     pub fn from_hex(text: &str) -> Result<SellerKey, KeyError> {
@@ -84,8 +106,19 @@ impl SellerKey {
         let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
         hex::decode_to_slice(digits, bytes.as_mut()).map_err(|_| KeyError::NotHex)?;
         let key = SigningKey::from_slice(bytes.as_ref()).map_err(|_| KeyError::OutOfRange)?;
-        let verifying = key.verifying_key();
-        Ok(SellerKey { address: alloy_signer::utils::public_key_to_address(verifying), kid: did_key(verifying), key })
+        let verifying = *key.verifying_key();
+        Ok(SellerKey::new(Signer::Local(key), &verifying))
+    }
+
+    /// The key `key` names in KMS, once KMS shows it is a secp256k1
+    /// signing key (asked once, at start-up).
+    pub async fn in_kms(key: KmsKey) -> Result<SellerKey, KmsError> {
+        let verifying = key.public_key().await?;
+        Ok(SellerKey::new(Signer::Kms(key, verifying), &verifying))
+    }
+
+    fn new(signer: Signer, verifying: &VerifyingKey) -> SellerKey {
+        SellerKey { address: alloy_signer::utils::public_key_to_address(verifying), kid: did_key(verifying), signer }
     }
 
     /// The address receipts are checked against.
@@ -98,19 +131,30 @@ impl SellerKey {
         &self.kid
     }
 
-    /// `payload` signed: a compact JWS of its canonical JSON. Signatures are
-    /// deterministic (RFC 6979), so the same payload signs the same.
-    pub fn sign(&self, payload: &impl Serialize) -> Signed {
+    /// `payload` signed: a compact JWS of its canonical JSON. A key in this
+    /// process signs deterministically (RFC 6979), so the same payload
+    /// signs the same; KMS signs the same payload differently each time,
+    /// every signature as valid.
+    pub async fn sign(&self, payload: &impl Serialize) -> Result<Signed, SignError> {
         let payload = serde_json::to_value(payload).expect("payloads are plain JSON");
         let header = json!({ "alg": ALGORITHM, "kid": self.kid });
         let input =
             format!("{}.{}", BASE64URL.encode(canonical_json(&header)), BASE64URL.encode(canonical_json(&payload)));
-        let signature: Signature = self.key.sign(input.as_bytes());
-        Signed {
+        let signature: Signature = match &self.signer {
+            Signer::Local(key) => key.sign(input.as_bytes()),
+            Signer::Kms(key, verifying) => {
+                let signature = key.sign(input.as_bytes()).await?;
+                verifying
+                    .verify(input.as_bytes(), &signature)
+                    .map_err(|_| SignError::NotThisKey(key.id().to_owned()))?;
+                signature
+            }
+        };
+        Ok(Signed {
             format: FORMAT.to_owned(),
             accept_index: None,
             signature: format!("{input}.{}", BASE64URL.encode(signature.to_bytes())),
-        }
+        })
     }
 }
 
@@ -331,15 +375,17 @@ pub fn offers_extension(key: &SellerKey, offers: Vec<Signed>) -> Value {
 /// with its `acceptIndex`) and adds them as the `offer-receipt` extension.
 /// Each offer holds for the entry's `maxTimeoutSeconds` from `now`, names
 /// the kind and, for a request with one, the input's digest, and for a
-/// metered price its unit and rate.
-pub fn sign_offers(
+/// metered price its unit and rate. When one cannot be signed (KMS is
+/// unreachable) the challenge is left without offers: still one a buyer can
+/// pay, whose receipt it can ask for later.
+pub async fn sign_offers(
     key: &SellerKey,
     challenge: &mut PaymentRequired,
     catalog: &Catalog,
     kind: &str,
     input: Option<&Value>,
     now: u64,
-) {
+) -> Result<(), SignError> {
     let spec = catalog.task(kind);
     let input_sha256 = input.map(sha256_json);
     let meter = |req: &PaymentRequirements| {
@@ -350,13 +396,12 @@ pub fn sign_offers(
         };
         spec.and_then(|spec| spec.accepts.iter().find(same)).and_then(|price| price.meter.as_ref())
     };
-    let offers = challenge
+    let payloads: Vec<_> = challenge
         .accepts
         .iter()
-        .enumerate()
-        .map(|(index, req)| {
+        .map(|req| {
             let meter = meter(req);
-            let payload = OfferPayload {
+            OfferPayload {
                 version: PAYLOAD_VERSION,
                 resource_url: challenge.resource.url.clone(),
                 scheme: req.scheme.clone(),
@@ -369,11 +414,14 @@ pub fn sign_offers(
                 input_sha256: input_sha256.clone(),
                 unit: meter.map(|m| m.unit.name().to_owned()),
                 rate: meter.map(|m| m.rate.to_string()),
-            };
-            Signed { accept_index: Some(index), ..key.sign(&payload) }
+            }
         })
         .collect();
+    let signed = futures_util::future::try_join_all(payloads.iter().map(|payload| key.sign(payload))).await?;
+    let offers =
+        signed.into_iter().enumerate().map(|(index, offer)| Signed { accept_index: Some(index), ..offer }).collect();
     challenge.extensions.insert(OFFER_RECEIPT.to_owned(), offers_extension(key, offers));
+    Ok(())
 }
 
 /// `settlement` with `receipt` in its `offer-receipt` extension.
@@ -533,11 +581,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_receipt_verifies_under_its_key_and_says_what_was_signed() {
+    #[tokio::test]
+    async fn a_receipt_verifies_under_its_key_and_says_what_was_signed() {
         let key = SellerKey::from_hex(DEV_KEY).unwrap();
-        let signed = key.sign(&receipt());
-        assert_eq!(signed, key.sign(&receipt()), "RFC 6979: the same payload signs the same");
+        let signed = key.sign(&receipt()).await.unwrap();
+        assert_eq!(signed, key.sign(&receipt()).await.unwrap(), "RFC 6979: the same payload signs the same");
         let verified = verify(&signed, Some(key.address())).unwrap();
         assert_eq!(verified.signer, key.address());
         assert_eq!(serde_json::from_value::<ReceiptPayload>(verified.payload).unwrap(), receipt());
@@ -558,10 +606,10 @@ mod tests {
         assert_eq!(published, key.address().to_checksum(None));
     }
 
-    #[test]
-    fn a_changed_byte_or_another_key_is_refused() {
+    #[tokio::test]
+    async fn a_changed_byte_or_another_key_is_refused() {
         let key = SellerKey::from_hex(DEV_KEY).unwrap();
-        let signed = key.sign(&receipt());
+        let signed = key.sign(&receipt()).await.unwrap();
         // One byte of the payload changed: the amount.
         let mut changed = receipt();
         changed.amount = "10001".into();
@@ -582,7 +630,7 @@ mod tests {
         }
         // Signed by another key (its own kid): valid, but not the seller's.
         let other = SellerKey::from_hex(&"11".repeat(32)).unwrap();
-        let theirs = other.sign(&receipt());
+        let theirs = other.sign(&receipt()).await.unwrap();
         assert!(verify(&theirs, None).is_ok());
         assert_eq!(
             verify(&theirs, Some(key.address())),
@@ -594,10 +642,10 @@ mod tests {
         assert_eq!(verify(&swapped, Some(key.address())), Err(VerifyError::BadSignature));
     }
 
-    #[test]
-    fn only_jws_es256k_with_a_did_key_is_read() {
+    #[tokio::test]
+    async fn only_jws_es256k_with_a_did_key_is_read() {
         let key = SellerKey::from_hex(DEV_KEY).unwrap();
-        let signed = key.sign(&receipt());
+        let signed = key.sign(&receipt()).await.unwrap();
         let eip712 = Signed { format: "eip712".into(), ..signed.clone() };
         assert!(matches!(verify(&eip712, None), Err(VerifyError::Format(_))));
         let parts: Vec<&str> = signed.signature.split('.').collect();

@@ -50,7 +50,7 @@ pub use queue::{enqueue, enqueue_after};
 #[cfg(feature = "api-task-status")]
 pub use quota::{AT_ONCE_RETRY, Limit, QuotaExceeded, QuotaUse, Used};
 #[cfg(feature = "api-task-status")]
-pub use receipt::{NoReceipt, signed_receipt};
+pub use receipt::{NoReceipt, ReceiptError, signed_receipt};
 #[cfg(feature = "catalog")]
 pub use shelf::Shelf;
 #[cfg(feature = "api-tasks")]

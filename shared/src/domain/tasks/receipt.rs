@@ -5,10 +5,11 @@
 //! No receipt is stored: one is made from the task's row and its payment
 //! (which keeps the resource it paid for), or the credit that paid for it,
 //! each time it is asked for (`GET /v1/tasks/{id}/receipt`, a paid
-//! create's `PAYMENT-RESPONSE`, MCP's `_meta`). Signatures are
-//! deterministic and `issuedAt` is a stored time (when it was paid; once
-//! the task has ended, when it ended), so the same task answers the same
-//! receipt until it ends, and then one final receipt for good.
+//! create's `PAYMENT-RESPONSE`, MCP's `_meta`). `issuedAt` is a stored
+//! time (when it was paid; once the task has ended, when it ended), so the
+//! same task answers the same payload until it ends, and then one final
+//! payload for good; a key in this process signs it the same each time, a
+//! key in KMS differently (each signature valid).
 
 use serde_json::Value;
 use sqlx::PgPool;
@@ -19,7 +20,7 @@ use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
 use crate::domain::payments::MeteredPayment;
 use crate::domain::payments::offer_receipt::{
-    CreditSpent, DeliveredFile, Delivery, MeteredCharge, PAYLOAD_VERSION, ReceiptPayload, SellerKey, Signed,
+    CreditSpent, DeliveredFile, Delivery, MeteredCharge, PAYLOAD_VERSION, ReceiptPayload, SellerKey, SignError, Signed,
     VoucherSpent, result_sha256, sha256_json,
 };
 
@@ -64,6 +65,16 @@ struct Row {
     resource: Option<String>,
 }
 
+/// Why a receipt could not be made now.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiptError {
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+    /// The key is in KMS, which did not sign.
+    #[error(transparent)]
+    Sign(#[from] SignError),
+}
+
 /// `task`'s receipt, signed with `key`, naming the resource its payment
 /// paid for (recorded with the payment), whichever interface asks: an MCP
 /// tool's task read through REST still names its tool. `resource_url(kind)`
@@ -75,7 +86,7 @@ pub async fn signed_receipt(
     space: &SpaceIndex,
     task: Id,
     resource_url: &(dyn Fn(&str) -> String + Sync),
-) -> Result<Option<Result<Signed, NoReceipt>>, sqlx::Error> {
+) -> Result<Option<Result<Signed, NoReceipt>>, ReceiptError> {
     let row: Option<Row> = sqlx::query_as(
         "SELECT t.kind, t.input, t.status, t.result, t.payment, t.updated_at,
                 p.network, p.payer, p.amount, p.asset, p.transaction, p.pay_to, p.created_at AS paid_at,
@@ -108,7 +119,10 @@ pub async fn signed_receipt(
         reason: paid.reason,
     });
     let voucher = voucher.map(|paid| VoucherSpent { channel_id: paid.channel_id, cumulative_amount: paid.ceiling });
-    Ok(Some(payload(row, (credit, voucher), space, task, resource_url).map(|payload| key.sign(&payload))))
+    match payload(row, (credit, voucher), space, task, resource_url) {
+        Ok(payload) => Ok(Some(Ok(key.sign(&payload).await?))),
+        Err(why) => Ok(Some(Err(why))),
+    }
 }
 
 /// The money that paid for a task when no payment row did: a voucher's or

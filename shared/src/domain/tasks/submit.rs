@@ -245,7 +245,11 @@ pub async fn challenge_for(
     // the seller's signed offers for exactly this request.
     if let Some(key) = cx.seller {
         let now = payments::unix_now();
-        offer_receipt::sign_offers(key, &mut challenge, cx.catalog, request.kind, Some(request.input), now);
+        let signed =
+            offer_receipt::sign_offers(key, &mut challenge, cx.catalog, request.kind, Some(request.input), now);
+        if let Err(e) = signed.await {
+            tracing::error!(error = %e, "the offers could not be signed: the 402 goes without them");
+        }
     }
     Ok(challenge)
 }
