@@ -593,6 +593,36 @@ fn each_function_reads_only_its_own_secrets_by_arn() {
     assert_eq!(injected, ["REEVE_TOKEN_KEY", "DATABASE_URL"]);
 }
 
+/// The seller's key in KMS (`ReceiptKmsKeyArn`): the three functions that
+/// sign offers and receipts are given its ARN and may use that key alone,
+/// only to read its public half and sign; nothing else touches KMS.
+#[test]
+fn only_the_signers_may_use_the_receipt_kms_key() {
+    let signers = ["McpFunction", "TaskCreateFunction", "TaskStatusFunction"];
+    let grant = "- HasReceiptKmsKey
+              - Effect: Allow
+                Action: [kms:GetPublicKey, kms:Sign]
+                Resource: !Ref ReceiptKmsKeyArn
+              - !Ref AWS::NoValue";
+    let variable = "REEVE_RECEIPT_KMS_KEY_ID: !If [HasReceiptKmsKey, !Ref ReceiptKmsKeyArn, !Ref AWS::NoValue]";
+    let mut found = Vec::new();
+    for (name, body) in resources() {
+        let code: String = body.lines().filter(|l| !l.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n");
+        if !code.contains("kms:") && !code.contains("ReceiptKmsKeyArn") {
+            continue;
+        }
+        assert!(signers.contains(&name.as_str()), "{name} names KMS or the receipt key");
+        assert_eq!(code.matches("kms:").count(), 2, "{name}: kms:GetPublicKey and kms:Sign, once");
+        assert!(code.contains(grant), "{name} lacks the conditional grant on the key alone:\n{grant}");
+        assert!(code.contains(variable), "{name} lacks `{variable}`");
+        found.push(name);
+    }
+    assert_eq!(found, signers);
+    // One key or the other, refused by the stack before anything is made.
+    let rules = section(&template(), "Rules").join("\n");
+    assert!(rules.contains("Assert: !Equals [!Ref ReceiptKeySecretArn, \"\"]"), "no rule refuses both keys");
+}
+
 #[test]
 fn each_lambda_asks_the_start_up_path_for_what_the_template_grants() {
     let expected = expected_readers();
