@@ -41,6 +41,9 @@ pub async fn config_check(file: &Path, ask_facilitator: bool) -> ExitCode {
         // reads it (from its variable, or Secrets Manager by its ARN), so a
         // secret the worker would refuse is found before the deploy.
         startup::executor_secrets(&config, None, catalog, &mut problems).await;
+        // The seller's key, where the environment gives one: its address
+        // must be the catalog's receipt_signer.
+        startup::receipt_key_check(&config, catalog, &mut problems).await;
     }
     let catalog = match catalog {
         Some(catalog) if problems.is_empty() => catalog,
