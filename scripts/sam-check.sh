@@ -75,7 +75,7 @@ INVOKES=(
 LINT_VARIANTS=(
   "default"
   "vpc FunctionSubnetIds=subnet-0aaaaaaaaaaaaaaaa,subnet-0bbbbbbbbbbbbbbbb FunctionSecurityGroupIds=sg-0aaaaaaaaaaaaaaaa"
-  "services DeployWordfreqExample=true ExecutorFunctionArns=arn:aws:lambda:us-east-1:123456789012:function:pdf ExecutorSecretArns=arn:aws:secretsmanager:us-east-1:123456789012:secret:reeve/pdf-AbCdEf"
+  "services DeployWordfreqExample=true ExecutorFunctionArns=arn:aws:lambda:us-east-1:123456789012:function:pdf ExecutorSecretArns=arn:aws:secretsmanager:us-east-1:123456789012:secret:reeve/pdf-AbCdEf ReceiptKmsKeyArn=arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 )
 
 CHECKOV_REQS="$ROOT/scripts/requirements-checkov.txt"
