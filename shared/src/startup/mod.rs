@@ -294,7 +294,7 @@ pub async fn seller_key(
     let published = catalog.and_then(|c| c.payments.as_ref()).and_then(|p| p.receipt_signer.as_deref());
     let text = zeroize::Zeroizing::new(config.get(settings::RECEIPT_KEY));
     let in_kms = config.get(settings::RECEIPT_KMS_KEY).filter(|id| !id.trim().is_empty());
-    let key = match (published, text.as_deref(), in_kms) {
+    let (address, name, key) = match (published, text.as_deref(), in_kms) {
         (_, Some(_), Some(_)) => {
             problems.push(format!("set {} or {}, not both", settings::RECEIPT_KEY, settings::RECEIPT_KMS_KEY));
             return None;
@@ -325,7 +325,6 @@ pub async fn seller_key(
             (address, settings::RECEIPT_KMS_KEY, key.ok()?)
         }
     };
-    let (address, name, key) = key;
     if !key.address().to_string().eq_ignore_ascii_case(address) {
         problems.push(format!(
             "{name} is the key of {}, not of the catalog's [payments] receipt_signer {address}",

@@ -693,3 +693,29 @@ async fn start_up_refuses_a_kms_key_that_is_not_the_published_secp256k1_signer(p
         assert!(problems.contains(expected), "{key}: {problems}");
     }
 }
+
+/// `reeve config check` with a KMS key in the environment: a key of
+/// another address than the published signer is a problem naming the
+/// key's own address (how an operator learns what to publish); without any
+/// key in the environment the check leaves the signer alone.
+#[tokio::test]
+async fn the_config_check_names_the_address_of_a_kms_key_that_is_not_the_published_signer() {
+    let sdk = reeve_shared::startup::sdk().await;
+    let arn = kms_key(&aws_sdk_kms::Client::new(&sdk), KeySpec::EccSecgP256K1, KeyUsageType::SignVerify).await;
+    let address = SellerKey::in_kms(KmsKey::new(&sdk, &arn)).await.unwrap().address();
+    let catalog = reeve_shared::catalog::Catalog::parse(&catalog(&fresh_address())).unwrap();
+    let without_keys = Config::from_env().without(settings::RECEIPT_KEY).without(settings::RECEIPT_KEY_SECRET_ARN);
+
+    let mut problems = Vec::new();
+    reeve_shared::startup::receipt_key_check(&without_keys, &catalog, &mut problems).await;
+    assert_eq!(problems, Vec::<String>::new());
+
+    let mut problems = Vec::new();
+    let with_kms = without_keys.with(settings::RECEIPT_KMS_KEY, &arn);
+    reeve_shared::startup::receipt_key_check(&with_kms, &catalog, &mut problems).await;
+    let expected = format!(
+        "REEVE_RECEIPT_KMS_KEY_ID is the key of {address}, not of the catalog's [payments] receipt_signer {}",
+        signer()
+    );
+    assert_eq!(problems, [expected]);
+}
