@@ -12,7 +12,7 @@
 #             its resource's Metadata, with the reason); once per variant
 #             (LINT_VARIANTS). checkov lives in a virtualenv of its own
 #             (scripts/requirements-checkov.txt), installed here when missing.
-#   build     sam build: every function alone, with cargo lambda + zig,
+#   build     sam build: every function, with cargo lambda + zig,
 #             every warning an error; the deploy profile, or the quick one
 #             with SAM_CHECK_PROFILE=quick (scripts/test.sh: see phase_build);
 #             prints the size of every bootstrap
@@ -128,15 +128,15 @@ phase_lint() {
 }
 
 # SAM_CHECK_PROFILE=quick (what scripts/test.sh asks for) builds every
-# function exactly as `sam build` does, alone and with its own features,
-# through cargo lambda and zig, but with the release profile's optimisation
+# function exactly as `sam build` does (`cargo lambda build --bin <name>` at
+# the workspace root, so with the workspace's features unified: reeve-shared
+# is compiled once for all nine), through cargo lambda and zig, but with the release profile's optimisation
 # turned off (opt-level 0, no LTO, many codegen units): the invocations that
 # follow test behaviour, not speed, and the deploy profile's nine fat-LTO
 # links are most of a CI run. The sizes printed are then not the deployed
 # ones; the default (`deploy`) builds with Cargo.toml's release profile, as
 # a plain `sam build` does, and scripts/bench.sh measures those sizes.
-# Either way a warning in any function's own build is an error: the
-# workspace's clippy sees every feature at once, this build each function's.
+# Either way a warning in any function's build is an error.
 phase_build() {
   local profile=()
   case ${SAM_CHECK_PROFILE:-deploy} in

@@ -27,7 +27,7 @@ cd "$ROOT"
 # the same crates, every warning an error, and keeps one set of dependency
 # builds. Every cargo of this run inherits it (the tests, the watch phase's
 # functions), so none of them rebuilds the workspace without it. The SAM
-# build does not: it builds each function alone, for Lambda, with plain rustc.
+# build does not: it builds the functions for Lambda, with plain rustc.
 export RUSTC_WORKSPACE_WRAPPER
 RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver"
 export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
@@ -102,8 +102,8 @@ load_dev_env
 sam_check=0
 if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then sam_check=1; fi
 if ((sam_check)); then
-  # The SAM checks' first half (`sam build` of each function alone with its
-  # own features, so it also stands for a per-function clippy run; quick
+  # The SAM checks' first half (`sam build` of every function, every
+  # warning an error; quick
   # profile, see scripts/sam-check.sh; then validate and lint) runs while
   # the tests run: at nice 19 it takes only the CPU the tests leave idle
   # (they mostly wait on the chain, the queue and the browser). The debug

@@ -120,8 +120,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
          with the local stack's environment; median of {} rounds, each round running every binary once \
          in turn, the hello world (`bench/hello`: `lambda_runtime` answering `{{}}`, same release profile) \
          included. Goal: each function at most {INIT_GOAL_RATIO}× the hello world's init. Sizes are the \
-         stripped release binaries, each function built alone with only its own features, as `sam build` \
-         builds its `bootstrap`; MiB (2^20 bytes).\n\n",
+         stripped release binaries, each function built alone with only its own features (`cargo build -p`; \
+         `sam build` resolves the workspace's features together, so its bootstraps link more); MiB \
+         (2^20 bytes).\n\n",
         args.runs
     ));
     out.push_str(&format!(
