@@ -119,6 +119,17 @@ impl Shop {
         send(&self.app, r).await
     }
 
+    /// `fetch` of `input` paid by `payer` for the `402` `challenge`: the
+    /// reply, the task's id, the settlement and the receipt it carries.
+    async fn pay(&self, input: &Value, challenge: &str, payer: &Payer) -> (Reply, String, Value, Signed) {
+        let reply = self.create("fetch", input, Some(&payer.sign(challenge).await)).await;
+        assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
+        let id = reply.body["id"].as_str().unwrap().to_owned();
+        let settlement = decode(reply.headers["payment-response"].to_str().unwrap());
+        let receipt = offer_receipt::receipt_in(&settlement).expect("the settlement carries the receipt");
+        (reply, id, settlement, receipt)
+    }
+
     async fn receipt(&self, id: &str) -> Reply {
         send(&self.app, get_authed(&format!("/v1/tasks/{id}/receipt"), &self.token)).await
     }
@@ -198,11 +209,7 @@ async fn a_paid_task_s_offer_and_receipts_are_signed_and_the_typescript_package_
     assert_eq!(offers[0].accept_index, Some(0));
 
     // Paid: the PAYMENT-RESPONSE carries the receipt, before any delivery.
-    let reply = shop.create("fetch", &input, Some(&payer.sign(&header).await)).await;
-    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
-    let id = reply.body["id"].as_str().unwrap().to_owned();
-    let settlement = decode(reply.headers["payment-response"].to_str().unwrap());
-    let first = offer_receipt::receipt_in(&settlement).expect("the settlement carries the receipt");
+    let (reply, id, settlement, first) = shop.pay(&input, &header, &payer).await;
     let paid = offer_receipt::verify(&first, Some(address)).unwrap().payload;
     assert_eq!(paid["task"], id.as_str());
     assert_eq!(paid["transaction"], settlement["transaction"]);
@@ -584,11 +591,7 @@ async fn a_seller_key_in_kms_signs_offers_and_receipts_that_verify_as_the_publis
         serde_json::from_value(challenge["extensions"]["offer-receipt"]["info"]["offers"].clone()).unwrap();
     let offer = offer_receipt::verify(&offers[0], Some(address)).unwrap().payload;
     assert_eq!(offer["inputSha256"], offer_receipt::sha256_json(&input));
-    let reply = shop.create("fetch", &input, Some(&payer.sign(&header).await)).await;
-    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.body);
-    let id = reply.body["id"].as_str().unwrap().to_owned();
-    let settlement = decode(reply.headers["payment-response"].to_str().unwrap());
-    let first = offer_receipt::receipt_in(&settlement).expect("the settlement carries the receipt");
+    let (_, id, settlement, first) = shop.pay(&input, &header, &payer).await;
     let paid = offer_receipt::verify(&first, Some(address)).unwrap().payload;
     assert_eq!(
         (paid["task"].as_str(), paid["transaction"].clone()),
