@@ -130,19 +130,25 @@ phase_lint() {
 # SAM_CHECK_PROFILE=quick (what scripts/test.sh asks for) builds every
 # function exactly as `sam build` does (`cargo lambda build --bin <name>` at
 # the workspace root, so with the workspace's features unified: reeve-shared
-# is compiled once for all nine), through cargo lambda and zig, but with the release profile's optimisation
-# turned off (opt-level 0, no LTO, many codegen units): the invocations that
-# follow test behaviour, not speed, and the deploy profile's nine fat-LTO
-# links are most of a CI run. The sizes printed are then not the deployed
-# ones; the default (`deploy`) builds with Cargo.toml's release profile, as
-# a plain `sam build` does, and scripts/bench.sh measures those sizes.
-# Either way a warning in any function's build is an error.
+# is compiled once for all nine), through cargo lambda and zig, but with the
+# release profile's optimisation turned off (opt-level 0, no LTO, many
+# codegen units) and panics aborting: the invocations that follow test
+# behaviour, not speed, and the deploy profile's nine fat-LTO links are most
+# of a CI run. Unoptimised code's unwinding paths cost: the nine bootstraps
+# were 373 MiB against 292 MiB aborting, and in one CI run this build took
+# 1031 s against 677-723 s before (the rest of that run was ~20% slower
+# too). The deploy profile unwinds, as Cargo.toml says. The sizes printed
+# are therefore not the deployed ones; the default (`deploy`) builds with
+# Cargo.toml's release profile, as a plain `sam build` does, and
+# scripts/bench.sh measures those sizes. Either way a warning in any
+# function's build is an error.
 phase_build() {
   local profile=()
   case ${SAM_CHECK_PROFILE:-deploy} in
     deploy) ;;
     quick) profile=(CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_LTO=off
-                    CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_INCREMENTAL=false) ;;
+                    CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_INCREMENTAL=false
+                    CARGO_PROFILE_RELEASE_PANIC=abort) ;;
     *) die "SAM_CHECK_PROFILE is deploy or quick, not '$SAM_CHECK_PROFILE'" ;;
   esac
   log "sam build (${SAM_CHECK_PROFILE:-deploy} profile)"
