@@ -135,9 +135,9 @@ phase_lint() {
 # codegen units) and panics aborting: the invocations that follow test
 # behaviour, not speed, and the deploy profile's nine fat-LTO links are most
 # of a CI run. Unoptimised code's unwinding paths cost: the nine bootstraps
-# were 373 MiB against 292 MiB aborting, and in one CI run this build took
-# 1031 s against 677-723 s before (the rest of that run was ~20% slower
-# too). The deploy profile unwinds, as Cargo.toml says. The sizes printed
+# were 373 MiB against 292 MiB aborting, and this build took 1031 s in a CI
+# run against 939 s aborting in the next, on the same machine. The deploy
+# profile unwinds, as Cargo.toml says. The sizes printed
 # are therefore not the deployed ones; the default (`deploy`) builds with
 # Cargo.toml's release profile, as a plain `sam build` does, and
 # scripts/bench.sh measures those sizes. Either way a warning in any
