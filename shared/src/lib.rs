@@ -45,11 +45,13 @@ pub use adapters::upload_guard;
 pub use adapters::worker;
 #[cfg(feature = "catalog")]
 pub use domain::executors;
+#[cfg(any(feature = "api-tasks", feature = "sweeper"))]
+pub use domain::pay_links;
 #[cfg(feature = "relay")]
 pub use domain::relay;
 #[cfg(feature = "s3")]
 pub use domain::uploads;
-pub use domain::{auth, catalog, ids, pay_links, payments, sessions, tasks, webhooks};
+pub use domain::{auth, catalog, ids, payments, sessions, tasks, webhooks};
 #[cfg(feature = "api-auth")]
 pub use domain::{login_limits, spaces};
 #[cfg(feature = "aws")]

@@ -14,7 +14,8 @@ pub mod ids;
 // Not only `api-auth`'s: every function's settings carry the login budgets
 // (`startup::settings`, `ApiSettings`), whether or not it spends them.
 pub mod login_limits;
-#[cfg(feature = "api-tasks")]
+// The sweeper forgets old pay links.
+#[cfg(any(feature = "api-tasks", feature = "sweeper"))]
 pub mod pay_links;
 pub mod payments;
 #[cfg(feature = "relay")]

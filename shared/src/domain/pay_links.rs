@@ -304,6 +304,7 @@ pub async fn forget_old(db: &PgPool, now: OffsetDateTime) -> Result<u64, sqlx::E
 /// The Space's links older than [`ANSWERS_FOR`] go first: no call meets
 /// them any more, and a task bought with one keeps its key, so a Space
 /// holds only the last hour's links.
+#[cfg(feature = "api-tasks")]
 pub async fn issue(
     db: &PgPool,
     space: &SpaceIndex,
