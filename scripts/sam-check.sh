@@ -12,10 +12,10 @@
 #             its resource's Metadata, with the reason); once per variant
 #             (LINT_VARIANTS). checkov lives in a virtualenv of its own
 #             (scripts/requirements-checkov.txt), installed here when missing.
-#   build     sam build: every function, with cargo lambda + zig,
-#             every warning an error; the deploy profile, or the quick one
-#             with SAM_CHECK_PROFILE=quick (scripts/test.sh: see phase_build);
-#             prints the size of every bootstrap
+#   build     sam build: every function, with cargo lambda, every warning
+#             an error; the deploy profile (zig, release), or the quick one
+#             with SAM_CHECK_PROFILE=quick (scripts/test.sh's debug build:
+#             see phase_build); prints the size of every bootstrap
 #   deploy    the README's `cargo lambda deploy` of one function (auth, the
 #             bootstrap the build phase made) against the local moto
 #             server's Lambda API, with a role created there first; then
@@ -127,34 +127,37 @@ phase_lint() {
   rm -rf "$dir"
 }
 
-# SAM_CHECK_PROFILE=quick (what scripts/test.sh asks for) builds every
-# function exactly as `sam build` does (`cargo lambda build --bin <name>` at
-# the workspace root, so with the workspace's features unified: reeve-shared
-# is compiled once for all nine), through cargo lambda and zig, but with the
-# release profile's optimisation turned off (opt-level 0, no LTO, many
-# codegen units) and panics aborting: the invocations that follow test
-# behaviour, not speed, and the deploy profile's nine fat-LTO links are most
-# of a CI run. Unoptimised code's unwinding paths cost: the nine bootstraps
-# were 373 MiB against 292 MiB aborting, and this build took 1031 s in a CI
-# run against 939 s aborting in the next, on the same machine. The deploy
-# profile unwinds, as Cargo.toml says. The sizes printed
-# are therefore not the deployed ones; the default (`deploy`) builds with
-# Cargo.toml's release profile, as a plain `sam build` does, and
-# scripts/bench.sh measures those sizes. Either way a warning in any
-# function's build is an error.
+# SAM_CHECK_PROFILE=quick (what scripts/test.sh asks for) is SAM's debug
+# mode (SAM_BUILD_MODE=debug: `cargo lambda build --bin <name>`, no
+# --release) with cargo's own linker (CARGO_LAMBDA_COMPILER=cargo, not zig)
+# and test.sh's clippy wrapper: exactly the units of test.sh's debug build,
+# which names cargo lambda's target triple, so under test.sh it compiles
+# nothing and copies the bootstraps (it compiled every dependency a second
+# time before: 939 s of a 1751 s CI run). The invocations that follow test
+# behaviour, not size or speed. zig would have set a C compiler for the
+# target (CC_x86_64_unknown_linux_gnu and the like), which the build scripts
+# of the crates with C in them watch, so everything above them would have
+# been built again; without it the bootstraps link against this machine's
+# glibc, which is what the stand-in base image of the invoke phase carries.
+# The default (`deploy`) builds as a plain `sam build` does: Cargo.toml's
+# release profile and zig; scripts/bench.sh measures those sizes. Either
+# way a warning in any function's build is an error (RUSTFLAGS, or the
+# wrapper's CLIPPY_ARGS), and `sam build` runs `cargo lambda build --bin
+# <name>` at the workspace root, so with the workspace's features unified:
+# reeve-shared is compiled once, with every feature, for all of them.
 phase_build() {
-  local profile=()
+  local build_env=()
   case ${SAM_CHECK_PROFILE:-deploy} in
-    deploy) ;;
-    quick) profile=(CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_LTO=off
-                    CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_INCREMENTAL=false
-                    CARGO_PROFILE_RELEASE_PANIC=abort) ;;
+    deploy) build_env=(RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-D warnings") ;;
+    quick) lint_in_build
+           build_env=(SAM_BUILD_MODE=debug CARGO_LAMBDA_COMPILER=cargo) ;;
     *) die "SAM_CHECK_PROFILE is deploy or quick, not '$SAM_CHECK_PROFILE'" ;;
   esac
   log "sam build (${SAM_CHECK_PROFILE:-deploy} profile)"
-  # Heavy (a release build of each function): keep it from starving the rest.
-  # `timed` runs phases where `set -e` does not apply: fail explicitly.
-  nice -n 19 env SAM_CLI_TELEMETRY=0 RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-D warnings" "${profile[@]}" sam build || return
+  # Heavy when it compiles (a release build of each function): keep it from
+  # starving the rest. `timed` runs phases where `set -e` does not apply:
+  # fail explicitly.
+  nice -n 19 env SAM_CLI_TELEMETRY=0 "${build_env[@]}" sam build || return
   log "built bootstraps (${SAM_CHECK_PROFILE:-deploy} profile):"
   local f n total=0
   for f in "$BUILD_DIR"/*/bootstrap; do

@@ -26,12 +26,21 @@ cd "$ROOT"
 # The same wrapper on the debug build lints
 # the same crates, every warning an error, and keeps one set of dependency
 # builds. Every cargo of this run inherits it (the tests, the watch phase's
-# functions), so none of them rebuilds the workspace without it. The SAM
-# build does not: it builds the functions for Lambda, with plain rustc.
-export RUSTC_WORKSPACE_WRAPPER
-RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver"
-export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
-[[ -x $RUSTC_WORKSPACE_WRAPPER ]] || die "no clippy-driver beside rustc ($RUSTC_WORKSPACE_WRAPPER): rustup component add clippy"
+# functions, the SAM check's build), so none of them rebuilds the workspace
+# without it.
+lint_in_build
+
+# Built once: every cargo of this run builds for the target triple named,
+# as cargo lambda does (`sam build` runs `cargo build --target
+# x86_64-unknown-linux-gnu`). A build that names its target keeps its
+# artifacts apart from one that does not, so the SAM check's build would
+# otherwise compile every dependency a second time: 939 s of a 1751 s CI
+# run, beside the tests. With the same triple, profile (scripts/sam-check.sh's
+# quick profile is SAM's debug mode) and wrapper it finds this build's
+# units fresh and copies the bootstraps. Lambda's x86_64 is the only
+# architecture scripts/sam-check.sh runs.
+[[ $(uname -m) == x86_64 ]] || die "scripts/test.sh runs on x86_64 only (the SAM check invokes x86_64 Lambda functions)"
+export CARGO_BUILD_TARGET=x86_64-unknown-linux-gnu
 
 # `cargo test` runs its test binaries one after another, and most of their
 # time is waiting (a block a second, leases, the queue's long polls): the
@@ -89,7 +98,7 @@ if (($# == 0)); then
   # reeve-cli`, as console-test.sh does when run by itself) it unifies other
   # features, so cargo rebuilt reeve-shared and its dependencies: 10 of the
   # console phase's 11 minutes in a cold run.
-  export REEVE_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/reeve"
+  export REEVE_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/$CARGO_BUILD_TARGET/debug/reeve"
   stack_rc=0
   wait "$stack_pid" || stack_rc=$?
   cat "$stack_log" >&2
@@ -102,24 +111,19 @@ load_dev_env
 sam_check=0
 if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then sam_check=1; fi
 if ((sam_check)); then
-  # The SAM checks' first half (`sam build` of every function, every
-  # warning an error; quick
-  # profile, see scripts/sam-check.sh; then validate and lint) runs while
-  # the tests run: at nice 19 it takes only the CPU the tests leave idle
-  # (they mostly wait on the chain, the queue and the browser). The debug
-  # build comes first, so the two builds do not share the CPU. Its second
-  # half (cargo lambda deploy to moto, and sam local invoke of every
-  # function) needs the bootstraps, and waits for the cargo tests to end
-  # ($sam_go), whose timing bounds a busy machine would stretch; it then runs
-  # beside the phases that drive `reeve serve` from outside.
-  # The build goes first, the template's rules checks (validate, lint: CPU,
-  # no bootstraps needed) after it, beside the invokes (which mostly wait
-  # on Docker): in a cold run with the rules checks first, the build
-  # started four minutes later and the SAM checks ended six minutes after
-  # the rest.
+  # The SAM checks' first half (`sam build` of every function with the
+  # quick profile, see scripts/sam-check.sh: the debug build above, found
+  # fresh, so seconds; then validate and lint, CPU that needs no
+  # bootstraps) runs while the tests run: at nice 19 it takes only the CPU
+  # the tests leave idle (they mostly wait on the chain, the queue and the
+  # browser). Its second half (cargo lambda deploy to moto, and sam local
+  # invoke of every function) waits for the cargo tests to end ($sam_go),
+  # whose timing bounds a busy machine would stretch; it then runs beside
+  # the phases that drive `reeve serve` from outside (the invokes mostly
+  # wait on Docker).
   sam_log=$(mktemp)
   sam_go=$(mktemp -u)
-  (export SAM_CHECK_PROFILE=quick; unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
+  (export SAM_CHECK_PROFILE=quick
    timed sam-check-build nice -n 19 bash scripts/sam-check.sh build || exit
    timed sam-check-rules nice -n 19 bash scripts/sam-check.sh validate lint &
    rules_pid=$!

@@ -43,10 +43,12 @@ watch=(cargo lambda watch -A "$HOST" --env-file .env)
 [[ $PORT == 9000 ]] || watch+=(-P "$PORT")
 log "${watch[*]}"
 # Its own process group: watch runs `cargo run` and each function under it.
-# scripts/test.sh lints inside its build through clippy-driver: without the
-# same wrapper watch's cargo would build every workspace crate again.
+# scripts/test.sh lints inside its build through clippy-driver, for the
+# target triple it names: without the same wrapper and triple watch's cargo
+# would build every workspace crate again.
 setsid env -i PATH="$PATH" HOME="$HOME" ${CARGO_HOME:+CARGO_HOME="$CARGO_HOME"} \
   ${RUSTUP_HOME:+RUSTUP_HOME="$RUSTUP_HOME"} ${CARGO_TARGET_DIR:+CARGO_TARGET_DIR="$CARGO_TARGET_DIR"} \
+  ${CARGO_BUILD_TARGET:+CARGO_BUILD_TARGET="$CARGO_BUILD_TARGET"} \
   ${RUSTC_WORKSPACE_WRAPPER:+RUSTC_WORKSPACE_WRAPPER="$RUSTC_WORKSPACE_WRAPPER"} ${CLIPPY_ARGS:+CLIPPY_ARGS="$CLIPPY_ARGS"} \
   "${watch[@]}" </dev/null >"$WORK/watch.log" 2>&1 &
 watch_pid=$!

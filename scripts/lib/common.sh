@@ -65,13 +65,24 @@ load_dev_env() {
   export SAM_CLI_TELEMETRY=0
 }
 
+# clippy-driver wraps rustc for the workspace's own crates, every warning an
+# error (scripts/test.sh says why the lints run inside the build). The
+# wrapper is part of what cargo fingerprints: every cargo meant to reuse
+# that build sets the same.
+lint_in_build() {
+  export RUSTC_WORKSPACE_WRAPPER
+  RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver"
+  export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+  [[ -x $RUSTC_WORKSPACE_WRAPPER ]] || die "no clippy-driver beside rustc ($RUSTC_WORKSPACE_WRAPPER): rustup component add clippy"
+}
+
 # The `reeve` binary the script phases run (migrate, serve): the one the
 # workspace's `cargo test` just built, so no phase rebuilds it with other
 # features (`cargo build -p reeve-cli` alone resolves features differently
 # from the workspace build, and would rebuild half of it); built when
 # missing. REEVE_BIN overrides it.
 reeve_bin() {
-  REEVE_BIN="${REEVE_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/reeve}"
+  REEVE_BIN="${REEVE_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/${CARGO_BUILD_TARGET:+$CARGO_BUILD_TARGET/}debug/reeve}"
   [[ -x $REEVE_BIN ]] || cargo build --locked -q -p reeve-cli --bin reeve || die "cannot build reeve"
   export REEVE_BIN
 }
