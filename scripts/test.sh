@@ -111,20 +111,23 @@ load_dev_env
 sam_check=0
 if (($# == 0)) && [[ ${REEVE_SKIP_SAM_CHECK:-0} != 1 ]]; then sam_check=1; fi
 if ((sam_check)); then
-  # The SAM checks' first half (`sam build` of every function with the
-  # quick profile, see scripts/sam-check.sh: the debug build above, found
-  # fresh, so seconds; then validate and lint, CPU that needs no
-  # bootstraps) runs while the tests run: at nice 19 it takes only the CPU
-  # the tests leave idle (they mostly wait on the chain, the queue and the
-  # browser). Its second half (cargo lambda deploy to moto, and sam local
-  # invoke of every function) waits for the cargo tests to end ($sam_go),
-  # whose timing bounds a busy machine would stretch; it then runs beside
-  # the phases that drive `reeve serve` from outside (the invokes mostly
-  # wait on Docker).
+  # The SAM checks' build (`sam build` of every function with the quick
+  # profile, see scripts/sam-check.sh) is the debug build above, found
+  # fresh: seconds, so it runs here, before the tests, which it must not
+  # run beside (cargo lambda moves each function's binary out of the build
+  # directory, where the tests run some of them; sam-check.sh links them
+  # back). Then validate and lint (CPU, no bootstraps needed) run while the
+  # tests run: at nice 19 they take only the CPU the tests leave idle (they
+  # mostly wait on the chain, the queue and the browser). The second half
+  # (cargo lambda deploy to moto, and sam local invoke of every function)
+  # waits for the cargo tests to end ($sam_go), whose timing bounds a busy
+  # machine would stretch; it then runs beside the phases that drive `reeve
+  # serve` from outside (the invokes mostly wait on Docker).
   sam_log=$(mktemp)
   sam_go=$(mktemp -u)
-  (export SAM_CHECK_PROFILE=quick
-   timed sam-check-build nice -n 19 bash scripts/sam-check.sh build || exit
+  sam_build_rc=0
+  SAM_CHECK_PROFILE=quick timed sam-check-build bash scripts/sam-check.sh build || sam_build_rc=$?
+  (if ((sam_build_rc)); then exit "$sam_build_rc"; fi
    timed sam-check-rules nice -n 19 bash scripts/sam-check.sh validate lint &
    rules_pid=$!
    while [[ ! -e $sam_go ]]; do sleep 1; done
