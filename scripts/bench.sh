@@ -8,7 +8,8 @@
 # Builds what the phases asked for with the release profile, each binary in
 # a cargo invocation of its own (only its own features): the harness
 # (bench/), `reeve` (worker, service), the relay (fanout), every Lambda
-# function (the worker twice, with and without its `lambda` feature) and
+# function (the worker twice, with and without its `lambda` feature; then
+# all of them once more together, as `sam build` links them) and
 # the hello-world baseline (bench/hello) (coldstart); then runs the harness, which makes its own
 # database, redis-server and SQS queue for each measurement, spreads its
 # clients over loopback source addresses, raises the open-file limit
@@ -92,10 +93,17 @@ build_each() {
     cargo build --release --locked -p reeve-fn-worker --no-default-features || return
     cp "$BIN/worker" "$BIN/worker-no-lambda"
     # Every Lambda under functions/ (the relay is the Fargate service).
+    local bins=()
     for dir in functions/*/; do
       p="reeve-fn-$(basename "$dir")"
-      [[ $p == reeve-fn-relay ]] || cargo build --release --locked -p "$p" || return
+      [[ $p == reeve-fn-relay ]] && continue
+      cargo build --release --locked -p "$p" || return
+      bins+=(--bin "$(basename "$dir")")
     done
+    # And as `sam build` builds them (its cargo lambda runs this for each at
+    # the workspace root, so with every member's features unified), under
+    # the target triple's own directory, measured in a second table.
+    cargo build --release --locked --target x86_64-unknown-linux-gnu "${bins[@]}" || return
   fi
 }
 timed build build_each
@@ -122,7 +130,8 @@ for phase in "${phases[@]}"; do
     service)    timed service "$BIN/reeve-bench" service --reeve "$BIN/reeve" >"$section" ;;
     paid)       timed paid "$BIN/reeve-bench" paid --reeve "$BIN/reeve" >"$section" ;;
     fairness)   timed fairness "$BIN/reeve-bench" fairness --reeve "$BIN/reeve" >"$section" ;;
-    coldstart)  timed coldstart "$BIN/reeve-bench" coldstart --bin-dir "$BIN" >"$section" ;;
+    coldstart)  timed coldstart "$BIN/reeve-bench" coldstart --bin-dir "$BIN" \
+                  --deployed-dir "${CARGO_TARGET_DIR:-$ROOT/target}/x86_64-unknown-linux-gnu/release" >"$section" ;;
   esac
   printf '%s\n\n' "$measured" >>"$section"
   mv "$section" "$SECTIONS/$phase.md"

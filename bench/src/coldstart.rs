@@ -20,10 +20,17 @@ use crate::median;
 #[derive(clap::Args)]
 pub struct Args {
     /// Where the release binaries are (target/release): each function's,
-    /// built alone (`cargo build --release -p reeve-fn-<name>`, as `sam build`
-    /// builds it), and `hello`.
+    /// built alone (`cargo build --release -p reeve-fn-<name>`: only its own
+    /// features), and `hello`.
     #[arg(long)]
     bin_dir: PathBuf,
+    /// Where the same functions are as `sam build` links them, if built:
+    /// together at the workspace root (`cargo build --release --target
+    /// x86_64-unknown-linux-gnu --bin <each>`, the command cargo lambda
+    /// runs for each), so with every workspace member's features unified.
+    /// Measured in the same rounds, in a second table.
+    #[arg(long)]
+    deployed_dir: Option<PathBuf>,
     /// Rounds; each round execs every binary once, in turn.
     #[arg(long, default_value_t = 21)]
     runs: usize,
@@ -92,27 +99,62 @@ fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**missed**" }
 }
 
+/// One binary measured: its row's label, its file and its size goal.
+struct Binary {
+    label: String,
+    path: PathBuf,
+    goal: Option<f64>,
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let alone = |name: &str, goal| Binary { label: name.to_owned(), path: args.bin_dir.join(name), goal };
+    let mut binaries = vec![alone(BASELINE, None)];
+    binaries.extend(FUNCTIONS.iter().map(|(name, goal)| alone(name, *goal)));
     let without_lambda = args.bin_dir.join(WORKER_NO_LAMBDA).exists();
-    let names: Vec<&str> = std::iter::once(BASELINE)
-        .chain(FUNCTIONS.iter().map(|(name, _)| *name))
-        .chain(without_lambda.then_some(WORKER_NO_LAMBDA))
-        .collect();
+    if without_lambda {
+        binaries.push(Binary { label: "worker, without `lambda`".into(), ..alone(WORKER_NO_LAMBDA, None) });
+    }
+    let deployed_from = binaries.len();
+    if let Some(dir) = &args.deployed_dir {
+        binaries.extend(FUNCTIONS.iter().map(|(name, goal)| Binary {
+            label: (*name).to_owned(),
+            path: dir.join(name),
+            goal: *goal,
+        }));
+    }
     let mut sizes = Vec::new();
-    for name in &names {
-        let bin = args.bin_dir.join(name);
-        let size = std::fs::metadata(&bin).with_context(|| format!("{} (build it first)", bin.display()))?.len();
+    for binary in &binaries {
+        let path = &binary.path;
+        let size = std::fs::metadata(path).with_context(|| format!("{} (build it first)", path.display()))?.len();
         sizes.push(size as f64 / MIB);
     }
     // Round-robin, so load on the shared machine falls on every binary alike.
-    let mut samples = vec![Vec::with_capacity(args.runs); names.len()];
+    let mut samples = vec![Vec::with_capacity(args.runs); binaries.len()];
     for _ in 0..args.runs {
-        for (name, runs) in names.iter().zip(&mut samples) {
-            runs.push(once(&args.bin_dir.join(name), name).await?);
+        for (binary, runs) in binaries.iter().zip(&mut samples) {
+            runs.push(once(&binary.path, &binary.label).await?);
         }
     }
     let medians: Vec<f64> = samples.into_iter().map(median).collect();
     let hello_ms = medians[0];
+    let row = |i: usize| {
+        let (size, ms, ratio) = (sizes[i], medians[i], medians[i] / hello_ms);
+        let size_goal = binaries[i].goal.map_or(String::new(), |goal| format!("≤ {goal} {}", verdict(size <= goal)));
+        format!(
+            "| {} | {size:.1} | {size_goal} | {ms:.1} | {ratio:.2} | {} |\n",
+            binaries[i].label,
+            verdict(ratio <= INIT_GOAL_RATIO)
+        )
+    };
+    let total_row = |range: std::ops::Range<usize>| {
+        let total: f64 = sizes[range].iter().sum();
+        format!("| all nine | {total:.1} | ≤ {TOTAL_GOAL_MIB} {} | | | |\n", verdict(total <= TOTAL_GOAL_MIB))
+    };
+    let header = format!(
+        "| binary | size MiB | size goal | init, median ms | init ÷ hello | init goal ≤ {INIT_GOAL_RATIO}× |\n\
+         |---|---|---|---|---|---|\n| {BASELINE} | {:.1} | | {hello_ms:.1} | 1.00 | |\n",
+        sizes[0]
+    );
 
     let mut out = String::from("## Cold start and binary size\n\n");
     out.push_str(&format!(
@@ -120,40 +162,31 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
          with the local stack's environment; median of {} rounds, each round running every binary once \
          in turn, the hello world (`bench/hello`: `lambda_runtime` answering `{{}}`, same release profile) \
          included. Goal: each function at most {INIT_GOAL_RATIO}× the hello world's init. Sizes are the \
-         stripped release binaries, each function built alone with only its own features (`cargo build -p`; \
-         `sam build` resolves the workspace's features together, so its bootstraps link more); MiB \
-         (2^20 bytes).\n\n",
+         stripped release binaries, each function built alone with only its own features (`cargo build -p`); \
+         MiB (2^20 bytes).\n\n",
         args.runs
     ));
-    out.push_str(&format!(
-        "| binary | size MiB | size goal | init, median ms | init ÷ hello | init goal ≤ {INIT_GOAL_RATIO}× |\n\
-         |---|---|---|---|---|---|\n| {BASELINE} | {:.1} | | {hello_ms:.1} | 1.00 | |\n",
-        sizes[0]
-    ));
-    let mut total = 0.0;
-    for (i, (name, goal)) in FUNCTIONS.iter().enumerate() {
-        let (size, ms) = (sizes[i + 1], medians[i + 1]);
-        total += size;
-        let size_goal = goal.map_or(String::new(), |goal| format!("≤ {goal} {}", verdict(size <= goal)));
-        let ratio = ms / hello_ms;
-        out.push_str(&format!(
-            "| {name} | {size:.1} | {size_goal} | {ms:.1} | {ratio:.2} | {} |\n",
-            verdict(ratio <= INIT_GOAL_RATIO)
-        ));
-    }
-    out.push_str(&format!(
-        "| all nine | {total:.1} | ≤ {TOTAL_GOAL_MIB} {} | | | |\n",
-        verdict(total <= TOTAL_GOAL_MIB)
-    ));
+    out.push_str(&header);
+    let functions = 1..1 + FUNCTIONS.len();
+    functions.clone().for_each(|i| out.push_str(&row(i)));
+    out.push_str(&total_row(functions));
     if without_lambda {
-        let i = FUNCTIONS.len() + 1;
-        out.push_str(&format!(
-            "| worker, without `lambda` | {:.1} | | {:.1} | {:.2} | {} |\n",
-            sizes[i],
-            medians[i],
-            medians[i] / hello_ms,
-            verdict(medians[i] / hello_ms <= INIT_GOAL_RATIO)
-        ));
+        out.push_str(&row(FUNCTIONS.len() + 1));
+    }
+    if args.deployed_dir.is_some() {
+        out.push_str(
+            "\n### As `sam build` links them\n\n\
+             The same functions built together at the workspace root, as `sam build` builds each \
+             (`cargo lambda build --release --bin <name>`, which runs `cargo build --release --target \
+             x86_64-unknown-linux-gnu --bin <name>` there): cargo unifies the features of every workspace \
+             member, the CLI's `full` among them, so each links what its code reaches through features \
+             it would not have alone. Linked by cargo's linker here, by zig under `sam build`. Same rounds \
+             as the table above.\n\n",
+        );
+        out.push_str(&header);
+        let deployed = deployed_from..deployed_from + FUNCTIONS.len();
+        deployed.clone().for_each(|i| out.push_str(&row(i)));
+        out.push_str(&total_row(deployed));
     }
     out.push('\n');
     print!("{out}");
