@@ -158,7 +158,7 @@ phase_build() {
   # starving the rest. `timed` runs phases where `set -e` does not apply:
   # fail explicitly.
   nice -n 19 env SAM_CLI_TELEMETRY=0 "${build_env[@]}" sam build || return
-  if [[ $SAM_CHECK_PROFILE == quick ]]; then
+  if [[ ${SAM_CHECK_PROFILE:-deploy} == quick ]]; then
     # cargo lambda moved each binary to <target>/lambda/<name>/bootstrap;
     # what runs them from the build directory (the tests, `cargo run`)
     # finds them there again once cargo links them back from deps/ (it
