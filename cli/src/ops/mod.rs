@@ -32,7 +32,7 @@ pub async fn config_check(file: &Path, ask_facilitator: bool) -> ExitCode {
     // (REEVE_WORKER_TIMEOUT_SECONDS) too.
     let config = Config::from_env().with(settings::CATALOG, file.display().to_string());
     let mut problems = Vec::new();
-    let catalog = startup::catalog_file(&config, &mut problems);
+    let catalog = startup::compiled_catalog_file(&config, &mut problems);
     // Every network it prices in needs a chain endpoint to prove payments
     // (REEVE_CHAIN_RPC_URLS), as every paying process's start-up insists.
     if let Some(catalog) = &catalog {

@@ -48,7 +48,7 @@ pub async fn lambda_catalog() -> Arc<CatalogContext> {
 /// The catalog and its OpenAPI document: the catalog file, nothing else.
 pub fn catalog(config: &Config) -> Result<Arc<CatalogContext>, StartupError> {
     let mut problems = Vec::new();
-    let catalog = deployed_catalog(config, &mut problems);
+    let catalog = deployed_catalog(config, catalog_file(config, &mut problems), &mut problems);
     match catalog {
         Some(catalog) if problems.is_empty() => Ok(CatalogContext::new(Arc::new(catalog))),
         _ => Err(StartupError::Config(problems)),
@@ -105,7 +105,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
     wanted.push(settings::BATCH_AUTHORIZER_KEY);
     let (config, mut problems) = with_secrets(config, sdk, &wanted).await;
     let mut env = config.env();
-    let catalog = deployed_catalog(&config, &mut problems);
+    let catalog = deployed_catalog(&config, compiled_catalog_file(&config, &mut problems), &mut problems);
     let batch_authorizer = batch_claimer(&config, catalog.as_ref(), Duration::ZERO, &mut problems).map(Arc::new);
     let token_key = env.secret(settings::TOKEN_KEY);
     let database_url = env.secret_text(settings::DATABASE_URL);
@@ -164,7 +164,7 @@ pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
 /// the bucket whose outputs a result's link is signed for.
 pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskStatusContext>, StartupError> {
     let (config, mut problems) = with_secrets(config, sdk, &receipt_key_too(Needs::SESSION)).await;
-    let catalog = deployed_catalog(&config, &mut problems);
+    let catalog = deployed_catalog(&config, catalog_file(&config, &mut problems), &mut problems);
     let seller = seller_key(&config, sdk, catalog.as_ref(), &mut problems).await;
     let mut env = config.env();
     let token_key = env.secret(settings::TOKEN_KEY);
@@ -236,7 +236,7 @@ pub(super) async fn api_parts(
     needs: Needs,
     mut problems: Vec<String>,
 ) -> Result<(Catalog, crate::adapters::http::ApiSettings, Outbound, Chains), StartupError> {
-    let catalog = deployed_catalog(config, &mut problems);
+    let catalog = deployed_catalog(config, compiled_catalog_file(config, &mut problems), &mut problems);
     let chains = chain_endpoints(config, catalog.as_ref(), &mut problems);
     let mut env = config.env();
     let (_, operators) = settings::outbound_policies(&env);

@@ -23,7 +23,7 @@ pub async fn mcp(config: &Config, sdk: &SdkConfig) -> Result<Arc<McpContext>, St
     wanted.push(settings::RECEIPT_KEY);
     let (config, mut problems) = with_secrets(config, sdk, &wanted).await;
     let mut env = config.env();
-    let catalog = deployed_catalog(&config, &mut problems);
+    let catalog = deployed_catalog(&config, compiled_catalog_file(&config, &mut problems), &mut problems);
     let seller = seller_key(&config, sdk, catalog.as_ref(), &mut problems).await;
     let pepper = env.secret(settings::PEPPER);
     let token_key = env.secret(settings::TOKEN_KEY);

@@ -246,21 +246,41 @@ pub fn chain_endpoints(config: &Config, catalog: Option<&Catalog>, problems: &mu
 /// The catalog file at `REEVE_CATALOG`, every task's timeout checked
 /// against the worker's time limit (`REEVE_WORKER_TIMEOUT_SECONDS`): every
 /// process that loads it refuses a kind no worker could finish, not only
-/// the worker, so no task of it is sold or queued. Problems go to `problems`.
+/// the worker, so no task of it is sold or queued. Its input schemas are
+/// read as JSON, not compiled: for the processes that validate no input.
+/// Problems go to `problems`.
 pub fn catalog_file(config: &Config, problems: &mut Vec<String>) -> Option<Catalog> {
-    let mut env = config.env();
-    let worker_timeout = settings::worker_timeout(&mut env);
-    problems.extend(env.take_problems());
-    Catalog::load_for(&config.catalog_path(), worker_timeout).map_err(|e| problems.push(e.to_string())).ok()
+    load_catalog(config, problems, Catalog::load_for)
+}
+
+#[cfg(feature = "input-schemas")]
+/// [`catalog_file`] with every input schema compiled, for the processes
+/// that validate inputs (task-create, MCP, `reeve serve`) and `reeve config
+/// check`. Only they reach the schema compiler, so the others link none
+/// even where cargo built this crate with every feature (`sam build`).
+pub fn compiled_catalog_file(config: &Config, problems: &mut Vec<String>) -> Option<Catalog> {
+    load_catalog(config, problems, Catalog::load_compiled_for)
 }
 
 #[cfg(feature = "catalog")]
-/// The catalog as this deployment serves it: `REEVE_CATALOG`, its upload
+fn load_catalog(
+    config: &Config,
+    problems: &mut Vec<String>,
+    load: fn(&std::path::Path, u32) -> Result<Catalog, crate::domain::catalog::CatalogError>,
+) -> Option<Catalog> {
+    let mut env = config.env();
+    let worker_timeout = settings::worker_timeout(&mut env);
+    problems.extend(env.take_problems());
+    load(&config.catalog_path(), worker_timeout).map_err(|e| problems.push(e.to_string())).ok()
+}
+
+#[cfg(feature = "catalog")]
+/// The catalog as this deployment serves it: `catalog` (the file, as
+/// [`catalog_file`] or [`compiled_catalog_file`] read it), its upload
 /// limit lowered to the template's `UploadMaxBytes`, and its facilitator
 /// moved by `REEVE_FACILITATOR_URL` (the local stack's own). Problems go to
 /// `problems`.
-fn deployed_catalog(config: &Config, problems: &mut Vec<String>) -> Option<Catalog> {
-    let catalog = catalog_file(config, problems);
+fn deployed_catalog(config: &Config, catalog: Option<Catalog>, problems: &mut Vec<String>) -> Option<Catalog> {
     let mut env = config.env();
     let cap = settings::upload_limit(&mut env);
     problems.extend(env.take_problems());

@@ -171,16 +171,50 @@ fn a_testnet_price_in_a_mainnet_catalog_is_warned_about_at_its_path() {
 #[test]
 fn shipped_catalog_schemas_are_compiled_and_enforced() {
     let catalog = Catalog::load(Path::new(SHIPPED)).unwrap();
-    let fetch = &catalog.task("fetch").unwrap().input_validator;
+    let fetch = catalog.task("fetch").unwrap().input_validator.as_deref().expect("compiled at load");
     assert!(fetch.is_valid(&json!({"url": "https://example.com/a.pdf"})));
     assert!(!fetch.is_valid(&json!({"url": "http://example.com/"})), "pattern ^https://");
     assert!(!fetch.is_valid(&json!({"url": "https://exa mple.com/"})), "format uri is enforced");
     assert!(!fetch.is_valid(&json!({"url": "https://example.com/", "extra": 1})));
 
-    let digest = &catalog.task("digest").unwrap().input_validator;
+    let digest = catalog.task("digest").unwrap().input_validator.as_deref().expect("compiled at load");
     assert!(digest.is_valid(&json!({"upload_id": "01ARZ3NDEKTSV4RRFFQ69G5FAV"})));
     assert!(!digest.is_valid(&json!({"upload_id": "not-a-ulid"})));
     assert!(!digest.is_valid(&json!({})));
+}
+
+/// The functions that validate no input (task-status, the worker, the
+/// sweeper, the catalog) load the schemas as JSON and never compile them;
+/// the loads that validate (task-create, MCP, `reeve config check`) compile
+/// them and list a bad schema with every other problem at once.
+#[test]
+fn only_the_compiling_load_compiles_schemas_and_it_lists_their_problems_with_the_rest() {
+    let path = std::env::temp_dir().join(format!("reeve-catalog-{}.toml", ulid::Ulid::new()));
+    let bad_schema = "input_schema = { type = \"object\", properties = { n = { minimum = \"ten\" } } }";
+    let text = catalog_with("", "executor = \"digest\"").replace("input_schema = { type = \"object\" }", bad_schema);
+    std::fs::write(&path, &text).unwrap();
+
+    let served = Catalog::load_for(&path, 900).unwrap_or_else(|error| panic!("{error}"));
+    let task = served.task("t").unwrap();
+    assert!(task.input_validator.is_none());
+    assert_eq!(task.input_schema["properties"]["n"]["minimum"], "ten", "served as written");
+    let compiled = Catalog::load_compiled_for(&path, 900).unwrap_err();
+    let CatalogError::Invalid { problems, .. } = &compiled else { panic!("{compiled}") };
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].path, "tasks.t.input_schema");
+    assert!(problems[0].message.contains("invalid JSON Schema at /properties/n/minimum"), "{problems:?}");
+
+    // With a second mistake elsewhere, both are listed.
+    std::fs::write(&path, text.replace("decimals = 6", "decimals = \"six\"")).unwrap();
+    let CatalogError::Invalid { problems, .. } = Catalog::load_compiled_for(&path, 900).unwrap_err() else {
+        panic!("expected problems")
+    };
+    let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(paths, ["assets.coin.decimals", "tasks.t.input_schema"], "{problems:?}");
+
+    std::fs::remove_file(&path).unwrap();
+    let good = Catalog::load_compiled_for(Path::new(SHIPPED), 900).unwrap();
+    assert!(good.tasks.values().all(|task| task.input_validator.is_some()));
 }
 
 #[test]

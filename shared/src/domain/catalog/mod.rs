@@ -125,11 +125,11 @@ pub struct TaskSpec {
     pub timeout_seconds: u32,
     /// The schema as written, converted to JSON (what clients are shown).
     pub input_schema: serde_json::Value,
-    /// The same schema, compiled once at load (with `format` checks on).
-    /// Only where inputs are validated: a field of this type would keep the
-    /// compiler's drop glue in every binary with a catalog.
+    /// The same schema, compiled once at load (with `format` checks on) by
+    /// the loads that compile ([`Catalog::load_compiled_for`]), which the
+    /// functions that validate inputs use; `None` from the others.
     #[cfg(feature = "input-schemas")]
-    pub input_validator: Arc<jsonschema::Validator>,
+    pub input_validator: Option<Arc<jsonschema::Validator>>,
     /// Empty for a free task.
     pub accepts: Vec<Price>,
     /// What one space may do with a free task (`[tasks.<kind>.quota]`, or
@@ -239,29 +239,66 @@ pub struct Payments {
 #[cfg(feature = "catalog")]
 impl Catalog {
     /// Reads and validates the catalog at `path` for a worker of the
-    /// default time limit ([`DEFAULT_WORKER_TIMEOUT_SECONDS`]). Errors name
-    /// the file as given.
+    /// default time limit ([`DEFAULT_WORKER_TIMEOUT_SECONDS`]), its input
+    /// schemas compiled where this crate has the compiler: every check
+    /// there is, for `reeve config check`'s kind of caller and the tests.
+    /// Errors name the file as given.
     pub fn load(path: &Path) -> Result<Catalog, CatalogError> {
+        #[cfg(feature = "input-schemas")]
+        return Self::load_compiled_for(path, DEFAULT_WORKER_TIMEOUT_SECONDS);
+        #[cfg(not(feature = "input-schemas"))]
         Self::load_for(path, DEFAULT_WORKER_TIMEOUT_SECONDS)
     }
 
-    /// [`Catalog::load`] for a worker that may run a record for at most
-    /// `worker_timeout` seconds: every task's `timeout_seconds` must fit.
+    /// The catalog at `path` for a worker that may run a record for at
+    /// most `worker_timeout` seconds (every task's `timeout_seconds` must
+    /// fit), its input schemas read as JSON and not compiled: what a
+    /// function that validates no input needs (task-status, the worker, the
+    /// sweeper, the catalog).
     pub fn load_for(path: &Path, worker_timeout: u32) -> Result<Catalog, CatalogError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| CatalogError::Read { path: path.to_owned(), source })?;
-        Self::parse_named(&text, &path.display().to_string(), worker_timeout)
+        Self::parse_named(&read_file(path)?, &path.display().to_string(), worker_timeout, &mut |_, _| Ok(()))
     }
 
-    /// Validates catalog text for a worker of the default time limit;
-    /// errors name it `reeve.toml`.
+    /// [`Catalog::load_for`], each kind's input schema compiled too (and so
+    /// checked against its meta-schema, its problems listed with the
+    /// others) and kept for validating inputs: task-create, MCP, `reeve
+    /// serve`. The one caller of the compiler, so that a binary which never
+    /// calls it links none.
+    #[cfg(feature = "input-schemas")]
+    pub fn load_compiled_for(path: &Path, worker_timeout: u32) -> Result<Catalog, CatalogError> {
+        Self::parse_compiled(&read_file(path)?, &path.display().to_string(), worker_timeout)
+    }
+
+    /// Validates catalog text for a worker of the default time limit, as
+    /// [`Catalog::load`] does; errors name it `reeve.toml`.
     pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
-        Self::parse_named(text, "reeve.toml", DEFAULT_WORKER_TIMEOUT_SECONDS)
+        #[cfg(feature = "input-schemas")]
+        return Self::parse_compiled(text, "reeve.toml", DEFAULT_WORKER_TIMEOUT_SECONDS);
+        #[cfg(not(feature = "input-schemas"))]
+        Self::parse_named(text, "reeve.toml", DEFAULT_WORKER_TIMEOUT_SECONDS, &mut |_, _| Ok(()))
     }
 
-    fn parse_named(text: &str, name: &str, worker_timeout: u32) -> Result<Catalog, CatalogError> {
+    #[cfg(feature = "input-schemas")]
+    fn parse_compiled(text: &str, name: &str, worker_timeout: u32) -> Result<Catalog, CatalogError> {
+        let mut compiled = BTreeMap::new();
+        let mut catalog = Self::parse_named(text, name, worker_timeout, &mut |kind, json| {
+            compiled.insert(kind.to_owned(), Arc::new(schema::compile(json)?));
+            Ok(())
+        })?;
+        for (kind, task) in &mut catalog.tasks {
+            task.input_validator = compiled.remove(kind);
+        }
+        Ok(catalog)
+    }
+
+    fn parse_named(
+        text: &str,
+        name: &str,
+        worker_timeout: u32,
+        check: validate::SchemaCheck,
+    ) -> Result<Catalog, CatalogError> {
         let table: toml::Table = text.parse().map_err(|error| CatalogError::syntax(name, text, &error))?;
-        validate::catalog(&table, worker_timeout)
+        validate::catalog(&table, worker_timeout, check)
             .map_err(|problems| CatalogError::Invalid { path: name.to_owned(), problems })
     }
 
@@ -288,6 +325,11 @@ impl Catalog {
             },
         }
     }
+}
+
+#[cfg(feature = "catalog")]
+fn read_file(path: &Path) -> Result<String, CatalogError> {
+    std::fs::read_to_string(path).map_err(|source| CatalogError::Read { path: path.to_owned(), source })
 }
 
 #[cfg(test)]

@@ -3,39 +3,34 @@
 use serde_json::{Map, Number, Value as Json};
 use toml::Value as Toml;
 
-/// A kind's input schema as JSON, and, where inputs are validated, compiled.
-pub struct InputSchema {
-    pub json: Json,
-    #[cfg(feature = "input-schemas")]
-    pub validator: jsonschema::Validator,
+/// Converts the schema to JSON. Nothing here compiles it: the loads that
+/// do ([`super::Catalog::load_compiled_for`]) hand each schema to
+/// [`compile`] themselves, so a binary that validates no input (task-status,
+/// the worker, the sweeper) reaches no schema compiler from its catalog
+/// load and links none, whichever features cargo unified into this crate
+/// (`sam build` unifies every member's).
+pub fn read(schema: &toml::Table) -> Result<Json, String> {
+    Ok(Json::Object(table_to_json(schema)?))
 }
 
-/// Converts the schema to JSON and, with `input-schemas`, compiles it, which
-/// also checks it against its meta-schema. A function that validates no
-/// input (task-status, the sweeper) skips the compiler, and links none: it
-/// serves the same file task-create and `reeve config check` compile.
-pub fn read(schema: &toml::Table) -> Result<InputSchema, String> {
-    let json = Json::Object(table_to_json(schema)?);
-    #[cfg(feature = "input-schemas")]
-    let validator = compile(&json)?;
-    // Task create reads `upload_id`s and the executors read fields out of
-    // the input, so the input must be an object, not any JSON value.
-    if json.get("type") != Some(&Json::from("object")) {
-        return Err("the top level must have type = \"object\"".to_owned());
+/// Task create reads `upload_id`s and the executors read fields out of the
+/// input, so the input must be an object, not any JSON value.
+pub fn takes_an_object(json: &Json) -> Result<(), String> {
+    match json.get("type") == Some(&Json::from("object")) {
+        true => Ok(()),
+        false => Err("the top level must have type = \"object\"".to_owned()),
     }
-    Ok(InputSchema {
-        json,
-        #[cfg(feature = "input-schemas")]
-        validator,
-    })
 }
 
+/// Compiles a schema [`read`] gave, which also checks it against its
+/// meta-schema.
+///
 /// Format checks are switched on because draft 2020-12 treats `format` as a
 /// mere annotation, and an operator writing `format = "uri"` means it to be
 /// enforced; for the same reason an unknown format (say `"url"`) is an error
 /// rather than silently accepting anything.
 #[cfg(feature = "input-schemas")]
-fn compile(json: &Json) -> Result<jsonschema::Validator, String> {
+pub(super) fn compile(json: &Json) -> Result<jsonschema::Validator, String> {
     jsonschema::options().should_validate_formats(true).should_ignore_unknown_formats(false).build(json).map_err(
         |error| {
             let at = error.instance_path().as_str();

@@ -1,6 +1,5 @@
 //! The `[uploads]` section on its own: what presign and the upload guard
-//! need of the catalog, read without the task schemas (and without the
-//! JSON Schema compiler the rest of the catalog needs). [`Uploads`] is
+//! need of the catalog, read without the task schemas. [`Uploads`] is
 //! defined here, not in the catalog's module, so that `domain::uploads`
 //! (which the `digest` executor calls) does not reach the module that holds
 //! the executors.

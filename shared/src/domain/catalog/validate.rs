@@ -3,9 +3,8 @@
 //! assembled only when there were no problems at all.
 
 use std::collections::{BTreeMap, BTreeSet};
-#[cfg(feature = "input-schemas")]
-use std::sync::Arc;
 
+use serde_json::Value as Json;
 use toml::{Table, Value};
 
 use super::read::{Fields, KeyPath, Problems, bounded};
@@ -82,9 +81,16 @@ const MAX_PAYMENT_TIMEOUT_SECONDS: i64 = 3600;
 /// and 10^36 still leaves room in a `u128`.
 const MAX_DECIMALS: i64 = 36;
 
+/// What a load does with each kind's input schema once it is JSON, given
+/// the kind: compiles (and keeps) it, or nothing, for a load that serves
+/// the schemas without validating inputs. The caller passes it, so only the
+/// loads that compile reach a compiler. An `Err` is a problem at the
+/// kind's `input_schema`.
+pub type SchemaCheck<'a> = &'a mut dyn FnMut(&str, &Json) -> Result<(), String>;
+
 /// `worker_timeout`: the worker's time limit in seconds, which every
 /// task's timeout (plus [`RUN_MARGIN_SECONDS`]) must fit in.
-pub fn catalog(table: &Table, worker_timeout: u32) -> Result<Catalog, Vec<Problem>> {
+pub fn catalog(table: &Table, worker_timeout: u32, check: SchemaCheck) -> Result<Catalog, Vec<Problem>> {
     let mut problems = Problems::new();
     let p = &mut problems;
     let root = Fields::new(KeyPath::default(), table);
@@ -94,7 +100,7 @@ pub fn catalog(table: &Table, worker_timeout: u32) -> Result<Catalog, Vec<Proble
     let tasks = root
         .entries("tasks", p)
         .into_iter()
-        .filter_map(|(kind, fields)| Some((kind.to_owned(), task(kind, &fields, &assets, worker_timeout, p)?)))
+        .filter_map(|(kind, fields)| Some((kind.to_owned(), task(kind, &fields, &assets, worker_timeout, check, p)?)))
         .collect();
     let payments = payments(&root, &priced_tasks(table), p);
     let uploads = uploads(&root, p);
@@ -207,12 +213,19 @@ fn not_reserved(kind: &str) -> Result<(), String> {
     }
 }
 
-fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Problems) -> Option<TaskSpec> {
+fn task(
+    kind: &str,
+    f: &Fields,
+    assets: &Assets,
+    worker_timeout: u32,
+    check: SchemaCheck,
+    p: &mut Problems,
+) -> Option<TaskSpec> {
     let (before, after) = TASK_KEYS;
     let own = Executor::keys().map(|key| key.key);
     let keys: Vec<&str> = before.iter().copied().chain(own).chain(after.iter().copied()).collect();
     f.deny_unknown(&keys, p);
-    let kind = f.path.verify(formats::id("task kind", kind).and_then(|()| not_reserved(kind)), p);
+    let named = f.path.verify(formats::id("task kind", kind).and_then(|()| not_reserved(kind)), p);
     let title = required_text(f, "title", p);
     let description = f.optional::<&str>("description", p).unwrap_or_default();
     let executor = Executor::configure(f, p);
@@ -227,7 +240,13 @@ fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Pr
             f.verify("timeout_seconds", fits_the_worker(waited, worker_timeout).map(|_| secs), p)
         })
         .unwrap_or(DEFAULT_TASK_TIMEOUT_SECONDS);
-    let schema = f.required("input_schema", p).and_then(|schema| f.verify("input_schema", schema::read(schema), p));
+    let schema = f.required("input_schema", p).and_then(|schema| {
+        let json = schema::read(schema).and_then(|json| {
+            check(kind, &json)?;
+            schema::takes_an_object(&json).map(|()| json)
+        });
+        f.verify("input_schema", json, p)
+    });
     let listed = f.optional::<&[Value]>("accepts", p);
     let accepts = match listed {
         Some(items) => prices(&f.at("accepts"), items, assets, executor.as_ref(), p),
@@ -237,16 +256,16 @@ fn task(kind: &str, f: &Fields, assets: &Assets, worker_timeout: u32, p: &mut Pr
     // The kind's own limit, counted over its own running tasks only.
     let running_per_space = f.int_in("running_per_space", 1..=MAX_RUNNING_PER_SPACE, p);
 
-    kind?;
-    let schema = schema?;
+    named?;
     Some(TaskSpec {
         title: title?,
         description: description.to_owned(),
         executor: executor?,
         timeout_seconds,
-        input_schema: schema.json,
+        input_schema: schema?,
+        // Set by the load that compiled it, if one did.
         #[cfg(feature = "input-schemas")]
-        input_validator: Arc::new(schema.validator),
+        input_validator: None,
         accepts: accepts?,
         quota,
         running_per_space,

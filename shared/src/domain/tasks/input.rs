@@ -28,7 +28,14 @@ pub struct Violation {
 pub fn violations(spec: &TaskSpec, input: &Value) -> (Vec<Violation>, usize) {
     let mut listed = Vec::new();
     let mut total = 0;
-    for error in spec.input_validator.iter_errors(input) {
+    // The functions that validate inputs load their catalog compiled
+    // (startup's `compiled_catalog`); a process that did not has no business
+    // here, and letting its inputs through unchecked is not an option.
+    let validator = spec
+        .input_validator
+        .as_deref()
+        .expect("inputs are validated against a catalog loaded with Catalog::load_compiled_for");
+    for error in validator.iter_errors(input) {
         total += 1;
         if listed.len() < MAX_VIOLATIONS {
             listed.push(Violation {
