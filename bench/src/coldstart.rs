@@ -6,7 +6,7 @@
 //! so each function's init reads as a multiple of it. The binaries' sizes go
 //! in the same table.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -62,7 +62,8 @@ const TOTAL_GOAL_MIB: f64 = 70.0;
 const INIT_GOAL_RATIO: f64 = 2.0;
 const BASELINE: &str = "hello";
 
-async fn once(bin: &Path, name: &str) -> anyhow::Result<f64> {
+async fn once(binary: &Binary) -> anyhow::Result<f64> {
+    let (bin, name) = (&binary.path, &binary.label);
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let api = listener.local_addr()?.to_string();
     let start = Instant::now();
@@ -73,6 +74,7 @@ async fn once(bin: &Path, name: &str) -> anyhow::Result<f64> {
         .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
         .env("AWS_LAMBDA_LOG_STREAM_NAME", "bench")
         .env("AWS_LAMBDA_LOG_GROUP_NAME", "bench")
+        .envs(binary.catalog.iter().map(|path| ("REEVE_CATALOG", path)))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -99,20 +101,43 @@ fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**missed**" }
 }
 
-/// One binary measured: its row's label, its file and its size goal.
+/// One binary measured: its row's label, its file and its size goal, and
+/// the catalog it starts with where not the environment's.
 struct Binary {
     label: String,
     path: PathBuf,
     goal: Option<f64>,
+    catalog: Option<PathBuf>,
+}
+
+/// The environment's catalog (`REEVE_CATALOG`) without its `lambda` kinds,
+/// for the worker built without the Invoke client, which refuses a catalog
+/// that has one at start-up: it starts as it would be deployed, for a
+/// catalog without one.
+fn without_lambda_kinds() -> anyhow::Result<PathBuf> {
+    let path = std::env::var("REEVE_CATALOG").context("REEVE_CATALOG is unset (the local stack's .env sets it)")?;
+    let text = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+    let mut catalog: toml::Table = text.parse().with_context(|| format!("parse {path}"))?;
+    if let Some(toml::Value::Table(tasks)) = catalog.get_mut("tasks") {
+        tasks.retain(|_, task| task.get("executor").and_then(toml::Value::as_str) != Some("lambda"));
+    }
+    let out = std::env::temp_dir().join(format!("reeve-bench-no-lambda-{}.toml", std::process::id()));
+    std::fs::write(&out, toml::to_string(&catalog)?).with_context(|| format!("write {}", out.display()))?;
+    Ok(out)
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let alone = |name: &str, goal| Binary { label: name.to_owned(), path: args.bin_dir.join(name), goal };
+    let alone =
+        |name: &str, goal| Binary { label: name.to_owned(), path: args.bin_dir.join(name), goal, catalog: None };
     let mut binaries = vec![alone(BASELINE, None)];
     binaries.extend(FUNCTIONS.iter().map(|(name, goal)| alone(name, *goal)));
     let without_lambda = args.bin_dir.join(WORKER_NO_LAMBDA).exists();
     if without_lambda {
-        binaries.push(Binary { label: "worker, without `lambda`".into(), ..alone(WORKER_NO_LAMBDA, None) });
+        binaries.push(Binary {
+            label: "worker, without `lambda`".into(),
+            catalog: Some(without_lambda_kinds()?),
+            ..alone(WORKER_NO_LAMBDA, None)
+        });
     }
     let deployed_from = binaries.len();
     if let Some(dir) = &args.deployed_dir {
@@ -120,6 +145,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             label: (*name).to_owned(),
             path: dir.join(name),
             goal: *goal,
+            catalog: None,
         }));
     }
     let mut sizes = Vec::new();
@@ -132,7 +158,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut samples = vec![Vec::with_capacity(args.runs); binaries.len()];
     for _ in 0..args.runs {
         for (binary, runs) in binaries.iter().zip(&mut samples) {
-            runs.push(once(&binary.path, &binary.label).await?);
+            runs.push(once(binary).await?);
         }
     }
     let medians: Vec<f64> = samples.into_iter().map(median).collect();
