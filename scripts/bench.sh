@@ -103,7 +103,7 @@ build_each() {
     # And as `sam build` builds them (its cargo lambda runs this for each at
     # the workspace root, so with every member's features unified), under
     # the target triple's own directory, measured in a second table.
-    cargo build --release --locked --target x86_64-unknown-linux-gnu "${bins[@]}" || return
+    cargo build --release --locked --target "$LAMBDA_TARGET" "${bins[@]}" || return
   fi
 }
 timed build build_each
@@ -131,7 +131,7 @@ for phase in "${phases[@]}"; do
     paid)       timed paid "$BIN/reeve-bench" paid --reeve "$BIN/reeve" >"$section" ;;
     fairness)   timed fairness "$BIN/reeve-bench" fairness --reeve "$BIN/reeve" >"$section" ;;
     coldstart)  timed coldstart "$BIN/reeve-bench" coldstart --bin-dir "$BIN" \
-                  --deployed-dir "${CARGO_TARGET_DIR:-$ROOT/target}/x86_64-unknown-linux-gnu/release" >"$section" ;;
+                  --deployed-dir "${CARGO_TARGET_DIR:-$ROOT/target}/$LAMBDA_TARGET/release" >"$section" ;;
   esac
   printf '%s\n\n' "$measured" >>"$section"
   mv "$section" "$SECTIONS/$phase.md"

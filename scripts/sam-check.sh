@@ -165,7 +165,7 @@ phase_build() {
     # compiles nothing: the same command cargo lambda ran).
     local bins=()
     mapfile -t bins < <(sed -n 's/^ *Binary: *\([A-Za-z0-9_-]*\) *$/--bin\n\1/p' template.yaml)
-    cargo build --locked -q --target x86_64-unknown-linux-gnu "${bins[@]}" || return
+    cargo build --locked -q --target "$LAMBDA_TARGET" "${bins[@]}" || return
   fi
   log "built bootstraps (${SAM_CHECK_PROFILE:-deploy} profile):"
   local f n total=0

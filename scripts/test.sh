@@ -40,7 +40,7 @@ lint_in_build
 # units fresh and copies the bootstraps. Lambda's x86_64 is the only
 # architecture scripts/sam-check.sh runs.
 [[ $(uname -m) == x86_64 ]] || die "scripts/test.sh runs on x86_64 only (the SAM check invokes x86_64 Lambda functions)"
-export CARGO_BUILD_TARGET=x86_64-unknown-linux-gnu
+export CARGO_BUILD_TARGET=$LAMBDA_TARGET
 
 # `cargo test` runs its test binaries one after another, and most of their
 # time is waiting (a block a second, leases, the queue's long polls): the

@@ -6,7 +6,7 @@
 //! so each function's init reads as a multiple of it. The binaries' sizes go
 //! in the same table.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -127,26 +127,21 @@ fn without_lambda_kinds() -> anyhow::Result<PathBuf> {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let alone =
-        |name: &str, goal| Binary { label: name.to_owned(), path: args.bin_dir.join(name), goal, catalog: None };
-    let mut binaries = vec![alone(BASELINE, None)];
-    binaries.extend(FUNCTIONS.iter().map(|(name, goal)| alone(name, *goal)));
+    let at =
+        |dir: &Path, name: &str, goal| Binary { label: name.to_owned(), path: dir.join(name), goal, catalog: None };
+    let mut binaries = vec![at(&args.bin_dir, BASELINE, None)];
+    binaries.extend(FUNCTIONS.iter().map(|(name, goal)| at(&args.bin_dir, name, *goal)));
     let without_lambda = args.bin_dir.join(WORKER_NO_LAMBDA).exists();
     if without_lambda {
         binaries.push(Binary {
             label: "worker, without `lambda`".into(),
             catalog: Some(without_lambda_kinds()?),
-            ..alone(WORKER_NO_LAMBDA, None)
+            ..at(&args.bin_dir, WORKER_NO_LAMBDA, None)
         });
     }
     let deployed_from = binaries.len();
     if let Some(dir) = &args.deployed_dir {
-        binaries.extend(FUNCTIONS.iter().map(|(name, goal)| Binary {
-            label: (*name).to_owned(),
-            path: dir.join(name),
-            goal: *goal,
-            catalog: None,
-        }));
+        binaries.extend(FUNCTIONS.iter().map(|(name, goal)| at(dir, name, *goal)));
     }
     let mut sizes = Vec::new();
     for binary in &binaries {
@@ -160,6 +155,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         for (binary, runs) in binaries.iter().zip(&mut samples) {
             runs.push(once(binary).await?);
         }
+    }
+    for catalog in binaries.iter().filter_map(|binary| binary.catalog.as_ref()) {
+        let _ = std::fs::remove_file(catalog);
     }
     let medians: Vec<f64> = samples.into_iter().map(median).collect();
     let hello_ms = medians[0];

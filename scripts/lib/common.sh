@@ -65,6 +65,11 @@ load_dev_env() {
   export SAM_CLI_TELEMETRY=0
 }
 
+# The target triple cargo lambda builds for (`sam build` runs `cargo build
+# --target` with it): x86_64, the template's default architecture and the
+# only one scripts/sam-check.sh invokes.
+LAMBDA_TARGET=x86_64-unknown-linux-gnu
+
 # clippy-driver wraps rustc for the workspace's own crates, every warning an
 # error (scripts/test.sh says why the lints run inside the build). The
 # wrapper is part of what cargo fingerprints: every cargo meant to reuse
