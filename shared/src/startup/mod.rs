@@ -253,11 +253,11 @@ pub fn catalog_file(config: &Config, problems: &mut Vec<String>) -> Option<Catal
     load_catalog(config, problems, Catalog::load_for)
 }
 
-#[cfg(feature = "input-schemas")]
 /// [`catalog_file`] with every input schema compiled, for the processes
 /// that validate inputs (task-create, MCP, `reeve serve`) and `reeve config
 /// check`. Only they reach the schema compiler, so the others link none
 /// even where cargo built this crate with every feature (`sam build`).
+#[cfg(feature = "input-schemas")]
 pub fn compiled_catalog_file(config: &Config, problems: &mut Vec<String>) -> Option<Catalog> {
     load_catalog(config, problems, Catalog::load_compiled_for)
 }

@@ -29,7 +29,7 @@ pub fn violations(spec: &TaskSpec, input: &Value) -> (Vec<Violation>, usize) {
     let mut listed = Vec::new();
     let mut total = 0;
     // The functions that validate inputs load their catalog compiled
-    // (startup's `compiled_catalog`); a process that did not has no business
+    // (`startup::compiled_catalog_file`); a process that did not has no business
     // here, and letting its inputs through unchecked is not an option.
     let validator = spec
         .input_validator
