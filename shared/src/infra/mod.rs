@@ -6,6 +6,8 @@ pub mod aws;
 pub mod canonical_json;
 pub mod client_addr;
 pub mod db;
+#[cfg(feature = "input-schemas")]
+pub mod json_schema;
 #[cfg(feature = "receipts")]
 pub mod kms;
 pub mod metrics;

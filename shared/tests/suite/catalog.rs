@@ -515,13 +515,13 @@ fn each_rule_reports_one_problem_at_its_path() {
             "schema bad regex",
             schema("{ type = \"object\", properties = { s = { pattern = \"([\" } } }"),
             "tasks.t.input_schema",
-            "is not a \"regex\"",
+            "invalid JSON Schema at /properties/s/pattern: '([' is not valid regex: regex parse error: ([ ^ error: unclosed",
         ),
         (
             "schema with an unknown format",
             schema("{ type = \"object\", properties = { u = { format = \"url\" } } }"),
             "tasks.t.input_schema",
-            "invalid JSON Schema at /properties/u/format: Unknown format: 'url'",
+            "invalid JSON Schema at /properties/u/format: unknown format \"url\"",
         ),
         (
             "schema not an object",

@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use base64::Engine;
+use reeve_shared::json_schema::JsonSchema;
 use reeve_shared::settings::{self, Config};
 use reeve_shared::worker::{Outcome, WorkerContext, process};
 use serde_json::{Value, json};
@@ -625,7 +626,7 @@ async fn an_output_report_answers_a_bounded_put_and_the_result_links_the_file(po
     .unwrap();
     let kept = kept_until - time::OffsetDateTime::now_utc();
     assert!(kept > time::Duration::days(2) && kept <= time::Duration::days(3), "2 days, to the next midnight: {file}");
-    let documented = jsonschema::validator_for(&reeve_shared::executors::outputs_schema()).unwrap();
+    let documented = JsonSchema::compile(&reeve_shared::executors::outputs_schema()).unwrap();
     assert!(documented.is_valid(&read.body["result"]["outputs"]), "{}", read.body);
     let downloaded = reqwest::get(link).await.unwrap();
     assert_eq!(downloaded.status(), 200);

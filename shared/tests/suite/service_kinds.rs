@@ -29,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use base64::Engine;
 use reeve_shared::ids::Id;
+use reeve_shared::json_schema::JsonSchema;
 use reeve_shared::settings::{self, Config};
 use reeve_shared::worker::{Outcome, WorkerContext, process};
 use serde_json::{Value, json};
@@ -205,7 +206,7 @@ async fn assert_ended(api: &Api, id: Id) {
     assert_eq!(summary["output"], "top-100.csv", "{summary}");
     let outputs = summary["outputs"].as_array().unwrap_or_else(|| panic!("the result lists its files: {summary}"));
     assert_eq!(outputs.len(), 1, "{summary}");
-    let documented = jsonschema::validator_for(&reeve_shared::executors::outputs_schema()).unwrap();
+    let documented = JsonSchema::compile(&reeve_shared::executors::outputs_schema()).unwrap();
     assert!(documented.is_valid(&summary["outputs"]), "as docs/executor-schemas/outputs.json says: {summary}");
     assert_eq!(outputs[0]["name"], "top-100.csv", "{summary}");
     let url = outputs[0]["url"].as_str().unwrap_or_else(|| panic!("a download link: {summary}"));

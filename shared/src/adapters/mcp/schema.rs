@@ -145,6 +145,7 @@ mod tests {
     use super::*;
     use crate::adapters::mcp::failure::ToolFailure;
     use crate::domain::executors::{Digest, Executor};
+    use crate::infra::json_schema::JsonSchema;
 
     /// A metered task's payment, charged.
     fn metered_payment() -> crate::domain::payments::MeteredPayment {
@@ -237,8 +238,8 @@ mod tests {
             "extensions": { "bazaar": {} }
         });
         let digest = Executor::from(Digest).output_schema();
-        let priced = jsonschema::validator_for(&output_schema(task_schema(&digest), Priced::Yes)).unwrap();
-        let free = jsonschema::validator_for(&output_schema(task_schema(&digest), Priced::No)).unwrap();
+        let priced = JsonSchema::compile_generated(&output_schema(task_schema(&digest), Priced::Yes)).unwrap();
+        let free = JsonSchema::compile_generated(&output_schema(task_schema(&digest), Priced::No)).unwrap();
         for (what, answer) in [("the task", &view), ("a tool error", &refused), ("a payment request", &challenge)] {
             assert!(priced.is_valid(answer), "{what} fails a priced tool's schema: {answer}");
         }

@@ -41,6 +41,9 @@ use std::path::Path;
 #[cfg(feature = "input-schemas")]
 use std::sync::Arc;
 
+#[cfg(feature = "input-schemas")]
+use crate::infra::json_schema::JsonSchema;
+
 /// Which executor runs a kind: declared by the executors, each in its own
 /// file, and listed once in their registry.
 #[cfg(feature = "catalog")]
@@ -129,7 +132,7 @@ pub struct TaskSpec {
     /// the loads that compile ([`Catalog::load_compiled_for`]), which the
     /// functions that validate inputs use; `None` from the others.
     #[cfg(feature = "input-schemas")]
-    pub input_validator: Option<Arc<jsonschema::Validator>>,
+    pub input_validator: Option<Arc<JsonSchema>>,
     /// Empty for a free task.
     pub accepts: Vec<Price>,
     /// What one space may do with a free task (`[tasks.<kind>.quota]`, or
@@ -282,7 +285,7 @@ impl Catalog {
     fn parse_compiled(text: &str, name: &str, worker_timeout: u32) -> Result<Catalog, CatalogError> {
         let mut compiled = BTreeMap::new();
         let mut catalog = Self::parse_named(text, name, worker_timeout, &mut |kind, json| {
-            compiled.insert(kind.to_owned(), Arc::new(schema::compile(json)?));
+            compiled.insert(kind.to_owned(), Arc::new(JsonSchema::compile(json)?));
             Ok(())
         })?;
         for (kind, task) in &mut catalog.tasks {

@@ -4,11 +4,11 @@ use serde_json::{Map, Number, Value as Json};
 use toml::Value as Toml;
 
 /// Converts the schema to JSON. Nothing here compiles it: the loads that
-/// do ([`super::Catalog::load_compiled_for`]) hand each schema to
-/// [`compile`] themselves, so a binary that validates no input (task-status,
-/// the worker, the sweeper) reaches no schema compiler from its catalog
-/// load and links none, whichever features cargo unified into this crate
-/// (`sam build` unifies every member's).
+/// do ([`super::Catalog::load_compiled_for`]) compile each schema
+/// themselves, so a binary that validates no input (task-status, the
+/// worker, the sweeper) reaches no schema compiler from its catalog load
+/// and links none, whichever features cargo unified into this crate (`sam
+/// build` unifies every member's).
 pub fn read(schema: &toml::Table) -> Result<Json, String> {
     Ok(Json::Object(table_to_json(schema)?))
 }
@@ -20,24 +20,6 @@ pub fn takes_an_object(json: &Json) -> Result<(), String> {
         true => Ok(()),
         false => Err("the top level must have type = \"object\"".to_owned()),
     }
-}
-
-/// Compiles a schema [`read`] gave, which also checks it against its
-/// meta-schema.
-///
-/// Format checks are switched on because draft 2020-12 treats `format` as a
-/// mere annotation, and an operator writing `format = "uri"` means it to be
-/// enforced; for the same reason an unknown format (say `"url"`) is an error
-/// rather than silently accepting anything.
-#[cfg(feature = "input-schemas")]
-pub(super) fn compile(json: &Json) -> Result<jsonschema::Validator, String> {
-    jsonschema::options().should_validate_formats(true).should_ignore_unknown_formats(false).build(json).map_err(
-        |error| {
-            let at = error.instance_path().as_str();
-            let at = if at.is_empty() { String::new() } else { format!(" at {at}") };
-            format!("invalid JSON Schema{at}: {error}")
-        },
-    )
 }
 
 fn table_to_json(table: &toml::Table) -> Result<Map<String, Json>, String> {

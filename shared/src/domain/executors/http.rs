@@ -183,6 +183,7 @@ mod tests {
 
     use super::*;
     use crate::domain::catalog::read::KeyPath;
+    use crate::infra::json_schema::JsonSchema;
 
     fn configure(text: &str) -> (Option<Http>, Vec<String>) {
         let table: Table = text.parse().unwrap();
@@ -221,7 +222,7 @@ mod tests {
         assert_eq!(bare.unwrap().output_schema(), json!({}), "a bare endpoint's answer is anything");
         let (http, _) = configure("endpoint = \"https://x.example/run\"\nprotocol = 1\nsecret = \"RUN_SECRET\"");
         let schema = http.unwrap().output_schema();
-        let validator = jsonschema::validator_for(&schema).unwrap();
+        let validator = JsonSchema::compile(&schema).unwrap();
         let file = json!({
             "name": "top-100.csv", "size": 12, "content_type": "text/csv",
             "key": "outputs/ab/01J/files/top-100.csv",

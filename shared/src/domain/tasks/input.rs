@@ -13,13 +13,7 @@ pub const MAX_VIOLATIONS: usize = 10;
 /// (and maybe an S3 HEAD) on the request path.
 pub const MAX_UPLOADS: usize = 100;
 
-/// One way an input fails its task's schema.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Violation {
-    /// JSON pointer into the input; `""` is the input itself.
-    pub pointer: String,
-    pub message: String,
-}
+pub use crate::infra::json_schema::Violation;
 
 /// Every violation (the first [`MAX_VIOLATIONS`]) and how many there were.
 /// Messages mask the offending values: the client knows what it sent, and
@@ -35,13 +29,10 @@ pub fn violations(spec: &TaskSpec, input: &Value) -> (Vec<Violation>, usize) {
         .input_validator
         .as_deref()
         .expect("inputs are validated against a catalog loaded with Catalog::load_compiled_for");
-    for error in validator.iter_errors(input) {
+    for violation in validator.violations(input) {
         total += 1;
         if listed.len() < MAX_VIOLATIONS {
-            listed.push(Violation {
-                pointer: error.instance_path().as_str().to_owned(),
-                message: error.masked().to_string(),
-            });
+            listed.push(violation);
         }
     }
     (listed, total)

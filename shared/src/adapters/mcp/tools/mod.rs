@@ -32,6 +32,7 @@ use super::failure::{ToolFailure, ToolResult};
 use super::kind;
 use super::tool::{Identity, Registered, registered};
 use crate::domain::catalog::Catalog;
+use crate::infra::json_schema::JsonSchema;
 
 /// The tools that are not a kind, in the order `tools/list` shows them.
 const FIXED: &[Registered] = &[
@@ -50,7 +51,7 @@ const FIXED: &[Registered] = &[
 /// input schema, compiled once.
 pub struct Fixed {
     tool: Registered,
-    validator: jsonschema::Validator,
+    validator: JsonSchema,
 }
 
 impl Fixed {
@@ -64,12 +65,10 @@ impl Fixed {
     pub fn check(&self, arguments: &Value) -> ToolResult<()> {
         let violations: Vec<String> = self
             .validator
-            .iter_errors(arguments)
+            .violations(arguments)
+            .into_iter()
             .take(10)
-            .map(|e| {
-                let at = e.instance_path().as_str().to_owned();
-                format!("{}: {}", if at.is_empty() { "(root)" } else { &at }, e.masked())
-            })
+            .map(|v| format!("{}: {}", if v.pointer.is_empty() { "(root)" } else { &v.pointer }, v.message))
             .collect();
         if violations.is_empty() {
             return Ok(());
@@ -109,7 +108,7 @@ impl Tools {
         for &tool in FIXED {
             let listed = (tool.listed)(catalog);
             let schema = Value::Object((*listed.input_schema).clone());
-            let validator = jsonschema::validator_for(&schema).expect("the fixed schemas are valid");
+            let validator = JsonSchema::compile_generated(&schema).expect("the fixed schemas are valid");
             fixed.insert(tool.name, Fixed { tool, validator });
             list.push(listed);
         }
