@@ -56,6 +56,8 @@ pub use domain::{auth, catalog, ids, payments, sessions, tasks, webhooks};
 pub use domain::{login_limits, spaces};
 #[cfg(feature = "aws")]
 pub use infra::aws;
+#[cfg(feature = "aws")]
+pub use infra::aws_http;
 #[cfg(feature = "input-schemas")]
 pub use infra::json_schema;
 #[cfg(feature = "receipts")]

@@ -541,6 +541,7 @@ fn stored_secret(moto: &str, value: &str) -> String {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(reeve_shared::aws_http::http_client())
             .region(aws_config::Region::new("us-east-1"))
             .endpoint_url(moto)
             .credentials_provider(aws_sdk_secretsmanager::config::Credentials::new("test", "test", None, None, "test"))

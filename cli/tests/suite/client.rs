@@ -153,7 +153,7 @@ impl Drop for Serve {
 }
 
 async fn sqs() -> aws_sdk_sqs::Client {
-    aws_sdk_sqs::Client::new(&aws_config::load_from_env().await)
+    aws_sdk_sqs::Client::new(&reeve_shared::startup::sdk().await)
 }
 
 struct Run(Output);

@@ -3,6 +3,8 @@
 
 #[cfg(feature = "aws")]
 pub mod aws;
+#[cfg(feature = "aws")]
+pub mod aws_http;
 pub mod canonical_json;
 pub mod client_addr;
 pub mod db;

@@ -1,7 +1,5 @@
 //! The roots of trust every TLS client of a Reeve process uses: Mozilla's
-//! CA set, compiled in (`webpki-roots` as trust anchors, `webpki-root-certs`
-//! as whole certificates for the AWS SDK, which takes nothing else), and
-//! built once per process.
+//! CA set, compiled in (`webpki-roots`), and built once per process.
 //!
 //! Why compiled in rather than the system's store: each client used to load
 //! the system store on its own at start-up (the AWS SDK's, and each reqwest
@@ -18,9 +16,8 @@
 use std::sync::{Arc, OnceLock};
 
 /// The rustls configuration of every reqwest client (the SSRF-guarded
-/// outbound clients): Mozilla's roots as trust anchors, nothing parsed, no
-/// file read. reqwest sets the ALPN protocols itself.
-#[cfg(feature = "outbound")]
+/// outbound clients, the AWS SDK's): Mozilla's roots as trust anchors,
+/// nothing parsed, no file read. reqwest sets the ALPN protocols itself.
 pub fn client_config() -> Arc<rustls::ClientConfig> {
     static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
     CONFIG
@@ -37,32 +34,10 @@ pub fn client_config() -> Arc<rustls::ClientConfig> {
         .clone()
 }
 
-/// Mozilla's roots as PEM, for the AWS SDK's trust store (which takes PEM
-/// and parses it when it opens its first connection).
-#[cfg(feature = "aws")]
-pub fn roots_pem() -> Vec<u8> {
-    let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS.iter().map(|der| pem::Pem::new("CERTIFICATE", der.to_vec()));
-    pem::encode_many(&roots.collect::<Vec<_>>()).into_bytes()
-}
-
-#[cfg(all(test, feature = "aws", feature = "outbound"))]
+#[cfg(test)]
 mod tests {
-    /// The AWS SDK and the other clients trust the same roots: each trust
-    /// anchor's subject is the subject of one of the whole certificates.
     #[test]
-    fn both_forms_are_the_same_set() {
-        let certs = webpki_root_certs::TLS_SERVER_ROOT_CERTS;
-        let anchors = webpki_roots::TLS_SERVER_ROOTS;
-        assert_eq!(anchors.len(), certs.len(), "webpki-roots and webpki-root-certs are from different snapshots");
-        for anchor in anchors {
-            let subject: &[u8] = anchor.subject.as_ref();
-            assert!(
-                certs.iter().any(|cert| cert.as_ref().windows(subject.len()).any(|w| w == subject)),
-                "a trust anchor without its certificate"
-            );
-        }
-        let pem = String::from_utf8(super::roots_pem()).unwrap();
-        assert_eq!(pem.matches("-----BEGIN CERTIFICATE-----").count(), certs.len());
+    fn reqwest_sets_the_alpn_protocols() {
         assert!(super::client_config().alpn_protocols.is_empty(), "reqwest sets them");
     }
 }

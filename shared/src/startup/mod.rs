@@ -161,18 +161,14 @@ pub fn or_exit<T>(result: Result<T, StartupError>) -> T {
 }
 
 /// The AWS SDK's configuration, loaded once per process (the SDK reads the
-/// standard AWS variables itself), with an HTTPS client that trusts the
-/// process's roots (`crate::infra::tls`) instead of loading the system's store.
+/// standard AWS variables itself), sending through reqwest on the process's
+/// roots (`crate::infra::aws_http`) instead of loading the system's store.
 #[cfg(feature = "aws")]
 pub async fn sdk() -> SdkConfig {
-    use aws_smithy_http_client::tls::{self, TlsContext, TrustStore, rustls_provider::CryptoMode};
-    let trust = TrustStore::empty().with_native_roots(false).with_pem_certificate(crate::infra::tls::roots_pem());
-    let context = TlsContext::builder().with_trust_store(trust).build().expect("a trust store is a valid TLS context");
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
-        .tls_context(context)
-        .build_https();
-    aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http).load().await
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(crate::infra::aws_http::http_client())
+        .load()
+        .await
 }
 
 #[cfg(all(feature = "s3", feature = "sqs"))]

@@ -238,6 +238,7 @@ pub fn moto() -> aws_config::SdkConfig {
     let endpoint = std::env::var("AWS_ENDPOINT_URL_SQS").expect("the stack's .env is loaded");
     SdkConfig::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(reeve_shared::aws_http::http_client())
         .region(Region::new("us-east-1"))
         .endpoint_url(endpoint)
         .credentials_provider(aws_sdk_secretsmanager::config::SharedCredentialsProvider::new(

@@ -141,7 +141,7 @@ async fn fetch_cannot_reach_an_operator_allowed_host_directly_or_by_redirect(poo
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn the_worker_gives_the_operator_allow_list_to_http_only(_pool: sqlx::PgPool) {
     let (port, hits) = executor_host().await;
-    let sdk = aws_config::load_from_env().await;
+    let sdk = reeve_shared::startup::sdk().await;
     let catalog = Path::new(common::DEV_CATALOG);
     let vars = [
         ("DATABASE_URL", std::env::var("DATABASE_URL").unwrap()),

@@ -360,7 +360,7 @@ async fn digest_with_storage_or_database_down_is_retryable(pool: PgPool) {
     let up = upload(&deps, &space, "text/plain", b"hello").await;
 
     // S3 unreachable: nothing listens on port 1.
-    let config = aws_config::load_from_env().await;
+    let config = reeve_shared::startup::sdk().await;
     let dead_s3 =
         aws_sdk_s3::config::Builder::from(&config).endpoint_url("http://127.0.0.1:1").force_path_style(true).build();
     let no_s3 = ExecDeps { s3: aws_sdk_s3::Client::from_conf(dead_s3), ..deps.clone() };

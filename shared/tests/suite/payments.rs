@@ -646,7 +646,7 @@ async fn a_paid_task_that_fails_leaves_a_credit_that_pays_the_next_one(pool: PgP
 
     // Reeve's own failure: its storage is down (nothing listens on port 1),
     // on every delivery, until the last.
-    let config = aws_config::load_from_env().await;
+    let config = reeve_shared::startup::sdk().await;
     let dead_s3 =
         aws_sdk_s3::config::Builder::from(&config).endpoint_url("http://127.0.0.1:1").force_path_style(true).build();
     let mut worker = shop.worker().await;
@@ -722,7 +722,7 @@ async fn a_rerun_runs_a_paid_task_failed_by_reeve_once_more_and_spends_its_credi
 
     // Reeve's own failure (its storage out of reach, on every delivery) for
     // two of them; the third fails by its input.
-    let config = aws_config::load_from_env().await;
+    let config = reeve_shared::startup::sdk().await;
     let dead_s3 =
         aws_sdk_s3::config::Builder::from(&config).endpoint_url("http://127.0.0.1:1").force_path_style(true).build();
     let mut broken = shop.worker().await;

@@ -67,7 +67,7 @@ async fn worker_without_s3(pool: &PgPool) -> WorkerContext {
 /// An S3 client that cannot connect (nothing listens on port 1), without
 /// the SDK's retries so that the test stays quick.
 async fn unreachable_s3() -> aws_sdk_s3::Client {
-    let config = aws_config::load_from_env().await;
+    let config = reeve_shared::startup::sdk().await;
     let conf = aws_sdk_s3::config::Builder::from(&config)
         .endpoint_url("http://127.0.0.1:1")
         .force_path_style(true)
