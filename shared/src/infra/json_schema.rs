@@ -15,8 +15,8 @@ use serde_json::Value;
 /// no other resource is loaded, from the network or the disk.
 const HOME: &str = "urn:reeve:schema";
 
-/// The `format`s that are checked ([`compile`] refuses any other, which
-/// would otherwise pass anything).
+/// The `format`s that are checked ([`JsonSchema::compile`] refuses any
+/// other, which would otherwise pass anything).
 const FORMATS: [&str; 20] = [
     "date",
     "date-time",
@@ -198,9 +198,7 @@ fn compile_error(error: &CompileError) -> String {
         }
     }
     // Other errors name locations as `<HOME>#<pointer>`: keep the pointer.
-    let mut message = String::new();
-    let _ = write!(message, "{error}");
-    let message = message.replace(&format!("{HOME}#"), "").replace(HOME, "the schema");
+    let message = error.to_string().replace(&format!("{HOME}#"), "").replace(HOME, "the schema");
     format!("invalid JSON Schema: {message}")
 }
 
@@ -210,27 +208,41 @@ fn at(pointer: &str) -> String {
 
 /// The pointer and name of the first `format` that is not one of
 /// [`FORMATS`]. Values that are data, not schemas (`enum`, `const`,
-/// `default`, `examples`), are not looked into.
+/// `default`, `examples`), are not looked into; a property of that name
+/// is.
 fn unknown_format<'a>(schema: &'a Value, pointer: &mut String) -> Option<(String, &'a str)> {
+    walk(schema, pointer, false)
+}
+
+/// `named`: `schema` maps names to schemas (`properties`, `$defs`), so
+/// none of its keys is a keyword.
+fn walk<'a>(schema: &'a Value, pointer: &mut String, named: bool) -> Option<(String, &'a str)> {
     let len = pointer.len();
     let found = match schema {
         Value::Object(map) => map.iter().find_map(|(key, value)| {
-            if matches!(key.as_str(), "enum" | "const" | "default" | "examples") {
+            if !named && matches!(key.as_str(), "enum" | "const" | "default" | "examples") {
                 return None;
             }
             pointer.truncate(len);
             let _ = write!(pointer, "/{}", key.replace('~', "~0").replace('/', "~1"));
             match (key.as_str(), value) {
-                ("format", Value::String(format)) if !FORMATS.contains(&format.as_str()) => {
+                ("format", Value::String(format)) if !named && !FORMATS.contains(&format.as_str()) => {
                     Some((pointer.clone(), format.as_str()))
                 }
-                _ => unknown_format(value, pointer),
+                _ => {
+                    let names = !named
+                        && matches!(
+                            key.as_str(),
+                            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas"
+                        );
+                    walk(value, pointer, names)
+                }
             }
         }),
         Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
             pointer.truncate(len);
             let _ = write!(pointer, "/{i}");
-            unknown_format(item, pointer)
+            walk(item, pointer, false)
         }),
         _ => None,
     };
@@ -304,8 +316,11 @@ mod tests {
         assert!(wrong.starts_with("invalid JSON Schema at /properties/n/minimum: "), "{wrong}");
         let unknown = refused(json!({ "properties": { "u": { "type": "string", "format": "url" } } }));
         assert_eq!(unknown, "invalid JSON Schema at /properties/u/format: unknown format \"url\"");
-        // A format named inside data is data.
+        // A format named inside data is data; a property named like a
+        // keyword is a schema.
         JsonSchema::compile(&json!({ "enum": [{ "format": "url" }] })).unwrap();
+        let named = refused(json!({ "properties": { "enum": { "format": "url" } } }));
+        assert_eq!(named, "invalid JSON Schema at /properties/enum/format: unknown format \"url\"");
         for elsewhere in ["file:///etc/passwd", "https://example.com/schema.json"] {
             let message = refused(json!({ "$ref": elsewhere }));
             assert!(message.starts_with("invalid JSON Schema: "), "{message}");
