@@ -13,7 +13,13 @@ pub const MAX_VIOLATIONS: usize = 10;
 /// (and maybe an S3 HEAD) on the request path.
 pub const MAX_UPLOADS: usize = 100;
 
-pub use crate::infra::json_schema::Violation;
+/// One way an input fails its task's schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// JSON pointer into the input; `""` is the input itself.
+    pub pointer: String,
+    pub message: String,
+}
 
 /// Every violation (the first [`MAX_VIOLATIONS`]) and how many there were.
 /// Messages mask the offending values: the client knows what it sent, and
@@ -32,7 +38,7 @@ pub fn violations(spec: &TaskSpec, input: &Value) -> (Vec<Violation>, usize) {
     for violation in validator.violations(input) {
         total += 1;
         if listed.len() < MAX_VIOLATIONS {
-            listed.push(violation);
+            listed.push(Violation { pointer: violation.pointer, message: violation.message });
         }
     }
     (listed, total)
