@@ -42,6 +42,9 @@ impl HttpClient for Reqwest {
         let client = clients.entry(timeouts).or_insert_with(|| {
             let mut builder = reqwest::Client::builder()
                 .use_preconfigured_tls(crate::infra::tls::client_config().as_ref().clone())
+                // As the SDK's own client: a proxy only when one is
+                // configured in code, never from HTTPS_PROXY.
+                .no_proxy()
                 // The SDK follows no redirect: S3 answers a wrong region
                 // with one, which the SDK reads as the error it is.
                 .redirect(reqwest::redirect::Policy::none());
