@@ -16,8 +16,8 @@
 //!   each kind), [`relay`] (one Pub/Sub connection per process, replay from
 //!   Postgres), [`ids`].
 //! - `infra/`: the stores and services underneath. [`db`] (Postgres and the
-//!   migrations), [`redis_client`], [`aws`] (S3, SQS), [`s3_links`] (download
-//!   links signed without the S3 client), [`outbound`] (the
+//!   migrations), [`redis_client`], [`aws`] (S3, SQS), [`s3_objects`] (S3
+//!   requests and links signed without the S3 client), [`outbound`] (the
 //!   SSRF-guarded client), [`metrics`], [`telemetry`], [`settings`],
 //!   [`storage_policy`] (the bucket policy).
 
@@ -49,7 +49,7 @@ pub use domain::executors;
 pub use domain::pay_links;
 #[cfg(feature = "relay")]
 pub use domain::relay;
-#[cfg(feature = "s3")]
+#[cfg(feature = "s3-objects")]
 pub use domain::uploads;
 pub use domain::{auth, catalog, ids, payments, sessions, tasks, webhooks};
 #[cfg(feature = "api-auth")]
@@ -64,8 +64,8 @@ pub use infra::json_schema;
 pub use infra::kms;
 #[cfg(feature = "outbound")]
 pub use infra::outbound;
-#[cfg(feature = "s3-links")]
-pub use infra::s3_links;
+#[cfg(feature = "s3-objects")]
+pub use infra::s3_objects;
 pub use infra::{db, metrics, redis_client, standard_webhooks, storage_policy, telemetry};
 pub use startup::settings;
 

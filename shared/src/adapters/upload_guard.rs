@@ -19,7 +19,6 @@
 //! whole event; every step is idempotent.
 
 use aws_lambda_events::event::s3::{S3Event, S3EventRecord};
-use aws_sdk_s3::error::DisplayErrorContext;
 use sqlx::PgPool;
 use time::OffsetDateTime;
 
@@ -70,7 +69,7 @@ impl From<UploadError> for GuardError {
 #[derive(Clone, Debug)]
 pub struct Guard {
     pub db: PgPool,
-    pub s3: aws_sdk_s3::Client,
+    pub s3: crate::infra::s3_objects::S3Objects,
     pub bucket: String,
     /// The largest object any upload may have (the catalog's `max_bytes`,
     /// capped by the deployment's `REEVE_UPLOAD_MAX_BYTES`).
@@ -205,14 +204,7 @@ impl Guard {
     }
 
     async fn delete(&self, key: &str) -> Result<(), GuardError> {
-        self.s3
-            .delete_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .send()
-            .await
-            .map(drop)
-            .map_err(|e| GuardError::Storage(format!("DELETE {key}: {}", DisplayErrorContext(&e))))
+        self.s3.delete(&self.bucket, key).await.map_err(|e| GuardError::Storage(format!("DELETE {key}: {e}")))
     }
 }
 

@@ -477,7 +477,7 @@ mod tasks {
     }
 }
 
-#[cfg(feature = "s3")]
+#[cfg(feature = "s3-objects")]
 impl Refusal for crate::domain::uploads::CreateError {
     fn code(&self) -> &'static str {
         use crate::domain::uploads::CreateError;

@@ -25,6 +25,6 @@ pub mod sessions;
 #[cfg(feature = "api-auth")]
 pub mod spaces;
 pub mod tasks;
-#[cfg(feature = "s3")]
+#[cfg(feature = "s3-objects")]
 pub mod uploads;
 pub mod webhooks;

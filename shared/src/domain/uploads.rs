@@ -14,10 +14,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_s3::config::http::HttpResponse;
-use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
-use aws_sdk_s3::operation::head_object::HeadObjectError;
-use aws_sdk_s3::presigning::PresigningConfig;
 use base64::Engine as _;
 use sqlx::{PgExecutor, PgPool};
 use time::OffsetDateTime;
@@ -25,6 +21,7 @@ use time::OffsetDateTime;
 use crate::domain::auth::SpaceIndex;
 use crate::domain::catalog::uploads::Uploads;
 use crate::domain::ids::Id;
+use crate::infra::s3_objects::S3Objects;
 
 /// Every object key of an upload starts with this (the guard's trigger prefix).
 pub const KEY_PREFIX: &str = "incoming/tasks/";
@@ -257,7 +254,7 @@ fn validate(policy: &Uploads, request: UploadRequest) -> Result<Declared, Create
 /// `expires_in` is normally `url_expiry_seconds`; tests pass a short one.
 pub async fn create(
     db: &PgPool,
-    s3: &aws_sdk_s3::Client,
+    s3: &S3Objects,
     bucket: &str,
     policy: &Uploads,
     space: &SpaceIndex,
@@ -302,10 +299,9 @@ pub struct SignedPut {
 /// (`executors::service`). With `sha256` (hex), bound to that digest too:
 /// the PUT must carry it as `x-amz-checksum-sha256`, and S3 refuses a body
 /// that does not hash to it (`400 BadDigest`) and keeps it with the object
-/// ([`written_object`] reads it back). Refuses (rather than hand out a URL
-/// that accepts any body) should the SDK ever stop signing these headers.
+/// ([`written_object`] reads it back).
 pub async fn presign_put(
-    s3: &aws_sdk_s3::Client,
+    s3: &S3Objects,
     bucket: &str,
     key: &str,
     size: i64,
@@ -316,42 +312,20 @@ pub async fn presign_put(
     // SigV4 dates are whole seconds: start on one, so `expires_at` is exact.
     let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let start = SystemTime::UNIX_EPOCH + Duration::from_secs(now.as_secs());
-    let config = PresigningConfig::builder()
-        .start_time(start)
-        .expires_in(expires_in)
-        .build()
-        .map_err(|e| format!("presigning config: {e}"))?;
-    let checksum = match sha256 {
-        Some(hex_digest) => {
-            let digest = hex::decode(hex_digest).ok().filter(|d| d.len() == 32).ok_or("sha256 is not 64 hex digits")?;
-            Some(base64::engine::general_purpose::STANDARD.encode(digest))
-        }
-        None => None,
-    };
-    let presigned = s3
-        .put_object()
-        .bucket(bucket)
-        .key(key)
-        .content_length(size)
-        .content_type(content_type)
-        .set_checksum_sha256(checksum.clone())
-        .presigned(config)
-        .await
-        .map_err(|e| format!("presigning PUT {key}: {}", DisplayErrorContext(&e)))?;
-    let signed = signed_headers(presigned.uri());
-    let checksum_header = checksum.as_ref().map(|_| CHECKSUM_SHA256);
-    for needed in ["content-length", "content-type"].into_iter().chain(checksum_header) {
-        if !signed.iter().any(|h| h == needed) {
-            return Err(format!("presigned PUT does not sign {needed}; signed: {signed:?}"));
-        }
+    let mut headers = BTreeMap::from([
+        ("content-length".to_owned(), size.to_string()),
+        ("content-type".to_owned(), content_type.to_owned()),
+    ]);
+    if let Some(hex_digest) = sha256 {
+        let digest = hex::decode(hex_digest).ok().filter(|d| d.len() == 32).ok_or("sha256 is not 64 hex digits")?;
+        headers.insert(CHECKSUM_SHA256.to_owned(), base64::engine::general_purpose::STANDARD.encode(digest));
     }
-    let headers = presigned.headers().map(|(name, value)| (name.to_ascii_lowercase(), value.to_owned())).collect();
-    Ok(SignedPut {
-        url: presigned.uri().to_owned(),
-        method: presigned.method().to_owned(),
-        headers,
-        expires_at: OffsetDateTime::from(start + expires_in),
-    })
+    let signed: Vec<(&str, &str)> = headers.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+    let url = s3
+        .presigned_put(bucket, key, &signed, start, expires_in)
+        .await
+        .map_err(|e| format!("presigning PUT {key}: {e}"))?;
+    Ok(SignedPut { url, method: "PUT".to_owned(), headers, expires_at: OffsetDateTime::from(start + expires_in) })
 }
 
 /// Records a declared upload as `pending`.
@@ -394,7 +368,7 @@ pub struct InlineFile {
 /// `Storage` when the write fails (the row stays `pending` and unusable).
 pub async fn store(
     db: &PgPool,
-    s3: &aws_sdk_s3::Client,
+    s3: &S3Objects,
     bucket: &str,
     policy: &Uploads,
     space: &SpaceIndex,
@@ -405,17 +379,10 @@ pub async fn store(
         validate(policy, UploadRequest { filename: Some(filename), content_type, size: bytes.len() as u64 })?;
     let id = Id::new();
     let key = object_key(space, id, &declared.filename);
-    let size = i64::try_from(declared.size).map_err(|_| CreateError::InvalidSize)?;
     record_pending(db, id, space, &key, &declared).await?;
-    s3.put_object()
-        .bucket(bucket)
-        .key(&key)
-        .content_length(size)
-        .content_type(&declared.content_type)
-        .body(aws_sdk_s3::primitives::ByteStream::from(bytes))
-        .send()
+    s3.put(bucket, &key, &declared.content_type, bytes)
         .await
-        .map_err(|e| CreateError::Storage(format!("PUT {key}: {}", DisplayErrorContext(&e))))?;
+        .map_err(|e| CreateError::Storage(format!("PUT {key}: {e}")))?;
     sqlx::query("UPDATE uploads SET status = 'uploaded', updated_at = now() WHERE id = $1 AND status = 'pending'")
         .bind(id)
         .execute(db)
@@ -452,24 +419,23 @@ pub struct WrittenObject {
 
 /// The object under `key`, by a HEAD that asks for its checksum; `None`
 /// when there is none.
-pub async fn written_object(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Option<WrittenObject>, String> {
-    let head = s3.head_object().bucket(bucket).key(key).checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled);
-    match head.send().await {
-        Ok(head) => {
-            let written = head.last_modified().and_then(|at| time::OffsetDateTime::from_unix_timestamp(at.secs()).ok());
-            // A checksum of the whole object: a multipart upload's is one of
-            // its parts' checksums (`<base64>-<parts>`), which no reader can
-            // compare with a file's SHA-256, and a presigned PUT is one part.
-            let sha256 = head
-                .checksum_sha256()
-                .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
-                .filter(|digest| digest.len() == 32)
-                .map(hex::encode);
-            Ok(Some(WrittenObject { size: head.content_length().unwrap_or(0), written, sha256 }))
-        }
-        Err(e) if is_not_found(&e) => Ok(None),
-        Err(e) => Err(format!("HEAD {key}: {}", DisplayErrorContext(&e))),
-    }
+pub async fn written_object(s3: &S3Objects, bucket: &str, key: &str) -> Result<Option<WrittenObject>, String> {
+    let Some(head) = s3.head(bucket, key, true).await.map_err(|e| format!("HEAD {key}: {e}"))? else {
+        return Ok(None);
+    };
+    // A checksum of the whole object: a multipart upload's is one of its
+    // parts' checksums (`<base64>-<parts>`), which no reader can compare
+    // with a file's SHA-256, and a presigned PUT is one part.
+    let sha256 = head
+        .checksum_sha256
+        .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
+        .filter(|digest| digest.len() == 32)
+        .map(hex::encode);
+    Ok(Some(WrittenObject {
+        size: head.size.unwrap_or(0),
+        written: head.last_modified.map(OffsetDateTime::from),
+        sha256,
+    }))
 }
 
 /// What a HEAD of an upload's object shows.
@@ -485,14 +451,13 @@ pub enum ObjectState {
 
 /// HEADs the upload's object and compares it with the declaration. S3 errors
 /// other than a 404 are [`UploadError::Storage`].
-pub async fn check_object(s3: &aws_sdk_s3::Client, bucket: &str, row: &UploadRow) -> Result<ObjectState, UploadError> {
-    let head = match s3.head_object().bucket(bucket).key(&row.key).send().await {
-        Ok(head) => head,
-        Err(e) if is_not_found(&e) => return Ok(ObjectState::Missing),
-        Err(e) => return Err(UploadError::Storage(format!("HEAD {}: {}", row.key, DisplayErrorContext(&e)))),
+pub async fn check_object(s3: &S3Objects, bucket: &str, row: &UploadRow) -> Result<ObjectState, UploadError> {
+    let head = match s3.head(bucket, &row.key, false).await {
+        Ok(Some(head)) => head,
+        Ok(None) => return Ok(ObjectState::Missing),
+        Err(e) => return Err(UploadError::Storage(format!("HEAD {}: {e}", row.key))),
     };
-    let size = head.content_length();
-    let content_type = head.content_type().map(str::to_owned);
+    let (size, content_type) = (head.size, head.content_type);
     let size_ok = size.and_then(|s| u64::try_from(s).ok()) == Some(row.size);
     let type_ok = content_type.as_deref().is_some_and(|t| t.trim().eq_ignore_ascii_case(&row.content_type));
     Ok(if size_ok && type_ok { ObjectState::Matches } else { ObjectState::Differs { size, content_type } })
@@ -500,14 +465,8 @@ pub async fn check_object(s3: &aws_sdk_s3::Client, bucket: &str, row: &UploadRow
 
 /// `true` when the object exists with the declared size and type: the
 /// worker's re-check before it reads an upload.
-pub async fn head_matches(s3: &aws_sdk_s3::Client, bucket: &str, row: &UploadRow) -> Result<bool, UploadError> {
+pub async fn head_matches(s3: &S3Objects, bucket: &str, row: &UploadRow) -> Result<bool, UploadError> {
     Ok(check_object(s3, bucket, row).await? == ObjectState::Matches)
-}
-
-fn is_not_found(e: &SdkError<HeadObjectError, HttpResponse>) -> bool {
-    // A HEAD response has no body, so the status is what tells.
-    e.as_service_error().is_some_and(HeadObjectError::is_not_found)
-        || e.raw_response().is_some_and(|r| r.status().as_u16() == 404)
 }
 
 /// Task create calls this for every upload id a task's input names: the
@@ -518,7 +477,7 @@ fn is_not_found(e: &SdkError<HeadObjectError, HttpResponse>) -> bool {
 /// only an `uploaded` one may be used.
 pub async fn ensure_uploaded(
     db: &PgPool,
-    s3: &aws_sdk_s3::Client,
+    s3: &S3Objects,
     bucket: &str,
     space: &SpaceIndex,
     id: Id,
@@ -560,7 +519,7 @@ pub async fn ensure_uploaded(
 /// leaves it to the worker's own check.
 pub async fn ensure_stored(
     db: &PgPool,
-    s3: &aws_sdk_s3::Client,
+    s3: &S3Objects,
     bucket: &str,
     space: &SpaceIndex,
     id: Id,
@@ -588,7 +547,7 @@ fn verdict(id: Id, status: UploadStatus) -> Result<(), UploadError> {
 /// Marks the upload `rejected` first, so it can never be accepted, then
 /// deletes its object. A failed delete is logged, not returned: the upload
 /// stays rejected, and the lifecycle rule expires `incoming/` anyway.
-async fn reject(db: &PgPool, s3: &aws_sdk_s3::Client, bucket: &str, row: &UploadRow) -> Result<(), UploadError> {
+async fn reject(db: &PgPool, s3: &S3Objects, bucket: &str, row: &UploadRow) -> Result<(), UploadError> {
     let updated =
         sqlx::query("UPDATE uploads SET status = 'rejected', updated_at = now() WHERE id = $1 AND status = 'pending'")
             .bind(row.id)
@@ -599,8 +558,8 @@ async fn reject(db: &PgPool, s3: &aws_sdk_s3::Client, bucket: &str, row: &Upload
         let now = find(db, &row.space, row.id).await?.ok_or(UploadError::NotFound(row.id))?;
         return verdict(row.id, now.status);
     }
-    if let Err(e) = s3.delete_object().bucket(bucket).key(&row.key).send().await {
-        tracing::error!(upload_id = %row.id, key = %row.key, error = %DisplayErrorContext(&e), "could not delete a rejected upload");
+    if let Err(e) = s3.delete(bucket, &row.key).await {
+        tracing::error!(upload_id = %row.id, key = %row.key, error = %e, "could not delete a rejected upload");
     }
     Err(UploadError::Rejected(row.id))
 }

@@ -4,25 +4,20 @@
 //! `AWS_ENDPOINT_URL_LAMBDA` for `cargo lambda watch`).
 //! A process builds only the clients it uses.
 
-#[cfg(all(feature = "s3", feature = "sqs"))]
+#[cfg(all(feature = "s3-objects", feature = "sqs"))]
+/// The API's: S3's objects (signed without the S3 client) and SQS.
 #[derive(Clone, Debug)]
 pub struct AwsClients {
-    pub s3: aws_sdk_s3::Client,
+    pub objects: crate::infra::s3_objects::S3Objects,
     pub sqs: aws_sdk_sqs::Client,
-    /// Download links to the same S3, signed without the client.
-    pub s3_links: crate::infra::s3_links::S3Links,
 }
 
-#[cfg(all(feature = "s3", feature = "sqs"))]
+#[cfg(all(feature = "s3-objects", feature = "sqs"))]
 impl AwsClients {
-    /// Both clients; `s3_endpoint` is S3's when it is not AWS's (then
-    /// addressed path-style, as for [`s3`]).
+    /// Both; `s3_endpoint` is S3's when it is not AWS's (then addressed
+    /// path-style, as for [`s3`]).
     pub fn from_config(config: &aws_config::SdkConfig, s3_endpoint: Option<String>) -> Self {
-        AwsClients {
-            s3: s3(config, s3_endpoint.is_some()),
-            sqs: sqs(config),
-            s3_links: crate::infra::s3_links::S3Links::new(config, s3_endpoint),
-        }
+        AwsClients { objects: crate::infra::s3_objects::S3Objects::new(config, s3_endpoint), sqs: sqs(config) }
     }
 }
 

@@ -39,25 +39,29 @@ impl HttpClient for Reqwest {
     fn http_connector(&self, settings: &HttpConnectorSettings, _: &RuntimeComponents) -> SharedHttpConnector {
         let timeouts: Timeouts = (settings.connect_timeout(), settings.read_timeout());
         let mut clients = self.clients.lock().expect("not poisoned");
-        let client = clients.entry(timeouts).or_insert_with(|| {
-            let mut builder = reqwest::Client::builder()
-                .use_preconfigured_tls(crate::infra::tls::client_config().as_ref().clone())
-                // As the SDK's own client: a proxy only when one is
-                // configured in code, never from HTTPS_PROXY.
-                .no_proxy()
-                // The SDK follows no redirect: S3 answers a wrong region
-                // with one, which the SDK reads as the error it is.
-                .redirect(reqwest::redirect::Policy::none());
-            if let Some(connect) = timeouts.0 {
-                builder = builder.connect_timeout(connect);
-            }
-            if let Some(read) = timeouts.1 {
-                builder = builder.read_timeout(read);
-            }
-            builder.build().expect("a TLS configuration and timeouts build a client")
-        });
+        let client = clients.entry(timeouts).or_insert_with(|| reqwest_client(timeouts.0, timeouts.1));
         SharedHttpConnector::new(Connector(client.clone()))
     }
+}
+
+/// A client on the process's TLS roots with these timeouts, as the SDK's
+/// requests are sent (and [`crate::infra::s3_objects`]'s).
+pub fn reqwest_client(connect: Option<Duration>, read: Option<Duration>) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder()
+        .use_preconfigured_tls(crate::infra::tls::client_config().as_ref().clone())
+        // As the SDK's own client: a proxy only when one is configured in
+        // code, never from HTTPS_PROXY.
+        .no_proxy()
+        // The SDK follows no redirect: S3 answers a wrong region with one,
+        // which the SDK reads as the error it is.
+        .redirect(reqwest::redirect::Policy::none());
+    if let Some(connect) = connect {
+        builder = builder.connect_timeout(connect);
+    }
+    if let Some(read) = read {
+        builder = builder.read_timeout(read);
+    }
+    builder.build().expect("a TLS configuration and timeouts build a client")
 }
 
 #[derive(Debug)]

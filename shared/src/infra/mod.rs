@@ -16,8 +16,8 @@ pub mod metrics;
 #[cfg(feature = "outbound")]
 pub mod outbound;
 pub mod redis_client;
-#[cfg(feature = "s3-links")]
-pub mod s3_links;
+#[cfg(feature = "s3-objects")]
+pub mod s3_objects;
 pub mod standard_webhooks;
 pub mod storage_policy;
 pub mod telemetry;

@@ -83,7 +83,7 @@ pub async fn presign(config: &Config, sdk: &SdkConfig) -> Result<Arc<UploadsCont
     Ok(Arc::new(UploadsContext {
         db: postgres_lazily(&config, database_url.expose_str())?,
         token_key,
-        s3: aws::s3(sdk, config.s3_endpoint().is_some()),
+        s3: S3Objects::new(sdk, config.s3_endpoint()),
         bucket,
         uploads,
     }))
@@ -183,7 +183,7 @@ pub async fn task_status(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskSta
         redis: RedisClient::new(&redis_url)?,
         token_key,
         catalog: Arc::new(catalog),
-        links: crate::domain::tasks::OutputLinks::new(S3Links::new(sdk, config.s3_endpoint()), bucket),
+        links: crate::domain::tasks::OutputLinks::new(S3Objects::new(sdk, config.s3_endpoint()), bucket),
         seller,
     }))
 }

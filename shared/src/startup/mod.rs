@@ -101,14 +101,14 @@ use crate::domain::tasks::Publisher;
 use crate::domain::webhooks::sender::Sender;
 #[cfg(feature = "aws")]
 use crate::infra::aws;
-#[cfg(all(feature = "s3", feature = "sqs"))]
+#[cfg(all(feature = "s3-objects", feature = "sqs"))]
 use crate::infra::aws::AwsClients;
 use crate::infra::db::{self, Connect, DbError};
 #[cfg(feature = "outbound")]
 use crate::infra::outbound::{Outbound, OutboundPolicy};
 use crate::infra::redis_client::{self, BadRedisUrl, RedisClient};
-#[cfg(feature = "s3-links")]
-use crate::infra::s3_links::S3Links;
+#[cfg(feature = "s3-objects")]
+use crate::infra::s3_objects::S3Objects;
 
 /// Why a process could not start: what every binary's `main` reports.
 #[derive(Debug, thiserror::Error)]
@@ -171,7 +171,7 @@ pub async fn sdk() -> SdkConfig {
         .await
 }
 
-#[cfg(all(feature = "s3", feature = "sqs"))]
+#[cfg(all(feature = "s3-objects", feature = "sqs"))]
 /// Both AWS clients on `config`'s endpoints, with the SDK's configuration
 /// loaded for them: for tools and tests (each binary builds only the
 /// clients it uses).

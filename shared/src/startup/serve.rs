@@ -72,7 +72,7 @@ pub async fn serve(config: &Config, sdk: &SdkConfig, with_worker: bool) -> Resul
     let mut worker = match worker {
         Some((catalog, worker_settings, users, operators)) => {
             let redis = RedisClient::new(&redis_url)?;
-            let clients = (aws.s3.clone(), aws.sqs.clone());
+            let clients = (aws::s3(sdk, config.s3_endpoint().is_some()), aws.clone());
             let mut ctx = worker_on(catalog, db.clone(), redis, clients, worker_settings, users, operators);
             ctx.chains = chains.clone();
             ctx.exec.protocol = protocol;

@@ -34,8 +34,8 @@ pub async fn worker(config: &Config, sdk: &SdkConfig, connect: Connect) -> Resul
     let (catalog, worker_settings, users, operators) = worker_parts(&config, catalog, problems)?;
     let db = postgres(&config, worker_settings.database_url.expose_str(), connect).await?;
     let redis = RedisClient::new(&worker_settings.redis_url)?;
-    let s3 = aws::s3(sdk, config.s3_endpoint().is_some());
-    let mut ctx = worker_on(catalog, db, redis, (s3, aws::sqs(sdk)), worker_settings, users, operators);
+    let clients = (aws::s3(sdk, config.s3_endpoint().is_some()), AwsClients::from_config(sdk, config.s3_endpoint()));
+    let mut ctx = worker_on(catalog, db, redis, clients, worker_settings, users, operators);
     ctx.exec.protocol = protocol;
     invoke_client(&mut ctx, sdk);
     Ok(WorkerContext { chains, facilitator, ..ctx })
@@ -214,7 +214,7 @@ pub(super) fn worker_on(
     catalog: Catalog,
     db: PgPool,
     redis: RedisClient,
-    (s3, sqs): (aws_sdk_s3::Client, aws_sdk_sqs::Client),
+    (s3, AwsClients { objects, sqs }): (aws_sdk_s3::Client, AwsClients),
     worker_settings: crate::adapters::worker::WorkerSettings,
     users: Outbound,
     operators: Outbound,
@@ -225,6 +225,7 @@ pub(super) fn worker_on(
         worker_settings.queue_url.as_ref().map(|url| crate::adapters::worker::Visibility::new(sqs, url.clone()));
     let exec = ExecDeps {
         db: db.clone(),
+        objects,
         s3,
         bucket: worker_settings.bucket.clone(),
         outbound: users,
@@ -366,7 +367,7 @@ pub async fn guard(config: &Config, sdk: &SdkConfig) -> Result<Guard, StartupErr
     };
     Ok(Guard {
         db: postgres_lazily(&config, database_url.expose_str())?,
-        s3: aws::s3(sdk, config.s3_endpoint().is_some()),
+        s3: S3Objects::new(sdk, config.s3_endpoint()),
         bucket,
         max_bytes: uploads.max_bytes,
     })

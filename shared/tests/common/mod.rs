@@ -261,6 +261,13 @@ pub async fn aws() -> AwsClients {
     reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await
 }
 
+/// The SDK's S3 client on the stack's S3: what tests put, read and delete
+/// objects with, apart from the code under test (which signs its own).
+pub async fn s3() -> aws_sdk_s3::Client {
+    let config = reeve_shared::settings::Config::from_env();
+    reeve_shared::aws::s3(&reeve_shared::startup::sdk().await, config.s3_endpoint().is_some())
+}
+
 pub fn redis_url() -> String {
     env("REDIS_URL")
 }

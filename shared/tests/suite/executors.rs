@@ -22,6 +22,7 @@ use reeve_shared::catalog::{Executor, TaskSpec};
 use reeve_shared::executors::{self, ExecDeps, ExecError, Http, Job, Report, codes, output_key};
 use reeve_shared::http::{app, task_status_app};
 use reeve_shared::ids::Id;
+use reeve_shared::s3_objects::S3Objects;
 use reeve_shared::settings;
 use reeve_shared::startup;
 use reeve_shared::uploads::{self, PresignedUpload, UploadRequest};
@@ -163,7 +164,7 @@ async fn space(pool: &PgPool) -> SpaceIndex {
 async fn presign(deps: &ExecDeps, space: &SpaceIndex, content_type: &str, size: u64) -> PresignedUpload {
     let request = UploadRequest { filename: Some("data.bin".into()), content_type: content_type.into(), size };
     let catalog = shipped_catalog();
-    uploads::create(&deps.db, &deps.s3, &deps.bucket, &catalog.uploads, space, request, Duration::from_secs(900))
+    uploads::create(&deps.db, &deps.objects, &deps.bucket, &catalog.uploads, space, request, Duration::from_secs(900))
         .await
         .expect("presign")
 }
@@ -241,7 +242,7 @@ async fn digest_leaves_an_uploaded_upload_uploaded(pool: PgPool) {
     let space = space(&pool).await;
     let bytes = pattern(1000, 1);
     let up = upload(&deps, &space, "text/plain", &bytes).await;
-    uploads::ensure_uploaded(&pool, &deps.s3, &deps.bucket, &space, up.id).await.unwrap();
+    uploads::ensure_uploaded(&pool, &deps.objects, &deps.bucket, &space, up.id).await.unwrap();
 
     let (result, reports) = exec(&deps, space, Id::new(), &spec("digest"), json!({ "upload_id": up.id })).await;
     assert_eq!(result.unwrap()["sha256"], json!(sha256_hex(&bytes)));
@@ -363,7 +364,11 @@ async fn digest_with_storage_or_database_down_is_retryable(pool: PgPool) {
     let config = reeve_shared::startup::sdk().await;
     let dead_s3 =
         aws_sdk_s3::config::Builder::from(&config).endpoint_url("http://127.0.0.1:1").force_path_style(true).build();
-    let no_s3 = ExecDeps { s3: aws_sdk_s3::Client::from_conf(dead_s3), ..deps.clone() };
+    let no_s3 = ExecDeps {
+        s3: aws_sdk_s3::Client::from_conf(dead_s3),
+        objects: S3Objects::new(&config, Some("http://127.0.0.1:1".into())),
+        ..deps.clone()
+    };
     let (result, _) = exec(&no_s3, space, Id::new(), &spec("digest"), json!({ "upload_id": up.id })).await;
     assert_retryable(&result);
 

@@ -37,7 +37,7 @@ mod receipts;
 mod redis_tls;
 mod relay;
 mod rotation;
-mod s3_links;
+mod s3_objects;
 mod service;
 mod service_kinds;
 mod share;

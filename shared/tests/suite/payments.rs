@@ -1556,7 +1556,7 @@ impl Shop {
     /// Deletes an object as the bucket's lifecycle rule would.
     async fn expire(&self, key: &str) {
         let bucket = common::bucket();
-        common::aws().await.s3.delete_object().bucket(bucket).key(key).send().await.unwrap();
+        common::s3().await.delete_object().bucket(bucket).key(key).send().await.unwrap();
     }
 }
 

@@ -468,7 +468,7 @@ async fn wordfreq_metered_is_charged_the_lines_it_read_and_nothing_when_it_fails
         .fetch_one(&pool)
         .await
         .unwrap();
-    common::aws().await.s3.delete_object().bucket(common::bucket()).key(&key).send().await.unwrap();
+    common::s3().await.delete_object().bucket(common::bucket()).key(&key).send().await.unwrap();
     run_paid(&api, &worker, &pool, id).await;
     let task = send(&api.app, get_authed(&format!("/v1/tasks/{id}"), &api.token)).await.body;
     assert_eq!(task["status"], "failed", "{task}");

@@ -21,7 +21,7 @@ struct TestBucket {
 
 impl TestBucket {
     async fn new() -> TestBucket {
-        let s3 = reeve_shared::startup::aws_clients(&reeve_shared::settings::Config::from_env()).await.s3;
+        let s3 = crate::common::s3().await;
         let name = format!("reeve-policy-{}", ulid::Ulid::new().to_string().to_lowercase());
         s3.create_bucket().bucket(&name).send().await.expect("SeaweedFS is up (scripts/stack.sh up)");
         TestBucket { s3, name }

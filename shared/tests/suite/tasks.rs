@@ -647,10 +647,9 @@ async fn uploads_must_have_arrived_before_a_task_uses_them(pool: PgPool) {
                 .unwrap()
         }
     };
+    let s3 = common::s3().await;
     let put = |key: String, body: &'static [u8]| {
-        ctx.aws
-            .s3
-            .put_object()
+        s3.put_object()
             .bucket(&ctx.settings.bucket)
             .key(key)
             .content_type("text/plain")

@@ -12,6 +12,7 @@ use common::ctx;
 use reeve_shared::auth::SpaceIndex;
 use reeve_shared::http::Ctx;
 use reeve_shared::ids::Id;
+use reeve_shared::s3_objects::S3Objects;
 use reeve_shared::settings::{self, Config};
 use reeve_shared::startup;
 use reeve_shared::upload_guard::{Guard, GuardError, Outcome, find_by_key};
@@ -70,7 +71,7 @@ async fn presign(ctx: &Ctx, space: &SpaceIndex, content_type: &str, size: u64) -
     let request = UploadRequest { filename: Some("in put.bin".into()), content_type: content_type.into(), size };
     uploads::create(
         &ctx.db,
-        &ctx.aws.s3,
+        &ctx.aws.objects,
         &ctx.settings.bucket,
         &ctx.catalog.uploads,
         space,
@@ -94,8 +95,8 @@ async fn put_presigned(upload: &PresignedUpload, body: Vec<u8>) {
 /// A PUT with the stack's own credentials: what a presigned URL would never
 /// allow, standing in for an object that is not what was declared.
 async fn put_direct(ctx: &Ctx, key: &str, content_type: &str, body: Vec<u8>) {
-    ctx.aws
-        .s3
+    common::s3()
+        .await
         .put_object()
         .bucket(&ctx.settings.bucket)
         .key(key)
@@ -107,7 +108,7 @@ async fn put_direct(ctx: &Ctx, key: &str, content_type: &str, body: Vec<u8>) {
 }
 
 async fn exists(ctx: &Ctx, key: &str) -> bool {
-    match ctx.aws.s3.head_object().bucket(&ctx.settings.bucket).key(key).send().await {
+    match common::s3().await.head_object().bucket(&ctx.settings.bucket).key(key).send().await {
         Ok(_) => true,
         Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 404) => false,
         Err(e) => panic!("HEAD {key}: {}", aws_sdk_s3::error::DisplayErrorContext(&e)),
@@ -145,7 +146,7 @@ async fn a_matching_object_is_accepted_and_a_redelivery_changes_nothing(pool: Pg
     assert_eq!(again, Outcome::AlreadySettled(UploadStatus::Uploaded));
     assert!(exists(&ctx, &upload.key).await, "a settled upload's object is never deleted");
     // And task create, which trusts `uploaded`, agrees.
-    uploads::ensure_uploaded(&ctx.db, &ctx.aws.s3, &ctx.settings.bucket, &space, upload.id).await.unwrap();
+    uploads::ensure_uploaded(&ctx.db, &ctx.aws.objects, &ctx.settings.bucket, &space, upload.id).await.unwrap();
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
@@ -162,7 +163,7 @@ async fn an_oversize_object_is_rejected_and_deleted(pool: PgPool) {
     assert!(!exists(&ctx, &upload.key).await, "the oversize object was deleted");
 
     // Task create now refuses it too.
-    let err = uploads::ensure_uploaded(&ctx.db, &ctx.aws.s3, &ctx.settings.bucket, &space, upload.id).await;
+    let err = uploads::ensure_uploaded(&ctx.db, &ctx.aws.objects, &ctx.settings.bucket, &space, upload.id).await;
     assert!(matches!(err, Err(uploads::UploadError::Rejected(_))), "{err:?}");
 
     // A replayed PUT of a rejected upload is deleted again.
@@ -229,17 +230,17 @@ async fn other_events_and_buckets_are_ignored(pool: PgPool) {
     let elsewhere = guard.handle(&event("someone-elses-bucket", &key, 4, "ObjectCreated:Put")).await.unwrap();
     assert!(matches!(elsewhere[0].1, Outcome::Ignored(_)), "{elsewhere:?}");
     assert!(exists(&ctx, &key).await, "nothing was deleted");
-    ctx.aws.s3.delete_object().bucket(&ctx.settings.bucket).key(&key).send().await.unwrap();
+    common::s3().await.delete_object().bucket(&ctx.settings.bucket).key(&key).send().await.unwrap();
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
 async fn unreachable_storage_fails_the_invocation_so_lambda_retries(pool: PgPool) {
     let ctx = ctx(pool.clone()).await;
     // Port 9 (discard) on loopback: nothing listens, connections are refused.
-    let config = ctx.aws.s3.config().to_builder().endpoint_url("http://127.0.0.1:9").build();
-    // Fault: the guard's S3 client reaches nothing (the SDK takes its
-    // endpoint from the process, not from a `Config`).
-    let broken = Guard { s3: aws_sdk_s3::Client::from_conf(config), ..guard(&pool).await };
+    // Fault: the guard's S3 reaches nothing (the endpoint is otherwise the
+    // process's, not a `Config`'s).
+    let dead = S3Objects::new(&reeve_shared::startup::sdk().await, Some("http://127.0.0.1:9".into()));
+    let broken = Guard { s3: dead, ..guard(&pool).await };
     let key = format!("incoming/tasks/{}/x.txt", Id::new());
     let err = broken.handle(&event(&ctx.settings.bucket, &key, 1, "ObjectCreated:Put")).await.unwrap_err();
     assert!(matches!(err, GuardError::Storage(_)), "{err:?}");

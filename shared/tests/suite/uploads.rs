@@ -37,7 +37,7 @@ async fn presign(
     expiry: Duration,
 ) -> PresignedUpload {
     let request = UploadRequest { filename: Some(name.to_owned()), content_type: content_type.to_owned(), size };
-    uploads::create(&ctx.db, &ctx.aws.s3, &ctx.settings.bucket, &ctx.catalog.uploads, space, request, expiry)
+    uploads::create(&ctx.db, &ctx.aws.objects, &ctx.settings.bucket, &ctx.catalog.uploads, space, request, expiry)
         .await
         .expect("presign")
 }
@@ -60,7 +60,7 @@ async fn status_of(pool: &PgPool, id: Id) -> String {
 }
 
 async fn object_exists(ctx: &Ctx, key: &str) -> bool {
-    match ctx.aws.s3.head_object().bucket(&ctx.settings.bucket).key(key).send().await {
+    match common::s3().await.head_object().bucket(&ctx.settings.bucket).key(key).send().await {
         Ok(_) => true,
         Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 404) => false,
         Err(e) => panic!("HEAD {key}: {}", aws_sdk_s3::error::DisplayErrorContext(&e)),
@@ -68,7 +68,7 @@ async fn object_exists(ctx: &Ctx, key: &str) -> bool {
 }
 
 async fn ensure(ctx: &Ctx, space: &SpaceIndex, id: Id) -> Result<(), UploadError> {
-    uploads::ensure_uploaded(&ctx.db, &ctx.aws.s3, &ctx.settings.bucket, space, id).await
+    uploads::ensure_uploaded(&ctx.db, &ctx.aws.objects, &ctx.settings.bucket, space, id).await
 }
 
 #[sqlx::test(migrator = "reeve_shared::db::MIGRATOR")]
@@ -126,12 +126,12 @@ async fn presign_put_and_ensure_uploaded_end_to_end(pool: PgPool) {
     let (status, text) = put(url, &headers, bytes.clone()).await;
     assert_eq!(status, 200, "{text}");
 
-    assert!(uploads::head_matches(&ctx.aws.s3, &ctx.settings.bucket, &row).await.unwrap());
+    assert!(uploads::head_matches(&ctx.aws.objects, &ctx.settings.bucket, &row).await.unwrap());
     ensure(&ctx, &space, id).await.expect("the object matches its declaration");
     assert_eq!(status_of(&pool, id).await, "uploaded");
     ensure(&ctx, &space, id).await.expect("and stays accepted");
 
-    let got = ctx.aws.s3.get_object().bucket(&ctx.settings.bucket).key(&row.key).send().await.unwrap();
+    let got = common::s3().await.get_object().bucket(&ctx.settings.bucket).key(&row.key).send().await.unwrap();
     assert_eq!(got.body.collect().await.unwrap().into_bytes().as_ref(), bytes.as_slice());
 }
 
@@ -209,7 +209,10 @@ async fn a_pending_upload_never_put_is_not_uploaded(pool: PgPool) {
     let space = space(&pool).await;
     let up = presign(&ctx, &space, "never.txt", "text/plain", 10, EXPIRY).await;
     let row = uploads::find(&pool, &space, up.id).await.unwrap().unwrap();
-    assert_eq!(uploads::check_object(&ctx.aws.s3, &ctx.settings.bucket, &row).await.unwrap(), ObjectState::Missing);
+    assert_eq!(
+        uploads::check_object(&ctx.aws.objects, &ctx.settings.bucket, &row).await.unwrap(),
+        ObjectState::Missing
+    );
     assert!(matches!(ensure(&ctx, &space, up.id).await, Err(UploadError::NotUploaded(i)) if i == up.id));
     assert_eq!(status_of(&pool, up.id).await, "pending");
 }
@@ -220,8 +223,8 @@ async fn an_object_of_another_size_is_rejected_and_deleted(pool: PgPool) {
     let space = space(&pool).await;
     let up = presign(&ctx, &space, "big.bin", "application/octet-stream", 10, EXPIRY).await;
     // Written past the presigned URL, straight with the bucket's credentials.
-    ctx.aws
-        .s3
+    common::s3()
+        .await
         .put_object()
         .bucket(&ctx.settings.bucket)
         .key(&up.key)
@@ -232,7 +235,7 @@ async fn an_object_of_another_size_is_rejected_and_deleted(pool: PgPool) {
         .unwrap();
     let row = uploads::find(&pool, &space, up.id).await.unwrap().unwrap();
     assert_eq!(
-        uploads::check_object(&ctx.aws.s3, &ctx.settings.bucket, &row).await.unwrap(),
+        uploads::check_object(&ctx.aws.objects, &ctx.settings.bucket, &row).await.unwrap(),
         ObjectState::Differs { size: Some(4096), content_type: Some("application/octet-stream".into()) }
     );
 
@@ -247,8 +250,8 @@ async fn an_object_of_another_type_is_rejected_and_deleted(pool: PgPool) {
     let ctx = ctx(pool.clone()).await;
     let space = space(&pool).await;
     let up = presign(&ctx, &space, "pic.png", "image/png", 8, EXPIRY).await;
-    ctx.aws
-        .s3
+    common::s3()
+        .await
         .put_object()
         .bucket(&ctx.settings.bucket)
         .key(&up.key)

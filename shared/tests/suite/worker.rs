@@ -61,6 +61,8 @@ async fn worker(pool: &PgPool) -> WorkerContext {
 async fn worker_without_s3(pool: &PgPool) -> WorkerContext {
     let mut ctx = worker(pool).await;
     ctx.exec.s3 = unreachable_s3().await;
+    let sdk = reeve_shared::startup::sdk().await;
+    ctx.exec.objects = reeve_shared::s3_objects::S3Objects::new(&sdk, Some("http://127.0.0.1:1".into()));
     ctx
 }
 
@@ -418,7 +420,7 @@ async fn an_upload_replaced_with_another_size_fails_the_task_as_upload_mismatch(
     let api = Api::new(&pool, &test_catalog()).await;
     let id = api.digest(b"what was declared").await;
     let key: String = sqlx::query_scalar("SELECT key FROM uploads").fetch_one(&pool).await.unwrap();
-    let s3 = common::aws().await.s3;
+    let s3 = common::s3().await;
     s3.put_object()
         .bucket(std::env::var("REEVE_BUCKET").unwrap())
         .key(&key)

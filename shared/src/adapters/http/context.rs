@@ -90,7 +90,7 @@ pub struct CatalogContext {
 pub struct UploadsContext {
     pub db: PgPool,
     pub token_key: Secret,
-    pub s3: aws_sdk_s3::Client,
+    pub s3: crate::infra::s3_objects::S3Objects,
     pub bucket: String,
     /// The catalog's upload policy, capped by the deployment's limit.
     pub uploads: Uploads,
@@ -134,7 +134,7 @@ impl TaskCreateContext {
         crate::domain::tasks::SubmitContext {
             catalog: &self.catalog,
             db: &self.db,
-            s3: &self.aws.s3,
+            s3: &self.aws.objects,
             bucket: &self.settings.bucket,
             sqs: &self.aws.sqs,
             queue_url: &self.settings.queue_url,
@@ -325,7 +325,7 @@ impl ApiContext {
         let uploads = Arc::new(UploadsContext {
             db: db.clone(),
             token_key: settings.token_key.clone(),
-            s3: aws.s3.clone(),
+            s3: aws.objects.clone(),
             bucket: settings.bucket.clone(),
             uploads: catalog.uploads.clone(),
         });
@@ -335,7 +335,7 @@ impl ApiContext {
             redis: redis.clone(),
             token_key: settings.token_key.clone(),
             catalog: catalog.clone(),
-            links: crate::domain::tasks::OutputLinks::new(aws.s3_links.clone(), settings.bucket.clone()),
+            links: crate::domain::tasks::OutputLinks::new(aws.objects.clone(), settings.bucket.clone()),
             seller: settings.seller.clone(),
         });
         let health = Arc::new(HealthContext { db: db.clone(), redis: redis.clone() });

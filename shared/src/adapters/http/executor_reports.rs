@@ -141,7 +141,7 @@ async fn report(State(ctx): State<Arc<TaskCreateContext>>, headers: HeaderMap, b
         catalog: &ctx.catalog,
         lease: ctx.lease,
         max_attempts: ctx.max_attempts,
-        s3: &ctx.aws.s3,
+        s3: &ctx.aws.objects,
         bucket: &ctx.settings.bucket,
         max_output_bytes: ctx.catalog.uploads.max_bytes,
         output_retention_days: ctx.settings.output_retention_days,
@@ -163,7 +163,7 @@ async fn report(State(ctx): State<Arc<TaskCreateContext>>, headers: HeaderMap, b
     }
     if let Some(put) = &answered.output {
         // Signed as it is answered, the first time and each time again.
-        return match service::sign_output(&ctx.aws.s3, &ctx.settings.bucket, put).await {
+        return match service::sign_output(&ctx.aws.objects, &ctx.settings.bucket, put).await {
             Ok(upload) => Ok(Json(upload)),
             Err(e) => {
                 tracing::error!(error = %e, "could not sign an output's PUT");

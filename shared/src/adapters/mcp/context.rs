@@ -140,7 +140,7 @@ impl McpContext {
 
     /// Signs a result's download link as it is read.
     pub fn links(&self) -> crate::domain::tasks::OutputLinks {
-        crate::domain::tasks::OutputLinks::new(self.aws.s3_links.clone(), self.bucket.clone())
+        crate::domain::tasks::OutputLinks::new(self.aws.objects.clone(), self.bucket.clone())
     }
 }
 

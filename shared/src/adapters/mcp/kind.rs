@@ -98,7 +98,7 @@ pub async fn run(
     let cx = SubmitContext {
         catalog: &ctx.catalog,
         db: &ctx.db,
-        s3: &ctx.aws.s3,
+        s3: &ctx.aws.objects,
         bucket: &ctx.bucket,
         sqs: &ctx.aws.sqs,
         queue_url: &ctx.queue_url,

@@ -59,8 +59,6 @@ impl ExecutorKind for Digest {
 mod work {
     use std::pin::pin;
 
-    use aws_sdk_s3::error::DisplayErrorContext;
-    use aws_sdk_s3::operation::get_object::GetObjectError;
     use bytes::Bytes;
     use futures_util::{Stream, StreamExt};
     use serde_json::{Value, json};
@@ -91,7 +89,7 @@ mod work {
             }
             job.progress(0.0, json!({ "bytes": 0, "total": row.size })).await;
 
-            match uploads::check_object(&deps.s3, &deps.bucket, &row)
+            match uploads::check_object(&deps.objects, &deps.bucket, &row)
                 .await
                 .map_err(|e| ExecError::retryable("checking the upload's object", e))?
             {
@@ -107,15 +105,12 @@ mod work {
             }
             job.log(format!("upload {id}: {} bytes of {}, checked; hashing", row.size, row.content_type)).await;
 
-            let object = match deps.s3.get_object().bucket(&deps.bucket).key(&row.key).send().await {
-                Ok(object) => object,
+            let body = match deps.objects.get(&deps.bucket, &row.key).await {
+                Ok(Some(body)) => body.map(|chunk| chunk.map_err(|e| e.to_string())),
                 // Deleted between the HEAD and the GET.
-                Err(e) if e.as_service_error().is_some_and(GetObjectError::is_no_such_key) => return Err(missing(id)),
-                Err(e) => return Err(ExecError::retryable("reading the upload's object", DisplayErrorContext(&e))),
+                Ok(None) => return Err(missing(id)),
+                Err(e) => return Err(ExecError::retryable("reading the upload's object", e)),
             };
-            let body = futures_util::stream::unfold(object.body, |mut body| async move {
-                body.next().await.map(|chunk| (chunk.map_err(|e| DisplayErrorContext(e).to_string()), body))
-            });
             let sha256 = match hash_stream(body, row.size, &job.reports).await {
                 Ok(sha256) => sha256,
                 Err(HashError::Read(e)) => return Err(ExecError::retryable("streaming the upload's object", e)),

@@ -239,6 +239,9 @@ pub enum Report {
 #[derive(Clone)]
 pub struct ExecDeps {
     pub db: PgPool,
+    /// Uploads read, and links to them signed.
+    pub objects: crate::infra::s3_objects::S3Objects,
+    /// What `fetch` stores, as a multipart upload.
     pub s3: aws_sdk_s3::Client,
     pub bucket: String,
     /// The users' client, for URLs a task's owner chose (`fetch`): public

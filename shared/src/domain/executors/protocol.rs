@@ -86,8 +86,6 @@ pub fn cancel_id(task: impl fmt::Display, attempt: i32) -> String {
 pub(super) mod send {
     use std::time::Duration;
 
-    use aws_sdk_s3::error::DisplayErrorContext;
-    use aws_sdk_s3::presigning::PresigningConfig;
     use serde_json::{Value, json};
     use time::OffsetDateTime;
     use time::format_description::well_known::Rfc3339;
@@ -294,22 +292,14 @@ pub(super) mod send {
                     ));
                 }
             }
-            let config = PresigningConfig::builder()
-                .start_time(start.into())
-                .expires_in(life)
-                .build()
-                .map_err(|e| ExecError::retryable("signing a link", e))?;
             let url = deps
-                .s3
-                .get_object()
-                .bucket(&deps.bucket)
-                .key(&row.key)
-                .presigned(config)
+                .objects
+                .presigned_get(&deps.bucket, &row.key, &[], start.into(), life)
                 .await
-                .map_err(|e| ExecError::retryable("signing an upload's link", DisplayErrorContext(&e)))?;
+                .map_err(|e| ExecError::retryable("signing an upload's link", e))?;
             files.push(json!({
                 "upload_id": id,
-                "url": url.uri(),
+                "url": url,
                 "size": row.size,
                 "content_type": row.content_type,
                 "expires_at": expires_at,

@@ -271,7 +271,7 @@ pub struct Reports<'a> {
     pub max_attempts: u32,
     /// The bucket a service's output files are written to, checked in (a
     /// HEAD of each at the result).
-    pub s3: &'a aws_sdk_s3::Client,
+    pub s3: &'a crate::infra::s3_objects::S3Objects,
     pub bucket: &'a str,
     /// The largest output file: the catalog's `[uploads]` `max_bytes`, as
     /// the deployment caps it.
@@ -321,7 +321,11 @@ pub struct OutputPut {
 /// the attempt's deadline or for [`LINK_LIFETIME`] (the bucket's largest
 /// signature age), whichever is sooner. Signed anew each time the report
 /// is answered: no signed URL is stored.
-pub async fn sign_output(s3: &aws_sdk_s3::Client, bucket: &str, put: &OutputPut) -> Result<Value, String> {
+pub async fn sign_output(
+    s3: &crate::infra::s3_objects::S3Objects,
+    bucket: &str,
+    put: &OutputPut,
+) -> Result<Value, String> {
     let left = put.deadline - OffsetDateTime::now_utc();
     let lifetime = Duration::try_from(left).unwrap_or_default().min(LINK_LIFETIME).max(Duration::from_secs(1));
     let size = i64::try_from(put.size).map_err(|_| "size is out of range".to_owned())?;

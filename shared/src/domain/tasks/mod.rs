@@ -27,7 +27,7 @@ pub(crate) mod events;
 pub mod fairness;
 #[cfg(feature = "catalog")]
 pub(crate) mod input;
-#[cfg(feature = "s3-links")]
+#[cfg(feature = "s3-objects")]
 pub mod output;
 pub(crate) mod queue;
 #[cfg(feature = "api-task-status")]
@@ -42,7 +42,7 @@ use time::OffsetDateTime;
 
 pub use events::{Event, EventType, Publisher, append_event, channel, events_after, running_event};
 pub use fairness::{RUNNING_PER_SPACE, Slots};
-#[cfg(feature = "s3-links")]
+#[cfg(feature = "s3-objects")]
 pub use output::{OutputLinks, output_key};
 pub use queue::{QueueError, QueueMessage};
 #[cfg(feature = "sqs")]

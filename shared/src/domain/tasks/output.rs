@@ -23,7 +23,7 @@ use time::format_description::well_known::Rfc3339;
 use super::Task;
 use crate::domain::auth::SpaceIndex;
 use crate::domain::ids::Id;
-use crate::infra::s3_links::S3Links;
+use crate::infra::s3_objects::S3Objects;
 
 /// A download link's lifetime: the bucket's maximum signature age
 /// (`storage_policy::DEFAULT_MAX_SIGNATURE_AGE_MS`).
@@ -69,13 +69,13 @@ pub fn valid_file_name(name: &str) -> bool {
 /// client for them.
 #[derive(Debug, Clone)]
 pub struct OutputLinks {
-    signer: S3Links,
+    signer: S3Objects,
     bucket: String,
     lifetime: Duration,
 }
 
 impl OutputLinks {
-    pub fn new(signer: S3Links, bucket: String) -> Self {
+    pub fn new(signer: S3Objects, bucket: String) -> Self {
         Self { signer, bucket, lifetime: LINK_LIFETIME }
     }
 
@@ -194,7 +194,7 @@ impl OutputLinks {
         // Whatever type the remote claimed, a browser saves it rather than
         // rendering it.
         let query = [("response-content-disposition", "attachment")];
-        self.signer.get(&self.bucket, key, &query, start, lifetime).await
+        self.signer.presigned_get(&self.bucket, key, &query, start, lifetime).await.map_err(|e| e.to_string())
     }
 }
 

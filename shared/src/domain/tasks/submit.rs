@@ -37,7 +37,7 @@ use crate::domain::uploads::{self, UploadError};
 pub struct SubmitContext<'a> {
     pub catalog: &'a Catalog,
     pub db: &'a PgPool,
-    pub s3: &'a aws_sdk_s3::Client,
+    pub s3: &'a crate::infra::s3_objects::S3Objects,
     pub bucket: &'a str,
     pub sqs: &'a aws_sdk_sqs::Client,
     pub queue_url: &'a str,

@@ -85,14 +85,15 @@ impl FixedTool for CreateUpload {
                 let bytes = decode(&encoded)?;
                 let size = bytes.len();
                 let file = InlineFile { filename: args.filename, content_type: args.content_type, bytes: bytes.into() };
-                let id = uploads::store(&ctx.db, &ctx.aws.s3, &ctx.bucket, policy, &space, file).await?;
+                let id = uploads::store(&ctx.db, &ctx.aws.objects, &ctx.bucket, policy, &space, file).await?;
                 Ok(json!({ "upload_id": id, "uploaded": true, "size": size }))
             }
             (None, Some(size)) => {
                 let request = UploadRequest { filename: Some(args.filename), content_type: args.content_type, size };
                 let expires_in = Duration::from_secs(policy.url_expiry_seconds.into());
                 let presigned =
-                    uploads::create(&ctx.db, &ctx.aws.s3, &ctx.bucket, policy, &space, request, expires_in).await?;
+                    uploads::create(&ctx.db, &ctx.aws.objects, &ctx.bucket, policy, &space, request, expires_in)
+                        .await?;
                 Ok(json!({
                     "upload_id": presigned.id,
                     "uploaded": false,
