@@ -15,7 +15,7 @@ use super::*;
 /// The `auth` function's context. Exits 1 on any problem.
 pub async fn lambda_auth() -> Arc<AuthContext> {
     let config = lambda_config();
-    or_exit(auth(&config, &sdk().await).await)
+    or_exit(auth(&config, &lambda_sdk()).await)
 }
 
 #[cfg(feature = "api-auth")]
@@ -59,7 +59,7 @@ pub fn catalog(config: &Config) -> Result<Arc<CatalogContext>, StartupError> {
 /// The `presign` function's context. Exits 1 on any problem.
 pub async fn lambda_presign() -> Arc<UploadsContext> {
     let config = lambda_config();
-    let sdk = sdk().await;
+    let sdk = lambda_sdk();
     or_exit(presign(&config, &sdk).await)
 }
 
@@ -93,7 +93,7 @@ pub async fn presign(config: &Config, sdk: &SdkConfig) -> Result<Arc<UploadsCont
 /// The `task-create` function's context. Exits 1 on any problem.
 pub async fn lambda_task_create() -> Arc<TaskCreateContext> {
     let config = lambda_config();
-    let sdk = sdk().await;
+    let sdk = lambda_sdk();
     or_exit(task_create(&config, &sdk).await)
 }
 
@@ -154,7 +154,7 @@ pub async fn task_create(config: &Config, sdk: &SdkConfig) -> Result<Arc<TaskCre
 /// The `task-status` function's context. Exits 1 on any problem.
 pub async fn lambda_task_status() -> Arc<TaskStatusContext> {
     let config = lambda_config();
-    let sdk = sdk().await;
+    let sdk = lambda_sdk();
     or_exit(task_status(&config, &sdk).await)
 }
 

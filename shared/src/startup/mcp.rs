@@ -10,7 +10,7 @@ use super::*;
 #[cfg(feature = "mcp")]
 pub async fn lambda_mcp() -> Arc<McpContext> {
     let config = lambda_config();
-    or_exit(mcp(&config, &sdk().await).await)
+    or_exit(mcp(&config, &lambda_sdk()).await)
 }
 
 /// `POST /mcp` alone: what auth, presign, task-create and task-status use

@@ -171,6 +171,51 @@ pub async fn sdk() -> SdkConfig {
         .await
 }
 
+/// A Lambda function's AWS configuration: its region and credentials from
+/// the environment, where Lambda puts them (as `sam local invoke` and the
+/// local stack's `.env` do), and an endpoint from `AWS_ENDPOINT_URL_<SERVICE>`
+/// or `AWS_ENDPOINT_URL` (moto, `cargo lambda watch`). [`sdk`]'s loader
+/// links every other source too, whether asked for or not: profile files,
+/// SSO, web identity through STS, ECS and EC2's metadata service, about
+/// 0.3 MiB of each bootstrap (BENCHMARKS.md), for hosts a function never
+/// runs on. What the loader set besides, each client's behaviour version
+/// sets as it did: retries, timeouts, the clock and the credentials cache.
+#[cfg(feature = "aws")]
+pub fn lambda_sdk() -> SdkConfig {
+    use aws_config::environment::EnvironmentVariableCredentialsProvider;
+    use aws_credential_types::provider::SharedCredentialsProvider;
+
+    let region = variable("AWS_REGION").or_else(|| variable("AWS_DEFAULT_REGION"));
+    let mut builder = SdkConfig::builder()
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .region(region.map(aws_config::Region::new))
+        .credentials_provider(SharedCredentialsProvider::new(EnvironmentVariableCredentialsProvider::new()))
+        .http_client(crate::infra::aws_http::http_client())
+        .service_config(EnvironmentEndpoints);
+    builder.set_endpoint_url(variable("AWS_ENDPOINT_URL"));
+    builder.build()
+}
+
+#[cfg(feature = "aws")]
+fn variable(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
+}
+
+/// Each client's endpoint from `AWS_ENDPOINT_URL_<SERVICE>` (its service id
+/// in upper case, spaces as `_`: `AWS_ENDPOINT_URL_SECRETS_MANAGER`), named
+/// as the SDK names it, without the profile files [`sdk`] also reads.
+#[cfg(feature = "aws")]
+#[derive(Debug)]
+struct EnvironmentEndpoints;
+
+#[cfg(feature = "aws")]
+impl aws_types::service_config::LoadServiceConfig for EnvironmentEndpoints {
+    fn load_config(&self, key: aws_types::service_config::ServiceConfigKey<'_>) -> Option<String> {
+        let service = key.service_id().to_uppercase().replace(' ', "_");
+        variable(&format!("{}_{service}", key.env()))
+    }
+}
+
 #[cfg(all(feature = "s3-objects", feature = "sqs"))]
 /// Both AWS clients on `config`'s endpoints, with the SDK's configuration
 /// loaded for them: for tools and tests (each binary builds only the

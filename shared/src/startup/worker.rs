@@ -11,7 +11,7 @@ use super::*;
 /// first use. Exits 1 on any problem.
 pub async fn lambda_worker() -> WorkerContext {
     let config = lambda_config();
-    let sdk = sdk().await;
+    let sdk = lambda_sdk();
     or_exit(worker(&config, &sdk, Connect::Lazily).await)
 }
 
@@ -246,7 +246,7 @@ pub(super) fn worker_on(
 /// deployment), Redis, the queue. Exits 1 on any problem.
 pub async fn lambda_sweeper() -> Sweeper {
     let config = lambda_config();
-    let sdk = sdk().await;
+    let sdk = lambda_sdk();
     or_exit(sweeper(&config, &sdk).await)
 }
 
@@ -346,7 +346,7 @@ pub fn webhooks_beside(worker: &WorkerContext, config: &Config) -> Result<Sender
 /// The upload guard Lambda's context. Exits 1 on any problem.
 pub async fn lambda_guard() -> Guard {
     let config = lambda_config();
-    let sdk = sdk().await;
+    let sdk = lambda_sdk();
     or_exit(guard(&config, &sdk).await)
 }
 

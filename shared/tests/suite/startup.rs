@@ -229,3 +229,20 @@ async fn a_priced_network_without_a_chain_endpoint_stops_every_paying_start_up()
         assert_eq!(block, confirmed, "the confirmed block's own time");
     }
 }
+
+/// A Lambda function's AWS configuration is the environment's alone: its
+/// region and credentials, and each service at its own endpoint
+/// (`AWS_ENDPOINT_URL_SQS` and `_KMS`, moto) over the one every other
+/// service takes (`AWS_ENDPOINT_URL`, the stack's S3, which would answer
+/// SQS with an error).
+#[tokio::test]
+async fn a_lambdas_aws_configuration_is_the_environments() {
+    use aws_credential_types::provider::ProvideCredentials as _;
+
+    let sdk = startup::lambda_sdk();
+    assert_eq!(sdk.region().map(|r| r.to_string()), std::env::var("AWS_REGION").ok());
+    let credentials = sdk.credentials_provider().expect("a provider").provide_credentials().await.expect("credentials");
+    assert_eq!(credentials.access_key_id(), std::env::var("AWS_ACCESS_KEY_ID").unwrap());
+    aws_sdk_sqs::Client::new(&sdk).list_queues().send().await.expect("SQS at AWS_ENDPOINT_URL_SQS");
+    aws_sdk_kms::Client::new(&sdk).list_keys().send().await.expect("KMS at AWS_ENDPOINT_URL_KMS");
+}
