@@ -40,7 +40,7 @@ pub async fn config_check(file: &Path, ask_facilitator: bool) -> ExitCode {
         // Each protocol kind's signing secret, read as the worker's start-up
         // reads it (from its variable, or Secrets Manager by its ARN), so a
         // secret the worker would refuse is found before the deploy.
-        startup::executor_secrets(&config, None, catalog, &mut problems).await;
+        startup::executor_secrets(&config, startup::sdk, catalog, &mut problems).await;
         // The seller's key, where the environment gives one: its address
         // must be the catalog's receipt_signer.
         startup::receipt_key_check(&config, catalog, &mut problems).await;

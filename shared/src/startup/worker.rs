@@ -88,7 +88,7 @@ pub(super) async fn protocol_deps(
             ));
         }
     }
-    deps.keys = executor_secrets(config, Some(sdk), catalog, problems).await;
+    deps.keys = executor_secrets(config, async || sdk.clone(), catalog, problems).await;
     let (config, fetched) = with_secrets(config, sdk, &[settings::TOKEN_KEY]).await;
     problems.extend(fetched);
     let mut env = config.env();
@@ -121,11 +121,12 @@ fn protocol_secrets(catalog: &Catalog) -> Vec<(&String, &crate::domain::executor
 /// secret that is not set, cannot be read or is no key is a problem at the
 /// kind's TOML path (`tasks.<kind>.secret`), naming the variable or ARN,
 /// never the value; a secret two kinds share is read once. `sdk`: the AWS
-/// configuration to reach Secrets Manager with, loaded from the
-/// environment (only if an ARN is named) when `None`.
+/// configuration to reach Secrets Manager with, asked for only if an ARN is
+/// named (`reeve config check` loads it then). A function, so that the
+/// worker's Lambda, which has one already, links no other way to load it.
 pub async fn executor_secrets(
     config: &Config,
-    sdk: Option<&SdkConfig>,
+    sdk: impl AsyncFnOnce() -> SdkConfig,
     catalog: &Catalog,
     problems: &mut Vec<String>,
 ) -> HashMap<crate::domain::executors::SecretRef, crate::domain::executors::protocol::JobKey> {
@@ -134,6 +135,7 @@ pub async fn executor_secrets(
 
     let mut keys = HashMap::new();
     let mut client = None;
+    let mut sdk = Some(sdk);
     for (kind, secret) in protocol_secrets(catalog) {
         if keys.contains_key(secret) {
             continue;
@@ -148,12 +150,8 @@ pub async fn executor_secrets(
                 }
             },
             SecretRef::Arn(arn) => {
-                if client.is_none() {
-                    let sdk = match sdk {
-                        Some(sdk) => sdk.clone(),
-                        None => super::sdk().await,
-                    };
-                    client = Some(aws_sdk_secretsmanager::Client::new(&sdk));
+                if let Some(load) = sdk.take() {
+                    client = Some(aws_sdk_secretsmanager::Client::new(&load().await));
                 }
                 let client = client.as_ref().expect("made just above");
                 match client.get_secret_value().secret_id(arn).send().await {
