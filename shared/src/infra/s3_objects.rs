@@ -120,9 +120,7 @@ impl S3Objects {
         start: SystemTime,
         lifetime: Duration,
     ) -> Result<String, S3Error> {
-        let (url, region) = self.url(bucket, key)?;
-        let credentials = self.credentials(start + lifetime).await?;
-        presign("GET", &url, &[], query, &credentials, region, start, lifetime).map_err(S3Error::Setup)
+        self.presigned("GET", bucket, key, &[], query, start, lifetime).await
     }
 
     /// A link that PUTs `key` in `bucket`, valid from `start` for
@@ -136,9 +134,23 @@ impl S3Objects {
         start: SystemTime,
         lifetime: Duration,
     ) -> Result<String, S3Error> {
+        self.presigned("PUT", bucket, key, headers, &[], start, lifetime).await
+    }
+
+    #[allow(clippy::too_many_arguments)] // Each is one part of the signature.
+    async fn presigned(
+        &self,
+        method: &str,
+        bucket: &str,
+        key: &str,
+        headers: &[(&str, &str)],
+        query: &[(&str, &str)],
+        start: SystemTime,
+        lifetime: Duration,
+    ) -> Result<String, S3Error> {
         let (url, region) = self.url(bucket, key)?;
         let credentials = self.credentials(start + lifetime).await?;
-        presign("PUT", &url, headers, &[], &credentials, region, start, lifetime).map_err(S3Error::Setup)
+        presign(method, &url, headers, query, &credentials, region, start, lifetime).map_err(S3Error::Setup)
     }
 
     /// The object under `key`, or `None` when there is none (`404`). With
