@@ -177,7 +177,7 @@ pub async fn sdk() -> SdkConfig {
 /// or `AWS_ENDPOINT_URL` (moto, `cargo lambda watch`). [`sdk`]'s loader
 /// links every other source too, whether asked for or not: profile files,
 /// SSO, web identity through STS, ECS and EC2's metadata service, about
-/// 0.3 MiB of each bootstrap (BENCHMARKS.md), for hosts a function never
+/// 0.7 MB of each bootstrap (bench/NOTES.md), for hosts a function never
 /// runs on. What the loader set besides, each client's behaviour version
 /// sets as it did: retries, timeouts, the clock and the credentials cache.
 #[cfg(feature = "aws")]
