@@ -390,19 +390,6 @@ pub async fn store(
     Ok(id)
 }
 
-/// The `X-Amz-SignedHeaders` of a presigned URL, in lower case.
-pub fn signed_headers(url: &str) -> Vec<String> {
-    let query = url.split_once('?').map_or("", |(_, q)| q);
-    query
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .find(|(name, _)| name.eq_ignore_ascii_case("X-Amz-SignedHeaders"))
-        .map(|(_, value)| {
-            value.replace("%3B", ";").replace("%3b", ";").split(';').map(str::to_ascii_lowercase).collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The header that binds a PUT to its body's SHA-256 (base64).
 const CHECKSUM_SHA256: &str = "x-amz-checksum-sha256";
 
@@ -461,12 +448,6 @@ pub async fn check_object(s3: &S3Objects, bucket: &str, row: &UploadRow) -> Resu
     let size_ok = size.and_then(|s| u64::try_from(s).ok()) == Some(row.size);
     let type_ok = content_type.as_deref().is_some_and(|t| t.trim().eq_ignore_ascii_case(&row.content_type));
     Ok(if size_ok && type_ok { ObjectState::Matches } else { ObjectState::Differs { size, content_type } })
-}
-
-/// `true` when the object exists with the declared size and type: the
-/// worker's re-check before it reads an upload.
-pub async fn head_matches(s3: &S3Objects, bucket: &str, row: &UploadRow) -> Result<bool, UploadError> {
-    Ok(check_object(s3, bucket, row).await? == ObjectState::Matches)
 }
 
 /// Task create calls this for every upload id a task's input names: the
